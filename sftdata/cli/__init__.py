@@ -1,0 +1,9 @@
+"""The ``sftdata`` command line (Typer). Commands are thin: parse, call one library
+function, draw its result. Nothing else imports this package."""
+
+from __future__ import annotations
+
+from .app import app, main
+from . import prepare_cmd  # noqa: F401  (registers prepare-chat / prepare-tool)
+
+__all__ = ["app", "main"]

@@ -1,0 +1,109 @@
+"""``sftdata prepare-chat`` and ``sftdata prepare-tool``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
+from ..store import DEFAULT_SHARD_TOKENS
+from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, make_progress, print_json
+
+InputsArg = Annotated[list[Path], typer.Argument(
+    help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped (.gz).",
+    show_default=False)]
+OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", help="Dataset folder to create "
+                                          "(written to a temporary folder beside it, renamed at the end).")]
+ValSplitOpt = Annotated[float, typer.Option("--val-split", help="Fraction of episodes for the val split: "
+                                             "exactly round(f x episodes), chosen with --seed. 0 = no val split.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the train/val split.")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-tokens", help="Length filter: system + first user/assistant pair must fit, each later pair "
+                         "must fit alone; the first later pair that does not fit is dropped with the "
+                         "rest; a record whose first pair does not fit is rejected (too_long).")]
+ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", help="Maximum tokens per shard "
+                                              "(an episode never spans shards).")]
+TokenizerOpt = Annotated[Optional[str], typer.Option(
+    "--tokenizer", help="tiktoken encoding name or path to a .tiktoken ranks file. Default: the bundled "
+                        "cl100k_base (no network).")]
+WorkersOpt = Annotated[Optional[int], typer.Option("--workers", "-j", help="Worker processes (default: "
+                                                   "all cores). The output is byte-identical for any value.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="Stop with exit code 1 at the first bad record "
+                                         "instead of skipping it and writing it to rejects.jsonl.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output-dir.")]
+
+
+def summary_table(s: PrepareSummary) -> Table:
+    t = Table(title=f"Prepared {s.output_dir}", show_header=True, header_style="bold")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    t.add_row("records read", f"{s.records_read:,}")
+    for split in s.episodes:
+        t.add_row(f"episodes ({split})", f"{s.episodes[split]:,}")
+    for split in s.tokens:
+        t.add_row(f"tokens ({split})", f"{s.tokens[split]:,}")
+    t.add_row("trained-token share", f"{s.trained_share:.1%}")
+    t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
+    rej = sum(s.rejected.values())
+    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
+    for reason, n in s.rejected.items():
+        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
+    for reason, n in s.repaired.items():
+        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    if s.records_truncated:
+        t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
+    mb = s.input_bytes / 1e6
+    t.add_row("time", f"{s.seconds:.2f} s ({mb / s.seconds if s.seconds else 0:.1f} MB/s, "
+                      f"{s.total_tokens / s.seconds / 1e6 if s.seconds else 0:.2f}M tok/s)")
+    return t
+
+
+def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
+                workers, strict, overwrite, as_json, quiet) -> None:
+    opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
+                          shard_tokens=shard_tokens, tokenizer=tokenizer,
+                          workers=workers if workers is not None else default_workers(),
+                          strict=strict, overwrite=overwrite)
+    with make_progress(quiet or as_json) as bar:
+        task = bar.add_task(f"prepare-{mode}", total=None, records=0, tokens=0)
+
+        def on_progress(p):
+            bar.update(task, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+
+        summary = prepare(inputs, output_dir, opts, progress=on_progress)
+    if as_json:
+        print_json(summary.as_dict())
+    elif not quiet:
+        err_console.print(summary_table(summary))
+        if summary.rejected:
+            err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+
+
+@app.command("prepare-chat")
+@handle_errors
+def prepare_chat(
+    inputs: InputsArg,
+    output_dir: OutputOpt,
+    val_split: ValSplitOpt = 0.0,
+    seed: SeedOpt = 1337,
+    max_tokens: MaxTokensOpt = None,
+    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+    tokenizer: TokenizerOpt = None,
+    workers: WorkersOpt = None,
+    strict: StrictOpt = False,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
+
+    Loss is on assistant spans only. Bad records are skipped, counted by reason and written
+    to OUTPUT/rejects.jsonl (or stop the run with --strict).
+
+    Example: sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1
+    """
+    run_prepare("chat", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
+                workers, strict, overwrite, as_json, quiet)

@@ -1,0 +1,243 @@
+"""Conversations: the normalised turns every input format becomes, and the chat parser.
+
+Pure and I/O-free: ``parse_record`` takes one decoded JSON value (or the raw bytes of
+one JSONL line) and returns a ``Conversation`` or raises ``RecordError`` with a stable
+reason code. Reading files is ``sources.py``'s job.
+
+Chat record formats, detected per record:
+
+* OpenAI / TRL: ``{"messages": [{"role": ..., "content": ...}, ...]}``; content is a
+  string or a list of ``{"type": "text", "text": ...}`` parts.
+* ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
+  human/user, gpt/assistant/chatgpt/bing/bard/model, system.
+* Either may carry a top-level ``"system"`` string.
+
+What happens to messy records (each counted by reason, see docs/FORMAT.md):
+
+=========================  ==========================================================
+rejected                   invalid_json, invalid_utf8, not_an_object, no_messages,
+                           unknown_role, non_text_content, misplaced_system,
+                           empty_conversation, no_assistant_turn,
+                           no_trainable_turn, tool_conversation (chat mode)
+repaired                   dropped_empty_turn (blank message removed),
+                           merged_same_role (consecutive user or assistant turns
+                           joined with a blank line), dropped_trailing_turns (turns
+                           after the last assistant turn carry no target),
+                           leading_assistant_untrained (a record that starts with
+                           the assistant keeps that turn as untrained context)
+=========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from .errors import RecordError
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+USER_ALIASES = {"user": "user", "human": "user"}
+ASSISTANT_ALIASES = {"assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
+                     "bing": "assistant", "bard": "assistant", "model": "assistant"}
+SYSTEM_ALIASES = {"system": "system", "developer": "system"}
+TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython"}
+CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call made by the assistant; ``arguments`` is a parsed JSON object."""
+
+    name: str
+    arguments: dict
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: Role
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A validated conversation. ``tools`` holds function schemas (dicts with at least
+    ``name``) rendered into the system span; ``repairs`` names what was fixed."""
+
+    turns: tuple[Turn, ...]
+    tools: tuple[dict, ...] = ()
+    repairs: tuple[str, ...] = field(default=())
+
+
+def decode_json(raw: bytes | str, where: str) -> Any:
+    """Decode one JSON document, telling invalid UTF-8 from invalid JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if isinstance(raw, bytes):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as u:
+                raise RecordError("invalid_utf8", f"invalid UTF-8 at byte {u.start} of the record; "
+                                  f"re-encode the file as UTF-8", where) from None
+        raise RecordError("invalid_json", f"not valid JSON ({e}); each line must hold one JSON "
+                          f"object", where) from None
+
+
+def _text_of(content: Any, where: str, index: int) -> str:
+    """Message content as text: a string, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RecordError("non_text_content", f"message {index} has a content part of type "
+                                  f"{kind!r}; only text is supported (drop or convert such parts)", where)
+        return "".join(parts)
+    raise RecordError("non_text_content", f"message {index} content is a {type(content).__name__}; "
+                      f"expected a string or a list of text parts", where)
+
+
+def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
+    """The message list of a record and its format name (``openai`` or ``sharegpt``)."""
+    if not isinstance(obj, dict):
+        raise RecordError("not_an_object", f"the record is a JSON {type(obj).__name__}, not an object "
+                          f"with 'messages' or 'conversations'", where)
+    if "messages" in obj:
+        msgs, fmt = obj["messages"], "openai"
+    elif "conversations" in obj:
+        msgs, fmt = obj["conversations"], "sharegpt"
+    else:
+        keys = ", ".join(sorted(obj)[:6]) or "none"
+        raise RecordError("no_messages", f"no 'messages' or 'conversations' list (keys: {keys})", where)
+    if not isinstance(msgs, list):
+        raise RecordError("no_messages", f"'{'messages' if fmt == 'openai' else 'conversations'}' is a "
+                          f"{type(msgs).__name__}, not a list of messages", where)
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise RecordError("not_an_object", f"message {i} is a JSON {type(m).__name__}, not an object", where)
+    return msgs, fmt
+
+
+def message_role(m: dict, fmt: str) -> str:
+    key = "role" if fmt == "openai" else "from"
+    role = m.get(key, m.get("role") if fmt == "sharegpt" else None)
+    return role.lower() if isinstance(role, str) else repr(role)
+
+
+def is_tool_record(obj: Any) -> bool:
+    """True when a record carries tool schemas, calls or results."""
+    if not isinstance(obj, dict):
+        return False
+    if obj.get("tools") or obj.get("functions"):
+        return True
+    msgs = obj.get("messages", obj.get("conversations"))
+    if not isinstance(msgs, list):
+        return False
+    for m in msgs:
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role", m.get("from"))
+        if isinstance(role, str) and role.lower() in TOOL_ROLES:
+            return True
+        if m.get("tool_calls") or m.get("function_call"):
+            return True
+    return False
+
+
+def normalise_turns(turns: list[Turn], where: str, repairs: list[str]) -> tuple[Turn, ...]:
+    """Shared clean-up of chat and tool turns: system first, no empties, merged runs,
+    no dead tail, at least one trainable assistant turn. Appends repair codes."""
+    if not turns:
+        raise RecordError("empty_conversation", "the record has no messages", where)
+    system = [t for t in turns if t.role == "system"]
+    body = [t for t in turns if t.role != "system"]
+    first_non_system = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+    if any(t.role == "system" for t in turns[first_non_system:]):
+        raise RecordError("misplaced_system", "a system message comes after the conversation started; "
+                          "move it to the start or drop it", where)
+    out: list[Turn] = []
+    sys_text = "\n\n".join(t.text for t in system if t.text.strip())
+    if sys_text:
+        out.append(Turn("system", sys_text))
+    kept: list[Turn] = []
+    for t in body:
+        if not t.text.strip() and not t.tool_calls and t.role != "tool":
+            repairs.append("dropped_empty_turn")
+            continue
+        prev = kept[-1] if kept else None
+        if prev is not None and prev.role == t.role and t.role in ("user", "assistant") \
+                and not prev.tool_calls:
+            repairs.append("merged_same_role")
+            text = prev.text + "\n\n" + t.text if prev.text and t.text else prev.text or t.text
+            kept[-1] = Turn(t.role, text, t.tool_calls, None)
+            continue
+        kept.append(t)
+    if not kept:
+        raise RecordError("empty_conversation", "every message is empty", where)
+    last_asst = max((i for i, t in enumerate(kept) if t.role == "assistant"), default=-1)
+    if last_asst < 0:
+        raise RecordError("no_assistant_turn", "no assistant message, so nothing would be trained", where)
+    if last_asst < len(kept) - 1:
+        repairs.append("dropped_trailing_turns")
+        kept = kept[: last_asst + 1]
+    first_ctx = next((i for i, t in enumerate(kept) if t.role in ("user", "tool")), None)
+    if first_ctx is None or first_ctx > last_asst:
+        raise RecordError("no_trainable_turn", "every assistant message comes before any user message, "
+                          "so none has a context to learn from", where)
+    if kept[0].role == "assistant":
+        repairs.append("leading_assistant_untrained")
+    return tuple(out + kept)
+
+
+def parse_chat(obj: Any, where: str) -> Conversation:
+    """Normalise one chat record (no tools) into a ``Conversation``."""
+    msgs, fmt = raw_messages(obj, where)
+    repairs: list[str] = []
+    turns: list[Turn] = []
+    top_system = obj.get("system")
+    if top_system is not None:
+        if not isinstance(top_system, str):
+            raise RecordError("non_text_content", f"top-level 'system' is a {type(top_system).__name__}, "
+                              f"not a string", where)
+        turns.append(Turn("system", top_system))
+    text_key = "content" if fmt == "openai" else "value"
+    for i, m in enumerate(msgs):
+        role_name = message_role(m, fmt)
+        role = CHAT_ROLES.get(role_name)
+        if role is None:
+            if role_name in TOOL_ROLES:
+                raise RecordError("tool_conversation", f"message {i} has role {role_name!r}: this is a "
+                                  f"tool-calling record; prepare it with `sftdata prepare-tool`", where)
+            known = "user/human, assistant/gpt/chatgpt/bing/bard/model, system/developer"
+            raise RecordError("unknown_role", f"message {i} has role {role_name}; known roles: {known}", where)
+        turns.append(Turn(role, _text_of(m.get(text_key, m.get("content")), where, i)))
+    return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs))
+
+
+def parse_record(raw: Any, where: str, mode: str = "chat") -> Conversation:
+    """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``."""
+    obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+    if mode == "chat":
+        if is_tool_record(obj):
+            raise RecordError("tool_conversation", "the record has tool schemas, calls or results; "
+                              "prepare it with `sftdata prepare-tool`", where)
+        return parse_chat(obj, where)
+    if mode == "tool":
+        from .tool_format import parse_tool
+
+        return parse_tool(obj, where)
+    raise ValueError(f"unknown mode {mode!r}")

