@@ -1,0 +1,261 @@
+"""scripts/train.py and scripts/gpt.py: targets, schedule, settings, packing equivalence,
+checkpoint resume, and real training runs on datasets built by prepare (and pack)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpt  # noqa: E402
+import train  # noqa: E402
+
+from sftdata.errors import ConfigError  # noqa: E402
+
+torch.set_num_threads(1)  # bit-identical reruns, and fair to the other jobs on the machine
+
+Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
+
+
+# ------------------------------------------------------------------------- targets
+def test_masked_targets_are_minus_100_exactly_where_mask_is_0():
+    y = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]])
+    mask = torch.tensor([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
+    out = train.masked_targets(y, mask)
+    assert out.tolist() == [[-100, 12, 13, -100, 15], [-100, -100, -100, -100, -100]]
+    assert out.dtype == torch.int64
+    assert y.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]  # input untouched
+
+
+def test_episode_end_targets_ignore_padding_after_eos_but_train_the_eos():
+    eos = 9
+    x = torch.tensor([[1, 2, 3, eos, eos, eos], [1, 2, 3, 4, 5, 6]])
+    y = torch.tensor([[2, 3, eos, eos, eos, eos], [2, 3, 4, 5, 6, 7]])
+    out = train.episode_end_targets(x, y, eos)
+    assert out.tolist() == [[2, 3, eos, -100, -100, -100], [2, 3, 4, 5, 6, 7]]
+
+
+def test_segment_targets_stay_inside_segments_and_skip_padding():
+    seq = torch.tensor([[0, 0, 0, 1, 1, -1, -1]])
+    y = torch.tensor([[5, 6, 7, 8, 9, 0, 0]])
+    out = train.segment_targets(y, seq, pad_seq_id=-1)
+    assert out.tolist() == [[5, 6, -100, 8, -100, -100, -100]]
+
+
+def test_step_inputs_for_each_batch_shape():
+    x = torch.tensor([[1, 2, 9, 9]])
+    y = torch.tensor([[2, 9, 9, 9]])
+    m = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    a = train.step_inputs((x, y), post_training=False, episodes=True, eos_id=9)
+    assert a.targets.tolist() == [[2, 9, -100, -100]] and a.attn_mask is None
+    b = train.step_inputs((x, y, m), post_training=True, episodes=True, eos_id=9)
+    assert b.targets.tolist() == [[2, 9, -100, -100]]
+    c = train.step_inputs((x, y), post_training=False, episodes=False, eos_id=9)
+    assert c.targets.tolist() == [[2, 9, 9, 9]]
+    seq = torch.tensor([[0, 0, 1, 1]])
+    p = Packed(x, y, m, torch.tensor([[0, 1, 0, 1]]), seq)
+    d = train.step_inputs(p, post_training=True, episodes=True, eos_id=9)
+    assert d.targets.tolist() == [[2, 9, -100, -100]]
+    assert d.position_ids.tolist() == [[0, 1, 0, 1]]
+    assert d.attn_mask[0, 0].tolist() == [[True, False, False, False], [True, True, False, False],
+                                          [False, False, True, False], [False, False, True, True]]
+    with pytest.raises(ConfigError, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
+        train.step_inputs((x, y), post_training=True, episodes=True, eos_id=9)
+
+
+# ------------------------------------------------------------------- LR schedule
+def test_lr_warmup_share_then_cosine_to_min_lr():
+    s = train.TrainSettings(learning_rate=1.0, min_lr=0.1, max_iters=100, warmup_pct=0.05)
+    assert [train.lr_at(i, s) for i in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert train.lr_at(5, s) == 1.0  # first step after warmup: the peak
+    mid = 5 + 95 / 2
+    assert train.lr_at(int(mid), s) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 47 / 95)))
+    assert train.lr_at(100, s) == pytest.approx(0.1)
+    no_warmup = train.TrainSettings(learning_rate=1.0, min_lr=0.0, max_iters=10, warmup_pct=0.0)
+    assert train.lr_at(0, no_warmup) == 1.0
+
+
+# ---------------------------------------------------------------------- settings
+def test_settings_from_extra_types_and_unknown_keys():
+    s = train.settings_from_extra({"n_layer": 3, "learning_rate": 1, "tie_weights": False}, "c.json")
+    assert (s.n_layer, s.learning_rate, s.tie_weights) == (3, 1.0, False)
+    with pytest.raises(ConfigError, match=r"c.json: unknown key\(s\) n_layers; the training keys are"):
+        train.settings_from_extra({"n_layers": 3}, "c.json")
+    with pytest.raises(ConfigError, match="c.json: n_layer must be int, got '3'"):
+        train.settings_from_extra({"n_layer": "3"}, "c.json")
+    with pytest.raises(ConfigError, match="unknown key.*post_training"):
+        train.settings_from_extra({"post_training": True}, "c.json")  # that is use_loss_mask
+    with pytest.raises(ConfigError, match="c.json: warmup_pct = 1.5 must be a fraction in"):
+        train.TrainSettings(warmup_pct=1.5).validate("c.json")
+    with pytest.raises(ConfigError, match="n_embd \\(30\\) must split into n_head \\(4\\)"):
+        train.TrainSettings(n_embd=30, n_head=4).validate("c.json")
+
+
+def test_env_overrides_post_training_and_warmup():
+    s = train.apply_env(train.TrainSettings(), {"POST_TRAINING": "1", "WARMUP_PCT": "0.05"})
+    assert (s.post_training, s.warmup_pct) == (True, 0.05)
+    s = train.apply_env(train.TrainSettings(post_training=True), {"POST_TRAINING": "0"})
+    assert s.post_training is False
+    assert train.apply_env(train.TrainSettings(warmup_pct=0.1), {}).warmup_pct == 0.1
+    with pytest.raises(ConfigError, match="POST_TRAINING='yes': use 1"):
+        train.apply_env(train.TrainSettings(), {"POST_TRAINING": "yes"})
+    with pytest.raises(ConfigError, match="WARMUP_PCT='5%' is not a number"):
+        train.apply_env(train.TrainSettings(), {"WARMUP_PCT": "5%"})
+    with pytest.raises(ConfigError, match="the environment: warmup_pct = 2.0 must be"):
+        train.apply_env(train.TrainSettings(), {"WARMUP_PCT": "2"})
+
+
+# ------------------------------------------------------- packing is invisible
+def _tiny_model(vocab=50, **kw):
+    """Attention weights scaled up from the 0.02 init so attention is far from uniform:
+    a leak across segments or a wrong position then shows in the logits."""
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=vocab, n_layer=2, n_head=2, n_embd=16, **kw)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(25.0)
+    return model
+
+
+def test_packed_row_logits_equal_per_episode_logits():
+    model = _tiny_model()
+    g = torch.Generator().manual_seed(1)
+    lengths = [5, 9, 3]
+    episodes = [torch.randint(0, 50, (n,), generator=g) for n in lengths]
+    pad = 2
+    row = torch.cat(episodes + [torch.zeros(pad, dtype=torch.long)])[None]
+    seq_ids = torch.tensor([[i for i, n in enumerate(lengths) for _ in range(n)] + [-1] * pad])
+    pos = torch.tensor([[p for n in lengths for p in range(n)] + [0] * pad])
+    with torch.no_grad():
+        packed = model(row, pos, gpt.block_causal_mask(seq_ids))[0][0]
+        start = 0
+        for ep in episodes:
+            alone = model(ep[None])[0][0]
+            torch.testing.assert_close(packed[start:start + len(ep)], alone, rtol=0, atol=1e-5)
+            start += len(ep)
+        assert torch.isfinite(packed).all()  # padding rows attend to themselves: no NaN
+        # the proof has teeth: plain causal attention over the row changes the later episodes
+        leaky = model(row, pos)[0][0]
+        assert (leaky[5:14] - packed[5:14]).abs().max() > 1e-3
+
+
+def test_position_ids_drive_rope():
+    model = _tiny_model()
+    x = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        a = model(x)[0]
+        b = model(x, torch.tensor([[0, 1, 2, 3]]))[0]
+        c = model(x, torch.tensor([[10, 11, 12, 13]]))[0]  # RoPE is relative: a shift changes nothing
+        d = model(x, torch.tensor([[0, 2, 4, 6]]))[0]
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(a, c, rtol=0, atol=1e-5)
+    assert (a - d).abs().max() > 1e-3
+
+
+def test_loss_ignores_minus_100_and_is_zero_when_nothing_is_trained():
+    model = _tiny_model()
+    x = torch.tensor([[1, 2, 3, 4]])
+    t = torch.tensor([[2, -100, 4, -100]])
+    with torch.no_grad():
+        logits, loss = model(x, targets=t)
+        ref = torch.nn.functional.cross_entropy(logits[0, [0, 2]], torch.tensor([2, 4]))
+        assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
+        assert model(x, targets=torch.full((1, 4), -100))[1].item() == 0.0
+
+
+# ------------------------------------------------------------- checkpoint resume
+class FakeLoader:
+    """Deterministic synthetic batches whose position is its whole state."""
+
+    def __init__(self, vocab=50, b=2, t=8, packed=False):
+        self.vocab, self.b, self.t, self.i, self.packed = vocab, b, t, 0, packed
+
+    def get_batch(self, split="train"):
+        rs = np.random.RandomState(self.i + (1000 if split == "val" else 0))
+        self.i += 1
+        tok = torch.from_numpy(rs.randint(0, self.vocab, (self.b, self.t + 1)))
+        mask = torch.from_numpy((rs.rand(self.b, self.t) > 0.3).astype(np.float32))
+        return tok[:, :-1], tok[:, 1:], mask
+
+    def state_dict(self):
+        return {"i": np.int64(self.i)}  # numpy on purpose: the checkpoint must store it plainly
+
+    def load_state_dict(self, d):
+        self.i = int(d["i"])
+
+
+def _run(tmp_path, s, *, stop_at=None, resume=None):
+    torch.manual_seed(s.seed)
+    model = gpt.GPT(s.model_config(50))
+    opt = train.make_optimizer(model, s)
+    loader = FakeLoader()
+    start = 0
+    if resume is not None:
+        ck = train.load_checkpoint(resume)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        loader.load_state_dict(ck["loader"])
+        train.set_rng_state(ck["rng"])
+        start = ck["step"]
+    path = tmp_path / "ckpt.pt"
+
+    def checkpoint(step):
+        train.save_checkpoint(path, model=model, optimizer=opt, loader=loader, step=step, settings=s,
+                              dataset="fake")
+
+    to_inputs = lambda b: train.step_inputs(b, post_training=True, episodes=True, eos_id=-1)  # noqa: E731
+    return train.train_loop(model, opt, loader, s, to_inputs, start_step=start, stop_at=stop_at,
+                            checkpoint=checkpoint, log=lambda *_: None), path
+
+
+def test_stop_and_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path):
+    # dropout > 0: the resumed run must also restore the RNG to match
+    s = train.TrainSettings(n_layer=1, n_embd=16, dropout=0.1, learning_rate=1e-2, min_lr=1e-3,
+                            max_iters=8, warmup_pct=0.25)
+    full, _ = _run(tmp_path / "a", s)
+    first, ck = _run(tmp_path / "b", s, stop_at=3)
+    assert first.stopped_by == "stop_at" and first.steps == [1, 2, 3]
+    rest, _ = _run(tmp_path / "c", s, resume=ck)
+    assert full.steps == list(range(1, 9)) and rest.steps == [4, 5, 6, 7, 8]
+    assert first.losses + rest.losses == full.losses  # exactly, not approximately
+    assert len(set(full.losses)) == 8
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(ConfigError, match="checkpoint .*nope.pt does not exist"):
+        train.load_checkpoint(tmp_path / "nope.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="junk.pt is not a readable training checkpoint"):
+        train.load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"format": "other"}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="other.pt is not a checkpoint written by scripts/train.py"):
+        train.load_checkpoint(tmp_path / "other.pt")
+    torch.save({"format": train.CKPT_FORMAT, "version": 99}, tmp_path / "v99.pt")
+    with pytest.raises(ConfigError, match="checkpoint version 99 is not supported"):
+        train.load_checkpoint(tmp_path / "v99.pt")
+
+
+def test_training_ends_when_the_loader_ends():
+    class Ending(FakeLoader):
+        def get_batch(self, split="train"):
+            if self.i == 4:
+                raise StopIteration
+            return super().get_batch(split)
+
+    s = train.TrainSettings(n_layer=1, n_embd=16, max_iters=100)
+    torch.manual_seed(0)
+    model = gpt.GPT(s.model_config(50))
+    calls = []
+    res = train.train_loop(model, train.make_optimizer(model, s), Ending(), s,
+                           lambda b: train.step_inputs(b, post_training=True, episodes=True, eos_id=-1),
+                           checkpoint=calls.append, log=lambda *_: None)
+    assert res.stopped_by == "loader_end" and res.steps == [1, 2, 3, 4] and calls == [4]
