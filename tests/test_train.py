@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpt  # noqa: E402
 import train  # noqa: E402
+import trainer  # noqa: E402
 
 from sftdata.errors import ConfigError  # noqa: E402
 
@@ -30,7 +31,7 @@ Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
 def test_masked_targets_are_minus_100_exactly_where_mask_is_0():
     y = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]])
     mask = torch.tensor([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
-    out = train.masked_targets(y, mask)
+    out = trainer.masked_targets(y, mask)
     assert out.tolist() == [[-100, 12, 13, -100, 15], [-100, -100, -100, -100, -100]]
     assert out.dtype == torch.int64
     assert y.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]  # input untouched
@@ -40,14 +41,14 @@ def test_episode_end_targets_ignore_padding_after_eos_but_train_the_eos():
     eos = 9
     x = torch.tensor([[1, 2, 3, eos, eos, eos], [1, 2, 3, 4, 5, 6]])
     y = torch.tensor([[2, 3, eos, eos, eos, eos], [2, 3, 4, 5, 6, 7]])
-    out = train.episode_end_targets(x, y, eos)
+    out = trainer.episode_end_targets(x, y, eos)
     assert out.tolist() == [[2, 3, eos, -100, -100, -100], [2, 3, 4, 5, 6, 7]]
 
 
 def test_segment_targets_stay_inside_segments_and_skip_padding():
     seq = torch.tensor([[0, 0, 0, 1, 1, -1, -1]])
     y = torch.tensor([[5, 6, 7, 8, 9, 0, 0]])
-    out = train.segment_targets(y, seq, pad_seq_id=-1)
+    out = trainer.segment_targets(y, seq, pad_seq_id=-1)
     assert out.tolist() == [[5, 6, -100, 8, -100, -100, -100]]
 
 
@@ -55,63 +56,63 @@ def test_step_inputs_for_each_batch_shape():
     x = torch.tensor([[1, 2, 9, 9]])
     y = torch.tensor([[2, 9, 9, 9]])
     m = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
-    a = train.step_inputs((x, y), post_training=False, episodes=True, eos_id=9)
+    a = trainer.step_inputs((x, y), post_training=False, episodes=True, eos_id=9)
     assert a.targets.tolist() == [[2, 9, -100, -100]] and a.attn_mask is None
-    b = train.step_inputs((x, y, m), post_training=True, episodes=True, eos_id=9)
+    b = trainer.step_inputs((x, y, m), post_training=True, episodes=True, eos_id=9)
     assert b.targets.tolist() == [[2, 9, -100, -100]]
-    c = train.step_inputs((x, y), post_training=False, episodes=False, eos_id=9)
+    c = trainer.step_inputs((x, y), post_training=False, episodes=False, eos_id=9)
     assert c.targets.tolist() == [[2, 9, 9, 9]]
     seq = torch.tensor([[0, 0, 1, 1]])
     p = Packed(x, y, m, torch.tensor([[0, 1, 0, 1]]), seq)
-    d = train.step_inputs(p, post_training=True, episodes=True, eos_id=9)
+    d = trainer.step_inputs(p, post_training=True, episodes=True, eos_id=9)
     assert d.targets.tolist() == [[2, 9, -100, -100]]
     assert d.position_ids.tolist() == [[0, 1, 0, 1]]
     assert d.attn_mask[0, 0].tolist() == [[True, False, False, False], [True, True, False, False],
                                           [False, False, True, False], [False, False, True, True]]
     with pytest.raises(ConfigError, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
-        train.step_inputs((x, y), post_training=True, episodes=True, eos_id=9)
+        trainer.step_inputs((x, y), post_training=True, episodes=True, eos_id=9)
 
 
 # ------------------------------------------------------------------- LR schedule
 def test_lr_warmup_share_then_cosine_to_min_lr():
-    s = train.TrainSettings(learning_rate=1.0, min_lr=0.1, max_iters=100, warmup_pct=0.05)
-    assert [train.lr_at(i, s) for i in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]
-    assert train.lr_at(5, s) == 1.0  # first step after warmup: the peak
+    s = trainer.TrainSettings(learning_rate=1.0, min_lr=0.1, max_iters=100, warmup_pct=0.05)
+    assert [trainer.lr_at(i, s) for i in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert trainer.lr_at(5, s) == 1.0  # first step after warmup: the peak
     mid = 5 + 95 / 2
-    assert train.lr_at(int(mid), s) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 47 / 95)))
-    assert train.lr_at(100, s) == pytest.approx(0.1)
-    no_warmup = train.TrainSettings(learning_rate=1.0, min_lr=0.0, max_iters=10, warmup_pct=0.0)
-    assert train.lr_at(0, no_warmup) == 1.0
+    assert trainer.lr_at(int(mid), s) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 47 / 95)))
+    assert trainer.lr_at(100, s) == pytest.approx(0.1)
+    no_warmup = trainer.TrainSettings(learning_rate=1.0, min_lr=0.0, max_iters=10, warmup_pct=0.0)
+    assert trainer.lr_at(0, no_warmup) == 1.0
 
 
 # ---------------------------------------------------------------------- settings
 def test_settings_from_extra_types_and_unknown_keys():
-    s = train.settings_from_extra({"n_layer": 3, "learning_rate": 1, "tie_weights": False}, "c.json")
+    s = trainer.settings_from_extra({"n_layer": 3, "learning_rate": 1, "tie_weights": False}, "c.json")
     assert (s.n_layer, s.learning_rate, s.tie_weights) == (3, 1.0, False)
     with pytest.raises(ConfigError, match=r"c.json: unknown key\(s\) n_layers; the training keys are"):
-        train.settings_from_extra({"n_layers": 3}, "c.json")
+        trainer.settings_from_extra({"n_layers": 3}, "c.json")
     with pytest.raises(ConfigError, match="c.json: n_layer must be int, got '3'"):
-        train.settings_from_extra({"n_layer": "3"}, "c.json")
+        trainer.settings_from_extra({"n_layer": "3"}, "c.json")
     with pytest.raises(ConfigError, match="unknown key.*post_training"):
-        train.settings_from_extra({"post_training": True}, "c.json")  # that is use_loss_mask
+        trainer.settings_from_extra({"post_training": True}, "c.json")  # that is use_loss_mask
     with pytest.raises(ConfigError, match="c.json: warmup_pct = 1.5 must be a fraction in"):
-        train.TrainSettings(warmup_pct=1.5).validate("c.json")
+        trainer.TrainSettings(warmup_pct=1.5).validate("c.json")
     with pytest.raises(ConfigError, match="n_embd \\(30\\) must split into n_head \\(4\\)"):
-        train.TrainSettings(n_embd=30, n_head=4).validate("c.json")
+        trainer.TrainSettings(n_embd=30, n_head=4).validate("c.json")
 
 
 def test_env_overrides_post_training_and_warmup():
-    s = train.apply_env(train.TrainSettings(), {"POST_TRAINING": "1", "WARMUP_PCT": "0.05"})
+    s = trainer.apply_env(trainer.TrainSettings(), {"POST_TRAINING": "1", "WARMUP_PCT": "0.05"})
     assert (s.post_training, s.warmup_pct) == (True, 0.05)
-    s = train.apply_env(train.TrainSettings(post_training=True), {"POST_TRAINING": "0"})
+    s = trainer.apply_env(trainer.TrainSettings(post_training=True), {"POST_TRAINING": "0"})
     assert s.post_training is False
-    assert train.apply_env(train.TrainSettings(warmup_pct=0.1), {}).warmup_pct == 0.1
+    assert trainer.apply_env(trainer.TrainSettings(warmup_pct=0.1), {}).warmup_pct == 0.1
     with pytest.raises(ConfigError, match="POST_TRAINING='yes': use 1"):
-        train.apply_env(train.TrainSettings(), {"POST_TRAINING": "yes"})
+        trainer.apply_env(trainer.TrainSettings(), {"POST_TRAINING": "yes"})
     with pytest.raises(ConfigError, match="WARMUP_PCT='5%' is not a number"):
-        train.apply_env(train.TrainSettings(), {"WARMUP_PCT": "5%"})
+        trainer.apply_env(trainer.TrainSettings(), {"WARMUP_PCT": "5%"})
     with pytest.raises(ConfigError, match="the environment: warmup_pct = 2.0 must be"):
-        train.apply_env(train.TrainSettings(), {"WARMUP_PCT": "2"})
+        trainer.apply_env(trainer.TrainSettings(), {"WARMUP_PCT": "2"})
 
 
 # ------------------------------------------------------- packing is invisible
@@ -196,30 +197,30 @@ class FakeLoader:
 def _run(tmp_path, s, *, stop_at=None, resume=None):
     torch.manual_seed(s.seed)
     model = gpt.GPT(s.model_config(50))
-    opt = train.make_optimizer(model, s)
+    opt = trainer.make_optimizer(model, s)
     loader = FakeLoader()
     start = 0
     if resume is not None:
-        ck = train.load_checkpoint(resume)
+        ck = trainer.load_checkpoint(resume)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         loader.load_state_dict(ck["loader"])
-        train.set_rng_state(ck["rng"])
+        trainer.set_rng_state(ck["rng"])
         start = ck["step"]
     path = tmp_path / "ckpt.pt"
 
     def checkpoint(step):
-        train.save_checkpoint(path, model=model, optimizer=opt, loader=loader, step=step, settings=s,
+        trainer.save_checkpoint(path, model=model, optimizer=opt, loader=loader, step=step, settings=s,
                               dataset="fake")
 
-    to_inputs = lambda b: train.step_inputs(b, post_training=True, episodes=True, eos_id=-1)  # noqa: E731
-    return train.train_loop(model, opt, loader, s, to_inputs, start_step=start, stop_at=stop_at,
+    to_inputs = lambda b: trainer.step_inputs(b, post_training=True, episodes=True, eos_id=-1)  # noqa: E731
+    return trainer.train_loop(model, opt, loader, s, to_inputs, start_step=start, stop_at=stop_at,
                             checkpoint=checkpoint, log=lambda *_: None), path
 
 
 def test_stop_and_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path):
     # dropout > 0: the resumed run must also restore the RNG to match
-    s = train.TrainSettings(n_layer=1, n_embd=16, dropout=0.1, learning_rate=1e-2, min_lr=1e-3,
+    s = trainer.TrainSettings(n_layer=1, n_embd=16, dropout=0.1, learning_rate=1e-2, min_lr=1e-3,
                             max_iters=8, warmup_pct=0.25)
     full, _ = _run(tmp_path / "a", s)
     first, ck = _run(tmp_path / "b", s, stop_at=3)
@@ -232,16 +233,16 @@ def test_stop_and_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path):
 
 def test_checkpoint_errors(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint .*nope.pt does not exist"):
-        train.load_checkpoint(tmp_path / "nope.pt")
+        trainer.load_checkpoint(tmp_path / "nope.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="junk.pt is not a readable training checkpoint"):
-        train.load_checkpoint(tmp_path / "junk.pt")
+        trainer.load_checkpoint(tmp_path / "junk.pt")
     torch.save({"format": "other"}, tmp_path / "other.pt")
     with pytest.raises(ConfigError, match="other.pt is not a checkpoint written by scripts/train.py"):
-        train.load_checkpoint(tmp_path / "other.pt")
-    torch.save({"format": train.CKPT_FORMAT, "version": 99}, tmp_path / "v99.pt")
+        trainer.load_checkpoint(tmp_path / "other.pt")
+    torch.save({"format": trainer.CKPT_FORMAT, "version": 99}, tmp_path / "v99.pt")
     with pytest.raises(ConfigError, match="checkpoint version 99 is not supported"):
-        train.load_checkpoint(tmp_path / "v99.pt")
+        trainer.load_checkpoint(tmp_path / "v99.pt")
 
 
 def test_training_ends_when_the_loader_ends():
@@ -251,11 +252,11 @@ def test_training_ends_when_the_loader_ends():
                 raise StopIteration
             return super().get_batch(split)
 
-    s = train.TrainSettings(n_layer=1, n_embd=16, max_iters=100)
+    s = trainer.TrainSettings(n_layer=1, n_embd=16, max_iters=100)
     torch.manual_seed(0)
     model = gpt.GPT(s.model_config(50))
     calls = []
-    res = train.train_loop(model, train.make_optimizer(model, s), Ending(), s,
-                           lambda b: train.step_inputs(b, post_training=True, episodes=True, eos_id=-1),
+    res = trainer.train_loop(model, trainer.make_optimizer(model, s), Ending(), s,
+                           lambda b: trainer.step_inputs(b, post_training=True, episodes=True, eos_id=-1),
                            checkpoint=calls.append, log=lambda *_: None)
     assert res.stopped_by == "loader_end" and res.steps == [1, 2, 3, 4] and calls == [4]
