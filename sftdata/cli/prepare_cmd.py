@@ -68,10 +68,12 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           workers=workers if workers is not None else default_workers(),
                           strict=strict, overwrite=overwrite)
     with make_progress(quiet or as_json) as bar:
-        task = bar.add_task(f"prepare-{mode}", total=None, records=0, tokens=0)
+        tasks = []  # the bar appears with the first progress report, after the inputs were checked
 
         def on_progress(p):
-            bar.update(task, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+            if not tasks:
+                tasks.append(bar.add_task(f"prepare-{mode}", total=p.bytes_total, records=0, tokens=0))
+            bar.update(tasks[0], completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress)
     if as_json:
