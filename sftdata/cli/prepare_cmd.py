@@ -55,9 +55,9 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"  repaired: {reason}", f"{n:,}")
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
-    mb = s.input_bytes / 1e6
-    t.add_row("time", f"{s.seconds:.2f} s ({mb / s.seconds if s.seconds else 0:.1f} MB/s, "
-                      f"{s.total_tokens / s.seconds / 1e6 if s.seconds else 0:.2f}M tok/s)")
+    secs = max(s.seconds, 1e-9)
+    t.add_row("time", f"{s.seconds:.2f} s ({s.records_read / secs:,.0f} records/s, "
+                      f"{s.total_tokens / secs:,.0f} tokens/s, {s.input_bytes / secs / 1e6:.1f} MB/s)")
     return t
 
 
