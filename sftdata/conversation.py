@@ -43,7 +43,8 @@ USER_ALIASES = {"user": "user", "human": "user"}
 ASSISTANT_ALIASES = {"assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
                      "bing": "assistant", "bard": "assistant", "model": "assistant"}
 SYSTEM_ALIASES = {"system": "system", "developer": "system"}
-TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython"}
+TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython", "tool_call",
+              "function_response"}
 CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
 
 

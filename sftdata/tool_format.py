@@ -33,6 +33,8 @@ A final assistant call with no result after it is a legitimate training target.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -43,10 +45,34 @@ from .errors import RecordError
 
 CALL_FROMS = {"function_call", "tool_call"}  # ShareGPT turns holding a call
 RESULT_ROLES = {"tool", "observation", "function", "function_response", "ipython"}
+_LONG_DIGITS = re.compile(r"\d{19,}")
+
+
+class InexactJSON(ValueError):
+    """JSON that orjson reads but would not give back unchanged."""
+
+
+def _int64(text: str) -> int:
+    i = int(text)
+    if not -(1 << 63) <= i < (1 << 64):
+        raise InexactJSON(f"the integer {text} does not fit in 64 bits (it would be changed); "
+                          f"write it as a string")
+    return i
 
 
 def _loads(text: str) -> Any:
-    return orjson.loads(text)
+    """orjson.loads, refusing what it would silently change: orjson reads an integer
+    beyond 64 bits as a float, which would re-serialise as a different number.
+    Raises orjson.JSONDecodeError or InexactJSON (both ValueErrors)."""
+    value = orjson.loads(text)
+    if _LONG_DIGITS.search(text):
+        try:
+            json.loads(text, parse_int=_int64)
+        except InexactJSON:
+            raise
+        except (ValueError, RecursionError):  # orjson already accepted the text
+            pass
+    return value
 
 
 def _str_id(v: Any) -> str | None:
@@ -66,6 +92,8 @@ def parse_tools(value: Any, where: str) -> tuple[dict, ...]:
             return ()
         try:
             value = _loads(value)
+        except InexactJSON as e:
+            raise RecordError("invalid_tools", f"'tools': {e}", where) from None
         except orjson.JSONDecodeError as e:
             raise RecordError("invalid_tools", f"'tools' is a string but not valid JSON ({e}); give a "
                               f"list of function schemas or its JSON text", where) from None
@@ -115,6 +143,9 @@ def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
     if isinstance(raw, str):
         try:
             value = _loads(raw)
+        except InexactJSON as e:
+            raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r}: {e}",
+                              where) from None
         except orjson.JSONDecodeError as e:
             shown = raw if len(raw) <= 60 else raw[:57] + "..."
             raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r} are "
@@ -166,6 +197,9 @@ def _sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
     if isinstance(value, str):
         try:
             value = _loads(value)
+        except InexactJSON as e:
+            raise RecordError("invalid_arguments", f"message {index}: the function_call value: {e}",
+                              where) from None
         except orjson.JSONDecodeError as e:
             raise RecordError("invalid_tool_call", f"message {index}: the function_call value is not "
                               f"valid JSON ({e}); expected {{\"name\": ..., \"arguments\": {{...}}}}",
@@ -182,42 +216,45 @@ def _unknown_role(role_name: str, where: str, index: int) -> RecordError:
     return RecordError("unknown_role", f"message {index} has role {role_name}; known roles: {known}", where)
 
 
-def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple[int, Turn, bool]]:
-    """Format-specific reading: (message index, turn, is a ShareGPT function_call turn)."""
-    turns: list[tuple[int, Turn, bool]] = []
+def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple[int, Turn]]:
+    """Format-specific reading: (message index, turn) pairs, before any validation."""
+    turns: list[tuple[int, Turn]] = []
+    prev_function_call = False
     top_system = obj.get("system")
     if top_system is not None:
         if not isinstance(top_system, str):
             raise RecordError("non_text_content", f"top-level 'system' is a {type(top_system).__name__}, "
                               f"not a string", where)
-        turns.append((-1, Turn("system", top_system), False))
+        turns.append((-1, Turn("system", top_system)))
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
         content = m.get("content") if fmt == "openai" else m.get("value", m.get("content"))
         if fmt == "sharegpt" and role_name in CALL_FROMS:
             calls = _sharegpt_calls(content, where, i)
-            if turns and turns[-1][2]:  # consecutive function_call turns: parallel calls
-                j, prev, _ = turns[-1]
-                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls), True)
+            if prev_function_call:  # consecutive function_call turns: the format's parallel calls
+                j, prev = turns[-1]
+                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls))
             else:
-                turns.append((i, Turn("assistant", "", calls), True))
+                turns.append((i, Turn("assistant", "", calls)))
+            prev_function_call = True
             continue
+        prev_function_call = False
         if role_name in USER_ALIASES or role_name in SYSTEM_ALIASES:
             role = USER_ALIASES.get(role_name) or SYSTEM_ALIASES[role_name]
-            turns.append((i, Turn(role, _text_of(content, where, i)), False))
+            turns.append((i, Turn(role, _text_of(content, where, i))))
         elif role_name in ASSISTANT_ALIASES:
             calls = _openai_calls(m, where, i)
             text = _text_of(content, where, i)
-            turns.append((i, Turn("assistant", text if text.strip() or not calls else "", calls), False))
+            turns.append((i, Turn("assistant", text if text.strip() or not calls else "", calls)))
         elif role_name in RESULT_ROLES:
             turns.append((i, Turn("tool", _text_of(content, where, i),
-                                  tool_call_id=_str_id(m.get("tool_call_id"))), False))
+                                  tool_call_id=_str_id(m.get("tool_call_id")))))
         else:
             raise _unknown_role(role_name, where, i)
     return turns
 
 
-def link_calls(turns: list[tuple[int, Turn, bool]], tools: tuple[dict, ...], where: str,
+def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: str,
                repairs: list[str]) -> list[Turn]:
     """Check every call and result, merge parallel call messages, and put each run of
     results in the order of the calls they answer."""
@@ -233,7 +270,7 @@ def link_calls(turns: list[tuple[int, Turn, bool]], tools: tuple[dict, ...], whe
                            f"before message {at}; add its result, or end the conversation with the call",
                            where)
 
-    for i, t, _ in turns:
+    for i, t in turns:
         if t.role in ("user", "assistant") and not t.text.strip() and not t.tool_calls:
             repairs.append("dropped_empty_turn")
             continue
@@ -259,9 +296,9 @@ def link_calls(turns: list[tuple[int, Turn, bool]], tools: tuple[dict, ...], whe
         if t.role == "assistant" and t.tool_calls:
             for c in t.tool_calls:
                 if names and c.name not in names:
+                    known = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
                     raise RecordError("unknown_function", f"message {i} calls {c.name!r}, which is not in "
-                                      f"'tools' ({', '.join(sorted(names))}); declare it or fix the call",
-                                      where)
+                                      f"'tools' ({known}); declare it or fix the call", where)
             if after_calls and not t.text.strip():  # a call-only message right after calls: parallel
                 out[-1] = Turn("assistant", out[-1].text, out[-1].tool_calls + t.tool_calls)
                 repairs.append("merged_same_role")

@@ -349,6 +349,11 @@ BAD = [
     ("invalid_arguments", "are a JSON str, not an object",
      _gl([{"from": "human", "value": "x"},
           {"from": "function_call", "value": '{"name": "get_weather", "arguments": "\\"Rome\\""}'}])),
+    ("invalid_arguments", "the integer 123456789012345678901 does not fit in 64 bits",
+     _oa([U, _call('{"id": 123456789012345678901}')])),
+    ("invalid_arguments", "function_call value: the integer -9223372036854775809 does not fit",
+     _gl([{"from": "human", "value": "x"},
+          {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"n": -9223372036854775809}}'}])),
     ("unknown_function", "message 1 calls 'book', which is not in 'tools' \\(get_weather\\)",
      _oa([U, _call(name="book"), _res(), A])),
     ("unknown_function", "calls 'book'",
@@ -370,6 +375,8 @@ BAD = [
     ("no_assistant_turn", "no assistant message", _oa([U])),
     ("no_assistant_turn", "no assistant message", _oa([U, {"role": "assistant", "content": None}])),
     ("invalid_tools", "'tools' is a string but not valid JSON", _gl([U], tools=()) | {"tools": "[{"}),
+    ("invalid_tools", "'tools': the integer 99999999999999999999 does not fit",
+     _gl([U], tools=()) | {"tools": '[{"name": "f", "parameters": {"maximum": 99999999999999999999}}]'}),
     ("invalid_tools", "'tools' is a dict", _oa([U, A]) | {"tools": {"name": "x"}}),
     ("invalid_tools", "tool 0 has no 'name' string", _oa([U, A], tools=({"description": "d"},))),
     ("invalid_tools", "tool 1 repeats the name 'get_weather'", _oa([U, A], tools=(WEATHER, WEATHER))),
@@ -410,6 +417,15 @@ def test_each_rejection_reason(reason, match, rec):
 
 def orjson_line(rec) -> bytes:
     return json.dumps(rec).encode()
+
+
+def test_64_bit_integers_and_digit_strings_are_kept_exactly(tok):
+    args = '{"big": 18446744073709551615, "neg": -9223372036854775808, "s": "123456789012345678901234"}'
+    conv = parse_tool(_oa([U, _call(args)]), "w")
+    assert conv.turns[1].tool_calls[0].arguments == {"big": 2**64 - 1, "neg": -2**63,
+                                                     "s": "123456789012345678901234"}
+    text = tok.decode(render(conv, tok).ids.tolist())
+    assert '"arguments":{"big":18446744073709551615,"neg":-9223372036854775808,' in text
 
 
 def test_no_tools_means_any_function_name_is_accepted():
