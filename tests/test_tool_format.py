@@ -409,13 +409,13 @@ BAD = [
 @pytest.mark.parametrize("reason,match,rec", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_each_rejection_reason(reason, match, rec):
     with pytest.raises(RecordError, match=match) as e:
-        parse_record(orjson_line(rec), "f.jsonl:line 7", "tool")
+        parse_record(as_line(rec), "f.jsonl:line 7", "tool")
     assert e.value.reason == reason
     assert e.value.where == "f.jsonl:line 7"
     assert str(e.value).startswith("f.jsonl:line 7: ")
 
 
-def orjson_line(rec) -> bytes:
+def as_line(rec) -> bytes:
     return json.dumps(rec).encode()
 
 
