@@ -109,3 +109,35 @@ def prepare_chat(
     """
     run_prepare("chat", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet)
+
+
+@app.command("prepare-tool")
+@handle_errors
+def prepare_tool(
+    inputs: InputsArg,
+    output_dir: OutputOpt,
+    val_split: ValSplitOpt = 0.0,
+    seed: SeedOpt = 1337,
+    max_tokens: MaxTokensOpt = None,
+    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+    tokenizer: TokenizerOpt = None,
+    workers: WorkersOpt = None,
+    strict: StrictOpt = False,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
+    ShareGPT/glaive `function_call` / `observation` turns) into a dataset.
+
+    Tool schemas go into the system span; each call is trained as <|TOOL_CALL|> + canonical
+    JSON inside its assistant span; tool results are context only (never trained). Plain
+    chat records are accepted too. Bad records (arguments that are not a JSON object,
+    calls to undeclared functions, results that answer no call...) are skipped, counted by
+    reason and written to OUTPUT/rejects.jsonl (or stop the run with --strict).
+    See docs/TOOLS.md.
+
+    Example: sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1
+    """
+    run_prepare("tool", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
+                workers, strict, overwrite, as_json, quiet)
