@@ -46,3 +46,20 @@ def test_version_and_help():
     assert r.exit_code == 0 and r.output.strip() == f"sftdata {__version__}"
     r = runner.invoke(app, ["prepare-chat", "--help"])
     assert r.exit_code == 0 and "--val-split" in r.output and "--max-tokens" in r.output
+
+
+def test_chat_script_has_the_seed_interface(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(10)] + ["{}"])
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds"), "--val_split", "0.2",
+                     "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train 8 episodes" in out and "val 2 episodes" in out and "11 records read, 1 rejected: no_messages 1" in out
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds")]) == 1
+    assert "already exists; pass --overwrite to replace it, or choose another --output_dir" in capsys.readouterr().err
