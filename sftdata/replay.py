@@ -69,14 +69,16 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
     With both, ``epoch`` must be an epoch the step's batch reaches."""
     if head is not None and head < 0:
         raise UsageError(f"--head must be >= 0, got {head}")
+    if world_size < 1:
+        raise UsageError(f"--world-size must be >= 1, got {world_size}")
+    if rank is not None and not 0 <= rank < world_size:
+        raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
     sp = _open(dataset_dir, cfg, split)
     o = episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}")
     if o.sampling == "random" and step is None:
         raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")
     if o.sampling == "random" and epoch is not None:
         raise UsageError("batch_sampling_mode=random has no epochs; drop --epoch (give --step only)")
-    if rank is not None and not 0 <= rank < world_size:
-        raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
     g, bs = o.global_batch, o.batch_size
     cols: dict[str, np.ndarray] = {}
     if step is not None:
