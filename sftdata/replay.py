@@ -39,12 +39,34 @@ class Replay:
     step: int | None
     rank: int | None
     total_rows: int  # rows before --head
-    columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none), shard -> names
+    columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard = index
+    shard_names: list = field(default_factory=list)
 
-    def rows(self) -> list[dict]:
-        names = list(self.columns)
-        cols = [self.columns[k].tolist() for k in names]
-        return [{k: (None if (v == -1 and k != "shard") else v) for k, v in zip(names, r)} for r in zip(*cols)]
+    def column_lists(self, start: int = 0, stop: int | None = None) -> dict[str, list]:
+        """Rows ``start:stop`` as Python lists per column: -1 -> None, shard -> its name."""
+        out = {}
+        for k, a in self.columns.items():
+            part = a[start:stop]
+            if k == "shard":
+                out[k] = [self.shard_names[i] for i in part.tolist()]
+            elif part.size and part.min() < 0:
+                out[k] = [None if v < 0 else v for v in part.tolist()]
+            else:
+                out[k] = part.tolist()
+        return out
+
+    def csv_chunks(self, rows_per_chunk: int = 1_000_000):
+        """The rows as CSV bytes (header first), a bounded number of rows at a time."""
+        yield (",".join(self.columns) + "\n").encode()
+        n = len(self.columns["episode"])
+        for a in range(0, n, rows_per_chunk):
+            yield csv_bytes([(c[a:a + rows_per_chunk], self.shard_names) if k == "shard" else c[a:a + rows_per_chunk]
+                             for k, c in self.columns.items()])
+
+    def rows(self, start: int = 0, stop: int | None = None) -> list[dict]:
+        cols = self.column_lists(start, stop)
+        names = list(cols)
+        return [dict(zip(names, r)) for r in zip(*cols.values())]
 
     def as_dict(self) -> dict:
         meta = {k: getattr(self, k) for k in ("dataset", "split", "sampling", "seed", "shuffle", "drop_last",
@@ -121,24 +143,22 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
                 "episode": np.asarray(order[:k], dtype=np.int64)}
     ids = cols["episode"]
     shard = sp.shard_of(ids)
-    names = np.array([s.name for s in sp.shards] or [""], dtype=object)
-    cols["shard"] = names[shard] if len(ids) else np.empty(0, dtype=object)
+    cols["shard"] = shard  # an index into shard_names (names are looked up when rows are drawn)
     cols["length"] = sp.lengths[ids]
     cols["record"] = _records(sp, ids, shard)
     cols = {c: cols[c] for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS)}
     return Replay(str(dataset_dir), split, o.sampling, o.seed, o.shuffle, o.drop_last, bs, world_size,
-                  cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols)
+                  cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols,
+                  [sh.name for sh in sp.shards])
 
 
 def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
     """Input record number of each episode (sources.idx), -1 where not stored."""
     out = np.full(ids.shape, -1, dtype=np.int64)
-    for si in np.unique(shard):
-        s = sp.shards[int(si)]
-        if s.sources is None:
-            continue
-        sel = shard == si
-        out[sel] = np.asarray(s.sources, dtype=np.int64)[ids[sel] - sp.episode_offsets[si]]
+    for si, s in enumerate(sp.shards):
+        if s.sources is not None:
+            sel = shard == si
+            out[sel] = np.asarray(s.sources, dtype=np.int64)[ids[sel] - sp.episode_offsets[si]]
     return out
 
 
@@ -147,3 +167,51 @@ def check_audit_log(dataset_dir: str | Path, cfg: LoaderConfig, log_path: str | 
     """Compare an audit log's ``epoch_start`` lines with the replayed order."""
     sp = _open(dataset_dir, cfg, split)
     return check_audit(log_path, episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}"), split)
+
+
+def csv_bytes(columns: list) -> bytes:
+    """CSV rows (no header) from columns, vectorised: each column is an int64 array
+    (negative = empty field) or ``(index array, list of names)`` for a text column.
+    Equal to ``csv.writer(..., lineterminator="\\n")`` on the same values (no quoting is
+    needed: digits and shard names only), about 5x faster."""
+    n = len(columns[0][0] if isinstance(columns[0], tuple) else columns[0])
+    fw = np.empty((n, len(columns)), dtype=np.int64)  # field width + 1 separator
+    plans = []
+    for j, c in enumerate(columns):
+        if isinstance(c, tuple):
+            idx, names = np.asarray(c[0], dtype=np.int64), [s.encode() for s in c[1]] or [b""]
+            chars = np.zeros((len(names), max(1, max(len(e) for e in names))), dtype=np.uint8)
+            for i, e in enumerate(names):
+                chars[i, :len(e)] = np.frombuffer(e, np.uint8)
+            width = np.array([len(e) for e in names], dtype=np.int64)[idx]
+            plans.append((idx, chars, width))
+        else:
+            v = np.asarray(c, dtype=np.int64)
+            top = int(v.max()) if n else 0
+            width = (v >= 0).astype(np.int64)
+            t = 10
+            while t <= top:
+                width += v >= t
+                t *= 10
+            plans.append((v, top, width))
+        fw[:, j] = width + 1
+    row_len = fw.sum(axis=1)
+    row_start = np.cumsum(row_len) - row_len
+    field_start = row_start[:, None] + np.cumsum(fw, axis=1) - fw
+    buf = np.full(int(row_len.sum()), ord(","), dtype=np.uint8)
+    buf[row_start + row_len - 1] = ord("\n")
+    for j, (a, b, width) in enumerate(plans):
+        start = field_start[:, j]
+        wmin, wmax = (int(width.min()), int(width.max())) if n else (0, 0)
+        if isinstance(b, np.ndarray):  # text: character k of each name
+            for k in range(wmax):
+                sel = slice(None) if k < wmin else width > k
+                buf[start[sel] + k] = b[a[sel], k]
+            continue
+        q = np.maximum(a, 0).astype(np.int32 if b < 2**31 else np.int64)
+        last = start + width - 1
+        for k in range(wmax):  # k-th digit from the right
+            q, digit = np.divmod(q, 10)
+            sel = slice(None) if k < wmin else width > k
+            buf[last[sel] - k] = 48 + digit[sel]
+    return buf.tobytes()

@@ -26,15 +26,13 @@ def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_
 
 
 def _write_csv(r: Replay) -> None:
-    names = list(r.columns)
-    out = sys.stdout
-    out.write(",".join(names) + "\n")
-    n = len(r.columns["episode"])
-    for a in range(0, n, 200_000):
-        cols = [r.columns[k][a:a + 200_000].tolist() for k in names]
-        out.write("".join(",".join("" if (v == -1 and k != "shard") else str(v) for k, v in zip(names, row)) + "\n"
-                          for row in zip(*cols)))
-    out.flush()
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    for chunk in r.csv_chunks():
+        if out is not None:
+            out.write(chunk)
+        else:  # a text-only stream (tests)
+            sys.stdout.write(chunk.decode())
+    (out or sys.stdout).flush()
 
 
 def _table(r: Replay) -> Table:
