@@ -177,8 +177,8 @@ class GPTEpisodeDataLoader:
         load_steps(self, state, self._fingerprint())
         for split, step in self._steps.items():
             if self.audit is not None and step:
-                self.audit.event("loader_resume", split=split, step=step,
-                                 epoch=self.order(split).epoch_of_step(step) if self.sampling == "epoch" else None)
+                epoch = self.order(split).epoch_of_step(step) if self.sampling == "epoch" else None
+                self.audit.event("loader_resume", split=split, step=step, epoch=epoch)
 
     # -- logging ----------------------------------------------------------------------
     def _log_init(self) -> None:

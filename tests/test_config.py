@@ -176,3 +176,16 @@ def test_xml_entities_are_refused(tmp_path):
     external = '<!ENTITY xxe SYSTEM "file:///etc/passwd"><training/>'
     with pytest.raises(ConfigError, match=r"<!ENTITY ...> declarations are not allowed"):
         LoaderConfig.from_file(write(tmp_path / "xxe.xml", external))
+
+
+def test_example_configs_load():
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[1] / "configs" / "examples"
+    c = LoaderConfig.from_file(ex / "my_experiment.json")
+    assert (c.epoch_seed, c.block_size, c.batch_size, c.use_loss_mask, c.epoch_drop_last, c.audit_dir) == (
+        42, 2048, 8, True, False, "logs/audit")
+    assert c.extra == {"n_layer": 12, "n_head": 12, "n_embd": 768, "learning_rate": 0.0003, "max_iters": 5000,
+                       "warmup_iters": 200}
+    x = LoaderConfig.from_file(ex / "training.xml")
+    assert (x.dataset_mode, x.pad_token_id, x.use_loss_mask, x.block_size) == ("sft_episode", None, True, 1024)
