@@ -135,11 +135,10 @@ class GPTEpisodeDataLoader:
         return self.cfg.use_loss_mask and self.ds.split(split).has_mask
 
     # -- batches ----------------------------------------------------------------------
-    def batch_at(self, split: str, step: int) -> tuple[np.ndarray, ...]:
+    def batch_at(self, split: str, step: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """The numpy batch of ``step`` (no state change, no logging)."""
-        sp = self.ds.split(split)
-        return episode_batch(sp, self.batch_ids(split, step), self.cfg.block_size, self.pad_id,
-                             self.mask_enabled(split))
+        ids = self.batch_ids(split, step) if ids is None else ids
+        return episode_batch(self.ds.split(split), ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split))
 
     def get_batch(self, split: str = "train"):
         step = self._steps.get(split, 0)
@@ -148,8 +147,9 @@ class GPTEpisodeDataLoader:
             log.warning("[EpisodeLoader] use_loss_mask=true but split=%s of %s has no mask file; "
                         "batches are (x, y) and every target is trained", split, self.ds.root)
         self._emit_events(split, step)
-        batch = self.batch_at(split, step)
-        self.last_ids[split] = self.batch_ids(split, step)
+        ids = self.batch_ids(split, step)
+        batch = self.batch_at(split, step, ids)
+        self.last_ids[split] = ids
         self._steps[split] = step + 1
         return to_backend(batch, self.backend, self.device)
 

@@ -75,7 +75,7 @@ def _log(tmp_path, order: BatchOrder, epochs=(0, 1, 2)):
         log.event("epoch_start", split="train", epoch=e, seed=order.seed + e, num_episodes=order.n,
                   first_episode_ids=order.epoch_order(e)[:10].tolist())
         log.event("epoch_start", split="val", epoch=e, seed=order.seed + e, num_episodes=3,
-                  first_episode_ids=[2, 0, 1])
+                  first_episode_ids=np.random.RandomState(order.seed + e).permutation(3).tolist())
     return log.path
 
 
@@ -118,11 +118,11 @@ def test_replaying_with_another_seed_mismatches(tmp_path):
 
 
 def test_val_split_is_checked_separately(tmp_path):
-    path = _log(tmp_path, BatchOrder(np.arange(100), batch_size=4, seed=5), epochs=(0,))
-    val_order = BatchOrder(np.arange(3), batch_size=1, seed=5)
-    res = check_audit(path, val_order, split="val")
-    assert res.checked == 1
-    assert (np.random.RandomState(5).permutation(3).tolist() == [2, 0, 1]) == res.ok
+    path = _log(tmp_path, BatchOrder(np.arange(100), batch_size=4, seed=5), epochs=(0, 1))
+    res = check_audit(path, BatchOrder(np.arange(3), batch_size=1, seed=5), split="val")
+    assert res.ok and res.checked == 2
+    res = check_audit(path, BatchOrder(np.arange(3), batch_size=1, seed=5, shuffle=False), split="val")
+    assert not res.ok and {m.what for m in res.mismatches} >= {"epoch_shuffle"}
 
 
 def test_empty_log_is_not_ok_and_random_mode_refused(tmp_path):
