@@ -50,7 +50,7 @@ MAX_SEED = 2**32 - 1  # RandomState accepts 0 .. 2**32 - 1
 
 def eligible_ids(lengths: np.ndarray, min_length: int) -> np.ndarray:
     """Ids (ascending int64) of the items whose length is >= ``min_length``."""
-    return np.flatnonzero(np.asarray(lengths) >= int(min_length)).astype(np.int64)
+    return np.flatnonzero(np.asarray(lengths) >= int(min_length)).astype(np.int64, copy=False)
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
