@@ -186,3 +186,10 @@ def test_input_errors(tmp_path):
     src = write_jsonl(tmp_path / "one.jsonl", records(1))
     with pytest.raises(UsageError, match="leaves no training episode"):
         prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.6))
+
+
+def test_all_tool_records_point_to_prepare_tool(tmp_path):
+    rec = {"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]}
+    src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
+    with pytest.raises(NoUsableRecordsError, match=r"tool_conversation: 2\).*`sftdata prepare-tool`"):
+        prepare([src], tmp_path / "ds", PrepareOptions())

@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from .app import app, main
 from . import prepare_cmd  # noqa: F401  (registers prepare-chat / prepare-tool)
+from . import replay_cmd  # noqa: F401  (registers replay-order)
 
 __all__ = ["app", "main"]
