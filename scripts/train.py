@@ -17,17 +17,24 @@ checkpoints are scripts/trainer.py.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpt.py and trainer.py sit beside this file
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # gpt.py and trainer.py sit beside this file
+try:
+    import sftdata  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(1, str(HERE.parent))
 from gpt import GPT, GPTConfig, block_causal_mask  # noqa: E402
-from trainer import (StepInputs, TrainResult, apply_env, load_checkpoint, make_optimizer,  # noqa: E402
-                     save_checkpoint, set_rng_state, settings_from_extra, step_inputs, train_loop)
+from trainer import (StepInputs, TrainResult, TrainSettings, apply_env, load_checkpoint,  # noqa: E402
+                     make_optimizer, save_checkpoint, set_rng_state, settings_from_extra, step_inputs,
+                     train_loop)
 
 from sftdata.errors import ConfigError, SftDataError  # noqa: E402
 
@@ -57,100 +64,108 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def dataset_vocab_size(dataset: Path) -> int | None:
-    """Vocab size recorded in the dataset's tokenizer state, or None (e.g. a bare token stream)."""
+def tokenizer_facts(dataset: Path) -> tuple[int | None, int | None]:
+    """(vocab_size, eos_id) recorded in the dataset's tokenizer state, or Nones (a bare
+    token stream has no tokenizer state)."""
     from sftdata.store import TOKENIZER_FILE, read_json
 
     path = dataset / TOKENIZER_FILE
-    return int(read_json(path)["vocab_size"]) if path.is_file() else None
+    if not path.is_file():
+        return None, None
+    state = read_json(path)
+    return int(state["vocab_size"]), int(state["eos_id"])
 
 
 def attention_mask_fn():
-    """sftdata.attention's block mask when installed (the pack issue), else gpt.py's."""
+    """sftdata.attention's block mask when installed (the pack issue), else gpt.py's
+    (the same mask as booleans)."""
     try:
-        from sftdata.attention import block_causal_mask as lib_mask  # noqa: F401
+        from sftdata.attention import block_causal_mask as lib_mask
     except ImportError:
         return block_causal_mask
     return lib_mask
 
 
-def run(args: argparse.Namespace, env: dict | None = None, log=print) -> TrainResult:
-    from sftdata.loader import LoaderConfig, make_loader
+def resolve_settings(args: argparse.Namespace, env) -> tuple["LoaderConfig", TrainSettings]:  # noqa: F821
+    """Config file < environment < command line. ``use_loss_mask`` and POST_TRAINING are
+    one switch: the loader returns masks exactly when the loss uses them."""
+    from sftdata.loader import LoaderConfig
 
-    env = os.environ if env is None else env
     cfg = LoaderConfig.from_file(args.config)
     s = settings_from_extra(dict(cfg.extra), args.config).validate(args.config)
-    s = replace(s, post_training=bool(cfg.use_loss_mask))
-    s = apply_env(s, env)
+    s = apply_env(replace(s, post_training=cfg.use_loss_mask), env)
     if args.max_iters is not None:
         s = replace(s, max_iters=args.max_iters).validate("--max-iters")
-    cfg = replace(cfg, use_loss_mask=s.post_training)
+    return cfg.replace(use_loss_mask=s.post_training), s
+
+
+def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
+    """Build the loader, model and optimiser (or resume them), train, return the result."""
+    from sftdata.loader import make_loader
+
+    cfg, s = resolve_settings(args, os.environ if env is None else env)
     dataset, out_dir = Path(args.dataset), Path(args.out_dir)
+    if args.resume and args.init_from:
+        raise ConfigError("give --resume (continue a run) or --init-from (new run from its weights), not both")
+    ckpt = load_checkpoint(Path(args.resume)) if args.resume else None
+    init = load_checkpoint(Path(args.init_from)) if args.init_from else None
     audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
     loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
 
-    ckpt = load_checkpoint(Path(args.resume)) if args.resume else None
-    init = load_checkpoint(Path(args.init_from)) if args.init_from else None
-    if ckpt is not None and init is not None:
-        raise ConfigError("give --resume or --init-from, not both")
-    if ckpt is not None or init is not None:
+    vocab, eos_id = tokenizer_facts(dataset)
+    if ckpt or init:
         mcfg = GPTConfig(**(ckpt or init)["model_config"])
     else:
-        vocab = s.vocab_size or dataset_vocab_size(dataset)
-        if not vocab:
-            raise ConfigError(f"{dataset} records no tokenizer vocab size; set vocab_size in {args.config}")
-        mcfg = s.model_config(vocab)
+        if not (s.vocab_size or vocab):
+            raise ConfigError(f"{dataset} records no tokenizer (no vocab size); set vocab_size in {args.config}")
+        mcfg = s.model_config(s.vocab_size or vocab)
     torch.manual_seed(s.seed)
     model = GPT(mcfg).to(args.device)
     optimizer = make_optimizer(model, s)
     start = 0
-    if init is not None:
+    if init:
         model.load_state_dict(init["model"])
-    if ckpt is not None:
+    if ckpt:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         set_rng_state(ckpt["rng"])
         start = int(ckpt["step"])
+        changed = [k for k, v in asdict(s).items() if ckpt["settings"].get(k) != v]
+        if changed:
+            log(f"note: resuming with other settings than the checkpoint's ({', '.join(changed)}); the run "
+                f"will not match an uninterrupted one")
 
-    eos_id = _eos_id(dataset)
-    if eos_id < 0 and cfg.pad_token_id is not None:
-        eos_id = int(cfg.pad_token_id)
+    mode = getattr(loader, "mode", "")
     mask_fn = attention_mask_fn()
-    kind = getattr(loader, "kind", None) or getattr(loader, "dataset_mode", "")
-    episodes = kind != "token_stream"
+    eos = eos_id if eos_id is not None else getattr(loader, "pad_id", -1)
 
     def to_inputs(batch) -> StepInputs:
-        return step_inputs(batch, post_training=s.post_training, episodes=episodes, eos_id=eos_id,
+        return step_inputs(batch, post_training=s.post_training, episodes=mode != "token_stream", eos_id=eos,
                            pad_seq_id=getattr(loader, "pad_seq_id", None), mask_fn=mask_fn)
 
     ckpt_path = out_dir / "ckpt.pt"
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(ckpt_path, model=model, optimizer=optimizer, loader=loader, step=step,
-                        settings=s, dataset=str(dataset))
+        save_checkpoint(ckpt_path, model=model, optimizer=optimizer, loader=loader, step=step, settings=s,
+                        dataset=str(dataset))
 
     say = (lambda *_: None) if args.quiet else log
-    say(f"model: {model.num_params():,} parameters ({mcfg.n_layer} layers, {mcfg.n_embd} wide, vocab "
-        f"{mcfg.vocab_size:,}) | mode {kind} | assistant-only loss {'on' if s.post_training else 'off'} | "
-        f"warmup {int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
-        + (f" | resumed at step {start}" if ckpt is not None else ""))
+    say(f"model: {model.num_params():,} parameters ({mcfg.n_layer} layers x {mcfg.n_embd}, vocab "
+        f"{mcfg.vocab_size:,}) | {mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
+        f"{int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
+        + (f" | resumed after step {start}" if ckpt else ""))
+    has_val = (dataset / "val").is_dir()  # both layouts keep the val split in val/
     res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
-                     checkpoint=checkpoint, log=say, evaluate_val=True)
-    log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of "
-        f"{res.tokens:,} tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")
+                     checkpoint=checkpoint, log=say, evaluate_val=has_val)
+    log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of {res.tokens:,} "
+        f"tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")
     return res
-
-
-def _eos_id(dataset: Path) -> int:
-    from sftdata.store import TOKENIZER_FILE, read_json
-
-    path = dataset / TOKENIZER_FILE
-    return int(read_json(path)["eos_id"]) if path.is_file() else -1
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     try:
         run(args)
     except SftDataError as e:

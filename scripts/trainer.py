@@ -26,8 +26,8 @@ import torch
 from gpt import GPT, GPTConfig, block_causal_mask
 
 from sftdata.errors import ConfigError
+from sftdata.loader import IGNORE_INDEX, apply_ignore_index
 
-IGNORE_INDEX = -100
 CKPT_FORMAT = "sftdata-train-checkpoint"
 CKPT_VERSION = 1
 
@@ -35,7 +35,11 @@ CKPT_VERSION = 1
 # ------------------------------------------------------------------------- settings
 @dataclass
 class TrainSettings:
-    """Training keys a config file may hold next to the loader's (they land in ``cfg.extra``)."""
+    """Training keys a config file may hold next to the loader's (they land in ``cfg.extra``).
+
+    The defaults are the tiny CPU preset (configs/sft/tiny.json): an XML ``<training>``
+    file holds loader tags only (the loader refuses other tags), so XML runs use these
+    unless the command line overrides them."""
 
     n_layer: int = 2
     n_head: int = 2
@@ -43,19 +47,19 @@ class TrainSettings:
     dropout: float = 0.0
     tie_weights: bool = True
     vocab_size: int = 0  # 0: the dataset's tokenizer vocab size
-    learning_rate: float = 3e-4
-    min_lr: float = 3e-5
+    learning_rate: float = 3e-3
+    min_lr: float = 3e-4
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     max_iters: int = 200
-    warmup_pct: float = 0.0
-    post_training: bool = False
+    warmup_pct: float = 0.05
+    post_training: bool = False  # set from the loader's use_loss_mask, or POST_TRAINING
     log_interval: int = 10
-    eval_interval: int = 0  # 0: no evaluation
-    eval_iters: int = 10
-    checkpoint_interval: int = 0  # 0: only at the end
+    eval_interval: int = 50  # 0: no evaluation
+    eval_iters: int = 4
+    checkpoint_interval: int = 50  # 0: only at the end
     seed: int = 1337
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -123,11 +127,6 @@ def apply_env(s: TrainSettings, env: dict) -> TrainSettings:
 
 
 # ------------------------------------------------------------------ targets and LR
-def masked_targets(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``y`` with IGNORE_INDEX (-100) exactly where ``mask == 0`` (seed 002). No input changes."""
-    return torch.where(mask == 0, torch.full_like(y, IGNORE_INDEX), y)
-
-
 def episode_end_targets(x: torch.Tensor, y: torch.Tensor, eos_id: int) -> torch.Tensor:
     """For padded episodes without a loss mask: every target after the episode's EOS is
     padding, so it becomes -100; the EOS itself stays a target (the model learns to stop).
@@ -176,7 +175,7 @@ def step_inputs(batch, *, post_training: bool, episodes: bool, eos_id: int,
     """Turn whatever ``get_batch`` returned into model inputs and -100 targets."""
     if hasattr(batch, "seq_ids"):  # a PackedBatch
         mask_fn = mask_fn or block_causal_mask
-        targets = (masked_targets(batch.y, batch.mask) if post_training
+        targets = (apply_ignore_index(batch.y, batch.mask) if post_training
                    else segment_targets(batch.y, batch.seq_ids, pad_seq_id))
         return StepInputs(batch.x, targets, batch.position_ids, mask_fn(batch.seq_ids))
     x, y, *rest = batch
@@ -185,7 +184,7 @@ def step_inputs(batch, *, post_training: bool, episodes: bool, eos_id: int,
             raise ConfigError("POST_TRAINING=1 (assistant-only loss) needs a dataset with loss masks, "
                               "but the loader returned none (no mask.bin). Prepare the dataset with "
                               "`sftdata prepare-chat`, or train with POST_TRAINING=0")
-        return StepInputs(x, masked_targets(y, rest[0]))
+        return StepInputs(x, apply_ignore_index(y, rest[0]))
     return StepInputs(x, episode_end_targets(x, y, eos_id) if episodes else y)
 
 

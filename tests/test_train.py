@@ -31,7 +31,7 @@ Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
 def test_masked_targets_are_minus_100_exactly_where_mask_is_0():
     y = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]])
     mask = torch.tensor([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
-    out = trainer.masked_targets(y, mask)
+    out = trainer.step_inputs((y, y, mask), post_training=True, episodes=True, eos_id=-1).targets
     assert out.tolist() == [[-100, 12, 13, -100, 15], [-100, -100, -100, -100, -100]]
     assert out.dtype == torch.int64
     assert y.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]  # input untouched
@@ -260,3 +260,133 @@ def test_training_ends_when_the_loader_ends():
                            lambda b: trainer.step_inputs(b, post_training=True, episodes=True, eos_id=-1),
                            checkpoint=calls.append, log=lambda *_: None)
     assert res.stopped_by == "loader_end" and res.steps == [1, 2, 3, 4] and calls == [4]
+
+
+# ------------------------------------------------- real runs on prepared datasets
+def _byte_tokenizer(path: Path) -> Path:
+    """A byte-level ranks file: vocab 256 + 7 chat tokens = 263, so a tiny model trains in
+    milliseconds per step (cl100k's 100k-wide output layer would dominate)."""
+    import base64
+
+    path.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+    return path
+
+
+def _conversations(n=24):
+    out = []
+    for i in range(n):
+        a, b = i % 7 + 1, i % 5 + 2
+        msgs = [{"role": "user", "content": f"add {a} and {b}"},
+                {"role": "assistant", "content": f"{a}+{b}={a + b}"}]
+        if i % 3 == 0:
+            msgs.insert(0, {"role": "system", "content": "math"})
+        out.append({"messages": msgs})
+    return out
+
+
+@pytest.fixture(scope="module")
+def byte_ds(tmp_path_factory):
+    import json
+
+    from sftdata.prepare import PrepareOptions, prepare
+
+    d = tmp_path_factory.mktemp("byte_ds")
+    tokfile = _byte_tokenizer(d / "bytes.tiktoken")
+    src = d / "chat.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _conversations()))
+    prepare([src], d / "chat_sft", PrepareOptions(val_split=0.15, tokenizer=str(tokfile)))
+    return d / "chat_sft"
+
+
+def _config(path: Path, **kw) -> Path:
+    import json
+
+    cfg = {"batch_size": 4, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "learning_rate": 1e-2,
+           "min_lr": 1e-3, "max_iters": 30, "warmup_pct": 0.1, "log_interval": 10, "eval_interval": 0,
+           "checkpoint_interval": 0, "use_loss_mask": True, **kw}
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _args(dataset, config, out, *extra):
+    return train.parse_args(["--dataset", str(dataset), "--config", str(config), "--out-dir", str(out), *extra])
+
+
+def test_30_steps_lower_the_assistant_only_loss(byte_ds, tmp_path):
+    from sftdata.loader import LoaderConfig, make_loader
+
+    cfg_path = _config(tmp_path / "c.json")
+    lines = []
+    res = train.run(_args(byte_ds, cfg_path, tmp_path / "out"), env={"POST_TRAINING": "1"}, log=lines.append)
+    assert res.steps == list(range(1, 31)) and res.stopped_by == "max_iters"
+    first, last = res.losses[0], sum(res.losses[-5:]) / 5
+    assert first == pytest.approx(math.log(263), abs=0.3)  # an untrained model: about uniform
+    assert last < 0.5 * first, res.losses
+    # exactly the assistant tokens were trained: the loader's own masks for these 30 steps
+    ref = make_loader(LoaderConfig.from_file(cfg_path), byte_ds, backend="numpy")
+    assert res.trained_tokens == sum(int(ref.batch_at("train", i)[2].sum()) for i in range(30))
+    assert res.tokens == 30 * 4 * 32 and 0 < res.trained_tokens < res.tokens / 2
+    assert lines[0].startswith("model: ") and "assistant-only loss on" in lines[0]
+    assert lines[1].startswith("step     10/30 | loss ") and "trained tok/s" in lines[1]
+    assert (tmp_path / "out" / "ckpt.pt").is_file()
+    assert len(list((tmp_path / "out" / "logs" / "audit").glob("audit_*.log"))) == 1
+
+
+def test_cli_stop_and_resume_equal_an_uninterrupted_run(byte_ds, tmp_path):
+    cfg = _config(tmp_path / "c.json", max_iters=8, dropout=0.1, eval_interval=4, eval_iters=1)
+    env = {"POST_TRAINING": "1", "WARMUP_PCT": "0.25"}
+    quiet = lambda *_: None  # noqa: E731
+    full = train.run(_args(byte_ds, cfg, tmp_path / "a"), env=env, log=quiet)
+    part = train.run(_args(byte_ds, cfg, tmp_path / "b", "--stop-at", "3"), env=env, log=quiet)
+    rest = train.run(_args(byte_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
+                     env=env, log=quiet)
+    assert part.steps == [1, 2, 3] and rest.steps == [4, 5, 6, 7, 8]
+    assert part.losses + rest.losses == full.losses
+    assert rest.val_losses == {4: full.val_losses[4], 8: full.val_losses[8]}
+
+
+def test_tiny_json_and_tiny_xml_are_the_same_run_settings():
+    a = train.resolve_settings(train.parse_args(["--dataset", "d", "--config", str(ROOT / "configs/sft/tiny.json")]), {})
+    b = train.resolve_settings(train.parse_args(["--dataset", "d", "--config", str(ROOT / "configs/sft/tiny.xml")]), {})
+    assert a[1] == b[1]
+    strip = lambda c: {k: v for k, v in c.to_dict().items() if k not in trainer.TrainSettings.__dataclass_fields__}  # noqa: E731
+    assert strip(a[0]) == strip(b[0])
+    assert a[1].post_training is True and a[0].use_loss_mask is True
+    off = train.resolve_settings(train.parse_args(["--dataset", "d", "--config", str(ROOT / "configs/sft/tiny.json"),
+                                                   "--max-iters", "7"]), {"POST_TRAINING": "0"})
+    assert off[1].post_training is False and off[0].use_loss_mask is False and off[1].max_iters == 7
+
+
+def test_main_reports_errors_with_exit_codes(byte_ds, tmp_path, capsys):
+    bad = _config(tmp_path / "bad.json", n_layers=3)
+    assert train.main(["--dataset", str(byte_ds), "--config", str(bad)]) == 1
+    assert "unknown key(s) n_layers" in capsys.readouterr().err
+    good = _config(tmp_path / "good.json")
+    ck = str(tmp_path / "x.pt")
+    assert train.main(["--dataset", str(byte_ds), "--config", str(good), "--resume", ck, "--init-from", ck]) == 1
+    assert "give --resume (continue a run) or --init-from" in capsys.readouterr().err
+    assert train.main(["--dataset", str(tmp_path / "none"), "--config", str(good)]) == 1
+    assert "dataset folder" in capsys.readouterr().err
+
+
+def test_token_stream_dataset_trains_on_every_target_and_refuses_post_training(tmp_path):
+    from sftdata.errors import ConfigError as CE
+
+    d = tmp_path / "stream" / "train"
+    d.mkdir(parents=True)
+    np.random.RandomState(0).randint(0, 40, 2000).astype(np.uint32).tofile(d / "tokens.bin")
+    cfg = _config(tmp_path / "c.json", use_loss_mask=False, vocab_size=40, max_iters=3)
+    res = train.run(_args(tmp_path / "stream", cfg, tmp_path / "out"), env={}, log=lambda *_: None)
+    assert res.trained_tokens == res.tokens == 3 * 4 * 32
+    with pytest.raises(CE, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
+        train.run(_args(tmp_path / "stream", cfg, tmp_path / "out2"), env={"POST_TRAINING": "1"}, log=lambda *_: None)
+
+
+def test_init_from_starts_a_new_schedule_from_trained_weights(byte_ds, tmp_path):
+    cfg = _config(tmp_path / "c.json", max_iters=5)
+    quiet = lambda *_: None  # noqa: E731
+    base = train.run(_args(byte_ds, cfg, tmp_path / "a"), env={"POST_TRAINING": "1"}, log=quiet)
+    again = train.run(_args(byte_ds, cfg, tmp_path / "b", "--init-from", str(tmp_path / "a" / "ckpt.pt")),
+                      env={"POST_TRAINING": "1"}, log=quiet)
+    assert again.steps == [1, 2, 3, 4, 5]  # a new run: step 1, warmup again
+    assert again.losses[0] < base.losses[0] - 1.0  # but from the trained weights
