@@ -86,6 +86,31 @@ def attention_mask_fn():
     return lib_mask
 
 
+def val_batches(cfg, s: TrainSettings, dataset: Path, device: str) -> list:
+    """The first ``eval_iters`` val batches in file order, fixed for the whole run. A
+    loader of their own (no shuffle, no drop_last, no audit) so a val split smaller than
+    a batch still evaluates and the training loader's state is untouched."""
+    from sftdata.loader import make_loader
+
+    if not s.eval_interval or not (dataset / "val").is_dir():  # both layouts keep val in val/
+        return []
+    quiet = logging.getLogger("sftdata.loader")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its init lines would repeat the training loader's
+    try:
+        ev = make_loader(cfg.replace(epoch_shuffle=False, epoch_drop_last=False), dataset, backend="torch",
+                         device=device)
+    finally:
+        quiet.setLevel(level)
+    out = []
+    try:
+        for _ in range(s.eval_iters):
+            out.append(ev.get_batch("val"))
+    except StopIteration:  # a single-pass (packed) val split smaller than eval_iters batches
+        pass
+    return out
+
+
 def resolve_settings(args: argparse.Namespace, env) -> tuple["LoaderConfig", TrainSettings]:  # noqa: F821
     """Config file < environment < command line. ``use_loss_mask`` and POST_TRAINING are
     one switch: the loader returns masks exactly when the loss uses them."""
@@ -155,9 +180,9 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
         f"{mcfg.vocab_size:,}) | {mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
         f"{int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
         + (f" | resumed after step {start}" if ckpt else ""))
-    has_val = (dataset / "val").is_dir()  # both layouts keep the val split in val/
+    val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device)]
     res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
-                     checkpoint=checkpoint, log=say, evaluate_val=has_val)
+                     checkpoint=checkpoint, log=say, val_inputs=val)
     log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of {res.tokens:,} "
         f"tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")
     return res

@@ -274,22 +274,18 @@ def make_optimizer(model: GPT, s: TrainSettings) -> torch.optim.Optimizer:
 
 
 @torch.no_grad()
-def evaluate(model, loader, s: TrainSettings, to_inputs) -> float | None:
-    """Mean loss over ``eval_iters`` val batches (fewer if a single-pass loader ends)."""
+def evaluate(model, val_inputs: list[StepInputs]) -> float:
+    """Mean loss over fixed val batches (the same ones at every evaluation, so the
+    numbers compare across a run and a resumed run)."""
     model.eval()
-    losses = []
-    try:
-        for _ in range(s.eval_iters):
-            inp = to_inputs(loader.get_batch("val"))
-            losses.append(model(inp.x, inp.position_ids, inp.attn_mask, inp.targets)[1].item())
-    except StopIteration:
-        pass
+    losses = [model(v.x, v.position_ids, v.attn_mask, v.targets)[1].item() for v in val_inputs]
     model.train()
-    return sum(losses) / len(losses) if losses else None
+    return sum(losses) / len(losses)
 
 
 def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_step: int = 0,
-               stop_at: int | None = None, checkpoint=None, log=print, evaluate_val: bool = False) -> TrainResult:
+               stop_at: int | None = None, checkpoint=None, log=print,
+               val_inputs: list[StepInputs] | None = None) -> TrainResult:
     """Steps ``start_step`` .. ``max_iters - 1``; ends early when the loader ends (packed
     datasets: one pass) or after step ``stop_at``. ``checkpoint(step)`` is called every
     ``checkpoint_interval`` steps and at the end; ``step`` there counts completed steps."""
@@ -330,11 +326,9 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
             log(f"step {step:>6}/{s.max_iters} | loss {res.losses[-1]:.4f} | lr {lr:.2e} | "
                 f"{tok_log / dt:,.0f} tok/s | {trained_log / dt:,.0f} trained tok/s")
             t_log, tok_log, trained_log = now, 0, 0
-        if evaluate_val and s.eval_interval and step % s.eval_interval == 0:
-            val = evaluate(model, loader, s, to_inputs)
-            if val is not None:
-                res.val_losses[step] = val
-                log(f"step {step:>6}/{s.max_iters} | val loss {val:.4f}")
+        if val_inputs and s.eval_interval and step % s.eval_interval == 0:
+            res.val_losses[step] = evaluate(model, val_inputs)
+            log(f"step {step:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
         if checkpoint and s.checkpoint_interval and step % s.checkpoint_interval == 0:
             checkpoint(step)
     res.seconds = time.perf_counter() - t_start
