@@ -23,8 +23,8 @@ Strategies:
   order are drawn from ``RandomState(seed)``. Episodes longer than a row follow
   ``overlong``: ``truncate`` (default: keep the first ``row_len`` tokens), ``split``
   (consecutive pieces of ``row_len``, each its own segment) or ``drop``.
-* ``plan_stream``: seed 002. Episodes concatenated in order and cut into rows; a row
-  starting inside (or at) a user span is rewritten, see ``plan_stream``.
+* ``stream_packing.plan_stream``: seed 002. Episodes concatenated in order and cut
+  into rows; a row starting inside (or at) a user span is rewritten.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -122,7 +121,8 @@ def padding_baseline(lengths: np.ndarray, row_len: int) -> tuple[int, float]:
     return int(lengths.size), float(np.minimum(lengths, row_len).sum() / (lengths.size * row_len))
 
 
-def _check(lengths, row_len: int) -> np.ndarray:
+def check_lengths(lengths, row_len: int) -> np.ndarray:
+    """``lengths`` as int64 after checking it is a 1-d array of non-negative integers."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
         raise UsageError(f"lengths must be a 1-d integer array, got shape {lengths.shape} of {lengths.dtype}")
@@ -225,22 +225,15 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
     return bins, nbins
 
 
-def _plan_from_rows(row_len, seg_bin, nbins, ep, start, take, prefix, prefixes, perm=None) -> dict:
-    """Sort segments by (row, placement) and compute offsets; ``perm`` renames bins to rows."""
-    row = perm[seg_bin] if perm is not None else seg_bin
+def _sorted_by_row(row, ep, start, take) -> dict:
+    """Segments sorted by (row, placement order) with their offsets in the row."""
     # (row, placement) keys are unique, so an unstable sort is deterministic (and 3x faster)
     o = np.argsort(row * max(row.size, 1) + np.arange(row.size, dtype=np.int64))
-    row, ep, start, take, prefix = row[o], ep[o], start[o], take[o], prefix[o]
-    length = take + prefix
-    csum = np.cumsum(length) - length
-    first = np.searchsorted(row, row, side="left")
-    offset = csum - csum[first]
-    if prefixes:
-        inv = np.empty_like(o)
-        inv[o] = np.arange(o.size)
-        prefixes = {int(inv[j]): p for j, p in prefixes.items()}
-    return dict(row_len=row_len, num_rows=int(nbins), seg_row=row, seg_offset=offset, seg_episode=ep,
-                seg_start=start, seg_take=take, seg_prefix=prefix, prefixes=prefixes)
+    row, ep, start, take = row[o], ep[o], start[o], take[o]
+    csum = np.cumsum(take) - take
+    offset = csum - csum[np.searchsorted(row, row, side="left")]
+    return dict(seg_row=row, seg_offset=offset, seg_episode=ep, seg_start=start, seg_take=take,
+                seg_prefix=np.zeros_like(take))
 
 
 def plan_bfd(lengths, row_len: int, overlong: str = DEFAULT_OVERLONG, seed: int = 0) -> PackPlan:
@@ -253,7 +246,7 @@ def plan_bfd(lengths, row_len: int, overlong: str = DEFAULT_OVERLONG, seed: int 
     Every token of every episode is placed exactly once, except what ``overlong``
     removes from episodes longer than ``row_len`` (``PackPlan.tokens_lost``).
     """
-    lengths = _check(lengths, row_len)
+    lengths = check_lengths(lengths, row_len)
     ep, start, take = _pieces(lengths, row_len, overlong)
     rng = np.random.RandomState(seed)
     tie = rng.permutation(take.size)
@@ -266,120 +259,21 @@ def plan_bfd(lengths, row_len: int, overlong: str = DEFAULT_OVERLONG, seed: int 
     perm = rng.permutation(nbins).astype(np.int64)  # rows in a seeded order, not longest first
     # placement order inside a row: the order items were placed (longest first)
     ep, start, take, seg_bin = ep[order], start[order], take[order], seg_bin[order]
-    fields = _plan_from_rows(row_len, seg_bin, nbins, ep, start, take, np.zeros_like(take), {}, perm)
     over = lengths > row_len
-    plan = PackPlan(**fields, lengths=lengths, episodes=int(lengths.size), tokens_in=int(lengths.sum()),
-                    overlong_episodes=int(over.sum()),
+    return PackPlan(row_len=row_len, num_rows=int(nbins), lengths=lengths,
+                    **_sorted_by_row(perm[seg_bin], ep, start, take),
+                    episodes=int(lengths.size), tokens_in=int(lengths.sum()), overlong_episodes=int(over.sum()),
                     dropped_episodes=int(over.sum()) if overlong == "drop" else 0)
-    return plan
 
 
-# ------------------------------------------------------------------------- stream
-def _structure(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.ndarray]:
+# ------------------------------------------------------------------ masks and rows
+def marker_positions(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.ndarray]:
     """Positions and marker ids of the span markers (not TOOL_CALL) and EOS in ``toks``."""
     codes = np.array([m.system, m.user, m.assistant, m.tool, m.end, m.eos])
     pos = np.flatnonzero(np.isin(toks, codes))
     return pos, np.asarray(toks[pos]).astype(np.int64)
 
 
-def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | None, int | None]:
-    """The rewrite of a row that starts at token ``q`` (> 0) of an episode (seed 002).
-
-    Returns ``(prefix, user_end)``: ``prefix`` is None when the row is not rewritten;
-    otherwise the injected tokens (the latest complete system span of the conversation
-    before ``q``, if any, then ``<|USER|>`` unless token ``q`` is that marker itself),
-    and ``user_end`` the position of the user span's ``<|END|>`` (None if never closed).
-
-    Rewritten: a row starting inside a user span (after its ``<|USER|>``, up to and
-    including its ``<|END|>``) or at its ``<|USER|>``. Not rewritten: a row starting
-    inside or at a system, assistant or tool span, or between spans; the mask rule
-    leaves such a partial span (and an assistant answering it) untrained.
-    """
-    pos, ids = _structure(toks, m)
-    k = int(np.searchsorted(pos, q, side="left"))  # structural tokens strictly before q: pos[:k]
-    at_user = k < pos.size and pos[k] == q and ids[k] == m.user
-    in_user = k > 0 and ids[k - 1] == m.user
-    if not (at_user or in_user):
-        return None, None
-    u = k if at_user else k - 1  # index of the user opener
-    user_end = int(pos[u + 1]) if u + 1 < pos.size and ids[u + 1] == m.end else None
-    # latest complete system span before the user opener, after the latest EOS
-    before = np.arange(u)
-    eos = before[ids[:u] == m.eos]
-    lo = int(eos[-1]) + 1 if eos.size else 0
-    sys_idx = [i for i in range(lo, u) if ids[i] == m.system and i + 1 < u + 1 and ids[i + 1] == m.end]
-    parts = []
-    if sys_idx:
-        i = sys_idx[-1]
-        parts.append(np.asarray(toks[pos[i]:pos[i + 1] + 1]).astype(np.int64))
-    if not at_user:
-        parts.append(np.array([m.user], dtype=np.int64))
-    return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)), user_end
-
-
-def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: MarkerIds,
-                row_len: int) -> PackPlan:
-    """Seed 002: episodes concatenated in order and cut into rows of ``row_len``.
-
-    When a row starts mid-episode, ``stream_prefix`` decides the rewrite. A rewritten
-    row begins with the injected tokens; if the user span's ``<|END|>`` does not fit in
-    the row as well, the row is filled with what fits and the rest of that conversation
-    is skipped (``stopped_conversations``). Injected tokens are context only: the mask
-    is the rule over the episode tokens of the segment, so the assistant answering a
-    user span cut by the row start stays untrained, as seed 002 requires.
-
-    ``episode_tokens(i)`` returns the tokens of episode ``i``; it is called only for
-    episodes a row starts inside.
-    """
-    lengths = _check(lengths, row_len)
-    L = row_len
-    rows, offs, eps, starts, takes, pres = [], [], [], [], [], []
-    prefixes: dict[int, np.ndarray] = {}
-    row = used = 0
-    stopped = 0
-    n_eps = lengths.size
-    e, q = 0, 0
-    ln = lengths.tolist()
-    while e < n_eps:
-        n = ln[e]
-        if q >= n:
-            e, q = e + 1, 0
-            continue
-        prefix = None
-        if used == 0 and q > 0:
-            prefix, user_end = stream_prefix(np.asarray(episode_tokens(e)), q, markers)
-            if prefix is not None and (user_end is None or prefix.size + user_end - q + 1 > L):
-                stopped += 1
-                if prefix.size < L:  # fill the row with what fits, then stop the conversation
-                    take = min(L - prefix.size, n - q)
-                    if prefix.size:
-                        prefixes[len(rows)] = prefix
-                    rows.append(row), offs.append(0), eps.append(e), starts.append(q)
-                    takes.append(take), pres.append(prefix.size)
-                    used = prefix.size + take
-                    if used == L:
-                        row, used = row + 1, 0
-                e, q = e + 1, 0
-                continue
-        p = 0 if prefix is None else prefix.size
-        take = min(L - used - p, n - q)
-        if p:
-            prefixes[len(rows)] = prefix
-        rows.append(row), offs.append(used), eps.append(e), starts.append(q), takes.append(take), pres.append(p)
-        used += p + take
-        q += take
-        if used == L:
-            row, used = row + 1, 0
-    num_rows = row + (1 if used else 0)
-    a = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    plan = PackPlan(row_len=L, num_rows=num_rows, lengths=lengths, seg_row=a(rows), seg_offset=a(offs), seg_episode=a(eps),
-                    seg_start=a(starts), seg_take=a(takes), seg_prefix=a(pres), prefixes=prefixes,
-                    episodes=int(n_eps), tokens_in=int(lengths.sum()),
-                    overlong_episodes=int((lengths > L).sum()), stopped_conversations=stopped)
-    return plan
-
-
-# ------------------------------------------------------------------ masks and rows
 def segment_masks(tokens: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.ndarray:
     """``concatenate([loss_mask(seg, m) for seg in segments])``, vectorised.
 
@@ -399,7 +293,7 @@ def segment_masks(tokens: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.n
         return out
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     seg_of_token = np.repeat(np.arange(lengths.size), lengths)
-    pos, ids = _structure(tokens, m)
+    pos, ids = marker_positions(tokens, m)
     seg = seg_of_token[pos]
     nxt_ok = np.zeros(pos.size, dtype=bool)
     nxt_ok[:-1] = (ids[1:] == m.end) & (seg[1:] == seg[:-1])
