@@ -219,16 +219,6 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
             pool.terminate()
 
 
-def gather_ranges(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``arr[s:s+l]`` for every (s, l), vectorised."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return arr[:0].copy()
-    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return np.asarray(arr)[offsets + np.arange(total, dtype=np.int64)]
-
-
 def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     """Boolean array: True where episode ``i`` (input order) goes to val.
 
@@ -242,23 +232,28 @@ def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def _copy_episodes(src: Shard, episode_ids: np.ndarray, dst: SplitWriter) -> None:
-    """Append the given staging episodes (sorted ids) to ``dst``, a bounded number of
-    tokens at a time."""
-    lengths_all = src.episodes[:, 1].astype(np.int64)
-    starts_all = src.episodes[:, 0].astype(np.int64)
+def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter]) -> None:
+    """Stream the staging shard into train/val writers in windows of about COPY_TOKENS
+    tokens, keeping input order within each split (boolean selection, no index arrays)."""
+    lengths = src.episodes[:, 1].astype(np.int64)
+    ends = np.cumsum(lengths)
+    n = len(lengths)
     i = 0
-    n = len(episode_ids)
     while i < n:
-        j = i
-        budget = 0
-        while j < n and (j == i or budget + lengths_all[episode_ids[j]] <= COPY_TOKENS):
-            budget += lengths_all[episode_ids[j]]
-            j += 1
-        sel = episode_ids[i:j]
-        ids = gather_ranges(src.tokens, starts_all[sel], lengths_all[sel])
-        mask = gather_ranges(src.mask, starts_all[sel], lengths_all[sel])
-        dst.add_many(ids, mask, lengths_all[sel], src.sources[sel].astype(np.int64))
+        base = int(ends[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
+        j = min(j, n)
+        stop = int(ends[j - 1])
+        toks, mask = src.tokens[base:stop], src.mask[base:stop]
+        lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64), is_val[i:j]
+        tok_val = np.repeat(val, lens)
+        for flag, w in writers.items():
+            if w is None:
+                continue
+            sel = val if flag else ~val
+            if sel.any():
+                tsel = tok_val if flag else ~tok_val
+                w.add_many(toks[tsel], mask[tsel], lens[sel], srcs[sel])
         i = j
 
 
@@ -306,21 +301,22 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         n = staged["episodes"]
         if n == 0:
             top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
-            raise NoUsableRecordsError(
-                f"every record was rejected ({records} read; {top}); nothing to write. "
-                f"See the reasons above, or run with --strict to stop at the first bad record")
+            hint = ("the records hold tool calls or results: prepare them with `sftdata prepare-tool`"
+                    if rejected.get("tool_conversation", 0) * 2 > records else
+                    f"the reasons per record are listed in {REJECTS_FILE} only when at least one record is "
+                    f"kept; run with --strict to stop at the first bad record and see it")
+            raise NoUsableRecordsError(f"every record was rejected ({records} read; {top}); nothing to "
+                                       f"write. {hint[0].upper()}{hint[1:]}")
         is_val = split_assignment(n, opts.val_split, opts.seed)
         if n - int(is_val.sum()) == 0:
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
                              f"lower --val-split")
         src = Shard(w.path / "_staging" / "shard_00000", dtype)
-        splits_meta = {}
-        for split, sel in (("train", np.flatnonzero(~is_val)), ("val", np.flatnonzero(is_val))):
-            if split == "val" and opts.val_split == 0:
-                continue
-            sw = w.split(split, dtype, opts.shard_tokens)
-            _copy_episodes(src, sel, sw)
-            splits_meta[split] = sw.close()
+        writers = {False: w.split("train", dtype, opts.shard_tokens),
+                   True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
+        _split_staging(src, is_val, writers)
+        splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
+                       if wr is not None}
         del src
         import shutil
 

@@ -123,7 +123,18 @@ class ChatTokenizer:
         return self._enc.encode_ordinary(text)
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+        """Encode many texts as ordinary text. With one thread, call the BPE core directly
+        (tiktoken's batch API pays a thread-pool hop per text even then)."""
+        if num_threads > 1:
+            return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+        core = self._enc._core_bpe.encode_ordinary
+        out = []
+        for t in texts:
+            try:
+                out.append(core(t))
+            except UnicodeEncodeError:  # lone surrogates: tiktoken's own fix-up path
+                out.append(self._enc.encode_ordinary(t))
+        return out
 
     # -- decoding -----------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
