@@ -24,8 +24,7 @@ import numpy as np
 from . import __version__
 from .errors import DatasetError, UsageError
 from .packing import (DEFAULT_OVERLONG, OVERLONG_POLICIES, STRATEGIES, PackPlan, assemble_rows,
-                      padding_baseline, plan_bfd, segment_masks)
-from .prepare import gather_ranges
+                      gather_ranges, padding_baseline, plan_bfd, segment_masks)
 from .stream_packing import plan_stream
 from .store import (DEFAULT_SHARD_TOKENS, METADATA_FILE, SEGMENT_FIELDS, TOKENIZER_FILE, DatasetWriter,
                     Split, open_dataset, sha256_file)

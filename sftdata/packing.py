@@ -112,6 +112,16 @@ class PackPlan:
         return int(a), int(b)
 
 
+def gather_ranges(arr, starts, lengths) -> np.ndarray:
+    """``concatenate([arr[s:s + n] for s, n in zip(starts, lengths)])``, one fancy index."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.asarray(arr[:0]).copy()
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)
+    return np.asarray(arr)[np.repeat(shift, lengths) + np.arange(total, dtype=np.int64)]
+
+
 def padding_baseline(lengths: np.ndarray, row_len: int) -> tuple[int, float]:
     """Rows and fill of one episode per row, truncated to ``row_len`` (empty ones skipped)."""
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -7,7 +7,7 @@ import pytest
 
 from sftdata.errors import UsageError
 from sftdata.masking import loss_mask
-from sftdata.packing import (PAD_SEQ_ID, assemble_rows, padding_baseline, plan_bfd, row_layout,
+from sftdata.packing import (PAD_SEQ_ID, assemble_rows, gather_ranges, padding_baseline, plan_bfd, row_layout,
                              segment_masks)
 from sftdata.stream_packing import plan_stream
 from sftdata.tokenizer import MarkerIds
@@ -234,3 +234,9 @@ def test_assemble_rows_checks_the_token_count():
     plan = plan_bfd(np.array([3, 4]), row_len=8)
     with pytest.raises(ValueError, match="need 7 segment tokens, got 6"):
         assemble_rows(plan, 0, 1, np.zeros(6, np.int64), M, PAD)
+
+
+def test_gather_ranges():
+    arr = np.arange(100, 120)
+    assert gather_ranges(arr, [5, 0, 17], [2, 3, 0]).tolist() == [105, 106, 100, 101, 102]
+    assert gather_ranges(arr, [], []).tolist() == []
