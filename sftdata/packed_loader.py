@@ -253,8 +253,9 @@ class PackedDataLoader:
             if ev.epoch != 0:
                 continue
             if ev.kind == "epoch_start":
-                log.info("[PackedLoader] split=%s epoch=0 rows=%d batches=%d shuffle=%s drop_last=%s", split, o.n,
-                         num_steps(o), str(o.shuffle).lower(), str(o.drop_last).lower())
+                log.info("[PackedLoader] split=%s epoch=0 rows=%d batches=%d shuffle=%s drop_last=%s "
+                         "rows_not_trained=%d", split, o.n, num_steps(o), str(o.shuffle).lower(),
+                         str(o.drop_last).lower(), o.n % o.global_batch if o.drop_last else 0)
                 if self.audit is not None:
                     self.audit.event("epoch_start", split=split, epoch=0, seed=o.seed, num_episodes=o.n,
                                      first_episode_ids=o.epoch_order(0)[:FIRST_IDS].tolist(), step=step)
@@ -269,8 +270,8 @@ def make_packed_loader(cfg: LoaderConfig, ds: Dataset, **kwargs) -> PackedDataLo
 
 
 # ------------------------------------------------------------------------- replay
-PACKED_STEP_COLUMNS = ("step", "rank", "slot", "position", "row", "segment", "episode", "episode_start", "length",
-                       "prefix", "record")
+PACKED_STEP_COLUMNS = ("step", "rank", "slot", "row", "segment", "episode", "episode_start", "length", "prefix",
+                       "record")
 PACKED_EPOCH_COLUMNS = ("position", "step", "rank", "slot", "row", "segment", "episode", "episode_start", "length",
                         "prefix", "record")
 
