@@ -136,6 +136,8 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     init = load_checkpoint(Path(args.init_from)) if args.init_from else None
     audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
     loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
+    if hasattr(loader, "steps_total"):  # packed: one pass, so the LR schedule ends with the data
+        s = replace(s, max_iters=min(s.max_iters, loader.steps_total("train")))
 
     vocab, eos_id = tokenizer_facts(dataset)
     if ckpt or init:
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
 
     def to_inputs(batch) -> StepInputs:
         return step_inputs(batch, post_training=s.post_training, episodes=mode != "token_stream", eos_id=eos,
-                           pad_seq_id=getattr(loader, "pad_seq_id", None), mask_fn=mask_fn)
+                           mask_fn=mask_fn)
 
     ckpt_path = out_dir / "ckpt.pt"
 
@@ -183,6 +185,8 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device)]
     res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
                      checkpoint=checkpoint, log=say, val_inputs=val)
+    if hasattr(loader, "steps_total") and loader.step("train") >= loader.steps_total("train"):
+        res.stopped_by = "loader_end"
     log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of {res.tokens:,} "
         f"tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")
     return res

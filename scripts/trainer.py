@@ -141,17 +141,6 @@ def episode_end_targets(x: torch.Tensor, y: torch.Tensor, eos_id: int) -> torch.
     return torch.where(after_end, torch.full_like(y, IGNORE_INDEX), y)
 
 
-def segment_targets(y: torch.Tensor, seq_ids: torch.Tensor, pad_seq_id: int | None) -> torch.Tensor:
-    """For packed rows trained on every token: a target counts only when it lies in the
-    same segment as its input token (the next token of the same episode), never padding.
-    The last column's target is not seen in ``seq_ids``, so it is not trained."""
-    same = torch.zeros_like(seq_ids, dtype=torch.bool)
-    same[:, :-1] = seq_ids[:, :-1] == seq_ids[:, 1:]
-    if pad_seq_id is not None:
-        same &= seq_ids != pad_seq_id
-    return torch.where(same, y, torch.full_like(y, IGNORE_INDEX))
-
-
 def lr_at(step: int, s: TrainSettings) -> float:
     """Linear warmup over ``round(warmup_pct * max_iters)`` steps, then cosine decay to
     ``min_lr`` at ``max_iters``. ``step`` counts from 0."""
@@ -170,14 +159,16 @@ class StepInputs:
     attn_mask: torch.Tensor | None = None
 
 
-def step_inputs(batch, *, post_training: bool, episodes: bool, eos_id: int,
-                pad_seq_id: int | None = None, mask_fn=None) -> StepInputs:
-    """Turn whatever ``get_batch`` returned into model inputs and -100 targets."""
+def step_inputs(batch, *, post_training: bool, episodes: bool, eos_id: int, mask_fn=None) -> StepInputs:
+    """Turn whatever ``get_batch`` returned into model inputs and -100 targets.
+
+    A ``PackedBatch`` always has a mask: the assistant tokens with POST_TRAINING=1, else
+    every target inside a segment (the packed loader never trains a target across a
+    segment boundary or into padding)."""
     if hasattr(batch, "seq_ids"):  # a PackedBatch
         mask_fn = mask_fn or block_causal_mask
-        targets = (apply_ignore_index(batch.y, batch.mask) if post_training
-                   else segment_targets(batch.y, batch.seq_ids, pad_seq_id))
-        return StepInputs(batch.x, targets, batch.position_ids, mask_fn(batch.seq_ids))
+        return StepInputs(batch.x, apply_ignore_index(batch.y, batch.mask), batch.position_ids,
+                          mask_fn(batch.seq_ids))
     x, y, *rest = batch
     if post_training:
         if not rest:
