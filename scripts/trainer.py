@@ -323,6 +323,9 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
         if checkpoint and s.checkpoint_interval and step % s.checkpoint_interval == 0:
             checkpoint(step)
     res.seconds = time.perf_counter() - t_start
+    if val_inputs and res.steps and step not in res.val_losses:  # always end with a val loss
+        res.val_losses[step] = evaluate(model, val_inputs)
+        log(f"step {step:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
     if checkpoint and res.steps and not (s.checkpoint_interval and step % s.checkpoint_interval == 0):
         checkpoint(step)
     return res

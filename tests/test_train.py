@@ -334,6 +334,7 @@ def test_cli_stop_and_resume_equal_an_uninterrupted_run(byte_ds, tmp_path):
     rest = train.run(_args(byte_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
                      env=env, log=quiet)
     assert part.steps == [1, 2, 3] and rest.steps == [4, 5, 6, 7, 8]
+    assert set(part.val_losses) == {3}  # a run always ends with a val loss
     assert part.losses + rest.losses == full.losses
     assert rest.val_losses == {4: full.val_losses[4], 8: full.val_losses[8]}
 
