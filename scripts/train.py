@@ -145,6 +145,10 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     else:
         if not (s.vocab_size or vocab):
             raise ConfigError(f"{dataset} records no tokenizer (no vocab size); set vocab_size in {args.config}")
+        if s.vocab_size and vocab and s.vocab_size < vocab:
+            raise ConfigError(f"{args.config}: vocab_size {s.vocab_size} is smaller than the vocabulary of "
+                              f"{dataset}'s tokenizer ({vocab}); set vocab_size to 0 (use the tokenizer's) "
+                              f"or to at least {vocab}")
         mcfg = s.model_config(s.vocab_size or vocab)
     torch.manual_seed(s.seed)
     model = GPT(mcfg).to(args.device)

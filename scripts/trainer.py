@@ -1,13 +1,13 @@
 """The pieces of scripts/train.py that do not touch the loader or the command line:
 settings, -100 targets, the LR schedule, checkpoints and the training loop. Plain
-PyTorch plus sftdata's error types; every function here is unit-tested with synthetic
-batches (tests/test_train.py).
+PyTorch plus sftdata's error types and ``sftdata.loader.apply_ignore_index``; every
+function here is unit-tested with synthetic batches (tests/test_train.py).
 
 One step, whatever the dataset mode::
 
     batch = loader.get_batch("train")          (x, y) | (x, y, mask) | PackedBatch
-    targets = y, with -100 wherever the target is not trained (mask == 0, padding,
-              a target across a packed segment boundary)
+    targets = y, with -100 wherever the target is not trained (mask == 0, padding;
+              in packed rows also every target across a segment boundary)
     logits = model(x, position_ids, block-diagonal mask)    (packed rows only)
     loss = mean cross-entropy over targets != -100
 """
@@ -68,6 +68,9 @@ class TrainSettings:
 
     def validate(self, where: str = "the training settings") -> "TrainSettings":
         checks = [
+            ("n_layer", self.n_layer >= 1, "at least 1"),
+            ("n_head", self.n_head >= 1, "at least 1"),
+            ("vocab_size", self.vocab_size >= 0, "0 (the dataset's tokenizer) or more"),
             ("max_iters", self.max_iters >= 1, "at least 1"),
             ("warmup_pct", 0.0 <= self.warmup_pct < 1.0, "a fraction in [0, 1)"),
             ("learning_rate", self.learning_rate > 0, "positive"),
@@ -105,7 +108,7 @@ def settings_from_extra(extra: dict, where: str) -> TrainSettings:
     unknown = sorted(set(extra) - set(kinds))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; the training keys are "
-                          f"{', '.join(kinds)} (and the loader's: see docs/TRAINING.md)")
+                          f"{', '.join(kinds)} (the loader's keys are in docs/LOADER.md)")
     return TrainSettings(**{k: _typed(k, v, kinds[k], where) for k, v in extra.items()})
 
 
@@ -248,7 +251,7 @@ class TrainResult:
     val_losses: dict[int, float] = field(default_factory=dict)
     tokens: int = 0  # x tokens seen
     trained_tokens: int = 0  # targets != -100
-    seconds: float = 0.0
+    seconds: float = 0.0  # training steps only (loader included; evaluation and checkpoints not)
     stopped_by: str = ""  # "max_iters" | "loader_end" | "stop_at"
 
     @property
@@ -317,11 +320,15 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
             log(f"step {step:>6}/{s.max_iters} | loss {res.losses[-1]:.4f} | lr {lr:.2e} | "
                 f"{tok_log / dt:,.0f} tok/s | {trained_log / dt:,.0f} trained tok/s")
             t_log, tok_log, trained_log = now, 0, 0
+        t_pause = time.perf_counter()  # evaluation and checkpoints do not count as training time
         if val_inputs and s.eval_interval and step % s.eval_interval == 0:
             res.val_losses[step] = evaluate(model, val_inputs)
             log(f"step {step:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
         if checkpoint and s.checkpoint_interval and step % s.checkpoint_interval == 0:
             checkpoint(step)
+        paused = time.perf_counter() - t_pause
+        t_start += paused
+        t_log += paused
     res.seconds = time.perf_counter() - t_start
     if val_inputs and res.steps and step not in res.val_losses:  # always end with a val loss
         res.val_losses[step] = evaluate(model, val_inputs)

@@ -440,3 +440,27 @@ def test_packed_training_ends_with_the_loader_and_resumes_exactly(packed_ds, tmp
                      env=env, log=quiet)
     assert part.losses + rest.losses == full.losses
     assert rest.stopped_by == "loader_end" and rest.steps[-1] == total
+
+
+def test_vocab_size_errors(byte_ds, tmp_path):
+    d = tmp_path / "stream" / "train"
+    d.mkdir(parents=True)
+    np.arange(200, dtype=np.uint32).tofile(d / "tokens.bin")
+    quiet = lambda *_: None  # noqa: E731
+    with pytest.raises(ConfigError, match="records no tokenizer \\(no vocab size\\); set vocab_size in"):
+        train.run(_args(tmp_path / "stream", _config(tmp_path / "a.json", use_loss_mask=False), tmp_path / "o"),
+                  env={}, log=quiet)
+    with pytest.raises(ConfigError, match="vocab_size 100 is smaller than the vocabulary .* \\(263\\)"):
+        train.run(_args(byte_ds, _config(tmp_path / "b.json", vocab_size=100), tmp_path / "o"), env={}, log=quiet)
+
+
+def test_resume_with_other_settings_says_so(byte_ds, tmp_path):
+    quiet = lambda *_: None  # noqa: E731
+    train.run(_args(byte_ds, _config(tmp_path / "a.json", max_iters=4), tmp_path / "o", "--stop-at", "2"),
+              env={}, log=quiet)
+    lines = []
+    res = train.run(_args(byte_ds, _config(tmp_path / "b.json", max_iters=4, learning_rate=5e-3), tmp_path / "o",
+                          "--resume", str(tmp_path / "o" / "ckpt.pt")), env={}, log=lines.append)
+    assert res.steps == [3, 4]
+    assert lines[0] == ("note: resuming with other settings than the checkpoint's (learning_rate); the run will "
+                        "not match an uninterrupted one")
