@@ -22,7 +22,6 @@ import trainer  # noqa: E402
 
 from sftdata.errors import ConfigError  # noqa: E402
 
-torch.set_num_threads(1)  # bit-identical reruns, and fair to the other jobs on the machine
 
 Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
 
