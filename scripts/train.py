@@ -33,7 +33,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parent))
 from gpt import GPT, GPTConfig, block_causal_mask  # noqa: E402
 from trainer import (StepInputs, TrainResult, TrainSettings, apply_env, load_checkpoint,  # noqa: E402
-                     make_optimizer, save_checkpoint, set_rng_state, settings_from_extra, step_inputs,
+                     make_optimizer, save_checkpoint, set_rng_state, settings_from_extra, step_inputs, training_keys,
                      train_loop)
 
 from sftdata.errors import ConfigError, SftDataError  # noqa: E402
@@ -116,7 +116,7 @@ def resolve_settings(args: argparse.Namespace, env) -> tuple["LoaderConfig", Tra
     one switch: the loader returns masks exactly when the loss uses them."""
     from sftdata.loader import LoaderConfig
 
-    cfg = LoaderConfig.from_file(args.config)
+    cfg = LoaderConfig.from_file(args.config, extra_keys=training_keys())
     s = settings_from_extra(dict(cfg.extra), args.config).validate(args.config)
     s = apply_env(replace(s, post_training=cfg.use_loss_mask), env)
     if args.max_iters is not None:

@@ -37,9 +37,8 @@ CKPT_VERSION = 1
 class TrainSettings:
     """Training keys a config file may hold next to the loader's (they land in ``cfg.extra``).
 
-    The defaults are the tiny CPU preset (configs/sft/tiny.json): an XML ``<training>``
-    file holds loader tags only (the loader refuses other tags), so XML runs use these
-    unless the command line overrides them."""
+    The defaults are the tiny CPU preset (configs/sft/tiny.json). An XML ``<training>``
+    file may hold these keys as tags next to the loader's (see ``training_keys``)."""
 
     n_layer: int = 2
     n_head: int = 2
@@ -100,11 +99,17 @@ def _typed(name: str, value, kind, where: str):
     raise ConfigError(f"{where}: {name} must be {kind.__name__}, got {value!r}")
 
 
+def training_keys() -> dict[str, type]:
+    """The config keys this script reads next to the loader's, with their types (an XML
+    ``<training>`` file may hold them as tags; ``LoaderConfig.from_file(extra_keys=...)``)."""
+    return {f.name: {"int": int, "float": float, "bool": bool}[f.type] for f in fields(TrainSettings)
+            if f.name != "post_training"}  # that one is the loader's use_loss_mask
+
+
 def settings_from_extra(extra: dict, where: str) -> TrainSettings:
     """Typed ``TrainSettings`` from the config keys the loader did not use. A key neither
     the loader nor this script knows is an error (a typo must not train with a default)."""
-    kinds = {f.name: {"int": int, "float": float, "bool": bool}[f.type] for f in fields(TrainSettings)
-             if f.name != "post_training"}  # that one is the loader's use_loss_mask
+    kinds = training_keys()
     unknown = sorted(set(extra) - set(kinds))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; the training keys are "
