@@ -29,7 +29,7 @@ import orjson
 from . import __version__
 from .conversation import parse_record
 from .errors import NoUsableRecordsError, RecordError, UsageError
-from .render import Rendered, render_batch
+from .render import render_batch
 from .sources import RawRecord, SourceInfo, inspect_source, iter_all
 from .store import (DEFAULT_SHARD_TOKENS, REJECTS_FILE, TOKENIZER_FILE, DatasetWriter, Shard,
                     SplitWriter, token_dtype_for)

@@ -1,0 +1,39 @@
+"""The on-disk dataset format: the only module that knows file names and layout.
+
+::
+
+    DATASET/
+    ├── dataset_metadata.json      written last; counts, options, sha256 of every file
+    ├── tokenizer_state.json
+    ├── rejects.jsonl              (prepare) rejected records and why
+    ├── train/shard_00000/{tokens.bin, mask.bin, episodes.idx, sources.idx}
+    └── val/shard_00000/...
+
+``episodes.idx`` is little-endian uint64 (start, length) pairs, 16 bytes per episode;
+``sources.idx`` one uint64 record number per episode. The global episode id of a split
+is the position in the concatenation of its shards in name order.
+
+Writing is atomic: ``DatasetWriter`` builds everything in a hidden temporary folder
+beside the target and renames it into place only on a clean ``commit``; an error,
+Ctrl-C or crash leaves nothing at the target. Readers memory-map, and survive pickling
+into worker processes (they reopen by path).
+"""
+
+from __future__ import annotations
+
+from .layout import (DEFAULT_SHARD_TOKENS, EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE,
+                     METADATA_FILE, NO_SOURCE, REJECTS_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE, SPLITS,
+                     TOKENIZER_FILE, TOKENS_FILE, detect_layout, dumps_json, iter_files, list_shards, read_json,
+                     sha256_file, shard_name, token_dtype_for)
+from .packed import Segments, split_segments
+from .reader import (Dataset, Shard, Split, _map, has_episode_index, open_dataset, open_token_stream)
+from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
+
+__all__ = [
+    "DEFAULT_SHARD_TOKENS", "EPISODES_FILE", "FORMAT_NAME", "FORMAT_VERSION", "IDX_DTYPE", "MASK_FILE",
+    "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "SOURCES_FILE", "SPLITS",
+    "TOKENIZER_FILE", "TOKENS_FILE", "detect_layout", "dumps_json", "iter_files", "list_shards", "read_json",
+    "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Dataset", "Shard", "Split",
+    "_map", "has_episode_index", "open_dataset", "open_token_stream", "DatasetWriter", "PackedSplitWriter",
+    "ShardInfo", "SplitWriter",
+]

@@ -1,0 +1,255 @@
+"""Atomic dataset writing: a temporary folder beside the target, renamed on commit."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OutputExistsError
+from .layout import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE,
+                     SEGMENTS_FILE, SOURCES_FILE, TOKENS_FILE, DEFAULT_SHARD_TOKENS, dumps_json,
+                     sha256_file, shard_name)
+
+class _HashedFile:
+    """A binary file written sequentially whose sha256 and size are known on close."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f = open(path, "wb")
+        self._h = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        self._f.write(mv)
+        self._h.update(mv)
+        self.bytes += mv.nbytes
+
+    def close(self) -> dict:
+        self._f.close()
+        return {"bytes": self.bytes, "sha256": self._h.hexdigest()}
+
+
+@dataclass
+class ShardInfo:
+    name: str
+    episodes: int
+    tokens: int
+    trained_tokens: int
+    files: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "episodes": self.episodes, "tokens": self.tokens,
+                "trained_tokens": self.trained_tokens, "files": self.files}
+
+
+class SplitWriter:
+    """Appends episodes to a split's shards; a new shard starts when the next episode
+    would push the current one past ``shard_tokens`` (an episode never spans shards)."""
+
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int):
+        self.dir = root / split
+        self.split = split
+        self.token_dtype = np.dtype(token_dtype)
+        self.shard_tokens = int(shard_tokens)
+        self.shards: list[ShardInfo] = []
+        self._files: dict[str, _HashedFile] | None = None
+        self._cur: ShardInfo | None = None
+
+    def _open_shard(self) -> None:
+        self._close_shard()
+        name = shard_name(len(self.shards))
+        d = self.dir / name
+        d.mkdir(parents=True, exist_ok=False)
+        self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE)}
+        self._cur = ShardInfo(name, 0, 0, 0)
+        self.shards.append(self._cur)
+
+    def _close_shard(self) -> None:
+        if self._files is not None:
+            self._cur.files = {fn: f.close() for fn, f in self._files.items()}
+            self._files = None
+
+    def add_many(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray) -> None:
+        """Append episodes given as one concatenated ids/mask array and their lengths."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        sources = np.asarray(sources, dtype=np.int64)
+        if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or sources.shape != lengths.shape:
+            raise ValueError("ids, mask, lengths and sources disagree in size")
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        i, n = 0, len(lengths)
+        while i < n:
+            if self._cur is None or (self._cur.tokens > 0 and self._cur.tokens + lengths[i] > self.shard_tokens):
+                self._open_shard()
+            room = self.shard_tokens - self._cur.tokens
+            # take as many whole episodes as fit (at least one)
+            fit = np.searchsorted(bounds[i + 1:] - bounds[i], room, side="right")
+            j = i + max(1, int(fit))
+            a, b = int(bounds[i]), int(bounds[j])
+            self._write(ids[a:b], mask[a:b], lengths[i:j], sources[i:j])
+            i = j
+
+    def _write(self, ids, mask, lengths, sources) -> None:
+        cur, f = self._cur, self._files
+        starts = cur.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        idx = np.empty((len(lengths), 2), dtype=IDX_DTYPE)
+        idx[:, 0] = starts
+        idx[:, 1] = lengths
+        f[TOKENS_FILE].write(np.ascontiguousarray(ids, dtype=self.token_dtype))
+        f[MASK_FILE].write(np.ascontiguousarray(mask, dtype=np.uint8))
+        f[EPISODES_FILE].write(idx)
+        f[SOURCES_FILE].write(np.ascontiguousarray(sources, dtype=IDX_DTYPE))
+        cur.tokens += int(lengths.sum())
+        cur.episodes += len(lengths)
+        cur.trained_tokens += int(np.count_nonzero(mask))
+
+    def close(self) -> dict:
+        self._close_shard()
+        if not self.shards:  # an empty split still has one (empty) shard, so readers find it
+            self._open_shard()
+            self._close_shard()
+        return {
+            "episodes": sum(s.episodes for s in self.shards),
+            "tokens": sum(s.tokens for s in self.shards),
+            "trained_tokens": sum(s.trained_tokens for s in self.shards),
+            "shards": [s.as_dict() for s in self.shards],
+        }
+
+
+class DatasetWriter:
+    """Context manager that builds a dataset in a temporary folder and renames it into
+    place on ``commit``. Leaving the block without ``commit`` (an exception, Ctrl-C)
+    removes the temporary folder; the target is untouched."""
+
+    def __init__(self, target: str | Path, *, overwrite: bool = False):
+        self.target = Path(target)
+        self.overwrite = overwrite
+        self.tmp: Path | None = None
+        self._committed = False
+
+    def __enter__(self) -> "DatasetWriter":
+        if self.target.exists() and not self.overwrite:
+            raise OutputExistsError(f"{self.target} already exists; pass --overwrite to replace it, "
+                                    f"or choose another --output-dir")
+        if self.target.exists() and not self.target.is_dir():
+            raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
+                                    f"another --output-dir")
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._committed and self.tmp is not None and self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @property
+    def path(self) -> Path:
+        assert self.tmp is not None, "use DatasetWriter as a context manager"
+        return self.tmp
+
+    def split(self, name: str, token_dtype: np.dtype, shard_tokens: int = DEFAULT_SHARD_TOKENS) -> SplitWriter:
+        return SplitWriter(self.path, name, token_dtype, shard_tokens)
+
+    def packed_split(self, name: str, token_dtype: np.dtype, row_len: int,
+                     shard_tokens: int = DEFAULT_SHARD_TOKENS) -> "PackedSplitWriter":
+        return PackedSplitWriter(self.path, name, token_dtype, row_len, shard_tokens)
+
+    def write_json(self, relname: str, obj) -> None:
+        (self.path / relname).write_bytes(dumps_json(obj))
+
+    def commit(self, metadata: dict) -> Path:
+        """Write ``dataset_metadata.json`` (with sha256 of the top-level files) last,
+        then move the folder into place."""
+        files = {}
+        for p in sorted(self.path.iterdir()):
+            if p.is_file() and p.name != METADATA_FILE:
+                files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
+        (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
+        old = None
+        if self.target.exists():
+            old = self.target.parent / f".{self.target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(self.target, old)
+        os.replace(self.path, self.target)
+        self._committed = True
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.target
+
+
+class PackedSplitWriter:
+    """Appends packed rows to a split's shards, ``shard_tokens // row_len`` rows per shard."""
+
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, row_len: int, shard_tokens: int):
+        self.dir = root / split
+        self.token_dtype = np.dtype(token_dtype)
+        self.row_len = int(row_len)
+        self.rows_per_shard = max(1, int(shard_tokens) // self.row_len)
+        self.shards: list[dict] = []
+        self._files: dict[str, _HashedFile] | None = None
+
+    def _open_shard(self) -> None:
+        self._close_shard()
+        name = shard_name(len(self.shards))
+        d = self.dir / name
+        d.mkdir(parents=True, exist_ok=False)
+        self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
+        self.shards.append({"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0})
+
+    def _close_shard(self) -> None:
+        if self._files is not None:
+            self.shards[-1]["files"] = {fn: f.close() for fn, f in self._files.items()}
+            self._files = None
+
+    def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
+        """Append rows ``tokens``/``mask`` (k, row_len) and their segments: an (s, 7)
+        int64 array in ``SEGMENT_FIELDS`` order whose ``row`` is 0..k-1 (these rows),
+        sorted by (row, offset); ``source`` -1 = unknown."""
+        k = tokens.shape[0]
+        if tokens.shape != (k, self.row_len) or mask.shape != tokens.shape:
+            raise ValueError(f"rows must be (k, {self.row_len}); got tokens {tokens.shape}, mask {mask.shape}")
+        segments = np.asarray(segments, dtype=np.int64)
+        i = 0
+        while i < k:
+            if self._files is None or self.shards[-1]["rows"] >= self.rows_per_shard:
+                self._open_shard()
+            cur = self.shards[-1]
+            j = min(k, i + self.rows_per_shard - cur["rows"])
+            a, b = np.searchsorted(segments[:, 0], [i, j], side="left")
+            seg = segments[a:b].copy()
+            seg[:, 0] += cur["rows"] - i
+            real = int(seg[:, 2].sum())
+            f = self._files
+            idx = np.empty((j - i, 2), dtype=IDX_DTYPE)
+            idx[:, 0] = (cur["rows"] + np.arange(j - i)) * self.row_len
+            idx[:, 1] = self.row_len
+            f[TOKENS_FILE].write(np.ascontiguousarray(tokens[i:j], dtype=self.token_dtype))
+            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=np.uint8))
+            f[EPISODES_FILE].write(idx)
+            f[SEGMENTS_FILE].write(np.ascontiguousarray(seg).astype(IDX_DTYPE))  # -1 -> NO_SOURCE
+            cur["rows"] += j - i
+            cur["segments"] += b - a
+            cur["tokens"] += real
+            cur["trained_tokens"] += int(np.count_nonzero(mask[i:j]))
+            i = j
+
+    def close(self) -> dict:
+        self._close_shard()
+        if not self.shards:
+            self._open_shard()
+            self._close_shard()
+        return {
+            "rows": sum(s["rows"] for s in self.shards),
+            "row_len": self.row_len,
+            "segments": sum(s["segments"] for s in self.shards),
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
+            "shards": self.shards,
+        }
