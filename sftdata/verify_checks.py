@@ -1,0 +1,421 @@
+"""The array-level checks of ``verify``: each takes one shard (a ``Part``) and returns
+the problems it finds, vectorised over the episode index and the token data.
+
+A problem reports the first offender of its kind in a shard and how many more there
+are, so a thoroughly broken shard gives a short report, not a million lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .masking import loss_mask
+from .store import EPISODES_FILE, MASK_FILE, METADATA_FILE, SOURCES_FILE, TOKENS_FILE
+from .tokenizer import MarkerIds
+
+RECREATE = "re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool`"
+CHUNK_TOKENS = 1 << 23  # tokens checked at once: whole episodes, ~40 MB of tokens + mask
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: which check found it, in which file, where, what, and what to do."""
+
+    check: str
+    file: str  # relative to the dataset folder
+    where: str  # "episode 12, byte 192 of episodes.idx" ... or ""
+    message: str
+    fix: str
+    split: str | None = None
+    episode: int | None = None  # global episode id within ``split``
+    byte: int | None = None  # byte offset within ``file``
+
+    def __str__(self) -> str:
+        loc = f"{self.file} ({self.where})" if self.where else self.file
+        return f"{loc}: {self.message}. To fix: {self.fix}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    markers: MarkerIds
+    size: int
+
+    def name(self, token_id: int) -> str:
+        names = {v: k for k, v in self.markers.as_dict().items()}
+        return names.get(int(token_id), f"id {int(token_id)}")
+
+
+@dataclass
+class Part:
+    """One shard folder (or a flat layout's split folder) and what could be read of it."""
+
+    split: str
+    name: str
+    rel: str  # folder relative to the dataset root
+    dir: Path
+    first_gid: int
+    token_dtype: np.dtype
+    meta: dict | None = None  # the metadata's record of this shard
+    tokens: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    episodes: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.uint64))
+    sources: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)
+    # set by check_index
+    starts: np.ndarray | None = None
+    lengths: np.ndarray | None = None
+    usable: np.ndarray | None = None  # in bounds and non-empty
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episodes.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return 0 if self.tokens is None else int(self.tokens.shape[0])
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.tokens, self.mask) if a is not None)
+
+    def file(self, fn: str) -> str:
+        return f"{self.rel}/{fn}"
+
+    def at(self, i: int, fn: str = EPISODES_FILE, byte: int | None = None) -> dict:
+        """Problem location fields for local episode ``i``."""
+        gid = self.first_gid + int(i)
+        byte = 16 * int(i) if byte is None else int(byte)
+        return {"where": f"episode {gid} of {self.split}, byte {byte:,} of {fn}", "split": self.split,
+                "episode": gid, "byte": byte}
+
+
+def gather_ranges(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arr[s:s+l]`` for every (s, l), vectorised (for indexes that are not
+    contiguous, which a healthy shard's always is)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return np.asarray(arr[offsets + np.arange(total, dtype=np.int64)])
+
+
+def _more(n: int, what: str = "episodes") -> str:
+    return f" ({n - 1:,} more {what} like it in this shard)" if n > 1 else ""
+
+
+def check_shard_list(meta: dict, shards_on_disk: dict[str, list[str]]) -> list["Problem"]:
+    """Shards the metadata lists but the disk lacks, and shards on disk it does not list."""
+    out = []
+    for split, names in shards_on_disk.items():
+        recorded = [s.get("name") for s in ((meta.get("splits") or {}).get(split) or {}).get("shards") or []]
+        for name in recorded:
+            if name not in names:
+                out.append(Problem("files", f"{split}/{name}", "", f"shard folder {split}/{name}, listed in "
+                                   f"{METADATA_FILE}, is missing", "restore it, or " + RECREATE))
+        for name in names:
+            if name not in recorded:
+                out.append(Problem("files", f"{split}/{name}", "", f"shard folder {split}/{name} is not listed in "
+                                   f"{METADATA_FILE}: it was added after prepare (from another dataset?)",
+                                   f"remove {split}/{name}, or " + RECREATE))
+    for split in (meta.get("splits") or {}):
+        if split not in shards_on_disk:
+            out.append(Problem("files", split, "", f"split {split}, listed in {METADATA_FILE}, has no shard on disk",
+                               "restore it, or " + RECREATE))
+    return out
+
+
+def check_sizes(part: Part) -> list[Problem]:
+    """Whole values in every file, tokens/mask/sources counts agree, sizes equal the record."""
+    out = []
+    d, itemsize = part.dir, part.token_dtype.itemsize
+
+    def size(fn):
+        return (d / fn).stat().st_size if (d / fn).is_file() else None
+
+    ts, ms, es, ss = size(TOKENS_FILE), size(MASK_FILE), size(EPISODES_FILE), size(SOURCES_FILE)
+    if ts is not None and ts % itemsize:
+        out.append(Problem("sizes", part.file(TOKENS_FILE), "", f"{ts:,} bytes is not a whole number of "
+                           f"{part.token_dtype.name} tokens ({itemsize} bytes each): the file is truncated "
+                           "(or the token dtype is wrong)", RECREATE, part.split, byte=ts - ts % itemsize))
+    n = part.num_tokens
+    if ms is not None and part.tokens is not None and ms not in (n, 4 * n):
+        out.append(Problem("sizes", part.file(MASK_FILE), "", f"{ms:,} mask bytes for the {n:,} tokens of "
+                           f"{TOKENS_FILE}: tokens and mask differ in count (one is truncated, or they come from "
+                           "different shards)", RECREATE, part.split))
+    if es is not None and es % 16:
+        out.append(Problem("sizes", part.file(EPISODES_FILE), "", f"{es:,} bytes is not a multiple of 16 "
+                           "(uint64 start, length pairs): the index is truncated", RECREATE, part.split,
+                           byte=es - es % 16))
+    if part.sources is not None and part.sources.shape[0] != part.num_episodes:
+        out.append(Problem("sizes", part.file(SOURCES_FILE), "", f"{part.sources.shape[0]:,} record numbers for "
+                           f"{part.num_episodes:,} episodes: there must be exactly one per episode",
+                           RECREATE, part.split))
+    recorded = (part.meta or {}).get("files") or {}
+    off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()
+           if isinstance(r, dict) and size(fn) is not None and r.get("bytes") is not None and size(fn) != r["bytes"]]
+    if len(recorded) >= 2 and len(off) == len(recorded):
+        out.append(Problem("sizes", part.rel, "", f"every file of {part.rel} differs in size from what "
+                           f"{METADATA_FILE} recorded ({', '.join(f'{fn} {a:,} vs {b:,} bytes' for fn, a, b in off)})"
+                           ": the shard was replaced, e.g. by a shard of another dataset",
+                           "restore this shard from this dataset's copy, or " + RECREATE, part.split))
+    else:
+        for fn, a, b in off:
+            how = "truncated" if a < b else "longer than written"
+            out.append(Problem("sizes", part.file(fn), "", f"{a:,} bytes; {METADATA_FILE} recorded {b:,}: the file "
+                               f"is {how}", "restore the file from a good copy, or " + RECREATE, part.split,
+                               byte=min(a, b)))
+    return out
+
+
+def check_index(part: Part) -> list[Problem]:
+    """Episodes in bounds, sorted, contiguous and non-overlapping; none empty."""
+    ep, n, ntok = part.episodes, part.num_episodes, part.num_tokens
+    if part.mask is not None:
+        ntok = min(ntok, int(part.mask.shape[0]))  # episodes past the mask's end cannot be checked
+    cap = np.uint64(ntok + 1)  # clip first: uint64 sums must not wrap around
+    s = np.minimum(ep[:, 0], cap).astype(np.int64)
+    ln = np.minimum(ep[:, 1], cap).astype(np.int64)
+    e = s + ln
+    oob = e > ntok
+    part.starts, part.lengths, part.usable = s, ln, ~oob & (ln > 0)
+    out = []
+    fix = f"{EPISODES_FILE} is damaged or belongs to other tokens: restore the shard, or " + RECREATE
+    f = part.file(EPISODES_FILE)
+    bad = np.flatnonzero(oob)
+    if bad.size:
+        i = int(bad[0])
+        a, b = int(ep[i, 0]), int(ep[i, 0]) + int(ep[i, 1])
+        out.append(Problem("index", f, message=f"episode {part.first_gid + i} spans tokens [{a:,}, {b:,}) but the "
+                           f"shard holds {ntok:,} tokens: the record points past the end{_more(bad.size)}",
+                           fix=fix, **part.at(i)))
+    bad = np.flatnonzero(ln == 0)
+    if bad.size:
+        i = int(bad[0])
+        out.append(Problem("index", f, message=f"episode {part.first_gid + i} has length 0{_more(bad.size)}",
+                           fix=fix, **part.at(i)))
+    if n >= 2:
+        pair = ~oob[1:] & ~oob[:-1]
+        back = np.flatnonzero(pair & (s[1:] < s[:-1]))
+        over = np.flatnonzero(pair & (s[1:] >= s[:-1]) & (s[1:] < e[:-1]))
+        gap = np.flatnonzero(pair & (s[1:] > e[:-1]))
+        if back.size:
+            i = int(back[0]) + 1
+            out.append(Problem("index", f, message=f"episode {part.first_gid + i} starts at token {s[i]:,}, before "
+                               f"episode {part.first_gid + i - 1} (token {s[i - 1]:,}): {EPISODES_FILE} is not "
+                               f"sorted{_more(back.size)}", fix=fix, **part.at(i)))
+        if over.size:
+            i = int(over[0]) + 1
+            out.append(Problem("index", f, message=f"episode {part.first_gid + i} starts at token {s[i]:,}, inside "
+                               f"episode {part.first_gid + i - 1} (tokens [{s[i - 1]:,}, {e[i - 1]:,})): the "
+                               f"episodes overlap, so tokens would be trained twice and conversations run into "
+                               f"each other{_more(over.size)}", fix=fix, **part.at(i)))
+        if gap.size:
+            i = int(gap[0]) + 1
+            out.append(Problem("index", f, message=f"tokens [{e[i - 1]:,}, {s[i]:,}) between episodes "
+                               f"{part.first_gid + i - 1} and {part.first_gid + i} belong to no episode: the "
+                               f"index is not contiguous{_more(gap.size, 'gaps')}", fix=fix, **part.at(i)))
+    if n and not oob[0] and s[0] > 0:
+        out.append(Problem("index", f, message=f"tokens [0, {s[0]:,}) before the first episode belong to no "
+                           "episode", fix=fix, **part.at(0)))
+    if n and not oob.any() and int(e.max()) < part.num_tokens:
+        out.append(Problem("index", f, message=f"{TOKENS_FILE} holds {part.num_tokens - int(e.max()):,} tokens "
+                           f"after the last episode ends (token {int(e.max()):,}) that belong to no episode",
+                           fix=fix, **part.at(n - 1)))
+    if not n and part.num_tokens:
+        out.append(Problem("index", f, "", f"no episodes, but {TOKENS_FILE} holds {part.num_tokens:,} tokens",
+                           fix, part.split))
+    return out
+
+
+def check_eos(part: Part, vocab: Vocab) -> list[Problem]:
+    """Every (readable) episode ends with EOS: one token read per episode."""
+    if part.tokens is None or part.usable is None:
+        return []
+    use = np.flatnonzero(part.usable)
+    last = np.asarray(part.tokens[(part.starts[use] + part.lengths[use] - 1)])
+    bad = use[last != vocab.markers.eos]
+    if not bad.size:
+        return []
+    i = int(bad[0])
+    pos = int(part.starts[i] + part.lengths[i] - 1)
+    tok = int(part.tokens[pos])
+    return [Problem("eos", part.file(TOKENS_FILE), message=f"episode {part.first_gid + i} ends with "
+                    f"{vocab.name(tok)}, not <|EOS|> (id {vocab.markers.eos}): its boundaries in {EPISODES_FILE} "
+                    f"do not match the tokens, or the tokens were changed{_more(bad.size)}",
+                    fix="restore the shard, or " + RECREATE,
+                    **part.at(i, TOKENS_FILE, pos * part.token_dtype.itemsize))]
+
+
+def _span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
+    """Which span token ``p`` of one episode lies in, for messages."""
+    openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
+    if int(ids[p]) == m.eos:
+        return "the closing <|EOS|>"
+    seg = np.asarray(ids[:p + 1])
+    op = np.flatnonzero(np.isin(seg, list(openers)))
+    if not op.size or np.any(seg[op[-1]:p] == m.end):
+        return "text outside any span"
+    return f"a {openers[int(seg[op[-1]])]} span"
+
+
+def _first_rule_break(ids, stored, off, m: MarkerIds):
+    """(k, derived mask of episode k, episodes differing) for the first episode of a chunk
+    whose stored mask is not the rule's, else None.
+
+    The rule resets at EOS, so one ``loss_mask`` call covers the chunk; a mismatch is
+    confirmed on its episode alone (an unclosed assistant span zeroes the rest of an
+    array, which would otherwise blame the episodes after it)."""
+    k0 = 0
+    while k0 < len(off) - 1:
+        a = off[k0]
+        d = np.flatnonzero(loss_mask(ids[a:], m) != stored[a:])
+        if not d.size:
+            return None
+        k = int(np.searchsorted(off, a + d[0], side="right")) - 1
+        mine = loss_mask(ids[off[k]:off[k + 1]], m)
+        if not np.array_equal(mine, stored[off[k]:off[k + 1]]):
+            return k, mine, int(np.unique(np.searchsorted(off, a + d, side="right")).size)
+        k0 = k + 1
+    return None
+
+
+def check_content(part: Part, vocab: Vocab | None, tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+    """Token ids, mask values and the mask rule, one chunk of whole episodes at a time."""
+    if part.tokens is None or part.usable is None:
+        return []
+    use = np.flatnonzero(part.usable)
+    s, ln = part.starts[use], part.lengths[use]
+    csum = np.cumsum(ln)
+    mask = part.mask
+    binary = mask is None or mask.dtype == np.uint8
+    first: dict[str, tuple] = {}  # check -> (local episode, position in episode, chunk ids, ...)
+    counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0}
+    i = 0
+    while i < use.size:
+        base = int(csum[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
+        cs, cl = s[i:j], ln[i:j]
+        off = np.concatenate([[0], np.cumsum(cl)])
+        if np.array_equal(cs[1:], cs[:-1] + cl[:-1]):  # contiguous: a plain slice, no copy
+            ids = np.asarray(part.tokens[cs[0]:cs[0] + off[-1]])
+            m = None if mask is None else np.asarray(mask[cs[0]:cs[0] + off[-1]])
+        else:
+            ids = gather_ranges(part.tokens, cs, cl)
+            m = None if mask is None else gather_ranges(mask, cs, cl)
+
+        def locate(p):
+            k = int(np.searchsorted(off, p, side="right")) - 1
+            return k, int(p - off[k])
+
+        if vocab is not None and ids.size and int(ids.max()) >= vocab.size:
+            bad = np.flatnonzero(ids >= vocab.size)
+            counts["vocab"] += int(np.unique(np.searchsorted(off, bad, side="right")).size)
+            if "vocab" not in first:
+                k, p = locate(bad[0])
+                first["vocab"] = (use[i + k], p, int(ids[bad[0]]), cs[k])
+        badv = False
+        if m is not None and m.size:
+            badv = bool(m.max() > 1) if binary else bool(np.any((m != 0) & (m != 1)))
+            if badv:
+                bad = np.flatnonzero(m > 1) if binary else np.flatnonzero((m != 0) & (m != 1))
+                counts["mask_values"] += int(np.unique(np.searchsorted(off, bad, side="right")).size)
+                if "mask_values" not in first:
+                    k, p = locate(bad[0])
+                    first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
+        if m is not None and vocab is not None:
+            stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
+            if "mask_rule" in first:  # located already: only count
+                derived = loss_mask(ids, vocab.markers)
+                d = np.flatnonzero(derived != stored)
+                counts["mask_rule"] += int(np.unique(np.searchsorted(off, d, side="right")).size)
+            else:
+                hit = _first_rule_break(ids, stored, off, vocab.markers)
+                if hit is not None:
+                    k, mine, nbad = hit
+                    counts["mask_rule"] += nbad
+                    ep_ids, ep_mask = ids[off[k]:off[k + 1]], stored[off[k]:off[k + 1]]
+                    first["mask_rule"] = (use[i + k], ep_ids, ep_mask, mine, cs[k])
+        tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
+        i = j
+    return _content_problems(part, vocab, first, counts)
+
+
+def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:
+    out = []
+    isz = part.token_dtype.itemsize
+    if "vocab" in first:
+        k, p, tok, start = first["vocab"]
+        out.append(Problem("vocab", part.file(TOKENS_FILE), message=f"token {p} of episode {part.first_gid + k} is id "
+                           f"{tok:,}, past the vocabulary ({vocab.size:,} ids): no tokenizer can decode it"
+                           f"{_more(counts['vocab'])}", fix="the tokens were damaged or written with another "
+                           "tokenizer: restore the shard, or " + RECREATE,
+                           **part.at(k, TOKENS_FILE, (int(start) + p) * isz)))
+    if "mask_values" in first:
+        k, p, val, start = first["mask_values"]
+        msz = 1 if part.mask.dtype == np.uint8 else 4
+        out.append(Problem("mask_values", part.file(MASK_FILE), message=f"token {p} of episode "
+                           f"{part.first_gid + k} has mask value {val}, not 0 or 1{_more(counts['mask_values'])}",
+                           fix="restore the shard, or " + RECREATE, **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+    if "mask_rule" in first:
+        k, ids, stored, rule, start = first["mask_rule"]
+        extra = np.flatnonzero((stored == 1) & (rule == 0))
+        missing = np.flatnonzero((stored == 0) & (rule == 1))
+        said = []
+        if extra.size:
+            said.append(f"trains {extra.size} token(s) the mask rule leaves untrained (first: token {extra[0]}, in "
+                        f"{_span_at(ids, int(extra[0]), vocab.markers)})")
+        if missing.size:
+            said.append(f"leaves {missing.size} token(s) untrained that the rule trains (first: token "
+                        f"{missing[0]}, in {_span_at(ids, int(missing[0]), vocab.markers)})")
+        p = int(extra[0] if extra.size else missing[0])
+        n = counts["mask_rule"]
+        msz = 1 if part.mask.dtype == np.uint8 else 4
+        out.append(Problem("mask_rule", part.file(MASK_FILE), message=f"the mask of episode {part.first_gid + k} "
+                           + " and ".join(said) + (f"; {n:,} episodes of this shard differ" if n > 1 else ""),
+                           fix="this mask was not made by sftdata's mask rule (or was edited); training on it "
+                           "would learn from the wrong tokens. " + RECREATE[0].upper() + RECREATE[1:],
+                           **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+    return out
+
+
+def check_counts(meta: dict, parts: list[Part], trained: bool = True) -> list[Problem]:
+    """Episodes, tokens (and trained tokens) per shard, per split and in all equal the metadata."""
+    out = []
+    found = {}
+    for part in parts:
+        have = {"episodes": part.num_episodes, "tokens": part.num_tokens}
+        if trained and part.mask is not None:
+            have["trained_tokens"] = int(np.count_nonzero(part.mask))
+        found[part.rel] = (part, have)
+        for what, a in have.items():
+            b = (part.meta or {}).get(what)
+            if isinstance(b, int) and a != b:
+                out.append(Problem("counts", part.rel, "", f"{part.rel} holds {a:,} {what.replace('_', ' ')}; "
+                                   f"{METADATA_FILE} recorded {b:,}", "the shard changed after prepare: restore "
+                                   "it, or " + RECREATE, part.split))
+    total = 0
+    for split, rec in (meta.get("splits") or {}).items():
+        mine = [have for part, have in found.values() if part.split == split]
+        for what in ("episodes", "tokens", "trained_tokens"):
+            b = (rec or {}).get(what)
+            if not mine or not isinstance(b, int) or any(what not in h for h in mine):
+                continue
+            a = sum(h[what] for h in mine)
+            if a != b:
+                out.append(Problem("counts", METADATA_FILE, f"splits.{split}.{what}", f"split {split} holds {a:,} "
+                                   f"{what.replace('_', ' ')} in {len(mine)} shard(s); {METADATA_FILE} recorded "
+                                   f"{b:,}", "the metadata or the shards were changed after prepare: restore the "
+                                   "dataset, or " + RECREATE, split))
+        total += sum(h["episodes"] for h in mine)
+    rec_total = (meta.get("counts") or {}).get("episodes")
+    if isinstance(rec_total, int) and parts and rec_total != total:
+        out.append(Problem("counts", METADATA_FILE, "counts.episodes", f"the splits hold {total:,} episodes in all; "
+                           f"{METADATA_FILE} recorded {rec_total:,}", "the metadata or the shards were changed "
+                           "after prepare: restore the dataset, or " + RECREATE))
+    return out
