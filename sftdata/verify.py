@@ -41,17 +41,16 @@ from .verify_checks import (RECREATE, Part, Problem, Vocab, check_content, check
                             check_index, check_shard_list, check_sizes)
 
 CHECKS: dict[str, str] = {
-    "metadata": "dataset_metadata.json present, sftdata format, known version",
-    "tokenizer": "tokenizer_state.json present; the tokenizer rebuilds with the recorded ranks hash",
-    "files": "every file present; no shard missing or unlisted",
-    "sizes": "whole tokens; tokens and mask of equal count; episodes.idx a multiple of 16 bytes; "
-             "one sources entry per episode; sizes equal the metadata",
-    "counts": "episode, token and trained-token counts equal the metadata",
+    "metadata": "metadata present, sftdata format, known version",
+    "tokenizer": "tokenizer rebuilds with the recorded ranks hash",
+    "files": "every file and shard present, none unlisted",
+    "sizes": "file sizes agree with each other and with the metadata",
+    "counts": "episode, token, trained-token counts equal the metadata",
     "index": "episodes in bounds, sorted, contiguous, non-overlapping",
     "eos": "every episode ends with <|EOS|>",
     "vocab": "token ids below the vocabulary size",
     "mask_values": "mask values are 0 or 1",
-    "mask_rule": "the mask equals the one the mask rule derives from the tokens",
+    "mask_rule": "the mask is the mask rule's, re-derived from the tokens",
     "checksums": "sha256 of every file equals the metadata",
 }
 STRUCTURE_CHECKS = ("metadata", "files", "sizes", "counts", "index", "eos")

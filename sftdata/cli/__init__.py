@@ -5,5 +5,7 @@ from __future__ import annotations
 
 from .app import app, main
 from . import prepare_cmd  # noqa: F401  (registers prepare-chat / prepare-tool)
+from . import inspect_cmd  # noqa: F401  (registers inspect)
+from . import verify_cmd  # noqa: F401  (registers verify)
 
 __all__ = ["app", "main"]
