@@ -43,7 +43,8 @@ USER_ALIASES = {"user": "user", "human": "user"}
 ASSISTANT_ALIASES = {"assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
                      "bing": "assistant", "bard": "assistant", "model": "assistant"}
 SYSTEM_ALIASES = {"system": "system", "developer": "system"}
-TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython"}
+TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython", "tool_call",
+              "function_response"}
 CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
 
 
@@ -142,8 +143,11 @@ def is_tool_record(obj: Any) -> bool:
     """True when a record carries tool schemas, calls or results."""
     if not isinstance(obj, dict):
         return False
-    if obj.get("tools") or obj.get("functions"):
-        return True
+    for key in ("tools", "functions"):
+        v = obj.get(key)
+        # glaive-style files write "no tools" as the JSON text "[]"
+        if v and not (isinstance(v, str) and v.strip() in ("", "[]", "null")):
+            return True
     msgs = obj.get("messages", obj.get("conversations"))
     if not isinstance(msgs, list):
         return False

@@ -301,9 +301,12 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         n = staged["episodes"]
         if n == 0:
             top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
-            raise NoUsableRecordsError(
-                f"every record was rejected ({records} read; {top}); nothing to write. "
-                f"See the reasons above, or run with --strict to stop at the first bad record")
+            hint = ("the records hold tool calls or results: prepare them with `sftdata prepare-tool`"
+                    if rejected.get("tool_conversation", 0) * 2 > records else
+                    f"the reasons per record are listed in {REJECTS_FILE} only when at least one record is "
+                    f"kept; run with --strict to stop at the first bad record and see it")
+            raise NoUsableRecordsError(f"every record was rejected ({records} read; {top}); nothing to "
+                                       f"write. {hint[0].upper()}{hint[1:]}")
         is_val = split_assignment(n, opts.val_split, opts.seed)
         if n - int(is_val.sum()) == 0:
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "

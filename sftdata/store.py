@@ -455,3 +455,35 @@ def open_dataset(root: str | Path, *, token_dtype=None) -> Dataset:
 def iter_files(root: Path) -> Iterable[Path]:
     """Every file of a dataset below ``root`` (for checksums), in a stable order."""
     return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------- token streams
+def has_episode_index(root: str | Path, split: str = "train") -> bool:
+    """True when ``split`` has ``shard_*/episodes.idx`` or a flat ``episodes.idx``: the
+    dataset is episode-indexed (the loader's ``sft_episode`` mode)."""
+    d = Path(root) / split
+    return (d / EPISODES_FILE).is_file() or any((p / EPISODES_FILE).is_file() for p in list_shards(Path(root), split))
+
+
+def open_token_stream(root: str | Path, split: str, *, token_dtype=None) -> list[np.ndarray]:
+    """The token arrays (memmaps, one per shard in name order) of ``split``, ignoring
+    any episode index: what a token-stream (nanoGPT-style) loader samples windows from.
+    The dtype comes from dataset_metadata.json, else ``token_dtype``, else uint32."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder {root} does not exist")
+    dtype = np.dtype(token_dtype or "<u4")
+    if (root / METADATA_FILE).is_file():
+        meta = read_json(root / METADATA_FILE)
+        if "token_dtype" in meta:
+            dtype = np.dtype(meta["token_dtype"]).newbyteorder("<")
+    paths = [p / TOKENS_FILE for p in list_shards(root, split)]
+    if not paths and (root / split / TOKENS_FILE).is_file():
+        paths = [root / split / TOKENS_FILE]
+    if not paths:
+        raise DatasetError(f"{root} has no tokens for split {split!r}: expected {split}/{TOKENS_FILE} "
+                           f"or {split}/shard_*/{TOKENS_FILE}")
+    for p in paths:
+        if not p.is_file():
+            raise DatasetError(f"{p} is missing; the dataset is incomplete")
+    return [_map(p, dtype) for p in paths]

@@ -49,7 +49,7 @@ def _root(
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
-    err_console.print(Text("error: ", style="bold red") + Text(message, style="red"))
+    err_console.print(Text("error: ", style="bold red") + Text(message, style="red"), soft_wrap=True)
     return typer.Exit(code)
 
 

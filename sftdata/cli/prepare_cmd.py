@@ -55,9 +55,9 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"  repaired: {reason}", f"{n:,}")
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
-    mb = s.input_bytes / 1e6
-    t.add_row("time", f"{s.seconds:.2f} s ({mb / s.seconds if s.seconds else 0:.1f} MB/s, "
-                      f"{s.total_tokens / s.seconds / 1e6 if s.seconds else 0:.2f}M tok/s)")
+    secs = max(s.seconds, 1e-9)
+    t.add_row("time", f"{s.seconds:.2f} s ({s.records_read / secs:,.0f} records/s, "
+                      f"{s.total_tokens / secs:,.0f} tokens/s, {s.input_bytes / secs / 1e6:.1f} MB/s)")
     return t
 
 
@@ -68,10 +68,12 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           workers=workers if workers is not None else default_workers(),
                           strict=strict, overwrite=overwrite)
     with make_progress(quiet or as_json) as bar:
-        task = bar.add_task(f"prepare-{mode}", total=None, records=0, tokens=0)
+        tasks = []  # the bar appears with the first progress report, after the inputs were checked
 
         def on_progress(p):
-            bar.update(task, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+            if not tasks:
+                tasks.append(bar.add_task(f"prepare-{mode}", total=p.bytes_total, records=0, tokens=0))
+            bar.update(tasks[0], completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress)
     if as_json:
@@ -106,4 +108,36 @@ def prepare_chat(
     Example: sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1
     """
     run_prepare("chat", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
+                workers, strict, overwrite, as_json, quiet)
+
+
+@app.command("prepare-tool")
+@handle_errors
+def prepare_tool(
+    inputs: InputsArg,
+    output_dir: OutputOpt,
+    val_split: ValSplitOpt = 0.0,
+    seed: SeedOpt = 1337,
+    max_tokens: MaxTokensOpt = None,
+    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+    tokenizer: TokenizerOpt = None,
+    workers: WorkersOpt = None,
+    strict: StrictOpt = False,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
+    ShareGPT/glaive `function_call` / `observation` turns) into a dataset.
+
+    Tool schemas go into the system span; each call is trained as <|TOOL_CALL|> + canonical
+    JSON inside its assistant span; tool results are context only (never trained). Plain
+    chat records are accepted too. Bad records (arguments that are not a JSON object,
+    calls to undeclared functions, results that answer no call...) are skipped, counted by
+    reason and written to OUTPUT/rejects.jsonl (or stop the run with --strict).
+    See docs/TOOLS.md.
+
+    Example: sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1
+    """
+    run_prepare("tool", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet)

@@ -1,0 +1,54 @@
+"""The seed-001 script interface shared by prepare_chat_sft.py and prepare_tool_sft.py.
+
+A thin wrapper over ``sftdata.prepare.prepare``: the same result as
+``sftdata prepare-chat`` / ``sftdata prepare-tool`` with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from sftdata.errors import SftDataError  # noqa: E402
+from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
+
+
+def main(argv: list[str] | None, mode: str) -> int:
+    kind = "tool-calling" if mode == "tool" else "chat"
+    p = argparse.ArgumentParser(description=f"Prepare a {kind} SFT dataset (same pipeline as "
+                                            f"`sftdata prepare-{mode}`).")
+    p.add_argument("--input", required=True, nargs="+", help="JSONL / JSON array input file(s), optionally .gz")
+    p.add_argument("--output_dir", required=True, help="dataset folder to create")
+    p.add_argument("--val_split", type=float, default=0.0, help="fraction of episodes for val (default 0)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the train/val split (default 1337)")
+    p.add_argument("--max_tokens", type=int, default=None, help="length filter (see docs/FORMAT.md)")
+    p.add_argument("--tokenizer", default=None, help="tiktoken name or .tiktoken path (default: bundled cl100k_base)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    a = p.parse_args(argv)
+    opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
+                          tokenizer=a.tokenizer, workers=a.workers or default_workers(),
+                          strict=a.strict, overwrite=a.overwrite)
+    try:
+        s = prepare(a.input, a.output_dir, opts)
+    except SftDataError as e:
+        msg = str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
+        print(f"error: {msg}", file=sys.stderr)
+        return e.exit_code
+    if a.json:
+        print(json.dumps(s.as_dict(), indent=2))
+        return 0
+    print(f"wrote {a.output_dir}: " + ", ".join(f"{k} {v} episodes / {s.tokens[k]} tokens"
+                                                 for k, v in s.episodes.items())
+          + f"; trained-token share {s.trained_share:.1%}")
+    rejected = sum(s.rejected.values())
+    print(f"{s.records_read} records read, {rejected} rejected"
+          + (": " + ", ".join(f"{r} {n}" for r, n in s.rejected.items()) if rejected else "")
+          + (f" (see {a.output_dir}/rejects.jsonl)" if rejected else ""))
+    return 0

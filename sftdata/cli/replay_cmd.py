@@ -1,0 +1,123 @@
+"""``sftdata replay-order``: the episodes of a training step or an epoch, and audit checks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..config import LoaderConfig
+from ..errors import UsageError
+from ..replay import Replay, check_audit_log, replay_order
+from .app import JsonOpt, app, err_console, handle_errors, out_console, print_json
+
+TABLE_ROWS = 20  # rows drawn as a table when --head is not given
+
+
+def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
+    cfg = LoaderConfig.from_file(config) if config is not None else LoaderConfig()
+    changes = {k: v for k, v in (("epoch_seed", seed), ("batch_size", batch_size),
+                                 ("episode_min_tokens", min_tokens), ("epoch_shuffle", shuffle),
+                                 ("epoch_drop_last", drop_last)) if v is not None}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _write_csv(r: Replay) -> None:
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    for chunk in r.csv_chunks():
+        if out is not None:
+            out.write(chunk)
+        else:  # a text-only stream (tests)
+            sys.stdout.write(chunk.decode())
+    (out or sys.stdout).flush()
+
+
+def _table(r: Replay) -> Table:
+    if r.step is not None:
+        title = f"step {r.step} of split {r.split} (epoch {r.epoch})" if r.sampling == "epoch" \
+            else f"step {r.step} of split {r.split} (random sampling)"
+    else:
+        title = f"epoch {r.epoch} of split {r.split}"
+    seed = f"seed {r.seed} + epoch {r.epoch} = {r.seed + r.epoch}" if r.sampling == "epoch" and r.shuffle \
+        else f"seed {r.seed}" if r.sampling == "random" else "no shuffle"
+    caption = (f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens); "
+               f"{seed}; batch {r.batch_size} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}")
+    shown = len(r.columns["episode"])
+    if shown < r.total_rows:
+        caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
+    t = Table(title=title, caption=caption, header_style="bold")
+    for name in r.columns:
+        t.add_column(name, justify="left" if name == "shard" else "right", no_wrap=True)
+    for row in r.rows():
+        t.add_row(*("-" if v is None else str(v) for v in row.values()))
+    return t
+
+
+@app.command("replay-order")
+@handle_errors
+def replay_order_cmd(
+    dataset: Annotated[Path, typer.Argument(help="Dataset folder (prepare's --output-dir).", show_default=False)],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The training config (JSON or XML) "
+                      "the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="epoch_seed (overrides --config; default 1337).")] = None,
+    epoch: Annotated[Optional[int], typer.Option("--epoch", help="List this epoch's order (default 0). With "
+                     "--step, checks the step is in this epoch.")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Global training step: 0-based count of train "
+                    "batches since the start of training (the training loop's iteration).")] = None,
+    split: Annotated[str, typer.Option("--split", help="train or val.")] = "train",
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Per-rank batch size "
+                          "(overrides --config).")] = None,
+    world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks the run used.")] = 1,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="Only this rank's rows (default: all ranks).")] = None,
+    head: Annotated[Optional[int], typer.Option("--head", help=f"Only the first K rows (default: all for "
+                    f"--json/--csv, {TABLE_ROWS} for the table).")] = None,
+    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", help="episode_min_tokens (overrides "
+                          "--config; default 2).")] = None,
+    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="epoch_shuffle "
+                       "(overrides --config; default shuffle).", show_default=False)] = None,
+    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", help="epoch_drop_last "
+                         "(overrides --config; default drop-last).", show_default=False)] = None,
+    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", help="Check an audit log's "
+                           "epoch_start lines against the replay; exit 1 where they differ.")] = None,
+    as_json: JsonOpt = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout (all rows unless --head).")] = False,
+) -> None:
+    """Print the episodes a training step (or a whole epoch) trained on, with their shard,
+    length and input record number, exactly as the loader ordered them.
+
+    Examples:
+      sftdata replay-order data/chat_sft --config configs/sft1/my_experiment.json --step 1200
+      sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10
+      sftdata replay-order data/chat_sft --config cfg.json --check-audit logs/audit/audit_x.log
+    """
+    if as_json and as_csv:
+        raise UsageError("give --json or --csv, not both")
+    cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
+    if check_audit is not None:
+        res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
+        if as_json:
+            print_json(res.as_dict())
+        elif res.ok:
+            eps = sorted(set(res.epochs))
+            err_console.print(f"[green]OK[/]: {res.checked} epoch_start line(s) of split {split} in {check_audit} "
+                              f"(epochs {', '.join(map(str, eps))}) match the replay")
+        else:
+            if res.checked == 0 and not res.mismatches:
+                err_console.print(f"[red]no epoch_start line of split {split} in {check_audit}; nothing matches[/]")
+            for m in res.mismatches:
+                err_console.print(f"[red]mismatch[/] {m.message}")
+        if not res.ok:
+            raise typer.Exit(1)
+        return
+    r = replay_order(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
+                     head=head if (head is not None or as_json or as_csv) else TABLE_ROWS)
+    if as_json:
+        print_json(r.as_dict())
+    elif as_csv:
+        _write_csv(r)
+    else:
+        out_console.print(_table(r))
+

@@ -1,0 +1,249 @@
+"""The loader configuration: one dataclass, loaded from JSON (with ``inherits``) or XML.
+
+JSON (the training script's config file; keys the loader does not know, such as model
+sizes or the learning rate, are kept in ``extra`` for the training script)::
+
+    {"inherits": "150M.json", "batch_size": 8, "block_size": 512, "epoch_seed": 42}
+
+``inherits`` names a parent file, resolved relative to the file that names it (or, when
+no such file exists there, relative to the current directory, as in older configs);
+chains are followed and cycles are an error. Keys of the child override the parent.
+
+XML: a ``<training>`` element (the root, or anywhere in the file) whose children are the
+fields below; every tag must be known. DOCTYPE and ENTITY declarations are refused, so
+no entity is ever expanded::
+
+    <training>
+      <dataset_mode>sft_episode</dataset_mode>
+      <batch_sampling_mode>epoch</batch_sampling_mode>
+      <epoch_seed>1337</epoch_seed>
+      <pad_token_id>100257</pad_token_id>
+    </training>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DATASET_MODES = ("token_stream", "sft_episode")
+SAMPLING_MODES = ("epoch", "random")
+TOKEN_DTYPES = ("uint16", "uint32")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+_NONE = ("", "none", "null")
+log = logging.getLogger("sftdata.loader")
+
+
+@dataclass
+class LoaderConfig:
+    """Everything the loader needs. ``None`` means "decide from the dataset":
+    ``dataset_mode`` is auto-detected, ``batch_sampling_mode`` is ``epoch`` for
+    ``sft_episode`` and ``random`` for ``token_stream``, ``pad_token_id`` is the
+    tokenizer's EOS."""
+
+    batch_size: int = 8
+    block_size: int = 512
+    dataset_mode: str | None = None
+    batch_sampling_mode: str | None = None
+    epoch_seed: int = 1337
+    epoch_shuffle: bool = True
+    epoch_drop_last: bool = True
+    pad_token_id: int | None = None
+    episode_min_tokens: int = 2
+    use_loss_mask: bool = False
+    token_dtype: str | None = None  # only for flat datasets without metadata (default uint32)
+    audit_dir: str | None = None
+    extra: dict = field(default_factory=dict)  # keys for the training script, kept as given
+    source: str | None = field(default=None, compare=False)  # where it was loaded from (messages)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation ---------------------------------------------------------------------
+    def validate(self) -> None:
+        where = f" (in {self.source})" if self.source else ""
+        for name in ("batch_size", "block_size", "episode_min_tokens"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}{where}")
+        if not _is_int(self.epoch_seed) or not 0 <= self.epoch_seed < 2**32:
+            raise ConfigError(f"epoch_seed must be an integer in 0..{2**32 - 1}, got {self.epoch_seed!r}{where}")
+        if self.pad_token_id is not None and (not _is_int(self.pad_token_id) or self.pad_token_id < 0):
+            raise ConfigError(f"pad_token_id must be null or an integer >= 0, got {self.pad_token_id!r}{where}")
+        for name in ("epoch_shuffle", "epoch_drop_last", "use_loss_mask"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}{where}")
+        for name, choices in (("dataset_mode", DATASET_MODES), ("batch_sampling_mode", SAMPLING_MODES),
+                              ("token_dtype", TOKEN_DTYPES)):
+            v = getattr(self, name)
+            if v is not None and v not in choices:
+                raise ConfigError(f"{name} {v!r} is not valid{where}; choose one of: {', '.join(choices)}")
+        if self.audit_dir is not None and not isinstance(self.audit_dir, str):
+            raise ConfigError(f"audit_dir must be a folder path (string) or null, got {self.audit_dir!r}{where}")
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "source"))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> "LoaderConfig":
+        """Known keys become fields (type-checked); other keys go to ``extra``."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}"
+                              + (f" (in {source})" if source else ""))
+        known = set(cls.field_names())
+        kw = {k: v for k, v in d.items() if k in known}
+        extra = {k: v for k, v in d.items() if k not in known and k != "inherits"}
+        for k in extra:  # a typo of a loader key would silently change nothing: say so
+            close = difflib.get_close_matches(k, sorted(known), n=1, cutoff=0.8)
+            if close:
+                log.warning("config key %r is not a loader setting (kept for the training script); "
+                            "did you mean %r?%s", k, close[0], f" (in {source})" if source else "")
+        return cls(**kw, extra=extra, source=source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "LoaderConfig":
+        """Load a ``.json`` (with ``inherits``) or ``.xml`` (``<training>``) config."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        head = p.read_bytes()[:512].lstrip()
+        if p.suffix.lower() == ".xml" or head.startswith(b"<"):
+            return cls.from_dict(read_xml_training(p), source=str(p))
+        return cls.from_dict(read_json_chain(p), source=str(p))
+
+    def to_dict(self) -> dict:
+        """Known fields plus ``extra`` keys, as one flat dict (JSON-able)."""
+        d = {k: getattr(self, k) for k in self.field_names()}
+        return {**self.extra, **d}
+
+    def replace(self, **changes) -> "LoaderConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------- JSON
+def read_json_chain(path: Path) -> dict:
+    """The merged dict of ``path`` and its ``inherits`` ancestors (child keys win)."""
+    chain: list[Path] = []
+    layers: list[dict] = []
+    cur = Path(path)
+    while True:
+        real = cur.resolve()
+        if real in chain:
+            cycle = " -> ".join(str(p) for p in chain[chain.index(real):] + [real])
+            raise ConfigError(f"config inherits chain has a cycle: {cycle}; remove one of the 'inherits'")
+        chain.append(real)
+        d = _read_json(cur)
+        layers.append(d)
+        parent = d.get("inherits")
+        if parent is None:
+            break
+        if not isinstance(parent, str) or not parent:
+            raise ConfigError(f"{cur}: 'inherits' must be a path to another JSON config, got {parent!r}")
+        cur = _resolve_parent(cur, parent)
+    merged: dict = {}
+    for d in reversed(layers):
+        merged.update(d)
+    merged.pop("inherits", None)
+    return merged
+
+
+def _resolve_parent(child: Path, parent: str) -> Path:
+    beside = child.parent / parent
+    if beside.is_file():
+        return beside
+    here = Path(parent)
+    if here.is_file():
+        return here
+    raise ConfigError(f"{child}: inherits {parent!r}, but neither {beside} (relative to the config) nor "
+                      f"{here.resolve()} (relative to the current folder) exists")
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} cannot be read: {e}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: a config must be a JSON object, got a {type(d).__name__}")
+    return d
+
+
+# ---------------------------------------------------------------------------- XML
+_DECL = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
+def read_xml_training(p: Path) -> dict:
+    """Typed values of the ``<training>`` element's children. Refuses DOCTYPE/ENTITY
+    declarations (no entity expansion, no external references)."""
+    import xml.etree.ElementTree as ET
+
+    data = p.read_bytes()
+    m = _DECL.search(data)
+    if m:
+        line = data[:m.start()].count(b"\n") + 1
+        raise ConfigError(f"{p}: line {line}: <!{m.group(1).decode().upper()} ...> declarations are not "
+                          f"allowed in config files (entities are never expanded); remove it")
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as e:
+        raise ConfigError(f"{p}: invalid XML ({e})") from None
+    section = root if root.tag == "training" else root.find(".//training")
+    if section is None:
+        raise ConfigError(f"{p}: no <training> element; put the loader settings inside <training>...</training>")
+    types = {f.name: f.type for f in dataclasses.fields(LoaderConfig)}
+    out: dict[str, Any] = {}
+    for child in section:
+        tag = child.tag
+        if not isinstance(tag, str):  # comments / processing instructions
+            continue
+        if tag not in LoaderConfig.field_names():
+            close = difflib.get_close_matches(tag, LoaderConfig.field_names(), n=1)
+            hint = f" (did you mean <{close[0]}>?)" if close else ""
+            raise ConfigError(f"{p}: unknown tag <{tag}> in <training>{hint}; known tags: "
+                              f"{', '.join(LoaderConfig.field_names())}")
+        if tag in out:
+            raise ConfigError(f"{p}: <{tag}> is given twice in <training>")
+        if len(child):
+            raise ConfigError(f"{p}: <{tag}> must hold a plain value, not nested elements")
+        out[tag] = _xml_value(p, tag, (child.text or "").strip(), str(types[tag]))
+    return out
+
+
+def _xml_value(p: Path, tag: str, text: str, typ: str):
+    optional = "None" in typ
+    low = text.lower()
+    if optional and low in _NONE:
+        return None
+    if typ.startswith("bool"):
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not a boolean; use true or false")
+    if typ.startswith("int"):
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not an integer") from None
+    return text

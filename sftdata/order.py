@@ -1,0 +1,232 @@
+"""The training order: which item ids are in step N on rank R (ARCHITECTURE.md §4).
+
+Pure and I/O-free. The loader and ``sftdata replay-order`` both call ``BatchOrder``;
+nothing else decides the order. It is generic over *items* (episodes of an episode
+dataset, rows of a packed dataset, windows of a token stream): it takes their ids and
+lengths and never looks at tokens.
+
+Epoch mode (``sampling="epoch"``)
+---------------------------------
+Eligible items are the ids whose length is >= ``min_length``. Epoch ``e`` visits them in
+the order ``ids[RandomState(seed + e).permutation(n)]`` (``ids`` as is without shuffle),
+so with nothing filtered the order is the documented
+``RandomState(seed + epoch).permutation(num_episodes)``.
+
+``step`` is the 0-based global count of batches since the start of training (what a
+training loop calls its iteration). A *global batch* holds ``batch_size * world_size``
+items; rank ``r`` takes slots ``[r * batch_size, (r + 1) * batch_size)`` of it, so the
+ranks together see exactly the single-process batch.
+
+- ``drop_last=True``: epoch ``e`` has ``n // G`` batches (G = global batch); the last
+  ``n % G`` items of each epoch order are not trained in that epoch.
+- ``drop_last=False``: batches are consecutive slices of the endless concatenation of
+  the epoch orders. Every item appears exactly once per epoch, every batch is full,
+  and a batch that reaches the end of epoch ``e`` is completed by the first items of
+  epoch ``e + 1`` (which then continues after them)::
+
+      n = 5, G = 2     epoch 0: a b c d e      epoch 1: C A E B D
+      step:            0:[a b] 1:[c d] 2:[e C] 3:[A E] 4:[B D] ...
+
+  The epoch *of a step* is the epoch of its first item.
+
+Random mode (``sampling="random"``)
+-----------------------------------
+Uniform with replacement: step ``N`` draws ``G`` indices with
+``np.random.default_rng([seed, N]).integers(0, n, G)``. Every step is computable on its
+own, so a run is reproducible, resumable and replayable without replaying earlier steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError, UsageError
+
+SAMPLING_MODES = ("epoch", "random")
+MAX_SEED = 2**32 - 1  # RandomState accepts 0 .. 2**32 - 1
+
+
+def eligible_ids(lengths: np.ndarray, min_length: int) -> np.ndarray:
+    """Ids (ascending int64) of the items whose length is >= ``min_length``."""
+    return np.flatnonzero(np.asarray(lengths) >= int(min_length)).astype(np.int64, copy=False)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """``RandomState(seed + epoch).permutation(n)``, the documented epoch shuffle."""
+    s = int(seed) + int(epoch)
+    if not 0 <= s <= MAX_SEED:
+        raise ConfigError(f"epoch seed {seed} + epoch {epoch} = {s} is outside 0..{MAX_SEED} "
+                          f"(numpy RandomState); choose a smaller epoch_seed")
+    return np.random.RandomState(s).permutation(n)
+
+
+def random_draws(seed: int, step: int, n: int, count: int) -> np.ndarray:
+    """``count`` uniform indices in ``[0, n)`` for ``step``: ``default_rng([seed, step])``."""
+    return np.random.default_rng([int(seed), int(step)]).integers(0, n, size=count, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """An epoch boundary reached by a global batch: ``kind`` is "epoch_start" or
+    "epoch_complete"; ``items_seen`` counts the items of that epoch that were trained."""
+
+    kind: str
+    epoch: int
+    items_seen: int = 0
+
+
+class BatchOrder:
+    """The order of one split. Memoises the last two epoch orders (a batch spans at most
+    the end of one and the start of the next when the batch is smaller than the epoch).
+
+    >>> o = BatchOrder(np.arange(5), batch_size=2, seed=0, drop_last=False)
+    >>> o.step_ids(2).tolist() == [o.epoch_order(0)[4], o.epoch_order(1)[0]]
+    True
+    """
+
+    def __init__(self, ids: np.ndarray, *, batch_size: int, world_size: int = 1, seed: int = 1337,
+                 shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", what: str = "split"):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.batch_size = int(batch_size)
+        self.world_size = int(world_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.sampling = sampling
+        self.what = what
+        if sampling not in SAMPLING_MODES:
+            raise ConfigError(f"batch_sampling_mode {sampling!r} is not valid; choose one of: "
+                              f"{', '.join(SAMPLING_MODES)}")
+        if self.batch_size < 1 or self.world_size < 1:
+            raise ConfigError(f"batch_size ({batch_size}) and world_size ({world_size}) must be >= 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed {seed} is outside 0..{MAX_SEED}")
+        if self.n == 0:
+            raise ConfigError(f"{what} has no eligible item to train on (every one is shorter than the "
+                              f"minimum length, or the split is empty); lower episode_min_tokens or "
+                              f"check the dataset")
+        if sampling == "epoch" and self.drop_last and self.n < self.global_batch:
+            raise ConfigError(
+                f"{what} has {self.n} eligible items, fewer than one global batch of {self.global_batch} "
+                f"(batch_size {self.batch_size} x world_size {self.world_size}), so with epoch_drop_last=true "
+                f"an epoch has no batch; set epoch_drop_last=false (a batch then continues into the next "
+                f"epoch) or lower batch_size")
+        self._cache: dict[int, np.ndarray] = {}
+
+    # -- sizes ------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def _check_epoch_mode(self, what: str) -> None:
+        if self.sampling != "epoch":
+            raise UsageError(f"{what} needs batch_sampling_mode=epoch; random sampling has no epochs")
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """Global batches that start in ``epoch`` (constant with drop_last; with
+        drop_last=false ``ceil(n/G)`` or one less, depending on the epoch)."""
+        self._check_epoch_mode("batches_in_epoch")
+        g, n = self.global_batch, self.n
+        if self.drop_last:
+            return n // g
+        return -(-(epoch + 1) * n // g) - -(-epoch * n // g)
+
+    def first_step_of_epoch(self, epoch: int) -> int:
+        self._check_epoch_mode("first_step_of_epoch")
+        g, n = self.global_batch, self.n
+        return epoch * (n // g) if self.drop_last else -(-epoch * n // g)
+
+    def epoch_of_step(self, step: int) -> int:
+        """Epoch of the first item of global batch ``step``."""
+        self._check_epoch_mode("epoch_of_step")
+        _check_step(step)
+        g, n = self.global_batch, self.n
+        return step // (n // g) if self.drop_last else step * g // n
+
+    # -- the order --------------------------------------------------------------------
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Item ids of epoch ``epoch`` in visiting order (read-only array)."""
+        self._check_epoch_mode("epoch_order")
+        epoch = int(epoch)
+        if epoch < 0:
+            raise UsageError(f"epoch must be >= 0, got {epoch}")
+        got = self._cache.get(epoch)
+        if got is None:
+            got = self.ids[epoch_permutation(self.n, self.seed, epoch)] if self.shuffle else self.ids
+            got = got.view()
+            got.flags.writeable = False
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = got
+        return got
+
+    def _slots(self, rank: int | None) -> np.ndarray:
+        if rank is None:
+            return np.arange(self.global_batch, dtype=np.int64)
+        if not 0 <= rank < self.world_size:
+            raise UsageError(f"rank {rank} is outside 0..{self.world_size - 1} (world_size {self.world_size})")
+        return rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+
+    def step_positions(self, step: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, position within that epoch's order) of every slot of ``step`` for
+        ``rank`` (None = the whole global batch, all ranks in rank order)."""
+        self._check_epoch_mode("step_positions")
+        _check_step(step)
+        g, n = self.global_batch, self.n
+        slots = self._slots(rank)
+        if self.drop_last:
+            per = n // g
+            epoch = np.full(slots.shape, step // per, dtype=np.int64)
+            return epoch, (step % per) * g + slots
+        p = step * g + slots
+        return p // n, p % n
+
+    def step_ids(self, step: int, rank: int | None = None) -> np.ndarray:
+        """The item ids of global batch ``step`` for ``rank`` (None = all ranks)."""
+        if self.sampling == "random":
+            _check_step(step)
+            draws = random_draws(self.seed, step, self.n, self.global_batch)
+            return self.ids[draws[self._slots(rank)]]
+        epochs, pos = self.step_positions(step, rank)
+        out = np.empty(pos.shape, dtype=np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.epoch_order(int(e))[pos[sel]]
+        return out
+
+    def step_events(self, step: int) -> list[StepEvent]:
+        """Epoch boundaries reached by global batch ``step``, in order (empty in random
+        mode). An epoch starts with the batch holding its first item and completes with
+        the batch holding its last trained item."""
+        if self.sampling != "epoch":
+            return []
+        _check_step(step)
+        g, n = self.global_batch, self.n
+        events: list[StepEvent] = []
+        if self.drop_last:
+            per = n // g
+            e, k = divmod(step, per)
+            if k == 0:
+                events.append(StepEvent("epoch_start", e))
+            if k == per - 1:
+                events.append(StepEvent("epoch_complete", e, per * g))
+            return events
+        lo, hi = step * g, (step + 1) * g  # global positions [lo, hi)
+        for e in range(lo // n, (hi - 1) // n + 1):
+            start, end = e * n, (e + 1) * n
+            if lo <= start < hi:
+                events.append(StepEvent("epoch_start", e))
+            if lo < end <= hi:
+                events.append(StepEvent("epoch_complete", e, n))
+        return events
+
+
+def _check_step(step: int) -> None:
+    if int(step) < 0:
+        raise UsageError(f"step must be >= 0 (0 = the first batch of training), got {step}")

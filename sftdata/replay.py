@@ -1,0 +1,217 @@
+"""What ``sftdata replay-order`` computes: the episodes of an epoch or of a training step.
+
+The order comes from :class:`sftdata.order.BatchOrder`, the function the loader calls,
+built from the same config fields, so a replay is what the loader did. Vectorised: an
+epoch of 10 million episodes takes about a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .audit import AuditCheck, check_audit
+from .config import LoaderConfig
+from .errors import DatasetError, UsageError
+from .episode_loader import episode_order
+from .store import Split, has_episode_index, open_dataset
+
+STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
+EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
+
+
+@dataclass
+class Replay:
+    dataset: str
+    split: str
+    sampling: str
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    batch_size: int
+    world_size: int
+    episode_min_tokens: int
+    num_episodes: int  # in the split
+    num_eligible: int
+    epoch: int | None  # the epoch listed (epoch listing), or the epoch of the step's first item
+    step: int | None
+    rank: int | None
+    total_rows: int  # rows before --head
+    columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard = index
+    shard_names: list = field(default_factory=list)
+
+    def column_lists(self, start: int = 0, stop: int | None = None) -> dict[str, list]:
+        """Rows ``start:stop`` as Python lists per column: -1 -> None, shard -> its name."""
+        out = {}
+        for k, a in self.columns.items():
+            part = a[start:stop]
+            if k == "shard":
+                out[k] = [self.shard_names[i] for i in part.tolist()]
+            elif part.size and part.min() < 0:
+                out[k] = [None if v < 0 else v for v in part.tolist()]
+            else:
+                out[k] = part.tolist()
+        return out
+
+    def csv_chunks(self, rows_per_chunk: int = 1_000_000):
+        """The rows as CSV bytes (header first), a bounded number of rows at a time."""
+        yield (",".join(self.columns) + "\n").encode()
+        n = len(self.columns["episode"])
+        for a in range(0, n, rows_per_chunk):
+            yield csv_bytes([(c[a:a + rows_per_chunk], self.shard_names) if k == "shard" else c[a:a + rows_per_chunk]
+                             for k, c in self.columns.items()])
+
+    def rows(self, start: int = 0, stop: int | None = None) -> list[dict]:
+        cols = self.column_lists(start, stop)
+        names = list(cols)
+        return [dict(zip(names, r)) for r in zip(*cols.values())]
+
+    def as_dict(self) -> dict:
+        meta = {k: getattr(self, k) for k in ("dataset", "split", "sampling", "seed", "shuffle", "drop_last",
+                                              "batch_size", "world_size", "episode_min_tokens", "num_episodes",
+                                              "num_eligible", "epoch", "step", "rank", "total_rows")}
+        return {**meta, "rows": self.rows()}
+
+
+def _open(dataset_dir, cfg: LoaderConfig, split: str) -> Split:
+    root = Path(dataset_dir)
+    if root.is_dir() and not has_episode_index(root, "train"):
+        raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
+                           f"a token-stream dataset has no episode order to replay")
+    return open_dataset(root, token_dtype=cfg.token_dtype).split(split)
+
+
+def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "train", epoch: int | None = None,
+                 step: int | None = None, rank: int | None = None, world_size: int = 1,
+                 head: int | None = None) -> Replay:
+    """The episodes of global batch ``step`` (all ranks, or ``rank``), or else the full
+    order of ``epoch`` (default 0) with the step and rank that train each position.
+    With both, ``epoch`` must be an epoch the step's batch reaches."""
+    if head is not None and head < 0:
+        raise UsageError(f"--head must be >= 0, got {head}")
+    if world_size < 1:
+        raise UsageError(f"--world-size must be >= 1, got {world_size}")
+    if rank is not None and not 0 <= rank < world_size:
+        raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
+    sp = _open(dataset_dir, cfg, split)
+    o = episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}")
+    if o.sampling == "random" and step is None:
+        raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")
+    if o.sampling == "random" and epoch is not None:
+        raise UsageError("batch_sampling_mode=random has no epochs; drop --epoch (give --step only)")
+    g, bs = o.global_batch, o.batch_size
+    cols: dict[str, np.ndarray] = {}
+    if step is not None:
+        if step < 0:
+            raise UsageError(f"--step must be >= 0 (0 = the first batch of training), got {step}")
+        ids = o.step_ids(step, rank)
+        slots = o._slots(rank)
+        if o.sampling == "epoch":
+            ep, pos = o.step_positions(step, rank)
+            if epoch is not None and epoch not in set(ep.tolist()):
+                first, count = o.epoch_of_step(step), o.batches_in_epoch(epoch)
+                raise UsageError(f"step {step} is in epoch {first}, not epoch {epoch} (epoch {epoch} is steps "
+                                 f"{o.first_step_of_epoch(epoch)}..{o.first_step_of_epoch(epoch) + count - 1}); "
+                                 f"--step counts batches from the start of training; drop --epoch")
+            epoch = o.epoch_of_step(step)
+        else:
+            ep = pos = np.full(ids.shape, -1, dtype=np.int64)
+        total = ids.shape[0]
+        k = total if head is None else min(head, total)
+        cols = {"step": np.full(k, step, dtype=np.int64), "rank": slots[:k] // bs, "slot": slots[:k] % bs,
+                "epoch": ep[:k], "position": pos[:k], "episode": ids[:k]}
+    else:
+        epoch = 0 if epoch is None else epoch
+        if epoch < 0:
+            raise UsageError(f"--epoch must be >= 0, got {epoch}")
+        order = o.epoch_order(epoch)
+        total = order.shape[0]
+        k = total if head is None else min(head, total)
+        p = np.arange(k, dtype=np.int64)
+        if o.drop_last:
+            per = o.n // g
+            trained = p < per * g
+            stp = np.where(trained, epoch * per + p // g, -1)
+            slot = np.where(trained, p % g, -1)
+        else:
+            gp = epoch * o.n + p
+            stp, slot = gp // g, gp % g
+        cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp,
+                "rank": np.where(slot >= 0, slot // bs, -1), "slot": np.where(slot >= 0, slot % bs, -1),
+                "episode": np.asarray(order[:k], dtype=np.int64)}
+    ids = cols["episode"]
+    shard = sp.shard_of(ids)
+    cols["shard"] = shard  # an index into shard_names (names are looked up when rows are drawn)
+    cols["length"] = sp.lengths[ids]
+    cols["record"] = _records(sp, ids, shard)
+    cols = {c: cols[c] for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS)}
+    return Replay(str(dataset_dir), split, o.sampling, o.seed, o.shuffle, o.drop_last, bs, world_size,
+                  cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols,
+                  [sh.name for sh in sp.shards])
+
+
+def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
+    """Input record number of each episode (sources.idx), -1 where not stored."""
+    out = np.full(ids.shape, -1, dtype=np.int64)
+    for si, s in enumerate(sp.shards):
+        if s.sources is not None:
+            sel = shard == si
+            out[sel] = np.asarray(s.sources, dtype=np.int64)[ids[sel] - sp.episode_offsets[si]]
+    return out
+
+
+def check_audit_log(dataset_dir: str | Path, cfg: LoaderConfig, log_path: str | Path, *, split: str = "train",
+                    world_size: int = 1) -> AuditCheck:
+    """Compare an audit log's ``epoch_start`` lines with the replayed order."""
+    sp = _open(dataset_dir, cfg, split)
+    return check_audit(log_path, episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}"), split)
+
+
+def csv_bytes(columns: list) -> bytes:
+    """CSV rows (no header) from columns, vectorised: each column is an int64 array
+    (negative = empty field) or ``(index array, list of names)`` for a text column.
+    Equal to ``csv.writer(..., lineterminator="\\n")`` on the same values (no quoting is
+    needed: digits and shard names only), about 5x faster."""
+    n = len(columns[0][0] if isinstance(columns[0], tuple) else columns[0])
+    fw = np.empty((n, len(columns)), dtype=np.int64)  # field width + 1 separator
+    plans = []
+    for j, c in enumerate(columns):
+        if isinstance(c, tuple):
+            idx, names = np.asarray(c[0], dtype=np.int64), [s.encode() for s in c[1]] or [b""]
+            chars = np.zeros((len(names), max(1, max(len(e) for e in names))), dtype=np.uint8)
+            for i, e in enumerate(names):
+                chars[i, :len(e)] = np.frombuffer(e, np.uint8)
+            width = np.array([len(e) for e in names], dtype=np.int64)[idx]
+            plans.append((idx, chars, width))
+        else:
+            v = np.asarray(c, dtype=np.int64)
+            top = int(v.max()) if n else 0
+            width = (v >= 0).astype(np.int64)
+            t = 10
+            while t <= top:
+                width += v >= t
+                t *= 10
+            plans.append((v, top, width))
+        fw[:, j] = width + 1
+    row_len = fw.sum(axis=1)
+    row_start = np.cumsum(row_len) - row_len
+    field_start = row_start[:, None] + np.cumsum(fw, axis=1) - fw
+    buf = np.full(int(row_len.sum()), ord(","), dtype=np.uint8)
+    buf[row_start + row_len - 1] = ord("\n")
+    for j, (a, b, width) in enumerate(plans):
+        start = field_start[:, j]
+        wmin, wmax = (int(width.min()), int(width.max())) if n else (0, 0)
+        if isinstance(b, np.ndarray):  # text: character k of each name
+            for k in range(wmax):
+                sel = slice(None) if k < wmin else width > k
+                buf[start[sel] + k] = b[a[sel], k]
+            continue
+        q = np.maximum(a, 0).astype(np.int32 if b < 2**31 else np.int64)
+        last = start + width - 1
+        for k in range(wmax):  # k-th digit from the right
+            q, digit = np.divmod(q, 10)
+            sel = slice(None) if k < wmin else width > k
+            buf[last[sel] - k] = 48 + digit[sel]
+    return buf.tobytes()

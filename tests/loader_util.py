@@ -1,0 +1,57 @@
+"""Synthetic datasets for the loader tests: every token says which episode and position
+it is, so a test can state exactly which tokens a batch must hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sftdata.store import TOKENIZER_FILE, DatasetWriter
+
+EOS = 7
+
+
+def ep_tokens(gid: int, n: int) -> np.ndarray:
+    """Tokens of synthetic episode ``gid``: gid * 1000 + 1 + position."""
+    return gid * 1000 + 1 + np.arange(n, dtype=np.int64)
+
+
+def ep_mask(gid: int, n: int) -> np.ndarray:
+    return ((np.arange(n) + gid) % 3 == 0).astype(np.uint8)
+
+
+def make_dataset(path: Path, lengths, *, shard_tokens: int = 1 << 40, val_lengths=None,
+                 sources=None, eos: int = EOS) -> Path:
+    """A sharded dataset whose train episode ``g`` has ``lengths[g]`` tokens."""
+    with DatasetWriter(path) as w:
+        meta_splits = {}
+        for split, lens in (("train", lengths), ("val", val_lengths)):
+            if lens is None:
+                continue
+            lens = np.asarray(lens, dtype=np.int64)
+            ids = np.concatenate([ep_tokens(g, n) for g, n in enumerate(lens)]) if len(lens) else np.empty(0)
+            mask = np.concatenate([ep_mask(g, n) for g, n in enumerate(lens)]) if len(lens) else np.empty(0)
+            src = np.asarray(sources if sources is not None and split == "train" else np.arange(len(lens)) * 2 + 5)
+            sw = w.split(split, np.dtype("<u4"), shard_tokens)
+            sw.add_many(ids.astype(np.uint32), mask.astype(np.uint8), lens, src)
+            meta_splits[split] = sw.close()
+        w.write_json(TOKENIZER_FILE, {"eos_id": eos, "vocab_size": 1 << 30, "special_tokens": {"<|EOS|>": eos}})
+        w.commit({"kind": "episodes", "token_dtype": "uint32", "splits": meta_splits})
+    return Path(path)
+
+
+def make_flat(path: Path, lengths, *, mask: str | None = "uint8", with_index: bool = True) -> Path:
+    """The older flat layout: train/tokens.bin (uint32) [+ mask.bin] [+ episodes.idx], no metadata."""
+    d = Path(path) / "train"
+    d.mkdir(parents=True)
+    lens = np.asarray(lengths, dtype=np.int64)
+    toks = np.concatenate([ep_tokens(g, n) for g, n in enumerate(lens)]).astype("<u4")
+    toks.tofile(d / "tokens.bin")
+    if mask is not None:
+        m = np.concatenate([ep_mask(g, n) for g, n in enumerate(lens)]).astype(mask)
+        m.tofile(d / "mask.bin")
+    if with_index:
+        idx = np.stack([np.concatenate([[0], np.cumsum(lens)[:-1]]), lens], axis=1).astype("<u8")
+        idx.tofile(d / "episodes.idx")
+    return Path(path)

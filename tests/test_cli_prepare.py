@@ -1,0 +1,65 @@
+import json
+
+from typer.testing import CliRunner
+
+from sftdata import __version__
+from sftdata.cli import app
+
+from conftest import chat, write_jsonl
+
+runner = CliRunner()
+
+
+def test_prepare_chat_prints_a_summary_and_writes_the_dataset(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q1", "a1"), chat("q2", "a2"), "oops"])
+    r = runner.invoke(app, ["prepare-chat", str(src), "--output-dir", str(tmp_path / "ds"), "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    assert "records read" in r.output and "rejected: invalid_json" in r.output
+    assert (tmp_path / "ds" / "dataset_metadata.json").is_file()
+
+
+def test_prepare_chat_json(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(10)])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--val-split", "0.2",
+                            "--json", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["episodes"] == {"train": 8, "val": 2}
+    assert out["records_read"] == 10 and out["rejected_total"] == 0
+
+
+def test_errors_are_red_messages_with_exit_codes(tmp_path):
+    r = runner.invoke(app, ["prepare-chat", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "ds")])
+    assert r.exit_code == 1
+    assert "error: input file" in r.output and "does not exist" in r.output
+    assert "Traceback" not in r.output
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a"), "{bad"])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--strict", "-j", "1"])
+    assert r.exit_code == 1
+    assert "in.jsonl:line 2: not valid JSON" in r.output.replace("\n", "")
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--val-split", "2"])
+    assert r.exit_code == 2 and "--val-split must be a fraction" in r.output
+
+
+def test_version_and_help():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"sftdata {__version__}"
+    r = runner.invoke(app, ["prepare-chat", "--help"])
+    assert r.exit_code == 0 and "--val-split" in r.output and "--max-tokens" in r.output
+
+
+def test_chat_script_has_the_seed_interface(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(10)] + ["{}"])
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds"), "--val_split", "0.2",
+                     "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train 8 episodes" in out and "val 2 episodes" in out and "11 records read, 1 rejected: no_messages 1" in out
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds")]) == 1
+    assert "already exists; pass --overwrite to replace it, or choose another --output_dir" in capsys.readouterr().err

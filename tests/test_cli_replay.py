@@ -1,0 +1,176 @@
+"""``sftdata replay-order``: it prints what the loader actually trained on."""
+
+import json
+
+import numpy as np
+import pytest
+from loader_util import make_dataset
+from typer.testing import CliRunner
+
+from sftdata.cli import app
+from sftdata.loader import LoaderConfig, make_loader
+
+LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8, 5, 5, 4]
+SOURCES = [10 * g + 1 for g in range(len(LENGTHS))]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("d") / "ds", LENGTHS, shard_tokens=15, sources=SOURCES,
+                        val_lengths=[4, 4, 6])
+
+
+def cli(*args):
+    return runner.invoke(app, ["replay-order", *map(str, args)])
+
+
+def flat(result) -> str:
+    """Output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def rows(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["rows"]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_step_ids_equal_the_ids_the_loader_used(ds, tmp_path, drop_last):
+    cfg_file = tmp_path / "exp.json"
+    cfg_file.write_text(json.dumps({"batch_size": 2, "block_size": 8, "epoch_seed": 42, "n_layer": 4,
+                                    "epoch_drop_last": drop_last}))
+    cfg = LoaderConfig.from_file(cfg_file)
+    ranks = [make_loader(cfg, ds, backend="numpy", rank=r, world_size=2) for r in range(2)]
+    for step in range(12):  # several epochs (13 eligible episodes, global batch 4)
+        used = []
+        for loader in ranks:
+            x, _ = loader.get_batch("train")
+            used.append(loader.last_ids["train"].tolist())
+            assert (x[:, 0] // 1000).tolist() == used[-1]  # the rows really hold those episodes
+        got = rows(cli(ds, "--config", cfg_file, "--step", step, "--world-size", 2, "--json"))
+        assert [r["episode"] for r in got] == used[0] + used[1]
+        assert [r["rank"] for r in got] == [0, 0, 1, 1] and [r["slot"] for r in got] == [0, 1, 0, 1]
+        assert [r["record"] for r in got] == [SOURCES[g] for g in used[0] + used[1]]
+        assert [r["length"] for r in got] == [LENGTHS[g] for g in used[0] + used[1]]
+        one = rows(cli(ds, "--config", cfg_file, "--step", step, "--world-size", 2, "--rank", 1, "--json"))
+        assert [r["episode"] for r in one] == used[1]
+
+
+def test_step_json_fields_and_epoch_of_step(ds):
+    res = cli(ds, "--seed", 7, "--batch-size", 4, "--step", 3, "--json")
+    out = json.loads(res.stdout)
+    assert (out["epoch"], out["step"], out["num_eligible"], out["num_episodes"], out["total_rows"]) == (1, 3, 14, 15, 4)
+    order1 = np.flatnonzero(np.array(LENGTHS) >= 2)[np.random.RandomState(8).permutation(14)]
+    assert [r["episode"] for r in out["rows"]] == order1[:4].tolist()  # 3 batches of 4 per epoch
+    assert [r["position"] for r in out["rows"]] == [0, 1, 2, 3]
+    shard_names = {r["shard"] for r in out["rows"]}
+    assert all(s.startswith("shard_000") for s in shard_names)
+
+
+def test_epoch_listing_head_and_csv(ds):
+    eligible = np.flatnonzero(np.array(LENGTHS) >= 2)
+    order = eligible[np.random.RandomState(1337 + 2).permutation(14)]
+    res = cli(ds, "--epoch", 2, "--batch-size", 2, "--no-drop-last", "--csv")
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert lines[0] == "epoch,position,episode,shard,length,record,step,rank,slot"
+    assert len(lines) == 15
+    assert [int(line.split(",")[2]) for line in lines[1:]] == order.tolist()
+    first = lines[1].split(",")
+    # epoch 2 starts at global position 28 -> step 14, slot 0
+    assert (first[5], first[6], first[8]) == (str(SOURCES[order[0]]), "14", "0")
+    head = rows(cli(ds, "--epoch", 2, "--batch-size", 2, "--head", 3, "--json"))
+    assert [r["episode"] for r in head] == order[:3].tolist()
+    # with drop_last, the epoch's tail is not trained: step/rank/slot are null
+    tail = rows(cli(ds, "--epoch", 0, "--batch-size", 4, "--json"))
+    assert [r["step"] for r in tail] == [0] * 4 + [1] * 4 + [2] * 4 + [None] * 2
+
+
+def test_table_output(ds):
+    res = cli(ds, "--batch-size", 2, "--epoch", 1)
+    assert res.exit_code == 0
+    assert "epoch 1 of split train" in res.stdout and "showing 14 of 14" not in res.stdout
+    assert "14 eligible of 15 episodes" in res.stdout and "seed 1337 + epoch 1 = 1338" in res.stdout
+
+
+def test_random_mode(ds, tmp_path):
+    cfg = tmp_path / "r.xml"
+    cfg.write_text("<training><batch_sampling_mode>random</batch_sampling_mode><batch_size>3</batch_size>"
+                   "<epoch_seed>5</epoch_seed></training>")
+    loader = make_loader(LoaderConfig.from_file(cfg), ds, backend="numpy")
+    for step in range(3):
+        loader.get_batch("train")
+        got = rows(cli(ds, "--config", cfg, "--step", step, "--json"))
+        assert [r["episode"] for r in got] == loader.last_ids["train"].tolist()
+        assert all(r["epoch"] is None for r in got)
+    res = cli(ds, "--config", cfg, "--epoch", 1)
+    assert res.exit_code == 2 and "random has no epochs" in flat(res)
+    res = cli(ds, "--config", cfg, "--epoch", 1, "--step", 1)
+    assert res.exit_code == 2 and "drop --epoch" in flat(res)
+
+
+def test_val_split(ds):
+    got = rows(cli(ds, "--split", "val", "--batch-size", 1, "--epoch", 0, "--json"))
+    assert [r["episode"] for r in got] == np.random.RandomState(1337).permutation(3).tolist()
+
+
+def test_check_audit_ok_and_tampered(ds, tmp_path):
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps({"batch_size": 4, "block_size": 8, "epoch_seed": 3,
+                                    "audit_dir": str(tmp_path / "audit")}))
+    loader = make_loader(LoaderConfig.from_file(cfg_file), ds, backend="numpy")
+    for _ in range(7):  # 3 batches per epoch -> epochs 0, 1, 2 start
+        loader.get_batch("train")
+    (log,) = (tmp_path / "audit").glob("audit_*.log")  # 14 eligible, global batch 4: 3 batches per epoch
+    res = cli(ds, "--config", cfg_file, "--check-audit", log)
+    assert res.exit_code == 0 and "OK" in flat(res) and "epochs 0, 1, 2" in flat(res)
+    res = cli(ds, "--config", cfg_file, "--check-audit", log, "--json")
+    assert json.loads(res.stdout)["ok"] is True and json.loads(res.stdout)["checked"] == 3
+
+    lines = log.read_text().splitlines()
+    k = next(i for i, line in enumerate(lines) if "epoch=1 |" in line and "epoch_start" in line)
+    order = loader.order("train").epoch_order(1)[:10].tolist()
+    forged = order[:2] + [order[3], order[2]] + order[4:]  # swap two ids
+    lines[k] = lines[k].replace(str(order), str(forged))
+    log.write_text("\n".join(lines) + "\n")
+    res = cli(ds, "--config", cfg_file, "--check-audit", log)
+    assert res.exit_code == 1
+    assert (f"line {k + 1}: epoch 1: first_episode_ids differ at position 2: the log has {order[3]}, the replay "
+            f"gives {order[2]}") in flat(res)
+
+    res = cli(ds, "--config", cfg_file, "--seed", 4, "--check-audit", log)  # replaying with another seed
+    assert res.exit_code == 1 and "epoch_seed is 3 in the log, the replay gives 4" in flat(res)
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    res = cli(ds, "--config", cfg_file, "--check-audit", empty)
+    assert res.exit_code == 1 and "no epoch_start line" in flat(res)
+
+
+def test_errors(ds, tmp_path):
+    res = cli(ds, "--batch-size", 4, "--step", 5, "--epoch", 0)
+    assert res.exit_code == 2 and "step 5 is in epoch 1, not epoch 0 (epoch 0 is steps 0..2)" in flat(res)
+    assert cli(ds, "--batch-size", 4, "--step", 4, "--epoch", 1).exit_code == 0
+    res = cli(ds, "--json", "--csv")
+    assert res.exit_code == 2 and "not both" in flat(res)
+    res = cli(ds, "--step", -1)
+    assert res.exit_code == 2 and "--step must be >= 0" in flat(res)
+    res = cli(ds, "--rank", 2, "--world-size", 2, "--step", 0, "--batch-size", 2)
+    assert res.exit_code == 2 and "--rank 2 is outside 0..1" in flat(res)
+    res = cli(ds, "--head", -1)
+    assert res.exit_code == 2 and "--head must be >= 0" in flat(res)
+    res = cli(tmp_path / "nope")
+    assert res.exit_code == 1 and "does not exist" in flat(res)
+    res = cli(ds, "--split", "test")
+    assert res.exit_code == 1 and "has no split 'test'" in flat(res)
+    res = cli(ds, "--batch-size", 20)
+    assert res.exit_code == 1 and "fewer than one global batch of 20" in flat(res)
+    stream = tmp_path / "stream" / "train"
+    stream.mkdir(parents=True)
+    np.arange(10, dtype="<u4").tofile(stream / "tokens.bin")
+    res = cli(stream.parent)
+    assert res.exit_code == 1 and "no episode order to replay" in flat(res)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"dataset_mode": "x"}')
+    res = cli(ds, "--config", bad)
+    assert res.exit_code == 1 and "choose one of" in flat(res)

@@ -1,0 +1,120 @@
+import numpy as np
+
+from sftdata.masking import loss_mask
+from sftdata.tokenizer import MarkerIds
+
+M = MarkerIds(system=1001, user=1002, assistant=1003, tool=1004, tool_call=1005, end=1006, eos=1000)
+S, U, A, T, C, E, EOS = M.system, M.user, M.assistant, M.tool, M.tool_call, M.end, M.eos
+
+
+def mask_of(ids):
+    return loss_mask(np.array(ids, dtype=np.uint32), M).tolist()
+
+
+def test_assistant_span_trained_with_markers():
+    ids = [S, 7, E, U, 8, 9, E, A, 10, 11, E, EOS]
+    assert mask_of(ids) == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0]
+
+
+def test_two_turns_both_trained():
+    ids = [U, 5, E, A, 6, E, U, 7, E, A, 8, 9, E, EOS]
+    assert mask_of(ids) == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0]
+
+
+def test_leading_assistant_has_no_context_and_stays_untrained():
+    ids = [A, 5, E, U, 6, E, A, 7, E, EOS]
+    assert mask_of(ids) == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_row_starting_inside_a_user_span_trains_nothing_after_it():
+    ids = [6, 6, E, A, 7, E]
+    assert mask_of(ids) == [0] * 6
+
+
+def test_incomplete_user_span_blocks_the_assistant():
+    # <|USER|> without its <|END|> before the assistant opener
+    ids = [U, 5, A, 6, E]
+    assert mask_of(ids) == [0] * 5
+
+
+def test_unclosed_assistant_zeroes_itself_and_everything_after():
+    ids = [U, 5, E, A, 6, 7]
+    assert mask_of(ids) == [0] * 6
+    ids = [U, 5, E, A, 6, E, U, 7, E, A, 8, U, 9, E, A, 1, E]
+    assert mask_of(ids) == [0, 0, 0, 1, 1, 1] + [0] * 11
+
+
+def test_tool_result_is_context_for_the_next_assistant():
+    ids = [U, 5, E, A, C, 6, E, T, 7, E, A, 8, E, EOS]
+    assert mask_of(ids) == [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_incomplete_tool_span_blocks_the_following_assistant():
+    ids = [U, 5, E, A, C, 6, E, T, 7, A, 8, E]
+    assert mask_of(ids) == [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_eos_resets_the_conversation():
+    # the user span belongs to the previous conversation: the assistant after EOS has no context
+    ids = [U, 5, E, EOS, A, 6, E, EOS]
+    assert mask_of(ids) == [0] * 8
+
+
+def test_packed_conversations_each_trained():
+    ids = [U, 5, E, A, 6, E, EOS, S, 1, E, U, 7, E, A, 8, E, EOS]
+    assert mask_of(ids) == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_system_span_is_not_context():
+    ids = [S, 5, E, A, 6, E, EOS]
+    assert mask_of(ids) == [0] * 7
+
+
+def test_no_markers_and_empty():
+    assert mask_of([5, 6, 7]) == [0, 0, 0]
+    assert mask_of([]) == []
+
+
+def test_input_is_not_modified_and_dtype_is_uint8():
+    ids = np.array([U, 5, E, A, 6, E], dtype=np.uint32)
+    before = ids.copy()
+    out = loss_mask(ids, M)
+    assert out.dtype == np.uint8
+    assert np.array_equal(ids, before)
+
+
+def test_matches_a_per_token_reference_on_random_sequences():
+    rng = np.random.default_rng(0)
+    alphabet = np.array([S, U, A, T, C, E, EOS, 5, 6, 7, 8, 9])
+    for _ in range(300):
+        ids = rng.choice(alphabet, size=rng.integers(0, 40))
+        assert mask_of(ids) == reference(ids.tolist())
+
+
+def reference(ids):
+    """Direct reading of the rule, one token at a time (slow, obviously right)."""
+    out = [0] * len(ids)
+    openers = {S, U, A, T}
+    ctx_complete = False  # latest USER/TOOL span since EOS is complete
+    i = 0
+    while i < len(ids):
+        t = ids[i]
+        if t == EOS:
+            ctx_complete = False
+        elif t in openers:
+            j = i + 1
+            while j < len(ids) and ids[j] not in openers | {E, EOS}:
+                j += 1
+            closed = j < len(ids) and ids[j] == E
+            if t == A:
+                if not closed:
+                    return out  # it and everything after stay 0
+                if ctx_complete:
+                    for k in range(i, j + 1):
+                        out[k] = 1
+            elif t in (U, T):
+                ctx_complete = closed
+            if closed:
+                i = j
+        i += 1
+    return out

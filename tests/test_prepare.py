@@ -1,0 +1,195 @@
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from sftdata import prepare as prep
+from sftdata.errors import NoUsableRecordsError, OutputExistsError, RecordError, UsageError
+from sftdata.prepare import PrepareOptions, prepare, split_assignment
+from sftdata.store import open_dataset, sha256_file
+
+from conftest import chat, write_jsonl
+
+
+def records(n):
+    return [chat(f"question {i}", f"answer number {i} " + "x" * (i % 7)) for i in range(n)]
+
+
+def tree_bytes(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_split_is_exact_seeded_and_keeps_input_order(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(20))
+    prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.25, seed=7))
+    ds = open_dataset(tmp_path / "ds")
+    val = ds.split("val").sources.tolist()
+    train = ds.split("train").sources.tolist()
+    assert val == sorted(np.random.RandomState(7).permutation(20)[:5].tolist())
+    assert train == sorted(set(range(20)) - set(val))
+    assert split_assignment(20, 0.25, 7).sum() == 5
+    assert split_assignment(10, 0.05, 1).sum() == 1  # round half up: 0.5 -> 1
+    assert split_assignment(10, 0.04, 1).sum() == 0
+
+
+def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)  # many chunks, so workers really share the work
+    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["bad line"])
+    opts = dict(val_split=0.2, seed=3, shard_tokens=200)
+    prepare([src], tmp_path / "a", PrepareOptions(workers=1, **opts))
+    prepare([src], tmp_path / "b", PrepareOptions(workers=2, **opts))
+    prepare([src], tmp_path / "c", PrepareOptions(workers=1, **opts))
+    a, b, c = tree_bytes(tmp_path / "a"), tree_bytes(tmp_path / "b"), tree_bytes(tmp_path / "c")
+    assert a == b == c
+    assert len([k for k in a if k.endswith("tokens.bin")]) > 2
+
+
+def test_multi_shard_output_with_tiny_shard_tokens(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(30))
+    prepare([src], tmp_path / "one", PrepareOptions())
+    prepare([src], tmp_path / "many", PrepareOptions(shard_tokens=50))
+    one, many = open_dataset(tmp_path / "one").split("train"), open_dataset(tmp_path / "many").split("train")
+    assert len(one.shards) == 1 and len(many.shards) > 5
+    for s in many.shards:
+        assert s.tokens.shape[0] <= 50 or s.num_episodes == 1
+        # episodes are contiguous from 0 inside every shard
+        assert s.episodes[0, 0] == 0
+        assert np.array_equal(s.episodes[1:, 0], np.cumsum(s.episodes[:-1, 1]))
+    assert many.num_episodes == one.num_episodes == 30
+    for g in range(30):
+        assert many.episode(g)[0].tolist() == one.episode(g)[0].tolist()
+        assert many.episode(g)[1].tolist() == one.episode(g)[1].tolist()
+    assert many.sources.tolist() == list(range(30))
+
+
+def test_an_episode_longer_than_a_shard_gets_its_own_shard(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "long " * 40), chat("q", "a")])
+    prepare([src], tmp_path / "ds", PrepareOptions(shard_tokens=10))
+    split = open_dataset(tmp_path / "ds").split("train")
+    assert [s.num_episodes for s in split.shards] == [1, 1]
+
+
+def test_interrupted_run_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "CHUNK_RECORDS", 2)
+    src = write_jsonl(tmp_path / "in.jsonl", records(10))
+    calls = []
+
+    def interrupt(p):
+        calls.append(p)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare([src], tmp_path / "out" / "ds", PrepareOptions(), progress=interrupt)
+    assert not (tmp_path / "out" / "ds").exists()
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_failed_overwrite_keeps_the_old_dataset(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(5))
+    prepare([src], tmp_path / "ds", PrepareOptions())
+    before = tree_bytes(tmp_path / "ds")
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["nope"])
+    with pytest.raises(NoUsableRecordsError):
+        prepare([bad], tmp_path / "ds", PrepareOptions(overwrite=True))
+    assert tree_bytes(tmp_path / "ds") == before
+
+
+def test_existing_output_is_refused_without_overwrite(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(3))
+    prepare([src], tmp_path / "ds", PrepareOptions())
+    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
+        prepare([src], tmp_path / "ds", PrepareOptions())
+    s = prepare([src], tmp_path / "ds", PrepareOptions(overwrite=True))
+    assert s.episodes == {"train": 3}
+
+
+def test_metadata_checksums_match_the_files(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(12) + ["{}"])
+    prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.25, shard_tokens=80))
+    root = tmp_path / "ds"
+    meta = json.loads((root / "dataset_metadata.json").read_text())
+    checked = 0
+    for split, info in meta["splits"].items():
+        for shard in info["shards"]:
+            for fn, f in shard["files"].items():
+                path = root / split / shard["name"] / fn
+                assert f["sha256"] == sha256_file(path) and f["bytes"] == path.stat().st_size
+                checked += 1
+    for fn, f in meta["files"].items():
+        assert f["sha256"] == sha256_file(root / fn)
+        checked += 1
+    on_disk = [p for p in root.rglob("*") if p.is_file() and p.name != "dataset_metadata.json"]
+    assert checked == len(on_disk)
+    assert meta["sources"][0]["sha256"] == sha256_file(src)
+    assert meta["counts"]["rejected"] == {"no_messages": 1}
+    assert meta["splits"]["train"]["episodes"] + meta["splits"]["val"]["episodes"] == 12
+    assert meta["token_dtype"] == "uint32"
+
+
+def test_every_record_rejected_is_an_error(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", ["nope", "{}", json.dumps(chat("only a question"))])
+    with pytest.raises(NoUsableRecordsError, match=r"every record was rejected \(3 read; "):
+        prepare([src], tmp_path / "ds", PrepareOptions())
+    assert not (tmp_path / "ds").exists()
+
+
+def test_strict_stops_at_the_first_bad_record(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(3) + ['{"messages": 1}'] + records(2))
+    with pytest.raises(RecordError, match=r"in.jsonl:line 4: 'messages' is a int.*--strict") as e:
+        prepare([src], tmp_path / "ds", PrepareOptions(strict=True))
+    assert e.value.reason == "no_messages"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_rejects_file_lists_reasons_with_lines(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", records(2) + ["nope", json.dumps(chat("q"))])
+    s = prepare([src], tmp_path / "ds", PrepareOptions())
+    lines = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["record"], r["reason"], r["where"].rsplit(":", 1)[1]) for r in lines] == [
+        (2, "invalid_json", "line 3"), (3, "no_assistant_turn", "line 4")]
+    assert s.rejected == {"invalid_json": 1, "no_assistant_turn": 1}
+
+
+def test_too_long_and_truncated_are_counted(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q " * 50, "a"), chat("q", "a", "q " * 50, "a")])
+    s = prepare([src], tmp_path / "ds", PrepareOptions(max_tokens=20))
+    assert s.rejected == {"too_long": 1}
+    assert s.records_truncated == 1 and s.pairs_dropped == 1
+
+
+def test_gzip_json_array_and_several_inputs_number_records_globally(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", records(2) + [""] + records(1))  # a blank line keeps its number
+    b = tmp_path / "b.json.gz"
+    with gzip.open(b, "wt") as f:
+        json.dump(records(3), f)
+    s = prepare([a, b], tmp_path / "ds", PrepareOptions())
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.split("train").sources.tolist() == [0, 1, 3, 4, 5, 6]
+    assert [(x["first_record"], x["records"], x["container"], x["compressed"]) for x in ds.metadata["sources"]] == [
+        (0, 4, "jsonl", False), (4, 3, "json", True)]
+    assert s.records_read == 6
+
+
+def test_input_errors(tmp_path):
+    from sftdata.errors import InputError
+
+    with pytest.raises(InputError, match="does not exist"):
+        prepare([tmp_path / "missing.jsonl"], tmp_path / "ds", PrepareOptions())
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    with pytest.raises(InputError, match="not a valid JSON array"):
+        prepare([bad], tmp_path / "ds", PrepareOptions())
+    with pytest.raises(UsageError, match="--val-split must be a fraction"):
+        prepare([bad], tmp_path / "ds", PrepareOptions(val_split=1.5))
+    src = write_jsonl(tmp_path / "one.jsonl", records(1))
+    with pytest.raises(UsageError, match="leaves no training episode"):
+        prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.6))
+
+
+def test_all_tool_records_point_to_prepare_tool(tmp_path):
+    rec = {"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]}
+    src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
+    with pytest.raises(NoUsableRecordsError, match=r"tool_conversation: 2\).*`sftdata prepare-tool`"):
+        prepare([src], tmp_path / "ds", PrepareOptions())
