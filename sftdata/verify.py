@@ -53,7 +53,9 @@ CHECKS: dict[str, str] = {
     "mask_rule": "the mask is the mask rule's, re-derived from the tokens",
     "checksums": "sha256 of every file equals the metadata",
 }
-STRUCTURE_CHECKS = ("metadata", "files", "sizes", "counts", "index", "eos")
+# index problems an older flat layout may have by design (its specification asks only for
+# (start, length) records): verify reports them, check_structure lets the loader train
+HARMLESS_IN_FLAT = ("unsorted", "gap", "leading_gap", "trailing_tokens")
 
 
 @dataclass
@@ -389,7 +391,8 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
 # ------------------------------------------------------------------------- structure
 def structure_problems(ds: Dataset) -> list[Problem]:
     """The cheap checks (metadata, files, sizes, counts, index, EOS endings) on an opened
-    dataset: no checksums, no pass over the token data beyond one token per episode."""
+    dataset: no checksums, no pass over the token data beyond one token per episode.
+    For the older flat layout, unsorted episodes and tokens outside any episode pass."""
     problems: list[Problem] = []
     parts = _parts_from_dataset(ds)
     if ds.metadata is not None and ds.layout == "sharded":
@@ -410,6 +413,8 @@ def structure_problems(ds: Dataset) -> list[Problem]:
             problems += check_eos(part, vocab)
     if ds.metadata is not None:
         problems += check_counts(ds.metadata, parts, trained=False)
+    if ds.layout == "flat":  # older layouts: refuse only what breaks training
+        problems = [p for p in problems if p.code not in HARMLESS_IN_FLAT]
     order = list(CHECKS)
     return sorted(problems, key=lambda p: order.index(p.check))
 

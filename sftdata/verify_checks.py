@@ -33,6 +33,7 @@ class Problem:
     split: str | None = None
     episode: int | None = None  # global episode id within ``split``
     byte: int | None = None  # byte offset within ``file``
+    code: str = ""  # finer kind within the check (index: out_of_bounds, overlap, gap ...)
 
     def __str__(self) -> str:
         loc = f"{self.file} ({self.where})" if self.where else self.file
@@ -174,7 +175,10 @@ def check_sizes(part: Part) -> list[Problem]:
 
 
 def check_index(part: Part) -> list[Problem]:
-    """Episodes in bounds, sorted, contiguous and non-overlapping; none empty."""
+    """Episodes in bounds, sorted, contiguous and non-overlapping; none empty.
+
+    Each problem has a ``code``: out_of_bounds, empty, overlap (these break training),
+    unsorted, gap, leading_gap, trailing_tokens (these only waste or reorder tokens)."""
     ep, n, ntok = part.episodes, part.num_episodes, part.num_tokens
     if part.mask is not None:
         ntok = min(ntok, int(part.mask.shape[0]))  # episodes past the mask's end cannot be checked
@@ -186,19 +190,21 @@ def check_index(part: Part) -> list[Problem]:
     part.starts, part.lengths, part.usable = s, ln, ~oob & (ln > 0)
     out = []
     fix = f"{EPISODES_FILE} is damaged or belongs to other tokens: restore the shard, or " + RECREATE
-    f = part.file(EPISODES_FILE)
+    g = part.first_gid
+
+    def add(code: str, i: int, message: str) -> None:
+        loc = part.at(i) if n else {"where": "", "split": part.split}
+        out.append(Problem("index", part.file(EPISODES_FILE), message=message, fix=fix, code=code, **loc))
+
     bad = np.flatnonzero(oob)
     if bad.size:
         i = int(bad[0])
         a, b = int(ep[i, 0]), int(ep[i, 0]) + int(ep[i, 1])
-        out.append(Problem("index", f, message=f"episode {part.first_gid + i} spans tokens [{a:,}, {b:,}) but the "
-                           f"shard holds {ntok:,} tokens: the record points past the end{_more(bad.size)}",
-                           fix=fix, **part.at(i)))
+        add("out_of_bounds", i, f"episode {g + i} spans tokens [{a:,}, {b:,}) but the shard holds {ntok:,} "
+                                f"tokens: the record points past the end{_more(bad.size)}")
     bad = np.flatnonzero(ln == 0)
     if bad.size:
-        i = int(bad[0])
-        out.append(Problem("index", f, message=f"episode {part.first_gid + i} has length 0{_more(bad.size)}",
-                           fix=fix, **part.at(i)))
+        add("empty", int(bad[0]), f"episode {g + int(bad[0])} has length 0{_more(bad.size)}")
     if n >= 2:
         pair = ~oob[1:] & ~oob[:-1]
         back = np.flatnonzero(pair & (s[1:] < s[:-1]))
@@ -206,30 +212,24 @@ def check_index(part: Part) -> list[Problem]:
         gap = np.flatnonzero(pair & (s[1:] > e[:-1]))
         if back.size:
             i = int(back[0]) + 1
-            out.append(Problem("index", f, message=f"episode {part.first_gid + i} starts at token {s[i]:,}, before "
-                               f"episode {part.first_gid + i - 1} (token {s[i - 1]:,}): {EPISODES_FILE} is not "
-                               f"sorted{_more(back.size)}", fix=fix, **part.at(i)))
+            add("unsorted", i, f"episode {g + i} starts at token {s[i]:,}, before episode {g + i - 1} (token "
+                               f"{s[i - 1]:,}): {EPISODES_FILE} is not sorted{_more(back.size)}")
         if over.size:
             i = int(over[0]) + 1
-            out.append(Problem("index", f, message=f"episode {part.first_gid + i} starts at token {s[i]:,}, inside "
-                               f"episode {part.first_gid + i - 1} (tokens [{s[i - 1]:,}, {e[i - 1]:,})): the "
-                               f"episodes overlap, so tokens would be trained twice and conversations run into "
-                               f"each other{_more(over.size)}", fix=fix, **part.at(i)))
+            add("overlap", i, f"episode {g + i} starts at token {s[i]:,}, inside episode {g + i - 1} (tokens "
+                              f"[{s[i - 1]:,}, {e[i - 1]:,})): the episodes overlap, so tokens would be trained "
+                              f"twice and conversations run into each other{_more(over.size)}")
         if gap.size:
             i = int(gap[0]) + 1
-            out.append(Problem("index", f, message=f"tokens [{e[i - 1]:,}, {s[i]:,}) between episodes "
-                               f"{part.first_gid + i - 1} and {part.first_gid + i} belong to no episode: the "
-                               f"index is not contiguous{_more(gap.size, 'gaps')}", fix=fix, **part.at(i)))
+            add("gap", i, f"tokens [{e[i - 1]:,}, {s[i]:,}) between episodes {g + i - 1} and {g + i} belong to "
+                          f"no episode: the index is not contiguous{_more(gap.size, 'gaps')}")
     if n and not oob[0] and s[0] > 0:
-        out.append(Problem("index", f, message=f"tokens [0, {s[0]:,}) before the first episode belong to no "
-                           "episode", fix=fix, **part.at(0)))
+        add("leading_gap", 0, f"tokens [0, {s[0]:,}) before the first episode belong to no episode")
     if n and not oob.any() and int(e.max()) < part.num_tokens:
-        out.append(Problem("index", f, message=f"{TOKENS_FILE} holds {part.num_tokens - int(e.max()):,} tokens "
-                           f"after the last episode ends (token {int(e.max()):,}) that belong to no episode",
-                           fix=fix, **part.at(n - 1)))
+        add("trailing_tokens", n - 1, f"{TOKENS_FILE} holds {part.num_tokens - int(e.max()):,} tokens after the "
+                                      f"last episode ends (token {int(e.max()):,}) that belong to no episode")
     if not n and part.num_tokens:
-        out.append(Problem("index", f, "", f"no episodes, but {TOKENS_FILE} holds {part.num_tokens:,} tokens",
-                           fix, part.split))
+        add("trailing_tokens", 0, f"no episodes, but {TOKENS_FILE} holds {part.num_tokens:,} tokens")
     return out
 
 

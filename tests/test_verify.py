@@ -294,7 +294,7 @@ def test_problem_text_and_json(ds):
     assert d["ok"] is False and json.loads(json.dumps(d))["problems"][0] == {
         "check": "files", "file": "train/shard_00000/sources.idx", "where": "",
         "message": "train/shard_00000/sources.idx is missing", "fix": r.problems[0].fix,
-        "split": None, "episode": None, "byte": None}
+        "split": None, "episode": None, "byte": None, "code": ""}
     assert str(r.problems[0]).startswith("train/shard_00000/sources.idx: train/shard_00000/sources.idx is missing. To fix: restore")
 
 
@@ -319,8 +319,20 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     idx[4, 1] += 1
     write_idx(flat / "train" / "episodes.idx", idx)
     (prob,) = verify(flat).problems
-    assert prob.file == "train/episodes.idx" and "the episodes overlap" in prob.message
+    assert prob.file == "train/episodes.idx" and "the episodes overlap" in prob.message and prob.code == "overlap"
     with pytest.raises(DatasetError, match="episode 4 starts at token 91, inside episode 3"):
+        check_structure(flat)
+
+
+def test_flat_layout_gaps_are_reported_but_do_not_stop_the_loader(ds, tmp_path):
+    flat = to_flat(ds, tmp_path / "flat")
+    idx = read_idx(flat / "train" / "episodes.idx")
+    write_idx(flat / "train" / "episodes.idx", idx[[0, 2, 1, 4]])  # unsorted, a gap, trailing tokens
+    codes = [p.code for p in verify(flat).problems]
+    assert codes == ["unsorted", "gap", "trailing_tokens"]
+    check_structure(flat)  # the loader reads episodes by (start, length): none of these breaks it
+    write_idx(flat / "train" / "episodes.idx", idx[[0, 2, 1, 4, 5, 5]])
+    with pytest.raises(DatasetError, match="the episodes overlap"):
         check_structure(flat)
 
 
