@@ -246,12 +246,21 @@ def _rejects_from_file(path: Path) -> Counter:
     return c
 
 
+def _open(path, token_dtype, tokenizer=None) -> Dataset:
+    ds = open_dataset(path, token_dtype=token_dtype)
+    if token_dtype is not None and ds.metadata is not None:
+        raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype")
+    if tokenizer is not None and ds.tokenizer_state is not None:
+        raise UsageError(f"--tokenizer is for older flat layouts; {ds.root} records its tokenizer")
+    return ds
+
+
 def overview(path: str | Path, *, block_size: int | None = None, token_dtype=None) -> Overview:
     """Everything ``sftdata inspect PATH`` shows. Raises ``DatasetError`` for a folder that
     is not a dataset or whose index does not fit its tokens."""
     if block_size is not None and block_size < 1:
         raise UsageError(f"--block-size must be positive, got {block_size}")
-    ds = open_dataset(path, token_dtype=token_dtype)
+    ds = _open(path, token_dtype)
     meta = ds.metadata or {}
     notes = []
     if ds.metadata is None:
@@ -397,9 +406,9 @@ def episode_views(path: str | Path, split: str = "train", *, episodes: list[int]
     chosen = sum(x is not None for x in (episodes or None, record, sample))
     if chosen != 1:
         raise UsageError("give exactly one of --episode, --record or --sample")
-    ds = open_dataset(path, token_dtype=token_dtype)
+    ds = _open(path, token_dtype, tokenizer)
     notes = []
-    if ds.tokenizer_state is not None and tokenizer is None:
+    if ds.tokenizer_state is not None:
         tok = ds.tokenizer()
     else:
         tok = load_tokenizer(tokenizer)

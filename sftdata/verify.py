@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import DatasetError, SftDataError
+from .errors import DatasetError, SftDataError, UsageError
 from .store import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE, SOURCES_FILE,
                     SPLITS, TOKENIZER_FILE, TOKENS_FILE, Dataset, detect_layout, list_shards, open_dataset,
                     read_json, sha256_file, token_dtype_for)
@@ -255,6 +255,8 @@ def _token_dtype(run: _Run, meta: dict | None, state: dict | None, token_dtype) 
         return dt
     if token_dtype is not None:
         return np.dtype(token_dtype).newbyteorder("<")
+    if isinstance((state or {}).get("vocab_size"), int):  # metadata lost: the tokenizer still says
+        return token_dtype_for(state["vocab_size"])
     if meta is None and run.report.layout == "flat":
         run.report.notes.append("no metadata: tokens read as uint32 (pass --token-dtype uint16 if they are not)")
     return np.dtype("<u4")
@@ -341,6 +343,10 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     layout = detect_layout(root)
     if layout is None:
         raise DatasetError(f"{root} holds no dataset: expected train/shard_*/ folders or train/tokens.bin")
+    if tokenizer is not None and (root / TOKENIZER_FILE).is_file():
+        raise UsageError(f"--tokenizer is for older flat layouts; {root} records its tokenizer in {TOKENIZER_FILE}")
+    if token_dtype is not None and (root / METADATA_FILE).is_file():
+        raise UsageError(f"--token-dtype is for older flat layouts; {root} records its token dtype in {METADATA_FILE}")
     run = _Run(root, quick)
     run.report.layout = layout
     meta = _check_metadata(run, layout)

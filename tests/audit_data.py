@@ -30,7 +30,7 @@ def chats(n: int = 8, offset: int = 0) -> list[dict]:
 
 
 def make_dataset(tmp: Path, name: str = "ds", *, records=None, val_split: float = 0.25,
-                 shard_tokens: int = 100, bad_lines: int = 0) -> Path:
+                 shard_tokens: int = 100, bad_lines: int = 0, tokenizer: str | None = None) -> Path:
     """A dataset prepared from ``records`` (default ``chats()``); ``bad_lines`` rejected
     records (invalid JSON) are appended to the input."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -39,7 +39,8 @@ def make_dataset(tmp: Path, name: str = "ds", *, records=None, val_split: float 
     lines += ["{not json"] * bad_lines
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp / name
-    prepare([src], out, PrepareOptions(val_split=val_split, shard_tokens=shard_tokens, workers=1))
+    prepare([src], out, PrepareOptions(val_split=val_split, shard_tokens=shard_tokens, workers=1,
+                                             tokenizer=tokenizer))
     return out
 
 

@@ -200,6 +200,10 @@ def test_episode_selection_errors(pristine, tmp_path):
         sft_inspect.episode_views(pristine, episodes=[6])
     with pytest.raises(DatasetError, match="has no split 'test'"):
         sft_inspect.episode_views(pristine, "test", episodes=[0])
+    with pytest.raises(UsageError, match="--tokenizer is for older flat layouts"):
+        sft_inspect.episode_views(pristine, episodes=[0], tokenizer="cl100k_base")
+    with pytest.raises(UsageError, match="--token-dtype is for older flat layouts"):
+        sft_inspect.overview(pristine, token_dtype="uint16")
 
 
 def test_flat_layout_episode_is_decoded_with_a_note(pristine, tmp_path):

@@ -3,6 +3,7 @@ with its own message, file and location; check_structure refuses structural faul
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from audit_data import (chats, copy_shard, edit_metadata, make_dataset, read_idx, shard, to_flat, write_idx)
-from sftdata.errors import DatasetError
+from sftdata.errors import DatasetError, UsageError
 from sftdata.masking import loss_mask
 from sftdata.store import open_dataset
 from sftdata.tokenizer import load_tokenizer
@@ -296,6 +297,25 @@ def test_problem_text_and_json(ds):
         "message": "train/shard_00000/sources.idx is missing", "fix": r.problems[0].fix,
         "split": None, "episode": None, "byte": None, "code": ""}
     assert str(r.problems[0]).startswith("train/shard_00000/sources.idx: train/shard_00000/sources.idx is missing. To fix: restore")
+
+
+def test_flat_layout_options_are_refused_for_a_described_dataset(ds):
+    with pytest.raises(UsageError, match="--tokenizer is for older flat layouts"):
+        verify(ds, tokenizer="cl100k_base")
+    with pytest.raises(UsageError, match="--token-dtype is for older flat layouts"):
+        verify(ds, token_dtype="uint16")
+
+
+def test_lost_metadata_still_reads_tokens_with_the_tokenizer_dtype(tmp_path):
+    ranks = tmp_path / "bytes.tiktoken"  # 256 byte tokens: a vocabulary that fits uint16
+    ranks.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+    small = make_dataset(tmp_path, records=chats(2), val_split=0.0, tokenizer=str(ranks))
+    assert json.loads((small / "dataset_metadata.json").read_text())["token_dtype"] == "uint16"
+    assert verify(small).ok
+    (small / "dataset_metadata.json").unlink()
+    r = verify(small)
+    assert [p.check for p in r.problems] == ["metadata"]  # no size or index problem: read as uint16
+    assert r.splits["train"]["tokens"] == sum(p.stat().st_size for p in (small / "train").glob("*/tokens.bin")) // 2
 
 
 def test_no_dataset_is_an_error_not_a_report(tmp_path):
