@@ -96,6 +96,12 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
     if rank is not None and not 0 <= rank < world_size:
         raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
     sp = _open(dataset_dir, cfg, split)
+    ds = open_dataset(dataset_dir, token_dtype=cfg.token_dtype)
+    if ds.kind == "packed":  # rows of packed episodes: one line per segment (the pack issue)
+        from .packed_loader import packed_replay
+
+        return packed_replay(ds, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
+                             head=head)
     o = episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}")
     if o.sampling == "random" and step is None:
         raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")

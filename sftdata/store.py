@@ -43,6 +43,7 @@ TOKENS_FILE = "tokens.bin"
 MASK_FILE = "mask.bin"
 EPISODES_FILE = "episodes.idx"
 SOURCES_FILE = "sources.idx"
+SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
 SPLITS = ("train", "val")
 DEFAULT_SHARD_TOKENS = 100_000_000
 IDX_DTYPE = np.dtype("<u8")
@@ -215,6 +216,10 @@ class DatasetWriter:
     def split(self, name: str, token_dtype: np.dtype, shard_tokens: int = DEFAULT_SHARD_TOKENS) -> SplitWriter:
         return SplitWriter(self.path, name, token_dtype, shard_tokens)
 
+    def packed_split(self, name: str, token_dtype: np.dtype, row_len: int,
+                     shard_tokens: int = DEFAULT_SHARD_TOKENS) -> "PackedSplitWriter":
+        return PackedSplitWriter(self.path, name, token_dtype, row_len, shard_tokens)
+
     def write_json(self, relname: str, obj) -> None:
         (self.path / relname).write_bytes(dumps_json(obj))
 
@@ -289,6 +294,7 @@ class Shard:
             self.mask = _map(mp, self.mask_dtype)
         sp = p / SOURCES_FILE
         self.sources = np.asarray(_map(sp, IDX_DTYPE)) if sp.is_file() else None
+        self.segments = _read_segments(p / SEGMENTS_FILE)
 
     @property
     def num_episodes(self) -> int:
@@ -373,6 +379,11 @@ class Dataset:
                                f"with is unknown")
         return tokenizer_from_state(self.tokenizer_state, str(self.root / TOKENIZER_FILE))
 
+    @property
+    def packing(self) -> dict | None:
+        """The packing options of a packed dataset (block_size, row_len, strategy, ...)."""
+        return (self.metadata or {}).get("packing") if self.kind == "packed" else None
+
     def split(self, name: str) -> Split:
         if name not in self.splits:
             have = ", ".join(self.splits) or "none"
@@ -449,6 +460,8 @@ def open_dataset(root: str | Path, *, token_dtype=None) -> Dataset:
             if not (root / split / EPISODES_FILE).is_file():
                 continue  # a token stream without episodes: the token_stream loader reads it
             splits[split] = Split(split, [Shard(root / split, dtype, name=split)])
+    if kind == "packed":
+        _check_packed(root, meta, splits)
     return Dataset(root, layout, kind, dtype, meta, tok_state, splits)
 
 
@@ -487,3 +500,152 @@ def open_token_stream(root: str | Path, split: str, *, token_dtype=None) -> list
         if not p.is_file():
             raise DatasetError(f"{p} is missing; the dataset is incomplete")
     return [_map(p, dtype) for p in paths]
+
+
+# ---------------------------------------------------------------------- packed layout
+# A packed split's shard holds fixed-length rows (row_len = block_size + 1 tokens):
+#   tokens.bin    rows x row_len token ids (padding included)
+#   mask.bin      rows x row_len uint8, 1 = trained target (recomputed per segment)
+#   episodes.idx  (start, row_len) per row, so generic readers see one "episode" per row
+#   segments.idx  uint64 x 7 per segment, sorted by (row, offset), SEGMENT_FIELDS:
+#                 row (local to the shard), offset in the row, length (with injected
+#                 tokens), prefix (injected tokens at its start), episode (global episode
+#                 id in the source split), episode_start (first episode token), source
+#                 (input record number of the episode, NO_SOURCE when unknown)
+SEGMENT_FIELDS = ("row", "offset", "length", "prefix", "episode", "episode_start", "source")
+NO_SOURCE = np.iinfo(np.uint64).max
+
+
+def _read_segments(path: Path) -> np.ndarray | None:
+    if not path.is_file():
+        return None
+    n = len(SEGMENT_FIELDS)
+    size = path.stat().st_size
+    if size % (8 * n):
+        raise DatasetError(f"{path}: {size} bytes is not a multiple of {8 * n} ({n} uint64 per segment); "
+                           f"the index is truncated. Re-create the packed dataset with `sftdata pack`")
+    return np.asarray(_map(path, IDX_DTYPE)).reshape(-1, n)
+
+
+@dataclass
+class Segments:
+    """The segments of a packed split, global row ids, int64 arrays (source -1 = unknown)."""
+
+    row: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    prefix: np.ndarray
+    episode: np.ndarray
+    episode_start: np.ndarray
+    source: np.ndarray
+
+    def of_rows(self, rows) -> "Segments":
+        """The segments of the given rows, in the order of ``rows`` (then offset)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        a = np.searchsorted(self.row, rows, side="left")
+        b = np.searchsorted(self.row, rows, side="right")
+        n = b - a
+        idx = np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        return Segments(*(getattr(self, f)[idx] for f in SEGMENT_FIELDS))
+
+
+def split_segments(split: Split) -> Segments:
+    """All segments of a packed split with global row ids."""
+    parts = []
+    for si, sh in enumerate(split.shards):
+        if sh.segments is None:
+            raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
+                               f"Re-create it with `sftdata pack`")
+        a = np.asarray(sh.segments).astype(np.int64)  # NO_SOURCE wraps to -1
+        a[:, 0] += int(split.episode_offsets[si])
+        parts.append(a)
+    a = np.concatenate(parts) if parts else np.empty((0, len(SEGMENT_FIELDS)), np.int64)
+    return Segments(*(np.ascontiguousarray(a[:, i]) for i in range(len(SEGMENT_FIELDS))))
+
+
+def _check_packed(root: Path, meta: dict | None, splits: dict[str, Split]) -> None:
+    packing = (meta or {}).get("packing") or {}
+    row_len = packing.get("row_len")
+    if not isinstance(row_len, int) or row_len < 2:
+        raise DatasetError(f"{root / METADATA_FILE}: a packed dataset needs packing.row_len (an integer >= 2), "
+                           f"got {row_len!r}. Re-create it with `sftdata pack`")
+    for split in splits.values():
+        for sh in split.shards:
+            if sh.segments is None:
+                raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
+                                   f"Re-create it with `sftdata pack`")
+            if sh.tokens.shape[0] != sh.num_episodes * row_len:
+                raise DatasetError(f"{sh.path / TOKENS_FILE}: {sh.tokens.shape[0]} tokens are not "
+                                   f"{sh.num_episodes} rows of {row_len}; the shard is damaged. "
+                                   f"Re-create the packed dataset with `sftdata pack`")
+
+
+class PackedSplitWriter:
+    """Appends packed rows to a split's shards, ``shard_tokens // row_len`` rows per shard."""
+
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, row_len: int, shard_tokens: int):
+        self.dir = root / split
+        self.token_dtype = np.dtype(token_dtype)
+        self.row_len = int(row_len)
+        self.rows_per_shard = max(1, int(shard_tokens) // self.row_len)
+        self.shards: list[dict] = []
+        self._files: dict[str, _HashedFile] | None = None
+
+    def _open_shard(self) -> None:
+        self._close_shard()
+        name = shard_name(len(self.shards))
+        d = self.dir / name
+        d.mkdir(parents=True, exist_ok=False)
+        self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
+        self.shards.append({"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0})
+
+    def _close_shard(self) -> None:
+        if self._files is not None:
+            self.shards[-1]["files"] = {fn: f.close() for fn, f in self._files.items()}
+            self._files = None
+
+    def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
+        """Append rows ``tokens``/``mask`` (k, row_len) and their segments: an (s, 7)
+        int64 array in ``SEGMENT_FIELDS`` order whose ``row`` is 0..k-1 (these rows),
+        sorted by (row, offset); ``source`` -1 = unknown."""
+        k = tokens.shape[0]
+        if tokens.shape != (k, self.row_len) or mask.shape != tokens.shape:
+            raise ValueError(f"rows must be (k, {self.row_len}); got tokens {tokens.shape}, mask {mask.shape}")
+        segments = np.asarray(segments, dtype=np.int64)
+        i = 0
+        while i < k:
+            if self._files is None or self.shards[-1]["rows"] >= self.rows_per_shard:
+                self._open_shard()
+            cur = self.shards[-1]
+            j = min(k, i + self.rows_per_shard - cur["rows"])
+            a, b = np.searchsorted(segments[:, 0], [i, j], side="left")
+            seg = segments[a:b].copy()
+            seg[:, 0] += cur["rows"] - i
+            real = int(seg[:, 2].sum())
+            f = self._files
+            idx = np.empty((j - i, 2), dtype=IDX_DTYPE)
+            idx[:, 0] = (cur["rows"] + np.arange(j - i)) * self.row_len
+            idx[:, 1] = self.row_len
+            f[TOKENS_FILE].write(np.ascontiguousarray(tokens[i:j], dtype=self.token_dtype))
+            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=np.uint8))
+            f[EPISODES_FILE].write(idx)
+            f[SEGMENTS_FILE].write(np.ascontiguousarray(seg).astype(IDX_DTYPE))  # -1 -> NO_SOURCE
+            cur["rows"] += j - i
+            cur["segments"] += b - a
+            cur["tokens"] += real
+            cur["trained_tokens"] += int(np.count_nonzero(mask[i:j]))
+            i = j
+
+    def close(self) -> dict:
+        self._close_shard()
+        if not self.shards:
+            self._open_shard()
+            self._close_shard()
+        return {
+            "rows": sum(s["rows"] for s in self.shards),
+            "row_len": self.row_len,
+            "segments": sum(s["segments"] for s in self.shards),
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
+            "shards": self.shards,
+        }

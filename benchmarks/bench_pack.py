@@ -1,0 +1,197 @@
+"""Benchmark: bfd packing time and fill against the lower bound, and against a reference
+measured in the same run (a pure-Python best-fit over a segment tree, as popular
+trainers ship it).
+
+    python benchmarks/bench_pack.py              # 1M lognormal lengths, rows of 2049
+    python benchmarks/bench_pack.py --quick      # 100k lengths (reference too)
+    python benchmarks/bench_pack.py --no-reference --pipeline
+
+Real lengths: when /work/shared/data (or --data DIR) holds conversation files, they are
+prepared with sftdata into a temporary folder and their episode lengths packed too.
+``--pipeline`` times the whole ``pack`` (read, mask per segment, write) on a synthetic
+episodes dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sftdata.packing import padding_baseline, plan_bfd  # noqa: E402
+
+
+class SegmentTree:
+    """Leftmost leaf >= s over capacities 1..n; leaf value = capacity if a bin has it."""
+
+    def __init__(self, n: int):
+        self.size = 1 << max(1, (n).bit_length())
+        self.tree = [0] * (2 * self.size)
+
+    def set(self, i: int, value: int) -> None:
+        i += self.size
+        self.tree[i] = value
+        i //= 2
+        while i:
+            self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
+            i //= 2
+
+    def find(self, s: int) -> int:
+        if self.tree[1] < s:
+            return -1
+        i = 1
+        while i < self.size:
+            i = 2 * i if self.tree[2 * i] >= s else 2 * i + 1
+        return i - self.size
+
+
+def reference_bfd(lengths: np.ndarray, row_len: int) -> int:
+    """Pure-Python best-fit decreasing over a segment tree; returns the number of rows."""
+    tree = SegmentTree(row_len)
+    bins: dict[int, list[int]] = {}
+    nbins = 0
+    for s in sorted(lengths.tolist(), reverse=True):
+        cap = tree.find(s)
+        if cap < 0:
+            b, cap = nbins, row_len
+            nbins += 1
+        else:
+            b = bins[cap].pop()
+            if not bins[cap]:
+                tree.set(cap, 0)
+        rest = cap - s
+        if rest > 0:
+            if not bins.get(rest):
+                bins[rest] = []
+                tree.set(rest, rest)
+            bins[rest].append(b)
+    return nbins
+
+
+def lognormal_lengths(n: int, median: float = 350.0, sigma: float = 1.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.maximum(1, np.round(rng.lognormal(math.log(median), sigma, n))).astype(np.int64)
+
+
+def best_of(fn, repeat: int):
+    best, out = math.inf, None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def line(name: str, rows: int, bound: int, seconds: float | None, fill: float) -> str:
+    t = f"{seconds:8.3f} s" if seconds is not None else " " * 10
+    return f"  {name:<34} {t}  rows {rows:>9,}  bound/rows {bound / rows:.5f}  fill {fill:.4%}"
+
+
+def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool, repeat: int) -> None:
+    print(f"{label}: {lengths.size:,} episodes, median {int(np.median(lengths))}, mean {lengths.mean():.0f}, "
+          f"rows of {row_len}, {int((lengths > row_len).sum()):,} longer than a row")
+    secs, plan = best_of(lambda: plan_bfd(lengths, row_len, "truncate", seed=0), repeat)
+    bound = plan.lower_bound_rows
+    print(line("sftdata bfd (histogram)", plan.num_rows, bound, secs, plan.fill))
+    pad_rows, pad_fill = padding_baseline(lengths, row_len)
+    print(line("padding baseline (1 episode/row)", pad_rows, bound, None, pad_fill))
+    if reference:
+        clipped = np.minimum(lengths, row_len)
+        t = time.perf_counter()
+        ref_rows = reference_bfd(clipped, row_len)
+        ref_secs = time.perf_counter() - t
+        print(line("reference: Python segment-tree BFD", ref_rows, bound, ref_secs,
+                   int(clipped.sum()) / (ref_rows * row_len)))
+        print(f"  -> {ref_secs / secs:.1f}x faster than the reference, same rows: {ref_rows == plan.num_rows}")
+
+
+def real_lengths(data: Path, tmp: Path) -> np.ndarray | None:
+    from sftdata.prepare import PrepareOptions, prepare
+    from sftdata.store import open_dataset
+
+    out = []
+    for mode, pattern in (("chat", "kto_en_demo.json"), ("chat", "dummy_conversation.json"),
+                          ("tool", "glaive_toolcall_en_demo.json"),
+                          ("tool", "datagen-ToolUse-FineTuneSupervised-valid.jsonl")):
+        f = data / pattern
+        if not f.is_file():
+            continue
+        try:
+            prepare([f], tmp / f.stem, PrepareOptions(mode=mode, workers=1))
+        except Exception as e:  # a branch without tool support, an unreadable file: skip it
+            print(f"  (skipped {f.name}: {type(e).__name__}: {e})")
+            continue
+        out.append(open_dataset(tmp / f.stem).split("train").lengths)
+    return np.concatenate(out) if out else None
+
+
+def synthetic_dataset(root: Path, n: int) -> None:
+    """An episodes dataset of ``n`` chat episodes with lognormal lengths."""
+    from sftdata.store import TOKENIZER_FILE, DatasetWriter
+    from sftdata.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    m = tok.ids
+    rng = np.random.default_rng(1)
+    lengths = np.clip(lognormal_lengths(n, seed=2), 8, 6000)
+    ids = rng.integers(0, 100_000, int(lengths.sum())).astype(np.uint32)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    # <|SYSTEM|> ... <|END|> <|USER|> ... <|END|> <|ASSISTANT|> ... <|END|> <|EOS|> per episode
+    q = lengths // 4
+    for off, marker in ((0, m.system), (1, m.end), (q, m.user), (2 * q - 1, m.end), (2 * q, m.assistant)):
+        ids[starts + off] = marker
+    ids[ends - 2] = m.end
+    ids[ends - 1] = m.eos
+    with DatasetWriter(root) as w:
+        sw = w.split("train", np.dtype("<u4"))
+        from sftdata.masking import loss_mask
+
+        sw.add_many(ids, loss_mask(ids, m), lengths, np.arange(n))
+        meta = sw.close()
+        w.write_json(TOKENIZER_FILE, tok.state())
+        w.commit({"kind": "episodes", "token_dtype": "uint32", "tokenizer": tok.summary(), "splits": {"train": meta}})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--quick", action="store_true", help="100k lengths")
+    ap.add_argument("--row-len", type=int, default=2049)
+    ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
+    ap.add_argument("--pipeline", action="store_true", help="time the whole pack on a synthetic dataset")
+    ap.add_argument("--pipeline-episodes", type=int, default=100_000)
+    args = ap.parse_args()
+    n = 100_000 if args.quick else args.n
+    bench_lengths("lognormal lengths", lognormal_lengths(n), args.row_len, not args.no_reference, args.repeat)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.data.is_dir():
+            lengths = real_lengths(args.data, tmp)
+            if lengths is not None:
+                for row_len in (513, 1025, 2049):
+                    bench_lengths(f"real lengths ({args.data})", lengths, row_len, not args.no_reference, 1)
+        if args.pipeline:
+            from sftdata.pack import PackOptions, pack
+
+            synthetic_dataset(tmp / "syn", args.pipeline_episodes)
+            t = time.perf_counter()
+            rep = pack(tmp / "syn", tmp / "syn_packed", PackOptions(block_size=args.row_len - 1))
+            secs = time.perf_counter() - t
+            r = rep.splits["train"]
+            print(f"pipeline: pack of {r.episodes:,} episodes, {r.tokens_in / 1e6:.1f}M tokens -> {r.rows:,} rows "
+                  f"in {secs:.2f} s ({r.tokens_in / secs / 1e6:.1f}M tokens/s), fill {r.fill:.4%}, "
+                  f"bound/rows {r.bound_ratio:.5f}, trained lost {r.trained_lost:,}")
+
+
+if __name__ == "__main__":
+    main()

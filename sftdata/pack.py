@@ -1,0 +1,274 @@
+"""The pack pipeline: an episodes dataset -> a ``kind: "packed"`` dataset.
+
+::
+
+    open_dataset(source) ──► per split: lengths ──► plan (packing.plan_bfd / plan_stream)
+        ──► rows, a chunk at a time: gather segment tokens, mask per segment (the rule),
+            pad ──► PackedSplitWriter (shards, sha256) ──► metadata last ──► atomic rename
+
+The output keeps the source's tokenizer and records the packing options and the
+source's identity (path and sha256 of its ``dataset_metadata.json``). Same source and
+options give a byte-identical output.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import __version__
+from .errors import DatasetError, UsageError
+from .packing import (DEFAULT_OVERLONG, OVERLONG_POLICIES, STRATEGIES, PackPlan, assemble_rows,
+                      gather_ranges, padding_baseline, plan_bfd, segment_masks)
+from .stream_packing import plan_stream
+from .store import (DEFAULT_SHARD_TOKENS, METADATA_FILE, SEGMENT_FIELDS, TOKENIZER_FILE, DatasetWriter,
+                    Split, open_dataset, sha256_file)
+from .tokenizer import MarkerIds
+
+CHUNK_TOKENS = 8 << 20  # row tokens built at once
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    block_size: int = 2048
+    strategy: str = "bfd"
+    overlong: str = DEFAULT_OVERLONG
+    pad_id: int | None = None  # default: the tokenizer's EOS
+    seed: int = 1337
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    overwrite: bool = False
+
+    @property
+    def row_len(self) -> int:
+        return self.block_size + 1
+
+    def validate(self) -> None:
+        if self.block_size < 1:
+            raise UsageError(f"--block-size must be at least 1, got {self.block_size}")
+        if self.strategy not in STRATEGIES:
+            raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise UsageError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not {self.overlong!r}")
+        if self.shard_tokens < 1:
+            raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
+
+
+@dataclass
+class SplitReport:
+    """What packing did to one split. Tokens count real (non-padding) tokens."""
+
+    episodes: int
+    rows: int
+    row_len: int
+    tokens_in: int  # episode tokens in the source
+    tokens_packed: int  # real tokens in the rows (injected ones included)
+    tokens_injected: int  # stream: system span / <|USER|> prepended to rewritten rows
+    tokens_lost: int  # episode tokens in no row (truncated, dropped, stopped)
+    lower_bound_rows: int  # ceil(tokens_packed / row_len)
+    padding_rows: int  # one episode per row, truncated
+    padding_fill: float
+    overlong_episodes: int
+    dropped_episodes: int
+    stopped_conversations: int
+    trained_in: int  # trained tokens of the source episodes, by the mask rule
+    trained_packed: int
+    segments: int
+
+    @property
+    def fill(self) -> float:
+        return self.tokens_packed / (self.rows * self.row_len) if self.rows else 0.0
+
+    @property
+    def bound_ratio(self) -> float:
+        return self.lower_bound_rows / self.rows if self.rows else 1.0
+
+    @property
+    def trained_lost(self) -> int:
+        return self.trained_in - self.trained_packed
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(fill=round(self.fill, 6), bound_ratio=round(self.bound_ratio, 6),
+                 trained_lost=self.trained_lost, padding_fill=round(self.padding_fill, 6))
+        return d
+
+
+@dataclass
+class PackReport:
+    output_dir: str
+    source: str
+    strategy: str
+    block_size: int
+    overlong: str
+    pad_id: int
+    seed: int
+    splits: dict[str, SplitReport] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self, timing: bool = True) -> dict:
+        d = {"output_dir": self.output_dir, "source": self.source, "strategy": self.strategy,
+             "block_size": self.block_size, "row_len": self.block_size + 1, "overlong": self.overlong,
+             "pad_id": self.pad_id, "seed": self.seed,
+             "splits": {k: v.as_dict() for k, v in self.splits.items()}}
+        if timing:
+            d["seconds"] = round(self.seconds, 3)
+        return d
+
+
+@dataclass
+class PackProgress:
+    split: str
+    rows_done: int
+    rows_total: int
+
+
+def _markers(ds) -> MarkerIds:
+    state = ds.tokenizer_state
+    if not state or not isinstance(state.get("special_tokens"), dict):
+        raise DatasetError(f"{ds.root} has no {TOKENIZER_FILE} with special_tokens, so its chat markers are "
+                           f"unknown and the loss mask cannot be recomputed per row. Re-create it with "
+                           f"`sftdata prepare-chat`")
+    return MarkerIds.from_special_tokens(state["special_tokens"])
+
+
+def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:
+    """Concatenated tokens ``episode[start:start+take]`` of each segment (global episode ids)."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    takes = np.asarray(takes, dtype=np.int64)
+    total = int(takes.sum())
+    dtype = split.shards[0].tokens.dtype if split.shards else np.uint32
+    out = np.empty(total, dtype=dtype)
+    if total == 0:
+        return out
+    shard = split.shard_of(episodes)
+    src = split.starts[episodes] + np.asarray(starts, dtype=np.int64)
+    if len(split.shards) == 1:
+        return gather_ranges(split.shards[0].tokens, src, takes)
+    out_start = np.cumsum(takes) - takes
+    for si in np.unique(shard).tolist():
+        sel = shard == si
+        dest = gather_ranges(np.arange(total, dtype=np.int64), out_start[sel], takes[sel])
+        out[dest] = gather_ranges(split.shards[si].tokens, src[sel], takes[sel])
+    return out
+
+
+def _trained_of_episodes(split: Split, ids: np.ndarray, m: MarkerIds) -> int:
+    """Trained tokens of whole episodes by the rule, a bounded number of tokens at a time."""
+    total = 0
+    lengths = split.lengths[ids]
+    i = 0
+    while i < ids.size:
+        j = i + max(1, int(np.searchsorted(np.cumsum(lengths[i:]), CHUNK_TOKENS, side="right")))
+        toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
+        total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m)))
+        i = j
+    return total
+
+
+def _plan(split: Split, opts: PackOptions, m: MarkerIds) -> PackPlan:
+    if opts.strategy == "bfd":
+        return plan_bfd(split.lengths, opts.row_len, opts.overlong, opts.seed)
+    return plan_stream(split.lengths, lambda i: split.episode(i)[0], m, opts.row_len)
+
+
+def pack_split(split: Split, writer, opts: PackOptions, m: MarkerIds, pad_id: int,
+               progress: Callable[[PackProgress], None] | None = None) -> SplitReport:
+    """Plan and write one split's rows; returns its report."""
+    plan = _plan(split, opts, m)
+    L = plan.row_len
+    sources = split.sources
+    rows_per_chunk = max(1, CHUNK_TOKENS // L)
+    seg_trained = np.zeros(plan.num_segments, dtype=np.int64)
+    for r0 in range(0, plan.num_rows, rows_per_chunk):
+        r1 = min(plan.num_rows, r0 + rows_per_chunk)
+        a, b = plan.row_segments(r0, r1)
+        eps = plan.seg_episode[a:b]
+        toks = gather_segments(split, eps, plan.seg_start[a:b], plan.seg_take[a:b])
+        rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
+        seg = np.empty((b - a, len(SEGMENT_FIELDS)), dtype=np.int64)
+        seg[:, 0] = plan.seg_row[a:b] - r0
+        seg[:, 1] = plan.seg_offset[a:b]
+        seg[:, 2] = plan.seg_length[a:b]
+        seg[:, 3] = plan.seg_prefix[a:b]
+        seg[:, 4] = eps
+        seg[:, 5] = plan.seg_start[a:b]
+        seg[:, 6] = sources[eps] if sources is not None else -1
+        writer.add_rows(rows.tokens, rows.mask, seg)
+        flat_start = seg[:, 0] * L + seg[:, 1]
+        if b > a:
+            seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), flat_start)
+        if progress:
+            progress(PackProgress(split.name, r1, plan.num_rows))
+    # trained tokens lost: only episodes not placed whole can differ from their rule mask
+    whole = plan.whole_episodes()
+    nonwhole = np.flatnonzero(~whole & (plan.lengths > 0))
+    trained_whole = int(seg_trained[whole[plan.seg_episode]].sum())
+    trained_in = trained_whole + _trained_of_episodes(split, nonwhole, m)
+    pad_rows, pad_fill = padding_baseline(plan.lengths, L)
+    return SplitReport(
+        episodes=plan.episodes, rows=plan.num_rows, row_len=L, tokens_in=plan.tokens_in,
+        tokens_packed=plan.tokens_placed, tokens_injected=int(plan.seg_prefix.sum()),
+        tokens_lost=plan.tokens_lost, lower_bound_rows=plan.lower_bound_rows, padding_rows=pad_rows,
+        padding_fill=pad_fill, overlong_episodes=plan.overlong_episodes, dropped_episodes=plan.dropped_episodes,
+        stopped_conversations=plan.stopped_conversations, trained_in=trained_in,
+        trained_packed=int(seg_trained.sum()), segments=plan.num_segments)
+
+
+def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
+         progress: Callable[[PackProgress], None] | None = None) -> PackReport:
+    """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``."""
+    opts.validate()
+    t0 = time.perf_counter()
+    source = Path(source)
+    ds = open_dataset(source)
+    if ds.kind != "episodes":
+        raise DatasetError(f"{source} is a {ds.kind!r} dataset; pack reads an episodes dataset (the "
+                           f"--output-dir of prepare-chat / prepare-tool)")
+    if ds.metadata is None:
+        raise DatasetError(f"{source} has no {METADATA_FILE} (an older flat layout); its tokenizer and markers "
+                           f"are unknown. Re-create it with `sftdata prepare-chat`")
+    m = _markers(ds)
+    pad_id = m.eos if opts.pad_id is None else int(opts.pad_id)
+    limit = min(int(np.iinfo(ds.token_dtype).max) + 1, int(ds.tokenizer_state.get("vocab_size") or 1 << 62))
+    if not 0 <= pad_id < limit:
+        raise UsageError(f"--pad-id {pad_id} is not a token id of this dataset (0..{limit - 1}); "
+                         f"leave it out to pad with EOS ({m.eos})")
+    if Path(output_dir).resolve() == source.resolve():
+        raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
+    report = PackReport(str(output_dir), str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
+                        opts.seed)
+    with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
+        splits_meta = {}
+        for name, split in ds.splits.items():
+            sw = w.packed_split(name, ds.token_dtype, opts.row_len, opts.shard_tokens)
+            report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress)
+            splits_meta[name] = sw.close()
+        w.write_json(TOKENIZER_FILE, ds.tokenizer_state)
+        src_meta = ds.root / METADATA_FILE
+        metadata = {
+            "kind": "packed",
+            "created_by": f"sftdata {__version__}",
+            "token_dtype": ds.token_dtype.name,
+            "tokenizer": ds.metadata.get("tokenizer"),
+            "packing": {"block_size": opts.block_size, "row_len": opts.row_len, "strategy": opts.strategy,
+                        "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
+                        "shard_tokens": opts.shard_tokens, "pad_seq_id": -1,
+                        "segment_fields": list(SEGMENT_FIELDS)},
+            "source": {"path": str(source.resolve()), "metadata_sha256": sha256_file(src_meta),
+                       "kind": ds.kind, "counts": ds.metadata.get("counts")},
+            "splits": splits_meta,
+            "report": report.as_dict(timing=False)["splits"],
+        }
+        w.commit(metadata)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def speedup(r: SplitReport) -> float:
+    """Padding rows per packed row: how many times fewer rows the model sees."""
+    return r.padding_rows / r.rows if r.rows else math.nan
