@@ -14,10 +14,12 @@ from typing import Callable
 import numpy as np
 
 from .masking import loss_mask
-from .store import EPISODES_FILE, MASK_FILE, METADATA_FILE, SOURCES_FILE, TOKENS_FILE
+from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE,
+                    TOKENS_FILE)
 from .tokenizer import MarkerIds
 
 RECREATE = "re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool`"
+REPACK = "re-create it with `sftdata pack`"
 CHUNK_TOKENS = 1 << 23  # tokens checked at once: whole episodes, ~40 MB of tokens + mask
 
 
@@ -68,11 +70,14 @@ class Part:
     mask: np.ndarray | None = None
     episodes: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.uint64))
     sources: np.ndarray | None = None
+    segments: np.ndarray | None = None  # packed: (k, 7) uint64, store.SEGMENT_FIELDS
     notes: list[str] = field(default_factory=list)
     # set by check_index
     starts: np.ndarray | None = None
     lengths: np.ndarray | None = None
     usable: np.ndarray | None = None  # in bounds and non-empty
+    segments_ok: bool = False  # set by verify_packed.check_segments
+    recreate: str = RECREATE  # how to make this shard again
 
     @property
     def num_episodes(self) -> int:
@@ -106,28 +111,29 @@ def gather_ranges(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     return np.asarray(arr[offsets + np.arange(total, dtype=np.int64)])
 
 
-def _more(n: int, what: str = "episodes") -> str:
+def more_like_it(n: int, what: str = "episodes") -> str:
     return f" ({n - 1:,} more {what} like it in this shard)" if n > 1 else ""
 
 
 def check_shard_list(meta: dict, shards_on_disk: dict[str, list[str]]) -> list["Problem"]:
     """Shards the metadata lists but the disk lacks, and shards on disk it does not list."""
     out = []
+    recreate = REPACK if meta.get("kind") == "packed" else RECREATE
     for split, names in shards_on_disk.items():
         recorded = [s.get("name") for s in ((meta.get("splits") or {}).get(split) or {}).get("shards") or []]
         for name in recorded:
             if name not in names:
                 out.append(Problem("files", f"{split}/{name}", "", f"shard folder {split}/{name}, listed in "
-                                   f"{METADATA_FILE}, is missing", "restore it, or " + RECREATE))
+                                   f"{METADATA_FILE}, is missing", "restore it, or " + recreate))
         for name in names:
             if name not in recorded:
                 out.append(Problem("files", f"{split}/{name}", "", f"shard folder {split}/{name} is not listed in "
                                    f"{METADATA_FILE}: it was added after prepare (from another dataset?)",
-                                   f"remove {split}/{name}, or " + RECREATE))
+                                   f"remove {split}/{name}, or " + recreate))
     for split in (meta.get("splits") or {}):
         if split not in shards_on_disk:
             out.append(Problem("files", split, "", f"split {split}, listed in {METADATA_FILE}, has no shard on disk",
-                               "restore it, or " + RECREATE))
+                               "restore it, or " + recreate))
     return out
 
 
@@ -143,20 +149,26 @@ def check_sizes(part: Part) -> list[Problem]:
     if ts is not None and ts % itemsize:
         out.append(Problem("sizes", part.file(TOKENS_FILE), "", f"{ts:,} bytes is not a whole number of "
                            f"{part.token_dtype.name} tokens ({itemsize} bytes each): the file is truncated "
-                           "(or the token dtype is wrong)", RECREATE, part.split, byte=ts - ts % itemsize))
+                           "(or the token dtype is wrong)", part.recreate, part.split, byte=ts - ts % itemsize))
     n = part.num_tokens
     if ms is not None and part.tokens is not None and ms not in (n, 4 * n):
         out.append(Problem("sizes", part.file(MASK_FILE), "", f"{ms:,} mask bytes for the {n:,} tokens of "
                            f"{TOKENS_FILE}: tokens and mask differ in count (one is truncated, or they come from "
-                           "different shards)", RECREATE, part.split))
+                           "different shards)", part.recreate, part.split))
     if es is not None and es % 16:
         out.append(Problem("sizes", part.file(EPISODES_FILE), "", f"{es:,} bytes is not a multiple of 16 "
-                           "(uint64 start, length pairs): the index is truncated", RECREATE, part.split,
+                           "(uint64 start, length pairs): the index is truncated", part.recreate, part.split,
                            byte=es - es % 16))
+    gs = size(SEGMENTS_FILE)
+    if gs is not None and gs % (8 * len(SEGMENT_FIELDS)):
+        out.append(Problem("sizes", part.file(SEGMENTS_FILE), "", f"{gs:,} bytes is not a multiple of "
+                           f"{8 * len(SEGMENT_FIELDS)} ({len(SEGMENT_FIELDS)} uint64 per segment): the index is "
+                           "truncated", "re-create it with `sftdata pack`", part.split,
+                           byte=gs - gs % (8 * len(SEGMENT_FIELDS))))
     if part.sources is not None and part.sources.shape[0] != part.num_episodes:
         out.append(Problem("sizes", part.file(SOURCES_FILE), "", f"{part.sources.shape[0]:,} record numbers for "
                            f"{part.num_episodes:,} episodes: there must be exactly one per episode",
-                           RECREATE, part.split))
+                           part.recreate, part.split))
     recorded = (part.meta or {}).get("files") or {}
     off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()
            if isinstance(r, dict) and size(fn) is not None and r.get("bytes") is not None and size(fn) != r["bytes"]]
@@ -164,12 +176,12 @@ def check_sizes(part: Part) -> list[Problem]:
         out.append(Problem("sizes", part.rel, "", f"every file of {part.rel} differs in size from what "
                            f"{METADATA_FILE} recorded ({', '.join(f'{fn} {a:,} vs {b:,} bytes' for fn, a, b in off)})"
                            ": the shard was replaced, e.g. by a shard of another dataset",
-                           "restore this shard from this dataset's copy, or " + RECREATE, part.split))
+                           "restore this shard from this dataset's copy, or " + part.recreate, part.split))
     else:
         for fn, a, b in off:
             how = "truncated" if a < b else "longer than written"
             out.append(Problem("sizes", part.file(fn), "", f"{a:,} bytes; {METADATA_FILE} recorded {b:,}: the file "
-                               f"is {how}", "restore the file from a good copy, or " + RECREATE, part.split,
+                               f"is {how}", "restore the file from a good copy, or " + part.recreate, part.split,
                                byte=min(a, b)))
     return out
 
@@ -201,10 +213,10 @@ def check_index(part: Part) -> list[Problem]:
         i = int(bad[0])
         a, b = int(ep[i, 0]), int(ep[i, 0]) + int(ep[i, 1])
         add("out_of_bounds", i, f"episode {g + i} spans tokens [{a:,}, {b:,}) but the shard holds {ntok:,} "
-                                f"tokens: the record points past the end{_more(bad.size)}")
+                                f"tokens: the record points past the end{more_like_it(bad.size)}")
     bad = np.flatnonzero(ln == 0)
     if bad.size:
-        add("empty", int(bad[0]), f"episode {g + int(bad[0])} has length 0{_more(bad.size)}")
+        add("empty", int(bad[0]), f"episode {g + int(bad[0])} has length 0{more_like_it(bad.size)}")
     if n >= 2:
         pair = ~oob[1:] & ~oob[:-1]
         back = np.flatnonzero(pair & (s[1:] < s[:-1]))
@@ -213,16 +225,16 @@ def check_index(part: Part) -> list[Problem]:
         if back.size:
             i = int(back[0]) + 1
             add("unsorted", i, f"episode {g + i} starts at token {s[i]:,}, before episode {g + i - 1} (token "
-                               f"{s[i - 1]:,}): {EPISODES_FILE} is not sorted{_more(back.size)}")
+                               f"{s[i - 1]:,}): {EPISODES_FILE} is not sorted{more_like_it(back.size)}")
         if over.size:
             i = int(over[0]) + 1
             add("overlap", i, f"episode {g + i} starts at token {s[i]:,}, inside episode {g + i - 1} (tokens "
                               f"[{s[i - 1]:,}, {e[i - 1]:,})): the episodes overlap, so tokens would be trained "
-                              f"twice and conversations run into each other{_more(over.size)}")
+                              f"twice and conversations run into each other{more_like_it(over.size)}")
         if gap.size:
             i = int(gap[0]) + 1
             add("gap", i, f"tokens [{e[i - 1]:,}, {s[i]:,}) between episodes {g + i - 1} and {g + i} belong to "
-                          f"no episode: the index is not contiguous{_more(gap.size, 'gaps')}")
+                          f"no episode: the index is not contiguous{more_like_it(gap.size, 'gaps')}")
     if n and not oob[0] and s[0] > 0:
         add("leading_gap", 0, f"tokens [0, {s[0]:,}) before the first episode belong to no episode")
     if n and not oob.any() and int(e.max()) < part.num_tokens:
@@ -247,12 +259,12 @@ def check_eos(part: Part, vocab: Vocab) -> list[Problem]:
     tok = int(part.tokens[pos])
     return [Problem("eos", part.file(TOKENS_FILE), message=f"episode {part.first_gid + i} ends with "
                     f"{vocab.name(tok)}, not <|EOS|> (id {vocab.markers.eos}): its boundaries in {EPISODES_FILE} "
-                    f"do not match the tokens, or the tokens were changed{_more(bad.size)}",
+                    f"do not match the tokens, or the tokens were changed{more_like_it(bad.size)}",
                     fix="restore the shard, or " + RECREATE,
                     **part.at(i, TOKENS_FILE, pos * part.token_dtype.itemsize))]
 
 
-def _span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
+def span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
     """Which span token ``p`` of one episode lies in, for messages."""
     openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
     if int(ids[p]) == m.eos:
@@ -353,14 +365,14 @@ def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict
         k, p, tok, start = first["vocab"]
         out.append(Problem("vocab", part.file(TOKENS_FILE), message=f"token {p} of episode {part.first_gid + k} is id "
                            f"{tok:,}, past the vocabulary ({vocab.size:,} ids): no tokenizer can decode it"
-                           f"{_more(counts['vocab'])}", fix="the tokens were damaged or written with another "
+                           f"{more_like_it(counts['vocab'])}", fix="the tokens were damaged or written with another "
                            "tokenizer: restore the shard, or " + RECREATE,
                            **part.at(k, TOKENS_FILE, (int(start) + p) * isz)))
     if "mask_values" in first:
         k, p, val, start = first["mask_values"]
         msz = 1 if part.mask.dtype == np.uint8 else 4
         out.append(Problem("mask_values", part.file(MASK_FILE), message=f"token {p} of episode "
-                           f"{part.first_gid + k} has mask value {val}, not 0 or 1{_more(counts['mask_values'])}",
+                           f"{part.first_gid + k} has mask value {val}, not 0 or 1{more_like_it(counts['mask_values'])}",
                            fix="restore the shard, or " + RECREATE, **part.at(k, MASK_FILE, (int(start) + p) * msz)))
     if "mask_rule" in first:
         k, ids, stored, rule, start = first["mask_rule"]
@@ -369,10 +381,10 @@ def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict
         said = []
         if extra.size:
             said.append(f"trains {extra.size} token(s) the mask rule leaves untrained (first: token {extra[0]}, in "
-                        f"{_span_at(ids, int(extra[0]), vocab.markers)})")
+                        f"{span_at(ids, int(extra[0]), vocab.markers)})")
         if missing.size:
             said.append(f"leaves {missing.size} token(s) untrained that the rule trains (first: token "
-                        f"{missing[0]}, in {_span_at(ids, int(missing[0]), vocab.markers)})")
+                        f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.markers)})")
         p = int(extra[0] if extra.size else missing[0])
         n = counts["mask_rule"]
         msz = 1 if part.mask.dtype == np.uint8 else 4
@@ -384,25 +396,37 @@ def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict
     return out
 
 
-def check_counts(meta: dict, parts: list[Part], trained: bool = True) -> list[Problem]:
-    """Episodes, tokens (and trained tokens) per shard, per split and in all equal the metadata."""
-    out = []
-    found = {}
-    for part in parts:
+def _measure(part: Part, trained: bool, packed: bool) -> dict:
+    if packed:
+        have = {"rows": part.num_episodes}
+        if part.segments is not None:
+            have["segments"] = int(part.segments.shape[0])
+            have["tokens"] = int(np.asarray(part.segments[:, 2]).sum())  # real tokens, padding excluded
+    else:
         have = {"episodes": part.num_episodes, "tokens": part.num_tokens}
-        if trained and part.mask is not None:
-            have["trained_tokens"] = int(np.count_nonzero(part.mask))
-        found[part.rel] = (part, have)
+    if trained and part.mask is not None:
+        have["trained_tokens"] = int(np.count_nonzero(part.mask))
+    return have
+
+
+def check_counts(meta: dict, parts: list[Part], trained: bool = True, packed: bool = False) -> list[Problem]:
+    """Episodes (packed: rows and segments), tokens (packed: real tokens) and trained
+    tokens per shard, per split and in all equal the metadata."""
+    out = []
+    found = []
+    for part in parts:
+        have = _measure(part, trained, packed)
+        found.append((part, have))
         for what, a in have.items():
             b = (part.meta or {}).get(what)
             if isinstance(b, int) and a != b:
                 out.append(Problem("counts", part.rel, "", f"{part.rel} holds {a:,} {what.replace('_', ' ')}; "
-                                   f"{METADATA_FILE} recorded {b:,}", "the shard changed after prepare: restore "
-                                   "it, or " + RECREATE, part.split))
+                                   f"{METADATA_FILE} recorded {b:,}", "the shard changed after it was written: "
+                                   "restore it, or " + part.recreate, part.split))
     total = 0
     for split, rec in (meta.get("splits") or {}).items():
-        mine = [have for part, have in found.values() if part.split == split]
-        for what in ("episodes", "tokens", "trained_tokens"):
+        mine = [have for part, have in found if part.split == split]
+        for what in ("rows", "segments", "episodes", "tokens", "trained_tokens"):
             b = (rec or {}).get(what)
             if not mine or not isinstance(b, int) or any(what not in h for h in mine):
                 continue
@@ -410,11 +434,11 @@ def check_counts(meta: dict, parts: list[Part], trained: bool = True) -> list[Pr
             if a != b:
                 out.append(Problem("counts", METADATA_FILE, f"splits.{split}.{what}", f"split {split} holds {a:,} "
                                    f"{what.replace('_', ' ')} in {len(mine)} shard(s); {METADATA_FILE} recorded "
-                                   f"{b:,}", "the metadata or the shards were changed after prepare: restore the "
-                                   "dataset, or " + RECREATE, split))
-        total += sum(h["episodes"] for h in mine)
+                                   f"{b:,}", "the metadata or the shards were changed after they were written: "
+                                   "restore the dataset, or " + (REPACK if packed else RECREATE), split))
+        total += sum(h.get("episodes", 0) for h in mine)
     rec_total = (meta.get("counts") or {}).get("episodes")
-    if isinstance(rec_total, int) and parts and rec_total != total:
+    if not packed and isinstance(rec_total, int) and parts and rec_total != total:
         out.append(Problem("counts", METADATA_FILE, "counts.episodes", f"the splits hold {total:,} episodes in all; "
                            f"{METADATA_FILE} recorded {rec_total:,}", "the metadata or the shards were changed "
                            "after prepare: restore the dataset, or " + RECREATE))

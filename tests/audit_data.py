@@ -84,3 +84,20 @@ def to_flat(ds: Path, out: Path, *, mask_dtype=np.uint8, with_mask: bool = True)
 def copy_shard(src: Path, dst: Path) -> None:
     shutil.rmtree(dst)
     shutil.copytree(src, dst)
+
+
+def make_packed(tmp: Path, name: str = "packed", *, source: Path | None = None, **opts) -> Path:
+    """A packed dataset of ``source`` (default: a fresh ``make_dataset`` without val)."""
+    from sftdata.pack import PackOptions, pack
+
+    src = source if source is not None else make_dataset(tmp, f"{name}_src", val_split=0.0)
+    pack(src, tmp / name, PackOptions(**opts))
+    return tmp / name
+
+
+def read_segments(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype="<u8").reshape(-1, 7)
+
+
+def write_segments(path: Path, seg: np.ndarray) -> None:
+    np.ascontiguousarray(seg, dtype="<u8").tofile(path)
