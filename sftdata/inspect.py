@@ -27,6 +27,7 @@ from .errors import DatasetError, UsageError
 from .masking import loss_mask
 from .store import REJECTS_FILE, Dataset, Split, open_dataset
 from .tokenizer import ChatTokenizer, load_tokenizer
+from .inspect_packed import PackedInfo, packed_info, row_view, select_rows, split_segments
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 CHUNK_TOKENS = 1 << 26  # mask values read at once
@@ -67,6 +68,7 @@ class SplitOverview:
     trained_share_histogram: Histogram | None
     episodes_training_nothing: int | None
     block: BlockCost | None = None
+    packed: PackedInfo | None = None  # packed datasets: episodes are rows, lengths segment lengths
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Overview:
     rejected_total: int = 0
     rejects_file: str | None = None
     counts: dict = field(default_factory=dict)  # records_read, repaired, records_truncated, ...
+    packing: dict | None = None  # packed: block_size, row_len, strategy, overlong, pad_token_id, seed
+    packed_from: dict | None = None  # packed: the source dataset's path and metadata sha256
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -206,9 +210,16 @@ def share_histogram(shares: np.ndarray) -> Histogram:
     return Histogram(edges, counts.astype(int).tolist())
 
 
-def _split_overview(sp: Split, block_size: int | None) -> SplitOverview:
+def _split_overview(sp: Split, block_size: int | None, row_len: int | None = None) -> SplitOverview:
+    """One split's figures. A packed split (``row_len`` given): lengths are segment
+    lengths, shares are per row over its real (non-padding) tokens."""
     bounds = _episode_bounds(sp)
     lengths = sp.lengths
+    packed = None
+    if row_len is not None:
+        packed = packed_info(sp, row_len)
+        seg = split_segments(sp)
+        real_per_row = np.bincount(seg.row, weights=seg.length, minlength=sp.num_episodes)
     keep = None if block_size is None else block_size + 1  # one training row: x and y
     trained = late = None
     if sp.has_mask and bounds:
@@ -216,7 +227,10 @@ def _split_overview(sp: Split, block_size: int | None) -> SplitOverview:
         trained = np.concatenate([t for t, _ in sums])
         late = None if keep is None else np.concatenate([x for _, x in sums])
     ttot = None if trained is None else int(trained.sum())
-    shares = None if trained is None else trained / np.maximum(lengths, 1)
+    shares = None if trained is None else trained / np.maximum(lengths if packed is None else real_per_row, 1)
+    real = sp.num_tokens if packed is None else packed.real_tokens
+    if packed is not None:
+        lengths = seg.length
     block = None
     if keep is not None:
         long_ = lengths > keep
@@ -226,12 +240,13 @@ def _split_overview(sp: Split, block_size: int | None) -> SplitOverview:
                           dropped, None if dropped is None else dropped / max(1, ttot))
     return SplitOverview(
         name=sp.name, episodes=sp.num_episodes, tokens=sp.num_tokens, trained_tokens=ttot,
-        trained_share=None if ttot is None else ttot / max(1, sp.num_tokens), shards=len(sp.shards),
+        trained_share=None if ttot is None else ttot / max(1, real), shards=len(sp.shards),
         bytes_on_disk=sum(p.stat().st_size for sh in sp.shards for p in sh.path.iterdir() if p.is_file()),
         length_percentiles=_percentiles(lengths, 2), length_histogram=length_histogram(lengths),
         trained_share_percentiles=None if shares is None else _percentiles(shares, 4),
         trained_share_histogram=None if shares is None else share_histogram(shares),
-        episodes_training_nothing=None if trained is None else int((trained == 0).sum()), block=block)
+        episodes_training_nothing=None if trained is None else int((trained == 0).sum()), block=block,
+        packed=packed)
 
 
 def _rejects_from_file(path: Path) -> Counter:
@@ -266,7 +281,12 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
     if ds.metadata is None:
         notes.append("older flat layout without dataset_metadata.json: no tokenizer, sources, options or "
                      f"counts recorded; tokens read as {ds.token_dtype.name}")
-    splits = [_split_overview(sp, block_size) for sp in ds.splits.values()]
+    packing = ds.packing
+    if packing is not None and block_size is not None:
+        raise UsageError(f"{ds.root} is packed: its rows are already {packing.get('row_len')} tokens "
+                         f"(--block-size {packing.get('block_size')}); --block-size applies to episodes datasets")
+    row_len = None if packing is None else int(packing["row_len"])
+    splits = [_split_overview(sp, block_size, row_len) for sp in ds.splits.values()]
     for s in splits:
         if s.trained_tokens is None:
             notes.append(f"split {s.name} has no mask.bin: trained tokens unknown")
@@ -275,15 +295,18 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
     rejects = ds.root / REJECTS_FILE
     if not rejected and rejects.is_file() and ds.metadata is None:
         rejected = dict(sorted(_rejects_from_file(rejects).items()))
-    if ds.kind == "packed":
-        notes.append("a packed dataset: episodes here are packed rows")
+    src = meta.get("source") if packing is not None else None
+    if src and not Path(str(src.get("path", ""))).is_dir():
+        notes.append(f"the source dataset {src.get('path')} is not there any more")
     total = sum(p.stat().st_size for p in ds.root.rglob("*") if p.is_file())
     return Overview(
         path=str(ds.root), layout=ds.layout, kind=ds.kind, format_version=meta.get("format_version"),
         created_by=meta.get("created_by"), token_dtype=ds.token_dtype.name, tokenizer=meta.get("tokenizer"),
         splits=splits, bytes_on_disk=total, sources=list(meta.get("sources") or []),
         options=dict(meta.get("options") or {}), rejected=rejected, rejected_total=sum(rejected.values()),
-        rejects_file=str(rejects) if rejects.is_file() else None, counts=counts, notes=notes)
+        rejects_file=str(rejects) if rejects.is_file() else None, counts=counts, packing=packing,
+        packed_from=None if src is None else {"path": src.get("path"), "metadata_sha256": src.get("metadata_sha256")},
+        notes=notes)
 
 
 # ---------------------------------------------------------------------------- episodes
@@ -294,6 +317,7 @@ class Piece:
     text: str
     trained: bool
     marker: bool
+    injected: bool = False  # packed rows: context the packer prepended (never trained)
 
 
 @dataclass
@@ -323,7 +347,8 @@ class EpisodeView:
         return asdict(self)
 
 
-def _spans(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
+def spans_of(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
+    """The span each token lies in: system, user, assistant, tool, or "" outside any."""
     m = tok.ids
     names = {m.system: "system", m.user: "user", m.assistant: "assistant", m.tool: "tool"}
     out, cur = [], ""
@@ -336,6 +361,16 @@ def _spans(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
     return out
 
 
+def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: ChatTokenizer,
+              injected: bool = False) -> list[Piece]:
+    """Runs of text that break at every marker and wherever training starts or stops."""
+    n = ids.shape[0]
+    cut = np.flatnonzero(is_marker[1:] | is_marker[:-1] | (trained[1:] != trained[:-1])) + 1
+    bounds = [0, *cut.tolist(), n] if n else [0]
+    return [Piece(tok.token_text(int(ids[a])) if is_marker[a] else tok.decode(ids[a:b].tolist()),
+                  bool(trained[a]), bool(is_marker[a]), injected) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, tokens: bool = False) -> EpisodeView:
     """One episode as pieces of text (and, with ``tokens``, one row per token)."""
     sp = ds.split(split)
@@ -346,14 +381,10 @@ def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, t
     markers = set(tok.special_tokens.values())
     is_marker = np.isin(ids, list(markers))
     n = ids.shape[0]
-    # runs of text break at every marker and wherever training starts or stops
-    cut = np.flatnonzero(is_marker[1:] | is_marker[:-1] | (trained[1:] != trained[:-1])) + 1
-    bounds = [0, *cut.tolist(), n] if n else [0]
-    pieces = [Piece(tok.token_text(int(ids[a])) if is_marker[a] else tok.decode(ids[a:b].tolist()),
-                    bool(trained[a]), bool(is_marker[a])) for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = pieces_of(ids, trained, is_marker, tok)
     rows = None
     if tokens:
-        spans = _spans(ids, tok)
+        spans = spans_of(ids, tok)
         rows = [TokenRow(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(is_marker[p]), spans[p])
                 for p, t in enumerate(ids)]
     differs = None
@@ -399,21 +430,26 @@ def sample_ids(n: int, k: int, seed: int) -> list[int]:
     return sorted(np.random.RandomState(seed).choice(n, min(k, n), replace=False).tolist()) if n else []
 
 
-def episode_views(path: str | Path, split: str = "train", *, episodes: list[int] | None = None,
-                  record: int | None = None, sample: int | None = None, seed: int = 0, tokens: bool = False,
-                  token_dtype=None, tokenizer: str | None = None) -> tuple[list[EpisodeView], list[str]]:
-    """The episodes ``inspect --episode/--record/--sample`` shows, and notes about them."""
-    chosen = sum(x is not None for x in (episodes or None, record, sample))
+def views(path: str | Path, split: str = "train", *, episodes: list[int] | None = None,
+          rows: list[int] | None = None, record: int | None = None, sample: int | None = None, seed: int = 0,
+          tokens: bool = False, token_dtype=None, tokenizer: str | None = None) -> tuple[list, list[str]]:
+    """What ``inspect --episode/--row/--record/--sample`` shows: ``EpisodeView``s of an
+    episodes dataset, ``RowView``s of a packed one; and notes about them."""
+    chosen = sum(x is not None for x in (episodes or None, rows or None, record, sample))
     if chosen != 1:
-        raise UsageError("give exactly one of --episode, --record or --sample")
+        raise UsageError("give exactly one of --episode, --row, --record or --sample")
     ds = _open(path, token_dtype, tokenizer)
     notes = []
     if ds.tokenizer_state is not None:
         tok = ds.tokenizer()
     else:
         tok = load_tokenizer(tokenizer)
-        if ds.tokenizer_state is None:
-            notes.append(f"the dataset records no tokenizer: decoded with {tok.name} (pass --tokenizer to choose)")
+        notes.append(f"the dataset records no tokenizer: decoded with {tok.name} (pass --tokenizer to choose)")
+    if ds.kind == "packed":
+        found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
+        return [row_view(ds, s, r, tok, tokens=tokens) for s, r in found], notes
+    if rows:
+        raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
     if record is not None:
         split, gid = find_record(ds, record)
         ids = [gid]

@@ -71,8 +71,8 @@ def test_record_and_sample_json(ds):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tokens"], "--tokens needs --episode, --record or --sample"),
-    (["--episode", "0", "--sample", "2"], "give exactly one of --episode, --record or --sample"),
+    (["--tokens"], "--tokens needs --episode, --row, --record or --sample"),
+    (["--episode", "0", "--sample", "2"], "give exactly one of --episode, --row, --record or --sample"),
     (["--episode", "0", "--block-size", "8"], "--block-size applies to the overview"),
 ])
 def test_usage_errors_exit_2(ds, args, message):
@@ -96,3 +96,39 @@ def test_flat_layout(ds, tmp_path):
     r = run("inspect", flat, "--episode", 0)
     assert r.exit_code == 0 and "⟦<|ASSISTANT|>Paris.<|END|>⟧" in r.output
     assert "decoded with cl100k_base" in r.output
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from audit_data import make_packed
+
+    return make_packed(tmp_path_factory.mktemp("cli_packed"), "bfd", block_size=63, shard_tokens=128)
+
+
+def test_packed_overview_and_row(packed):
+    r = run("inspect", packed)
+    assert r.exit_code == 0, r.output
+    assert "packed (bfd): --block-size 63, rows of 64 tokens, --overlong truncate, pad id 100257" in r.output
+    assert "│ rows " in r.output and "│ fill " in r.output and "segments per row: train min 1 median 2 max 3" in r.output
+    r = run("inspect", packed, "--row", 0, env={"NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    out = r.output.splitlines()
+    assert out[1] == ("train row 0 · shard_00000 · 2 segment(s), 53 real tokens, 11 padding of 64 · "
+                      f"{sum(s.trained_tokens for s in sft_inspect.views(packed, rows=[0])[0][0].segments)} trained")
+    assert out[2].startswith("segment 0 · offset 0, positions 0–27 · episode 1, input record 1, its tokens from 0")
+    assert "segment 1 · offset 28, positions 0–24 · episode 5, input record 5" in r.output
+    assert any(line.startswith("⟦<|ASSISTANT|>") and line.endswith("<|END|>⟧") for line in out)
+    assert out[-1] == "padding: 11 × id 100257 at offsets 53–63 (seq_id -1, mask 0)"
+    r = run("inspect", packed, "--row", 0, "--tokens")
+    rows = [line for line in r.output.splitlines() if "│" in line]
+    assert len(rows) == 64 and rows[28].split("│")[3].strip() == "1" and rows[28].split("│")[4].strip() == "0"
+    r = run("inspect", packed, "--row", 3, "--json")
+    (row,) = json.loads(r.stdout)["rows"]
+    assert [s["offset"] for s in row["segments"]] == [0, 19, 37] and row["padding"] == 12
+
+
+def test_packed_usage_errors(packed):
+    r = run("inspect", packed, "--episode", 0)
+    assert r.exit_code == 2 and "a packed dataset holds rows: use --row R" in r.output
+    r = run("inspect", packed, "--block-size", 100)
+    assert r.exit_code == 2 and "--block-size applies to episodes datasets" in r.output

@@ -95,3 +95,19 @@ def test_flat_layout_notes_and_tokenizer(ds, tmp_path):
     assert "– skipped (tokenizer unknown)" in r.output
     r = run(flat, "--tokenizer", "cl100k_base")
     assert r.exit_code == 0 and "checked with --tokenizer cl100k_base" in r.output
+
+
+def test_packed_dataset(tmp_path):
+    from audit_data import make_packed
+
+    packed = make_packed(tmp_path, "bfd", block_size=63, shard_tokens=128)
+    r = run(packed)
+    assert r.exit_code == 0, r.output
+    for name in ("rows", "segments", "references", "padding"):
+        assert f"│ {name}" in r.output
+    seg = np.fromfile(shard(packed) / "segments.idx", dtype="<u8").reshape(-1, 7)
+    seg[1, 1] = 30
+    seg.tofile(shard(packed) / "segments.idx")
+    r = run(packed, "--quick")
+    assert r.exit_code == 1
+    assert "✗ [segments] train/shard_00000/segments.idx (row 0 of train, segment 1, byte 56 of segments.idx)" in r.output

@@ -146,7 +146,7 @@ def test_overview_refuses_an_index_past_the_tokens(ds):
 
 
 def test_episode_view_pieces_and_tokens(pristine, tok):
-    (v,), notes = sft_inspect.episode_views(pristine, "train", episodes=[0], tokens=True)
+    (v,), notes = sft_inspect.views(pristine, "train", episodes=[0], tokens=True)
     assert notes == []
     assert (v.split, v.episode, v.record, v.shard, v.start, v.length, v.trained_tokens) == (
         "train", 0, 0, "shard_00000", 0, 19, 4)
@@ -166,7 +166,7 @@ def test_episode_view_second_shard_and_rule_difference(ds):
     m = np.fromfile(shard(ds, "train", 1) / "mask.bin", dtype=np.uint8)
     m[25 + 2] = 1  # episode 5, token 2: user text
     m.tofile(shard(ds, "train", 1) / "mask.bin")
-    (v,), _ = sft_inspect.episode_views(ds, "train", episodes=[5])
+    (v,), _ = sft_inspect.views(ds, "train", episodes=[5])
     assert (v.shard, v.start, v.length, v.record) == ("shard_00001", 25, 29, 7)
     assert v.rule_differs_at == [2] and v.tokens is None
 
@@ -174,42 +174,42 @@ def test_episode_view_second_shard_and_rule_difference(ds):
 def test_record_lookup(pristine):
     src = {s: open_dataset(pristine).split(s).sources.tolist() for s in ("train", "val")}
     assert src == {"train": [0, 1, 3, 4, 5, 7], "val": [2, 6]}
-    (v,), _ = sft_inspect.episode_views(pristine, record=6)
+    (v,), _ = sft_inspect.views(pristine, record=6)
     assert (v.split, v.episode, v.record) == ("val", 1, 6)
     with pytest.raises(DatasetError, match=r"input record 9 is in no split.*rejected at prepare time \(invalid_json"):
-        sft_inspect.episode_views(pristine, record=9)
+        sft_inspect.views(pristine, record=9)
     with pytest.raises(DatasetError, match=r"input record 99 is in no split .* \(no such record was kept"):
-        sft_inspect.episode_views(pristine, record=99)
+        sft_inspect.views(pristine, record=99)
 
 
 def test_sample_is_seeded_and_sorted(pristine):
     assert sft_inspect.sample_ids(6, 3, 7) == sorted(np.random.RandomState(7).choice(6, 3, replace=False).tolist())
     assert sft_inspect.sample_ids(6, 10, 0) == [0, 1, 2, 3, 4, 5]
-    views, _ = sft_inspect.episode_views(pristine, "val", sample=1, seed=3)
+    views, _ = sft_inspect.views(pristine, "val", sample=1, seed=3)
     assert [v.episode for v in views] == sft_inspect.sample_ids(2, 1, 3)
     with pytest.raises(UsageError, match="--sample must be at least 1"):
         sft_inspect.sample_ids(6, 0, 0)
 
 
 def test_episode_selection_errors(pristine, tmp_path):
-    with pytest.raises(UsageError, match="exactly one of --episode, --record or --sample"):
-        sft_inspect.episode_views(pristine, episodes=[0], sample=2)
+    with pytest.raises(UsageError, match="exactly one of --episode, --row, --record or --sample"):
+        sft_inspect.views(pristine, episodes=[0], sample=2)
     with pytest.raises(UsageError, match="exactly one of"):
-        sft_inspect.episode_views(pristine)
+        sft_inspect.views(pristine)
     with pytest.raises(DatasetError, match=r"episode 6 does not exist in split 'train', which has 6 episodes"):
-        sft_inspect.episode_views(pristine, episodes=[6])
+        sft_inspect.views(pristine, episodes=[6])
     with pytest.raises(DatasetError, match="has no split 'test'"):
-        sft_inspect.episode_views(pristine, "test", episodes=[0])
+        sft_inspect.views(pristine, "test", episodes=[0])
     with pytest.raises(UsageError, match="--tokenizer is for older flat layouts"):
-        sft_inspect.episode_views(pristine, episodes=[0], tokenizer="cl100k_base")
+        sft_inspect.views(pristine, episodes=[0], tokenizer="cl100k_base")
     with pytest.raises(UsageError, match="--token-dtype is for older flat layouts"):
         sft_inspect.overview(pristine, token_dtype="uint16")
 
 
 def test_flat_layout_episode_is_decoded_with_a_note(pristine, tmp_path):
     flat = to_flat(pristine, tmp_path / "flat")
-    (v,), notes = sft_inspect.episode_views(flat, episodes=[3])
+    (v,), notes = sft_inspect.views(flat, episodes=[3])
     assert v.record is None and v.trained_tokens == int(per_episode_masks(pristine)[3].sum())
     assert notes == ["the dataset records no tokenizer: decoded with cl100k_base (pass --tokenizer to choose)"]
     with pytest.raises(DatasetError, match="no sources.idx"):
-        sft_inspect.episode_views(flat, record=0)
+        sft_inspect.views(flat, record=0)

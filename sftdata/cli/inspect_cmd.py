@@ -1,7 +1,9 @@
-"""``sftdata inspect``: what a dataset holds, or one episode with its trained tokens.
+"""``sftdata inspect``: what a dataset holds, or one episode (packed: one row) with its
+trained tokens.
 
 Trained text is drawn in green and wrapped in ⟦ ⟧, so it stays visible without colour
-(``NO_COLOR``, pipes, logs); markers are drawn apart (bold, dimmed when not trained).
+(``NO_COLOR``, pipes, logs); markers are drawn apart (bold, dimmed when not trained);
+context a packer injected is wrapped in « ».
 """
 
 from __future__ import annotations
@@ -16,22 +18,27 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import inspect as sft_inspect
+from ..inspect_packed import RowView
 from ..errors import UsageError
 from .app import JsonOpt, app, handle_errors, out_console, print_json
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
 BAR_WIDTH = 32
 
 PathArg = Annotated[Path, typer.Argument(help="Dataset folder (the --output-dir of prepare).", show_default=False)]
 SplitOpt = Annotated[str, typer.Option("--split", help="Split of --episode / --sample.")]
 EpisodeOpt = Annotated[Optional[list[int]], typer.Option(
     "--episode", "-e", help="Global episode id within --split (as replay-order prints it); repeatable.")]
-RecordOpt = Annotated[Optional[int], typer.Option("--record", help="Show the episode made from input record N "
-                                                  "(0-based, as in rejects.jsonl); any split.")]
-SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Show K episodes of --split drawn at random.")]
+RowOpt = Annotated[Optional[list[int]], typer.Option(
+    "--row", "-r", help="Packed datasets: row id within --split (segments, positions, padding); repeatable.")]
+RecordOpt = Annotated[Optional[int], typer.Option("--record", help="Show the episode (packed: the rows) made from "
+                                                  "input record N (0-based, as in rejects.jsonl); any split.")]
+SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Show K episodes (packed: rows) of --split "
+                                                  "drawn at random.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
-TokensOpt = Annotated[bool, typer.Option("--tokens", help="With an episode: one row per token (position, id, "
-                                         "text, trained, span).")]
+TokensOpt = Annotated[bool, typer.Option("--tokens", help="With an episode or row: one line per token (position, "
+                                         "id, text, trained, span; packed: seq_id and position_id).")]
 BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="Overview: what truncation to B+1 tokens "
                                                  "(one training row) would drop.")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", help="Older flat layout only: dtype of "
@@ -82,9 +89,62 @@ def draw_overview(ov: sft_inspect.Overview) -> Group:
         tk = ov.tokenizer
         head.append(f"\ntokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · "
                     f"EOS {tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}")
+    if ov.packing:
+        pk = ov.packing
+        head.append(f"\npacked ({pk.get('strategy')}): --block-size {pk.get('block_size')}, rows of "
+                    f"{pk.get('row_len')} tokens, --overlong {pk.get('overlong')}, pad id {pk.get('pad_token_id')}, "
+                    f"seed {pk.get('seed')}")
+        if ov.packed_from:
+            head.append(f"\npacked from {ov.packed_from.get('path')} (its metadata sha256 "
+                        f"{ov.packed_from.get('metadata_sha256')})")
     head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
     parts.append(head)
+    if ov.packing:
+        parts += _packed_tables(ov)
+    else:
+        parts += _episode_tables(ov)
+    _tail(ov, parts)
+    return Group(*parts)
 
+
+def _packed_tables(ov: sft_inspect.Overview) -> list:
+    t = Table(header_style="bold")
+    t.add_column("")
+    for s in ov.splits:
+        t.add_column(s.name, justify="right")
+
+    def row(label, fn):
+        t.add_row(label, *(fn(s) for s in ov.splits))
+
+    def maybe(x, fmt):
+        return "?" if x is None else fmt.format(x)
+
+    row("rows", lambda s: f"{s.packed.rows:,}")
+    row("segments", lambda s: f"{s.packed.segments:,}")
+    row("real tokens (injected)", lambda s: f"{s.packed.real_tokens:,} ({s.packed.injected_tokens:,})")
+    row("padding tokens", lambda s: f"{s.packed.padding_tokens:,}")
+    row("fill", lambda s: f"{s.packed.fill:.1%}")
+    row("trained tokens", lambda s: maybe(s.trained_tokens, "{:,}"))
+    row("trained share of real", lambda s: maybe(s.trained_share, "{:.1%}"))
+    row("rows training nothing", lambda s: maybe(s.episodes_training_nothing, "{:,}"))
+    row("shards, bytes", lambda s: f"{s.shards:,}, {s.bytes_on_disk:,}")
+    parts: list = [t]
+    spr = Text("segments per row: ", style="bold")
+    spr.append("  ".join(f"{s.name} min {_num(s.packed.segments_per_row.get('p0', 0))} median "
+                         f"{_num(s.packed.segments_per_row.get('p50', 0))} max "
+                         f"{_num(s.packed.segments_per_row.get('p100', 0))}" for s in ov.splits))
+    parts.append(spr)
+    parts.append(_percentile_table("segment length (tokens)", {s.name: s.length_percentiles for s in ov.splits}))
+    for s in ov.splits:
+        parts.append(_histogram(f"{s.name}: segments by length (tokens)", s.length_histogram, share=False))
+    shares = {s.name: s.trained_share_percentiles for s in ov.splits if s.trained_share_percentiles}
+    if shares:
+        parts.append(_percentile_table("trained share per row (of its real tokens)", shares))
+    return parts
+
+
+def _episode_tables(ov: sft_inspect.Overview) -> list:
+    parts: list = []
     t = Table(header_style="bold")
     for col in ("split", "episodes", "tokens", "trained tokens", "trained share", "untrained episodes",
                 "shards", "bytes"):
@@ -106,6 +166,11 @@ def draw_overview(ov: sft_inspect.Overview) -> Group:
             if s.trained_share_histogram:
                 parts.append(_histogram(f"{s.name}: episodes by trained share", s.trained_share_histogram,
                                         share=True))
+    return parts
+
+
+def _tail(ov: sft_inspect.Overview, parts: list) -> None:
+    """Block-size cost, sources, options, counts, rejects, notes."""
     for s in ov.splits:
         b = s.block
         if b is None:
@@ -140,15 +205,23 @@ def draw_overview(ov: sft_inspect.Overview) -> Group:
     parts.append(rej)
     for n in ov.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
-    return Group(*parts)
 
 
 def episode_text(v: sft_inspect.EpisodeView) -> Text:
     """The decoded episode: markers bold, trained runs green inside ⟦ ⟧, a line break
-    after every <|END|>."""
+    after every <|END|>; injected context (packed rows) inside « »."""
+    return pieces_text(v.pieces)
+
+
+def pieces_text(pieces: list) -> Text:
     out = Text()
     open_ = False
-    for p in v.pieces:
+    for i, p in enumerate(pieces):
+        if p.injected:  # packer's context: never trained
+            first = i == 0 or not pieces[i - 1].injected
+            last = i == len(pieces) - 1 or not pieces[i + 1].injected
+            out.append((INJECTED_OPEN if first else "") + p.text + (INJECTED_CLOSE if last else ""), style="italic dim")
+            continue
         if p.trained and not open_:
             out.append(TRAINED_OPEN, style="bold green")
             open_ = True
@@ -167,15 +240,45 @@ def episode_text(v: sft_inspect.EpisodeView) -> Text:
     return out
 
 
-def token_table(v: sft_inspect.EpisodeView) -> Table:
+def token_table(v) -> Table:
+    packed = isinstance(v, RowView)
     t = Table(header_style="bold", show_edge=False)
-    for col, just in (("pos", "right"), ("id", "right"), ("text", "left"), ("trained", "center"), ("span", "left")):
+    cols = [("pos", "right"), ("id", "right"), ("text", "left"), ("trained", "center"), ("span", "left")]
+    if packed:
+        cols[3:3] = [("seq", "right"), ("position", "right")]
+    for col, just in cols:
         t.add_column(col, justify=just)
     for r in v.tokens or []:
         text = Text(r.text if r.marker else repr(r.text))  # repr: spaces and newlines visible
-        t.add_row(str(r.position), str(r.id), text, "✓" if r.trained else "", r.span,
+        extra = [str(r.seq_id), str(r.position_id)] if packed else []
+        t.add_row(str(r.position), str(r.id), text, *extra, "✓" if r.trained else "", r.span,
                   style="green" if r.trained else None)
     return t
+
+
+def draw_row(v: RowView, tokens: bool) -> Group:
+    head = Text(f"{v.split} row {v.row}", style="bold")
+    trained = "" if v.trained_tokens is None else f" · {v.trained_tokens:,} trained"
+    head.append(f" · {v.shard} · {len(v.segments)} segment(s), {v.real_tokens:,} real tokens, {v.padding:,} "
+                f"padding of {v.row_len:,}{trained}")
+    parts: list = [Rule(style="dim"), head]
+    for sg in v.segments:
+        rec = "" if sg.record is None else f", input record {sg.record}"
+        inj = f" · {sg.prefix} injected token(s) in « »" if sg.prefix else ""
+        parts.append(Text(f"segment {sg.index} · offset {sg.offset:,}, positions 0–{sg.length - 1:,} · episode "
+                          f"{sg.episode}{rec}, its tokens from {sg.episode_start:,}{inj} · {sg.trained_tokens:,} "
+                          f"trained", style="cyan"))
+        parts.append(pieces_text(sg.pieces))
+    if v.padding:
+        parts.append(Text(f"padding: {v.padding:,} × id {v.pad_id} at offsets {v.real_tokens:,}–{v.row_len - 1:,} "
+                          f"(seq_id -1, mask 0)", style="dim"))
+    if v.rule_differs_at:
+        parts.append(Text(f"warning: the stored mask differs from the mask rule per segment at "
+                          f"{len(v.rule_differs_at)} token(s), first at {v.rule_differs_at[0]}: run `sftdata verify`",
+                          style="bold red"))
+    if tokens:
+        parts.append(token_table(v))
+    return Group(*parts)
 
 
 def draw_episode(v: sft_inspect.EpisodeView, tokens: bool) -> Group:
@@ -198,6 +301,7 @@ def inspect_cmd(
     path: PathArg,
     split: SplitOpt = "train",
     episode: EpisodeOpt = None,
+    row: RowOpt = None,
     record: RecordOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
@@ -207,31 +311,32 @@ def inspect_cmd(
     tokenizer: TokenizerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show what a dataset holds, or episodes with their trained tokens.
+    """Show what a dataset holds, or episodes (packed: rows) with their trained tokens.
 
-    Without --episode/--record/--sample: the overview (counts, trained share, length
-    percentiles and histograms, sources, options, rejected records). Trained text is
-    green and wrapped in ⟦ ⟧ (visible without colour too).
+    Without --episode/--row/--record/--sample: the overview (counts, trained share, length
+    percentiles and histograms, sources, options, rejected records; packed: rows, segments,
+    fill). Trained text is green and wrapped in ⟦ ⟧ (visible without colour too).
 
     Examples: sftdata inspect data/chat_sft --block-size 1024;
-    sftdata inspect data/chat_sft --episode 42 --tokens
+    sftdata inspect data/chat_sft --episode 42 --tokens;
+    sftdata inspect data/chat_sft_packed --row 3
     """
-    if episode or record is not None or sample is not None:
+    if episode or row or record is not None or sample is not None:
         if block_size is not None:
-            raise UsageError("--block-size applies to the overview, not to --episode/--record/--sample")
-        views, notes = sft_inspect.episode_views(path, split, episodes=episode, record=record, sample=sample,
-                                                 seed=seed, tokens=tokens, token_dtype=token_dtype,
-                                                 tokenizer=tokenizer)
+            raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")
+        views, notes = sft_inspect.views(path, split, episodes=episode, rows=row, record=record, sample=sample,
+                                         seed=seed, tokens=tokens, token_dtype=token_dtype, tokenizer=tokenizer)
         if as_json:
-            print_json({"episodes": [v.as_dict() for v in views], "notes": notes})
+            key = "rows" if views and isinstance(views[0], RowView) else "episodes"
+            print_json({key: [v.as_dict() for v in views], "notes": notes})
             return
         for v in views:
-            out_console.print(draw_episode(v, tokens))
+            out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_episode(v, tokens))
         for n in notes:
             out_console.print(Text(f"note: {n}", style="yellow"))
         return
     if tokens:
-        raise UsageError("--tokens needs --episode, --record or --sample")
+        raise UsageError("--tokens needs --episode, --row, --record or --sample")
     ov = sft_inspect.overview(path, block_size=block_size, token_dtype=token_dtype)
     if as_json:
         print_json(ov.as_dict())
