@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--keep", type=Path, default=None, help="write the dataset here and keep it")
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement (best and median shown)")
+    ap.add_argument("--packed", action="store_true", help="also pack the dataset (bfd, block 2048) and verify that")
     args = ap.parse_args()
     tmp = None
     if args.keep:
@@ -119,6 +120,20 @@ def main() -> None:
         t_ov, ov = timed(lambda: overview(root, block_size=1024))
         print(f"{'inspect overview --block-size 1024':38s} best {t_ov[0]:5.2f} s   median {t_ov[len(t_ov) // 2]:5.2f} s"
               f"   ({ov.splits[0].episodes:,} episodes, {ov.splits[0].tokens:,} tokens)")
+        if args.packed:
+            from sftdata.pack import PackOptions, pack
+
+            pk = root.parent / (root.name + "_packed")
+            t0 = time.perf_counter()
+            pack(root, pk, PackOptions(block_size=2048, overwrite=True))
+            pmb = sum(p.stat().st_size for p in iter_files(pk)) / 1e6
+            print(f"packed copy: {pmb:,.0f} MB, packed in {time.perf_counter() - t0:.1f} s")
+            t_pk, rep = timed(lambda: verify(pk))
+            assert rep.ok, [str(p) for p in rep.problems]
+            print(f"{'verify packed (all checks, checksums)':38s} best {t_pk[0]:5.2f} s {pmb / t_pk[0]:7,.0f} MB/s"
+                  f"   median {t_pk[len(t_pk) // 2]:5.2f} s")
+            if tmp is None:
+                shutil.rmtree(pk, ignore_errors=True)
         worst_rate = mb / t_full[-1]
         print(f"verify >= 200 MB/s: {'met' if worst_rate >= 200 else 'NOT met'} (slowest run {worst_rate:,.0f} MB/s); "
               f"inspect < 3 s: {'met' if t_ov[-1] < 3 else 'NOT met'} (slowest run {t_ov[-1]:.2f} s)")

@@ -31,7 +31,8 @@ import numpy as np
 from .packing import segment_masks
 from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE, open_dataset,
                     sha256_file)
-from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, gather_ranges, more_like_it, span_at
+from .verify_checks import (CHUNK_TOKENS, REPACK, Part, Problem, Vocab, gather_ranges, more_like_it, range_index,
+                            span_at)
 
 SEG_BYTES = 8 * len(SEGMENT_FIELDS)
 
@@ -193,7 +194,7 @@ def check_packed_content(part: Part, vocab: Vocab | None, pad_id: int | None, ro
                     p = int(badp[0])
                     first.setdefault("padding", (r0 + p // L, p % L, int(ids[p]), int(ends[p // L])))
             if m is not None and vocab is not None:
-                dest = gather_ranges(np.arange(ids.size), base + s[:, 3], take)
+                dest = range_index(base + s[:, 3], take)
                 exp = np.zeros(ids.size, np.uint8)
                 exp[dest] = segment_masks(ids[dest], take, vocab.markers)
                 exp[base] = 0
@@ -241,8 +242,8 @@ def _packed_problems(part: Part, vocab, pad_id, first: dict, counts: dict) -> li
         elif p < segs[j, 1] + segs[j, 3]:
             where = f"segment {j}'s injected context"
         else:
-            a = int(segs[j, 1] + segs[j, 3])
-            where = f"segment {j} (episode {segs[j, 4]}), {span_at(ids[a:segs[j, 1] + segs[j, 2]], p - a, vocab.markers)}"
+            a, b = int(segs[j, 1] + segs[j, 3]), int(segs[j, 1] + segs[j, 2])
+            where = f"segment {j} (episode {segs[j, 4]}), {span_at(ids[a:b], p - a, vocab.markers)}"
         trained = "trains" if exp[p] == 0 else "leaves untrained"
         out.append(Problem("mask_rule", part.file(MASK_FILE), message=f"the mask of row {part.first_gid + r} differs "
                            f"from the mask rule at {diff.size} token(s): it {trained} token {p}, in {where}"
@@ -325,9 +326,11 @@ def check_references(parts: list[Part], meta: dict, root: Path, notes: list[str]
 def _compare_tokens(mine, seg, owner, local, sp, add) -> None:
     """Each segment's episode tokens equal the source episode's, a chunk at a time."""
     take = seg[:, 2] - seg[:, 3]
+    csum = np.cumsum(take)
     k, n = 0, seg.shape[0]
     while k < n:
-        j = max(k + 1, int(np.searchsorted(np.cumsum(take[k:]), CHUNK_TOKENS, side="right")) + k)
+        base = int(csum[k - 1]) if k else 0
+        j = max(k + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
         got, want = [], []
         for part_i in np.unique(owner[k:j]):
             sel = np.flatnonzero(owner[k:j] == part_i) + k
@@ -344,7 +347,7 @@ def _compare_tokens(mine, seg, owner, local, sp, add) -> None:
         want_all = np.empty_like(got_all)
         off = np.concatenate([[0], np.cumsum(take[k:j])])
         for sel, vals in want:
-            dest = gather_ranges(np.arange(off[-1]), off[sel], take[k:j][sel])
+            dest = range_index(off[sel], take[k:j][sel])
             want_all[dest] = vals
         d = np.flatnonzero(got_all != want_all)
         if d.size:

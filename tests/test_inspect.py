@@ -91,32 +91,6 @@ def test_block_size_cost(pristine):
         sft_inspect.overview(pristine, block_size=0)
 
 
-def test_range_sums():
-    v = np.array([1, 0, 1, 1, 0, 1, 1], dtype=np.uint8)
-    assert sft_inspect.range_sums(v, np.array([0, 2, 5]), np.array([2, 4, 7])).tolist() == [1, 2, 2]
-    assert sft_inspect.range_sums(v, np.array([1, 3]), np.array([3, 5])).tolist() == [1, 1]
-    assert sft_inspect.range_sums(v.astype("<f4"), np.array([0]), np.array([7])).tolist() == [5]
-    assert sft_inspect.range_sums(v, np.array([], np.int64), np.array([], np.int64)).tolist() == []
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_trained_per_episode_popcount_equals_plain_sums(tmp_path, seed):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 40, 300)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    mask = (rng.random(int(ends[-1])) < 0.4).astype(np.uint8)
-    mask.tofile(tmp_path / "m.bin")
-    mm = np.memmap(tmp_path / "m.bin", dtype=np.uint8, mode="r")
-    keep = int(rng.integers(1, 30))
-    want = [int(mask[a:b].sum()) for a, b in zip(starts, ends)]
-    want_late = [int(mask[a + keep:b].sum()) if b - a > keep else 0 for a, b in zip(starts, ends)]
-    for m in (mask, mm, mask.astype("<f4")):  # popcount on uint8 (in memory, mapped); reduceat on float32
-        for chunk in (1 << 20, 97):  # one read, and many small reads
-            trained, late = sft_inspect.trained_per_episode(m, starts[1:], ends[1:], keep, chunk=chunk)
-            assert trained.tolist() == want[1:] and late.tolist() == want_late[1:]
-
-
 def test_length_histogram_bins_are_powers_of_two():
     h = sft_inspect.length_histogram(np.array([1, 2, 3, 4, 7, 8, 100]))
     assert h.edges == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
