@@ -112,14 +112,19 @@ class LoaderConfig:
         return cls(**kw, extra=extra, source=source)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "LoaderConfig":
-        """Load a ``.json`` (with ``inherits``) or ``.xml`` (``<training>``) config."""
+    def from_file(cls, path: str | Path, extra_keys: dict[str, type] | None = None) -> "LoaderConfig":
+        """Load a ``.json`` (with ``inherits``) or ``.xml`` (``<training>``) config.
+
+        ``extra_keys`` names the training script's own keys and their types
+        (``{"learning_rate": float, ...}``): an XML tag among them is parsed with that
+        type into ``extra``; any other unknown XML tag is an error naming it. JSON keys
+        the loader does not know always go to ``extra``."""
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         head = p.read_bytes()[:512].lstrip()
         if p.suffix.lower() == ".xml" or head.startswith(b"<"):
-            return cls.from_dict(read_xml_training(p), source=str(p))
+            return cls.from_dict(read_xml_training(p, extra_keys or {}), source=str(p))
         return cls.from_dict(read_json_chain(p), source=str(p))
 
     def to_dict(self) -> dict:
@@ -193,9 +198,10 @@ def _read_json(p: Path) -> dict:
 _DECL = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
-def read_xml_training(p: Path) -> dict:
+def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None) -> dict:
     """Typed values of the ``<training>`` element's children. Refuses DOCTYPE/ENTITY
-    declarations (no entity expansion, no external references)."""
+    declarations (no entity expansion, no external references). Tags in ``extra_keys``
+    (the training script's keys, name -> type) are accepted too."""
     import xml.etree.ElementTree as ET
 
     data = p.read_bytes()
@@ -211,22 +217,24 @@ def read_xml_training(p: Path) -> dict:
     section = root if root.tag == "training" else root.find(".//training")
     if section is None:
         raise ConfigError(f"{p}: no <training> element; put the loader settings inside <training>...</training>")
-    types = {f.name: f.type for f in dataclasses.fields(LoaderConfig)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(LoaderConfig)}
+    types.update({k: t.__name__ for k, t in (extra_keys or {}).items() if k not in types})
+    known = [k for k in types if k not in ("extra", "source")]
     out: dict[str, Any] = {}
     for child in section:
         tag = child.tag
         if not isinstance(tag, str):  # comments / processing instructions
             continue
-        if tag not in LoaderConfig.field_names():
-            close = difflib.get_close_matches(tag, LoaderConfig.field_names(), n=1)
+        if tag not in known:
+            close = difflib.get_close_matches(tag, known, n=1)
             hint = f" (did you mean <{close[0]}>?)" if close else ""
             raise ConfigError(f"{p}: unknown tag <{tag}> in <training>{hint}; known tags: "
-                              f"{', '.join(LoaderConfig.field_names())}")
+                              f"{', '.join(known)}")
         if tag in out:
             raise ConfigError(f"{p}: <{tag}> is given twice in <training>")
         if len(child):
             raise ConfigError(f"{p}: <{tag}> must hold a plain value, not nested elements")
-        out[tag] = _xml_value(p, tag, (child.text or "").strip(), str(types[tag]))
+        out[tag] = _xml_value(p, tag, (child.text or "").strip(), types[tag])
     return out
 
 
@@ -246,4 +254,9 @@ def _xml_value(p: Path, tag: str, text: str, typ: str):
             return int(text, 10)
         except ValueError:
             raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not an integer") from None
+    if typ.startswith("float"):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not a number") from None
     return text

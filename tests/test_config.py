@@ -189,3 +189,18 @@ def test_example_configs_load():
                        "warmup_iters": 200}
     x = LoaderConfig.from_file(ex / "training.xml")
     assert (x.dataset_mode, x.pad_token_id, x.use_loss_mask, x.block_size) == ("sft_episode", None, True, 1024)
+
+
+def test_xml_accepts_the_training_scripts_declared_keys_typed(tmp_path):
+    p = tmp_path / "t.xml"
+    p.write_text("<training><batch_size>3</batch_size><learning_rate>3e-4</learning_rate>"
+                 "<tie_weights>false</tie_weights><n_layer>2</n_layer></training>")
+    keys = {"learning_rate": float, "tie_weights": bool, "n_layer": int}
+    c = LoaderConfig.from_file(p, extra_keys=keys)
+    assert c.batch_size == 3
+    assert c.extra == {"learning_rate": 3e-4, "tie_weights": False, "n_layer": 2}
+    with pytest.raises(ConfigError, match="unknown tag <learning_rate>"):
+        LoaderConfig.from_file(p)
+    p.write_text("<training><learning_rate>fast</learning_rate></training>")
+    with pytest.raises(ConfigError, match="<learning_rate>fast</learning_rate> is not a number"):
+        LoaderConfig.from_file(p, extra_keys=keys)

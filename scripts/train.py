@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""Train a small GPT on an sftdata dataset: the example client of ``sftdata.loader``.
+
+::
+
+    pip install -e ".[train]"
+    python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json --max-iters 200
+    POST_TRAINING=1 WARMUP_PCT=0.05 python scripts/train.py --dataset data/chat_sft_packed ...
+
+Settings come, strongest first, from the command line, the environment
+(``POST_TRAINING``, ``WARMUP_PCT``), the config file (the loader's keys, plus the
+training keys of ``trainer.TrainSettings``, which the loader keeps in ``cfg.extra``),
+and the defaults. The model is scripts/gpt.py; the loop, targets, schedule and
+checkpoints are scripts/trainer.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # gpt.py and trainer.py sit beside this file
+try:
+    import sftdata  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(1, str(HERE.parent))
+from gpt import GPT, GPTConfig, block_causal_mask  # noqa: E402
+from trainer import (StepInputs, TrainResult, TrainSettings, apply_env, load_checkpoint,  # noqa: E402
+                     make_optimizer, save_checkpoint, set_rng_state, settings_from_extra, step_inputs, training_keys,
+                     train_loop)
+
+from sftdata.errors import ConfigError, SftDataError  # noqa: E402
+
+
+# ----------------------------------------------------------------------- the CLI
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="scripts/train.py",
+        description="Train a small GPT on an sftdata dataset (token_stream, sft_episode or packed). "
+                    "Environment: POST_TRAINING=1 (assistant-only loss), WARMUP_PCT=0.05 (warmup share "
+                    "of the cosine schedule).")
+    p.add_argument("--dataset", required=True, help="dataset folder (the --output-dir of prepare or pack)")
+    p.add_argument("--config", required=True, help="JSON (with 'inherits') or XML <training> config")
+    p.add_argument("--out-dir", default="out/train", help="checkpoint (ckpt.pt) and logs go here "
+                                                          "[default: out/train]")
+    p.add_argument("--max-iters", type=int, help="override the config's max_iters")
+    p.add_argument("--device", default="cpu", help="torch device [default: cpu]")
+    p.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint: same model, "
+                                                    "optimiser, LR schedule and loader position")
+    p.add_argument("--init-from", metavar="CKPT", help="start from a checkpoint's model weights only "
+                                                       "(new optimiser, schedule and data order)")
+    p.add_argument("--stop-at", type=int, metavar="STEP", help="stop after this step (and checkpoint) "
+                                                               "without changing the LR schedule")
+    p.add_argument("--audit-dir", help="audit log folder [default: OUT_DIR/logs/audit]")
+    p.add_argument("--no-audit", action="store_true", help="write no audit log")
+    p.add_argument("--quiet", action="store_true", help="print only the final line")
+    return p.parse_args(argv)
+
+
+def tokenizer_facts(dataset: Path) -> tuple[int | None, int | None]:
+    """(vocab_size, eos_id) recorded in the dataset's tokenizer state, or Nones (a bare
+    token stream has no tokenizer state)."""
+    from sftdata.store import TOKENIZER_FILE, read_json
+
+    path = dataset / TOKENIZER_FILE
+    if not path.is_file():
+        return None, None
+    state = read_json(path)
+    return int(state["vocab_size"]), int(state["eos_id"])
+
+
+def attention_mask_fn():
+    """sftdata.attention's block mask when installed (the pack issue), else gpt.py's
+    (the same mask as booleans)."""
+    try:
+        from sftdata.attention import block_causal_mask as lib_mask
+    except ImportError:
+        return block_causal_mask
+    return lib_mask
+
+
+def val_batches(cfg, s: TrainSettings, dataset: Path, device: str) -> list:
+    """The first ``eval_iters`` val batches in file order, fixed for the whole run. A
+    loader of their own (no shuffle, no drop_last, no audit) so a val split smaller than
+    a batch still evaluates and the training loader's state is untouched."""
+    from sftdata.loader import make_loader
+
+    if not s.eval_interval or not (dataset / "val").is_dir():  # both layouts keep val in val/
+        return []
+    quiet = logging.getLogger("sftdata.loader")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its init lines would repeat the training loader's
+    try:
+        ev = make_loader(cfg.replace(epoch_shuffle=False, epoch_drop_last=False), dataset, backend="torch",
+                         device=device)
+    finally:
+        quiet.setLevel(level)
+    out = []
+    try:
+        for _ in range(s.eval_iters):
+            out.append(ev.get_batch("val"))
+    except StopIteration:  # a single-pass (packed) val split smaller than eval_iters batches
+        pass
+    return out
+
+
+def resolve_settings(args: argparse.Namespace, env) -> tuple["LoaderConfig", TrainSettings]:  # noqa: F821
+    """Config file < environment < command line. ``use_loss_mask`` and POST_TRAINING are
+    one switch: the loader returns masks exactly when the loss uses them."""
+    from sftdata.loader import LoaderConfig
+
+    cfg = LoaderConfig.from_file(args.config, extra_keys=training_keys())
+    s = settings_from_extra(dict(cfg.extra), args.config).validate(args.config)
+    s = apply_env(replace(s, post_training=cfg.use_loss_mask), env)
+    if args.max_iters is not None:
+        s = replace(s, max_iters=args.max_iters).validate("--max-iters")
+    return cfg.replace(use_loss_mask=s.post_training), s
+
+
+def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
+    """Build the loader, model and optimiser (or resume them), train, return the result."""
+    from sftdata.loader import make_loader
+
+    cfg, s = resolve_settings(args, os.environ if env is None else env)
+    dataset, out_dir = Path(args.dataset), Path(args.out_dir)
+    if args.resume and args.init_from:
+        raise ConfigError("give --resume (continue a run) or --init-from (new run from its weights), not both")
+    ckpt = load_checkpoint(Path(args.resume)) if args.resume else None
+    init = load_checkpoint(Path(args.init_from)) if args.init_from else None
+    audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
+    loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
+    if hasattr(loader, "steps_total"):  # packed: one pass, so the LR schedule ends with the data
+        s = replace(s, max_iters=min(s.max_iters, loader.steps_total("train")))
+
+    vocab, eos_id = tokenizer_facts(dataset)
+    if ckpt or init:
+        mcfg = GPTConfig(**(ckpt or init)["model_config"])
+    else:
+        if not (s.vocab_size or vocab):
+            raise ConfigError(f"{dataset} records no tokenizer (no vocab size); set vocab_size in {args.config}")
+        if s.vocab_size and vocab and s.vocab_size < vocab:
+            raise ConfigError(f"{args.config}: vocab_size {s.vocab_size} is smaller than the vocabulary of "
+                              f"{dataset}'s tokenizer ({vocab}); set vocab_size to 0 (use the tokenizer's) "
+                              f"or to at least {vocab}")
+        mcfg = s.model_config(s.vocab_size or vocab)
+    torch.manual_seed(s.seed)
+    model = GPT(mcfg).to(args.device)
+    optimizer = make_optimizer(model, s)
+    start = 0
+    if init:
+        model.load_state_dict(init["model"])
+    if ckpt:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        loader.load_state_dict(ckpt["loader"])
+        set_rng_state(ckpt["rng"])
+        start = int(ckpt["step"])
+        changed = [k for k, v in asdict(s).items() if ckpt["settings"].get(k) != v]
+        if changed:
+            log(f"note: resuming with other settings than the checkpoint's ({', '.join(changed)}); the run "
+                f"will not match an uninterrupted one")
+
+    mode = getattr(loader, "mode", "")
+    mask_fn = attention_mask_fn()
+    eos = eos_id if eos_id is not None else getattr(loader, "pad_id", -1)
+
+    def to_inputs(batch) -> StepInputs:
+        return step_inputs(batch, post_training=s.post_training, episodes=mode != "token_stream", eos_id=eos,
+                           mask_fn=mask_fn)
+
+    ckpt_path = out_dir / "ckpt.pt"
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(ckpt_path, model=model, optimizer=optimizer, loader=loader, step=step, settings=s,
+                        dataset=str(dataset))
+
+    say = (lambda *_: None) if args.quiet else log
+    say(f"model: {model.num_params():,} parameters ({mcfg.n_layer} layers x {mcfg.n_embd}, vocab "
+        f"{mcfg.vocab_size:,}) | {mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
+        f"{int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
+        + (f" | resumed after step {start}" if ckpt else ""))
+    val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device)]
+    res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
+                     checkpoint=checkpoint, log=say, val_inputs=val)
+    if hasattr(loader, "steps_total") and loader.step("train") >= loader.steps_total("train"):
+        res.stopped_by = "loader_end"
+    log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of {res.tokens:,} "
+        f"tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")
+    return res
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    try:
+        run(args)
+    except SftDataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
