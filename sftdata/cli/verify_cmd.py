@@ -70,11 +70,11 @@ def verify_cmd(
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Check a dataset is intact and consistent: files, sizes, counts, episode index, EOS
-    endings, token ids, the loss mask against the mask rule, and sha256 checksums.
+    """Check a dataset is intact and consistent; exit code 0 when clean, 1 when not.
 
-    Every problem names the file, the episode or byte offset, what is wrong and what to do.
-    Exit code 0 when clean, 1 when not.
+    Files, sizes, counts, the episode index (packed: rows and segments), EOS endings, token
+    ids, the loss mask against the mask rule, and sha256 checksums. Every problem names the
+    file, the episode or byte offset, what is wrong and what to do.
 
     Example: sftdata verify data/chat_sft
     """
