@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .masking import loss_mask
+from .packing import gather_ranges
 from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE,
                     TOKENS_FILE)
 from .tokenizer import MarkerIds
@@ -106,16 +107,11 @@ class Part:
 
 
 def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The positions ``s, s+1, ..., s+l-1`` of every (s, l), concatenated, vectorised."""
+    """The positions ``s, s+1, ..., s+l-1`` of every (s, l), concatenated, vectorised
+    (``packing.gather_ranges`` without the gather, for destinations)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return offsets + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
-def gather_ranges(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``arr[s:s+l]`` for every (s, l) (for indexes that are not contiguous,
-    which a healthy shard's always is)."""
-    return np.asarray(arr[range_index(starts, lengths)])
 
 
 def more_like_it(n: int, what: str = "episodes") -> str:

@@ -28,11 +28,10 @@ from typing import Callable
 
 import numpy as np
 
-from .packing import segment_masks
+from .packing import gather_ranges, segment_masks
 from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE, open_dataset,
                     sha256_file)
-from .verify_checks import (CHUNK_TOKENS, REPACK, Part, Problem, Vocab, gather_ranges, more_like_it, range_index,
-                            span_at)
+from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index, span_at
 
 SEG_BYTES = 8 * len(SEGMENT_FIELDS)
 
