@@ -31,7 +31,8 @@ import numpy as np
 from .packing import gather_ranges, segment_masks
 from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE, open_dataset,
                     sha256_file)
-from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index, span_at
+from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index
+from .verify_content import span_at
 
 SEG_BYTES = 8 * len(SEGMENT_FIELDS)
 
@@ -246,8 +247,8 @@ def _packed_problems(part: Part, vocab, pad_id, first: dict, counts: dict) -> li
         trained = "trains" if exp[p] == 0 else "leaves untrained"
         out.append(Problem("mask_rule", part.file(MASK_FILE), message=f"the mask of row {part.first_gid + r} differs "
                            f"from the mask rule at {diff.size} token(s): it {trained} token {p}, in {where}"
-                           f"{more_like_it(counts['mask_rule'], 'rows')}", fix="this mask was not made by the mask rule "
-                           "per segment (or was edited); " + REPACK,
+                           f"{more_like_it(counts['mask_rule'], 'rows')}",
+                           fix="this mask was not made by the mask rule per segment (or was edited); " + REPACK,
                            **part.at(r, MASK_FILE, (r * L + p) * part.mask.dtype.itemsize)))
     return out
 
