@@ -1,0 +1,344 @@
+"""``sftdata inspect``: what a dataset holds, or one episode (packed: one row) with its
+trained tokens.
+
+Trained text is drawn in green and wrapped in ⟦ ⟧, so it stays visible without colour
+(``NO_COLOR``, pipes, logs); markers are drawn apart (bold, dimmed when not trained);
+context a packer injected is wrapped in « ».
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Group
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from .. import inspect as sft_inspect
+from ..inspect_packed import RowView
+from ..errors import UsageError
+from .app import JsonOpt, app, handle_errors, out_console, print_json
+
+TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
+BAR_WIDTH = 32
+
+PathArg = Annotated[Path, typer.Argument(help="Dataset folder (the --output-dir of prepare).", show_default=False)]
+SplitOpt = Annotated[str, typer.Option("--split", help="Split of --episode / --sample.")]
+EpisodeOpt = Annotated[Optional[list[int]], typer.Option(
+    "--episode", "-e", help="Global episode id within --split (as replay-order prints it); repeatable.")]
+RowOpt = Annotated[Optional[list[int]], typer.Option(
+    "--row", "-r", help="Packed datasets: row id within --split (segments, positions, padding); repeatable.")]
+RecordOpt = Annotated[Optional[int], typer.Option("--record", help="Show the episode (packed: the rows) made from "
+                                                  "input record N (0-based, as in rejects.jsonl); any split.")]
+SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Show K episodes (packed: rows) of --split "
+                                                  "drawn at random.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
+TokensOpt = Annotated[bool, typer.Option("--tokens", help="With an episode or row: one line per token (position, "
+                                         "id, text, trained, span; packed: seq_id and position_id).")]
+BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="Overview: what truncation to B+1 tokens "
+                                                 "(one training row) would drop.")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", help="Older flat layout only: dtype of "
+                                                 "tokens.bin (default uint32).")]
+TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Older flat layout only: tokenizer to "
+                                                     "decode with (default cl100k_base).")]
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.2f}"
+
+
+def _histogram(title: str, h: sft_inspect.Histogram, share: bool) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+    t.add_column(justify="right", style="cyan")
+    t.add_column()
+    t.add_column(justify="right")
+    peak = max(h.counts, default=0) or 1
+    for i, c in enumerate(h.counts):
+        lo, hi = h.edges[i], h.edges[i + 1]
+        label = f"{lo:.1f}–{hi:.1f}" if share else f"{int(lo):,}–{int(hi) - 1:,}"
+        bar = "█" * round(BAR_WIDTH * c / peak) or ("▏" if c else "")
+        t.add_row(label, Text(bar, style="green" if share else "blue"), f"{c:,}")
+    return t
+
+
+def _percentile_table(title: str, rows: dict[str, dict]) -> Table:
+    keys = [f"p{p}" for p in sft_inspect.PERCENTILES] + ["mean"]
+    heads = {"p0": "min", "p100": "max"}
+    t = Table(title=title, title_justify="left", header_style="bold")
+    t.add_column("split")
+    for k in keys:
+        t.add_column(heads.get(k, k), justify="right")
+    for name, p in rows.items():
+        t.add_row(name, *(_num(p[k]) if k in p else "" for k in keys))
+    return t
+
+
+def draw_overview(ov: sft_inspect.Overview) -> Group:
+    parts: list = []
+    head = Text()
+    head.append(f"{ov.path}\n", style="bold")
+    fmt = f"sftdata format v{ov.format_version}" if ov.format_version is not None else "older flat layout"
+    head.append(f"{fmt} · kind {ov.kind} · layout {ov.layout} · tokens {ov.token_dtype}")
+    if ov.created_by:
+        head.append(f" · made by {ov.created_by}")
+    if ov.tokenizer:
+        tk = ov.tokenizer
+        head.append(f"\ntokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · "
+                    f"EOS {tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}")
+    if ov.packing:
+        pk = ov.packing
+        head.append(f"\npacked ({pk.get('strategy')}): --block-size {pk.get('block_size')}, rows of "
+                    f"{pk.get('row_len')} tokens, --overlong {pk.get('overlong')}, pad id {pk.get('pad_token_id')}, "
+                    f"seed {pk.get('seed')}")
+        if ov.packed_from:
+            head.append(f"\npacked from {ov.packed_from.get('path')} (its metadata sha256 "
+                        f"{ov.packed_from.get('metadata_sha256')})")
+    head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
+    parts.append(head)
+    if ov.packing:
+        parts += _packed_tables(ov)
+    else:
+        parts += _episode_tables(ov)
+    _tail(ov, parts)
+    return Group(*parts)
+
+
+def _packed_tables(ov: sft_inspect.Overview) -> list:
+    t = Table(header_style="bold")
+    t.add_column("")
+    for s in ov.splits:
+        t.add_column(s.name, justify="right")
+
+    def row(label, fn):
+        t.add_row(label, *(fn(s) for s in ov.splits))
+
+    def maybe(x, fmt):
+        return "?" if x is None else fmt.format(x)
+
+    row("rows", lambda s: f"{s.packed.rows:,}")
+    row("segments", lambda s: f"{s.packed.segments:,}")
+    row("real tokens (injected)", lambda s: f"{s.packed.real_tokens:,} ({s.packed.injected_tokens:,})")
+    row("padding tokens", lambda s: f"{s.packed.padding_tokens:,}")
+    row("fill", lambda s: f"{s.packed.fill:.1%}")
+    row("trained tokens", lambda s: maybe(s.trained_tokens, "{:,}"))
+    row("trained share of real", lambda s: maybe(s.trained_share, "{:.1%}"))
+    row("rows training nothing", lambda s: maybe(s.episodes_training_nothing, "{:,}"))
+    row("shards, bytes", lambda s: f"{s.shards:,}, {s.bytes_on_disk:,}")
+    parts: list = [t]
+    spr = Text("segments per row: ", style="bold")
+    spr.append("  ".join(f"{s.name} min {_num(s.packed.segments_per_row.get('p0', 0))} median "
+                         f"{_num(s.packed.segments_per_row.get('p50', 0))} max "
+                         f"{_num(s.packed.segments_per_row.get('p100', 0))}" for s in ov.splits))
+    parts.append(spr)
+    parts.append(_percentile_table("segment length (tokens)", {s.name: s.length_percentiles for s in ov.splits}))
+    for s in ov.splits:
+        parts.append(_histogram(f"{s.name}: segments by length (tokens)", s.length_histogram, share=False))
+    shares = {s.name: s.trained_share_percentiles for s in ov.splits if s.trained_share_percentiles}
+    if shares:
+        parts.append(_percentile_table("trained share per row (of its real tokens)", shares))
+    return parts
+
+
+def _episode_tables(ov: sft_inspect.Overview) -> list:
+    parts: list = []
+    t = Table(header_style="bold")
+    for col in ("split", "episodes", "tokens", "trained tokens", "trained share", "untrained episodes",
+                "shards", "bytes"):
+        t.add_column(col, justify="left" if col == "split" else "right")
+    for s in ov.splits:
+        t.add_row(s.name, f"{s.episodes:,}", f"{s.tokens:,}",
+                  "?" if s.trained_tokens is None else f"{s.trained_tokens:,}",
+                  "?" if s.trained_share is None else f"{s.trained_share:.1%}",
+                  "?" if s.episodes_training_nothing is None else f"{s.episodes_training_nothing:,}",
+                  f"{s.shards:,}", f"{s.bytes_on_disk:,}")
+    parts.append(t)
+    parts.append(_percentile_table("episode length (tokens)", {s.name: s.length_percentiles for s in ov.splits}))
+    for s in ov.splits:
+        parts.append(_histogram(f"{s.name}: episodes by length (tokens)", s.length_histogram, share=False))
+    shares = {s.name: s.trained_share_percentiles for s in ov.splits if s.trained_share_percentiles}
+    if shares:
+        parts.append(_percentile_table("trained share per episode", shares))
+        for s in ov.splits:
+            if s.trained_share_histogram:
+                parts.append(_histogram(f"{s.name}: episodes by trained share", s.trained_share_histogram,
+                                        share=True))
+    return parts
+
+
+def _tail(ov: sft_inspect.Overview, parts: list) -> None:
+    """Block-size cost, sources, options, counts, rejects, notes."""
+    for s in ov.splits:
+        b = s.block
+        if b is None:
+            continue
+        line = Text(f"{s.name} at --block-size {b.block_size}: ", style="bold")
+        line.append(f"{b.episodes_longer:,} episodes ({b.episodes_longer_share:.1%}) are longer than "
+                    f"{b.block_size + 1:,} tokens; truncation drops {b.tokens_dropped:,} tokens")
+        if b.trained_tokens_dropped is not None:
+            line.append(f", {b.trained_tokens_dropped:,} of them trained "
+                        f"({b.trained_dropped_share:.1%} of the trained tokens)",
+                        style="yellow" if b.trained_tokens_dropped else None)
+        parts.append(line)
+    if ov.sources:
+        src = Text("sources\n", style="bold")
+        for s in ov.sources:
+            src.append(f"  {s.get('path')}  {s.get('bytes', 0):,} bytes  {s.get('records', 0):,} records  "
+                       f"sha256 {s.get('sha256')}\n")
+        parts.append(src)
+    if ov.options:
+        parts.append(Text("options  ", style="bold") + Text("  ".join(f"{k}={v}" for k, v in ov.options.items())))
+    if ov.counts:
+        shown = {k: v for k, v in ov.counts.items() if not isinstance(v, dict)}
+        parts.append(Text("counts   ", style="bold") + Text("  ".join(f"{k}={v:,}" for k, v in shown.items())))
+        for k, v in ov.counts.items():
+            if isinstance(v, dict) and v:
+                parts.append(Text(f"{k}  ", style="bold") + Text("  ".join(f"{r}: {n:,}" for r, n in v.items())))
+    rej = Text(f"rejected records: {ov.rejected_total:,}", style="bold yellow" if ov.rejected_total else "bold")
+    for reason, n in ov.rejected.items():
+        rej.append(f"\n  {reason}: {n:,}", style="yellow")
+    if ov.rejects_file:
+        rej.append(f"\n  details: {ov.rejects_file}")
+    parts.append(rej)
+    for n in ov.notes:
+        parts.append(Text(f"note: {n}", style="yellow"))
+
+
+def episode_text(v: sft_inspect.EpisodeView) -> Text:
+    """The decoded episode: markers bold, trained runs green inside ⟦ ⟧, a line break
+    after every <|END|>; injected context (packed rows) inside « »."""
+    return pieces_text(v.pieces)
+
+
+def pieces_text(pieces: list) -> Text:
+    out = Text()
+    open_ = False
+    for i, p in enumerate(pieces):
+        if p.injected:  # packer's context: never trained
+            first = i == 0 or not pieces[i - 1].injected
+            last = i == len(pieces) - 1 or not pieces[i + 1].injected
+            out.append((INJECTED_OPEN if first else "") + p.text + (INJECTED_CLOSE if last else ""), style="italic dim")
+            continue
+        if p.trained and not open_:
+            out.append(TRAINED_OPEN, style="bold green")
+            open_ = True
+        elif not p.trained and open_:
+            out.append(TRAINED_CLOSE, style="bold green")
+            open_ = False
+        style = ("bold magenta" if p.trained else "bold dim") if p.marker else ("green" if p.trained else None)
+        out.append(p.text, style=style)
+        if p.marker and p.text == "<|END|>":
+            if open_:
+                out.append(TRAINED_CLOSE, style="bold green")
+                open_ = False
+            out.append("\n")
+    if open_:
+        out.append(TRAINED_CLOSE, style="bold green")
+    return out
+
+
+def token_table(v) -> Table:
+    packed = isinstance(v, RowView)
+    t = Table(header_style="bold", show_edge=False)
+    cols = [("pos", "right"), ("id", "right"), ("text", "left"), ("trained", "center"), ("span", "left")]
+    if packed:
+        cols[3:3] = [("seq", "right"), ("position", "right")]
+    for col, just in cols:
+        t.add_column(col, justify=just)
+    for r in v.tokens or []:
+        text = Text(r.text if r.marker else repr(r.text))  # repr: spaces and newlines visible
+        extra = [str(r.seq_id), str(r.position_id)] if packed else []
+        t.add_row(str(r.position), str(r.id), text, *extra, "✓" if r.trained else "", r.span,
+                  style="green" if r.trained else None)
+    return t
+
+
+def draw_row(v: RowView, tokens: bool) -> Group:
+    head = Text(f"{v.split} row {v.row}", style="bold")
+    trained = "" if v.trained_tokens is None else f" · {v.trained_tokens:,} trained"
+    head.append(f" · {v.shard} · {len(v.segments)} segment(s), {v.real_tokens:,} real tokens, {v.padding:,} "
+                f"padding of {v.row_len:,}{trained}")
+    parts: list = [Rule(style="dim"), head]
+    for sg in v.segments:
+        rec = "" if sg.record is None else f", input record {sg.record}"
+        inj = f" · {sg.prefix} injected token(s) in « »" if sg.prefix else ""
+        parts.append(Text(f"segment {sg.index} · offset {sg.offset:,}, positions 0–{sg.length - 1:,} · episode "
+                          f"{sg.episode}{rec}, its tokens from {sg.episode_start:,}{inj} · {sg.trained_tokens:,} "
+                          f"trained", style="cyan"))
+        parts.append(pieces_text(sg.pieces))
+    if v.padding:
+        parts.append(Text(f"padding: {v.padding:,} × id {v.pad_id} at offsets {v.real_tokens:,}–{v.row_len - 1:,} "
+                          f"(seq_id -1, mask 0)", style="dim"))
+    if v.rule_differs_at:
+        parts.append(Text(f"warning: the stored mask differs from the mask rule per segment at "
+                          f"{len(v.rule_differs_at)} token(s), first at {v.rule_differs_at[0]}: run `sftdata verify`",
+                          style="bold red"))
+    if tokens:
+        parts.append(token_table(v))
+    return Group(*parts)
+
+
+def draw_episode(v: sft_inspect.EpisodeView, tokens: bool) -> Group:
+    head = Text(f"{v.split} episode {v.episode}", style="bold")
+    rec = "" if v.record is None else f" · input record {v.record}"
+    trained = "" if v.trained_tokens is None else f", {v.trained_tokens:,} trained"
+    head.append(f"{rec} · {v.shard} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
+    parts: list = [Rule(style="dim"), head, episode_text(v)]
+    if v.rule_differs_at:
+        parts.append(Text(f"warning: the stored mask differs from the mask rule at {len(v.rule_differs_at)} "
+                          f"token(s), first at {v.rule_differs_at[0]}: run `sftdata verify`", style="bold red"))
+    if tokens:
+        parts.append(token_table(v))
+    return Group(*parts)
+
+
+@app.command("inspect")
+@handle_errors
+def inspect_cmd(
+    path: PathArg,
+    split: SplitOpt = "train",
+    episode: EpisodeOpt = None,
+    row: RowOpt = None,
+    record: RecordOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = 0,
+    tokens: TokensOpt = False,
+    block_size: BlockOpt = None,
+    token_dtype: DtypeOpt = None,
+    tokenizer: TokenizerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show what a dataset holds, or episodes (packed: rows) with their trained tokens.
+
+    Without --episode/--row/--record/--sample: the overview (counts, trained share, length
+    percentiles and histograms, sources, options, rejected records; packed: rows, segments,
+    fill). Trained text is green and wrapped in ⟦ ⟧ (visible without colour too).
+
+    Examples: sftdata inspect data/chat_sft --block-size 1024;
+    sftdata inspect data/chat_sft --episode 42 --tokens;
+    sftdata inspect data/chat_sft_packed --row 3
+    """
+    if episode or row or record is not None or sample is not None:
+        if block_size is not None:
+            raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")
+        views, notes = sft_inspect.views(path, split, episodes=episode, rows=row, record=record, sample=sample,
+                                         seed=seed, tokens=tokens, token_dtype=token_dtype, tokenizer=tokenizer)
+        if as_json:
+            key = "rows" if views and isinstance(views[0], RowView) else "episodes"
+            print_json({key: [v.as_dict() for v in views], "notes": notes})
+            return
+        for v in views:
+            out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_episode(v, tokens))
+        for n in notes:
+            out_console.print(Text(f"note: {n}", style="yellow"))
+        return
+    if tokens:
+        raise UsageError("--tokens needs --episode, --row, --record or --sample")
+    ov = sft_inspect.overview(path, block_size=block_size, token_dtype=token_dtype)
+    if as_json:
+        print_json(ov.as_dict())
+    else:
+        out_console.print(draw_overview(ov))

@@ -1,0 +1,91 @@
+"""``sftdata verify``: is a dataset intact and consistent? Exit 0 when clean, 1 when not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Group
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..verify import VerifyReport, verify
+from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, out_console, print_json
+
+STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
+
+PathArg = Annotated[Path, typer.Argument(help="Dataset folder (the --output-dir of prepare).", show_default=False)]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="Skip the checksums (every other check still runs).")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", help="Older flat layout only: dtype of "
+                                                 "tokens.bin (default uint32).")]
+TokenizerOpt = Annotated[Optional[str], typer.Option(
+    "--tokenizer", help="Older flat layout only (it records no tokenizer): check ids, EOS endings and the mask "
+                        "rule with this tokenizer.")]
+
+
+def draw_report(r: VerifyReport) -> Group:
+    t = Table(title=f"verify {r.path}", title_justify="left", header_style="bold")
+    t.add_column("check")
+    t.add_column("result")
+    t.add_column("what it checks", style="dim")
+    for c in r.checks:
+        label, style = STATUS[c.status]
+        if c.status == "failed":
+            label += f" ({c.problems})"
+        elif c.status == "skipped" and c.note:
+            label += f" ({c.note})"
+        t.add_row(c.name, Text(label, style=style), c.description)
+    parts: list = [t]
+    for p in r.problems:
+        block = Text("✗ ", style="bold red")
+        block.append(f"[{p.check}] ", style="red")
+        block.append(p.file, style="bold")
+        if p.where:
+            block.append(f" ({p.where})")
+        block.append(f"\n    {p.message}\n")
+        block.append(f"    fix: {p.fix}", style="cyan")
+        parts.append(block)
+    for n in r.notes:
+        parts.append(Text(f"note: {n}", style="yellow"))
+    mb = r.bytes_read / 1e6
+    read = f"{mb:,.1f} MB" if mb >= 1 else f"{r.bytes_read:,} bytes"
+    rate = f" ({mb / r.seconds:,.0f} MB/s)" if r.seconds > 0 and mb >= 1 else ""
+    if r.ok:
+        parts.append(Text(f"OK: no problem found; {read} checked in {r.seconds:.2f} s{rate}", style="bold green"))
+    else:
+        parts.append(Text(f"FAILED: {len(r.problems)} problem(s); {read} checked in {r.seconds:.2f} s",
+                          style="bold red"))
+    return Group(*parts)
+
+
+@app.command("verify")
+@handle_errors
+def verify_cmd(
+    path: PathArg,
+    quick: QuickOpt = False,
+    token_dtype: DtypeOpt = None,
+    tokenizer: TokenizerOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Check a dataset is intact and consistent; exit code 0 when clean, 1 when not.
+
+    Files, sizes, counts, the episode index (packed: rows and segments), EOS endings, token
+    ids, the loss mask against the mask rule, and sha256 checksums. Every problem names the
+    file, the episode or byte offset, what is wrong and what to do.
+
+    Example: sftdata verify data/chat_sft
+    """
+    bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
+    with bar:
+        task = bar.add_task("verify", total=None)
+        report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if as_json:
+        print_json(report.as_dict())
+    elif not quiet or not report.ok:
+        out_console.print(draw_report(report))
+    raise typer.Exit(0 if report.ok else 1)

@@ -1,0 +1,155 @@
+"""The content checks of ``verify`` for episodes datasets: token ids, mask values and
+the mask rule, one chunk of whole episodes at a time.
+
+The rule resets at EOS, so one ``loss_mask`` call covers a chunk of thousands of
+episodes; a mismatch is then confirmed on its episode alone::
+
+    chunk:   [ep 0 ......EOS][ep 1 .....EOS][ep 2 ........EOS]
+    derived:  loss_mask(chunk)  vs  mask.bin  ->  first difference in ep 1
+    confirm:  loss_mask(ep 1)   vs  mask.bin[ep 1]  ->  report ep 1 (or move on)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .masking import loss_mask
+from .packing import gather_ranges
+from .store import MASK_FILE, TOKENS_FILE
+from .tokenizer import MarkerIds
+from .verify_checks import CHUNK_TOKENS, RECREATE, Part, Problem, Vocab, more_like_it
+
+
+def span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
+    """Which span token ``p`` of one episode lies in, for messages."""
+    openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
+    if int(ids[p]) == m.eos:
+        return "the closing <|EOS|>"
+    seg = np.asarray(ids[:p + 1])
+    op = np.flatnonzero(np.isin(seg, list(openers)))
+    if not op.size or np.any(seg[op[-1]:p] == m.end):
+        return "text outside any span"
+    return f"a {openers[int(seg[op[-1]])]} span"
+
+
+def _first_rule_break(ids, stored, off, m: MarkerIds):
+    """(k, derived mask of episode k, episodes differing) for the first episode of a chunk
+    whose stored mask is not the rule's, else None.
+
+    The rule resets at EOS, so one ``loss_mask`` call covers the chunk; a mismatch is
+    confirmed on its episode alone (an unclosed assistant span zeroes the rest of an
+    array, which would otherwise blame the episodes after it)."""
+    k0 = 0
+    while k0 < len(off) - 1:
+        a = off[k0]
+        d = np.flatnonzero(loss_mask(ids[a:], m) != stored[a:])
+        if not d.size:
+            return None
+        k = int(np.searchsorted(off, a + d[0], side="right")) - 1
+        mine = loss_mask(ids[off[k]:off[k + 1]], m)
+        if not np.array_equal(mine, stored[off[k]:off[k + 1]]):
+            return k, mine, int(np.unique(np.searchsorted(off, a + d, side="right")).size)
+        k0 = k + 1
+    return None
+
+
+def check_content(part: Part, vocab: Vocab | None, tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+    """Token ids, mask values and the mask rule, one chunk of whole episodes at a time."""
+    if part.tokens is None or part.usable is None:
+        return []
+    use = np.flatnonzero(part.usable)
+    s, ln = part.starts[use], part.lengths[use]
+    csum = np.cumsum(ln)
+    mask = part.mask
+    binary = mask is None or mask.dtype == np.uint8
+    first: dict[str, tuple] = {}  # check -> (local episode, position in episode, chunk ids, ...)
+    counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0}
+    i = 0
+    while i < use.size:
+        base = int(csum[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
+        cs, cl = s[i:j], ln[i:j]
+        off = np.concatenate([[0], np.cumsum(cl)])
+        if np.array_equal(cs[1:], cs[:-1] + cl[:-1]):  # contiguous: a plain slice, no copy
+            ids = np.asarray(part.tokens[cs[0]:cs[0] + off[-1]])
+            m = None if mask is None else np.asarray(mask[cs[0]:cs[0] + off[-1]])
+        else:
+            ids = gather_ranges(part.tokens, cs, cl)
+            m = None if mask is None else gather_ranges(mask, cs, cl)
+
+        def locate(p):
+            k = int(np.searchsorted(off, p, side="right")) - 1
+            return k, int(p - off[k])
+
+        if vocab is not None and ids.size and int(ids.max()) >= vocab.size:
+            bad = np.flatnonzero(ids >= vocab.size)
+            counts["vocab"] += int(np.unique(np.searchsorted(off, bad, side="right")).size)
+            if "vocab" not in first:
+                k, p = locate(bad[0])
+                first["vocab"] = (use[i + k], p, int(ids[bad[0]]), cs[k])
+        badv = False
+        if m is not None and m.size:
+            badv = bool(m.max() > 1) if binary else bool(np.any((m != 0) & (m != 1)))
+            if badv:
+                bad = np.flatnonzero(m > 1) if binary else np.flatnonzero((m != 0) & (m != 1))
+                counts["mask_values"] += int(np.unique(np.searchsorted(off, bad, side="right")).size)
+                if "mask_values" not in first:
+                    k, p = locate(bad[0])
+                    first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
+        if m is not None and vocab is not None:
+            stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
+            if "mask_rule" in first:  # located already: only count
+                derived = loss_mask(ids, vocab.markers)
+                d = np.flatnonzero(derived != stored)
+                counts["mask_rule"] += int(np.unique(np.searchsorted(off, d, side="right")).size)
+            else:
+                hit = _first_rule_break(ids, stored, off, vocab.markers)
+                if hit is not None:
+                    k, mine, nbad = hit
+                    counts["mask_rule"] += nbad
+                    ep_ids, ep_mask = ids[off[k]:off[k + 1]], stored[off[k]:off[k + 1]]
+                    first["mask_rule"] = (use[i + k], ep_ids, ep_mask, mine, cs[k])
+        tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
+        i = j
+    return _content_problems(part, vocab, first, counts)
+
+
+def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:
+    out = []
+    isz = part.token_dtype.itemsize
+    if "vocab" in first:
+        k, p, tok, start = first["vocab"]
+        out.append(Problem("vocab", part.file(TOKENS_FILE), message=f"token {p} of episode {part.first_gid + k} is id "
+                           f"{tok:,}, past the vocabulary ({vocab.size:,} ids): no tokenizer can decode it"
+                           f"{more_like_it(counts['vocab'])}", fix="the tokens were damaged or written with another "
+                           "tokenizer: restore the shard, or " + RECREATE,
+                           **part.at(k, TOKENS_FILE, (int(start) + p) * isz)))
+    if "mask_values" in first:
+        k, p, val, start = first["mask_values"]
+        msz = 1 if part.mask.dtype == np.uint8 else 4
+        out.append(Problem("mask_values", part.file(MASK_FILE), message=f"token {p} of episode "
+                           f"{part.first_gid + k} has mask value {val}, not 0 or 1"
+                           f"{more_like_it(counts['mask_values'])}",
+                           fix="restore the shard, or " + RECREATE, **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+    if "mask_rule" in first:
+        k, ids, stored, rule, start = first["mask_rule"]
+        extra = np.flatnonzero((stored == 1) & (rule == 0))
+        missing = np.flatnonzero((stored == 0) & (rule == 1))
+        said = []
+        if extra.size:
+            said.append(f"trains {extra.size} token(s) the mask rule leaves untrained (first: token {extra[0]}, in "
+                        f"{span_at(ids, int(extra[0]), vocab.markers)})")
+        if missing.size:
+            said.append(f"leaves {missing.size} token(s) untrained that the rule trains (first: token "
+                        f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.markers)})")
+        p = int(extra[0] if extra.size else missing[0])
+        n = counts["mask_rule"]
+        msz = 1 if part.mask.dtype == np.uint8 else 4
+        out.append(Problem("mask_rule", part.file(MASK_FILE), message=f"the mask of episode {part.first_gid + k} "
+                           + " and ".join(said) + (f"; {n:,} episodes of this shard differ" if n > 1 else ""),
+                           fix="this mask was not made by sftdata's mask rule (or was edited); training on it "
+                           "would learn from the wrong tokens. " + RECREATE[0].upper() + RECREATE[1:],
+                           **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+    return out
