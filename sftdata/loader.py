@@ -54,12 +54,11 @@ def apply_ignore_index(y, mask):
 
 
 def _check_dataset(ds: Dataset) -> None:
-    """Cheap structural checks before training.
+    """Cheap structural checks before training (``sftdata verify``'s, without checksums):
+    a broken dataset is refused with verify's message instead of training on garbage."""
+    from .verify import check_structure
 
-    TODO(verify): call ``sftdata.verify.check_structure(ds)`` here (raises DatasetError);
-    the lead wires it at merge.
-    """
-    return None
+    check_structure(ds)
 
 
 def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: str = "auto", device: str = "cpu",
@@ -101,9 +100,7 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     adir = audit_dir if audit_dir is not None else cfg.audit_dir
     audit = AuditLog(adir) if adir is not None and rank == 0 else None
     if ds.kind == "packed":
-        try:
-            from .packed_loader import make_packed_loader  # added by the pack issue
-        except ImportError:
-            raise DatasetError(f"{root} is a packed dataset, and this sftdata has no packed loader") from None
+        from .packed_loader import make_packed_loader
+
         return make_packed_loader(cfg, ds, audit=audit, **common)
     return GPTEpisodeDataLoader(cfg, ds, audit=audit, **common)

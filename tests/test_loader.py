@@ -392,3 +392,19 @@ def test_masks_of_a_prepared_chat_dataset_follow_the_mask_rule(tmp_path):
                 assert trained[-1] == tok.ids.end or len(toks) == 25  # an assistant span ends with END
             assert tok.ids.user not in trained and tok.ids.system not in trained
     assert whole >= 1 and trained_rows >= 1
+
+
+def test_make_loader_refuses_a_broken_dataset_with_verifys_message(tmp_path):
+    from sftdata.errors import DatasetError
+    from sftdata.loader import LoaderConfig, make_loader
+    from sftdata.prepare import PrepareOptions, prepare
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n' * 3)
+    prepare([src], tmp_path / "ds", PrepareOptions())
+    idx = tmp_path / "ds" / "train" / "shard_00000" / "episodes.idx"
+    a = np.fromfile(idx, dtype=np.uint64).reshape(-1, 2)
+    a[2, 0] = 10**6  # the last episode points past the end of tokens.bin
+    a.tofile(idx)
+    with pytest.raises(DatasetError, match="episode 2"):
+        make_loader(LoaderConfig(batch_size=1, block_size=8), tmp_path / "ds", backend="numpy")

@@ -88,3 +88,15 @@ def test_reader_errors(tmp_path):
     (tmp_path / "ds" / "dataset_metadata.json").unlink()
     with pytest.raises(DatasetError, match="dataset_metadata.json is missing"):
         open_dataset(tmp_path / "ds")
+
+
+def test_dataset_rebuilds_its_tokenizer(tmp_path, tok):
+    with DatasetWriter(tmp_path / "ds") as w:
+        sw = w.split("train", np.dtype(np.uint32), 100)
+        sw.add_many(np.array([tok.ids.user, tok.eos_id], np.uint32), np.zeros(2, np.uint8), [2], [0])
+        w.write_json("tokenizer_state.json", tok.state())
+        w.commit({"kind": "episodes", "token_dtype": "uint32", "splits": {"train": sw.close()}})
+    assert open_dataset(tmp_path / "ds").tokenizer().special_tokens == tok.special_tokens
+    (tmp_path / "ds" / "tokenizer_state.json").unlink()
+    with pytest.raises(DatasetError, match="has no tokenizer_state.json"):
+        open_dataset(tmp_path / "ds").tokenizer()

@@ -140,7 +140,7 @@ class Dataset:
 
     def tokenizer(self):
         """Rebuild the recorded tokenizer and check it is exactly the one used."""
-        from .tokenizer import tokenizer_from_state
+        from ..tokenizer import tokenizer_from_state
 
         if self.tokenizer_state is None:
             raise DatasetError(f"{self.root} has no {TOKENIZER_FILE}; the tokenizer it was made "
