@@ -322,13 +322,15 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
         if step % s.log_interval == 0 or step == end:
             now = time.perf_counter()
             dt = max(now - t_log, 1e-9)
-            log(f"step {step:>6}/{s.max_iters} | loss {res.losses[-1]:.4f} | lr {lr:.2e} | "
+            # the printed step is the 0-based index of the batch just trained: the number
+            # `sftdata replay-order --step` takes (so "step 12000" in a log is --step 12000)
+            log(f"step {step - 1:>6}/{s.max_iters} | loss {res.losses[-1]:.4f} | lr {lr:.2e} | "
                 f"{tok_log / dt:,.0f} tok/s | {trained_log / dt:,.0f} trained tok/s")
             t_log, tok_log, trained_log = now, 0, 0
         t_pause = time.perf_counter()  # evaluation and checkpoints do not count as training time
         if val_inputs and s.eval_interval and step % s.eval_interval == 0:
             res.val_losses[step] = evaluate(model, val_inputs)
-            log(f"step {step:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
+            log(f"step {step - 1:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
         if checkpoint and s.checkpoint_interval and step % s.checkpoint_interval == 0:
             checkpoint(step)
         paused = time.perf_counter() - t_pause
@@ -337,7 +339,7 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
     res.seconds = time.perf_counter() - t_start
     if val_inputs and res.steps and step not in res.val_losses:  # always end with a val loss
         res.val_losses[step] = evaluate(model, val_inputs)
-        log(f"step {step:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
+        log(f"step {step - 1:>6}/{s.max_iters} | val loss {res.val_losses[step]:.4f}")
     if checkpoint and res.steps and not (s.checkpoint_interval and step % s.checkpoint_interval == 0):
         checkpoint(step)
     return res
