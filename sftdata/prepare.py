@@ -37,7 +37,7 @@ from .tokenizer import ChatTokenizer, load_tokenizer
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
-COPY_TOKENS = 16 << 20  # tokens gathered at once when splitting the staging shard
+COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         j = max(i + 1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
         j = min(j, n)
         stop = int(ends[j - 1])
-        toks, mask = src.tokens[base:stop], src.mask[base:stop]
+        toks, mask = src.read_range(base, stop)
         lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64), is_val[i:j]
         tok_val = np.repeat(val, lens)
         for flag, w in writers.items():

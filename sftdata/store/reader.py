@@ -68,6 +68,23 @@ class Shard:
     def num_episodes(self) -> int:
         return self.episodes.shape[0]
 
+    def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens and mask ``[start, stop)`` read with plain file reads into fresh arrays.
+
+        For streaming a whole shard in bounded memory: pages touched through the
+        memmap stay resident and count in the process's RSS, file reads do not."""
+        def read(name: str, dtype: np.dtype) -> np.ndarray:
+            out = np.empty(stop - start, dtype=dtype)
+            with open(self.path / name, "rb") as f:
+                f.seek(start * dtype.itemsize)
+                n = f.readinto(memoryview(out).cast("B"))
+            if n != out.nbytes:
+                raise DatasetError(f"{self.path / name}: short read at token {start}; the file is truncated")
+            return out
+
+        mask = read(MASK_FILE, self.mask_dtype) if self.mask is not None else None
+        return read(TOKENS_FILE, self.token_dtype), mask
+
     def __getstate__(self):
         return {"path": str(self.path), "token_dtype": self.token_dtype.str, "name": self.name}
 
