@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import orjson
 
 from .errors import InputError
+from .exact_json import InexactJSON, loads
 
 
 @dataclass
@@ -91,8 +92,8 @@ def iter_records(info: SourceInfo) -> Iterator[tuple[RawRecord, int]]:
     with raw:
         if info.container == "json":
             try:
-                data = orjson.loads(stream.read())
-            except orjson.JSONDecodeError as e:
+                data = loads(stream.read())  # integers beyond 64 bits stay exact (see exact_json)
+            except (orjson.JSONDecodeError, InexactJSON) as e:
                 raise InputError(f"{p}: not a valid JSON array ({e}); fix the file or convert it to "
                                  f"JSONL (one conversation per line) to skip bad records") from None
             except (OSError, EOFError) as e:

@@ -193,3 +193,17 @@ def test_all_tool_records_point_to_prepare_tool(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
     with pytest.raises(NoUsableRecordsError, match=r"tool_conversation: 2\).*`sftdata prepare-tool`"):
         prepare([src], tmp_path / "ds", PrepareOptions())
+
+
+def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):
+    """A JSON array is decoded whole, not line by line: a tool call's integer beyond 64 bits
+    must be refused there too (orjson alone would turn it into a float and train on it)."""
+    call = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                 "function": {"name": "f", "arguments": {"n": 7}}}]}
+    ok = {"messages": [{"role": "user", "content": "q"}, call]}
+    src = tmp_path / "in.json"
+    src.write_text("[" + json.dumps(ok) + "," + json.dumps(ok).replace('"n": 7', '"n": 123456789012345678901') + "]")
+    s = prepare([src], tmp_path / "ds", PrepareOptions(mode="tool"))
+    assert s.rejected == {"invalid_arguments": 1} and s.episodes == {"train": 1}
+    (rej,) = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
+    assert rej["record"] == 1 and "the integer 123456789012345678901 does not fit in 64 bits" in rej["message"]
