@@ -105,6 +105,23 @@ def test_existing_output_is_refused_without_overwrite(tmp_path):
     assert s.episodes == {"train": 3}
 
 
+def test_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_path):
+    """--output-dir pointing at the folder of the inputs (or any other folder) with
+    --overwrite must not delete that folder and the inputs in it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src = write_jsonl(data / "in.jsonl", records(3))
+    (data / "notes.txt").write_text("keep me")
+    with pytest.raises(OutputExistsError, match=r"data is not an sftdata dataset \(no dataset_metadata.json\); "
+                                                 r"--overwrite replaces only a dataset"):
+        prepare([src], data, PrepareOptions(overwrite=True))
+    assert sorted(p.name for p in data.iterdir()) == ["in.jsonl", "notes.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no temporary folder left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert prepare([src], empty, PrepareOptions(overwrite=True)).episodes == {"train": 3}
+
+
 def test_metadata_checksums_match_the_files(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", records(12) + ["{}"])
     prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.25, shard_tokens=80))
