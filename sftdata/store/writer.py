@@ -188,7 +188,12 @@ class DatasetWriter:
         if self.target.exists():
             old = self.target.parent / f".{self.target.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(self.target, old)
-        os.replace(self.path, self.target)
+        try:
+            os.replace(self.path, self.target)
+        except BaseException:
+            if old is not None:  # the new dataset did not arrive: the old one goes back
+                os.replace(old, self.target)
+            raise
         self._committed = True
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
