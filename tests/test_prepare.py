@@ -189,6 +189,23 @@ def test_gzip_json_array_and_several_inputs_number_records_globally(tmp_path):
     assert s.records_read == 6
 
 
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
+    """Files saved by Windows tools often start with a UTF-8 BOM: the first JSONL record
+    must not be rejected for it, nor a JSON array be read as JSONL."""
+    bom = b"\xef\xbb\xbf"
+    a = tmp_path / "a.jsonl"
+    a.write_bytes(bom + b"\n".join(json.dumps(r).encode() for r in records(2)) + b"\n")
+    b = tmp_path / "b.json"
+    b.write_bytes(bom + b"[\n" + b",\n".join(json.dumps(r).encode() for r in records(2)) + b"\n]\n")
+    c = tmp_path / "c.json.gz"
+    c.write_bytes(gzip.compress(bom + json.dumps(records(1)).encode()))
+    s = prepare([a, b, c], tmp_path / "ds", PrepareOptions())
+    assert s.rejected == {} and s.episodes == {"train": 5}
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.split("train").sources.tolist() == [0, 1, 2, 3, 4]
+    assert [x["container"] for x in ds.metadata["sources"]] == ["jsonl", "json", "json"]
+
+
 def test_input_errors(tmp_path):
     from sftdata.errors import InputError
 
