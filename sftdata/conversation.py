@@ -36,6 +36,7 @@ from typing import Any, Literal
 import orjson
 
 from .errors import RecordError
+from .exact_json import InexactJSON, loads
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -76,9 +77,12 @@ class Conversation:
 
 
 def decode_json(raw: bytes | str, where: str) -> Any:
-    """Decode one JSON document, telling invalid UTF-8 from invalid JSON."""
+    """Decode one JSON document, telling invalid UTF-8 from invalid JSON. Integers beyond
+    64 bits stay exact (``exact_json``), so a tool call is never trained on a changed number."""
     try:
-        return orjson.loads(raw)
+        return loads(raw)
+    except InexactJSON as e:
+        raise RecordError("invalid_json", f"{e}; flatten the record", where) from None
     except orjson.JSONDecodeError as e:
         if isinstance(raw, bytes):
             try:

@@ -15,7 +15,9 @@ An episode longer than ``L`` keeps its first ``L`` tokens. Which episodes fill s
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -24,11 +26,25 @@ from .backend import BatchIterable, to_backend, torch_iterable
 from .config import LoaderConfig
 from .errors import ConfigError, DatasetError
 from .order import BatchOrder, eligible_ids
-from .store import Dataset, Split
+from .store import METADATA_FILE, Dataset, Split, dumps_json, read_json
 
 log = logging.getLogger("sftdata.loader")
 STATE_FORMAT = "sftdata-loader-state"
 STATE_VERSION = 1
+# fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
+OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
+
+
+def dataset_identity(root) -> str | None:
+    """sha256 of what ``dataset_metadata.json`` records of the splits: their shards, and
+    the size and sha256 of every file in them. Preparing is deterministic, so the same
+    inputs and options give the same identity wherever the files are (paths and options
+    recorded elsewhere in the metadata do not count); another dataset with the same
+    episode counts does not. None for a layout without metadata."""
+    if root is None or not (Path(root) / METADATA_FILE).is_file():
+        return None
+    splits = read_json(Path(root) / METADATA_FILE).get("splits")
+    return hashlib.sha256(dumps_json(splits)).hexdigest()
 
 
 def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int,
@@ -108,6 +124,7 @@ class GPTEpisodeDataLoader:
         self.audit = audit if rank == 0 else None
         self.sampling = cfg.batch_sampling_mode or "epoch"
         self.pad_id = resolve_pad_id(cfg, ds)
+        self.identity = dataset_identity(ds.root)
         self._orders: dict[str, BatchOrder] = {}
         self._steps = {name: 0 for name in ds.splits}
         self._warned: set[str] = set()
@@ -167,7 +184,8 @@ class GPTEpisodeDataLoader:
                 "epoch_shuffle": self.cfg.epoch_shuffle, "epoch_drop_last": self.cfg.epoch_drop_last,
                 "batch_size": self.cfg.batch_size, "world_size": self.world_size,
                 "episode_min_tokens": self.cfg.episode_min_tokens,
-                "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+                "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)},
+                "dataset_content_sha256": self.identity}
 
     def state_dict(self) -> dict:
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
@@ -229,11 +247,12 @@ def load_steps(loader, state: dict, fingerprint: dict) -> None:
         raise ConfigError(f"loader state version {state.get('version')!r} is not supported (this sftdata "
                           f"reads {STATE_VERSION})")
     saved = state.get("order") or {}
-    diff = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in fingerprint.items() if saved.get(k) != v]
+    diff = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in fingerprint.items() if saved.get(k) != v
+            and not (k in OPTIONAL_FINGERPRINT and (k not in saved or v is None or saved[k] is None))]
     if diff:
-        raise ConfigError("cannot resume: the loader state was saved with other order settings, so the "
-                          "remaining batches would differ (" + "; ".join(diff) + "). Resume with the "
-                          "original config and dataset")
+        raise ConfigError("cannot resume: the loader state was saved with other order settings or another "
+                          "dataset, so the remaining batches would differ (" + "; ".join(diff) + "). Resume "
+                          "with the original config and dataset")
     steps = state.get("steps") or {}
     for split, v in steps.items():
         if not isinstance(v, int) or v < 0:

@@ -35,11 +35,21 @@ def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
     Vectorised: the work is over the structural tokens (one per span), never a
     Python loop over tokens.
     """
+    return rule_mask(ids, m)[0]
+
+
+def rule_mask(ids: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, int]:
+    """``(loss_mask(ids, m), stop)``: ``stop`` is the position of the first unclosed
+    ``<|ASSISTANT|>``, from which the rule trains nothing to the end of the array, or -1.
+
+    For a caller that masks many episodes with one call (verify): where ``stop`` is -1
+    and every episode ends with EOS, the one mask equals the masks of the episodes alone.
+    """
     ids = np.asarray(ids)
     n = ids.shape[0]
     mask = np.zeros(n, dtype=np.uint8)
     if n == 0:
-        return mask
+        return mask, -1
     codes = np.array([m.system, m.user, m.assistant, m.tool, m.end, m.eos], dtype=np.int64)
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
@@ -52,7 +62,7 @@ def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
     is_struct = sorted_codes[pos_in_sorted] == cand_ids
     pos = cand[is_struct]
     if pos.size == 0:
-        return mask
+        return mask, -1
     kind = order[pos_in_sorted[is_struct]]
     k = pos.size
     nxt_kind = np.empty(k, dtype=kind.dtype)
@@ -73,11 +83,12 @@ def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
     trained = is_asst & complete & ctx_ok
     # an unclosed assistant span zeroes itself and everything after it
     broken = np.flatnonzero(is_asst & ~complete)
+    stop = int(pos[broken[0]]) if broken.size else -1
     if broken.size:
         trained &= idx < broken[0]
     t = np.flatnonzero(trained)
     if t.size == 0:
-        return mask
+        return mask, stop
     starts = pos[t]
     ends = pos[t + 1]  # the closing <|END|>, inclusive
     # trained spans are disjoint and in order: the mask is alternating runs of 0 and 1
@@ -88,4 +99,4 @@ def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
     runs = np.diff(bounds)
     values = np.zeros(runs.size, dtype=np.uint8)
     values[1::2] = 1
-    return np.repeat(values, runs)
+    return np.repeat(values, runs), stop

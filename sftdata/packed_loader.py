@@ -31,7 +31,7 @@ import numpy as np
 from .audit import FIRST_IDS, AuditLog
 from .backend import BatchIterable, to_backend, torch_iterable
 from .config import LoaderConfig
-from .episode_loader import load_steps
+from .episode_loader import dataset_identity, load_steps
 from .errors import ConfigError, DatasetError, UsageError
 from .order import BatchOrder
 from .packing import PAD_SEQ_ID, row_layout
@@ -134,6 +134,7 @@ class PackedDataLoader:
         self.cfg = cfg
         self.ds = ds
         self.row_len = int(packing["row_len"])
+        self.identity = dataset_identity(ds.root)
         self.backend = backend
         self.device = device
         self.rank = rank
@@ -216,7 +217,8 @@ class PackedDataLoader:
         return {"dataset_mode": self.mode, "batch_sampling_mode": self.sampling, "epoch_seed": self.cfg.epoch_seed,
                 "epoch_shuffle": self.cfg.epoch_shuffle, "epoch_drop_last": self.cfg.epoch_drop_last,
                 "batch_size": self.cfg.batch_size, "world_size": self.world_size,
-                "num_rows": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+                "num_rows": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)},
+                "dataset_content_sha256": self.identity}
 
     def state_dict(self) -> dict:
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),

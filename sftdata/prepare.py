@@ -28,7 +28,7 @@ import orjson
 
 from . import __version__
 from .conversation import parse_record
-from .errors import NoUsableRecordsError, RecordError, UsageError
+from .errors import NoUsableRecordsError, RecordError, SftDataError, UsageError
 from .render import render_batch
 from .sources import RawRecord, SourceInfo, inspect_source, iter_all
 from .store import (DEFAULT_SHARD_TOKENS, REJECTS_FILE, TOKENIZER_FILE, DatasetWriter, Shard,
@@ -195,28 +195,44 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
 
 def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
              tok: ChatTokenizer) -> Iterator[tuple[ChunkResult, int]]:
-    """Chunk results in input order; with workers, at most 2 x workers chunks in flight."""
+    """Chunk results in input order; with workers, at most 2 x workers chunks in flight.
+
+    Workers run in a ``ProcessPoolExecutor``: a worker that dies (killed by the system,
+    out of memory) breaks the pool and ends the run with an error. A
+    ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
     if opts.workers <= 1:
         for items, pos in chunks:
             yield process_chunk(items, tok, opts.mode, opts.max_tokens), pos
         return
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     spec = tok.path or tok.name
-    with ctx.Pool(opts.workers, initializer=_worker_init, initargs=(spec, opts.mode, opts.max_tokens)) as pool:
-        pending: deque = deque()
+    pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
+                               initargs=(spec, opts.mode, opts.max_tokens))
+    pending: deque = deque()
+
+    def next_result() -> tuple[ChunkResult, int]:
+        fut, pos, where = pending.popleft()
         try:
-            for items, pos in chunks:
-                pending.append((pool.apply_async(_worker_run, (items,)), pos))
-                if len(pending) >= 2 * opts.workers:
-                    res, p = pending.popleft()
-                    yield res.get(), p
-            while pending:
-                res, p = pending.popleft()
-                yield res.get(), p
-        finally:
-            pool.terminate()
+            return fut.result(), pos
+        except BrokenProcessPool:
+            raise SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
+                               f"memory) while the records from {where} on were being prepared; nothing was "
+                               f"written. Free memory, or rerun with fewer --workers (--workers 1 uses no "
+                               f"worker process)") from None
+
+    try:
+        for items, pos in chunks:
+            pending.append((pool.submit(_worker_run, items), pos, items[0].where))
+            if len(pending) >= 2 * opts.workers:
+                yield next_result()
+        while pending:
+            yield next_result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:

@@ -3,7 +3,8 @@
 * JSONL (one JSON value per line), streamed line by line: memory does not grow with
   the file. Blank lines are skipped.
 * JSON arrays (a file whose first non-blank byte is ``[``), read whole.
-* Either compressed with gzip (``.gz``).
+* Either compressed with gzip (``.gz``), either starting with a UTF-8 byte order mark
+  (skipped).
 
 Record numbers are global and 0-based: for JSONL the record number of a line is its
 0-based line index plus the record offset of its file; for arrays, the item index plus
@@ -14,6 +15,7 @@ array item) for error messages.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from typing import Any, Iterator
 import orjson
 
 from .errors import InputError
+from .exact_json import InexactJSON, loads
 
 
 @dataclass
@@ -48,12 +51,18 @@ class RawRecord:
 
 
 def _open_binary(path: Path):
+    """(stream of the file's bytes, gunzipped if need be, past a UTF-8 byte order mark;
+    the raw file; compressed?)."""
     f = open(path, "rb")
     magic = f.read(2)
     f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb"), f, True
-    return f, f, False
+    stream, compressed = (gzip.GzipFile(fileobj=f, mode="rb"), True) if magic == b"\x1f\x8b" else (f, False)
+    try:
+        if stream.peek(3)[:3] == codecs.BOM_UTF8:  # Windows tools write one; it is not JSON
+            stream.read(3)
+    except (OSError, EOFError):
+        pass  # a damaged .gz: reading it says so with the file name
+    return stream, f, compressed
 
 
 def inspect_source(path: str | Path) -> SourceInfo:
@@ -91,8 +100,8 @@ def iter_records(info: SourceInfo) -> Iterator[tuple[RawRecord, int]]:
     with raw:
         if info.container == "json":
             try:
-                data = orjson.loads(stream.read())
-            except orjson.JSONDecodeError as e:
+                data = loads(stream.read())  # integers beyond 64 bits stay exact (see exact_json)
+            except (orjson.JSONDecodeError, InexactJSON) as e:
                 raise InputError(f"{p}: not a valid JSON array ({e}); fix the file or convert it to "
                                  f"JSONL (one conversation per line) to skip bad records") from None
             except (OSError, EOFError) as e:

@@ -110,6 +110,9 @@ class GPTDataLoader:
             raise DatasetError(f"train split{f' of {root}' if root else ''} has no run of block_size + 1 = "
                                f"{T + 1} tokens; lower block_size")
         self._steps = {name: 0 for name in self.arrays}
+        from .episode_loader import dataset_identity
+
+        self.identity = dataset_identity(root)
         if cfg.use_loss_mask and rank == 0:
             log.warning("[TokenStreamLoader] use_loss_mask=true has no effect in token_stream mode (no "
                         "episodes, no mask); batches are (x, y)")
@@ -167,7 +170,8 @@ class GPTDataLoader:
     def _fingerprint(self) -> dict:
         return {"dataset_mode": self.mode, "epoch_seed": self.cfg.epoch_seed, "batch_size": self.cfg.batch_size,
                 "block_size": self.cfg.block_size, "world_size": self.world_size,
-                "num_tokens": {s: int(sum(a.shape[0] for a in v)) for s, v in sorted(self.arrays.items())}}
+                "num_tokens": {s: int(sum(a.shape[0] for a in v)) for s, v in sorted(self.arrays.items())},
+                "dataset_content_sha256": self.identity}
 
     def state_dict(self) -> dict:
         from .episode_loader import STATE_FORMAT, STATE_VERSION

@@ -33,8 +33,6 @@ A final assistant call with no result after it is a legitimate training target.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 import orjson
@@ -42,36 +40,18 @@ import orjson
 from .conversation import (ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn,
                            _text_of, message_role, normalise_turns, raw_messages)
 from .errors import RecordError
+from .exact_json import InexactJSON, check_exact, loads
 
 CALL_FROMS = {"function_call", "tool_call"}  # ShareGPT turns holding a call
 RESULT_ROLES = {"tool", "observation", "function", "function_response", "ipython"}
-_LONG_DIGITS = re.compile(r"\d{19,}")
-
-
-class InexactJSON(ValueError):
-    """JSON that orjson reads but would not give back unchanged."""
-
-
-def _int64(text: str) -> int:
-    i = int(text)
-    if not -(1 << 63) <= i < (1 << 64):
-        raise InexactJSON(f"the integer {text} does not fit in 64 bits (it would be changed); "
-                          f"write it as a string")
-    return i
 
 
 def _loads(text: str) -> Any:
-    """orjson.loads, refusing what it would silently change: orjson reads an integer
-    beyond 64 bits as a float, which would re-serialise as a different number.
-    Raises orjson.JSONDecodeError or InexactJSON (both ValueErrors)."""
-    value = orjson.loads(text)
-    if _LONG_DIGITS.search(text):
-        try:
-            json.loads(text, parse_int=_int64)
-        except InexactJSON:
-            raise
-        except (ValueError, RecursionError):  # orjson already accepted the text
-            pass
+    """JSON text inside a record (arguments, a function_call value, tools), refusing a
+    number that would be rendered changed. Raises orjson.JSONDecodeError or InexactJSON
+    (both ValueErrors)."""
+    value = loads(text)
+    check_exact(value)
     return value
 
 
@@ -132,6 +112,10 @@ def parse_tools(value: Any, where: str) -> tuple[dict, ...]:
             if not isinstance(params, dict):
                 raise RecordError("invalid_tools", f"tool {name!r} has 'parameters' of type "
                                   f"{type(params).__name__}; expected a JSON schema object", where)
+            try:
+                check_exact(params)
+            except InexactJSON as e:
+                raise RecordError("invalid_tools", f"tool {name!r}: {e}", where) from None
             schema["parameters"] = params
         out.append(schema)
     return tuple(out)
@@ -151,6 +135,12 @@ def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
             raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r} are "
                               f"not valid JSON ({e}): {shown!r}; write them as a JSON object "
                               f"('{{}}' for none)", where) from None
+    elif isinstance(raw, dict):  # read with the record: check what _loads checks for JSON text
+        try:
+            check_exact(raw)
+        except InexactJSON as e:
+            raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r}: {e}",
+                              where) from None
     if not isinstance(value, dict):
         raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r} are a "
                           f"JSON {type(value).__name__}, not an object; wrap them as {{\"param\": value}}",

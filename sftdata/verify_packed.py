@@ -18,7 +18,8 @@ each row is a run of segments from offset 0, then padding::
 * padding: the tail of every row after its last segment is ``packing.pad_token_id``;
 * references: no episode token in two segments, one record number per episode, and,
   when the source dataset is still at its recorded path unchanged, every segment's
-  tokens equal its source episode's tokens and its record number the source's.
+  tokens equal its source episode's tokens, its record number the source's, and its
+  injected context (stream) what ``stream_prefix`` injects for that episode there.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import SftDataError
 from .packing import gather_ranges, segment_masks
 from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE, open_dataset,
                     sha256_file)
+from .stream_packing import stream_prefix
+from .tokenizer import MarkerIds
 from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index
 from .verify_content import span_at
 
@@ -258,11 +262,15 @@ def check_references(parts: list[Part], meta: dict, root: Path, notes: list[str]
     dataset is at its recorded path and unchanged, equal to the source episodes."""
     out: list[Problem] = []
     src_info = meta.get("source") or {}
-    src_ds = None
+    src_ds = markers = None
     src_path = Path(str(src_info.get("path", "")))
     if src_info.get("path") and (src_path / METADATA_FILE).is_file():
         if sha256_file(src_path / METADATA_FILE) == src_info.get("metadata_sha256"):
             src_ds = open_dataset(src_path)
+            try:
+                markers = MarkerIds.from_special_tokens((src_ds.tokenizer_state or {})["special_tokens"])
+            except (SftDataError, KeyError, TypeError):
+                notes.append(f"the source dataset {src_path} records no chat markers: injected context not checked")
         else:
             notes.append(f"the source dataset {src_path} changed since packing (its metadata sha256 differs): "
                          "segments not compared with its episodes")
@@ -320,7 +328,32 @@ def check_references(parts: list[Part], meta: dict, root: Path, notes: list[str]
                 add(i, f"segment names record {src[i]} for episode {ep[i]}; the source episode came from record "
                        f"{srcs[ep[i]]}", "record_mismatch", bad.size)
         _compare_tokens(mine, seg, owner, local, sp, add)
+        if markers is not None:
+            _compare_prefixes(mine, seg, owner, local, sp, markers, add)
     return out
+
+
+def _compare_prefixes(mine, seg, owner, local, sp, markers: MarkerIds, add) -> None:
+    """Each injected prefix equals what stream packing injects for its episode at its
+    start (``stream_packing.stream_prefix``): the conversation's own system span and
+    ``<|USER|>``. One call per rewritten row; bfd rows have none."""
+    for i in np.flatnonzero(seg[:, 3] > 0).tolist():
+        part = mine[int(owner[i])]
+        at = int(seg[i, 0]) * int(part.lengths[0]) + int(seg[i, 1])
+        got = np.asarray(part.tokens[at:at + int(seg[i, 3])]).astype(np.int64)
+        ep, start = int(seg[i, 4]), int(seg[i, 5])
+        want = stream_prefix(np.asarray(sp.episode(ep)[0]), start, markers)[0] if start > 0 else None
+        if want is None or not np.array_equal(got, want):
+            should = "none (the row is not rewritten there)" if want is None else \
+                " ".join(_token_name(int(t), markers) for t in want[:8]) + (" ..." if want.size > 8 else "")
+            add(i, f"segment {int(local[i])}'s injected context ({int(seg[i, 3])} token(s)) is not what stream "
+                   f"packing injects for episode {ep} at its token {start} ({should})", "prefix_differs")
+            return
+
+
+def _token_name(t: int, m: MarkerIds) -> str:
+    names = {v: k for k, v in m.as_dict().items()}
+    return names.get(t, str(t))
 
 
 def _compare_tokens(mine, seg, owner, local, sp, add) -> None:

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -215,6 +216,37 @@ def test_resume_with_other_settings_is_refused(ds):
     bad = {**state, "steps": {"train": -1}}
     with pytest.raises(ConfigError, match="must be an integer >= 0"):
         load(ds, batch_size=2).load_state_dict(bad)
+
+
+def test_resume_on_another_dataset_with_the_same_counts_is_refused(tmp_path, monkeypatch):
+    """Episode counts alone do not identify a dataset: re-prepared with another split seed
+    (or edited records), the same ids are other conversations, so the batches after the
+    resume would not be those of the run. A copy elsewhere, or the same data prepared
+    again from the input named another way, resumes."""
+    from conftest import chat, write_jsonl
+    from sftdata.prepare import PrepareOptions, prepare
+
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(12)])
+    prepare([src], tmp_path / "a", PrepareOptions(val_split=0.25, seed=1))
+    prepare([src], tmp_path / "b", PrepareOptions(val_split=0.25, seed=2))
+    shutil.copytree(tmp_path / "a", tmp_path / "a_copy")
+    monkeypatch.chdir(tmp_path)
+    prepare(["in.jsonl"], tmp_path / "a_again", PrepareOptions(val_split=0.25, seed=1))
+    first = load(tmp_path / "a", batch_size=2)
+    first.get_batch("train")
+    state = json.loads(json.dumps(first.state_dict()))
+    other = load(tmp_path / "b", batch_size=2)
+    assert other.ds.split("train").num_episodes == first.ds.split("train").num_episodes
+    with pytest.raises(ConfigError, match=r"cannot resume: .*dataset_content_sha256: saved '[0-9a-f]{64}', now "
+                                          r"'[0-9a-f]{64}'"):
+        other.load_state_dict(state)
+    expected = first.get_batch("train")[0].tolist()
+    for again in ("a_copy", "a_again"):
+        resumed = load(tmp_path / again, batch_size=2)
+        resumed.load_state_dict(state)
+        assert resumed.get_batch("train")[0].tolist() == expected
+    del state["order"]["dataset_content_sha256"]  # a state saved before the field existed still resumes
+    load(tmp_path / "b", batch_size=2).load_state_dict(state)
 
 
 def test_without_mask_file_batches_are_xy_with_one_warning(tmp_path, caplog):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from sftdata.masking import loss_mask
+from sftdata.masking import loss_mask, rule_mask
 from sftdata.tokenizer import MarkerIds
 
 M = MarkerIds(system=1001, user=1002, assistant=1003, tool=1004, tool_call=1005, end=1006, eos=1000)
@@ -89,6 +89,27 @@ def test_matches_a_per_token_reference_on_random_sequences():
     for _ in range(300):
         ids = rng.choice(alphabet, size=rng.integers(0, 40))
         assert mask_of(ids) == reference(ids.tolist())
+
+
+def test_rule_mask_says_where_an_unclosed_assistant_stops_the_rule():
+    assert rule_mask(np.array([U, 5, E, A, 6, E, U, 7, E, A, 8, EOS, U, 9, E, A, 1, E]), M)[1] == 9
+    assert rule_mask(np.array([U, 5, E, A, 6, E, EOS]), M)[1] == -1
+    rng = np.random.default_rng(1)
+    alphabet = np.array([S, U, A, T, C, E, EOS, 5, 6])
+    for _ in range(300):
+        ids = rng.choice(alphabet, size=rng.integers(0, 30)).tolist()
+        mask, stop = rule_mask(np.array(ids, dtype=np.uint32), M)
+        assert mask.tolist() == reference(ids) and stop == reference_stop(ids)
+
+
+def reference_stop(ids):
+    """Position of the first <|ASSISTANT|> whose next span marker (or EOS) is not <|END|>."""
+    for i, t in enumerate(ids):
+        if t == A:
+            nxt = [x for x in ids[i + 1:] if x in (S, U, A, T, E, EOS)]
+            if not nxt or nxt[0] != E:
+                return i
+    return -1
 
 
 def reference(ids):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sftdata import prepare as prep
-from sftdata.errors import NoUsableRecordsError, OutputExistsError, RecordError, UsageError
+from sftdata.errors import NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
 from sftdata.prepare import PrepareOptions, prepare, split_assignment
 from sftdata.store import open_dataset, sha256_file
 
@@ -43,6 +43,39 @@ def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
     a, b, c = tree_bytes(tmp_path / "a"), tree_bytes(tmp_path / "b"), tree_bytes(tmp_path / "c")
     assert a == b == c
     assert len([k for k in a if k.endswith("tokens.bin")]) > 2
+
+
+def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """A worker process killed by the system (out of memory) used to leave prepare waiting
+    forever for its chunk; now prepare stops with a message and leaves nothing behind."""
+    import os
+    import signal
+
+    monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)
+    real = prep.process_chunk
+
+    def dying(items, *args):
+        if any(r.record == 30 for r in items):
+            os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+        return real(items, *args)
+
+    monkeypatch.setattr(prep, "process_chunk", dying)
+    src = write_jsonl(tmp_path / "in.jsonl", records(60))
+
+    def too_slow(*_):
+        raise TimeoutError("prepare hangs on a dead worker")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(60)
+    try:
+        with pytest.raises(SftDataError, match=r"a worker process stopped unexpectedly .* rerun with fewer "
+                                               r"--workers") as e:
+            prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "in.jsonl:line" in str(e.value)
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_multi_shard_output_with_tiny_shard_tokens(tmp_path):
@@ -103,6 +136,23 @@ def test_existing_output_is_refused_without_overwrite(tmp_path):
         prepare([src], tmp_path / "ds", PrepareOptions())
     s = prepare([src], tmp_path / "ds", PrepareOptions(overwrite=True))
     assert s.episodes == {"train": 3}
+
+
+def test_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_path):
+    """--output-dir pointing at the folder of the inputs (or any other folder) with
+    --overwrite must not delete that folder and the inputs in it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src = write_jsonl(data / "in.jsonl", records(3))
+    (data / "notes.txt").write_text("keep me")
+    with pytest.raises(OutputExistsError, match=r"data is not an sftdata dataset \(no dataset_metadata.json\); "
+                                                 r"--overwrite replaces only a dataset"):
+        prepare([src], data, PrepareOptions(overwrite=True))
+    assert sorted(p.name for p in data.iterdir()) == ["in.jsonl", "notes.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no temporary folder left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert prepare([src], empty, PrepareOptions(overwrite=True)).episodes == {"train": 3}
 
 
 def test_metadata_checksums_match_the_files(tmp_path):
@@ -172,6 +222,23 @@ def test_gzip_json_array_and_several_inputs_number_records_globally(tmp_path):
     assert s.records_read == 6
 
 
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
+    """Files saved by Windows tools often start with a UTF-8 BOM: the first JSONL record
+    must not be rejected for it, nor a JSON array be read as JSONL."""
+    bom = b"\xef\xbb\xbf"
+    a = tmp_path / "a.jsonl"
+    a.write_bytes(bom + b"\n".join(json.dumps(r).encode() for r in records(2)) + b"\n")
+    b = tmp_path / "b.json"
+    b.write_bytes(bom + b"[\n" + b",\n".join(json.dumps(r).encode() for r in records(2)) + b"\n]\n")
+    c = tmp_path / "c.json.gz"
+    c.write_bytes(gzip.compress(bom + json.dumps(records(1)).encode()))
+    s = prepare([a, b, c], tmp_path / "ds", PrepareOptions())
+    assert s.rejected == {} and s.episodes == {"train": 5}
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.split("train").sources.tolist() == [0, 1, 2, 3, 4]
+    assert [x["container"] for x in ds.metadata["sources"]] == ["jsonl", "json", "json"]
+
+
 def test_input_errors(tmp_path):
     from sftdata.errors import InputError
 
@@ -193,3 +260,17 @@ def test_all_tool_records_point_to_prepare_tool(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
     with pytest.raises(NoUsableRecordsError, match=r"tool_conversation: 2\).*`sftdata prepare-tool`"):
         prepare([src], tmp_path / "ds", PrepareOptions())
+
+
+def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):
+    """A JSON array is decoded whole, not line by line: a tool call's integer beyond 64 bits
+    must be refused there too (orjson alone would turn it into a float and train on it)."""
+    call = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                 "function": {"name": "f", "arguments": {"n": 7}}}]}
+    ok = {"messages": [{"role": "user", "content": "q"}, call]}
+    src = tmp_path / "in.json"
+    src.write_text("[" + json.dumps(ok) + "," + json.dumps(ok).replace('"n": 7', '"n": 123456789012345678901') + "]")
+    s = prepare([src], tmp_path / "ds", PrepareOptions(mode="tool"))
+    assert s.rejected == {"invalid_arguments": 1} and s.episodes == {"train": 1}
+    (rej,) = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
+    assert rej["record"] == 1 and "the integer 123456789012345678901 does not fit in 64 bits" in rej["message"]

@@ -100,3 +100,33 @@ def test_dataset_rebuilds_its_tokenizer(tmp_path, tok):
     (tmp_path / "ds" / "tokenizer_state.json").unlink()
     with pytest.raises(DatasetError, match="has no tokenizer_state.json"):
         open_dataset(tmp_path / "ds").tokenizer()
+
+
+def _tiny(w):
+    sw = w.split("train", np.dtype(np.uint16), 10)
+    sw.add_many(np.array([1, 2], np.uint32), np.array([0, 1], np.uint8), [2], [0])
+    return {"kind": "episodes", "token_dtype": "uint16", "splits": {"train": sw.close()}}
+
+
+def test_a_failed_final_rename_puts_the_old_dataset_back(tmp_path, monkeypatch):
+    """commit moves the old dataset aside, then the new one in; if the second move fails,
+    the old dataset must be back at the target, not left in a hidden folder."""
+    with DatasetWriter(tmp_path / "ds") as w:
+        w.commit(_tiny(w))
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    import sftdata.store.writer as writer
+
+    real = writer.os.replace
+    calls = []
+
+    def failing(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise OSError("disk trouble")
+        real(a, b)
+
+    monkeypatch.setattr(writer.os, "replace", failing)
+    with pytest.raises(OSError, match="disk trouble"):
+        with DatasetWriter(tmp_path / "ds", overwrite=True) as w:
+            w.commit(_tiny(w))
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before

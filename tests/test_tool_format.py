@@ -448,3 +448,40 @@ def test_glaive_empty_tools_text_is_plain_chat_for_prepare_chat():
     rec = {"tools": "[]", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
     assert not is_tool_record(rec) and is_tool_record(dict(rec, tools='[{"name": "f"}]'))
     assert [t.role for t in parse_record(rec, "w", "chat").turns] == ["user", "assistant"]
+
+
+BIG = 123456789012345678901  # beyond 64 bits: orjson would read it as the float 1.2345678901234568e20
+
+
+@pytest.mark.parametrize("reason,match,line", [
+    ("invalid_arguments", f"message 1: the arguments of call 'get_weather': the integer {BIG} does not fit",
+     '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "c1", '
+     '"type": "function", "function": {"name": "get_weather", "arguments": {"n": %d}}}]}]}' % BIG),
+    ("invalid_arguments", f"the integer -{BIG} does not fit",
+     '{"tools": [], "conversations": [{"from": "human", "value": "x"}, {"from": "function_call", '
+     '"value": {"name": "f", "arguments": {"deep": [1, {"n": -%d}]}}}]}' % BIG),
+    ("invalid_tools", f"tool 'f': the integer {BIG} does not fit",
+     '{"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+     '"maximum": %d}}}], "messages": [{"role": "user", "content": "x"}, '
+     '{"role": "assistant", "content": "y"}]}' % BIG),
+])
+def test_integers_beyond_64_bits_inside_the_record_are_refused_like_in_json_text(reason, match, line):
+    """Arguments and schemas written as JSON objects (not JSON text) are read with the record;
+    a number orjson cannot hold exactly must be refused there too, not trained as another number."""
+    for raw in (line.encode(), line):
+        with pytest.raises(RecordError, match=match) as e:
+            parse_record(raw, "f.jsonl:line 3", "tool")
+        assert e.value.reason == reason
+
+
+def test_64_bit_integers_inside_the_record_render_exactly_and_big_ones_elsewhere_are_harmless(tok):
+    line = ('{"id": %d, "messages": [{"role": "user", "content": "x %d"}, {"role": "assistant", "tool_calls": '
+            '[{"id": 7, "type": "function", "function": {"name": "f", "arguments": {"big": 18446744073709551615, '
+            '"neg": -9223372036854775808, "f": 0.1}}}]}]}') % (BIG, BIG)
+    conv = parse_record(line.encode(), "w", "tool")
+    call = conv.turns[1].tool_calls[0]
+    assert call.arguments == {"big": 2**64 - 1, "neg": -2**63, "f": 0.1} and call.id == "7"
+    text = tok.decode(render(conv, tok).ids.tolist())
+    assert '{"name":"f","arguments":{"big":18446744073709551615,"f":0.1,"neg":-9223372036854775808}}' in text
+    chat_line = '{"id": %d, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    assert parse_record((chat_line % BIG).encode(), "w", "chat").turns[1].text == "a"

@@ -198,6 +198,25 @@ def test_unclosed_assistant_does_not_blame_the_episodes_after_it(ds, tmp_path):
         "split train holds 48 trained tokens in 2 shard(s); dataset_metadata.json recorded 52"]
 
 
+def test_masks_untrained_after_an_unclosed_assistant_are_still_compared_per_episode(ds):
+    """After an episode with an unclosed assistant span, one rule call over the shard says
+    0 for every later token; the stored masks of the episodes after it must still be
+    compared with their own rule's: episodes 1 and 2 train nothing here, wrongly."""
+    tok = load_tokenizer()
+    d = shard(ds)
+    toks = np.fromfile(d / "tokens.bin", dtype="<u4")
+    toks[17] = 13  # episode 0's closing <|END|> becomes "."
+    toks.tofile(d / "tokens.bin")
+    m = np.fromfile(d / "mask.bin", dtype=np.uint8)
+    m[:19] = loss_mask(toks[:19], tok.ids)
+    m[19:19 + 28 + 30] = 0  # episodes 1 and 2 (28 and 30 tokens): their assistant spans untrained
+    m.tofile(d / "mask.bin")
+    (prob,) = by_check(verify(ds, quick=True), "mask_rule")
+    assert prob.episode == 1 and prob.byte == 19 + 6
+    assert prob.message == ("the mask of episode 1 leaves 14 token(s) untrained that the rule trains (first: token "
+                            "6, in a <|ASSISTANT|> span); 2 episodes of this shard differ")
+
+
 def test_missing_file(ds):
     (shard(ds) / "mask.bin").unlink()
     r = verify(ds)

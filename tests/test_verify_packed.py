@@ -171,6 +171,18 @@ def test_segment_tokens_differ_from_the_source(bfd):
                             "were not packed from this source, or were changed")
 
 
+def test_injected_context_changed(stream):
+    """The injected tokens are context only (mask 0), but they are what the model sees
+    before the row's episode tokens: they must be the conversation's own system span and
+    <|USER|>, as stream packing injects them, not anything else."""
+    edit(shard(stream) / "tokens.bin", "<u4", lambda t: t.__setitem__(41, 100279))  # <|USER|> -> <|ASSISTANT|>
+    (prob,) = problems(stream, "references", quick=True)
+    assert prob.code == "prefix_differs" and (prob.episode, prob.byte) == (1, 112)
+    assert prob.message == ("segment 2's injected context (1 token(s)) is not what stream packing injects for "
+                            "episode 1 at its token 22 (<|USER|>)")
+    assert problems(stream, "mask_rule", quick=True) == []
+
+
 def test_episode_in_two_segments_and_record_mismatch(bfd):
     p = shard(bfd) / "segments.idx"
     seg = read_segments(p)

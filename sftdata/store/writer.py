@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import OutputExistsError
 from .layout import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE,
-                     SEGMENTS_FILE, SOURCES_FILE, TOKENS_FILE, DEFAULT_SHARD_TOKENS, dumps_json,
-                     sha256_file, shard_name)
+                     SEGMENTS_FILE, SOURCES_FILE, TOKENS_FILE, DEFAULT_SHARD_TOKENS, detect_layout,
+                     dumps_json, sha256_file, shard_name)
 
 class _HashedFile:
     """A binary file written sequentially whose sha256 and size are known on close."""
@@ -122,6 +122,12 @@ class SplitWriter:
         }
 
 
+def _replaceable(folder: Path) -> bool:
+    """A folder ``--overwrite`` may replace: empty, or a dataset (complete, or an older
+    layout), never an arbitrary folder."""
+    return (folder / METADATA_FILE).is_file() or detect_layout(folder) is not None or not any(folder.iterdir())
+
+
 class DatasetWriter:
     """Context manager that builds a dataset in a temporary folder and renames it into
     place on ``commit``. Leaving the block without ``commit`` (an exception, Ctrl-C)
@@ -140,6 +146,11 @@ class DatasetWriter:
         if self.target.exists() and not self.target.is_dir():
             raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
                                     f"another --output-dir")
+        if self.target.exists() and not _replaceable(self.target):
+            # e.g. --output-dir naming the folder of the inputs: replacing it would delete them
+            raise OutputExistsError(f"{self.target} is not an sftdata dataset (no {METADATA_FILE}); --overwrite "
+                                    f"replaces only a dataset (or an empty folder). Choose another --output-dir, "
+                                    f"or remove the folder yourself")
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir()
@@ -177,7 +188,12 @@ class DatasetWriter:
         if self.target.exists():
             old = self.target.parent / f".{self.target.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(self.target, old)
-        os.replace(self.path, self.target)
+        try:
+            os.replace(self.path, self.target)
+        except BaseException:
+            if old is not None:  # the new dataset did not arrive: the old one goes back
+                os.replace(old, self.target)
+            raise
         self._committed = True
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
