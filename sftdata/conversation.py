@@ -30,7 +30,7 @@ repaired                   dropped_empty_turn (blank message removed),
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
@@ -236,16 +236,31 @@ def parse_chat(obj: Any, where: str) -> Conversation:
     return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs))
 
 
+def has_weight_zero(obj: Any) -> bool:
+    """True when an assistant message carries OpenAI's ``"weight": 0`` (do not train)."""
+    msgs = obj.get("messages") if isinstance(obj, dict) else None
+    return isinstance(msgs, list) and any(
+        isinstance(m, dict) and m.get("weight") == 0 and m.get("role") == "assistant" for m in msgs)
+
+
 def parse_record(raw: Any, where: str, mode: str = "chat") -> Conversation:
-    """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``."""
+    """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``.
+
+    OpenAI's per-message ``"weight": 0`` cannot be expressed by the one mask rule (the
+    mask must be re-derivable from the tokens): such turns are trained like any other,
+    and the record is counted as ``weight_0_ignored`` so the summary says so."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
     if mode == "chat":
         if is_tool_record(obj):
             raise RecordError("tool_conversation", "the record has tool schemas, calls or results; "
                               "prepare it with `sftdata prepare-tool`", where)
-        return parse_chat(obj, where)
-    if mode == "tool":
+        conv = parse_chat(obj, where)
+    elif mode == "tool":
         from .tool_format import parse_tool
 
-        return parse_tool(obj, where)
-    raise ValueError(f"unknown mode {mode!r}")
+        conv = parse_tool(obj, where)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    if has_weight_zero(obj):
+        conv = replace(conv, repairs=conv.repairs + ("weight_0_ignored",))
+    return conv

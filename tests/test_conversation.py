@@ -84,3 +84,13 @@ def test_several_system_messages_are_joined_first():
                                                   {"role": "user", "content": "u"},
                                                   {"role": "assistant", "content": "a"}]}, W)
     assert c.turns[0] == Turn("system", "A\n\nB")
+
+
+def test_weight_zero_is_counted_not_silently_dropped():
+    raw = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a", "weight": 0},
+                        {"role": "user", "content": "u2"}, {"role": "assistant", "content": "b", "weight": 1}]}
+    c = parse_record(raw, W)
+    assert [t.text for t in c.turns] == ["u", "a", "u2", "b"]
+    assert c.repairs == ("weight_0_ignored",)
+    raw["messages"][1]["weight"] = 1
+    assert parse_record(raw, W).repairs == ()
