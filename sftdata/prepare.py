@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -170,6 +171,11 @@ _WORKER: dict = {}
 
 
 def _worker_init(tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
+    # pool; a worker that died of it would print a traceback and leave a task unanswered
+    # (pool.terminate() then hangs). SIGTERM (how the pool ends workers) keeps its default.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER["tok"] = load_tokenizer(tokenizer_spec)
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens

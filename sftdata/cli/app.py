@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from typing import Annotated, Callable
 
@@ -53,6 +54,15 @@ def fail(message: str, code: int = 1) -> "typer.Exit":
     return typer.Exit(code)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a job scheduler), raised like Ctrl-C so that the
+    temporary folder of a dataset being written is removed on the way out."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Map library errors to a red message and an exit code; never a traceback."""
 
@@ -62,7 +72,9 @@ def handle_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except SftDataError as e:
             raise fail(str(e), e.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                raise fail("terminated (SIGTERM); nothing was written to the output", 143) from None
             raise fail("interrupted; nothing was written to the output", 130) from None
 
     return wrapper
@@ -94,4 +106,5 @@ def make_progress(quiet: bool) -> Progress:
 
 
 def main() -> None:
-    app()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    app(prog_name="sftdata")
