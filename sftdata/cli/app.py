@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Callable
 
 import orjson
@@ -15,7 +17,7 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColu
 from rich.text import Text
 
 from .. import __version__
-from ..errors import SftDataError
+from ..errors import DatasetError, SftDataError
 
 app = typer.Typer(
     name="sftdata",
@@ -63,6 +65,33 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+_OS_HINTS = {
+    errno.EACCES: "check the permissions of that path, or choose another one",
+    errno.EPERM: "check the permissions of that path, or choose another one",
+    errno.EROFS: "that file system is read-only: choose another path",
+    errno.ENOSPC: "the disk is full: free some space, or choose another path",
+    errno.EDQUOT: "the disk quota is exceeded: free some space, or choose another path",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
+    errno.EISDIR: "that path is a folder; give a file",
+    errno.EEXIST: "something is already there (perhaps a file where a folder is needed): choose another path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+}
+
+
+def os_error_message(e: OSError) -> str:
+    """``path: what the system said; what to do`` for an OSError the library did not
+    turn into a typed error (a full disk mid-write, a path without permission...)."""
+    if e.filename and e.errno in (errno.EEXIST, errno.ENOTDIR):
+        path = Path(e.filename)
+        blocker = next((p for p in (path, *path.parents) if p.is_file()), None)
+        if blocker is not None:
+            return f"{blocker} is a file, where a folder is needed; remove it or choose another path"
+    where = f"{e.filename}: " if e.filename else ""
+    what = e.strerror or str(e)
+    hint = _OS_HINTS.get(e.errno or 0)
+    return f"{where}{what}" + (f"; {hint}" if hint else "")
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Map library errors to a red message and an exit code; never a traceback."""
 
@@ -76,8 +105,25 @@ def handle_errors(fn: Callable) -> Callable:
             if isinstance(e, Terminated):
                 raise fail("terminated (SIGTERM); nothing was written to the output", 143) from None
             raise fail("interrupted; nothing was written to the output", 130) from None
+        except BrokenPipeError:  # `sftdata ... | head`: the reader left; click ends quietly
+            raise
+        except OSError as e:
+            raise fail(os_error_message(e), 1) from None
 
     return wrapper
+
+
+def dataset_dir(path: Path) -> Path:
+    """A command's dataset argument, checked before the library opens it, so that a file
+    (often the input given by mistake) or a wrong path says what to give instead."""
+    if path.is_file():
+        raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
+                           f"`prepare-tool` wrote (its --output-dir); to make one from this file: "
+                           f"sftdata prepare-chat {path} --output-dir DIR")
+    if not path.exists():
+        raise DatasetError(f"dataset folder {path} does not exist; check the path, or make the dataset with "
+                           f"`sftdata prepare-chat INPUT --output-dir {path}`")
+    return path
 
 
 def print_json(obj) -> None:

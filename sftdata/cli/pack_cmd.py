@@ -12,7 +12,7 @@ from rich.table import Table
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, print_json
+from .app import JsonOpt, QuietOpt, app, dataset_dir, err_console, handle_errors, print_json
 
 
 def report_table(r: PackReport) -> Table:
@@ -77,6 +77,7 @@ def pack_command(
 
     Example: sftdata pack data/chat_sft --output-dir data/chat_sft_packed --block-size 2048
     """
+    dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),

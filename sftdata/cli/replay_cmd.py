@@ -12,7 +12,7 @@ from rich.table import Table
 from ..config import LoaderConfig
 from ..errors import UsageError
 from ..replay import Replay, check_audit_log, replay_order
-from .app import JsonOpt, app, err_console, handle_errors, out_console, print_json
+from .app import JsonOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 
@@ -95,6 +95,7 @@ def replay_order_cmd(
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
+    dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
     if check_audit is not None:
         res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, out_console, print_json
+from .app import JsonOpt, QuietOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -78,6 +78,7 @@ def verify_cmd(
 
     Example: sftdata verify data/chat_sft
     """
+    dataset_dir(path)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with bar:

@@ -1,0 +1,93 @@
+"""Errors every command shares: a wrong dataset path, an output path blocked by a file,
+a system error mid-run, an interruption. One red line each, the right exit code, never
+a traceback."""
+
+import errno
+
+import pytest
+from typer.testing import CliRunner
+
+from sftdata.cli import app, pack_cmd, prepare_cmd
+from sftdata.prepare import PrepareOptions, prepare
+
+from conftest import chat, write_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    src = write_jsonl(root / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(6)])
+    return prepare([src], root / "ds", PrepareOptions(workers=1))
+
+
+def _error(r) -> str:
+    assert "Traceback" not in r.output
+    return r.output.strip()
+
+
+@pytest.mark.parametrize("argv", [["inspect"], ["verify"], ["pack", "-o", "OUT"], ["replay-order"]])
+def test_a_file_given_as_the_dataset_says_what_to_give(tmp_path, argv):
+    src = write_jsonl(tmp_path / "chats.jsonl", [chat("q", "a")])
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    r = runner.invoke(app, [args[0], str(src), *args[1:]])
+    assert r.exit_code == 1
+    assert _error(r) == (f"error: {src} is a file, not a dataset folder: give the folder that `sftdata "
+                         f"prepare-chat` / `prepare-tool` wrote (its --output-dir); to make one from this file: "
+                         f"sftdata prepare-chat {src} --output-dir DIR")
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "replay-order"])
+def test_a_missing_dataset_says_how_to_make_it(tmp_path, command):
+    r = runner.invoke(app, [command, str(tmp_path / "nope")])
+    assert r.exit_code == 1
+    assert _error(r) == (f"error: dataset folder {tmp_path / 'nope'} does not exist; check the path, or make "
+                         f"the dataset with `sftdata prepare-chat INPUT --output-dir {tmp_path / 'nope'}`")
+
+
+def test_an_output_dir_under_a_file_is_an_error_not_a_traceback(tmp_path, dataset):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(blocker / "ds"), "-j", "1"])
+    assert r.exit_code == 1
+    assert _error(r) == f"error: {blocker} is a file, where a folder is needed; remove it or choose another path"
+    r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(blocker / "sub" / "packed"), "-q"])
+    assert r.exit_code == 1
+    assert _error(r) == f"error: {blocker} is a file, where a folder is needed; remove it or choose another path"
+    assert blocker.read_text() == "x"
+
+
+def test_a_system_error_mid_run_is_one_line_with_a_hint(tmp_path, monkeypatch):
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "ds/train/shard_00000/tokens.bin")
+
+    monkeypatch.setattr(prepare_cmd, "prepare", full_disk)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds")])
+    assert r.exit_code == 1
+    assert _error(r) == ("error: ds/train/shard_00000/tokens.bin: No space left on device; the disk is full: "
+                         "free some space, or choose another path")
+
+
+def test_permission_denied_names_the_path(tmp_path, monkeypatch, dataset):
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/packed")
+
+    monkeypatch.setattr(pack_cmd, "pack", denied)
+    r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", "/data/packed", "-q"])
+    assert r.exit_code == 1
+    assert _error(r) == ("error: /data/packed: Permission denied; check the permissions of that path, or choose "
+                         "another one")
+
+
+def test_ctrl_c_is_exit_130_with_one_line(tmp_path, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_cmd, "prepare", interrupted)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds")])
+    assert r.exit_code == 130
+    assert _error(r) == "error: interrupted; nothing was written to the output"
