@@ -91,3 +91,15 @@ def test_ctrl_c_is_exit_130_with_one_line(tmp_path, monkeypatch):
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds")])
     assert r.exit_code == 130
     assert _error(r) == "error: interrupted; nothing was written to the output"
+
+
+def test_an_error_before_any_work_is_printed_alone(tmp_path, dataset):
+    """No empty progress bar, no blank line above the message."""
+    r = runner.invoke(app, ["prepare-chat", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "ds")])
+    assert (r.exit_code, r.output) == (1, f"error: input file {tmp_path / 'missing.jsonl'} does not exist\n")
+    r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(tmp_path / "p"), "--block-size", "0"])
+    assert (r.exit_code, r.output) == (2, "error: --block-size must be at least 1, got 0\n")
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(app, ["verify", str(tmp_path / "empty")])
+    assert (r.exit_code, r.output) == (1, f"error: {tmp_path / 'empty'} holds no dataset: expected train/shard_*/ "
+                                          f"folders or train/tokens.bin\n")

@@ -12,7 +12,7 @@ from rich.table import Table
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, QuietOpt, app, dataset_dir, err_console, handle_errors, print_json
+from .app import JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, handle_errors, print_json
 
 
 def report_table(r: PackReport) -> Table:
@@ -82,11 +82,10 @@ def pack_command(
                        shard_tokens=shard_tokens, overwrite=overwrite)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, disable=quiet or as_json) as bar:
-        task = bar.add_task("pack", total=None)
+    with LazyProgress(Progress(*columns, console=err_console, disable=quiet or as_json)) as bar:
 
         def on_progress(p):
-            bar.update(task, description=f"pack {p.split}", completed=p.rows_done, total=p.rows_total)
+            bar.update(f"pack {p.split}", completed=p.rows_done, total=p.rows_total)
 
         report = pack(dataset, output_dir, opts, progress=on_progress)
     if as_json:

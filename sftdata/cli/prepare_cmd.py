@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, make_progress, print_json
+from .app import JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json
 
 InputsArg = Annotated[list[Path], typer.Argument(
     help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped (.gz).",
@@ -67,13 +67,11 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else default_workers(),
                           strict=strict, overwrite=overwrite)
-    with make_progress(quiet or as_json) as bar:
-        tasks = []  # the bar appears with the first progress report, after the inputs were checked
+    with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
-            if not tasks:
-                tasks.append(bar.add_task(f"prepare-{mode}", total=p.bytes_total, records=0, tokens=0))
-            bar.update(tasks[0], completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+            bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
+                       tokens=p.tokens)
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress)
     if as_json:

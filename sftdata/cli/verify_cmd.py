@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import JsonOpt, QuietOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
+from .app import (JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, handle_errors, out_console,
+                   print_json)
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -81,10 +82,9 @@ def verify_cmd(
     dataset_dir(path)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
-    with bar:
-        task = bar.add_task("verify", total=None)
+    with LazyProgress(bar) as lazy:
         report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+                        progress=lambda done, total: lazy.update("verify", completed=done, total=total))
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:
