@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
@@ -61,11 +63,28 @@ def summary_table(s: PrepareSummary) -> Table:
     return t
 
 
+def min_val_split(n: int) -> float:
+    """The smallest --val-split, rounded up to two significant digits, that puts at least
+    one of ``n`` episodes in val (the split takes floor(f x n + 0.5))."""
+    f = 0.5 / n
+    step = 10.0 ** (math.floor(math.log10(f)) - 1)
+    return round(math.ceil(f / step) * step, 12)
+
+
+def warn(message: str) -> None:
+    err_console.print(Text("warning: ", style="bold yellow") + Text(message, style="yellow"), soft_wrap=True)
+
+
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet) -> None:
+    cores = default_workers()
+    if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
+        if not quiet:
+            warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
+        workers = cores
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
-                          workers=workers if workers is not None else default_workers(),
+                          workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
@@ -80,6 +99,10 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
         err_console.print(summary_table(summary))
         if summary.rejected:
             err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+    n = sum(summary.episodes.values())
+    if val_split > 0 and not summary.episodes.get("val") and not quiet and n > 1:
+        warn(f"--val-split {val_split} of {n:,} episodes rounds to 0: the val split is empty; use --val-split "
+             f"{min_val_split(n)} or more for at least one val episode, or leave it out for no val split")
 
 
 @app.command("prepare-chat")
