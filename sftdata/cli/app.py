@@ -19,22 +19,38 @@ from rich.text import Text
 from .. import __version__
 from ..errors import DatasetError, SftDataError
 
+HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
+and replay the training order.
+
+A typical run (`sftdata COMMAND --help` explains each command and its options):
+
+* `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1` (or `prepare-tool`)
+* `sftdata inspect data/chat_sft --episode 0` shows what is trained, `sftdata verify data/chat_sft` checks it
+* `sftdata pack data/chat_sft --output-dir data/chat_sft_packed` (optional: several conversations per row)
+* `python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json`
+* `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39` lists what step 39 trained on
+
+Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
+only JSON on stdout. Docs: docs/FORMAT.md, TOOLS.md, AUDIT.md, PACKING.md, LOADER.md, TRAINING.md."""
+
 app = typer.Typer(
     name="sftdata",
-    help="Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, "
-         "pack them, and replay the training order.",
+    help=HELP,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["--help", "-h"]},
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # paragraphs reflow to the terminal; `code` and bullet lists render
 )
 
 err_console = Console(stderr=True)
 out_console = Console()
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout "
-                                                      "(and nothing else there).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table on stderr.")]
+# metavar "": a flag takes no value, so help shows none (typer would show <bool>)
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "
+                                       "nothing else there (progress and warnings go to stderr).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress bar, table or warning "
+                                        "on stderr (errors are still printed).")]
 
 
 def _version(value: bool) -> None:
@@ -45,7 +61,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """sftdata: correct, reproducible SFT datasets."""

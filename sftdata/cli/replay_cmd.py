@@ -59,39 +59,50 @@ def _table(r: Replay) -> Table:
 @app.command("replay-order")
 @handle_errors
 def replay_order_cmd(
-    dataset: Annotated[Path, typer.Argument(help="Dataset folder (prepare's --output-dir).", show_default=False)],
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The training config (JSON or XML) "
-                      "the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="epoch_seed (overrides --config; default 1337).")] = None,
-    epoch: Annotated[Optional[int], typer.Option("--epoch", help="List this epoch's order (default 0). With "
-                     "--step, checks the step is in this epoch.")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="Global training step: 0-based count of train "
-                    "batches since the start of training (the training loop's iteration).")] = None,
-    split: Annotated[str, typer.Option("--split", help="train or val.")] = "train",
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Per-rank batch size "
-                          "(overrides --config).")] = None,
-    world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks the run used.")] = 1,
-    rank: Annotated[Optional[int], typer.Option("--rank", help="Only this rank's rows (default: all ranks).")] = None,
-    head: Annotated[Optional[int], typer.Option("--head", help=f"Only the first K rows (default: all for "
-                    f"--json/--csv, {TABLE_ROWS} for the table).")] = None,
-    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", help="episode_min_tokens (overrides "
-                          "--config; default 2).")] = None,
-    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="epoch_shuffle "
+    dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
+                                            "trained on (episodes, or packed rows).")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", metavar="FILE", help="The training config "
+                      "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
+                                                "default 1337).")] = None,
+    epoch: Annotated[Optional[int], typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
+                     "0). With --step, checks the step is in this epoch.")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="Global training step: 0-based count "
+                    "of train batches since the start of training (the step train.py prints).")] = None,
+    split: Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")] = "train",
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
+                          "(overrides --config; default 8).")] = None,
+    world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
+                                            "used.")] = 1,
+    rank: Annotated[Optional[int], typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
+                                                "ranks).")] = None,
+    head: Annotated[Optional[int], typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
+                    f"all for --json/--csv, {TABLE_ROWS} for the table).")] = None,
+    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
+                          "(overrides --config; default 2).")] = None,
+    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
                        "(overrides --config; default shuffle).", show_default=False)] = None,
-    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", help="epoch_drop_last "
+    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
                          "(overrides --config; default drop-last).", show_default=False)] = None,
-    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", help="Check an audit log's "
-                           "epoch_start lines against the replay; exit 1 where they differ.")] = None,
+    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", metavar="LOG", help="Check an audit "
+                           "log's epoch_start lines against the replay; exit 1 where they differ.")] = None,
     as_json: JsonOpt = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout (all rows unless --head).")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "
+                                         "--head).")] = False,
 ) -> None:
     """Print the episodes a training step (or a whole epoch) trained on, with their shard,
     length and input record number, exactly as the loader ordered them.
 
+    Give the config the run used (or the flags it set): the order is a function of the
+    dataset, the seed, batch size, world size, shuffle, drop_last and min tokens only. A
+    packed dataset lists the segments of each row. See docs/LOADER.md.
+
     Examples:
-      sftdata replay-order data/chat_sft --config configs/sft1/my_experiment.json --step 1200
-      sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10
-      sftdata replay-order data/chat_sft --config cfg.json --check-audit logs/audit/audit_x.log
+
+    * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39`
+    * `sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10`
+    * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --csv > epoch0.csv`
+    * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
