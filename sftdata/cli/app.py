@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -65,6 +66,25 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """sftdata: correct, reproducible SFT datasets."""
+    _show_library_warnings()
+
+
+def warn(message: str) -> None:
+    err_console.print(Text("warning: ", style="bold yellow") + Text(message, style="yellow"), soft_wrap=True)
+
+
+class _WarningsToStderr(logging.Handler):
+    """The library's logged warnings (a config key that looks like a typo...) as
+    ``warning: ...`` lines on stderr, never on stdout (``--json``, ``--csv``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
+def _show_library_warnings() -> None:
+    log = logging.getLogger("sftdata")
+    if not any(isinstance(h, _WarningsToStderr) for h in log.handlers):
+        log.addHandler(_WarningsToStderr(level=logging.WARNING))
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":

@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json
+from .app import (JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json,
+                  warn)
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -73,10 +73,6 @@ def min_val_split(n: int) -> float:
     f = 0.5 / n
     step = 10.0 ** (math.floor(math.log10(f)) - 1)
     return round(math.ceil(f / step) * step, 12)
-
-
-def warn(message: str) -> None:
-    err_console.print(Text("warning: ", style="bold yellow") + Text(message, style="yellow"), soft_wrap=True)
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,

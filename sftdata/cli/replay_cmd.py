@@ -18,7 +18,8 @@ TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 
 
 def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
-    cfg = LoaderConfig.from_file(config) if config is not None else LoaderConfig()
+    # the run's own file may hold the training script's settings too (tags this command does not use)
+    cfg = LoaderConfig.from_file(config, other_tags="keep") if config is not None else LoaderConfig()
     changes = {k: v for k, v in (("epoch_seed", seed), ("batch_size", batch_size),
                                  ("episode_min_tokens", min_tokens), ("epoch_shuffle", shuffle),
                                  ("epoch_drop_last", drop_last)) if v is not None}
