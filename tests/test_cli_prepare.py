@@ -106,3 +106,13 @@ def test_chat_script_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "afile" / "ds"), "--workers", "1"]) == 1
     assert capsys.readouterr().err == f"error: {tmp_path / 'afile'}: File exists\n"
+
+
+def test_the_summary_labels_are_never_wrapped(tmp_path):
+    lead = {"messages": [{"role": "assistant", "content": "Hi."}, {"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "a"}]}
+    src = write_jsonl(tmp_path / "in.jsonl", [lead, chat("q", "a")])
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "-j", "1"])
+    assert r.exit_code == 0
+    rows = [line.split("│")[1].strip() for line in r.stderr.splitlines() if line.startswith("│")]
+    assert rows[-3:] == ["repaired: leading_assistant_untrained", "time", "speed"]

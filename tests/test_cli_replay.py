@@ -203,3 +203,16 @@ def test_a_config_folder_is_named_as_such(ds, tmp_path):
     r = cli(ds, "--config", tmp_path)
     assert (r.exit_code, r.output) == (1, f"error: config file {tmp_path} is a folder; give a .json or .xml config "
                                           f"file\n")
+
+
+def test_piped_table_keeps_whole_values_and_one_settings_line(ds):
+    """Through a pipe (CliRunner is not a terminal) nothing is cut to 80 columns."""
+    res = cli(ds, "--seed", 7, "--batch-size", 4, "--step", 3)
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert lines[0] == "step 3 of split train (epoch 1)"
+    assert lines[1].split() == ["step", "┃", "rank", "┃", "slot", "┃", "epoch", "┃", "position", "┃", "episode", "┃",
+                                "shard", "┃", "length", "┃", "record"]
+    assert "…" not in res.stdout and len(lines) == 1 + 2 + 4 + 1
+    assert lines[-1] == "14 eligible of 15 episodes (min 2 tokens); seed 7 + epoch 1 = 8; batch 4 x 1 rank(s); " \
+                        "drop_last=true"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -44,8 +45,20 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # paragraphs reflow to the terminal; `code` and bullet lists render
 )
 
-err_console = Console(stderr=True)
-out_console = Console()
+PIPE_WIDTH = 200  # a pipe or a file is not a screen: no wrapping or cut columns at rich's default 80
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets its own width; a pipe, a file or a log gets PIPE_WIDTH (unless
+    COLUMNS says otherwise), so tables keep whole values and lines stay greppable."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH
+    return console
+
+
+err_console = _console(stderr=True)
+out_console = _console()
 
 # metavar "": a flag takes no value, so help shows none (typer would show <bool>)
 JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "

@@ -44,7 +44,7 @@ OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Rep
 
 def summary_table(s: PrepareSummary) -> Table:
     t = Table(title=f"Prepared {s.output_dir}", show_header=True, header_style="bold")
-    t.add_column("")
+    t.add_column("", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_row("records read", f"{s.records_read:,}")
     for split in s.episodes:
@@ -62,8 +62,9 @@ def summary_table(s: PrepareSummary) -> Table:
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     secs = max(s.seconds, 1e-9)
-    t.add_row("time", f"{s.seconds:.2f} s ({s.records_read / secs:,.0f} records/s, "
-                      f"{s.total_tokens / secs:,.0f} tokens/s, {s.input_bytes / secs / 1e6:.1f} MB/s)")
+    t.add_row("time", f"{s.seconds:.2f} s")
+    t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
+                       f"{s.input_bytes / secs / 1e6:.1f} MB/s")
     return t
 
 

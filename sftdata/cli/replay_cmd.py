@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from ..config import LoaderConfig
 from ..errors import UsageError
@@ -36,7 +38,9 @@ def _write_csv(r: Replay) -> None:
     (out or sys.stdout).flush()
 
 
-def _table(r: Replay) -> Table:
+def _table(r: Replay) -> Group:
+    """Title, table, then the settings line: as lines of their own, so the settings are
+    not wrapped to the table's width."""
     if r.step is not None:
         title = f"step {r.step} of split {r.split} (epoch {r.epoch})" if r.sampling == "epoch" \
             else f"step {r.step} of split {r.split} (random sampling)"
@@ -49,12 +53,12 @@ def _table(r: Replay) -> Table:
     shown = len(r.columns["episode"])
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
-    t = Table(title=title, caption=caption, header_style="bold")
+    t = Table(header_style="bold", show_edge=False, pad_edge=False)  # no edges: 9 columns fit 80 characters
     for name in r.columns:
         t.add_column(name, justify="left" if name == "shard" else "right", no_wrap=True)
     for row in r.rows():
         t.add_row(*("-" if v is None else str(v) for v in row.values()))
-    return t
+    return Group(Text(title, style="bold"), t, Text(caption, style="dim"))
 
 
 @app.command("replay-order")
