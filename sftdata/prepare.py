@@ -305,6 +305,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.repaired = dict(sorted(repaired.items()))
         staged = staging.close()
         n = staged["episodes"]
+        if records == 0:
+            names = ", ".join(str(p) for p in inputs)
+            raise NoUsableRecordsError(f"no records in {names} (an empty file, only blank lines, or []); nothing "
+                                       f"to write. Give JSONL (one conversation per line) or a JSON array of "
+                                       f"conversations")
         if n == 0:
             top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
             hint = ("the records hold tool calls or results: prepare them with `sftdata prepare-tool`"

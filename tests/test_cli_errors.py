@@ -103,3 +103,12 @@ def test_an_error_before_any_work_is_printed_alone(tmp_path, dataset):
     r = runner.invoke(app, ["verify", str(tmp_path / "empty")])
     assert (r.exit_code, r.output) == (1, f"error: {tmp_path / 'empty'} holds no dataset: expected train/shard_*/ "
                                           f"folders or train/tokens.bin\n")
+
+
+def test_an_empty_input_says_it_is_empty(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    r = runner.invoke(app, ["prepare-chat", str(tmp_path / "empty.jsonl"), "-o", str(tmp_path / "ds"), "-j", "1"])
+    assert (r.exit_code, r.output) == (1, f"error: no records in {tmp_path / 'empty.jsonl'} (an empty file, only "
+                                          f"blank lines, or []); nothing to write. Give JSONL (one conversation per "
+                                          f"line) or a JSON array of conversations\n")
+    assert not (tmp_path / "ds").exists()
