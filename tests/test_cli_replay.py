@@ -216,3 +216,13 @@ def test_piped_table_keeps_whole_values_and_one_settings_line(ds):
     assert "…" not in res.stdout and len(lines) == 1 + 2 + 4 + 1
     assert lines[-1] == "14 eligible of 15 episodes (min 2 tokens); seed 7 + epoch 1 = 8; batch 4 x 1 rank(s); " \
                         "drop_last=true"
+
+
+def test_check_audit_on_a_wrong_file_prints_ten_mismatches_and_a_count(ds, tmp_path):
+    log = tmp_path / "chat.jsonl"
+    log.write_text("".join(f'{{"messages": {i}}}\n' for i in range(40)))
+    res = cli(ds, "--check-audit", log)
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [f"mismatch line {i}: not an audit line (damaged or edited)"
+                                       for i in range(1, 11)] + ["... and 30 more mismatches (--json lists them all)"]
+    assert len(json.loads(cli(ds, "--check-audit", log, "--json").stdout)["mismatches"]) == 40

@@ -17,6 +17,7 @@ from ..replay import Replay, check_audit_log, replay_order
 from .app import JsonOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
+MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
 
 
 def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
@@ -124,8 +125,11 @@ def replay_order_cmd(
         else:
             if res.checked == 0 and not res.mismatches:
                 err_console.print(f"[red]no epoch_start line of split {split} in {check_audit}; nothing matches[/]")
-            for m in res.mismatches:
-                err_console.print(f"[red]mismatch[/] {m.message}")
+            for m in res.mismatches[:MISMATCHES_SHOWN]:
+                err_console.print(Text("mismatch ", style="red") + Text(m.message), soft_wrap=True)
+            if len(res.mismatches) > MISMATCHES_SHOWN:
+                err_console.print(f"... and {len(res.mismatches) - MISMATCHES_SHOWN:,} more mismatches (--json lists "
+                                  f"them all)", style="red", markup=False)
         if not res.ok:
             raise typer.Exit(1)
         return
