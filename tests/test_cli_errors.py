@@ -112,3 +112,9 @@ def test_an_empty_input_says_it_is_empty(tmp_path):
                                           f"blank lines, or []); nothing to write. Give JSONL (one conversation per "
                                           f"line) or a JSON array of conversations\n")
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_token_dtype_numpy_does_not_know_is_a_usage_error(dataset, command):
+    r = runner.invoke(app, [command, str(dataset.output_dir), "--token-dtype", "foo"])
+    assert (r.exit_code, r.output) == (2, "error: --token-dtype must be uint16 or uint32, got 'foo'\n")

@@ -19,7 +19,7 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColu
 from rich.text import Text
 
 from .. import __version__
-from ..errors import DatasetError, SftDataError
+from ..errors import DatasetError, SftDataError, UsageError
 
 HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
 and replay the training order.
@@ -173,6 +173,17 @@ def dataset_dir(path: Path) -> Path:
         raise DatasetError(f"dataset folder {path} does not exist; check the path, or make the dataset with "
                            f"`sftdata prepare-chat INPUT --output-dir {path}`")
     return path
+
+
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def flat_token_dtype(value: str | None) -> str | None:
+    """``--token-dtype`` of the older flat layout: uint16 or uint32 (numpy would take
+    any dtype name, or fail with its own TypeError)."""
+    if value is not None and value not in TOKEN_DTYPES:
+        raise UsageError(f"--token-dtype must be {' or '.join(TOKEN_DTYPES)}, got {value!r}")
+    return value
 
 
 def print_json(obj) -> None:

@@ -20,7 +20,7 @@ from rich.text import Text
 from .. import inspect as sft_inspect
 from ..inspect_packed import RowView
 from ..errors import UsageError
-from .app import JsonOpt, app, dataset_dir, handle_errors, out_console, print_json
+from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
@@ -335,6 +335,7 @@ def inspect_cmd(
     * `sftdata inspect data/chat_sft_packed --row 3`
     """
     dataset_dir(path)
+    token_dtype = flat_token_dtype(token_dtype)
     if episode or row or record is not None or sample is not None:
         if block_size is not None:
             raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")

@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import (JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, handle_errors, out_console,
-                   print_json)
+from .app import (JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, flat_token_dtype, handle_errors,
+                   out_console, print_json)
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -86,6 +86,7 @@ def verify_cmd(
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
     dataset_dir(path)
+    token_dtype = flat_token_dtype(token_dtype)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
