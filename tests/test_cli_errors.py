@@ -118,3 +118,54 @@ def test_an_empty_input_says_it_is_empty(tmp_path):
 def test_a_token_dtype_numpy_does_not_know_is_a_usage_error(dataset, command):
     r = runner.invoke(app, [command, str(dataset.output_dir), "--token-dtype", "foo"])
     assert (r.exit_code, r.output) == (2, "error: --token-dtype must be uint16 or uint32, got 'foo'\n")
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_truncated_sources_idx_is_named_not_an_index_error(tmp_path, dataset):
+    ds = _copy(dataset.output_dir, tmp_path / "ds")
+    sources = ds / "train" / "shard_00000" / "sources.idx"
+    sources.write_bytes(sources.read_bytes()[:8])
+    idx = ds / "train" / "shard_00000" / "episodes.idx"
+    message = (f"error: {sources}: 1 record numbers for the 6 episodes of {idx}: there must be one per episode; "
+               f"the file is truncated or belongs to other episodes. Re-create the dataset (`sftdata verify` "
+               f"reports more)\n")
+    for argv in (["replay-order", str(ds), "--batch-size", "2"], ["pack", str(ds), "-o", str(tmp_path / "p"), "-q"],
+                 ["inspect", str(ds), "--record", "1"]):
+        r = runner.invoke(app, argv)
+        assert (r.exit_code, r.output) == (1, message), argv
+
+
+def test_inspect_refuses_a_packed_dataset_with_a_damaged_segment_index(tmp_path, dataset):
+    from sftdata.pack import PackOptions, pack
+
+    packed = tmp_path / "packed"
+    pack(dataset.output_dir, packed, PackOptions(block_size=15))
+    seg = packed / "train" / "shard_00000" / "segments.idx"
+    seg.write_bytes(b"\xff" * seg.stat().st_size)  # every field 2**64 - 1
+    r = runner.invoke(app, ["inspect", str(packed)])
+    assert r.exit_code == 1
+    assert r.output.startswith(f"error: {packed}: train/shard_00000/segments.idx")
+    assert r.output.endswith(f"Run `sftdata verify {packed}` for the full report\n")
+
+
+def test_an_unexpected_exception_is_one_line_unless_debugging(tmp_path, dataset, monkeypatch):
+    from sftdata import inspect as sft_inspect
+
+    def broken(*a, **k):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(sft_inspect, "overview", broken)
+    r = runner.invoke(app, ["inspect", str(dataset.output_dir)])
+    assert (r.exit_code, r.output) == (1, "error: internal error (ValueError: boom). This is a bug in sftdata: please "
+                                          "report it with the command line. If a dataset is involved, `sftdata "
+                                          "verify DATASET` may say what is wrong with it. SFTDATA_DEBUG=1 shows the "
+                                          "traceback\n")
+    monkeypatch.setenv("SFTDATA_DEBUG", "1")
+    r = runner.invoke(app, ["inspect", str(dataset.output_dir)])
+    assert isinstance(r.exception, ValueError) and str(r.exception) == "boom"

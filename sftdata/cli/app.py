@@ -158,6 +158,14 @@ def handle_errors(fn: Callable) -> Callable:
             raise
         except OSError as e:
             raise fail(os_error_message(e), 1) from None
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own exits and usage errors
+            raise
+        except Exception as e:  # a bug (or damage no check foresaw): one line, the traceback on request
+            if os.environ.get("SFTDATA_DEBUG"):
+                raise
+            raise fail(f"internal error ({type(e).__name__}: {e}). This is a bug in sftdata: please report it "
+                       f"with the command line. If a dataset is involved, `sftdata verify DATASET` may say what "
+                       f"is wrong with it. SFTDATA_DEBUG=1 shows the traceback", 1) from None
 
     return wrapper
 
