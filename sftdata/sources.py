@@ -47,6 +47,9 @@ class RawRecord:
     raw: Any  # bytes of one JSONL line, or an already decoded array item
 
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, as Windows tools (PowerShell, Excel) write it: skipped
+
+
 def _open_binary(path: Path):
     f = open(path, "rb")
     magic = f.read(2)
@@ -79,7 +82,7 @@ def inspect_source(path: str | Path) -> SourceInfo:
                 raise InputError(f"{p}: cannot decompress ({e}); is it a complete .gz file?") from None
     except PermissionError:
         raise InputError(f"input file {p} is not readable (permission denied)") from None
-    first = head.lstrip()[:1]
+    first = head.removeprefix(BOM).lstrip()[:1]
     container = "json" if first == b"[" else "jsonl"
     return SourceInfo(str(path), h.hexdigest(), p.stat().st_size, container, compressed)
 
@@ -91,7 +94,7 @@ def iter_records(info: SourceInfo) -> Iterator[tuple[RawRecord, int]]:
     with raw:
         if info.container == "json":
             try:
-                data = orjson.loads(stream.read())
+                data = orjson.loads(stream.read().removeprefix(BOM))
             except orjson.JSONDecodeError as e:
                 raise InputError(f"{p}: not a valid JSON array ({e}); fix the file or convert it to "
                                  f"JSONL (one conversation per line) to skip bad records") from None
@@ -106,6 +109,8 @@ def iter_records(info: SourceInfo) -> Iterator[tuple[RawRecord, int]]:
         lines = 0
         try:
             for line in stream:
+                if lines == 0:
+                    line = line.removeprefix(BOM)
                 if line.strip():
                     yield RawRecord(info.first_record + lines, f"{p}:line {lines + 1}", line), raw.tell()
                 lines += 1

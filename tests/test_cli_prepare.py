@@ -116,3 +116,16 @@ def test_the_summary_labels_are_never_wrapped(tmp_path):
     assert r.exit_code == 0
     rows = [line.split("│")[1].strip() for line in r.stderr.splitlines() if line.startswith("│")]
     assert rows[-3:] == ["repaired: leading_assistant_untrained", "time", "speed"]
+
+
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
+    """Windows tools write one at the start of a file; the first record is not invalid JSON."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + (json.dumps(chat("q", "a")) + "\n").encode() * 2)
+    (tmp_path / "b.json").write_bytes(bom + json.dumps([chat("q", "a")]).encode())
+    for name in ("a.jsonl", "b.json"):
+        r = runner.invoke(app, ["prepare-chat", str(tmp_path / name), "-o", str(tmp_path / f"{name}.ds"), "--json",
+                                "-j", "1"])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert (out["records_read"], out["rejected_total"]) == ((2, 0) if name == "a.jsonl" else (1, 0))
