@@ -129,3 +129,19 @@ def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
         assert r.exit_code == 0, r.output
         out = json.loads(r.stdout)
         assert (out["records_read"], out["rejected_total"]) == ((2, 0) if name == "a.jsonl" else (1, 0))
+
+
+def test_chat_script_draws_the_progress_bar_on_stderr_unless_quiet(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(4)])
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "a"), "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("prepare-chat ━") and " 100% " in err
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "b"), "--workers", "1", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
