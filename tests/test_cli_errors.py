@@ -169,3 +169,25 @@ def test_an_unexpected_exception_is_one_line_unless_debugging(tmp_path, dataset,
     monkeypatch.setenv("SFTDATA_DEBUG", "1")
     r = runner.invoke(app, ["inspect", str(dataset.output_dir)])
     assert isinstance(r.exception, ValueError) and str(r.exception) == "boom"
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_dataset(tmp_path, dataset):
+    """`-o ~ --overwrite` (or the inputs' own folder) must not delete the user's files."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.txt").write_text("years of work")
+    src = write_jsonl(home / "chats.jsonl", [chat("q", "a")])
+    message = (f"error: {home} is not an sftdata dataset (no dataset_metadata.json, and not empty): --overwrite "
+               f"replaces only a dataset, never other files (they would be deleted). Choose another --output-dir, "
+               f"or remove the folder yourself\n")
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(home), "--overwrite", "-j", "1"])
+    assert (r.exit_code, r.output) == (1, message)
+    r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(home), "--overwrite", "-q"])
+    assert (r.exit_code, r.output) == (1, message)
+    assert sorted(p.name for p in home.iterdir()) == ["chats.jsonl", "thesis.txt"]
+    # a dataset, or an empty folder, is replaced as before
+    (tmp_path / "empty").mkdir()
+    for target in (tmp_path / "empty", _copy(dataset.output_dir, tmp_path / "old_ds")):
+        r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(target), "--overwrite", "-j", "1", "-q"])
+        assert r.exit_code == 0, r.output
+        assert (target / "dataset_metadata.json").is_file()
