@@ -71,8 +71,9 @@ def pack_command(
                                       "rows.")] = 1337,
     shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(whole rows).")] = DEFAULT_SHARD_TOKENS,
-    overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing "
-                                            "--output-dir (only once the new dataset is complete).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at "
+                                            "--output-dir, once the new one is complete (never a folder that is not "
+                                            "a dataset).")] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

@@ -38,8 +38,8 @@ WorkersOpt = Annotated[Optional[int], typer.Option("--workers", "-j", metavar="N
                                                    "output is byte-identical for any value.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "
                                          "instead of skipping it and writing it to rejects.jsonl.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing --output-dir "
-                                            "(only once the new dataset is complete).")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
+                                            "once the new one is complete (never a folder that is not a dataset).")]
 
 
 def summary_table(s: PrepareSummary) -> Table:
