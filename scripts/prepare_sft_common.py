@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from sftdata.cli.app import LazyProgress, make_progress  # noqa: E402
 from sftdata.errors import SftDataError  # noqa: E402
 from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
 
@@ -30,17 +31,30 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (and no progress bar)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     a = p.parse_args(argv)
+    workers = a.workers or default_workers()
+    if workers > default_workers():  # more processes than cores only cost memory and start-up
+        print(f"warning: --workers {workers}: this machine gives it {default_workers()} core(s); using "
+              f"{default_workers()}", file=sys.stderr)
+        workers = default_workers()
     opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
-                          tokenizer=a.tokenizer, workers=a.workers or default_workers(),
-                          strict=a.strict, overwrite=a.overwrite)
+                          tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite)
     try:
-        s = prepare(a.input, a.output_dir, opts)
+        with LazyProgress(make_progress(a.quiet or a.json)) as bar:  # the `sftdata prepare-*` bar, on stderr
+            s = prepare(a.input, a.output_dir, opts, progress=lambda q: bar.update(
+                f"prepare-{mode}", completed=q.bytes_done, total=q.bytes_total, records=q.records, tokens=q.tokens))
     except SftDataError as e:
         msg = str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
         print(f"error: {msg}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was written to the output", file=sys.stderr)
+        return 130
+    except OSError as e:  # a path blocked by a file, no permission, a full disk
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(s.as_dict(), indent=2))
         return 0

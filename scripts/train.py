@@ -86,28 +86,36 @@ def attention_mask_fn():
     return lib_mask
 
 
-def val_batches(cfg, s: TrainSettings, dataset: Path, device: str) -> list:
+def val_batches(cfg, s: TrainSettings, dataset: Path, device: str, log=print) -> list:
     """The first ``eval_iters`` val batches in file order, fixed for the whole run. A
     loader of their own (no shuffle, no drop_last, no audit) so a val split smaller than
-    a batch still evaluates and the training loader's state is untouched."""
+    a batch still evaluates and the training loader's state is untouched. An empty val
+    split (a --val-split that rounded to 0 episodes) means no evaluation, with a note."""
     from sftdata.loader import make_loader
+    from sftdata.store import has_episode_index, open_dataset
 
     if not s.eval_interval or not (dataset / "val").is_dir():  # both layouts keep val in val/
         return []
+    if has_episode_index(dataset, "val"):
+        val = open_dataset(dataset, token_dtype=cfg.token_dtype).splits.get("val")
+        if val is None or val.num_episodes == 0:
+            log(f"note: the val split of {dataset} is empty, so there is no evaluation (prepare with a larger "
+                f"--val-split to evaluate)")
+            return []
     quiet = logging.getLogger("sftdata.loader")
     level = quiet.level
-    quiet.setLevel(logging.WARNING)  # its init lines would repeat the training loader's
+    quiet.setLevel(logging.WARNING)  # its init and epoch lines would repeat or confuse the training loader's
     try:
         ev = make_loader(cfg.replace(epoch_shuffle=False, epoch_drop_last=False), dataset, backend="torch",
                          device=device)
+        out = []
+        try:
+            for _ in range(s.eval_iters):
+                out.append(ev.get_batch("val"))
+        except StopIteration:  # a single-pass (packed) val split smaller than eval_iters batches
+            pass
     finally:
         quiet.setLevel(level)
-    out = []
-    try:
-        for _ in range(s.eval_iters):
-            out.append(ev.get_batch("val"))
-    except StopIteration:  # a single-pass (packed) val split smaller than eval_iters batches
-        pass
     return out
 
 
@@ -186,7 +194,7 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
         f"{mcfg.vocab_size:,}) | {mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
         f"{int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
         + (f" | resumed after step {start}" if ckpt else ""))
-    val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device)]
+    val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device, log=say)]
     res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
                      checkpoint=checkpoint, log=say, val_inputs=val)
     if hasattr(loader, "steps_total") and loader.step("train") >= loader.steps_total("train"):
@@ -204,6 +212,15 @@ def main(argv=None) -> int:
     except SftDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:
+        ckpt = Path(args.out_dir) / "ckpt.pt"
+        then = (f"the last checkpoint is {ckpt}: continue with --resume {ckpt}" if ckpt.is_file()
+                else "no checkpoint was written yet")
+        print(f"error: interrupted; {then}", file=sys.stderr)
+        return 130
+    except OSError as e:  # --out-dir under a file, no permission, a full disk
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 

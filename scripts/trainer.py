@@ -238,8 +238,11 @@ def load_checkpoint(path: Path) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"checkpoint {path} does not exist; give the ckpt.pt a run wrote "
                           f"(in its --out-dir)") from None
-    except Exception as e:  # torch raises several types for a damaged or foreign file
-        raise ConfigError(f"{path} is not a readable training checkpoint ({type(e).__name__}: {e})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder; give the ckpt.pt file a run wrote (in its --out-dir)") from None
+    except Exception as e:  # torch raises several types for a damaged or foreign file; its text is long
+        raise ConfigError(f"{path} is not a readable training checkpoint: torch cannot load it ({type(e).__name__}); "
+                          f"give the ckpt.pt a run wrote (in its --out-dir)") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
         raise ConfigError(f"{path} is not a checkpoint written by scripts/train.py")
     if ckpt.get("version") != CKPT_VERSION:

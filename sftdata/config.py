@@ -112,19 +112,25 @@ class LoaderConfig:
         return cls(**kw, extra=extra, source=source)
 
     @classmethod
-    def from_file(cls, path: str | Path, extra_keys: dict[str, type] | None = None) -> "LoaderConfig":
+    def from_file(cls, path: str | Path, extra_keys: dict[str, type] | None = None, *,
+                  other_tags: str = "error") -> "LoaderConfig":
         """Load a ``.json`` (with ``inherits``) or ``.xml`` (``<training>``) config.
 
         ``extra_keys`` names the training script's own keys and their types
         (``{"learning_rate": float, ...}``): an XML tag among them is parsed with that
-        type into ``extra``; any other unknown XML tag is an error naming it. JSON keys
-        the loader does not know always go to ``extra``."""
+        type into ``extra``; any other unknown XML tag is an error naming it, unless
+        ``other_tags="keep"`` (a reader that needs only the loader's keys, such as
+        ``replay-order``, given a training script's file): then it goes to ``extra`` as
+        text. JSON keys the loader does not know always go to ``extra``."""
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder; give a .json or .xml config file")
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         head = p.read_bytes()[:512].lstrip()
         if p.suffix.lower() == ".xml" or head.startswith(b"<"):
-            return cls.from_dict(read_xml_training(p, extra_keys or {}), source=str(p))
+            return cls.from_dict(read_xml_training(p, extra_keys or {}, keep_other=other_tags == "keep"),
+                                 source=str(p))
         return cls.from_dict(read_json_chain(p), source=str(p))
 
     def to_dict(self) -> dict:
@@ -198,10 +204,11 @@ def _read_json(p: Path) -> dict:
 _DECL = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
-def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None) -> dict:
+def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None, keep_other: bool = False) -> dict:
     """Typed values of the ``<training>`` element's children. Refuses DOCTYPE/ENTITY
     declarations (no entity expansion, no external references). Tags in ``extra_keys``
-    (the training script's keys, name -> type) are accepted too."""
+    (the training script's keys, name -> type) are accepted too; other tags are errors,
+    or kept as text with ``keep_other``."""
     import xml.etree.ElementTree as ET
 
     data = p.read_bytes()
@@ -224,6 +231,9 @@ def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None) -> dic
     for child in section:
         tag = child.tag
         if not isinstance(tag, str):  # comments / processing instructions
+            continue
+        if tag not in known and keep_other:  # another program's setting: text, for cfg.extra
+            out[tag] = (child.text or "").strip()
             continue
         if tag not in known:
             close = difflib.get_close_matches(tag, known, n=1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -170,6 +171,11 @@ _WORKER: dict = {}
 
 
 def _worker_init(tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
+    # pool; a worker that died of it would print a traceback and leave a task unanswered
+    # (pool.terminate() then hangs). SIGTERM (how the pool ends workers) keeps its default.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER["tok"] = load_tokenizer(tokenizer_spec)
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
@@ -315,6 +321,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.repaired = dict(sorted(repaired.items()))
         staged = staging.close()
         n = staged["episodes"]
+        if records == 0:
+            names = ", ".join(str(p) for p in inputs)
+            raise NoUsableRecordsError(f"no records in {names} (an empty file, only blank lines, or []); nothing "
+                                       f"to write. Give JSONL (one conversation per line) or a JSON array of "
+                                       f"conversations")
         if n == 0:
             top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
             hint = ("the records hold tool calls or results: prepare them with `sftdata prepare-tool`"

@@ -174,3 +174,55 @@ def test_errors(ds, tmp_path):
     bad.write_text('{"dataset_mode": "x"}')
     res = cli(ds, "--config", bad)
     assert res.exit_code == 1 and "choose one of" in flat(res)
+
+
+def test_the_runs_xml_config_with_training_tags_replays_like_its_json(ds, tmp_path):
+    """tiny.xml holds train.py's keys (n_layer, learning_rate ...) next to the loader's:
+    replay-order reads the loader's and keeps the rest, as it does for JSON."""
+    (tmp_path / "run.xml").write_text("<training><batch_size>2</batch_size><epoch_seed>5</epoch_seed>"
+                                      "<n_layer>2</n_layer><learning_rate>3e-3</learning_rate></training>")
+    (tmp_path / "run.json").write_text(json.dumps({"batch_size": 2, "epoch_seed": 5, "n_layer": 2,
+                                                   "learning_rate": 3e-3}))
+    from_xml = cli(ds, "--config", tmp_path / "run.xml", "--step", 3, "--json")
+    from_json = cli(ds, "--config", tmp_path / "run.json", "--step", 3, "--json")
+    assert from_xml.exit_code == 0, from_xml.output
+    assert rows(from_xml) == rows(from_json)
+    assert json.loads(from_xml.stdout)["batch_size"] == 2 and json.loads(from_xml.stdout)["seed"] == 5
+
+
+def test_a_typo_in_the_config_is_a_warning_on_stderr_only(ds, tmp_path):
+    (tmp_path / "typo.xml").write_text("<training><epoch_sed>5</epoch_sed></training>")
+    r = cli(ds, "--config", tmp_path / "typo.xml", "--head", 1, "--json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["seed"] == 1337
+    assert r.stderr == (f"warning: config key 'epoch_sed' is not a loader setting (kept for the training script); "
+                        f"did you mean 'epoch_seed'? (in {tmp_path / 'typo.xml'})\n")
+
+
+def test_a_config_folder_is_named_as_such(ds, tmp_path):
+    r = cli(ds, "--config", tmp_path)
+    assert (r.exit_code, r.output) == (1, f"error: config file {tmp_path} is a folder; give a .json or .xml config "
+                                          f"file\n")
+
+
+def test_piped_table_keeps_whole_values_and_one_settings_line(ds):
+    """Through a pipe (CliRunner is not a terminal) nothing is cut to 80 columns."""
+    res = cli(ds, "--seed", 7, "--batch-size", 4, "--step", 3)
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert lines[0] == "step 3 of split train (epoch 1)"
+    assert lines[1].split(" ┃ ") == ["step", "rank", "slot", "epoch", "position", "episode", "shard      ",
+                                     "length", "record"]
+    assert "…" not in res.stdout and len(lines) == 1 + 2 + 4 + 1
+    assert lines[-1] == "14 eligible of 15 episodes (min 2 tokens); seed 7 + epoch 1 = 8; batch 4 x 1 rank(s); " \
+                        "drop_last=true"
+
+
+def test_check_audit_on_a_wrong_file_prints_ten_mismatches_and_a_count(ds, tmp_path):
+    log = tmp_path / "chat.jsonl"
+    log.write_text("".join(f'{{"messages": {i}}}\n' for i in range(40)))
+    res = cli(ds, "--check-audit", log)
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [f"mismatch line {i}: not an audit line (damaged or edited)"
+                                       for i in range(1, 11)] + ["... and 30 more mismatches (--json lists them all)"]
+    assert len(json.loads(cli(ds, "--check-audit", log, "--json").stdout)["mismatches"]) == 40

@@ -145,7 +145,7 @@ def test_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_path):
     data.mkdir()
     src = write_jsonl(data / "in.jsonl", records(3))
     (data / "notes.txt").write_text("keep me")
-    with pytest.raises(OutputExistsError, match=r"data is not an sftdata dataset \(no dataset_metadata.json\); "
+    with pytest.raises(OutputExistsError, match=r"data is not an sftdata dataset \(no dataset_metadata.json, and not empty\): "
                                                  r"--overwrite replaces only a dataset"):
         prepare([src], data, PrepareOptions(overwrite=True))
     assert sorted(p.name for p in data.iterdir()) == ["in.jsonl", "notes.txt"]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import logging
+import os
+import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Callable
 
 import orjson
@@ -14,24 +19,52 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColu
 from rich.text import Text
 
 from .. import __version__
-from ..errors import SftDataError
+from ..errors import DatasetError, SftDataError, UsageError
+
+HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
+and replay the training order.
+
+A typical run (`sftdata COMMAND --help` explains each command and its options):
+
+* `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1` (or `prepare-tool`)
+* `sftdata inspect data/chat_sft --episode 0` shows what is trained, `sftdata verify data/chat_sft` checks it
+* `sftdata pack data/chat_sft --output-dir data/chat_sft_packed` (optional: several conversations per row)
+* `python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json`
+* `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39` lists what step 39 trained on
+
+Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
+only JSON on stdout. Docs: docs/FORMAT.md, TOOLS.md, AUDIT.md, PACKING.md, LOADER.md, TRAINING.md."""
 
 app = typer.Typer(
     name="sftdata",
-    help="Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, "
-         "pack them, and replay the training order.",
+    help=HELP,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["--help", "-h"]},
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # paragraphs reflow to the terminal; `code` and bullet lists render
 )
 
-err_console = Console(stderr=True)
-out_console = Console()
+PIPE_WIDTH = 200  # a pipe or a file is not a screen: no wrapping or cut columns at rich's default 80
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout "
-                                                      "(and nothing else there).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table on stderr.")]
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets its own width; a pipe, a file or a log gets PIPE_WIDTH (unless
+    COLUMNS says otherwise), so tables keep whole values and lines stay greppable."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH
+    return console
+
+
+err_console = _console(stderr=True)
+out_console = _console()
+
+# metavar "": a flag takes no value, so help shows none (typer would show <bool>)
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "
+                                       "nothing else there (progress and warnings go to stderr).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress bar, table or warning "
+                                        "on stderr (errors are still printed).")]
 
 
 def _version(value: bool) -> None:
@@ -42,15 +75,70 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """sftdata: correct, reproducible SFT datasets."""
+    _show_library_warnings()
+
+
+def warn(message: str) -> None:
+    err_console.print(Text("warning: ", style="bold yellow") + Text(message, style="yellow"), soft_wrap=True)
+
+
+class _WarningsToStderr(logging.Handler):
+    """The library's logged warnings (a config key that looks like a typo...) as
+    ``warning: ...`` lines on stderr, never on stdout (``--json``, ``--csv``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
+def _show_library_warnings() -> None:
+    log = logging.getLogger("sftdata")
+    if not any(isinstance(h, _WarningsToStderr) for h in log.handlers):
+        log.addHandler(_WarningsToStderr(level=logging.WARNING))
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
     err_console.print(Text("error: ", style="bold red") + Text(message, style="red"), soft_wrap=True)
     return typer.Exit(code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a job scheduler), raised like Ctrl-C so that the
+    temporary folder of a dataset being written is removed on the way out."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+_OS_HINTS = {
+    errno.EACCES: "check the permissions of that path, or choose another one",
+    errno.EPERM: "check the permissions of that path, or choose another one",
+    errno.EROFS: "that file system is read-only: choose another path",
+    errno.ENOSPC: "the disk is full: free some space, or choose another path",
+    errno.EDQUOT: "the disk quota is exceeded: free some space, or choose another path",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
+    errno.EISDIR: "that path is a folder; give a file",
+    errno.EEXIST: "something is already there (perhaps a file where a folder is needed): choose another path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+}
+
+
+def os_error_message(e: OSError) -> str:
+    """``path: what the system said; what to do`` for an OSError the library did not
+    turn into a typed error (a full disk mid-write, a path without permission...)."""
+    if e.filename and e.errno in (errno.EEXIST, errno.ENOTDIR):
+        path = Path(e.filename)
+        blocker = next((p for p in (path, *path.parents) if p.is_file()), None)
+        if blocker is not None:
+            return f"{blocker} is a file, where a folder is needed; remove it or choose another path"
+    where = f"{e.filename}: " if e.filename else ""
+    what = e.strerror or str(e)
+    hint = _OS_HINTS.get(e.errno or 0)
+    return f"{where}{what}" + (f"; {hint}" if hint else "")
 
 
 def handle_errors(fn: Callable) -> Callable:
@@ -62,10 +150,48 @@ def handle_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except SftDataError as e:
             raise fail(str(e), e.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                raise fail("terminated (SIGTERM); nothing was written to the output", 143) from None
             raise fail("interrupted; nothing was written to the output", 130) from None
+        except BrokenPipeError:  # `sftdata ... | head`: the reader left; click ends quietly
+            raise
+        except OSError as e:
+            raise fail(os_error_message(e), 1) from None
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own exits and usage errors
+            raise
+        except Exception as e:  # a bug (or damage no check foresaw): one line, the traceback on request
+            if os.environ.get("SFTDATA_DEBUG"):
+                raise
+            raise fail(f"internal error ({type(e).__name__}: {e}). This is a bug in sftdata: please report it "
+                       f"with the command line. If a dataset is involved, `sftdata verify DATASET` may say what "
+                       f"is wrong with it. SFTDATA_DEBUG=1 shows the traceback", 1) from None
 
     return wrapper
+
+
+def dataset_dir(path: Path) -> Path:
+    """A command's dataset argument, checked before the library opens it, so that a file
+    (often the input given by mistake) or a wrong path says what to give instead."""
+    if path.is_file():
+        raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
+                           f"`prepare-tool` wrote (its --output-dir); to make one from this file: "
+                           f"sftdata prepare-chat {path} --output-dir DIR")
+    if not path.exists():
+        raise DatasetError(f"dataset folder {path} does not exist; check the path, or make the dataset with "
+                           f"`sftdata prepare-chat INPUT --output-dir {path}`")
+    return path
+
+
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def flat_token_dtype(value: str | None) -> str | None:
+    """``--token-dtype`` of the older flat layout: uint16 or uint32 (numpy would take
+    any dtype name, or fail with its own TypeError)."""
+    if value is not None and value not in TOKEN_DTYPES:
+        raise UsageError(f"--token-dtype must be {' or '.join(TOKEN_DTYPES)}, got {value!r}")
+    return value
 
 
 def print_json(obj) -> None:
@@ -93,5 +219,29 @@ def make_progress(quiet: bool) -> Progress:
     )
 
 
+class LazyProgress:
+    """A rich ``Progress`` that starts drawing at the first report, so that an error
+    raised before any work (a bad option, a missing file) is printed alone: no empty bar
+    and no blank line above it. ``update`` creates the one task, then moves it."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = None
+
+    def update(self, description: str, **kw) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(description, total=None)
+        self.progress.update(self.task, description=description, **kw)
+
+    def __enter__(self) -> "LazyProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+
 def main() -> None:
-    app()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    app(prog_name="sftdata")

@@ -19,32 +19,42 @@ from rich.text import Text
 
 from .. import inspect as sft_inspect
 from ..inspect_packed import RowView
+from ..store import open_dataset
+from ..verify import check_structure
 from ..errors import UsageError
-from .app import JsonOpt, app, handle_errors, out_console, print_json
+from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
 BAR_WIDTH = 32
 
-PathArg = Annotated[Path, typer.Argument(help="Dataset folder (the --output-dir of prepare).", show_default=False)]
-SplitOpt = Annotated[str, typer.Option("--split", help="Split of --episode / --sample.")]
+PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
+                                        "--output-dir of prepare-chat, prepare-tool or pack).")]
+SplitOpt = Annotated[str, typer.Option("--split", metavar="NAME", help="train or val: the split of --episode, "
+                                       "--row and --sample.")]
 EpisodeOpt = Annotated[Optional[list[int]], typer.Option(
-    "--episode", "-e", help="Global episode id within --split (as replay-order prints it); repeatable.")]
+    "--episode", "-e", metavar="ID", help="Global episode id within --split (as replay-order prints it); "
+                                          "repeatable.")]
 RowOpt = Annotated[Optional[list[int]], typer.Option(
-    "--row", "-r", help="Packed datasets: row id within --split (segments, positions, padding); repeatable.")]
-RecordOpt = Annotated[Optional[int], typer.Option("--record", help="Show the episode (packed: the rows) made from "
-                                                  "input record N (0-based, as in rejects.jsonl); any split.")]
-SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Show K episodes (packed: rows) of --split "
-                                                  "drawn at random.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
-TokensOpt = Annotated[bool, typer.Option("--tokens", help="With an episode or row: one line per token (position, "
-                                         "id, text, trained, span; packed: seq_id and position_id).")]
-BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="Overview: what truncation to B+1 tokens "
-                                                 "(one training row) would drop.")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", help="Older flat layout only: dtype of "
-                                                 "tokens.bin (default uint32).")]
-TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Older flat layout only: tokenizer to "
-                                                     "decode with (default cl100k_base).")]
+    "--row", "-r", metavar="ID", help="Packed datasets: row id within --split (segments, positions, padding); "
+                                      "repeatable.")]
+RecordOpt = Annotated[Optional[int], typer.Option(
+    "--record", metavar="N", help="Show the episode (packed: the rows) made from input record N (0-based, as "
+                                  "in rejects.jsonl); any split.")]
+SampleOpt = Annotated[Optional[int], typer.Option(
+    "--sample", metavar="K", help="Show K episodes (packed: rows) of --split drawn at random.")]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of --sample.")]
+TokensOpt = Annotated[bool, typer.Option(
+    "--tokens", metavar="", help="With an episode or row: one line per token (position, id, text, trained, "
+                                 "span; packed: seq_id and position_id).")]
+BlockOpt = Annotated[Optional[int], typer.Option(
+    "--block-size", metavar="B", help="Overview: what truncating every episode to one training row (B + 1 "
+                                      "tokens) would drop.")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
+                                                 "dtype of tokens.bin, uint16 or uint32 (default).")]
+TokenizerOpt = Annotated[Optional[str], typer.Option(
+    "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
+                                             "cl100k_base).")]
 
 
 def _num(x: float) -> str:
@@ -315,12 +325,21 @@ def inspect_cmd(
 
     Without --episode/--row/--record/--sample: the overview (counts, trained share, length
     percentiles and histograms, sources, options, rejected records; packed: rows, segments,
-    fill). Trained text is green and wrapped in ⟦ ⟧ (visible without colour too).
+    fill). In an episode, trained text is green and wrapped in ⟦ ⟧ (visible without colour
+    too); see docs/AUDIT.md.
 
-    Examples: sftdata inspect data/chat_sft --block-size 1024;
-    sftdata inspect data/chat_sft --episode 42 --tokens;
-    sftdata inspect data/chat_sft_packed --row 3
+    Examples:
+
+    * `sftdata inspect data/chat_sft` (the overview)
+    * `sftdata inspect data/chat_sft --block-size 1024` (what truncating rows to 1024 would cost)
+    * `sftdata inspect data/chat_sft --episode 0 --tokens` (one episode, one line per token)
+    * `sftdata inspect data/chat_sft --record 17` (the episode made from input record 17)
+    * `sftdata inspect data/chat_sft_packed --row 3`
     """
+    dataset_dir(path)
+    token_dtype = flat_token_dtype(token_dtype)
+    if open_dataset(path, token_dtype=token_dtype).kind == "packed":
+        check_structure(path)  # a damaged segments.idx would break the row views; cheap (index-sized)
     if episode or row or record is not None or sample is not None:
         if block_size is not None:
             raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")

@@ -12,7 +12,7 @@ from rich.table import Table
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, print_json
+from .app import JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, handle_errors, print_json
 
 
 def report_table(r: PackReport) -> Table:
@@ -48,44 +48,57 @@ def report_table(r: PackReport) -> Table:
 @app.command("pack")
 @handle_errors
 def pack_command(
-    dataset: Annotated[Path, typer.Argument(help="Episodes dataset (the --output-dir of prepare-chat/prepare-tool).",
-                                            show_default=False)],
-    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Packed dataset folder to create "
-                                             "(built beside it, renamed at the end).")],
-    block_size: Annotated[int, typer.Option("--block-size", "-b", help="Tokens per training row; rows hold "
-                                            "block_size + 1 tokens (x = row[:-1], y = row[1:]).")] = 2048,
-    strategy: Annotated[str, typer.Option("--strategy", help="bfd: best-fit decreasing of whole episodes. "
-                                          "stream: seed 002, episodes in order cut into rows, rows starting "
-                                          "in a user span rewritten.")] = "bfd",
-    overlong: Annotated[str, typer.Option("--overlong", help="bfd: an episode longer than a row is cut to its "
-                                          "first block_size+1 tokens (truncate), cut into pieces (split), or "
-                                          "left out (drop). Trained tokens lost are reported.")] = DEFAULT_OVERLONG,
-    pad_id: Annotated[Optional[int], typer.Option("--pad-id", help="Padding token id (default: EOS); its "
-                                                  "mask is 0 and it is never attended.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="bfd: order among equal lengths and of the rows.")] = 1337,
-    shard_tokens: Annotated[int, typer.Option("--shard-tokens", help="Maximum tokens per shard (whole rows).")]
-    = DEFAULT_SHARD_TOKENS,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output-dir.")] = False,
+    dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Episodes dataset (the "
+                                            "--output-dir of prepare-chat / prepare-tool).")],
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Packed dataset folder to "
+                                             "create (built beside it, renamed at the end).")],
+    block_size: Annotated[int, typer.Option("--block-size", "-b", metavar="N", help="Tokens per training row "
+                                            "(the training config's block_size); rows hold N + 1 tokens "
+                                            "(x = row[:-1], y = row[1:]).")] = 2048,
+    strategy: Annotated[str, typer.Option("--strategy", metavar="NAME", help="bfd or stream. bfd: whole "
+                                          "episodes, longest first, each into the fullest row it fits. stream: "
+                                          "episodes in order cut into rows; a row starting inside a user turn "
+                                          "gets the system span and <|USER|> prepended (loses more trained "
+                                          "tokens, see docs/PACKING.md).")] = "bfd",
+    overlong: Annotated[str, typer.Option("--overlong", metavar="MODE", help="truncate, split or drop. "
+                                          "bfd: an episode longer than a row keeps its first N + 1 tokens "
+                                          "(truncate), is cut into pieces (split), or is left out (drop). The "
+                                          "report counts the trained tokens lost.")] = DEFAULT_OVERLONG,
+    pad_id: Annotated[Optional[int], typer.Option("--pad-id", metavar="ID", help="Padding token id (default: "
+                                                  "the dataset's EOS); its mask is 0 and it is never "
+                                                  "attended.")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="bfd: order among equal lengths and of the "
+                                      "rows.")] = 1337,
+    shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
+                                              "(whole rows).")] = DEFAULT_SHARD_TOKENS,
+    overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at "
+                                            "--output-dir, once the new one is complete (never a folder that is not "
+                                            "a dataset).")] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Pack episodes into fixed-length rows with per-row seq_ids and position_ids.
+    """Pack episodes into fixed-length rows (several conversations per row) for faster training.
 
-    No conversation sees another (block-diagonal attention), no target crosses a
-    boundary, positions restart per conversation, and the loss mask is recomputed per
-    segment by the one mask rule.
+    No conversation sees another (block-diagonal attention from per-row seq_ids), no
+    target crosses a boundary, positions restart per conversation (position_ids), and the
+    loss mask is recomputed per piece by the one mask rule. The table compares the rows
+    with one-episode-per-row padding and counts every token lost (docs/PACKING.md).
+    `scripts/train.py` and the loader read the packed folder as they read an episodes one.
 
-    Example: sftdata pack data/chat_sft --output-dir data/chat_sft_packed --block-size 2048
+    Examples:
+
+    * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed --block-size 2048`
+    * `sftdata pack data/chat_sft -o data/chat_sft_packed -b 1024 --overlong split --json`
     """
+    dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, disable=quiet or as_json) as bar:
-        task = bar.add_task("pack", total=None)
+    with LazyProgress(Progress(*columns, console=err_console, disable=quiet or as_json)) as bar:
 
         def on_progress(p):
-            bar.update(task, description=f"pack {p.split}", completed=p.rows_done, total=p.rows_total)
+            bar.update(f"pack {p.split}", completed=p.rows_done, total=p.rows_total)
 
         report = pack(dataset, output_dir, opts, progress=on_progress)
     if as_json:

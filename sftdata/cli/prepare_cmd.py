@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,35 +11,40 @@ from rich.table import Table
 
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, make_progress, print_json
+from .app import (JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json,
+                  warn)
 
 InputsArg = Annotated[list[Path], typer.Argument(
-    help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped (.gz).",
+    metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
+                          "(.gz). Several files make one dataset; record numbers continue across them.",
     show_default=False)]
-OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", help="Dataset folder to create "
+OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Dataset folder to create "
                                           "(written to a temporary folder beside it, renamed at the end).")]
-ValSplitOpt = Annotated[float, typer.Option("--val-split", help="Fraction of episodes for the val split: "
-                                             "exactly round(f x episodes), chosen with --seed. 0 = no val split.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the train/val split.")]
+ValSplitOpt = Annotated[float, typer.Option("--val-split", metavar="F", help="Fraction of episodes for the val split: "
+                                             "exactly round(F x episodes), chosen with --seed. 0 = no val split.")]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the train/val split.")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option(
-    "--max-tokens", help="Length filter: system + first user/assistant pair must fit, each later pair "
-                         "must fit alone; the first later pair that does not fit is dropped with the "
-                         "rest; a record whose first pair does not fit is rejected (too_long).")]
-ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", help="Maximum tokens per shard "
+    "--max-tokens", metavar="N", help="Length filter: system + first user/assistant pair must fit in N tokens, "
+                                      "each later pair must fit alone; the first later pair that does not fit "
+                                      "is dropped with the rest; a record whose first pair does not fit is "
+                                      "rejected (too_long). Default: no filter.")]
+ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(an episode never spans shards).")]
 TokenizerOpt = Annotated[Optional[str], typer.Option(
-    "--tokenizer", help="tiktoken encoding name or path to a .tiktoken ranks file. Default: the bundled "
-                        "cl100k_base (no network).")]
-WorkersOpt = Annotated[Optional[int], typer.Option("--workers", "-j", help="Worker processes (default: "
-                                                   "all cores). The output is byte-identical for any value.")]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="Stop with exit code 1 at the first bad record "
+    "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file. "
+                                             "Default: the bundled cl100k_base (no network).")]
+WorkersOpt = Annotated[Optional[int], typer.Option("--workers", "-j", metavar="N", help="Worker processes "
+                                                   "(default: all cores; more than the cores are capped). The "
+                                                   "output is byte-identical for any value.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "
                                          "instead of skipping it and writing it to rejects.jsonl.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output-dir.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
+                                            "once the new one is complete (never a folder that is not a dataset).")]
 
 
 def summary_table(s: PrepareSummary) -> Table:
     t = Table(title=f"Prepared {s.output_dir}", show_header=True, header_style="bold")
-    t.add_column("")
+    t.add_column("", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_row("records read", f"{s.records_read:,}")
     for split in s.episodes:
@@ -56,24 +62,36 @@ def summary_table(s: PrepareSummary) -> Table:
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     secs = max(s.seconds, 1e-9)
-    t.add_row("time", f"{s.seconds:.2f} s ({s.records_read / secs:,.0f} records/s, "
-                      f"{s.total_tokens / secs:,.0f} tokens/s, {s.input_bytes / secs / 1e6:.1f} MB/s)")
+    t.add_row("time", f"{s.seconds:.2f} s")
+    t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
+                       f"{s.input_bytes / secs / 1e6:.1f} MB/s")
     return t
+
+
+def min_val_split(n: int) -> float:
+    """The smallest --val-split, rounded up to two significant digits, that puts at least
+    one of ``n`` episodes in val (the split takes floor(f x n + 0.5))."""
+    f = 0.5 / n
+    step = 10.0 ** (math.floor(math.log10(f)) - 1)
+    return round(math.ceil(f / step) * step, 12)
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet) -> None:
+    cores = default_workers()
+    if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
+        if not quiet:
+            warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
+        workers = cores
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
-                          workers=workers if workers is not None else default_workers(),
+                          workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite)
-    with make_progress(quiet or as_json) as bar:
-        tasks = []  # the bar appears with the first progress report, after the inputs were checked
+    with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
-            if not tasks:
-                tasks.append(bar.add_task(f"prepare-{mode}", total=p.bytes_total, records=0, tokens=0))
-            bar.update(tasks[0], completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+            bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
+                       tokens=p.tokens)
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress)
     if as_json:
@@ -82,6 +100,10 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
         err_console.print(summary_table(summary))
         if summary.rejected:
             err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+    n = sum(summary.episodes.values())
+    if val_split > 0 and not summary.episodes.get("val") and not quiet and n > 1:
+        warn(f"--val-split {val_split} of {n:,} episodes rounds to 0: the val split is empty; use --val-split "
+             f"{min_val_split(n)} or more for at least one val episode, or leave it out for no val split")
 
 
 @app.command("prepare-chat")
@@ -102,10 +124,17 @@ def prepare_chat(
 ) -> None:
     """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
 
-    Loss is on assistant spans only. Bad records are skipped, counted by reason and written
-    to OUTPUT/rejects.jsonl (or stop the run with --strict).
+    Each record becomes one episode: the conversation's tokens with chat markers, ending with
+    EOS, and a loss mask that trains the assistant turns only (docs/FORMAT.md). Bad records
+    are skipped, counted by reason and written to DIR/rejects.jsonl with their line numbers
+    (or stop the run with --strict). Records with tools go to `prepare-tool`. The dataset is
+    built beside DIR and renamed at the end: an error or Ctrl-C leaves nothing there.
 
-    Example: sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1
+    Examples:
+
+    * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1`
+    * `sftdata prepare-chat a.jsonl b.json.gz -o data/chat_sft --max-tokens 4096 --overwrite`
+    * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
     """
     run_prepare("chat", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet)
@@ -130,14 +159,17 @@ def prepare_tool(
     """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
     ShareGPT/glaive `function_call` / `observation` turns) into a dataset.
 
-    Tool schemas go into the system span; each call is trained as <|TOOL_CALL|> + canonical
+    Tool schemas go into the system span; each call is trained as `<|TOOL_CALL|>` + canonical
     JSON inside its assistant span; tool results are context only (never trained). Plain
     chat records are accepted too. Bad records (arguments that are not a JSON object,
     calls to undeclared functions, results that answer no call...) are skipped, counted by
-    reason and written to OUTPUT/rejects.jsonl (or stop the run with --strict).
-    See docs/TOOLS.md.
+    reason and written to DIR/rejects.jsonl (or stop the run with --strict). Same options
+    and dataset format as `prepare-chat`; see docs/TOOLS.md.
 
-    Example: sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1
+    Examples:
+
+    * `sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1`
+    * `sftdata prepare-tool glaive.json openai_tools.jsonl -o data/tool_sft --max-tokens 4096`
     """
     run_prepare("tool", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet)

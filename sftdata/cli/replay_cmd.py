@@ -7,18 +7,22 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from ..config import LoaderConfig
 from ..errors import UsageError
 from ..replay import Replay, check_audit_log, replay_order
-from .app import JsonOpt, app, err_console, handle_errors, out_console, print_json
+from .app import JsonOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
+MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
 
 
 def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
-    cfg = LoaderConfig.from_file(config) if config is not None else LoaderConfig()
+    # the run's own file may hold the training script's settings too (tags this command does not use)
+    cfg = LoaderConfig.from_file(config, other_tags="keep") if config is not None else LoaderConfig()
     changes = {k: v for k, v in (("epoch_seed", seed), ("batch_size", batch_size),
                                  ("episode_min_tokens", min_tokens), ("epoch_shuffle", shuffle),
                                  ("epoch_drop_last", drop_last)) if v is not None}
@@ -35,7 +39,9 @@ def _write_csv(r: Replay) -> None:
     (out or sys.stdout).flush()
 
 
-def _table(r: Replay) -> Table:
+def _table(r: Replay) -> Group:
+    """Title, table, then the settings line: as lines of their own, so the settings are
+    not wrapped to the table's width."""
     if r.step is not None:
         title = f"step {r.step} of split {r.split} (epoch {r.epoch})" if r.sampling == "epoch" \
             else f"step {r.step} of split {r.split} (random sampling)"
@@ -48,53 +54,65 @@ def _table(r: Replay) -> Table:
     shown = len(r.columns["episode"])
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
-    t = Table(title=title, caption=caption, header_style="bold")
+    t = Table(header_style="bold", show_edge=False, pad_edge=False)  # no edges: 9 columns fit 80 characters
     for name in r.columns:
         t.add_column(name, justify="left" if name == "shard" else "right", no_wrap=True)
     for row in r.rows():
         t.add_row(*("-" if v is None else str(v) for v in row.values()))
-    return t
+    return Group(Text(title, style="bold"), t, Text(caption, style="dim"))
 
 
 @app.command("replay-order")
 @handle_errors
 def replay_order_cmd(
-    dataset: Annotated[Path, typer.Argument(help="Dataset folder (prepare's --output-dir).", show_default=False)],
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The training config (JSON or XML) "
-                      "the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="epoch_seed (overrides --config; default 1337).")] = None,
-    epoch: Annotated[Optional[int], typer.Option("--epoch", help="List this epoch's order (default 0). With "
-                     "--step, checks the step is in this epoch.")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="Global training step: 0-based count of train "
-                    "batches since the start of training (the training loop's iteration).")] = None,
-    split: Annotated[str, typer.Option("--split", help="train or val.")] = "train",
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Per-rank batch size "
-                          "(overrides --config).")] = None,
-    world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks the run used.")] = 1,
-    rank: Annotated[Optional[int], typer.Option("--rank", help="Only this rank's rows (default: all ranks).")] = None,
-    head: Annotated[Optional[int], typer.Option("--head", help=f"Only the first K rows (default: all for "
-                    f"--json/--csv, {TABLE_ROWS} for the table).")] = None,
-    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", help="episode_min_tokens (overrides "
-                          "--config; default 2).")] = None,
-    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="epoch_shuffle "
+    dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
+                                            "trained on (episodes, or packed rows).")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", metavar="FILE", help="The training config "
+                      "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
+                                                "default 1337).")] = None,
+    epoch: Annotated[Optional[int], typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
+                     "0). With --step, checks the step is in this epoch.")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="Global training step: 0-based count "
+                    "of train batches since the start of training (the step train.py prints).")] = None,
+    split: Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")] = "train",
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
+                          "(overrides --config; default 8).")] = None,
+    world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
+                                            "used.")] = 1,
+    rank: Annotated[Optional[int], typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
+                                                "ranks).")] = None,
+    head: Annotated[Optional[int], typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
+                    f"all for --json/--csv, {TABLE_ROWS} for the table).")] = None,
+    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
+                          "(overrides --config; default 2).")] = None,
+    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
                        "(overrides --config; default shuffle).", show_default=False)] = None,
-    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", help="epoch_drop_last "
+    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
                          "(overrides --config; default drop-last).", show_default=False)] = None,
-    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", help="Check an audit log's "
-                           "epoch_start lines against the replay; exit 1 where they differ.")] = None,
+    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", metavar="LOG", help="Check an audit "
+                           "log's epoch_start lines against the replay; exit 1 where they differ.")] = None,
     as_json: JsonOpt = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout (all rows unless --head).")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "
+                                         "--head).")] = False,
 ) -> None:
     """Print the episodes a training step (or a whole epoch) trained on, with their shard,
     length and input record number, exactly as the loader ordered them.
 
+    Give the config the run used (or the flags it set): the order is a function of the
+    dataset, the seed, batch size, world size, shuffle, drop_last and min tokens only. A
+    packed dataset lists the segments of each row. See docs/LOADER.md.
+
     Examples:
-      sftdata replay-order data/chat_sft --config configs/sft1/my_experiment.json --step 1200
-      sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10
-      sftdata replay-order data/chat_sft --config cfg.json --check-audit logs/audit/audit_x.log
+
+    * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39`
+    * `sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10`
+    * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --csv > epoch0.csv`
+    * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
+    dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
     if check_audit is not None:
         res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
@@ -107,8 +125,11 @@ def replay_order_cmd(
         else:
             if res.checked == 0 and not res.mismatches:
                 err_console.print(f"[red]no epoch_start line of split {split} in {check_audit}; nothing matches[/]")
-            for m in res.mismatches:
-                err_console.print(f"[red]mismatch[/] {m.message}")
+            for m in res.mismatches[:MISMATCHES_SHOWN]:
+                err_console.print(Text("mismatch ", style="red") + Text(m.message), soft_wrap=True)
+            if len(res.mismatches) > MISMATCHES_SHOWN:
+                err_console.print(f"... and {len(res.mismatches) - MISMATCHES_SHOWN:,} more mismatches (--json lists "
+                                  f"them all)", style="red", markup=False)
         if not res.ok:
             raise typer.Exit(1)
         return

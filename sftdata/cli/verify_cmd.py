@@ -12,17 +12,20 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import JsonOpt, QuietOpt, app, err_console, handle_errors, out_console, print_json
+from .app import (JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, flat_token_dtype, handle_errors,
+                   out_console, print_json)
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
-PathArg = Annotated[Path, typer.Argument(help="Dataset folder (the --output-dir of prepare).", show_default=False)]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Skip the checksums (every other check still runs).")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", help="Older flat layout only: dtype of "
-                                                 "tokens.bin (default uint32).")]
+PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
+                                        "--output-dir of prepare-chat, prepare-tool or pack).")]
+QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
+                                        "runs).")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
+                                                 "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[Optional[str], typer.Option(
-    "--tokenizer", help="Older flat layout only (it records no tokenizer): check ids, EOS endings and the mask "
-                        "rule with this tokenizer.")]
+    "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
+                                             "EOS endings and the mask rule with this tokenizer.")]
 
 
 def draw_report(r: VerifyReport) -> Group:
@@ -74,16 +77,21 @@ def verify_cmd(
 
     Files, sizes, counts, the episode index (packed: rows and segments), EOS endings, token
     ids, the loss mask against the mask rule, and sha256 checksums. Every problem names the
-    file, the episode or byte offset, what is wrong and what to do.
+    file, the episode or byte offset, what is wrong and what to do (docs/AUDIT.md).
 
-    Example: sftdata verify data/chat_sft
+    Examples:
+
+    * `sftdata verify data/chat_sft`
+    * `sftdata verify data/chat_sft --quick` (no checksums)
+    * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
+    dataset_dir(path)
+    token_dtype = flat_token_dtype(token_dtype)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
-    with bar:
-        task = bar.add_task("verify", total=None)
+    with LazyProgress(bar) as lazy:
         report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+                        progress=lambda done, total: lazy.update("verify", completed=done, total=total))
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:

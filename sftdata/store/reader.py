@@ -62,6 +62,10 @@ class Shard:
             self.mask = _map(mp, self.mask_dtype)
         sp = p / SOURCES_FILE
         self.sources = np.asarray(_map(sp, IDX_DTYPE)) if sp.is_file() else None
+        if self.sources is not None and self.sources.shape[0] != self.episodes.shape[0]:
+            raise DatasetError(f"{sp}: {self.sources.shape[0]:,} record numbers for the {self.episodes.shape[0]:,} "
+                               f"episodes of {idx_path}: there must be one per episode; the file is truncated or "
+                               f"belongs to other episodes. Re-create the dataset (`sftdata verify` reports more)")
         self.segments = _read_segments(p / SEGMENTS_FILE)
 
     @property

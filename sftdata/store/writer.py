@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OutputExistsError
+from ..errors import DatasetError, OutputExistsError
 from .layout import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE,
-                     SEGMENTS_FILE, SOURCES_FILE, TOKENS_FILE, DEFAULT_SHARD_TOKENS, detect_layout,
-                     dumps_json, sha256_file, shard_name)
+                     SEGMENTS_FILE, SOURCES_FILE, SPLITS, TOKENS_FILE, DEFAULT_SHARD_TOKENS, detect_layout, dumps_json,
+                     read_json, sha256_file, shard_name)
 
 class _HashedFile:
     """A binary file written sequentially whose sha256 and size are known on close."""
@@ -123,9 +123,17 @@ class SplitWriter:
 
 
 def _replaceable(folder: Path) -> bool:
-    """A folder ``--overwrite`` may replace: empty, or a dataset (complete, or an older
-    layout), never an arbitrary folder."""
-    return (folder / METADATA_FILE).is_file() or detect_layout(folder) is not None or not any(folder.iterdir())
+    """``--overwrite`` may delete ``folder``: it is empty, a dataset sftdata wrote, or an
+    older flat dataset (``train/tokens.bin``). Any other folder (a home folder, the
+    inputs' folder) is refused: replacing it would delete files sftdata never wrote."""
+    if not any(folder.iterdir()):
+        return True
+    if (folder / METADATA_FILE).is_file():
+        try:
+            return read_json(folder / METADATA_FILE).get("format") == FORMAT_NAME
+        except (DatasetError, OSError):  # unreadable metadata: not provably ours
+            return False
+    return detect_layout(folder) == "flat" and all(p.name in SPLITS for p in folder.iterdir())
 
 
 class DatasetWriter:
@@ -147,10 +155,9 @@ class DatasetWriter:
             raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
                                     f"another --output-dir")
         if self.target.exists() and not _replaceable(self.target):
-            # e.g. --output-dir naming the folder of the inputs: replacing it would delete them
-            raise OutputExistsError(f"{self.target} is not an sftdata dataset (no {METADATA_FILE}); --overwrite "
-                                    f"replaces only a dataset (or an empty folder). Choose another --output-dir, "
-                                    f"or remove the folder yourself")
+            raise OutputExistsError(f"{self.target} is not an sftdata dataset (no {METADATA_FILE}, and not empty): "
+                                    f"--overwrite replaces only a dataset, never other files (they would be "
+                                    f"deleted). Choose another --output-dir, or remove the folder yourself")
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir()

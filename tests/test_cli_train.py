@@ -1,0 +1,81 @@
+"""scripts/train.py as a user runs it: one-line errors, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
+
+import train  # noqa: E402
+
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+
+
+def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(byte_ds, tmp_path, capsys, monkeypatch):  # noqa: F811
+    cfg = _config(tmp_path / "c.json")
+
+    def interrupted(args, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run", interrupted)
+    out = tmp_path / "out"
+    assert train.main(["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(out)]) == 130
+    assert capsys.readouterr().err == "error: interrupted; no checkpoint was written yet\n"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"x")
+    assert train.main(["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(out)]) == 130
+    assert capsys.readouterr().err == (f"error: interrupted; the last checkpoint is {out / 'ckpt.pt'}: continue "
+                                       f"with --resume {out / 'ckpt.pt'}\n")
+
+
+def test_an_out_dir_under_a_file_is_one_line(byte_ds, tmp_path, capsys):  # noqa: F811
+    cfg = _config(tmp_path / "c.json", max_iters=1)
+    (tmp_path / "afile").write_text("x")
+    argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(tmp_path / "afile" / "run"),
+            "--no-audit", "--quiet"]
+    assert train.main(argv) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'afile' / 'run'}: Not a directory\n"
+
+
+def test_a_file_that_is_not_a_checkpoint(byte_ds, tmp_path, capsys):  # noqa: F811
+    cfg = _config(tmp_path / "c.json")
+    (tmp_path / "chat.jsonl").write_text('{"messages": []}\n')
+    argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--resume", str(tmp_path / "chat.jsonl")]
+    assert train.main(argv) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'chat.jsonl'} is not a readable training checkpoint: "
+                                       f"torch cannot load it (UnpicklingError); give the ckpt.pt a run wrote (in its "
+                                       f"--out-dir)\n")
+    assert train.main(["--dataset", str(byte_ds), "--config", str(cfg), "--resume", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path} is a folder; give the ckpt.pt file a run wrote (in "
+                                       f"its --out-dir)\n")
+
+
+def test_an_empty_val_split_means_no_evaluation_with_a_note(byte_ds, tmp_path, caplog):  # noqa: F811
+    src = byte_ds.parent / "chat.jsonl"
+    ds = tmp_path / "ds"
+    prepare([src], ds, PrepareOptions(val_split=0.001, tokenizer=str(byte_ds.parent / "bytes.tiktoken"),
+                                      workers=1))
+    assert (ds / "val").is_dir()
+    cfg = _config(tmp_path / "c.json", max_iters=2, eval_interval=1)
+    lines: list[str] = []
+    with caplog.at_level(logging.INFO, logger="sftdata.loader"):
+        res = train.run(train.parse_args(["--dataset", str(ds), "--config", str(cfg), "--out-dir",
+                                          str(tmp_path / "out"), "--no-audit"]), env={}, log=lines.append)
+    assert res.val_losses == {}
+    assert f"note: the val split of {ds} is empty, so there is no evaluation (prepare with a larger --val-split " \
+           f"to evaluate)" in lines
+
+
+def test_the_evaluation_loader_logs_nothing(byte_ds, tmp_path, caplog):  # noqa: F811
+    cfg = _config(tmp_path / "c.json", max_iters=2, eval_interval=1, eval_iters=3)
+    with caplog.at_level(logging.INFO, logger="sftdata.loader"):
+        res = train.run(train.parse_args(["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir",
+                                          str(tmp_path / "out"), "--no-audit"]), env={}, log=lambda *_: None)
+    assert sorted(res.val_losses) == [1, 2]
+    val_lines = [r.getMessage() for r in caplog.records if "split=val" in r.getMessage()]
+    # the training loader's own init line for val, and nothing from the evaluation loader's epochs
+    assert len(val_lines) == 1 and " init " in val_lines[0]
