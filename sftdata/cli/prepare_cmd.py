@@ -106,70 +106,62 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
              f"{min_val_split(n)} or more for at least one val episode, or leave it out for no val split")
 
 
-@app.command("prepare-chat")
-@handle_errors
-def prepare_chat(
-    inputs: InputsArg,
-    output_dir: OutputOpt,
-    val_split: ValSplitOpt = 0.0,
-    seed: SeedOpt = 1337,
-    max_tokens: MaxTokensOpt = None,
-    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
-    tokenizer: TokenizerOpt = None,
-    workers: WorkersOpt = None,
-    strict: StrictOpt = False,
-    overwrite: OverwriteOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
+def _prepare_command(mode: str, doc: str):
+    """One Typer command per mode over the same options (no second copy of the signature)."""
 
-    Each record becomes one episode: the conversation's tokens with chat markers, ending with
-    EOS, and a loss mask that trains the assistant turns only (docs/FORMAT.md). Bad records
-    are skipped, counted by reason and written to DIR/rejects.jsonl with their line numbers
-    (or stop the run with --strict). Records with tools go to `prepare-tool`. The dataset is
-    built beside DIR and renamed at the end: an error or Ctrl-C leaves nothing there.
+    @handle_errors
+    def command(
+        inputs: InputsArg,
+        output_dir: OutputOpt,
+        val_split: ValSplitOpt = 0.0,
+        seed: SeedOpt = 1337,
+        max_tokens: MaxTokensOpt = None,
+        shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+        tokenizer: TokenizerOpt = None,
+        workers: WorkersOpt = None,
+        strict: StrictOpt = False,
+        overwrite: OverwriteOpt = False,
+        as_json: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
+                    workers, strict, overwrite, as_json, quiet)
 
-    Examples:
-
-    * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1`
-    * `sftdata prepare-chat a.jsonl b.json.gz -o data/chat_sft --max-tokens 4096 --overwrite`
-    * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
-    """
-    run_prepare("chat", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet)
+    command.__name__ = f"prepare_{mode}"
+    command.__doc__ = doc
+    return app.command(f"prepare-{mode}")(command)
 
 
-@app.command("prepare-tool")
-@handle_errors
-def prepare_tool(
-    inputs: InputsArg,
-    output_dir: OutputOpt,
-    val_split: ValSplitOpt = 0.0,
-    seed: SeedOpt = 1337,
-    max_tokens: MaxTokensOpt = None,
-    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
-    tokenizer: TokenizerOpt = None,
-    workers: WorkersOpt = None,
-    strict: StrictOpt = False,
-    overwrite: OverwriteOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
-    ShareGPT/glaive `function_call` / `observation` turns) into a dataset.
+CHAT_HELP = """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
 
-    Tool schemas go into the system span; each call is trained as `<|TOOL_CALL|>` + canonical
-    JSON inside its assistant span; tool results are context only (never trained). Plain
-    chat records are accepted too. Bad records (arguments that are not a JSON object,
-    calls to undeclared functions, results that answer no call...) are skipped, counted by
-    reason and written to DIR/rejects.jsonl (or stop the run with --strict). Same options
-    and dataset format as `prepare-chat`; see docs/TOOLS.md.
+Each record becomes one episode: the conversation's tokens with chat markers, ending with
+EOS, and a loss mask that trains the assistant turns only (docs/FORMAT.md). Bad records
+are skipped, counted by reason and written to DIR/rejects.jsonl with their line numbers
+(or stop the run with --strict). Records with tools go to `prepare-tool`. The dataset is
+built beside DIR and renamed at the end: an error or Ctrl-C leaves nothing there.
 
-    Examples:
+Examples:
 
-    * `sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1`
-    * `sftdata prepare-tool glaive.json openai_tools.jsonl -o data/tool_sft --max-tokens 4096`
-    """
-    run_prepare("tool", inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet)
+* `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1`
+* `sftdata prepare-chat a.jsonl b.json.gz -o data/chat_sft --max-tokens 4096 --overwrite`
+* `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
+"""
+
+TOOL_HELP = """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
+ShareGPT/glaive `function_call` / `observation` turns) into a dataset.
+
+Tool schemas go into the system span; each call is trained as `<|TOOL_CALL|>` + canonical
+JSON inside its assistant span; tool results are context only (never trained). Plain
+chat records are accepted too. Bad records (arguments that are not a JSON object,
+calls to undeclared functions, results that answer no call...) are skipped, counted by
+reason and written to DIR/rejects.jsonl (or stop the run with --strict). Same options
+and dataset format as `prepare-chat`; see docs/TOOLS.md.
+
+Examples:
+
+* `sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1`
+* `sftdata prepare-tool glaive.json openai_tools.jsonl -o data/tool_sft --max-tokens 4096`
+"""
+
+prepare_chat = _prepare_command("chat", CHAT_HELP)
+prepare_tool = _prepare_command("tool", TOOL_HELP)
