@@ -101,7 +101,28 @@ def resolve_pad_id(cfg: LoaderConfig, ds: Dataset) -> int:
     return int(pad)
 
 
-class GPTEpisodeDataLoader:
+class ResumableSteps:
+    """``state_dict`` / ``load_state_dict`` shared by the loaders: the per-split step
+    counters plus ``_fingerprint()`` (the settings that decide the order). Subclasses
+    may override ``_resume_epoch`` to name the epoch in the ``loader_resume`` audit event."""
+
+    audit = None
+
+    def state_dict(self) -> dict:
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
+                "order": self._fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_steps(self, state, self._fingerprint())
+        for split, step in self._steps.items():
+            if self.audit is not None and step:
+                self.audit.event("loader_resume", split=split, step=step, epoch=self._resume_epoch(split, step))
+
+    def _resume_epoch(self, split: str, step: int):
+        return None
+
+
+class GPTEpisodeDataLoader(ResumableSteps):
     """Fixed-shape batches of whole episodes; see the module docstring.
 
     ``get_batch(split)`` returns ``(x, y)`` or, with ``use_loss_mask`` and a mask file,
@@ -187,16 +208,8 @@ class GPTEpisodeDataLoader:
                 "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)},
                 "dataset_content_sha256": self.identity}
 
-    def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
-                "order": self._fingerprint()}
-
-    def load_state_dict(self, state: dict) -> None:
-        load_steps(self, state, self._fingerprint())
-        for split, step in self._steps.items():
-            if self.audit is not None and step:
-                epoch = self.order(split).epoch_of_step(step) if self.sampling == "epoch" else None
-                self.audit.event("loader_resume", split=split, step=step, epoch=epoch)
+    def _resume_epoch(self, split: str, step: int):
+        return self.order(split).epoch_of_step(step) if self.sampling == "epoch" else None
 
     # -- logging ----------------------------------------------------------------------
     def _log_init(self) -> None:
@@ -258,6 +271,7 @@ def load_steps(loader, state: dict, fingerprint: dict) -> None:
         if not isinstance(v, int) or v < 0:
             raise ConfigError(f"loader state: step of split {split!r} must be an integer >= 0, got {v!r}")
     loader._steps.update({k: int(v) for k, v in steps.items()})
+
 
 
 def _b(v: bool) -> str:

@@ -31,15 +31,13 @@ import numpy as np
 from .audit import FIRST_IDS, AuditLog
 from .backend import BatchIterable, to_backend, torch_iterable
 from .config import LoaderConfig
-from .episode_loader import dataset_identity, load_steps
+from .episode_loader import ResumableSteps, dataset_identity
 from .errors import ConfigError, DatasetError, UsageError
 from .order import BatchOrder
 from .packing import PAD_SEQ_ID, row_layout
 from .store import Dataset, Segments, Split, split_segments
 
 log = logging.getLogger("sftdata.loader")
-STATE_FORMAT = "sftdata-loader-state"
-STATE_VERSION = 1
 
 PackedBatch = namedtuple("PackedBatch", "x y mask position_ids seq_ids")
 PackedBatch.__doc__ = "One batch of packed rows: x, y, position_ids, seq_ids int64; mask float32 (1 = trained)."
@@ -108,7 +106,7 @@ def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pa
                        seq[:, :-1].copy())
 
 
-class PackedDataLoader:
+class PackedDataLoader(ResumableSteps):
     """One pass over a packed dataset in seeded epoch order; see the module docstring.
 
     ``step(split)`` is the number of batches already returned (the ``--step`` of
@@ -220,15 +218,8 @@ class PackedDataLoader:
                 "num_rows": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)},
                 "dataset_content_sha256": self.identity}
 
-    def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
-                "order": self._fingerprint()}
-
-    def load_state_dict(self, state: dict) -> None:
-        load_steps(self, state, self._fingerprint())
-        for split, step in self._steps.items():
-            if self.audit is not None and step:
-                self.audit.event("loader_resume", split=split, step=step, epoch=0)
+    def _resume_epoch(self, split: str, step: int):
+        return 0  # one pass
 
     # -- logging ----------------------------------------------------------------------
     def _log_init(self) -> None:

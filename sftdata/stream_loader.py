@@ -17,6 +17,7 @@ import numpy as np
 
 from .backend import BatchIterable, to_backend, torch_iterable
 from .config import LoaderConfig
+from .episode_loader import ResumableSteps
 from .errors import DatasetError, UsageError
 from .order import random_draws
 
@@ -83,7 +84,7 @@ class WindowDataset:
             yield self[i]
 
 
-class GPTDataLoader:
+class GPTDataLoader(ResumableSteps):
     """Random windows of ``block_size`` tokens over each split's token arrays.
 
     ``splits`` maps a split name to its arrays (one per shard); build it from a dataset
@@ -173,14 +174,4 @@ class GPTDataLoader:
                 "num_tokens": {s: int(sum(a.shape[0] for a in v)) for s, v in sorted(self.arrays.items())},
                 "dataset_content_sha256": self.identity}
 
-    def state_dict(self) -> dict:
-        from .episode_loader import STATE_FORMAT, STATE_VERSION
-
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
-                "order": self._fingerprint()}
-
-    def load_state_dict(self, state: dict) -> None:
-        from .episode_loader import load_steps
-
-        load_steps(self, state, self._fingerprint())
 
