@@ -32,9 +32,20 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parent))
 from gpt import GPT, GPTConfig, block_causal_mask  # noqa: E402
-from trainer import (StepInputs, TrainResult, TrainSettings, apply_env, load_checkpoint,  # noqa: E402
-                     make_optimizer, save_checkpoint, set_rng_state, settings_from_extra, step_inputs, training_keys,
-                     train_loop)
+from trainer import (  # noqa: E402
+    StepInputs,
+    TrainResult,
+    TrainSettings,
+    apply_env,
+    load_checkpoint,
+    make_optimizer,
+    save_checkpoint,
+    set_rng_state,
+    settings_from_extra,
+    step_inputs,
+    train_loop,
+    training_keys,
+)
 
 from sftdata.errors import ConfigError, SftDataError  # noqa: E402
 
@@ -119,7 +130,7 @@ def val_batches(cfg, s: TrainSettings, dataset: Path, device: str, log=print) ->
     return out
 
 
-def resolve_settings(args: argparse.Namespace, env) -> tuple["LoaderConfig", TrainSettings]:  # noqa: F821
+def resolve_settings(args: argparse.Namespace, env) -> tuple[LoaderConfig, TrainSettings]:  # noqa: F821
     """Config file < environment < command line. ``use_loss_mask`` and POST_TRAINING are
     one switch: the loader returns masks exactly when the loss uses them."""
     from sftdata.loader import LoaderConfig

@@ -65,7 +65,7 @@ class TrainSettings:
         return GPTConfig(vocab_size=vocab_size, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd,
                          dropout=self.dropout, tie_weights=self.tie_weights)
 
-    def validate(self, where: str = "the training settings") -> "TrainSettings":
+    def validate(self, where: str = "the training settings") -> TrainSettings:
         checks = [
             ("n_layer", self.n_layer >= 1, "at least 1"),
             ("n_head", self.n_head >= 1, "at least 1"),

@@ -2,7 +2,10 @@
 
 One event per line, fields separated by `` | ``::
 
-    2026-01-03T16:44:19.628Z | TRAINING | INFO | action=epoch_start | split=train | epoch=0 | seed=42 | num_episodes=504 | first_episode_ids="[173, 274, 489, 72, 305, 76, 475, 140, 469, 498]" | step=0
+    2026-01-03T16:44:19.628Z | TRAINING | INFO | action=epoch_start | split=train | epoch=0 | seed=42 \
+        | num_episodes=504 | first_episode_ids="[173, 274, 489, 72, 305, 76, 475, 140, 469, 498]" | step=0
+
+(one line in the file; cut here to fit.)
 
 Values are bare when they hold no space, ``|``, ``=`` or quote; otherwise JSON strings.
 Booleans are ``true``/``false``; lists are written as a quoted JSON list. Files are

@@ -96,7 +96,7 @@ class LoaderConfig:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "source"))
 
     @classmethod
-    def from_dict(cls, d: dict, source: str | None = None) -> "LoaderConfig":
+    def from_dict(cls, d: dict, source: str | None = None) -> LoaderConfig:
         """Known keys become fields (type-checked); other keys go to ``extra``."""
         if not isinstance(d, dict):
             raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}"
@@ -113,7 +113,7 @@ class LoaderConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, extra_keys: dict[str, type] | None = None, *,
-                  other_tags: str = "error") -> "LoaderConfig":
+                  other_tags: str = "error") -> LoaderConfig:
         """Load a ``.json`` (with ``inherits``) or ``.xml`` (``<training>``) config.
 
         ``extra_keys`` names the training script's own keys and their types
@@ -138,7 +138,7 @@ class LoaderConfig:
         d = {k: getattr(self, k) for k in self.field_names()}
         return {**self.extra, **d}
 
-    def replace(self, **changes) -> "LoaderConfig":
+    def replace(self, **changes) -> LoaderConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -24,11 +24,11 @@ import numpy as np
 import orjson
 
 from .errors import DatasetError, UsageError
+from .inspect_packed import PackedInfo, packed_info, row_view, select_rows, split_segments
 from .masking import loss_mask
+from .range_sums import trained_per_episode
 from .store import REJECTS_FILE, Dataset, Split, open_dataset
 from .tokenizer import ChatTokenizer, load_tokenizer
-from .inspect_packed import PackedInfo, packed_info, row_view, select_rows, split_segments
-from .range_sums import trained_per_episode
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 

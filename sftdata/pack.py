@@ -15,19 +15,36 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from . import __version__
 from .errors import DatasetError, UsageError
-from .packing import (DEFAULT_OVERLONG, OVERLONG_POLICIES, STRATEGIES, PackPlan, assemble_rows,
-                      gather_ranges, padding_baseline, plan_bfd, segment_masks)
+from .packing import (
+    DEFAULT_OVERLONG,
+    OVERLONG_POLICIES,
+    STRATEGIES,
+    PackPlan,
+    assemble_rows,
+    gather_ranges,
+    padding_baseline,
+    plan_bfd,
+    segment_masks,
+)
+from .store import (
+    DEFAULT_SHARD_TOKENS,
+    METADATA_FILE,
+    SEGMENT_FIELDS,
+    TOKENIZER_FILE,
+    DatasetWriter,
+    Split,
+    open_dataset,
+    sha256_file,
+)
 from .stream_packing import plan_stream
-from .store import (DEFAULT_SHARD_TOKENS, METADATA_FILE, SEGMENT_FIELDS, TOKENIZER_FILE, DatasetWriter,
-                    Split, open_dataset, sha256_file)
 from .tokenizer import MarkerIds
 
 CHUNK_TOKENS = 8 << 20  # row tokens built at once

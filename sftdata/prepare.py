@@ -20,9 +20,9 @@ import os
 import signal
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import orjson
@@ -32,8 +32,15 @@ from .conversation import parse_record
 from .errors import NoUsableRecordsError, RecordError, SftDataError, UsageError
 from .render import render_batch
 from .sources import RawRecord, SourceInfo, inspect_source, iter_all
-from .store import (DEFAULT_SHARD_TOKENS, REJECTS_FILE, TOKENIZER_FILE, DatasetWriter, Shard,
-                    SplitWriter, token_dtype_for)
+from .store import (
+    DEFAULT_SHARD_TOKENS,
+    REJECTS_FILE,
+    TOKENIZER_FILE,
+    DatasetWriter,
+    Shard,
+    SplitWriter,
+    token_dtype_for,
+)
 from .tokenizer import ChatTokenizer, load_tokenizer
 
 CHUNK_RECORDS = 512

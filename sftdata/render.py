@@ -23,9 +23,9 @@ counted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Sequence
 
 import numpy as np
 import orjson

@@ -14,8 +14,8 @@ import numpy as np
 
 from .audit import AuditCheck, check_audit
 from .config import LoaderConfig
-from .errors import DatasetError, UsageError
 from .episode_loader import episode_order
+from .errors import DatasetError, UsageError
 from .store import Split, has_episode_index, open_dataset
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")

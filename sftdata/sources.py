@@ -18,9 +18,10 @@ from __future__ import annotations
 import codecs
 import gzip
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 

@@ -9,7 +9,7 @@ too, the rest of the conversation is skipped. See ``stream_prefix`` for the case
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from .errors import TokenizerError
 
@@ -43,7 +43,7 @@ class MarkerIds:
     eos: int
 
     @classmethod
-    def from_special_tokens(cls, special: dict[str, int]) -> "MarkerIds":
+    def from_special_tokens(cls, special: dict[str, int]) -> MarkerIds:
         try:
             return cls(
                 system=special["<|SYSTEM|>"],

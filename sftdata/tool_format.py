@@ -37,8 +37,18 @@ from typing import Any
 
 import orjson
 
-from .conversation import (ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn,
-                           _text_of, message_role, normalise_turns, raw_messages)
+from .conversation import (
+    ASSISTANT_ALIASES,
+    SYSTEM_ALIASES,
+    USER_ALIASES,
+    Conversation,
+    ToolCall,
+    Turn,
+    _text_of,
+    message_role,
+    normalise_turns,
+    raw_messages,
+)
 from .errors import RecordError
 from .exact_json import InexactJSON, check_exact, loads
 

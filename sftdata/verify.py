@@ -27,18 +27,25 @@ array checks in ``verify_checks`` and ``verify_packed``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .errors import DatasetError, UsageError
 from .store import METADATA_FILE, SPLITS, TOKENIZER_FILE, Dataset, detect_layout, open_dataset, sha256_file
-from .verify_checks import (RECREATE, Problem, check_counts, check_eos, check_index, check_shard_list,
-                            check_sizes)
+from .verify_checks import RECREATE, Problem, check_counts, check_eos, check_index, check_shard_list, check_sizes
 from .verify_content import check_content
-from .verify_files import (check_metadata, check_tokenizer, checksum_problems, discover, hash_jobs,
-                           parts_from_dataset, pick_token_dtype, vocab_from_state)
+from .verify_files import (
+    check_metadata,
+    check_tokenizer,
+    checksum_problems,
+    discover,
+    hash_jobs,
+    parts_from_dataset,
+    pick_token_dtype,
+    vocab_from_state,
+)
 from .verify_packed import check_packed_content, check_references, check_rows, check_segments
 
 _COMMON_HEAD = {

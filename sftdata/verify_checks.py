@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE,
-                    TOKENS_FILE)
+from .store import EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE, TOKENS_FILE
 from .tokenizer import MarkerIds
 
 RECREATE = "re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool`"
@@ -115,7 +114,7 @@ def more_like_it(n: int, what: str = "episodes") -> str:
     return f" ({n - 1:,} more {what} like it in this shard)" if n > 1 else ""
 
 
-def check_shard_list(meta: dict, shards_on_disk: dict[str, list[str]]) -> list["Problem"]:
+def check_shard_list(meta: dict, shards_on_disk: dict[str, list[str]]) -> list[Problem]:
     """Shards the metadata lists but the disk lacks, and shards on disk it does not list."""
     out = []
     recreate = REPACK if meta.get("kind") == "packed" else RECREATE
@@ -145,7 +144,7 @@ def check_sizes(part: Part) -> list[Problem]:
     def size(fn):
         return (d / fn).stat().st_size if (d / fn).is_file() else None
 
-    ts, ms, es, ss = size(TOKENS_FILE), size(MASK_FILE), size(EPISODES_FILE), size(SOURCES_FILE)
+    ts, ms, es, _ss = size(TOKENS_FILE), size(MASK_FILE), size(EPISODES_FILE), size(SOURCES_FILE)
     if ts is not None and ts % itemsize:
         out.append(Problem("sizes", part.file(TOKENS_FILE), "", f"{ts:,} bytes is not a whole number of "
                            f"{part.token_dtype.name} tokens ({itemsize} bytes each): the file is truncated "

@@ -10,7 +10,7 @@ episodes, and gives each the mask it has alone (``rule_per_episode`` says when):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

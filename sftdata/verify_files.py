@@ -13,9 +13,24 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DatasetError, SftDataError
-from .store import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS,
-                    SEGMENTS_FILE, SOURCES_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE, Dataset, list_shards,
-                    read_json, token_dtype_for)
+from .store import (
+    EPISODES_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDX_DTYPE,
+    MASK_FILE,
+    METADATA_FILE,
+    SEGMENT_FIELDS,
+    SEGMENTS_FILE,
+    SOURCES_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    Dataset,
+    list_shards,
+    read_json,
+    token_dtype_for,
+)
 from .tokenizer import MarkerIds, load_tokenizer, tokenizer_from_state
 from .verify_checks import RECREATE, REPACK, Part, Problem, Vocab, check_shard_list
 

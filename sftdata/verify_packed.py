@@ -24,15 +24,23 @@ each row is a run of segments from offset 0, then padding::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .errors import SftDataError
 from .packing import gather_ranges, segment_masks
-from .store import (EPISODES_FILE, MASK_FILE, METADATA_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE, open_dataset,
-                    sha256_file)
+from .store import (
+    EPISODES_FILE,
+    MASK_FILE,
+    METADATA_FILE,
+    SEGMENT_FIELDS,
+    SEGMENTS_FILE,
+    TOKENS_FILE,
+    open_dataset,
+    sha256_file,
+)
 from .stream_packing import stream_prefix
 from .tokenizer import MarkerIds
 from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index

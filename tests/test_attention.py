@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_packing import M, build, random_episode
 
 from sftdata.attention import block_causal_mask, cu_seqlens
 from sftdata.packing import plan_bfd, row_layout
 from sftdata.stream_packing import plan_stream
-from test_packing import M, build, random_episode
 
 NEG = -np.inf
 

@@ -5,12 +5,11 @@ a traceback."""
 import errno
 
 import pytest
+from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app, pack_cmd, prepare_cmd
 from sftdata.prepare import PrepareOptions, prepare
-
-from conftest import chat, write_jsonl
 
 runner = CliRunner()
 

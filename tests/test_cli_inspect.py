@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from audit_data import make_dataset, to_flat
 from typer.testing import CliRunner
 
-from audit_data import make_dataset, to_flat
 from sftdata import inspect as sft_inspect
 from sftdata.cli import app
 

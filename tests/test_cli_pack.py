@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.store import open_dataset
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 runner = CliRunner()
 

@@ -1,11 +1,10 @@
 import json
 
+from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata import __version__
 from sftdata.cli import app
-
-from conftest import chat, write_jsonl
 
 runner = CliRunner()
 

@@ -8,9 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
-
 import train  # noqa: E402
+from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
 
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 

@@ -7,9 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
+from audit_data import make_dataset, shard, to_flat
 from typer.testing import CliRunner
 
-from audit_data import make_dataset, shard, to_flat
 from sftdata.cli import app
 from sftdata.verify import CHECKS
 

@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from audit_data import make_dataset, read_idx, shard, to_flat, write_idx
+
 from sftdata import inspect as sft_inspect
 from sftdata.errors import DatasetError, UsageError
 from sftdata.store import open_dataset

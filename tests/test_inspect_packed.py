@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from audit_data import make_packed, shard
+
 from sftdata import inspect as sft_inspect
 from sftdata.errors import DatasetError, UsageError
 from sftdata.inspect_packed import RowView

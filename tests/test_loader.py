@@ -10,8 +10,15 @@ from loader_util import EOS, ep_mask, ep_tokens, make_dataset, make_flat
 
 from sftdata.audit import read_log
 from sftdata.errors import ConfigError, DatasetError
-from sftdata.loader import (IGNORE_INDEX, GPTDataLoader, GPTEpisodeDataLoader, LoaderConfig, apply_ignore_index,
-                            detect_mode, make_loader)
+from sftdata.loader import (
+    IGNORE_INDEX,
+    GPTDataLoader,
+    GPTEpisodeDataLoader,
+    LoaderConfig,
+    apply_ignore_index,
+    detect_mode,
+    make_loader,
+)
 
 LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8]  # episode 2 (1 token) is below episode_min_tokens=2
 
@@ -56,9 +63,9 @@ def test_padding_truncation_and_mask_alignment(ds):
 
 
 def test_padding_exact_values():
-    from sftdata.episode_loader import episode_batch
-
     import types
+
+    from sftdata.episode_loader import episode_batch
 
     sh = types.SimpleNamespace(tokens=np.array([11, 12, 13, 21, 22, 23, 24, 25, 26, 27, 28], np.uint16),
                                mask=np.array([0, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1], np.uint8))
@@ -224,6 +231,7 @@ def test_resume_on_another_dataset_with_the_same_counts_is_refused(tmp_path, mon
     resume would not be those of the run. A copy elsewhere, or the same data prepared
     again from the input named another way, resumes."""
     from conftest import chat, write_jsonl
+
     from sftdata.prepare import PrepareOptions, prepare
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(12)])
@@ -405,7 +413,7 @@ def test_masks_of_a_prepared_chat_dataset_follow_the_mask_rule(tmp_path):
     assert loader.pad_id == tok.eos_id
     sp = loader.ds.split("train")
     whole = trained_rows = 0
-    for step in range(3):
+    for _step in range(3):
         x, y, m = loader.get_batch("train")
         for row, gid in enumerate(loader.last_ids["train"]):
             toks, _ = sp.episode(int(gid))

@@ -14,8 +14,15 @@ from sftdata.masking import loss_mask
 from sftdata.pack import PackOptions, pack
 from sftdata.packing import row_layout
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import (METADATA_FILE, SEGMENTS_FILE, TOKENIZER_FILE, iter_files, open_dataset, sha256_file,
-                           split_segments)
+from sftdata.store import (
+    METADATA_FILE,
+    SEGMENTS_FILE,
+    TOKENIZER_FILE,
+    iter_files,
+    open_dataset,
+    sha256_file,
+    split_segments,
+)
 from sftdata.tokenizer import MarkerIds
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
@@ -25,7 +32,7 @@ def conversation(rng, i):
     msgs = []
     if i % 3 == 0:
         msgs.append({"role": "system", "content": f"You are helper number {i}."})
-    for t in range(int(rng.integers(1, 4))):
+    for _t in range(int(rng.integers(1, 4))):
         msgs.append({"role": "user", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 30))))})
         msgs.append({"role": "assistant", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 40))))})
     return {"messages": msgs}

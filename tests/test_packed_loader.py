@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
+from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 from typer.testing import CliRunner
 
 from sftdata.attention import block_causal_mask
@@ -18,7 +19,6 @@ from sftdata.packed_loader import PackedBatch, PackedDataLoader
 from sftdata.packing import row_layout
 from sftdata.replay import replay_order
 from sftdata.store import open_dataset, split_segments
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 BLOCK = 63
 
@@ -101,7 +101,7 @@ def test_iterable_gives_the_same_batches_and_ends(packed):
     b = make_loader(cfg(), packed, backend="numpy")
     got = list(a.iterable("train"))
     assert len(got) == a.steps_total()
-    for i, batch in enumerate(got):
+    for _i, batch in enumerate(got):
         ref = b.get_batch("train")
         for x, y in zip(batch, ref):
             np.testing.assert_array_equal(x, y)

@@ -7,8 +7,15 @@ import pytest
 
 from sftdata.errors import UsageError
 from sftdata.masking import loss_mask
-from sftdata.packing import (PAD_SEQ_ID, assemble_rows, gather_ranges, padding_baseline, plan_bfd, row_layout,
-                             segment_masks)
+from sftdata.packing import (
+    PAD_SEQ_ID,
+    assemble_rows,
+    gather_ranges,
+    padding_baseline,
+    plan_bfd,
+    row_layout,
+    segment_masks,
+)
 from sftdata.stream_packing import plan_stream
 from sftdata.tokenizer import MarkerIds
 

@@ -3,13 +3,12 @@ import json
 
 import numpy as np
 import pytest
+from conftest import chat, write_jsonl
 
 from sftdata import prepare as prep
 from sftdata.errors import NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
 from sftdata.prepare import PrepareOptions, prepare, split_assignment
 from sftdata.store import open_dataset, sha256_file
-
-from conftest import chat, write_jsonl
 
 
 def records(n):

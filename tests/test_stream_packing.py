@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from test_packing import EOS, PAD, A, E, M, S, T, U, build, episode
 
 from sftdata.stream_packing import plan_stream, stream_prefix
-from test_packing import EOS, PAD, A, E, M, S, T, U, build, episode
 
 s0, u0, a0, u1, a1, u2, a2 = [10, 11], [20, 21], [30, 31], [40, 41], [50, 51], [60, 61, 62], [70, 71]
 SEED_EXAMPLE = episode((U, u0), (A, a0), (U, u1), (A, a1), (U, u2), (A, a2), system=s0)

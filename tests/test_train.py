@@ -22,7 +22,6 @@ import trainer  # noqa: E402
 
 from sftdata.errors import ConfigError  # noqa: E402
 
-
 Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
 
 

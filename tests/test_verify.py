@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
+from audit_data import chats, copy_shard, edit_metadata, make_dataset, read_idx, shard, to_flat, write_idx
 
-from audit_data import (chats, copy_shard, edit_metadata, make_dataset, read_idx, shard, to_flat, write_idx)
 from sftdata.errors import DatasetError, UsageError
 from sftdata.masking import loss_mask
 from sftdata.store import open_dataset

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_packing import EOS, M, random_episode, token_soup
 
 from sftdata.masking import loss_mask
 from sftdata.verify_content import rule_per_episode
-from test_packing import EOS, M, random_episode, token_soup
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from audit_data import edit_metadata, make_packed, read_idx, read_segments, shard, write_idx, write_segments
+
 from sftdata.errors import DatasetError
 from sftdata.verify import PACKED_CHECKS, check_structure, verify
 
@@ -25,8 +25,8 @@ L = 64
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     t = tmp_path_factory.mktemp("packed")
-    bfd = make_packed(t, "bfd", block_size=63, shard_tokens=128)
-    stream = make_packed(t, "stream", source=t / "bfd_src", block_size=40, strategy="stream")
+    make_packed(t, "bfd", block_size=63, shard_tokens=128)
+    make_packed(t, "stream", source=t / "bfd_src", block_size=40, strategy="stream")
     return t
 
 

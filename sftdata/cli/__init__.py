@@ -3,6 +3,7 @@ function, draw its result. Nothing else imports this package."""
 
 from __future__ import annotations
 
+# (ruff leaves this block unsorted: per-file-ignores) the order of these imports is the order of the commands in --help)
 from .app import app, main
 from . import prepare_cmd  # noqa: F401  (registers prepare-chat / prepare-tool)
 from . import replay_cmd  # noqa: F401  (registers replay-order)

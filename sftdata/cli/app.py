@@ -8,14 +8,22 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated
 
 import orjson
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
 
 from .. import __version__
@@ -100,7 +108,7 @@ def _show_library_warnings() -> None:
         log.addHandler(_WarningsToStderr(level=logging.WARNING))
 
 
-def fail(message: str, code: int = 1) -> "typer.Exit":
+def fail(message: str, code: int = 1) -> typer.Exit:
     err_console.print(Text("error: ", style="bold red") + Text(message, style="red"), soft_wrap=True)
     return typer.Exit(code)
 
@@ -234,7 +242,7 @@ class LazyProgress:
             self.task = self.progress.add_task(description, total=None)
         self.progress.update(self.task, description=description, **kw)
 
-    def __enter__(self) -> "LazyProgress":
+    def __enter__(self) -> LazyProgress:
         return self
 
     def __exit__(self, *exc) -> None:

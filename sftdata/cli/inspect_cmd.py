@@ -9,7 +9,7 @@ context a packer injected is wrapped in « ».
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Group
@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import inspect as sft_inspect
+from ..errors import UsageError
 from ..inspect_packed import RowView
 from ..store import open_dataset
 from ..verify import check_structure
-from ..errors import UsageError
 from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
@@ -32,27 +32,27 @@ PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, 
                                         "--output-dir of prepare-chat, prepare-tool or pack).")]
 SplitOpt = Annotated[str, typer.Option("--split", metavar="NAME", help="train or val: the split of --episode, "
                                        "--row and --sample.")]
-EpisodeOpt = Annotated[Optional[list[int]], typer.Option(
+EpisodeOpt = Annotated[list[int] | None, typer.Option(
     "--episode", "-e", metavar="ID", help="Global episode id within --split (as replay-order prints it); "
                                           "repeatable.")]
-RowOpt = Annotated[Optional[list[int]], typer.Option(
+RowOpt = Annotated[list[int] | None, typer.Option(
     "--row", "-r", metavar="ID", help="Packed datasets: row id within --split (segments, positions, padding); "
                                       "repeatable.")]
-RecordOpt = Annotated[Optional[int], typer.Option(
+RecordOpt = Annotated[int | None, typer.Option(
     "--record", metavar="N", help="Show the episode (packed: the rows) made from input record N (0-based, as "
                                   "in rejects.jsonl); any split.")]
-SampleOpt = Annotated[Optional[int], typer.Option(
+SampleOpt = Annotated[int | None, typer.Option(
     "--sample", metavar="K", help="Show K episodes (packed: rows) of --split drawn at random.")]
 SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of --sample.")]
 TokensOpt = Annotated[bool, typer.Option(
     "--tokens", metavar="", help="With an episode or row: one line per token (position, id, text, trained, "
                                  "span; packed: seq_id and position_id).")]
-BlockOpt = Annotated[Optional[int], typer.Option(
+BlockOpt = Annotated[int | None, typer.Option(
     "--block-size", metavar="B", help="Overview: what truncating every episode to one training row (B + 1 "
                                       "tokens) would drop.")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
+DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                  "dtype of tokens.bin, uint16 or uint32 (default).")]
-TokenizerOpt = Annotated[Optional[str], typer.Option(
+TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
                                              "cl100k_base).")]
 

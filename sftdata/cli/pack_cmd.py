@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
@@ -64,7 +64,7 @@ def pack_command(
                                           "bfd: an episode longer than a row keeps its first N + 1 tokens "
                                           "(truncate), is cut into pieces (split), or is left out (drop). The "
                                           "report counts the trained tokens lost.")] = DEFAULT_OVERLONG,
-    pad_id: Annotated[Optional[int], typer.Option("--pad-id", metavar="ID", help="Padding token id (default: "
+    pad_id: Annotated[int | None, typer.Option("--pad-id", metavar="ID", help="Padding token id (default: "
                                                   "the dataset's EOS); its mask is 0 and it is never "
                                                   "attended.")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="bfd: order among equal lengths and of the "

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import (JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json,
-                  warn)
+from .app import JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json, warn
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -23,17 +22,17 @@ OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", metavar="DIR", he
 ValSplitOpt = Annotated[float, typer.Option("--val-split", metavar="F", help="Fraction of episodes for the val split: "
                                              "exactly round(F x episodes), chosen with --seed. 0 = no val split.")]
 SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the train/val split.")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option(
+MaxTokensOpt = Annotated[int | None, typer.Option(
     "--max-tokens", metavar="N", help="Length filter: system + first user/assistant pair must fit in N tokens, "
                                       "each later pair must fit alone; the first later pair that does not fit "
                                       "is dropped with the rest; a record whose first pair does not fit is "
                                       "rejected (too_long). Default: no filter.")]
 ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(an episode never spans shards).")]
-TokenizerOpt = Annotated[Optional[str], typer.Option(
+TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file. "
                                              "Default: the bundled cl100k_base (no network).")]
-WorkersOpt = Annotated[Optional[int], typer.Option("--workers", "-j", metavar="N", help="Worker processes "
+WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
                                                    "(default: all cores; more than the cores are capped). The "
                                                    "output is byte-identical for any value.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Group
@@ -20,7 +20,7 @@ TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
 
 
-def _config(config: Optional[Path], seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
+def _config(config: Path | None, seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
     # the run's own file may hold the training script's settings too (tags this command does not use)
     cfg = LoaderConfig.from_file(config, other_tags="keep") if config is not None else LoaderConfig()
     changes = {k: v for k, v in (("epoch_seed", seed), ("batch_size", batch_size),
@@ -67,30 +67,30 @@ def _table(r: Replay) -> Group:
 def replay_order_cmd(
     dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
                                             "trained on (episodes, or packed rows).")],
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", metavar="FILE", help="The training config "
+    config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
                       "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
+    seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
                                                 "default 1337).")] = None,
-    epoch: Annotated[Optional[int], typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
+    epoch: Annotated[int | None, typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
                      "0). With --step, checks the step is in this epoch.")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="Global training step: 0-based count "
+    step: Annotated[int | None, typer.Option("--step", metavar="N", help="Global training step: 0-based count "
                     "of train batches since the start of training (the step train.py prints).")] = None,
     split: Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")] = "train",
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
+    batch_size: Annotated[int | None, typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
                           "(overrides --config; default 8).")] = None,
     world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
                                             "used.")] = 1,
-    rank: Annotated[Optional[int], typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
+    rank: Annotated[int | None, typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
                                                 "ranks).")] = None,
-    head: Annotated[Optional[int], typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
+    head: Annotated[int | None, typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
                     f"all for --json/--csv, {TABLE_ROWS} for the table).")] = None,
-    min_tokens: Annotated[Optional[int], typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
+    min_tokens: Annotated[int | None, typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
                           "(overrides --config; default 2).")] = None,
-    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
+    shuffle: Annotated[bool | None, typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
                        "(overrides --config; default shuffle).", show_default=False)] = None,
-    drop_last: Annotated[Optional[bool], typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
+    drop_last: Annotated[bool | None, typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
                          "(overrides --config; default drop-last).", show_default=False)] = None,
-    check_audit: Annotated[Optional[Path], typer.Option("--check-audit", metavar="LOG", help="Check an audit "
+    check_audit: Annotated[Path | None, typer.Option("--check-audit", metavar="LOG", help="Check an audit "
                            "log's epoch_start lines against the replay; exit 1 where they differ.")] = None,
     as_json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "

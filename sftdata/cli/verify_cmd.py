@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Group
@@ -12,8 +12,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import (JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, flat_token_dtype, handle_errors,
-                   out_console, print_json)
+from .app import (
+    JsonOpt,
+    LazyProgress,
+    QuietOpt,
+    app,
+    dataset_dir,
+    err_console,
+    flat_token_dtype,
+    handle_errors,
+    out_console,
+    print_json,
+)
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -21,9 +31,9 @@ PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, 
                                         "--output-dir of prepare-chat, prepare-tool or pack).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
                                         "runs).")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
+DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
                                                  "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
-TokenizerOpt = Annotated[Optional[str], typer.Option(
+TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
 

@@ -21,12 +21,33 @@ into worker processes (they reopen by path).
 
 from __future__ import annotations
 
-from .layout import (DEFAULT_SHARD_TOKENS, EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE,
-                     METADATA_FILE, NO_SOURCE, REJECTS_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, SOURCES_FILE, SPLITS,
-                     TOKENIZER_FILE, TOKENS_FILE, detect_layout, dumps_json, iter_files, list_shards, read_json,
-                     sha256_file, shard_name, token_dtype_for)
+from .layout import (
+                     DEFAULT_SHARD_TOKENS,
+                     EPISODES_FILE,
+                     FORMAT_NAME,
+                     FORMAT_VERSION,
+                     IDX_DTYPE,
+                     MASK_FILE,
+                     METADATA_FILE,
+                     NO_SOURCE,
+                     REJECTS_FILE,
+                     SEGMENT_FIELDS,
+                     SEGMENTS_FILE,
+                     SOURCES_FILE,
+                     SPLITS,
+                     TOKENIZER_FILE,
+                     TOKENS_FILE,
+                     detect_layout,
+                     dumps_json,
+                     iter_files,
+                     list_shards,
+                     read_json,
+                     sha256_file,
+                     shard_name,
+                     token_dtype_for,
+)
 from .packed import Segments, split_segments
-from .reader import (Dataset, Shard, Split, _map, has_episode_index, open_dataset, open_token_stream)
+from .reader import Dataset, Shard, Split, _map, has_episode_index, open_dataset, open_token_stream
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [

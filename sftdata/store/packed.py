@@ -10,6 +10,7 @@ from ..errors import DatasetError
 from .layout import SEGMENT_FIELDS, SEGMENTS_FILE
 from .reader import Split
 
+
 @dataclass
 class Segments:
     """The segments of a packed split, global row ids, int64 arrays (source -1 = unknown)."""
@@ -22,7 +23,7 @@ class Segments:
     episode_start: np.ndarray
     source: np.ndarray
 
-    def of_rows(self, rows) -> "Segments":
+    def of_rows(self, rows) -> Segments:
         """The segments of the given rows, in the order of ``rows`` (then offset)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         a = np.searchsorted(self.row, rows, side="left")

@@ -8,9 +8,24 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .layout import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE,
-                     SEGMENTS_FILE, SEGMENT_FIELDS, SOURCES_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE,
-                     detect_layout, list_shards, read_json)
+from .layout import (
+    EPISODES_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDX_DTYPE,
+    MASK_FILE,
+    METADATA_FILE,
+    SEGMENT_FIELDS,
+    SEGMENTS_FILE,
+    SOURCES_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    detect_layout,
+    list_shards,
+    read_json,
+)
+
 
 def _map(path: Path, dtype) -> np.ndarray:
     """Read-only memmap; an empty file gives an empty array (memmap refuses size 0)."""

@@ -12,9 +12,25 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, OutputExistsError
-from .layout import (EPISODES_FILE, FORMAT_NAME, FORMAT_VERSION, IDX_DTYPE, MASK_FILE, METADATA_FILE,
-                     SEGMENTS_FILE, SOURCES_FILE, SPLITS, TOKENS_FILE, DEFAULT_SHARD_TOKENS, detect_layout, dumps_json,
-                     read_json, sha256_file, shard_name)
+from .layout import (
+    DEFAULT_SHARD_TOKENS,
+    EPISODES_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDX_DTYPE,
+    MASK_FILE,
+    METADATA_FILE,
+    SEGMENTS_FILE,
+    SOURCES_FILE,
+    SPLITS,
+    TOKENS_FILE,
+    detect_layout,
+    dumps_json,
+    read_json,
+    sha256_file,
+    shard_name,
+)
+
 
 class _HashedFile:
     """A binary file written sequentially whose sha256 and size are known on close."""
@@ -147,7 +163,7 @@ class DatasetWriter:
         self.tmp: Path | None = None
         self._committed = False
 
-    def __enter__(self) -> "DatasetWriter":
+    def __enter__(self) -> DatasetWriter:
         if self.target.exists() and not self.overwrite:
             raise OutputExistsError(f"{self.target} already exists; pass --overwrite to replace it, "
                                     f"or choose another --output-dir")
@@ -176,7 +192,7 @@ class DatasetWriter:
         return SplitWriter(self.path, name, token_dtype, shard_tokens)
 
     def packed_split(self, name: str, token_dtype: np.dtype, row_len: int,
-                     shard_tokens: int = DEFAULT_SHARD_TOKENS) -> "PackedSplitWriter":
+                     shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PackedSplitWriter:
         return PackedSplitWriter(self.path, name, token_dtype, row_len, shard_tokens)
 
     def write_json(self, relname: str, obj) -> None:
