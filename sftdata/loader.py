@@ -28,7 +28,7 @@ from .backend import as_numpy, resolve_backend, resolve_rank
 from .config import LoaderConfig
 from .episode_loader import GPTEpisodeDataLoader, episode_batch
 from .errors import ConfigError, DatasetError
-from .store import Dataset, has_episode_index, open_dataset, open_token_stream
+from .store import has_episode_index, open_dataset, open_token_stream
 from .stream_loader import GPTDataLoader, WindowDataset, split_corpus
 
 __all__ = ["LoaderConfig", "make_loader", "GPTEpisodeDataLoader", "GPTDataLoader", "split_corpus",
@@ -51,14 +51,6 @@ def apply_ignore_index(y, mask):
     if hasattr(y, "masked_fill"):
         return y.masked_fill(mask == 0, IGNORE_INDEX)
     return np.where(np.asarray(mask) == 0, IGNORE_INDEX, y)
-
-
-def _check_dataset(ds: Dataset) -> None:
-    """Cheap structural checks before training (``sftdata verify``'s, without checksums):
-    a broken dataset is refused with verify's message instead of training on garbage."""
-    from .verify import check_structure
-
-    check_structure(ds)
 
 
 def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: str = "auto", device: str = "cpu",
@@ -95,8 +87,7 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
                            f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
                            f"`sftdata prepare-chat`, or set dataset_mode=token_stream")
-    ds = open_dataset(root, token_dtype=cfg.token_dtype)
-    _check_dataset(ds)
+    ds = open_dataset(root, token_dtype=cfg.token_dtype)  # refuses a structurally broken dataset
     adir = audit_dir if audit_dir is not None else cfg.audit_dir
     audit = AuditLog(adir) if adir is not None and rank == 0 else None
     if ds.kind == "packed":

@@ -115,7 +115,8 @@ def test_overview_refuses_an_index_past_the_tokens(ds):
     idx = read_idx(p)
     idx[3, 1] += 5
     write_idx(p, idx)
-    with pytest.raises(DatasetError, match="episodes.idx points past the end of tokens.bin.*sftdata verify"):
+    with pytest.raises(DatasetError, match=r"episodes.idx \(episode 3 of train, byte 48 of episodes.idx\): episode 3 spans tokens "
+                       r"\[77, 97\) but the shard holds 92 tokens: the record points past the end.*sftdata verify"):
         sft_inspect.overview(ds)
 
 

@@ -78,7 +78,8 @@ def test_reader_errors(tmp_path):
     np.array([5, 6], np.uint32).tofile(d / "tokens.bin")
     np.array([1, 2, 3], np.uint8).tofile(d / "mask.bin")
     np.array([[0, 2]], np.uint64).tofile(d / "episodes.idx")
-    with pytest.raises(DatasetError, match="matches neither uint8"):
+    with pytest.raises(DatasetError, match=r"bad: train/mask.bin: 3 mask bytes for the 2 tokens of tokens.bin: tokens "
+                       r"and mask differ in count .*\. Run `sftdata verify .*bad` for the full report$"):
         open_dataset(tmp_path / "bad")
     (d / "mask.bin").unlink()
     (d / "episodes.idx").write_bytes(b"x" * 20)

@@ -20,8 +20,6 @@ from rich.text import Text
 from .. import inspect as sft_inspect
 from ..errors import UsageError
 from ..inspect_packed import RowView
-from ..store import open_dataset
-from ..verify import check_structure
 from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
@@ -338,8 +336,6 @@ def inspect_cmd(
     """
     dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
-    if open_dataset(path, token_dtype=token_dtype).kind == "packed":
-        check_structure(path)  # a damaged segments.idx would break the row views; cheap (index-sized)
     if episode or row or record is not None or sample is not None:
         if block_size is not None:
             raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DatasetError
-from .layout import SEGMENT_FIELDS, SEGMENTS_FILE
+from .format import SEGMENT_FIELDS, SEGMENTS_FILE
 from .reader import Split
 
 
