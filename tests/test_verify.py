@@ -1,5 +1,5 @@
 """verify: a clean dataset passes every check; each fault is caught by its own check
-with its own message, file and location; check_structure refuses structural faults."""
+with its own message, file and location; open_dataset refuses the structural faults."""
 
 from __future__ import annotations
 
@@ -398,3 +398,16 @@ def test_flat_layout_of_uint16_tokens(ds, tmp_path):
     assert not verify(flat).ok  # read as uint32: half as many tokens, episodes past the end
     r = verify(flat, token_dtype="uint16")
     assert r.ok and {c.name: c.status for c in r.checks}["mask_values"] == "skipped"
+
+
+def test_a_partial_index_record_is_a_sizes_problem_not_a_traceback(ds):
+    p = shard(ds) / "episodes.idx"
+    p.write_bytes(p.read_bytes()[:-5])  # 59 bytes: 3 whole records and 11 bytes of the fourth
+    r = verify(ds, quick=True)
+    assert [(x.check, x.file, x.byte) for x in r.problems[:3]] == [
+        ("sizes", "train/shard_00000/episodes.idx", 48), ("sizes", "train/shard_00000/sources.idx", None),
+        ("sizes", "train/shard_00000/episodes.idx", 59)]
+    assert r.problems[0].message == "59 bytes is not a multiple of 16 (uint64 start, length pairs): the index is truncated"
+    assert r.splits["train"]["episodes"] == 5
+    with pytest.raises(DatasetError, match=r"episodes.idx: 59 bytes is not a multiple of 16"):
+        open_dataset(ds)

@@ -215,3 +215,26 @@ def test_missing_segments_file_and_bad_row_len(bfd):
     r = verify(bfd, quick=True)
     assert [p.message for p in r.problems] == ["a packed dataset needs packing.row_len, an integer >= 2; got '64'"]
     assert {c.name: c.status for c in r.checks}["segments"] == "skipped"
+
+
+def test_a_row_len_the_tokens_do_not_fit_is_reported_not_a_traceback(bfd):
+    """Segments that fit rows of 100 but address tokens the shard does not have (128
+    tokens: one row of 100) are compared with the source only where they can be read."""
+    edit_metadata(bfd, lambda m: m["packing"].__setitem__("row_len", 100))
+    r = verify(bfd, quick=True)
+    assert [p.message for p in r.problems if p.check == "rows"][:2] == [
+        "128 tokens are not whole rows of 100 (packing.row_len): the file is truncated or from another packing",
+        "2 row records for the 1 rows of tokens.bin: there must be one per row"]
+    assert {c.name: c.status for c in r.checks}["references"] == "ok"
+
+
+def test_a_damaged_source_is_a_note_not_an_error(built, tmp_path):
+    src = shutil.copytree(built / "bfd_src", tmp_path / "src")
+    shutil.copytree(built / "bfd", tmp_path / "bfd")
+    edit_metadata(tmp_path / "bfd", lambda m: m["source"].__setitem__("path", str(src)))
+    (shard(src) / "sources.idx").write_bytes(b"")
+    r = verify(tmp_path / "bfd", quick=True)
+    assert r.ok and len(r.notes) == 1
+    assert r.notes[0].startswith(f"the source dataset {src} cannot be opened ({src}: train/shard_00000/sources.idx: "
+                                 "0 record numbers for 4 episodes: there must be exactly one per episode")
+    assert r.notes[0].endswith("for the full report): segments checked for consistency only")

@@ -146,10 +146,8 @@ def list_shards(root: Path, split: str) -> list[Path]:
     return sorted(p for p in d.glob("shard_*") if p.is_dir()) if d.is_dir() else []
 
 
-def shard_files(packed: bool, flat: bool = False) -> tuple[str, ...]:
-    """The files every shard folder holds (an older flat split folder: tokens and index)."""
-    if flat:
-        return (TOKENS_FILE, EPISODES_FILE)
+def shard_files(packed: bool) -> tuple[str, ...]:
+    """The files every shard folder holds (an older flat split folder: tokens and index only)."""
     return (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE if packed else SOURCES_FILE)
 
 
