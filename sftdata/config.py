@@ -136,7 +136,7 @@ class LoaderConfig:
             raise ConfigError(f"config file {p} is a folder; give a .json or .xml config file")
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        if p.suffix.lower() == ".xml" or _looks_like_xml(_read_config(p, MAX_CONFIG_BYTES)[:512]):
+        if p.suffix.lower() == ".xml" or _looks_like_xml(_read_config(p, 512)):
             return cls.from_dict(read_xml_training(p, extra_keys or {}, keep_other=other_tags == "keep"),
                                  source=str(p))
         return cls.from_dict(read_json_chain(p), source=str(p))

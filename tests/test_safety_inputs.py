@@ -25,7 +25,6 @@ from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, InputError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.sources import inspect_source, refusal
-from sftdata.store import open_dataset
 
 runner = CliRunner()
 RECORDS = [chat(f"question {i}", f"answer {i}") for i in range(40)]
@@ -36,12 +35,6 @@ def run_prepare(tmp_path, src, *more):
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "-j", "1", "-q", *more])
     assert "Traceback" not in r.output
     return r.exit_code, r.output
-
-
-def episodes_of(path):
-    ds = open_dataset(path)
-    split = ds.split("train")
-    return split.num_episodes, split.tokens_of(0).tolist() if hasattr(split, "tokens_of") else None
 
 
 def ok(tmp_path, src, name="ds"):
