@@ -56,3 +56,8 @@ class OutputExistsError(SftDataError):
 
 class ConfigError(SftDataError):
     """A loader/training config file or value is invalid."""
+
+
+class TemplateError(SftDataError):
+    """A chat template cannot be used: it does not compile, raises on a probe
+    conversation, or renders assistant output that no mask rule can locate or stop."""
