@@ -81,8 +81,8 @@ def _templates_of(config: dict, where: Path) -> dict[str, str]:
     raise TokenizerError(f"{where}: chat_template must be a string or a list of {{'name', 'template'}} objects")
 
 
-def _check_ids(doc: dict, path: Path) -> None:
-    """Refuse a file that is not a tokenizer.json, or whose ids do not fit uint32."""
+def _check_ids(doc: dict, path: Path) -> int:
+    """The highest token id; refuse a file that is not a tokenizer.json, or whose ids do not fit uint32."""
     model = doc.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("type"), str):
         keys = ", ".join(sorted(doc)[:6]) or "none"
@@ -100,6 +100,7 @@ def _check_ids(doc: dict, path: Path) -> None:
     if ints and max(ints) > MAX_TOKEN_ID:
         raise TokenizerError(f"{path}: token id {max(ints)} is beyond uint32 (max {MAX_TOKEN_ID}); sftdata stores "
                              f"tokens as uint32 and cannot hold this vocabulary")
+    return max(ints, default=-1)
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,9 @@ class HFTokenizer:
 
     kind = HF_KIND
 
-    def __init__(self, *, path: Path, data: bytes, config: dict, special_map: dict):
+    def __init__(self, *, path: Path, data: bytes, doc: dict, config: dict, special_map: dict):
         tokenizers = _require_tokenizers()
-        doc = orjson.loads(data)
-        if not isinstance(doc, dict):
-            raise TokenizerError(f"{path} holds a JSON {type(doc).__name__}, not a tokenizer.json object")
-        _check_ids(doc, path)
+        max_id = _check_ids(doc, path)
         try:
             self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # the Rust side raises a bare Exception
@@ -131,8 +129,6 @@ class HFTokenizer:
         self._tok.post_processor = None
         self._tok.no_truncation()
         self._tok.no_padding()
-        self._plain = tokenizers.Tokenizer.from_str(self._tok.to_str())
-        self._plain.encode_special_tokens = True  # special strings in message text stay text
         self.path = str(path.resolve())
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
@@ -140,7 +136,7 @@ class HFTokenizer:
         added = self._tok.get_added_tokens_decoder()
         self.added_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items())}
         self.special_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items()) if t.special}
-        self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self.vocab_size = max([max_id, *self.added_tokens.values()]) + 1
         if self.vocab_size == 0:
             raise TokenizerError(f"{path} has an empty vocabulary")
         named = {k: _token_string(special_map.get(k)) for k in _TOKEN_KEYS}
@@ -158,15 +154,24 @@ class HFTokenizer:
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
     # -- encoding -----------------------------------------------------------------
+    def _encode_plain(self, texts: list[str]):
+        # one Tokenizer (a second copy costs as much memory and load time again); special
+        # strings in message text stay text while the flag is set
+        self._tok.encode_special_tokens = True
+        try:
+            return self._tok.encode_batch(texts, add_special_tokens=False)
+        finally:
+            self._tok.encode_special_tokens = False
+
     def encode(self, text: str) -> list[int]:
         """Encode message text as ordinary text: special strings are not special, and no
         BOS/EOS is added."""
-        return self._plain.encode(text, add_special_tokens=False).ids
+        return self._encode_plain([text])[0].ids
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts as ordinary text (``num_threads`` is accepted for the shape of
         ``ChatTokenizer.encode_batch``; the library decides its own parallelism)."""
-        return [e.ids for e in self._plain.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._encode_plain(list(texts))]
 
     def encode_rendered(self, text: str) -> Encoded:
         """Encode a template's rendered text once: added tokens recognised, nothing added."""
@@ -177,7 +182,7 @@ class HFTokenizer:
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ordinary-text encoding with the character offsets of each token."""
-        enc = self._plain.encode(text, add_special_tokens=False)
+        enc = self._encode_plain([text])[0]
         return enc.ids, enc.offsets
 
     def token_id(self, token: str) -> int | None:
@@ -274,13 +279,15 @@ def load_hf_tokenizer(spec: str | Path) -> HFTokenizer:
     except OSError as e:
         raise TokenizerError(f"cannot read {file}: {e.strerror or e}") from None
     try:
-        orjson.loads(data)
+        doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an object")
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
-    return HFTokenizer(path=file, data=data, config=config, special_map=special_map)
+    return HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map)
 
 
 def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",

@@ -204,8 +204,8 @@ GEMMA = r"""{{- bos_token }}
 {%- endif %}
 {%- for message in rest %}
 {%- if message.role == 'tool' %}
-{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}{{- '<start_of_turn>user\n' }}{%- endif %}
-{{- '```tool_output\n' + (message.content | trim) + '\n```\n' }}
+{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}{{- '<start_of_turn>user\n' }}{%- else %}{{- '\n' }}{%- endif %}
+{{- '```tool_output\n' + (message.content | trim) + '\n```' }}
 {%- if loop.last or rest[loop.index0 + 1].role != 'tool' %}{{- '<end_of_turn>\n' }}{%- endif %}
 {%- elif message.role in ['user', 'assistant'] %}
 {{- '<start_of_turn>' + ('model' if message.role == 'assistant' else 'user') + '\n' }}

@@ -16,7 +16,9 @@ whose replies cannot be located even one at a time, is refused with ``TemplateEr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ..errors import TemplateError
 from ..hf_tokenizer import HFTokenizer
@@ -28,12 +30,15 @@ from .spans import Layout, NotLocated, locate_last_reply, locate_replies, sentin
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# every template must render these; the system and tool probes are used when it renders them
 PROBES: tuple[tuple[tuple[dict, ...], tuple[dict, ...] | None], ...] = (
     (({"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"}), None),
-    (({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-      {"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3?"},
-      {"role": "assistant", "content": "6."}), None),
+    (({"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
+      {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6."}), None),
 )
+SYSTEM_PROBE: tuple[tuple[dict, ...], None] = (
+    ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4."}), None)
 
 
 def _tool_probe(style: ArgumentsStyle) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
@@ -174,15 +179,18 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
 
     style, why = arguments_style(template.compiled(), name, vars_)
     probes = list(PROBES)
-    tool_probe = _tool_probe(style)
-    try:
-        render(list(tool_probe[0]), tool_probe[1])
-        probes.append(tool_probe)
-        tools_supported = True
-    except TemplateError:
-        tools_supported = False
     for messages, tools in probes:
         render(list(messages), tools)  # a template that raises on a plain probe is refused with its message
+    optional = {"system": SYSTEM_PROBE, "tools": _tool_probe(style)}
+    supported = {}
+    for key, (messages, tools) in optional.items():
+        try:
+            render(list(messages), tools)
+            probes.append((messages, tools))
+            supported[key] = True
+        except TemplateError:  # a template may refuse system messages or tools; records that have them are refused
+            supported[key] = False
+    tools_supported = supported["tools"]
     lone = [{"role": "user", "content": "Hi there"}]
     try:
         plain, prompted = render(lone), render(lone, add_generation_prompt=True)
@@ -195,12 +203,6 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         layout, inclusive = _generation_layout(render_full, probes, gen_prompt, added, name)
     else:
         layout, inclusive = _learn_layout(render, probes, gen_prompt, added, name), True
-    header_ids = []
-    for h in layout.header_texts:
-        ids = tuple(int(i) for i in tok.encode_rendered(h).ids)
-        if not ids:
-            raise TemplateError(f"chat template {name}: the assistant header {h!r} encodes to no token")
-        header_ids.append(ids)
     end_ids = []
     for t in layout.end_texts:
         tid = tok.token_id(t)
@@ -208,40 +210,63 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
             raise TemplateError(f"chat template {name}: the end-of-turn text {t!r} is not one token of this "
                                 f"tokenizer; use the tokenizer the template was written for")
         end_ids.append(tid)
-    rule = MaskRule(tuple(header_ids), tuple(end_ids), inclusive)
-    profile = TemplateProfile(template, vars_, generation, gen_prompt, layout, rule, style, why, tools_supported)
-    for messages, tools in probes:
-        _check_probe(profile, tok, list(messages), tools, render_full)
-    return profile
-
-
-def _check_probe(profile: TemplateProfile, tok: HFTokenizer, messages, tools, render_full) -> None:
-    """The rule must reproduce the rendered mask on each probe, or the template is refused."""
-    name = profile.template.name
-    if profile.generation:
-        out = render_full(messages, tools)
-        episodes = [(out.text, list(out.generation))]
-    else:
-        fn = profile.render_fn(list(tools) if tools else None)
-        try:
-            text, spans = locate_replies(fn, messages, profile.layout)
-            episodes = [(text, [(a, b) for _, a, b in spans])]
-        except NotLocated:
-            episodes = []
-            for k, m in enumerate(messages):
-                if m["role"] != "assistant":
-                    continue
-                try:
-                    text, (_, a, b) = locate_last_reply(fn, messages, profile.layout, k)
-                except NotLocated as e:
-                    raise TemplateError(f"chat template {name}: assistant message {k} of a probe conversation "
-                                        f"cannot be located ({e.why})") from None
-                episodes.append((text, [(a, b)]))
-    for text, spans in episodes:
-        enc = tok.encode_rendered(text)
+    draft = TemplateProfile(template, vars_, generation, gen_prompt, layout, MaskRule((), ()), style, why,
+                            tools_supported)
+    episodes = [ep for messages, tools in probes for ep in _probe_episodes(draft, list(messages), tools, render_full)]
+    encoded = [(text, spans, tok.encode_rendered(text)) for text, spans in episodes]
+    headers: list[tuple[int, ...]] = []
+    for text, spans, enc in encoded:
+        for start, _ in spans:
+            ids = _header_ids(text, start, enc, layout.header_texts, name)
+            headers += [ids] if ids not in headers else []
+    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive))
+    for _, spans, enc in encoded:
         mask = token_mask(enc.offsets, spans)
         at = mask_disagreement(enc.ids, mask, profile.rule)
         if at is not None:
             raise TemplateError(f"chat template {name}: the mask rule learned from it does not reproduce its own "
                                 f"mask on a probe conversation (token {at}: {tok.token_text(int(enc.ids[at]))!r}); "
                                 f"its assistant header or end-of-turn token may be tokenized differently in context")
+    return profile
+
+
+def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name: str) -> tuple[int, ...]:
+    """The ids of the header that ends at ``start``, as tokenized in context (a header encoded
+    alone may split differently: GPT-2's pattern gives "\n\n" alone but "\n", "\n" before a word)."""
+    head = next((h for h in header_texts if text.endswith(h, 0, start)), None)
+    if head is None:
+        raise TemplateError(f"chat template {name}: a reply in a probe conversation does not follow a known header")
+    lo = start - len(head)
+    inside = (enc.offsets[:, 0] >= lo) & (enc.offsets[:, 1] <= start)
+    idx = np.flatnonzero(inside)
+    tiles = idx.size > 0 and enc.offsets[idx[0], 0] == lo and enc.offsets[idx[-1], 1] == start \
+        and np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1])
+    if not tiles:
+        raise TemplateError(f"chat template {name}: the assistant header {head!r} does not end on a token boundary "
+                            f"with this tokenizer, so no rule over token ids can find where a reply starts")
+    return tuple(int(i) for i in enc.ids[idx])
+
+
+def _probe_episodes(profile: TemplateProfile, messages, tools, render_full) -> list[tuple[str, list]]:
+    """A probe's episodes as ``(text, [(start, end), ...])``, located as records will be."""
+    name = profile.template.name
+    if profile.generation:
+        out = render_full(messages, tools)
+        return [(out.text, list(out.generation))]
+    fn = profile.render_fn(list(tools) if tools else None)
+    try:
+        text, spans = locate_replies(fn, messages, profile.layout)
+        return [(text, [(a, b) for _, a, b in spans])]
+    except NotLocated:
+        pass
+    episodes = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        try:
+            text, (_, a, b) = locate_last_reply(fn, messages, profile.layout, k)
+        except NotLocated as e:
+            raise TemplateError(f"chat template {name}: assistant message {k} of a probe conversation "
+                                f"cannot be located ({e.why})") from None
+        episodes.append((text, [(a, b)]))
+    return episodes
