@@ -125,11 +125,14 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
             return TemplateRender((_episode(tok, profile, out.text, [(-1, a, b) for a, b in out.generation],
                                             name, where),))
         fn = profile.render_fn(tools)
-        try:
-            text, spans = locate_replies(fn, messages, profile.layout)
-            return TemplateRender((_episode(tok, profile, text, spans, name, where),))
-        except NotLocated as e:
-            first = e
+        if profile.rule.last_reply_only:
+            why = "the template's replies can be located only one at a time (learned from its probe conversations)"
+        else:
+            try:
+                text, spans = locate_replies(fn, messages, profile.layout)
+                return TemplateRender((_episode(tok, profile, text, spans, name, where),))
+            except NotLocated as e:
+                why = (f"message {e.index}: " if e.index is not None else "") + e.why
         episodes = []
         for k, m in enumerate(messages):
             if m.get("role") != "assistant":
@@ -140,8 +143,7 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
                 raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
                                   f"located ({e.why})", where) from None
             episodes.append(_episode(tok, profile, text, [span], name, where))
-        at = f"message {first.index}: " if first.index is not None else ""
-        return TemplateRender(tuple(episodes), per_reply=f"{at}{first.why}")
+        return TemplateRender(tuple(episodes), per_reply=why)
     except TemplateError as e:
         raise RecordError("template_error", str(e), where) from None
 

@@ -212,14 +212,20 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         end_ids.append(tid)
     draft = TemplateProfile(template, vars_, generation, gen_prompt, layout, MaskRule((), ()), style, why,
                             tools_supported)
-    episodes = [ep for messages, tools in probes for ep in _probe_episodes(draft, list(messages), tools, render_full)]
+    try:
+        episodes = [ep for messages, tools in probes for ep in _probe_episodes(draft, list(messages), tools, render_full)]
+        last_only = False
+    except NotLocated:  # some probe's replies are found only one at a time: so is every record's
+        episodes = [ep for messages, tools in probes
+                    for ep in _probe_episodes(draft, list(messages), tools, render_full, per_reply=True)]
+        last_only = True
     encoded = [(text, spans, tok.encode_rendered(text)) for text, spans in episodes]
     headers: list[tuple[int, ...]] = []
     for text, spans, enc in encoded:
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
-    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive))
+    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive, last_only))
     for _, spans, enc in encoded:
         mask = token_mask(enc.offsets, spans)
         at = mask_disagreement(enc.ids, mask, profile.rule)
@@ -247,18 +253,18 @@ def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name:
     return tuple(int(i) for i in enc.ids[idx])
 
 
-def _probe_episodes(profile: TemplateProfile, messages, tools, render_full) -> list[tuple[str, list]]:
-    """A probe's episodes as ``(text, [(start, end), ...])``, located as records will be."""
+def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
+                    per_reply: bool = False) -> list[tuple[str, list]]:
+    """A probe's episodes as ``(text, [(start, end), ...])``, located as records will be.
+    Raises ``NotLocated`` when the whole render fails and ``per_reply`` is not set."""
     name = profile.template.name
     if profile.generation:
         out = render_full(messages, tools)
         return [(out.text, list(out.generation))]
     fn = profile.render_fn(list(tools) if tools else None)
-    try:
+    if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)
         return [(text, [(a, b) for _, a, b in spans])]
-    except NotLocated:
-        pass
     episodes = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":

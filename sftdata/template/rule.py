@@ -8,7 +8,10 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
   or for a template with no assistant header the token before the reply, Mistral's ``[/INST]``);
 * ``end_ids``: the end-of-turn token(s) that close a reply (``<|eot_id|>``, ``<|im_end|>``);
 * ``end_inclusive``: whether the end-of-turn token is trained (it is, so the model learns
-  to stop, unless a template's ``{% generation %}`` blocks leave it out).
+  to stop, unless a template's ``{% generation %}`` blocks leave it out);
+* ``last_reply_only``: for a template whose replies can only be located one at a time
+  (each episode is the render up to one reply), only the episode's last reply is trained.
+  The rule then applies to one episode's ids at a time.
 
 Rule: mask = 1 from the token after a header through the next end-of-turn token (inclusive
 when ``end_inclusive``); a header with no end-of-turn token after it trains nothing; all
@@ -34,10 +37,11 @@ class MaskRule:
     headers: tuple[tuple[int, ...], ...]
     end_ids: tuple[int, ...]
     end_inclusive: bool = True
+    last_reply_only: bool = False
 
     def state(self) -> dict:
         return {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
-                "end_inclusive": self.end_inclusive}
+                "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
 
     @classmethod
     def from_state(cls, state: dict, where: str = "tokenizer_state.json") -> MaskRule:
@@ -50,10 +54,12 @@ class MaskRule:
             raise DatasetError(f"{where}: mask_rule is not a {RULE_KIND!r} rule; re-prepare the dataset")
         headers, end_ids = state.get("headers"), state.get("end_ids")
         if not (isinstance(headers, list) and headers and all(ints(h) for h in headers) and ints(end_ids)
-                and isinstance(state.get("end_inclusive"), bool)):
+                and isinstance(state.get("end_inclusive"), bool)
+                and isinstance(state.get("last_reply_only", False), bool)):
             raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids' and "
-                               f"a boolean 'end_inclusive'; re-prepare the dataset")
-        return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"])
+                               f"booleans 'end_inclusive' and 'last_reply_only'; re-prepare the dataset")
+        return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
+                   state.get("last_reply_only", False))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -80,6 +86,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarray]
     first[1:] = k[1:] != k[:-1]
     starts, k = starts[first], k[first]
     ends = end_pos[k] + (1 if rule.end_inclusive else 0)
+    if rule.last_reply_only:
+        starts, ends = starts[-1:], ends[-1:]
     return starts.astype(np.int64), ends.astype(np.int64)
 
 

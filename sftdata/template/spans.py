@@ -30,6 +30,7 @@ import numpy as np
 
 SENT_OPEN, SENT_CLOSE = "\ufdd2", "\ufdd3"
 _SENT_RE = re.compile(f"{SENT_OPEN}([cn])(\\d+){SENT_CLOSE}")
+THINK_END = "</think>"
 
 RenderFn = Callable[..., str]  # (messages, add_generation_prompt=False) -> text
 
@@ -60,8 +61,12 @@ def sentinel_messages(messages: list[dict]) -> tuple[list[dict], dict[tuple[str,
         m = dict(m)
         content = m.get("content")
         if m.get("role") in ("user", "assistant", "tool") and isinstance(content, str) and content:
-            m["content"] = f"{SENT_OPEN}c{i}{SENT_CLOSE}"
-            originals[("c", i)] = content
+            # reasoning written inline (``<think>...</think>`` then the answer) is kept, so a
+            # template that moves or drops it renders the same structure with the sentinel
+            cut = content.rfind(THINK_END) + len(THINK_END) if m.get("role") == "assistant" and THINK_END in content \
+                else 0
+            m["content"] = f"{content[:cut]}{SENT_OPEN}c{i}{SENT_CLOSE}"
+            originals[("c", i)] = content[cut:]
         calls = m.get("tool_calls")
         if m.get("role") == "assistant" and calls:
             first = dict(calls[0])
