@@ -11,12 +11,12 @@ from .messages import ArgumentsStyle, arguments_style, conversation_messages, to
 from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
 from .rule import MaskRule, mask_disagreement, rule_mask, rule_spans
-from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask
+from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
 __all__ = [
     "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule", "NotLocated",
     "Rendered", "TemplateProfile", "TemplateRender", "arguments_style", "check_texts", "compile_template",
     "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template", "locate_last_reply",
     "locate_replies", "mask_disagreement", "render", "render_conversation", "render_messages", "rule_mask",
-    "rule_spans", "token_mask", "tokenizer_state", "tool_schemas",
+    "rule_spans", "token_mask", "token_ranges", "tokenizer_state", "tool_schemas",
 ]

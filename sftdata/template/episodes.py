@@ -33,7 +33,7 @@ from .environment import RESERVED_CHARS
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
 from .rule import mask_disagreement
-from .spans import NotLocated, locate_last_reply, locate_replies, token_mask
+from .spans import NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,13 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
 
 def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
     enc = tok.encode_rendered(text)
-    mask = token_mask(enc.offsets, [(a, b) for _, a, b in spans])
-    for i, a, b in spans:
-        if not mask[(enc.offsets[:, 1] > a) & (enc.offsets[:, 0] < b)].any():
-            raise RecordError("reply_not_located", f"chat template {name}: assistant message {i} renders to no "
-                              f"token", where)
+    chars = [(a, b) for _, a, b in spans]
+    lo, hi = token_ranges(enc.offsets, chars)
+    empty = np.flatnonzero(hi <= lo)
+    if empty.size:
+        raise RecordError("reply_not_located", f"chat template {name}: assistant message {spans[empty[0]][0]} "
+                          f"renders to no token", where)
+    mask = token_mask(enc.offsets, chars)
     if mask.all():
         raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
                           f"template's replies cannot be told from the rest", where)

@@ -170,13 +170,20 @@ def locate_last_reply(render_fn: RenderFn, messages: list[dict], layout: Layout,
     return text, (k, len(head), min(ends))
 
 
-def token_mask(offsets: np.ndarray, spans) -> np.ndarray:
-    """uint8 mask over tokens: 1 for every token that overlaps one of the character
-    ``spans`` (``(start, end)`` pairs), as ``return_assistant_tokens_mask`` maps them."""
+def token_ranges(offsets: np.ndarray, spans) -> tuple[np.ndarray, np.ndarray]:
+    """For each character span ``(start, end)``, the tokens ``lo:hi`` that overlap it (as
+    ``return_assistant_tokens_mask`` maps them: from the token holding ``start`` through
+    the one holding ``end - 1``)."""
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    mask = np.zeros(offsets.shape[0], dtype=np.uint8)
-    for start, end in spans:
-        lo = int(np.searchsorted(offsets[:, 1], start, side="right"))
-        hi = int(np.searchsorted(offsets[:, 0], end, side="left"))
-        mask[lo:hi] = 1
-    return mask
+    bounds = np.asarray(list(spans), dtype=np.int64).reshape(-1, 2)
+    lo = np.searchsorted(offsets[:, 1], bounds[:, 0], side="right")
+    hi = np.searchsorted(offsets[:, 0], bounds[:, 1], side="left")
+    return lo, np.maximum(hi, lo)
+
+
+def token_mask(offsets: np.ndarray, spans) -> np.ndarray:
+    """uint8 mask over tokens: 1 for every token that overlaps one of the character spans."""
+    n = np.asarray(offsets).reshape(-1, 2).shape[0]
+    lo, hi = token_ranges(offsets, spans)
+    delta = np.bincount(lo, minlength=n + 1)[: n + 1] - np.bincount(hi, minlength=n + 1)[: n + 1]
+    return (np.cumsum(delta[:n]) > 0).astype(np.uint8)
