@@ -3,6 +3,8 @@ the templates and records that are refused."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from test_template_fixtures import TOKENS, conversation, preset_tokenizer, train_tokenizer
@@ -12,6 +14,7 @@ from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.template import (
     ChatTemplate,
     arguments_style,
+    conversation_messages,
     learn_profile,
     load_chat_template,
     render_conversation,
@@ -209,3 +212,21 @@ def test_special_token_strings_in_message_text_are_refused(chatml_tok):
     msgs = [{"role": "user", "content": "a\ufdd2b"}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(RecordError, match=r"message 0.content holds the noncharacter U\+FDD2"):
         render_messages(msgs, None, profile, chatml_tok)
+
+
+def test_conversation_messages_shape():
+    msgs = conversation_messages(conversation())
+    assert msgs[4] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}, "id": "c1"}]}
+    assert msgs[5] == {"role": "tool", "content": "18C", "name": "get_weather", "tool_call_id": "c1"}
+    as_text = conversation_messages(conversation(), "string")
+    assert as_text[4]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+
+
+def test_a_profile_pickles_for_worker_processes(chatml_tok):
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok)
+    back_profile, back_tok = pickle.loads(pickle.dumps((profile, chatml_tok)))
+    a = render_conversation(conversation(), profile, chatml_tok).episodes[0]
+    b = render_conversation(conversation(), back_profile, back_tok).episodes[0]
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
