@@ -94,3 +94,10 @@ def test_vectorised_on_a_long_array():
     mask = rule_mask(ids, LLAMA)
     assert mask.sum() == 5000 * 3
     assert mask[6:13].tolist() == [0, 0, 0, 0, 1, 1, 1] and mask[-13:-7].tolist() == [0] * 6
+
+
+def test_the_longer_of_two_headers_at_one_place_wins():
+    """``<|im_start|>assistant\\n`` and the same plus an empty think block (40 41 42)."""
+    rule = MaskRule(headers=((1, 11, 4), (1, 11, 4, 40, 41, 42)), end_ids=(5,))
+    ids = np.array([1, 11, 4, 21, 5, 1, 10, 4, 20, 5, 1, 11, 4, 40, 41, 42, 22, 5])
+    assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [3, 4, 16, 17]

@@ -66,6 +66,22 @@ def test_qwen3_reasoning_rewritten_and_dropped_is_still_located(chatml_tok):
     assert [i for i, _, _ in ep.spans] == [1, 3]
 
 
+def test_qwen3_without_thinking_leaves_the_supplied_think_block_untrained(chatml_tok):
+    """With enable_thinking=False the generation prompt supplies an empty think block: the
+    model never writes it, so in the final reply it belongs to the header; a reply whose
+    reasoning is not empty still trains it."""
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok, {"enable_thinking": False})
+    assert profile.layout.header_texts == ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_start|>assistant\n")
+    assert not profile.rule.last_reply_only
+    out = render_conversation(conversation(), profile, chatml_tok)
+    assert out.per_reply is None
+    assert trained(chatml_tok, out.episodes[0])[2] == "It is 18C.<|im_end|>"
+    assert "<think>\n\n</think>\n\nIt is 18C." in out.episodes[0].text and out.rule_agrees
+    msgs = [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n6."}]
+    ep = render_messages(msgs, None, profile, chatml_tok).episodes[0]
+    assert trained(chatml_tok, ep) == ["<think>\nadd\n</think>\n\n6.<|im_end|>"] and ep.rule_mismatch is None
+
+
 def test_a_template_that_drops_earlier_replies_gives_one_episode_per_reply(chatml_tok):
     profile = learn_profile(ChatTemplate("drops.jinja", "file", DROPS_EARLIER), chatml_tok)
     out = render_messages(TWO_TURNS, None, profile, chatml_tok)

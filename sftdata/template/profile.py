@@ -102,6 +102,8 @@ def _first_added(text: str, lo: int, hi: int, added: list[str]) -> tuple[int, st
 def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str) -> Layout:
     headers: list[str] = [gen_prompt] if gen_prompt else []
     ends: list[str] = []
+    first = _first_added(gen_prompt, 0, len(gen_prompt), added) if gen_prompt else None
+    shortest = first[0] + len(first[1]) + 1 if first else len(gen_prompt)
     for messages, tools in probes:
         sent, _ = sentinel_messages(list(messages))
         s = render(sent, tools)
@@ -118,6 +120,14 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str) 
                                     f"rule can tell where a reply stops (the model would never learn to stop)")
             if end[1] not in ends:
                 ends.append(end[1])
+            if gen_prompt and not s.endswith(gen_prompt, 0, at):
+                # a generation prompt that supplies more than the role header (Qwen3 without
+                # thinking appends an empty think block): the replies the template writes
+                # itself open with the longest part of it that still names the role
+                k = next((k for k in range(len(gen_prompt) - 1, shortest - 1, -1)
+                          if s.endswith(gen_prompt[:k], 0, at)), None)
+                if k is not None and gen_prompt[:k] not in headers:
+                    headers.append(gen_prompt[:k])
             if not gen_prompt:
                 head = _last_added(s, 0, at, added)
                 if head is None:

@@ -74,9 +74,18 @@ def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
 
 
 def rule_spans(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarray]:
-    """The trained token spans ``[starts[i], ends[i])`` the rule finds, disjoint and in order."""
+    """The trained token spans ``[starts[i], ends[i])`` the rule finds, disjoint and in order.
+    Where one header is a prefix of another at the same place (``<|im_start|>assistant\n``
+    and the same followed by an empty think block), the longer one is the header."""
     ids = np.asarray(ids)
-    starts = np.unique(np.concatenate([_header_ends(ids, h) for h in rule.headers] or [np.empty(0, np.int64)]))
+    found = [(_header_ends(ids, h), len(h)) for h in rule.headers]
+    ends_ = np.concatenate([e for e, _ in found] or [np.empty(0, np.int64)]).astype(np.int64)
+    begins = np.concatenate([e - m for e, m in found] or [np.empty(0, np.int64)]).astype(np.int64)
+    order = np.lexsort((-ends_, begins))  # by begin, the longest first
+    begins, ends_ = begins[order], ends_[order]
+    keep = np.ones(begins.size, dtype=bool)
+    keep[1:] = begins[1:] != begins[:-1]
+    starts = np.unique(ends_[keep])
     end_pos = np.flatnonzero(np.isin(ids, np.asarray(rule.end_ids, dtype=np.int64)))
     k = np.searchsorted(end_pos, starts, side="left")
     closed = k < end_pos.size
