@@ -115,7 +115,7 @@ def main() -> None:
         t_quick, rep = timed(lambda: verify(root, quick=True))
         assert rep.ok
         print(line("verify --quick (no checksums)", t_quick, t_sha))
-        from sftdata.inspect import overview
+        from sftdata.report import overview
 
         t_ov, ov = timed(lambda: overview(root, block_size=1024))
         print(f"{'inspect overview --block-size 1024':38s} best {t_ov[0]:5.2f} s   median {t_ov[len(t_ov) // 2]:5.2f} s"

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .masking import rule_mask
-from .packing import gather_ranges, segment_masks
+from .packing import segment_masks
+from .ranges import gather_ranges
 from .store import MASK_FILE, TOKENS_FILE
 from .tokenizer import MarkerIds
 from .verify_checks import CHUNK_TOKENS, RECREATE, Part, Problem, Vocab, more_like_it

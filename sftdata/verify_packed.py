@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import SftDataError
-from .packing import gather_ranges, segment_masks
+from .packing import segment_masks, stream_prefix
+from .ranges import gather_ranges
 from .store import (
     EPISODES_FILE,
     MASK_FILE,
@@ -41,7 +42,6 @@ from .store import (
     open_dataset,
     sha256_file,
 )
-from .stream_packing import stream_prefix
 from .tokenizer import MarkerIds
 from .verify_checks import CHUNK_TOKENS, REPACK, Part, Problem, Vocab, more_like_it, range_index
 from .verify_content import span_at

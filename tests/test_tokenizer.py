@@ -101,3 +101,10 @@ def test_pickles_by_spec(tok):
     again = pickle.loads(pickle.dumps(tok))
     assert again.encode("hello world") == [15339, 1917]
     assert again.special_tokens == tok.special_tokens
+
+
+def test_marker_ids_name_each_marker_and_nothing_else(tok):
+    m = tok.ids
+    assert [m.name(i) for i in (m.system, m.user, m.assistant, m.tool, m.tool_call, m.end, m.eos)] == [
+        "<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>", "<|EOS|>"]
+    assert m.name(15339) is None and m.name(-1) is None

@@ -1,5 +1,7 @@
-"""inspect: the overview's figures are exactly those of the data; episode views show
-exactly which tokens are trained; records, samples and errors."""
+"""report (the data behind `sftdata inspect`): the overview's figures are exactly those
+of the data; episode views show exactly which tokens are trained; packed datasets show
+their packing figures and rows with their segments, positions, padding and trained
+tokens exactly as stored; records, samples and errors."""
 
 from __future__ import annotations
 
@@ -8,11 +10,11 @@ import shutil
 
 import numpy as np
 import pytest
-from audit_data import make_dataset, read_idx, shard, to_flat, write_idx
+from audit_data import make_dataset, make_packed, read_idx, shard, to_flat, write_idx
 
-from sftdata import inspect as sft_inspect
+from sftdata import report
 from sftdata.errors import DatasetError, UsageError
-from sftdata.store import open_dataset
+from sftdata.store import open_dataset, split_segments
 from sftdata.tokenizer import load_tokenizer
 
 TRAIN_LENGTHS = [19, 28, 30, 15, 25, 29]
@@ -41,7 +43,7 @@ def per_episode_masks(ds, split="train"):
 
 
 def test_overview_counts_and_distributions(pristine):
-    ov = sft_inspect.overview(pristine)
+    ov = report.overview(pristine)
     assert (ov.layout, ov.kind, ov.format_version, ov.token_dtype) == ("sharded", "episodes", 1, "uint32")
     assert ov.tokenizer["name"] == "cl100k_base" and ov.tokenizer["vocab_size"] == 100283
     train, val = ov.splits
@@ -53,7 +55,7 @@ def test_overview_counts_and_distributions(pristine):
     assert (val.episodes, val.tokens, val.shards) == (2, 33, 1)
     assert train.length_percentiles == {"p0": 15, "p10": 17, "p25": 20.5, "p50": 26.5, "p75": 28.75, "p90": 29.5,
                                         "p99": 29.95, "p100": 30, "mean": 24.33}
-    assert train.length_histogram == sft_inspect.Histogram([8.0, 16.0, 32.0], [1, 5])
+    assert train.length_histogram == report.Histogram([8.0, 16.0, 32.0], [1, 5])
     shares = np.array(trained) / np.array(TRAIN_LENGTHS)
     assert train.trained_share_percentiles["p0"] == round(shares.min(), 4)
     assert train.trained_share_percentiles["p100"] == round(shares.max(), 4)
@@ -67,7 +69,7 @@ def test_overview_counts_and_distributions(pristine):
 
 
 def test_overview_sources_options_and_rejects(pristine, tmp_path):
-    ov = sft_inspect.overview(pristine)
+    ov = report.overview(pristine)
     (src,) = ov.sources
     data = (pristine.parent / "ds.jsonl").read_bytes()
     assert src["sha256"] == hashlib.sha256(data).hexdigest() and src["bytes"] == len(data) and src["records"] == 10
@@ -78,7 +80,7 @@ def test_overview_sources_options_and_rejects(pristine, tmp_path):
 
 
 def test_block_size_cost(pristine):
-    ov = sft_inspect.overview(pristine, block_size=20)
+    ov = report.overview(pristine, block_size=20)
     b = ov.splits[0].block
     masks = per_episode_masks(pristine)
     assert (b.block_size, b.episodes_longer) == (20, 4)  # longer than 21 tokens: 28, 30, 25, 29
@@ -86,27 +88,27 @@ def test_block_size_cost(pristine):
     want = sum(int(m[21:].sum()) for m in masks)
     assert b.trained_tokens_dropped == want and want > 0
     assert b.trained_dropped_share == pytest.approx(want / 52)
-    assert sft_inspect.overview(pristine, block_size=29).splits[0].block.episodes_longer == 0
+    assert report.overview(pristine, block_size=29).splits[0].block.episodes_longer == 0
     with pytest.raises(UsageError, match="--block-size must be positive"):
-        sft_inspect.overview(pristine, block_size=0)
+        report.overview(pristine, block_size=0)
 
 
 def test_length_histogram_bins_are_powers_of_two():
-    h = sft_inspect.length_histogram(np.array([1, 2, 3, 4, 7, 8, 100]))
+    h = report.length_histogram(np.array([1, 2, 3, 4, 7, 8, 100]))
     assert h.edges == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
     assert h.counts == [1, 2, 2, 1, 0, 0, 1]
 
 
 def test_flat_layout_overview(pristine, tmp_path):
     flat = to_flat(pristine, tmp_path / "flat")
-    ov = sft_inspect.overview(flat)
+    ov = report.overview(flat)
     assert ov.layout == "flat" and ov.format_version is None and ov.tokenizer is None
     (train,) = ov.splits
     assert (train.episodes, train.tokens, train.trained_tokens) == (6, 146, 52)
     assert ov.notes == ["older flat layout without dataset_metadata.json: no tokenizer, sources, options or counts "
                         "recorded; tokens read as uint32"]
     (flat / "train" / "mask.bin").unlink()
-    ov = sft_inspect.overview(flat)
+    ov = report.overview(flat)
     assert ov.splits[0].trained_tokens is None and "split train has no mask.bin" in ov.notes[1]
 
 
@@ -116,11 +118,11 @@ def test_overview_refuses_an_index_past_the_tokens(ds):
     idx[3, 1] += 5
     write_idx(p, idx)
     with pytest.raises(DatasetError, match="episodes.idx points past the end of tokens.bin.*sftdata verify"):
-        sft_inspect.overview(ds)
+        report.overview(ds)
 
 
 def test_episode_view_pieces_and_tokens(pristine, tok):
-    (v,), notes = sft_inspect.views(pristine, "train", episodes=[0], tokens=True)
+    (v,), notes = report.views(pristine, "train", episodes=[0], tokens=True)
     assert notes == []
     assert (v.split, v.episode, v.record, v.shard, v.start, v.length, v.trained_tokens) == (
         "train", 0, 0, "shard_00000", 0, 19, 4)
@@ -140,7 +142,7 @@ def test_episode_view_second_shard_and_rule_difference(ds):
     m = np.fromfile(shard(ds, "train", 1) / "mask.bin", dtype=np.uint8)
     m[25 + 2] = 1  # episode 5, token 2: user text
     m.tofile(shard(ds, "train", 1) / "mask.bin")
-    (v,), _ = sft_inspect.views(ds, "train", episodes=[5])
+    (v,), _ = report.views(ds, "train", episodes=[5])
     assert (v.shard, v.start, v.length, v.record) == ("shard_00001", 25, 29, 7)
     assert v.rule_differs_at == [2] and v.tokens is None
 
@@ -148,42 +150,139 @@ def test_episode_view_second_shard_and_rule_difference(ds):
 def test_record_lookup(pristine):
     src = {s: open_dataset(pristine).split(s).sources.tolist() for s in ("train", "val")}
     assert src == {"train": [0, 1, 3, 4, 5, 7], "val": [2, 6]}
-    (v,), _ = sft_inspect.views(pristine, record=6)
+    (v,), _ = report.views(pristine, record=6)
     assert (v.split, v.episode, v.record) == ("val", 1, 6)
     with pytest.raises(DatasetError, match=r"input record 9 is in no split.*rejected at prepare time \(invalid_json"):
-        sft_inspect.views(pristine, record=9)
+        report.views(pristine, record=9)
     with pytest.raises(DatasetError, match=r"input record 99 is in no split .* \(no such record was kept"):
-        sft_inspect.views(pristine, record=99)
+        report.views(pristine, record=99)
 
 
 def test_sample_is_seeded_and_sorted(pristine):
-    assert sft_inspect.sample_ids(6, 3, 7) == sorted(np.random.RandomState(7).choice(6, 3, replace=False).tolist())
-    assert sft_inspect.sample_ids(6, 10, 0) == [0, 1, 2, 3, 4, 5]
-    views, _ = sft_inspect.views(pristine, "val", sample=1, seed=3)
-    assert [v.episode for v in views] == sft_inspect.sample_ids(2, 1, 3)
+    assert report.sample_ids(6, 3, 7) == sorted(np.random.RandomState(7).choice(6, 3, replace=False).tolist())
+    assert report.sample_ids(6, 10, 0) == [0, 1, 2, 3, 4, 5]
+    views, _ = report.views(pristine, "val", sample=1, seed=3)
+    assert [v.episode for v in views] == report.sample_ids(2, 1, 3)
     with pytest.raises(UsageError, match="--sample must be at least 1"):
-        sft_inspect.sample_ids(6, 0, 0)
+        report.sample_ids(6, 0, 0)
 
 
 def test_episode_selection_errors(pristine, tmp_path):
     with pytest.raises(UsageError, match="exactly one of --episode, --row, --record or --sample"):
-        sft_inspect.views(pristine, episodes=[0], sample=2)
+        report.views(pristine, episodes=[0], sample=2)
     with pytest.raises(UsageError, match="exactly one of"):
-        sft_inspect.views(pristine)
+        report.views(pristine)
     with pytest.raises(DatasetError, match=r"episode 6 does not exist in split 'train', which has 6 episodes"):
-        sft_inspect.views(pristine, episodes=[6])
+        report.views(pristine, episodes=[6])
     with pytest.raises(DatasetError, match="has no split 'test'"):
-        sft_inspect.views(pristine, "test", episodes=[0])
+        report.views(pristine, "test", episodes=[0])
     with pytest.raises(UsageError, match="--tokenizer is for older flat layouts"):
-        sft_inspect.views(pristine, episodes=[0], tokenizer="cl100k_base")
+        report.views(pristine, episodes=[0], tokenizer="cl100k_base")
     with pytest.raises(UsageError, match="--token-dtype is for older flat layouts"):
-        sft_inspect.overview(pristine, token_dtype="uint16")
+        report.overview(pristine, token_dtype="uint16")
 
 
 def test_flat_layout_episode_is_decoded_with_a_note(pristine, tmp_path):
     flat = to_flat(pristine, tmp_path / "flat")
-    (v,), notes = sft_inspect.views(flat, episodes=[3])
+    (v,), notes = report.views(flat, episodes=[3])
     assert v.record is None and v.trained_tokens == int(per_episode_masks(pristine)[3].sum())
     assert notes == ["the dataset records no tokenizer: decoded with cl100k_base (pass --tokenizer to choose)"]
     with pytest.raises(DatasetError, match="no sources.idx"):
-        sft_inspect.views(flat, record=0)
+        report.views(flat, record=0)
+
+
+# ------------------------------------------------------------------------ packed
+# bfd, block 63 (rows of 64), val_split 0, 8 episodes in 4 rows (see test_verify_packed);
+# row 0: episode 1 at [0, 28), episode 5 at [28, 53), padding [53, 64).
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    t = tmp_path_factory.mktemp("packed")
+    make_packed(t, "bfd", block_size=63, shard_tokens=128)
+    make_packed(t, "stream", source=t / "bfd_src", block_size=40, strategy="stream")
+    return t
+
+
+def test_packed_overview(built):
+    ov = report.overview(built / "bfd")
+    assert ov.kind == "packed" and ov.packing["row_len"] == 64 and ov.packing["strategy"] == "bfd"
+    assert ov.packed_from["path"] == str((built / "bfd_src").resolve())
+    (train,) = ov.splits
+    seg = split_segments(open_dataset(built / "bfd").split("train"))
+    p = train.packed
+    assert (p.rows, p.segments, p.row_len) == (4, 8, 64)
+    assert p.real_tokens == int(seg.length.sum()) == 179 and p.padding_tokens == 4 * 64 - 179
+    assert p.fill == pytest.approx(179 / 256) and p.injected_tokens == 0
+    assert p.segments_per_row == {"p0": 1.0, "p50": 2.0, "p100": 3.0, "mean": 2.0}
+    assert train.length_percentiles["p0"] == 15 and train.length_percentiles["p100"] == 30  # segment lengths
+    src = report.overview(built / "bfd_src").splits[0]
+    assert train.trained_tokens == src.trained_tokens == 62  # bfd keeps whole episodes
+    assert train.trained_share == pytest.approx(62 / 179)
+    assert report.overview(built / "stream").splits[0].packed.injected_tokens == 8
+    with pytest.raises(UsageError, match="is packed: its rows are already 64 tokens"):
+        report.overview(built / "bfd", block_size=100)
+
+
+def test_row_view_segments_positions_padding(built, tok):
+    (v,), notes = report.views(built / "bfd", rows=[0], tokens=True)
+    assert isinstance(v, report.RowView) and notes == []
+    assert (v.row, v.shard, v.row_len, v.real_tokens, v.padding, v.pad_id) == (0, "shard_00000", 64, 53, 11, 100257)
+    assert [(s.index, s.offset, s.length, s.prefix, s.episode, s.episode_start, s.record) for s in v.segments] == [
+        (0, 0, 28, 0, 1, 0, 1), (1, 28, 25, 0, 5, 0, 5)]
+    src = open_dataset(built / "bfd_src").split("train")
+    for s in v.segments:  # each segment is its source episode, trained exactly as there
+        ids, mask = src.episode(s.episode)
+        assert "".join(p.text for p in s.pieces) == tok.decode(ids)
+        assert s.trained_tokens == int(np.asarray(mask).sum())
+    assert [t.seq_id for t in v.tokens] == [0] * 28 + [1] * 25 + [-1] * 11
+    assert [t.position_id for t in v.tokens] == list(range(28)) + list(range(25)) + [0] * 11
+    mask = np.fromfile(shard(built / "bfd") / "mask.bin", dtype=np.uint8)[:64]
+    assert [t.trained for t in v.tokens] == mask.astype(bool).tolist()
+    assert v.trained_tokens == int(mask.sum()) and v.rule_differs_at == []
+    assert v.tokens[28].span == "user" and v.tokens[60].span == ""
+
+
+def test_stream_row_shows_injected_context(built):
+    (v,), _ = report.views(built / "stream", rows=[1])
+    first = v.segments[0]
+    assert (first.prefix, first.episode, first.episode_start) == (1, 1, 22)
+    assert first.pieces[0].injected and first.pieces[0].text == "<|USER|>" and not first.pieces[1].injected
+    assert v.rule_differs_at == []
+
+
+def test_record_sample_and_selection_errors(built):
+    views, _ = report.views(built / "stream", record=3)
+    assert [v.row for v in views] == [1, 2]  # episode 3 runs across two rows
+    assert all(any(s.record == 3 for s in v.segments) for v in views)
+    views, _ = report.views(built / "bfd", sample=2, seed=1)
+    assert [v.row for v in views] == report.sample_ids(4, 2, 1)
+    with pytest.raises(UsageError, match="a packed dataset holds rows: use --row"):
+        report.views(built / "bfd", episodes=[0])
+    with pytest.raises(UsageError, match="--row is for packed datasets"):
+        report.views(built / "bfd_src", rows=[0])
+    with pytest.raises(DatasetError, match="input record 99 is in no row"):
+        report.views(built / "bfd", record=99)
+    with pytest.raises(DatasetError, match="episode 4 does not exist in split 'train', which has 4 episodes"):
+        report.views(built / "bfd", rows=[4])
+
+
+def test_row_view_flags_a_mask_off_the_rule(built, tmp_path):
+    shutil.copytree(built / "bfd", tmp_path / "bfd")
+    p = shard(tmp_path / "bfd") / "mask.bin"
+    m = np.fromfile(p, dtype=np.uint8)
+    m[29] = 1
+    m.tofile(p)
+    (v,), _ = report.views(tmp_path / "bfd", rows=[0])
+    assert v.rule_differs_at == [29]
+
+
+def test_a_packed_dataset_with_damaged_segments_is_refused_before_any_view(built, tmp_path):
+    shutil.copytree(built / "bfd", tmp_path / "bfd")
+    p = shard(tmp_path / "bfd") / "segments.idx"
+    seg = np.fromfile(p, dtype="<u8").reshape(-1, 7)
+    seg[1, 1] += 3  # a hole between the first two segments of row 0
+    seg.tofile(p)
+    for call in (lambda: report.overview(tmp_path / "bfd"), lambda: report.views(tmp_path / "bfd", rows=[0])):
+        with pytest.raises(DatasetError, match=r"segments.idx .*lie between segments 0 and 1.*sftdata verify"):
+            call()

@@ -1,17 +1,14 @@
-"""What a dataset holds, as data (the CLI draws it).
+"""The overview of a dataset, as data: what ``sftdata inspect DATASET`` shows.
 
-* ``overview(path, block_size=None)``: format, kind, tokenizer, token dtype; per split
-  the episodes, tokens, trained tokens, shards and bytes on disk; episode-length
-  percentiles and histogram; the trained-share distribution; with ``block_size`` what
-  truncation to ``block_size + 1`` tokens (x and y of one row) would cost; the source
-  files, options and rejected records recorded at prepare time.
-* ``episode_views(path, split, episodes=..., record=..., sample=...)``: one or more
-  episodes as pieces of decoded text (markers apart, trained or not) and, on request,
-  one row per token.
+Format, kind, tokenizer, token dtype; per split the episodes, tokens, trained tokens,
+shards and bytes on disk; episode-length percentiles and histogram; the trained-share
+distribution; with ``block_size`` what truncation to ``block_size + 1`` tokens (x and y
+of one training row) would cost; the source files, options and rejected records
+recorded at prepare time. A packed dataset adds its packing and, per split, rows,
+segments and fill (its units are rows: ``episodes`` counts rows there).
 
 Vectorised over the index and the mask: the overview of a 1 GB dataset takes well under
-a second (no token is read, the mask once). This module is imported as
-``from sftdata import inspect as sft_inspect`` where the standard ``inspect`` is in use.
+a second (no token is read, the mask once).
 """
 
 from __future__ import annotations
@@ -23,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .errors import DatasetError, UsageError
-from .inspect_packed import PackedInfo, packed_info, row_view, select_rows, split_segments
-from .masking import loss_mask
-from .range_sums import trained_per_episode
-from .store import REJECTS_FILE, Dataset, Split, open_dataset
-from .tokenizer import ChatTokenizer, load_tokenizer
+from ..errors import DatasetError, UsageError
+from ..packing import Segments
+from ..ranges import trained_per_episode
+from ..store import REJECTS_FILE, Dataset, Split, open_dataset, split_segments
+from ..verify import check_structure
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 
@@ -42,8 +38,8 @@ class Histogram:
 
 
 @dataclass
-class BlockCost:
-    """What truncating every episode to ``block_size + 1`` tokens would drop."""
+class TruncationCost:
+    """What truncating every episode to ``block_size + 1`` tokens (one training row) would drop."""
 
     block_size: int
     episodes_longer: int  # length > block_size + 1
@@ -54,7 +50,24 @@ class BlockCost:
 
 
 @dataclass
+class PackedInfo:
+    """What packing did to one split, from its segments."""
+
+    row_len: int
+    rows: int
+    segments: int
+    real_tokens: int  # segment tokens, injected ones included; the rest is padding
+    injected_tokens: int
+    padding_tokens: int
+    fill: float  # real tokens / (rows x row_len)
+    segments_per_row: dict[str, float]  # p0 (min), p50, p100 (max), mean
+
+
+@dataclass
 class SplitOverview:
+    """One split. Packed: ``episodes`` counts rows, lengths are segment lengths, and the
+    trained shares are per row over its real (non-padding) tokens."""
+
     name: str
     episodes: int
     tokens: int
@@ -67,8 +80,8 @@ class SplitOverview:
     trained_share_percentiles: dict[str, float] | None  # per-episode trained / length
     trained_share_histogram: Histogram | None
     episodes_training_nothing: int | None
-    block: BlockCost | None = None
-    packed: PackedInfo | None = None  # packed datasets: episodes are rows, lengths segment lengths
+    block: TruncationCost | None = None
+    packed: PackedInfo | None = None
 
 
 @dataclass
@@ -96,9 +109,23 @@ class Overview:
         return asdict(self)
 
 
+def open_checked(path, token_dtype=None, tokenizer: str | None = None) -> Dataset:
+    """The dataset at ``path`` for a report: ``token_dtype`` and ``tokenizer`` only for
+    the older flat layout (which records neither), and a packed dataset only when its
+    rows and segments are sound (the row views are built from them; index-sized work)."""
+    ds = open_dataset(path, token_dtype=token_dtype)
+    if token_dtype is not None and ds.metadata is not None:
+        raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype")
+    if tokenizer is not None and ds.tokenizer_state is not None:
+        raise UsageError(f"--tokenizer is for older flat layouts; {ds.root} records its tokenizer")
+    if ds.kind == "packed":
+        check_structure(ds)
+    return ds
+
+
 def _episode_bounds(sp: Split) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """Per shard: (starts, ends, first global id), after checking the index fits the
-    tokens and is sorted without overlaps (inspect reads a dataset verify may not have
+    tokens and is sorted without overlaps (a report reads a dataset verify may not have
     passed)."""
     out = []
     for i, sh in enumerate(sp.shards):
@@ -140,16 +167,28 @@ def share_histogram(shares: np.ndarray) -> Histogram:
     return Histogram(edges, counts.astype(int).tolist())
 
 
+def packed_info(seg: Segments, rows: int, row_len: int) -> PackedInfo:
+    """The figures of ``rows`` packed rows of ``row_len`` tokens holding ``seg``."""
+    real = int(seg.length.sum())
+    per_row = np.bincount(seg.row, minlength=rows) if rows else np.zeros(0, np.int64)
+    stats = {} if not rows else {"p0": float(per_row.min()), "p50": float(np.median(per_row)),
+                                 "p100": float(per_row.max()), "mean": round(float(per_row.mean()), 4)}
+    return PackedInfo(row_len=row_len, rows=rows, segments=len(seg), real_tokens=real,
+                      injected_tokens=int(seg.prefix.sum()), padding_tokens=rows * row_len - real,
+                      fill=real / (rows * row_len) if rows else 0.0, segments_per_row=stats)
+
+
 def _split_overview(sp: Split, block_size: int | None, row_len: int | None = None) -> SplitOverview:
     """One split's figures. A packed split (``row_len`` given): lengths are segment
     lengths, shares are per row over its real (non-padding) tokens."""
     bounds = _episode_bounds(sp)
     lengths = sp.lengths
-    packed = None
+    packed = real_per_row = None
     if row_len is not None:
-        packed = packed_info(sp, row_len)
         seg = split_segments(sp)
+        packed = packed_info(seg, sp.num_episodes, row_len)  # a packed split's "episodes" are its rows
         real_per_row = np.bincount(seg.row, weights=seg.length, minlength=sp.num_episodes)
+        lengths = seg.length
     keep = None if block_size is None else block_size + 1  # one training row: x and y
     trained = late = None
     if sp.has_mask and bounds:
@@ -159,15 +198,14 @@ def _split_overview(sp: Split, block_size: int | None, row_len: int | None = Non
     ttot = None if trained is None else int(trained.sum())
     shares = None if trained is None else trained / np.maximum(lengths if packed is None else real_per_row, 1)
     real = sp.num_tokens if packed is None else packed.real_tokens
-    if packed is not None:
-        lengths = seg.length
     block = None
     if keep is not None:
         long_ = lengths > keep
         n_long = int(long_.sum())
         dropped = None if late is None else int(late.sum())
-        block = BlockCost(block_size, n_long, n_long / max(1, sp.num_episodes), int((lengths[long_] - keep).sum()),
-                          dropped, None if dropped is None else dropped / max(1, ttot))
+        block = TruncationCost(block_size, n_long, n_long / max(1, sp.num_episodes),
+                               int((lengths[long_] - keep).sum()), dropped,
+                               None if dropped is None else dropped / max(1, ttot))
     return SplitOverview(
         name=sp.name, episodes=sp.num_episodes, tokens=sp.num_tokens, trained_tokens=ttot,
         trained_share=None if ttot is None else ttot / max(1, real), shards=len(sp.shards),
@@ -191,21 +229,12 @@ def _rejects_from_file(path: Path) -> Counter:
     return c
 
 
-def _open(path, token_dtype, tokenizer=None) -> Dataset:
-    ds = open_dataset(path, token_dtype=token_dtype)
-    if token_dtype is not None and ds.metadata is not None:
-        raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype")
-    if tokenizer is not None and ds.tokenizer_state is not None:
-        raise UsageError(f"--tokenizer is for older flat layouts; {ds.root} records its tokenizer")
-    return ds
-
-
 def overview(path: str | Path, *, block_size: int | None = None, token_dtype=None) -> Overview:
     """Everything ``sftdata inspect PATH`` shows. Raises ``DatasetError`` for a folder that
     is not a dataset or whose index does not fit its tokens."""
     if block_size is not None and block_size < 1:
         raise UsageError(f"--block-size must be positive, got {block_size}")
-    ds = _open(path, token_dtype)
+    ds = open_checked(path, token_dtype)
     meta = ds.metadata or {}
     notes = []
     if ds.metadata is None:
@@ -237,154 +266,3 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
         rejects_file=str(rejects) if rejects.is_file() else None, counts=counts, packing=packing,
         packed_from=None if src is None else {"path": src.get("path"), "metadata_sha256": src.get("metadata_sha256")},
         notes=notes)
-
-
-# ---------------------------------------------------------------------------- episodes
-@dataclass
-class Piece:
-    """A run of decoded text: one marker, or text tokens that are all trained or all not."""
-
-    text: str
-    trained: bool
-    marker: bool
-    injected: bool = False  # packed rows: context the packer prepended (never trained)
-
-
-@dataclass
-class TokenRow:
-    position: int
-    id: int
-    text: str
-    trained: bool
-    marker: bool
-    span: str  # the span the token lies in: system, user, assistant, tool, or "" outside
-
-
-@dataclass
-class EpisodeView:
-    split: str
-    episode: int
-    record: int | None  # input record number (sources.idx), when stored
-    shard: str
-    start: int  # token offset in the shard's tokens.bin
-    length: int
-    trained_tokens: int | None
-    pieces: list[Piece]
-    tokens: list[TokenRow] | None = None
-    rule_differs_at: list[int] | None = None  # positions where the stored mask is not the rule's
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def spans_of(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
-    """The span each token lies in: system, user, assistant, tool, or "" outside any."""
-    m = tok.ids
-    names = {m.system: "system", m.user: "user", m.assistant: "assistant", m.tool: "tool"}
-    out, cur = [], ""
-    for t in ids.tolist():
-        if t in names:
-            cur = names[t]
-        out.append(cur)
-        if t in (m.end, m.eos):
-            cur = ""
-    return out
-
-
-def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: ChatTokenizer,
-              injected: bool = False) -> list[Piece]:
-    """Runs of text that break at every marker and wherever training starts or stops."""
-    n = ids.shape[0]
-    cut = np.flatnonzero(is_marker[1:] | is_marker[:-1] | (trained[1:] != trained[:-1])) + 1
-    bounds = [0, *cut.tolist(), n] if n else [0]
-    return [Piece(tok.token_text(int(ids[a])) if is_marker[a] else tok.decode(ids[a:b].tolist()),
-                  bool(trained[a]), bool(is_marker[a]), injected) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, tokens: bool = False) -> EpisodeView:
-    """One episode as pieces of text (and, with ``tokens``, one row per token)."""
-    sp = ds.split(split)
-    shard, local = sp.locate(episode)
-    ids, mask = sp.episode(episode)
-    ids = np.asarray(ids, dtype=np.int64)
-    trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
-    markers = set(tok.special_tokens.values())
-    is_marker = np.isin(ids, list(markers))
-    n = ids.shape[0]
-    pieces = pieces_of(ids, trained, is_marker, tok)
-    rows = None
-    if tokens:
-        spans = spans_of(ids, tok)
-        rows = [TokenRow(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(is_marker[p]), spans[p])
-                for p, t in enumerate(ids)]
-    differs = None
-    if mask is not None:
-        differs = np.flatnonzero(loss_mask(ids, tok.ids) != trained).tolist()
-    sources = shard.sources
-    return EpisodeView(split=split, episode=int(episode),
-                       record=None if sources is None or local >= sources.shape[0] else int(sources[local]),
-                       shard=shard.name, start=int(shard.episodes[local, 0]), length=int(n),
-                       trained_tokens=None if mask is None else int(trained.sum()), pieces=pieces, tokens=rows,
-                       rule_differs_at=differs)
-
-
-def find_record(ds: Dataset, record: int) -> tuple[str, int]:
-    """(split, episode id) of the episode made from input record ``record``."""
-    for name, sp in ds.splits.items():
-        src = sp.sources
-        if src is None:
-            raise DatasetError(f"split {name} has no sources.idx: record numbers are not stored in this dataset; "
-                               f"use --episode")
-        hit = np.flatnonzero(src == record)
-        if hit.size:
-            return name, int(hit[0])
-    why = ""
-    rejects = ds.root / REJECTS_FILE
-    if rejects.is_file():
-        with open(rejects, "rb") as f:
-            for line in f:
-                try:
-                    r = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if r.get("record") == record:
-                    why = f": it was rejected at prepare time ({r.get('reason')}: {r.get('message')}; {r.get('where')})"
-                    break
-    raise DatasetError(f"input record {record} is in no split of {ds.root}{why or ' (no such record was kept)'}")
-
-
-def sample_ids(n: int, k: int, seed: int) -> list[int]:
-    """``k`` distinct episode ids of ``n``, drawn with ``RandomState(seed)``, in id order."""
-    if k < 1:
-        raise UsageError(f"--sample must be at least 1, got {k}")
-    return sorted(np.random.RandomState(seed).choice(n, min(k, n), replace=False).tolist()) if n else []
-
-
-def views(path: str | Path, split: str = "train", *, episodes: list[int] | None = None,
-          rows: list[int] | None = None, record: int | None = None, sample: int | None = None, seed: int = 0,
-          tokens: bool = False, token_dtype=None, tokenizer: str | None = None) -> tuple[list, list[str]]:
-    """What ``inspect --episode/--row/--record/--sample`` shows: ``EpisodeView``s of an
-    episodes dataset, ``RowView``s of a packed one; and notes about them."""
-    chosen = sum(x is not None for x in (episodes or None, rows or None, record, sample))
-    if chosen != 1:
-        raise UsageError("give exactly one of --episode, --row, --record or --sample")
-    ds = _open(path, token_dtype, tokenizer)
-    notes = []
-    if ds.tokenizer_state is not None:
-        tok = ds.tokenizer()
-    else:
-        tok = load_tokenizer(tokenizer)
-        notes.append(f"the dataset records no tokenizer: decoded with {tok.name} (pass --tokenizer to choose)")
-    if ds.kind == "packed":
-        found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
-        return [row_view(ds, s, r, tok, tokens=tokens) for s, r in found], notes
-    if rows:
-        raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
-    if record is not None:
-        split, gid = find_record(ds, record)
-        ids = [gid]
-    elif sample is not None:
-        ids = sample_ids(ds.split(split).num_episodes, sample, seed)
-    else:
-        ids = list(episodes)
-    return [episode_view(ds, split, i, tok, tokens=tokens) for i in ids], notes
