@@ -8,7 +8,6 @@ context a packer injected is wrapped in « ».
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,14 +18,13 @@ from rich.text import Text
 
 from ..errors import UsageError
 from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
-from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
+from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
+from .options import DatasetArg, JsonOpt, TokenDtypeOpt
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
 BAR_WIDTH = 32
 
-DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
-                                           "--output-dir of prepare-chat, prepare-tool or pack).")]
 SplitOpt = Annotated[str, typer.Option("--split", metavar="NAME", help="train or val: the split of --episode, "
                                        "--row and --sample.")]
 EpisodeOpt = Annotated[list[int] | None, typer.Option(
@@ -47,8 +45,6 @@ TokensOpt = Annotated[bool, typer.Option(
 BlockOpt = Annotated[int | None, typer.Option(
     "--block-size", metavar="B", help="Overview: what truncating every episode to one training row (B + 1 "
                                       "tokens) would drop.")]
-TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
-                                                      "dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
                                              "cl100k_base).")]
