@@ -231,13 +231,24 @@ def token_soup(rng, n):
     return alphabet[rng.integers(0, alphabet.size, n)]
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 def test_segment_masks_equal_the_rule_per_segment(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 25, int(rng.integers(1, 30)))
-    toks = token_soup(rng, int(lengths.sum()))
+    toks = token_soup(rng, int(lengths.sum())).astype(np.uint32 if seed % 2 else np.int64)
     expected = [loss_mask(t, M) for t in np.split(toks, np.cumsum(lengths)[:-1])]
-    np.testing.assert_array_equal(segment_masks(toks, lengths, M), np.concatenate(expected))
+    got = segment_masks(toks, lengths, M)
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, np.concatenate(expected))
+
+
+def test_segment_masks_an_unclosed_assistant_zeroes_the_rest_of_its_segment_only():
+    segs = [[U, 1, E, A, 2, U, 3, E, A, 4, E], [U, 5, E, A, 6, E, EOS], [A, 7], [U, 8, E, A, 9, E]]
+    toks = np.concatenate([np.array(x, np.int64) for x in segs])
+    got = segment_masks(toks, np.array([len(x) for x in segs]), M)
+    # the first segment's A 2 is unclosed (a <|USER|> opens next): it and all after it in
+    # that segment are 0, even the complete exchange that follows; the others are untouched
+    assert got.tolist() == [0] * 11 + [0, 0, 0, 1, 1, 1, 0] + [0, 0] + [0, 0, 0, 1, 1, 1]
 
 
 def test_segment_masks_reject_inconsistent_lengths():

@@ -22,11 +22,19 @@ from .plan import (
     check_lengths,
     padding_baseline,
 )
-from .segments import PAD_SEQ_ID, Segments, marker_positions, row_layout, row_mask, segment_masks
+from .segments import (
+    PAD_SEQ_ID,
+    Segments,
+    episode_positions,
+    marker_positions,
+    row_layout,
+    row_mask,
+    segment_masks,
+)
 from .stream import plan_stream, stream_prefix
 
 __all__ = [
     "DEFAULT_OVERLONG", "OVERLONG_POLICIES", "PAD_SEQ_ID", "STRATEGIES", "PackPlan", "Rows", "Segments",
-    "assemble_rows", "check_lengths", "marker_positions", "padding_baseline", "plan_bfd", "plan_stream",
+    "assemble_rows", "check_lengths", "episode_positions", "marker_positions", "padding_baseline", "plan_bfd", "plan_stream",
     "row_layout", "row_mask", "segment_masks", "stream_prefix",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import UsageError
 from ..ranges import range_index
 from ..tokenizer import MarkerIds
-from .segments import Segments, row_mask
+from .segments import Segments, episode_positions, row_mask
 
 STRATEGIES = ("bfd", "stream")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
@@ -127,10 +127,10 @@ def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, mark
     if seg_tokens.shape[0] != int(take.sum()):
         raise ValueError(f"rows {r0}..{r1 - 1} need {int(take.sum())} segment tokens, got {seg_tokens.shape[0]}")
     toks = np.full(k * L, pad_id, dtype=dtype)
-    start = seg.flat_start(L)
-    toks[range_index(start + seg.prefix, take)] = seg_tokens
+    dest = episode_positions(seg, L)
+    toks[dest] = seg_tokens
     if plan.prefix_tokens.size:
         before = int(plan.segments.prefix[:a].sum())
-        toks[range_index(start, seg.prefix)] = plan.prefix_tokens[before:before + int(seg.prefix.sum())]
+        toks[range_index(seg.flat_start(L), seg.prefix)] = plan.prefix_tokens[before:before + int(seg.prefix.sum())]
     toks = toks.reshape(k, L)
-    return Rows(toks, row_mask(toks, seg, L, markers), seg)
+    return Rows(toks, row_mask(toks, seg, L, markers, positions=dest), seg)

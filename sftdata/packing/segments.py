@@ -125,64 +125,66 @@ def marker_positions(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.nda
 
 
 def segment_masks(tokens: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.ndarray:
-    """``concatenate([loss_mask(seg, m) for seg in segments])``, vectorised.
+    """``concatenate([loss_mask(seg, m) for seg in segments])``, in one ``loss_mask`` call.
 
-    The rule resets context at EOS, but an unclosed ``<|ASSISTANT|>`` zeroes everything
-    after it in the array. So segments holding an unclosed assistant span are masked one
-    by one, and all the others in one ``loss_mask`` call with an EOS after each segment
-    (the EOS makes an opener at a segment's end incomplete and resets the context,
-    exactly as the segment's own end does).
+    The segments are laid out with one EOS after each: the EOS resets the context and
+    leaves an opener at a segment's end incomplete, exactly as the segment's own end
+    does. An unclosed ``<|ASSISTANT|>`` zeroes everything after it in an array, but only
+    the rest of its own segment must be zero: it is replaced by EOS in the layout (which
+    changes nothing before it) and the rest of its segment is zeroed afterwards::
+
+        segments:  U u E A   a     | U v E A w E EOS
+        layout:    U u E EOS a EOS   U v E A w E EOS EOS    (one EOS after each segment;
+        mask:      0 0 0 0   0     | 0 0 0 1 1 1 0           the unclosed A became EOS)
     """
     tokens = np.asarray(tokens)
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total != tokens.shape[0]:
         raise ValueError(f"segment lengths sum to {total}, but {tokens.shape[0]} tokens were given")
-    out = np.zeros(total, dtype=np.uint8)
     if total == 0:
-        return out
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    seg_of_token = np.repeat(np.arange(lengths.size), lengths)
-    pos, ids = marker_positions(tokens, m)
-    seg = seg_of_token[pos]
-    nxt_ok = np.zeros(pos.size, dtype=bool)
-    nxt_ok[:-1] = (ids[1:] == m.end) & (seg[1:] == seg[:-1])
-    broken = np.unique(seg[(ids == m.assistant) & ~nxt_ok])
-    clean = np.ones(lengths.size, dtype=bool)
-    clean[broken] = False
-    for s in broken.tolist():
-        a, b = int(bounds[s]), int(bounds[s + 1])
-        out[a:b] = loss_mask(tokens[a:b], m)
-    keep = clean[seg_of_token]
-    if keep.any():
-        ct = tokens[keep].astype(np.int64)
-        cseg = seg_of_token[keep]
-        cl = lengths[clean]
-        # place the tokens with one EOS after each clean segment
-        rank = np.cumsum(clean) - 1  # index of each clean segment among the clean ones
-        buf = np.full(ct.size + cl.size, m.eos, dtype=np.int64)
-        where = np.arange(ct.size) + rank[cseg]
-        buf[where] = ct
-        out[keep] = loss_mask(buf, m)[where]
-    return out
+        return np.zeros(0, dtype=np.uint8)
+    n = lengths.size
+    where = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lengths)  # in the layout
+    buf = np.full(total + n, m.eos, dtype=np.int64)
+    buf[where] = tokens
+    pos, ids = marker_positions(buf, m)
+    asst = np.flatnonzero(ids == m.assistant)
+    unclosed = pos[asst[ids[asst + 1] != m.end]]  # the layout ends with EOS: asst + 1 always exists
+    if not unclosed.size:
+        return loss_mask(buf, m)[where]
+    buf[unclosed] = m.eos
+    mask = loss_mask(buf, m)
+    ends = np.cumsum(lengths) + np.arange(n)  # the EOS after each segment
+    seg = np.searchsorted(ends, unclosed, side="right")
+    first = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])  # the first unclosed opener of each segment
+    q = unclosed[first]
+    mask[range_index(q, ends[seg[first]] - q)] = 0
+    return mask[where]
 
 
-def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, m: MarkerIds) -> np.ndarray:
+def episode_positions(seg: Segments, row_len: int) -> np.ndarray:
+    """Where the episode tokens of ``seg`` lie in their rows laid end to end (segment
+    order; injected prefixes and padding excluded)."""
+    return range_index(seg.flat_start(row_len) + seg.prefix, seg.take)
+
+
+def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, m: MarkerIds,
+             positions: np.ndarray | None = None) -> np.ndarray:
     """The loss mask packed rows must hold (uint8, the shape of ``tokens``): the rule per
     segment over its episode tokens alone (``segment_masks``), 0 on injected prefixes, on
     every segment's first token and on padding.
 
     ``tokens`` are consecutive rows, ``(k, row_len)`` or flat; ``seg`` their segments
-    with rows local to them (0 .. k-1). Pack writes this mask, verify compares the
+    with rows local to them (0 .. k-1); ``positions`` is ``episode_positions(seg,
+    row_len)`` when the caller has it already. Pack writes this mask, verify compares the
     stored one with it, and the report shows where they differ.
     """
     flat = np.asarray(tokens).reshape(-1)
-    start = seg.flat_start(row_len)
-    take = seg.take
-    dest = range_index(start + seg.prefix, take)  # where the episode tokens lie
+    dest = episode_positions(seg, row_len) if positions is None else positions
     out = np.zeros(flat.shape[0], dtype=np.uint8)
-    out[dest] = segment_masks(flat[dest], take, m)
+    out[dest] = segment_masks(flat[dest], seg.take, m)
     # the rule already gives 0 at a segment's first token; kept explicit so that no target
     # crosses a boundary whatever a segment holds
-    out[start] = 0
+    out[seg.flat_start(row_len)] = 0
     return out.reshape(np.shape(tokens))
