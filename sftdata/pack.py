@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -197,12 +197,12 @@ def pack_split(split: Split, writer, opts: PackOptions, m: MarkerIds, pad_id: in
     L = plan.row_len
     sources = split.sources
     seg_trained = np.zeros(plan.num_segments, dtype=np.int64)
-    for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):
+    for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
         a, b = plan.segments.row_range(r0, r1)
         s = plan.segments[a:b]
         toks = gather_segments(split, s.episode, s.episode_start, s.take)
         rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
-        seg = rows.segments.replace(source=sources[s.episode] if sources is not None else s.source)
+        seg = replace(rows.segments, source=sources[s.episode] if sources is not None else s.source)
         writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
         if b > a:
             seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))

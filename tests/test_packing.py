@@ -93,7 +93,6 @@ def test_segments_select_rows_slices_and_concatenate():
     both = Segments.concat([seg[:2], seg[3:]])
     assert both.episode.tolist() == [7, 8, 10, 11] and both.source.tolist() == [-1] * 4
     assert len(Segments.concat([])) == 0 and len(Segments.empty()) == 0
-    assert seg.replace(source=seg.episode).source.tolist() == [7, 8, 9, 10, 11] and seg.source[0] == -1
 
 
 # ---------------------------------------------------------------------------- bfd

@@ -210,13 +210,9 @@ def _tail(ov: Overview, parts: list) -> None:
         parts.append(Text(f"note: {n}", style="yellow"))
 
 
-def episode_text(v: EpisodeView) -> Text:
-    """The decoded episode: markers bold, trained runs green inside ⟦ ⟧, a line break
-    after every <|END|>; injected context (packed rows) inside « »."""
-    return pieces_text(v.pieces)
-
-
 def pieces_text(pieces: list) -> Text:
+    """Decoded pieces: markers bold, trained runs green inside ⟦ ⟧, a line break after
+    every <|END|>; injected context (packed rows) inside « »."""
     out = Text()
     open_ = False
     for i, p in enumerate(pieces):
@@ -289,7 +285,7 @@ def draw_episode(v: EpisodeView, tokens: bool) -> Group:
     rec = "" if v.record is None else f" · input record {v.record}"
     trained = "" if v.trained_tokens is None else f", {v.trained_tokens:,} trained"
     head.append(f"{rec} · {v.shard} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
-    parts: list = [Rule(style="dim"), head, episode_text(v)]
+    parts: list = [Rule(style="dim"), head, pieces_text(v.pieces)]
     if v.rule_differs_at:
         parts.append(Text(f"warning: the stored mask differs from the mask rule at {len(v.rule_differs_at)} "
                           f"token(s), first at {v.rule_differs_at[0]}: run `sftdata verify`", style="bold red"))

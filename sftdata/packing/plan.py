@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -120,7 +120,7 @@ def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, mark
     """
     a, b = plan.segments.row_range(r0, r1)
     seg = plan.segments[a:b]
-    seg = seg.replace(row=seg.row - r0)
+    seg = replace(seg, row=seg.row - r0)
     L, k = plan.row_len, r1 - r0
     take = seg.take
     seg_tokens = np.asarray(seg_tokens)

@@ -19,7 +19,7 @@ the segment, is untrained, and no target (``y``) crosses a segment boundary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -66,9 +66,6 @@ class Segments:
     def __getitem__(self, idx) -> Segments:
         """The segments at ``idx`` (a slice, an index array or a bool mask), all fields."""
         return Segments(*(getattr(self, f.name)[idx] for f in fields(self)))
-
-    def replace(self, **changes) -> Segments:
-        return replace(self, **changes)
 
     @property
     def take(self) -> np.ndarray:

@@ -13,7 +13,7 @@ request, one line per token with its ``seq_id`` and ``position_id``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -76,7 +76,7 @@ def row_view(ds: Dataset, split: str, row: int, tok: ChatTokenizer, *, tokens: b
     L = ids.shape[0]
     trained = np.zeros(L, bool) if mask is None else np.asarray(mask) != 0
     seg = split_segments(sp).of_rows([row])
-    seg = seg.replace(row=np.zeros(len(seg), np.int64))  # rows local to this one row
+    seg = replace(seg, row=np.zeros(len(seg), np.int64))  # rows local to this one row
     marker = is_marker(ids, tok)
     segments = []
     for i in range(len(seg)):

@@ -7,6 +7,8 @@ segment, the fields of ``packing.Segments`` in that order, ``source`` -1 written
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..errors import DatasetError
@@ -43,5 +45,5 @@ def split_segments(split: Split) -> Segments:
             raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
                                f"Re-create it with `sftdata pack`")
         seg = decode_segments(sh.segments)
-        parts.append(seg.replace(row=seg.row + int(split.episode_offsets[si])))
+        parts.append(replace(seg, row=seg.row + int(split.episode_offsets[si])))
     return Segments.concat(parts)
