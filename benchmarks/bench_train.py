@@ -60,7 +60,7 @@ def measure(dataset: Path, args, label: str) -> dict:
     opt = make_optimizer(model, s)
 
     def to_inputs(b):
-        return step_inputs(b, post_training=True, episodes=True, eos_id=args.eos, mask_fn=block_causal_mask)
+        return step_inputs(b, post_training=True, end_id=loader.end_id, mask_fn=block_causal_mask)
 
     quiet = lambda *_: None  # noqa: E731
     train_loop(model, opt, loader, s, to_inputs, stop_at=1, log=quiet)  # warm-up step, not timed
@@ -69,8 +69,8 @@ def measure(dataset: Path, args, label: str) -> dict:
     # the trained tokens of a whole pass (epoch 0), from the loader's numpy batches: the
     # timed steps are few, and their rows may be shorter or longer than the average
     ref = make_loader(cfg, dataset, backend="numpy")
-    n = ref.steps_total("train") if hasattr(ref, "steps_total") else ref.order("train").batches_in_epoch(0)
-    per_step = sum(float(ref.batch_at("train", i)[2].sum()) for i in range(n)) / n
+    n = ref.order("train").batches_in_epoch(0)  # the whole pass of a packed dataset
+    per_step = sum(float(ref.batch_at("train", i).mask.sum()) for i in range(n)) / n
     return {"mode": label, "steps": steps, "s_per_step": res.seconds / steps,
             "trained_per_step": res.trained_tokens / steps, "trained_tok_s": res.trained_tokens_per_s,
             "tok_s": res.tokens / res.seconds, "stopped_by": res.stopped_by, "pass_steps": n,
@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     report = pack(work / "episodes", work / "packed", PackOptions(block_size=args.block_size))
     r = report.splits["train"]
     tok = summary.as_dict()
-    args.vocab, args.eos = 100283, 100257  # cl100k + chat markers (sftdata's default tokenizer)
+    args.vocab = 100283  # cl100k + chat markers (sftdata's default tokenizer)
     print(f"data: {tok['episodes']['train']} conversations, {tok['tokens']['train']:,} tokens, "
           f"{tok['trained_tokens']['train']:,} trained; rows of {r.row_len}: padded {r.padding_rows} "
           f"(fill {r.padding_fill:.3f}), packed {r.rows} (fill {r.fill:.3f}, trained tokens lost "

@@ -27,11 +27,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # gpt.py and trainer.py sit beside this file
-try:
-    import sftdata  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(1, str(HERE.parent))
-from gpt import GPT, GPTConfig, block_causal_mask  # noqa: E402
+sys.path.insert(1, str(HERE.parent))  # the checkout's sftdata, also without `pip install -e .`
+from gpt import GPT, GPTConfig  # noqa: E402
 from trainer import (  # noqa: E402
     StepInputs,
     TrainResult,
@@ -47,7 +44,9 @@ from trainer import (  # noqa: E402
     training_keys,
 )
 
+from sftdata.attention import block_causal_mask  # noqa: E402
 from sftdata.errors import ConfigError, SftDataError  # noqa: E402
+from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
 
 
 # ----------------------------------------------------------------------- the CLI
@@ -75,66 +74,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def tokenizer_facts(dataset: Path) -> tuple[int | None, int | None]:
-    """(vocab_size, eos_id) recorded in the dataset's tokenizer state, or Nones (a bare
-    token stream has no tokenizer state)."""
-    from sftdata.store import TOKENIZER_FILE, read_json
-
-    path = dataset / TOKENIZER_FILE
-    if not path.is_file():
-        return None, None
-    state = read_json(path)
-    return int(state["vocab_size"]), int(state["eos_id"])
-
-
-def attention_mask_fn():
-    """sftdata.attention's block mask when installed (the pack issue), else gpt.py's
-    (the same mask as booleans)."""
-    try:
-        from sftdata.attention import block_causal_mask as lib_mask
-    except ImportError:
-        return block_causal_mask
-    return lib_mask
-
-
-def val_batches(cfg, s: TrainSettings, dataset: Path, device: str, log=print) -> list:
+def val_batches(cfg: LoaderConfig, s: TrainSettings, dataset: Path, device: str, log=print) -> list:
     """The first ``eval_iters`` val batches in file order, fixed for the whole run. A
     loader of their own (no shuffle, no drop_last, no audit) so a val split smaller than
     a batch still evaluates and the training loader's state is untouched. An empty val
     split (a --val-split that rounded to 0 episodes) means no evaluation, with a note."""
-    from sftdata.loader import make_loader
-    from sftdata.store import has_episode_index, open_dataset
-
-    if not s.eval_interval or not (dataset / "val").is_dir():  # both layouts keep val in val/
+    if not s.eval_interval:
         return []
-    if has_episode_index(dataset, "val"):
-        val = open_dataset(dataset, token_dtype=cfg.token_dtype).splits.get("val")
-        if val is None or val.num_episodes == 0:
-            log(f"note: the val split of {dataset} is empty, so there is no evaluation (prepare with a larger "
-                f"--val-split to evaluate)")
-            return []
     quiet = logging.getLogger("sftdata.loader")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its init and epoch lines would repeat or confuse the training loader's
     try:
         ev = make_loader(cfg.replace(epoch_shuffle=False, epoch_drop_last=False), dataset, backend="torch",
                          device=device)
-        out = []
-        try:
-            for _ in range(s.eval_iters):
-                out.append(ev.get_batch("val"))
-        except StopIteration:  # a single-pass (packed) val split smaller than eval_iters batches
-            pass
+        if "val" not in ev.splits:
+            return []
+        if ev.num_items("val") == 0:
+            log(f"note: the val split of {dataset} is empty, so there is no evaluation (prepare with a larger "
+                f"--val-split to evaluate)")
+            return []
+        total = ev.steps_total("val")  # a one-pass (packed) val split may hold fewer batches
+        return [ev.get_batch("val") for _ in range(s.eval_iters if total is None else min(s.eval_iters, total))]
     finally:
         quiet.setLevel(level)
-    return out
 
 
-def resolve_settings(args: argparse.Namespace, env) -> tuple[LoaderConfig, TrainSettings]:  # noqa: F821
+def resolve_settings(args: argparse.Namespace, env) -> tuple[LoaderConfig, TrainSettings]:
     """Config file < environment < command line. ``use_loss_mask`` and POST_TRAINING are
     one switch: the loader returns masks exactly when the loss uses them."""
-    from sftdata.loader import LoaderConfig
-
     cfg = LoaderConfig.from_file(args.config, extra_keys=training_keys())
     s = settings_from_extra(dict(cfg.extra), args.config).validate(args.config)
     s = apply_env(replace(s, post_training=cfg.use_loss_mask), env)
@@ -145,8 +112,6 @@ def resolve_settings(args: argparse.Namespace, env) -> tuple[LoaderConfig, Train
 
 def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     """Build the loader, model and optimiser (or resume them), train, return the result."""
-    from sftdata.loader import make_loader
-
     cfg, s = resolve_settings(args, os.environ if env is None else env)
     dataset, out_dir = Path(args.dataset), Path(args.out_dir)
     if args.resume and args.init_from:
@@ -155,10 +120,11 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     init = load_checkpoint(Path(args.init_from)) if args.init_from else None
     audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
     loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
-    if hasattr(loader, "steps_total"):  # packed: one pass, so the LR schedule ends with the data
-        s = replace(s, max_iters=min(s.max_iters, loader.steps_total("train")))
+    total = loader.steps_total("train")  # None: endless; else one pass, and the LR schedule ends with the data
+    if total is not None:
+        s = replace(s, max_iters=min(s.max_iters, total))
 
-    vocab, eos_id = tokenizer_facts(dataset)
+    vocab = loader.vocab_size
     if ckpt or init:
         mcfg = GPTConfig(**(ckpt or init)["model_config"])
     else:
@@ -186,13 +152,8 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
             log(f"note: resuming with other settings than the checkpoint's ({', '.join(changed)}); the run "
                 f"will not match an uninterrupted one")
 
-    mode = getattr(loader, "mode", "")
-    mask_fn = attention_mask_fn()
-    eos = eos_id if eos_id is not None else getattr(loader, "pad_id", -1)
-
     def to_inputs(batch) -> StepInputs:
-        return step_inputs(batch, post_training=s.post_training, episodes=mode != "token_stream", eos_id=eos,
-                           mask_fn=mask_fn)
+        return step_inputs(batch, post_training=s.post_training, end_id=loader.end_id, mask_fn=block_causal_mask)
 
     ckpt_path = out_dir / "ckpt.pt"
 
@@ -202,13 +163,13 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
 
     say = (lambda *_: None) if args.quiet else log
     say(f"model: {model.num_params():,} parameters ({mcfg.n_layer} layers x {mcfg.n_embd}, vocab "
-        f"{mcfg.vocab_size:,}) | {mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
+        f"{mcfg.vocab_size:,}) | {loader.mode} | assistant-only loss {'on' if s.post_training else 'off'} | warmup "
         f"{int(round(s.warmup_pct * s.max_iters))} of {s.max_iters} steps"
         + (f" | resumed after step {start}" if ckpt else ""))
     val = [to_inputs(b) for b in val_batches(cfg, s, dataset, args.device, log=say)]
     res = train_loop(model, optimizer, loader, s, to_inputs, start_step=start, stop_at=args.stop_at,
                      checkpoint=checkpoint, log=say, val_inputs=val)
-    if hasattr(loader, "steps_total") and loader.step("train") >= loader.steps_total("train"):
+    if total is not None and loader.step("train") >= total:
         res.stopped_by = "loader_end"
     log(f"done: {len(res.steps)} steps ({res.stopped_by}), {res.trained_tokens:,} trained of {res.tokens:,} "
         f"tokens, {res.trained_tokens_per_s:,.0f} trained tok/s; checkpoint {ckpt_path}")

@@ -1,14 +1,14 @@
 """The pieces of scripts/train.py that do not touch the loader or the command line:
 settings, -100 targets, the LR schedule, checkpoints and the training loop. Plain
-PyTorch plus sftdata's error types and ``sftdata.loader.apply_ignore_index``; every
+PyTorch plus sftdata's error types, ``Batch`` and ``apply_ignore_index``; every
 function here is unit-tested with synthetic batches (tests/test_train.py).
 
-One step, whatever the dataset mode::
+One step, whatever the dataset (the same code for every one)::
 
-    batch = loader.get_batch("train")          (x, y) | (x, y, mask) | PackedBatch
-    targets = y, with -100 wherever the target is not trained (mask == 0, padding;
+    batch = loader.get_batch("train")          a Batch: x, y, mask, position_ids, seq_ids
+    targets = y, with -100 wherever the target is not trained (mask == 0; padding;
               in packed rows also every target across a segment boundary)
-    logits = model(x, position_ids, block-diagonal mask)    (packed rows only)
+    logits = model(x, position_ids, block-diagonal mask of seq_ids)   (None, None: causal)
     loss = mean cross-entropy over targets != -100
 """
 
@@ -26,7 +26,7 @@ import torch
 from gpt import GPT, GPTConfig, block_causal_mask
 
 from sftdata.errors import ConfigError
-from sftdata.loader import IGNORE_INDEX, apply_ignore_index
+from sftdata.loader import IGNORE_INDEX, Batch, apply_ignore_index
 
 CKPT_FORMAT = "sftdata-train-checkpoint"
 CKPT_VERSION = 1
@@ -167,24 +167,31 @@ class StepInputs:
     attn_mask: torch.Tensor | None = None
 
 
-def step_inputs(batch, *, post_training: bool, episodes: bool, eos_id: int, mask_fn=None) -> StepInputs:
-    """Turn whatever ``get_batch`` returned into model inputs and -100 targets.
+def step_inputs(batch: Batch, *, post_training: bool, end_id: int | None = None, mask_fn=None) -> StepInputs:
+    """Model inputs and -100 targets from a loader's ``Batch``, whatever the dataset.
 
-    A ``PackedBatch`` always has a mask: the assistant tokens with POST_TRAINING=1, else
-    every target inside a segment (the packed loader never trains a target across a
-    segment boundary or into padding)."""
-    if hasattr(batch, "seq_ids"):  # a PackedBatch
-        mask_fn = mask_fn or block_causal_mask
-        return StepInputs(batch.x, apply_ignore_index(batch.y, batch.mask), batch.position_ids,
-                          mask_fn(batch.seq_ids))
-    x, y, *rest = batch
-    if post_training:
-        if not rest:
-            raise ConfigError("POST_TRAINING=1 (assistant-only loss) needs a dataset with loss masks, "
-                              "but the loader returned none (no mask.bin). Prepare the dataset with "
-                              "`sftdata prepare-chat`, or train with POST_TRAINING=0")
-        return StepInputs(x, apply_ignore_index(y, rest[0]))
-    return StepInputs(x, episode_end_targets(x, y, eos_id) if episodes else y)
+    - A batch with a mask: -100 where it is 0. That is the assistant tokens with
+      POST_TRAINING=1; a packed row always has a mask (without POST_TRAINING every
+      target inside a segment: never one across a segment boundary or into padding).
+    - Without a mask: every target after ``end_id`` (``loader.end_id``: the EOS that
+      ends a padded episode) is -100; with ``end_id`` None (token windows) every
+      target is trained.
+    - ``seq_ids`` (packed rows) give the block-diagonal attention mask (``mask_fn``,
+      default gpt.py's) and ``position_ids`` restart in each segment; both are None
+      for other rows (plain causal attention).
+    """
+    if post_training and batch.mask is None:
+        raise ConfigError("POST_TRAINING=1 (assistant-only loss) needs a dataset with loss masks, "
+                          "but the loader returned none (no mask.bin). Prepare the dataset with "
+                          "`sftdata prepare-chat`, or train with POST_TRAINING=0")
+    if batch.mask is not None:
+        targets = apply_ignore_index(batch.y, batch.mask)
+    elif end_id is not None:
+        targets = episode_end_targets(batch.x, batch.y, end_id)
+    else:
+        targets = batch.y
+    attn = None if batch.seq_ids is None else (mask_fn or block_causal_mask)(batch.seq_ids)
+    return StepInputs(batch.x, targets, batch.position_ids, attn)
 
 
 # ----------------------------------------------------------------------- checkpoints

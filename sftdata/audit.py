@@ -1,4 +1,5 @@
-"""Audit log lines (seed 001's format) and checking a log against a replayed order.
+"""Audit log lines (a documented file format, docs/LOADER.md) and checking a log against a
+replayed order.
 
 One event per line, fields separated by `` | ``::
 
@@ -12,6 +13,9 @@ Booleans are ``true``/``false``; lists are written as a quoted JSON list. Files 
 ``<audit_dir>/audit_<UTC time>_p<pid>.log``, appended line by line (each line is
 written with one ``write`` on a file opened for appending, so concurrent writers in
 one folder never interleave within a line).
+
+The keys are part of the format and never change: a packed run writes its row ids and
+row counts under ``first_episode_ids`` / ``num_episodes`` / ``episodes_seen`` too.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ no such file exists there, relative to the current directory, as in older config
 chains are followed and cycles are an error. Keys of the child override the parent.
 
 XML: a ``<training>`` element (the root, or anywhere in the file) whose children are the
-fields below; every tag must be known. DOCTYPE and ENTITY declarations are refused, so
-no entity is ever expanded::
+fields below; every tag must be known. XML is parsed by ``defusedxml``: a DOCTYPE (and
+so any ENTITY) declaration is refused in every encoding, and no entity is ever
+expanded::
 
     <training>
       <dataset_mode>sft_episode</dataset_mode>
@@ -19,15 +20,20 @@ no entity is ever expanded::
       <epoch_seed>1337</epoch_seed>
       <pad_token_id>100257</pad_token_id>
     </training>
+
+Configs are read as hostile input: at most ``MAX_CONFIG_BYTES``, JSON nested at most
+``MAX_DEPTH`` levels, integers of at most ``MAX_INT_DIGITS`` digits, finite numbers only
+(no ``NaN`` / ``Infinity``). Every problem is a ``ConfigError`` naming the file.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
 import json
 import logging
-import re
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,9 @@ TOKEN_DTYPES = ("uint16", "uint32")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NONE = ("", "none", "null")
+MAX_CONFIG_BYTES = 16 << 20  # a config is a page of settings; this is far beyond any real one
+MAX_DEPTH = 64  # JSON nesting levels
+MAX_INT_DIGITS = 30
 log = logging.getLogger("sftdata.loader")
 
 
@@ -127,8 +136,7 @@ class LoaderConfig:
             raise ConfigError(f"config file {p} is a folder; give a .json or .xml config file")
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        head = p.read_bytes()[:512].lstrip()
-        if p.suffix.lower() == ".xml" or head.startswith(b"<"):
+        if p.suffix.lower() == ".xml" or _looks_like_xml(_read_config(p, 512)):
             return cls.from_dict(read_xml_training(p, extra_keys or {}, keep_other=other_tags == "keep"),
                                  source=str(p))
         return cls.from_dict(read_json_chain(p), source=str(p))
@@ -184,24 +192,115 @@ def _resolve_parent(child: Path, parent: str) -> Path:
                       f"{here.resolve()} (relative to the current folder) exists")
 
 
-def _read_json(p: Path) -> dict:
+def _read_config(p: Path, limit: int | None = None) -> bytes:
+    """The bytes of a config file (the first ``limit`` of them), refusing huge files."""
     try:
-        text = p.read_text(encoding="utf-8")
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {p} is {size:,} bytes; a config holds settings, at most "
+                              f"{MAX_CONFIG_BYTES:,} bytes: give the right file")
+        with open(p, "rb") as f:
+            return f.read(limit if limit is not None else MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {p} cannot be read: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
+
+
+def _looks_like_xml(head: bytes) -> bool:
+    for bom, codec in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                       (codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+                       (codecs.BOM_UTF16_BE, "utf-16")):
+        if head.startswith(bom):
+            head = codecs.getincrementaldecoder(codec)("replace").decode(head).encode("utf-8", "replace")
+            break
+    return head.lstrip().startswith(b"<")
+
+
+class _Refused(ValueError):
+    """A value the JSON reader refuses (raised from its number hooks)."""
+
+
+def _int(text: str) -> int:
+    digits = len(text.lstrip("+-"))
+    if digits > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {digits:,} digits (at most {MAX_INT_DIGITS} are accepted)")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        what = "is not a number" if math.isnan(value) else "is infinite or beyond the range of a float"
+        raise _Refused(f"{shown} {what}; give a finite number")
+    return value
+
+
+def _constant(name: str):
+    raise _Refused(f"{name} is not a number JSON allows; give a finite number")
+
+
+def _depth(value) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d + 1)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _read_json(p: Path) -> dict:
+    data = _read_config(p)
     try:
-        d = json.loads(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    try:
+        d = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
+    except _Refused as e:
+        raise ConfigError(f"{p}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: the JSON is nested deeper than {MAX_DEPTH} levels; a config is an object "
+                          f"of settings") from None
+    except ValueError as e:  # any other value the decoder cannot hold
+        raise ConfigError(f"{p}: invalid JSON ({e})") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a config must be a JSON object, got a {type(d).__name__}")
+    if _depth(d) > MAX_DEPTH:
+        raise ConfigError(f"{p}: the JSON is nested deeper than {MAX_DEPTH} levels; a config is an object "
+                          f"of settings")
     return d
 
 
 # ---------------------------------------------------------------------------- XML
-_DECL = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+def _parse_xml(p: Path, data: bytes):
+    """The root element, parsed by defusedxml: no DTD, so no entity, in any encoding."""
+    try:
+        from defusedxml import DefusedXmlException
+        from defusedxml.ElementTree import DefusedXMLParser, ParseError
+    except ImportError:
+        raise ConfigError(f"{p}: reading XML configs needs the defusedxml package (a dependency of sftdata): "
+                          f"pip install defusedxml") from None
+    parser = DefusedXMLParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    try:
+        parser.feed(data)
+        return parser.close()
+    except DefusedXmlException as e:
+        line = getattr(getattr(parser, "parser", None), "CurrentLineNumber", None)
+        at = f"line {line}: " if line else ""
+        kind = "<!DOCTYPE ...>" if type(e).__name__ == "DTDForbidden" else "<!ENTITY ...>"
+        raise ConfigError(f"{p}: {at}{kind} declarations are not allowed in config files (entities are never "
+                          f"expanded); remove it") from None
+    except ParseError as e:
+        raise ConfigError(f"{p}: invalid XML ({e})") from None
+    except (ValueError, LookupError) as e:  # e.g. an encoding expat does not know
+        raise ConfigError(f"{p}: the XML cannot be read ({e}); save it as UTF-8") from None
 
 
 def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None, keep_other: bool = False) -> dict:
@@ -209,18 +308,7 @@ def read_xml_training(p: Path, extra_keys: dict[str, type] | None = None, keep_o
     declarations (no entity expansion, no external references). Tags in ``extra_keys``
     (the training script's keys, name -> type) are accepted too; other tags are errors,
     or kept as text with ``keep_other``."""
-    import xml.etree.ElementTree as ET
-
-    data = p.read_bytes()
-    m = _DECL.search(data)
-    if m:
-        line = data[:m.start()].count(b"\n") + 1
-        raise ConfigError(f"{p}: line {line}: <!{m.group(1).decode().upper()} ...> declarations are not "
-                          f"allowed in config files (entities are never expanded); remove it")
-    try:
-        root = ET.fromstring(data)
-    except ET.ParseError as e:
-        raise ConfigError(f"{p}: invalid XML ({e})") from None
+    root = _parse_xml(p, _read_config(p))
     section = root if root.tag == "training" else root.find(".//training")
     if section is None:
         raise ConfigError(f"{p}: no <training> element; put the loader settings inside <training>...</training>")
@@ -253,20 +341,28 @@ def _xml_value(p: Path, tag: str, text: str, typ: str):
     low = text.lower()
     if optional and low in _NONE:
         return None
+    shown = text if len(text) <= 40 else text[:37] + "..."
     if typ.startswith("bool"):
         if low in _TRUE:
             return True
         if low in _FALSE:
             return False
-        raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not a boolean; use true or false")
+        raise ConfigError(f"{p}: <{tag}>{shown}</{tag}> is not a boolean; use true or false")
     if typ.startswith("int"):
+        if len(text) > MAX_INT_DIGITS + 1:
+            raise ConfigError(f"{p}: <{tag}> holds {len(text):,} characters; an integer here has at most "
+                              f"{MAX_INT_DIGITS} digits")
         try:
             return int(text, 10)
         except ValueError:
-            raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not an integer") from None
+            raise ConfigError(f"{p}: <{tag}>{shown}</{tag}> is not an integer") from None
     if typ.startswith("float"):
+        if len(text) > 400:  # no float needs more characters than this
+            raise ConfigError(f"{p}: <{tag}> holds {len(text):,} characters, not a number")
         try:
-            return float(text)
+            return _float(text)
+        except _Refused as e:
+            raise ConfigError(f"{p}: <{tag}>: {e}") from None
         except ValueError:
-            raise ConfigError(f"{p}: <{tag}>{text}</{tag}> is not a number") from None
+            raise ConfigError(f"{p}: <{tag}>{shown}</{tag}> is not a number") from None
     return text

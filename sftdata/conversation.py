@@ -7,7 +7,8 @@ reason code. Reading files is ``sources.py``'s job.
 Chat record formats, detected per record:
 
 * OpenAI / TRL: ``{"messages": [{"role": ..., "content": ...}, ...]}``; content is a
-  string or a list of ``{"type": "text", "text": ...}`` parts.
+  string or a list of text parts (``{"type": "text", "text": ...}``, or ``"value"`` for
+  ``"text"``), joined in order.
 * ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
   human/user, gpt/assistant/chatgpt/bing/bard/model, system.
 * Either may carry a top-level ``"system"`` string.
@@ -18,7 +19,8 @@ What happens to messy records (each counted by reason, see docs/FORMAT.md):
 rejected                   invalid_json, invalid_utf8, not_an_object, no_messages,
                            unknown_role, non_text_content, misplaced_system,
                            empty_conversation, no_assistant_turn,
-                           no_trainable_turn, tool_conversation (chat mode)
+                           empty_assistant_turn, no_trainable_turn,
+                           tool_conversation (chat mode)
 repaired                   dropped_empty_turn (blank message removed),
                            merged_same_role (consecutive user or assistant turns
                            joined with a blank line), dropped_trailing_turns (turns
@@ -47,6 +49,7 @@ SYSTEM_ALIASES = {"system": "system", "developer": "system"}
 TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython", "tool_call",
               "function_response"}
 CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
+MAX_JSON_DEPTH = 1024  # orjson's nesting limit
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,24 @@ class Conversation:
     repairs: tuple[str, ...] = field(default=())
 
 
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words with an article: ``an object``,
+    ``a list``, ``a string``, ``a number``, ``a boolean``, ``null``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
 def decode_json(raw: bytes | str, where: str) -> Any:
     """Decode one JSON document, telling invalid UTF-8 from invalid JSON. Integers beyond
     64 bits stay exact (``exact_json``), so a tool call is never trained on a changed number."""
@@ -90,36 +111,54 @@ def decode_json(raw: bytes | str, where: str) -> Any:
             except UnicodeDecodeError as u:
                 raise RecordError("invalid_utf8", f"invalid UTF-8 at byte {u.start} of the record; "
                                   f"re-encode the file as UTF-8", where) from None
+        if "depth limit" in str(e):  # valid JSON, but deeper than the parser reads
+            raise RecordError("invalid_json", f"the record is nested deeper than {MAX_JSON_DEPTH} levels, which "
+                              f"sftdata does not read; flatten the record", where) from None
         raise RecordError("invalid_json", f"not valid JSON ({e}); each line must hold one JSON "
                           f"object", where) from None
 
 
+def _part_text(part: Any) -> str | None:
+    """The text of one content part: a string, or a text part spelled ``{"type": "text",
+    "text": ...}`` (OpenAI) or ``{"type": "text", "value": ...}``; None for anything else."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and part.get("type", "text") == "text":
+        for key in ("text", "value"):
+            if isinstance(part.get(key), str):
+                return part[key]
+    return None
+
+
 def _text_of(content: Any, where: str, index: int) -> str:
-    """Message content as text: a string, or a list of text parts."""
+    """Message content as text: a string, or a list of text parts joined in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RecordError("non_text_content", f"message {index} has a content part of type "
-                                  f"{kind!r}; only text is supported (drop or convert such parts)", where)
+        for k, part in enumerate(content):
+            text = _part_text(part)
+            if text is not None:
+                parts.append(text)
+                continue
+            if isinstance(part, dict) and part.get("type", "text") == "text":
+                keys = ", ".join(sorted(map(str, part))) or "none"
+                raise RecordError("non_text_content", f"message {index} content part {k} is a text part without "
+                                  f"a 'text' string (keys: {keys}); give its text as \"text\"", where)
+            what = f"of type {part.get('type')!r}" if isinstance(part, dict) else json_kind(part)
+            raise RecordError("non_text_content", f"message {index} content part {k} is {what}; only "
+                              f"text parts are supported (drop or convert such parts)", where)
         return "".join(parts)
-    raise RecordError("non_text_content", f"message {index} content is a {type(content).__name__}; "
+    raise RecordError("non_text_content", f"message {index} content is {json_kind(content)}; "
                       f"expected a string or a list of text parts", where)
 
 
 def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
     """The message list of a record and its format name (``openai`` or ``sharegpt``)."""
     if not isinstance(obj, dict):
-        raise RecordError("not_an_object", f"the record is a JSON {type(obj).__name__}, not an object "
+        raise RecordError("not_an_object", f"the record is {json_kind(obj)}, not an object "
                           f"with 'messages' or 'conversations'", where)
     if "messages" in obj:
         msgs, fmt = obj["messages"], "openai"
@@ -129,18 +168,27 @@ def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
         keys = ", ".join(sorted(obj)[:6]) or "none"
         raise RecordError("no_messages", f"no 'messages' or 'conversations' list (keys: {keys})", where)
     if not isinstance(msgs, list):
-        raise RecordError("no_messages", f"'{'messages' if fmt == 'openai' else 'conversations'}' is a "
-                          f"{type(msgs).__name__}, not a list of messages", where)
+        raise RecordError("no_messages", f"'{'messages' if fmt == 'openai' else 'conversations'}' is "
+                          f"{json_kind(msgs)}, not a list of messages", where)
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
-            raise RecordError("not_an_object", f"message {i} is a JSON {type(m).__name__}, not an object", where)
+            raise RecordError("not_an_object", f"message {i} is {json_kind(m)}, not an object", where)
     return msgs, fmt
 
 
 def message_role(m: dict, fmt: str) -> str:
+    """The lower-cased role name; ``repr`` of a role that is not a string, and
+    ``"no 'role' key"`` (or ``'from'``) when there is none, for messages."""
     key = "role" if fmt == "openai" else "from"
+    if key not in m and "role" not in m:
+        return f"no {key!r} key"
     role = m.get(key, m.get("role") if fmt == "sharegpt" else None)
     return role.lower() if isinstance(role, str) else repr(role)
+
+
+def unknown_role(role_name: str, where: str, index: int, known: str) -> RecordError:
+    said = role_name if role_name.startswith("no '") else f"role {role_name}"
+    return RecordError("unknown_role", f"message {index} has {said}; known roles: {known}", where)
 
 
 def is_tool_record(obj: Any) -> bool:
@@ -166,10 +214,15 @@ def is_tool_record(obj: Any) -> bool:
     return False
 
 
-def normalise_turns(turns: list[Turn], where: str, repairs: list[str]) -> tuple[Turn, ...]:
+def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
+                    given: set[str] | None = None) -> tuple[Turn, ...]:
     """Shared clean-up of chat and tool turns: system first, no empties, merged runs,
-    no dead tail, at least one trainable assistant turn. Appends repair codes."""
-    if not turns:
+    no dead tail, at least one trainable assistant turn. Appends repair codes.
+
+    ``given``: the roles the record held before any empty message was dropped (the
+    rejection then says what was there); by default the roles of ``turns``."""
+    given = {t.role for t in turns} if given is None else given
+    if not turns and not given:
         raise RecordError("empty_conversation", "the record has no messages", where)
     system = [t for t in turns if t.role == "system"]
     body = [t for t in turns if t.role != "system"]
@@ -195,17 +248,25 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str]) -> tuple[
             continue
         kept.append(t)
     if not kept:
-        raise RecordError("empty_conversation", "every message is empty", where)
+        if not given - {"system"}:
+            raise RecordError("no_assistant_turn", "the record holds only a system message (no user or "
+                              "assistant message), so nothing would be trained", where)
+        names = " and ".join(r for r in ("user", "assistant") if r in given)
+        tail = "" if "assistant" in given else ", and there is no assistant message"
+        raise RecordError("empty_conversation", f"every {names} message is empty{tail}", where)
     last_asst = max((i for i, t in enumerate(kept) if t.role == "assistant"), default=-1)
     if last_asst < 0:
+        if "assistant" in given:
+            raise RecordError("empty_assistant_turn", "every assistant message is empty (null or blank content), "
+                              "so nothing would be trained", where)
         raise RecordError("no_assistant_turn", "no assistant message, so nothing would be trained", where)
     if last_asst < len(kept) - 1:
         repairs.append("dropped_trailing_turns")
         kept = kept[: last_asst + 1]
     first_ctx = next((i for i, t in enumerate(kept) if t.role in ("user", "tool")), None)
     if first_ctx is None or first_ctx > last_asst:
-        raise RecordError("no_trainable_turn", "every assistant message comes before any user message, "
-                          "so none has a context to learn from", where)
+        raise RecordError("no_trainable_turn", "no assistant message comes after a user message (or a tool "
+                          "result), so none has a context to learn from and nothing would be trained", where)
     if kept[0].role == "assistant":
         repairs.append("leading_assistant_untrained")
     return tuple(out + kept)
@@ -219,7 +280,7 @@ def parse_chat(obj: Any, where: str) -> Conversation:
     top_system = obj.get("system")
     if top_system is not None:
         if not isinstance(top_system, str):
-            raise RecordError("non_text_content", f"top-level 'system' is a {type(top_system).__name__}, "
+            raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
                               f"not a string", where)
         turns.append(Turn("system", top_system))
     text_key = "content" if fmt == "openai" else "value"
@@ -230,8 +291,8 @@ def parse_chat(obj: Any, where: str) -> Conversation:
             if role_name in TOOL_ROLES:
                 raise RecordError("tool_conversation", f"message {i} has role {role_name!r}: this is a "
                                   f"tool-calling record; prepare it with `sftdata prepare-tool`", where)
-            known = "user/human, assistant/gpt/chatgpt/bing/bard/model, system/developer"
-            raise RecordError("unknown_role", f"message {i} has role {role_name}; known roles: {known}", where)
+            raise unknown_role(role_name, where, i, "user/human, assistant/gpt/chatgpt/bing/bard/model, "
+                                                    "system/developer")
         turns.append(Turn(role, _text_of(m.get(text_key, m.get("content")), where, i)))
     return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs))
 

@@ -56,3 +56,19 @@ class OutputExistsError(SftDataError):
 
 class ConfigError(SftDataError):
     """A loader/training config file or value is invalid."""
+
+
+class TemplateError(SftDataError):
+    """A chat template cannot be used: it does not compile, raises on a probe
+    conversation, or renders assistant output that no mask rule can locate or stop."""
+
+
+class AllRecordsRejectedError(NoUsableRecordsError):
+    """Every record was rejected. ``rejects_path`` is where the reason for each record was
+    written (a file beside the output folder, which is not created); ``rejected`` counts
+    the records per reason."""
+
+    def __init__(self, message: str, rejects_path: str | None = None, rejected: dict | None = None):
+        super().__init__(message)
+        self.rejects_path = rejects_path
+        self.rejected = dict(rejected or {})

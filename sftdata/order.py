@@ -3,7 +3,9 @@
 Pure and I/O-free. The loader and ``sftdata replay-order`` both call ``BatchOrder``;
 nothing else decides the order. It is generic over *items* (episodes of an episode
 dataset, rows of a packed dataset, windows of a token stream): it takes their ids and
-lengths and never looks at tokens.
+lengths and never looks at tokens. ``episode_order`` and ``row_order`` build the order
+of a split from the loader's settings: the one constructor call the loader and
+``replay-order`` share.
 
 Epoch mode (``sampling="epoch"``)
 ---------------------------------
@@ -29,6 +31,12 @@ ranks together see exactly the single-process batch.
 
   The epoch *of a step* is the epoch of its first item.
 
+One pass (``one_pass=True``, packed rows)
+-----------------------------------------
+Only epoch 0 is trained: ``steps_total`` is ``batches_in_epoch(0)``, a step past it is
+an error, and with ``drop_last=False`` the slots of the last batch beyond the epoch
+hold ``-1`` (a padding row) instead of the first items of epoch 1.
+
 Random mode (``sampling="random"``)
 -----------------------------------
 Uniform with replacement: step ``N`` draws ``G`` indices with
@@ -39,6 +47,7 @@ own, so a run is reproducible, resumable and replayable without replaying earlie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -68,6 +77,17 @@ def random_draws(seed: int, step: int, n: int, count: int) -> np.ndarray:
     return np.random.default_rng([int(seed), int(step)]).integers(0, n, size=count, dtype=np.int64)
 
 
+class OrderSettings(Protocol):
+    """The settings an order is built from (``sftdata.config.LoaderConfig`` has them)."""
+
+    batch_size: int
+    epoch_seed: int
+    epoch_shuffle: bool
+    epoch_drop_last: bool
+    batch_sampling_mode: str | None
+    episode_min_tokens: int
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """An epoch boundary reached by a global batch: ``kind`` is "epoch_start" or
@@ -82,24 +102,36 @@ class BatchOrder:
     """The order of one split. Memoises the last two epoch orders (a batch spans at most
     the end of one and the start of the next when the batch is smaller than the epoch).
 
+    ``ids`` are the eligible item ids, or a count ``n`` for the ids ``0 .. n-1`` (never
+    materialised in random mode, so a token stream of billions of windows costs nothing).
+
     >>> o = BatchOrder(np.arange(5), batch_size=2, seed=0, drop_last=False)
     >>> o.step_ids(2).tolist() == [o.epoch_order(0)[4], o.epoch_order(1)[0]]
     True
     """
 
-    def __init__(self, ids: np.ndarray, *, batch_size: int, world_size: int = 1, seed: int = 1337,
-                 shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", what: str = "split"):
-        self.ids = np.asarray(ids, dtype=np.int64)
+    def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = 1337,
+                 shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", one_pass: bool = False,
+                 what: str = "split", items: str = "items"):
+        if isinstance(ids, (int, np.integer)):
+            self._ids, self._n = None, int(ids)
+        else:
+            self._ids = np.asarray(ids, dtype=np.int64)
+            self._n = int(self._ids.shape[0])
         self.batch_size = int(batch_size)
         self.world_size = int(world_size)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.sampling = sampling
+        self.one_pass = bool(one_pass)
         self.what = what
+        self.items = items
         if sampling not in SAMPLING_MODES:
             raise ConfigError(f"batch_sampling_mode {sampling!r} is not valid; choose one of: "
                               f"{', '.join(SAMPLING_MODES)}")
+        if self.one_pass and sampling != "epoch":
+            raise ConfigError(f"{what}: a one-pass order needs batch_sampling_mode=epoch, not {sampling!r}")
         if self.batch_size < 1 or self.world_size < 1:
             raise ConfigError(f"batch_size ({batch_size}) and world_size ({world_size}) must be >= 1")
         if not 0 <= self.seed <= MAX_SEED:
@@ -119,11 +151,21 @@ class BatchOrder:
     # -- sizes ------------------------------------------------------------------------
     @property
     def n(self) -> int:
-        return int(self.ids.shape[0])
+        return self._n
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The eligible item ids, ascending (int64)."""
+        return np.arange(self._n, dtype=np.int64) if self._ids is None else self._ids
 
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
+
+    @property
+    def steps_total(self) -> int | None:
+        """Global batches of a one-pass order; None for an endless one."""
+        return self.batches_in_epoch(0) if self.one_pass else None
 
     def _check_epoch_mode(self, what: str) -> None:
         if self.sampling != "epoch":
@@ -159,7 +201,11 @@ class BatchOrder:
             raise UsageError(f"epoch must be >= 0, got {epoch}")
         got = self._cache.get(epoch)
         if got is None:
-            got = self.ids[epoch_permutation(self.n, self.seed, epoch)] if self.shuffle else self.ids
+            if self.shuffle:
+                perm = epoch_permutation(self.n, self.seed, epoch)
+                got = perm if self._ids is None else self._ids[perm]
+            else:
+                got = self.ids
             got = got.view()
             got.flags.writeable = False
             if len(self._cache) >= 2:
@@ -167,7 +213,8 @@ class BatchOrder:
             self._cache[epoch] = got
         return got
 
-    def _slots(self, rank: int | None) -> np.ndarray:
+    def slots(self, rank: int | None) -> np.ndarray:
+        """Slots of the global batch that ``rank`` trains (None = all, in rank order)."""
         if rank is None:
             return np.arange(self.global_batch, dtype=np.int64)
         if not 0 <= rank < self.world_size:
@@ -178,9 +225,9 @@ class BatchOrder:
         """(epoch, position within that epoch's order) of every slot of ``step`` for
         ``rank`` (None = the whole global batch, all ranks in rank order)."""
         self._check_epoch_mode("step_positions")
-        _check_step(step)
+        self._check_pass(step)
         g, n = self.global_batch, self.n
-        slots = self._slots(rank)
+        slots = self.slots(rank)
         if self.drop_last:
             per = n // g
             epoch = np.full(slots.shape, step // per, dtype=np.int64)
@@ -189,16 +236,17 @@ class BatchOrder:
         return p // n, p % n
 
     def step_ids(self, step: int, rank: int | None = None) -> np.ndarray:
-        """The item ids of global batch ``step`` for ``rank`` (None = all ranks)."""
+        """The item ids of global batch ``step`` for ``rank`` (None = all ranks); in a
+        one-pass order, -1 for a slot past the end of the pass."""
         if self.sampling == "random":
             _check_step(step)
-            draws = random_draws(self.seed, step, self.n, self.global_batch)
-            return self.ids[draws[self._slots(rank)]]
+            draws = random_draws(self.seed, step, self.n, self.global_batch)[self.slots(rank)]
+            return draws if self._ids is None else self._ids[draws]
         epochs, pos = self.step_positions(step, rank)
         out = np.empty(pos.shape, dtype=np.int64)
         for e in np.unique(epochs):
             sel = epochs == e
-            out[sel] = self.epoch_order(int(e))[pos[sel]]
+            out[sel] = -1 if self.one_pass and e > 0 else self.epoch_order(int(e))[pos[sel]]
         return out
 
     def step_events(self, step: int) -> list[StepEvent]:
@@ -207,7 +255,7 @@ class BatchOrder:
         the batch holding its last trained item."""
         if self.sampling != "epoch":
             return []
-        _check_step(step)
+        self._check_pass(step)
         g, n = self.global_batch, self.n
         events: list[StepEvent] = []
         if self.drop_last:
@@ -225,7 +273,34 @@ class BatchOrder:
                 events.append(StepEvent("epoch_start", e))
             if lo < end <= hi:
                 events.append(StepEvent("epoch_complete", e, n))
-        return events
+        return [ev for ev in events if ev.epoch == 0] if self.one_pass else events
+
+    def _check_pass(self, step: int) -> None:
+        _check_step(step)
+        total = self.steps_total
+        if total is not None and step >= total:
+            raise UsageError(f"step {step} is outside the one pass over the {self.items} (steps 0..{total - 1})")
+
+
+def episode_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int = 1, what: str = "split") -> BatchOrder:
+    """The order of an episode split: episodes of at least ``episode_min_tokens`` tokens,
+    ``batch_sampling_mode`` (default epoch), endless epochs."""
+    return BatchOrder(eligible_ids(lengths, cfg.episode_min_tokens), batch_size=cfg.batch_size,
+                      world_size=world_size, seed=cfg.epoch_seed, shuffle=cfg.epoch_shuffle,
+                      drop_last=cfg.epoch_drop_last, sampling=cfg.batch_sampling_mode or "epoch", what=what,
+                      items="episodes")
+
+
+def row_order(cfg: OrderSettings, num_rows: int, world_size: int = 1, what: str = "split") -> BatchOrder:
+    """The order of a packed split: every row, seeded epoch order, one pass (training
+    ends when the loader ends)."""
+    sampling = cfg.batch_sampling_mode or "epoch"
+    if sampling != "epoch":
+        raise ConfigError(f"a packed dataset is read once in epoch order (training ends when the loader ends); "
+                          f"batch_sampling_mode={sampling!r} is not supported, leave it null or set it to epoch")
+    return BatchOrder(int(num_rows), batch_size=cfg.batch_size, world_size=world_size, seed=cfg.epoch_seed,
+                      shuffle=cfg.epoch_shuffle, drop_last=cfg.epoch_drop_last, one_pass=True, what=what,
+                      items="rows")
 
 
 def _check_step(step: int) -> None:

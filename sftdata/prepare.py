@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 from collections import Counter, deque
@@ -29,8 +30,9 @@ import orjson
 
 from . import __version__
 from .conversation import parse_record
-from .errors import NoUsableRecordsError, RecordError, SftDataError, UsageError
+from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from .order import DEFAULT_SEED
+from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
 from .sources import RawRecord, SourceInfo, inspect_source, iter_all
 from .store import (
@@ -287,9 +289,27 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         i = j
 
 
+def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir) -> SftDataError:
+    if records == 0:
+        names = ", ".join(str(p) for p in inputs)
+        return NoUsableRecordsError(f"no records in {names} (an empty file, only blank lines, or []); nothing "
+                                    f"to write. Give JSONL (one conversation per line) or a JSON array of "
+                                    f"conversations")
+    kept = keep_rejects(rejects, output_dir)
+    top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5))
+    hint = (". The records hold tool calls or results: prepare them with `sftdata prepare-tool`"
+            if rejected.get("tool_conversation", 0) * 2 > records else "")
+    return AllRecordsRejectedError(f"every record was rejected ({records:,} read; {top}); nothing was written to "
+                                   f"{output_dir}. The reason for each record is in {kept}{hint}",
+                                   str(kept), dict(rejected))
+
+
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
             progress: Callable[[Progress], None] | None = None) -> PrepareSummary:
-    """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s."""
+    """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s.
+
+    When every record is rejected, nothing is created at ``output_dir`` and the reasons go
+    to a file beside it that the error names (``AllRecordsRejectedError.rejects_path``)."""
     opts.validate()
     if not inputs:
         raise UsageError("no input files given")
@@ -304,59 +324,55 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
         staging = w.split("_staging", dtype, shard_tokens=1 << 62)
         records = tokens = 0
-        with open(w.path / REJECTS_FILE, "wb") as rej:
+        rejects = w.path / REJECTS_FILE
+        with open(rejects, "wb") as rej:
             for res, pos in _results(_chunks(iter_all(infos)), opts, tok):
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
                                       "drop --strict to skip and count bad records)", where, record)
+                lines = []
                 for record, where, reason, message in res.rejects:
                     rejected[reason] += 1
                     src = where.rsplit(":", 1)[0]
-                    rej.write(orjson.dumps({"record": record, "source": src, "where": where,
-                                            "reason": reason, "message": message}) + b"\n")
+                    lines.append(orjson.dumps(dict(zip(REJECT_KEYS, (record, src, where, reason, message)))))
                 repaired.update(res.repairs)
                 summary.records_truncated += res.truncated
                 summary.pairs_dropped += res.pairs_dropped
+                if lines:
+                    with writing(rejects, output_dir):
+                        rej.write(b"\n".join(lines) + b"\n")
                 if res.lengths.size:
-                    staging.add_many(res.ids, res.mask, res.lengths, res.sources)
+                    with writing(w.path / "_staging", output_dir):
+                        staging.add_many(res.ids, res.mask, res.lengths, res.sources)
                 records += res.records
                 tokens += int(res.ids.shape[0])
                 if progress:
                     progress(Progress(pos, total_bytes, records, tokens))
+            with writing(rejects, output_dir):
+                rej.flush()
         summary.records_read = records
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
-        staged = staging.close()
+        with writing(w.path / "_staging", output_dir):
+            staged = staging.close()
         n = staged["episodes"]
-        if records == 0:
-            names = ", ".join(str(p) for p in inputs)
-            raise NoUsableRecordsError(f"no records in {names} (an empty file, only blank lines, or []); nothing "
-                                       f"to write. Give JSONL (one conversation per line) or a JSON array of "
-                                       f"conversations")
         if n == 0:
-            top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5)) or "the input holds no records"
-            hint = ("the records hold tool calls or results: prepare them with `sftdata prepare-tool`"
-                    if rejected.get("tool_conversation", 0) * 2 > records else
-                    f"the reasons per record are listed in {REJECTS_FILE} only when at least one record is "
-                    f"kept; run with --strict to stop at the first bad record and see it")
-            raise NoUsableRecordsError(f"every record was rejected ({records} read; {top}); nothing to "
-                                       f"write. {hint[0].upper()}{hint[1:]}")
+            raise _all_rejected(inputs, records, rejected, rejects, output_dir)
         is_val = split_assignment(n, opts.val_split, opts.seed)
         if n - int(is_val.sum()) == 0:
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
                              f"lower --val-split")
-        src = Shard(w.path / "_staging" / "shard_00000", dtype)
-        writers = {False: w.split("train", dtype, opts.shard_tokens),
-                   True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
-        _split_staging(src, is_val, writers)
-        splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
-                       if wr is not None}
-        del src
-        import shutil
-
-        shutil.rmtree(w.path / "_staging")
-        w.write_json(TOKENIZER_FILE, tok.state())
+        with writing(w.path, output_dir):
+            src = Shard(w.path / "_staging" / "shard_00000", dtype)
+            writers = {False: w.split("train", dtype, opts.shard_tokens),
+                       True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
+            _split_staging(src, is_val, writers)
+            splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
+                           if wr is not None}
+            del src
+            shutil.rmtree(w.path / "_staging")
+            w.write_json(TOKENIZER_FILE, tok.state())
         for split, m in splits_meta.items():
             summary.episodes[split] = m["episodes"]
             summary.tokens[split] = m["tokens"]
@@ -374,7 +390,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                        "repaired": summary.repaired, "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
-        w.commit(metadata)
+        with writing(w.path, output_dir):
+            w.commit(metadata)
     summary.seconds = time.perf_counter() - t0
     return summary
 

@@ -1,7 +1,8 @@
 """What ``sftdata replay-order`` computes: the episodes of an epoch or of a training step.
 
-The order comes from :class:`sftdata.order.BatchOrder`, the function the loader calls,
-built from the same config fields, so a replay is what the loader did. Vectorised: an
+The order comes from ``sftdata.order.episode_order`` / ``row_order``, the calls the
+loader makes with the same config fields, so a replay is what the loader did. On a
+packed dataset it lists the segments of each row (one pass, epoch 0). Vectorised: an
 epoch of 10 million episodes takes about a second.
 """
 
@@ -14,12 +15,16 @@ import numpy as np
 
 from .audit import AuditCheck, check_audit
 from .config import LoaderConfig
-from .episode_loader import episode_order
 from .errors import DatasetError, UsageError
-from .store import Split, has_episode_index, open_dataset
+from .order import BatchOrder, episode_order, row_order
+from .store import Dataset, Split, has_episode_index, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
+PACKED_STEP_COLUMNS = ("step", "rank", "slot", "row", "segment", "episode", "episode_start", "length", "prefix",
+                       "record")
+PACKED_EPOCH_COLUMNS = ("position", "step", "rank", "slot", "row", "segment", "episode", "episode_start", "length",
+                        "prefix", "record")
 
 
 @dataclass
@@ -75,12 +80,20 @@ class Replay:
         return {**meta, "rows": self.rows()}
 
 
-def _open(dataset_dir, cfg: LoaderConfig, split: str) -> Split:
+def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
     root = Path(dataset_dir)
     if root.is_dir() and not has_episode_index(root, "train"):
         raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
                            f"a token-stream dataset has no episode order to replay")
-    return open_dataset(root, token_dtype=cfg.token_dtype).split(split)
+    return open_dataset(root, token_dtype=cfg.token_dtype)
+
+
+def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> BatchOrder:
+    """The order the loader follows on ``split`` of ``ds``: episodes, or packed rows."""
+    sp, what = ds.split(split), f"split {split!r} of {ds.root}"
+    if ds.kind == "packed":
+        return row_order(cfg, sp.num_episodes, world_size, what=what)
+    return episode_order(cfg, sp.lengths, world_size, what=what)
 
 
 def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "train", epoch: int | None = None,
@@ -95,14 +108,11 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         raise UsageError(f"--world-size must be >= 1, got {world_size}")
     if rank is not None and not 0 <= rank < world_size:
         raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
-    sp = _open(dataset_dir, cfg, split)
-    ds = open_dataset(dataset_dir, token_dtype=cfg.token_dtype)
-    if ds.kind == "packed":  # rows of packed episodes: one line per segment (the pack issue)
-        from .packed_loader import packed_replay
-
-        return packed_replay(ds, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
-                             head=head)
-    o = episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}")
+    ds = _open(dataset_dir, cfg)
+    sp = ds.split(split)
+    o = split_order(ds, cfg, split, world_size)
+    if ds.kind == "packed":
+        return _packed_replay(ds, cfg, o, split=split, epoch=epoch, step=step, rank=rank, head=head)
     if o.sampling == "random" and step is None:
         raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")
     if o.sampling == "random" and epoch is not None:
@@ -113,7 +123,7 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         if step < 0:
             raise UsageError(f"--step must be >= 0 (0 = the first batch of training), got {step}")
         ids = o.step_ids(step, rank)
-        slots = o._slots(rank)
+        slots = o.slots(rank)
         if o.sampling == "epoch":
             ep, pos = o.step_positions(step, rank)
             if epoch is not None and epoch not in set(ep.tolist()):
@@ -168,11 +178,46 @@ def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
     return out
 
 
+def _packed_replay(ds: Dataset, cfg: LoaderConfig, o: BatchOrder, *, split: str, epoch: int | None,
+                   step: int | None, rank: int | None, head: int | None) -> Replay:
+    """One line per segment of every row of global batch ``step`` (or of the whole
+    pass), with the source episode and input record."""
+    if epoch not in (None, 0):
+        raise UsageError(f"a packed dataset is read in one pass (epoch 0); there is no epoch {epoch}")
+    sp = ds.split(split)
+    g, bs = o.global_batch, o.batch_size
+    if step is not None:
+        rows = o.step_ids(step, rank)  # -1: a padding row completing the last batch
+        slot = o.slots(rank)
+        position = np.where(rows >= 0, step * g + slot, -1)
+        stp = np.full(rows.shape, step, dtype=np.int64)
+    else:
+        rows = np.asarray(o.epoch_order(0), dtype=np.int64)
+        position = np.arange(rows.size, dtype=np.int64)
+        trained = position < o.steps_total * g
+        stp = np.where(trained, position // g, -1)
+        slot = np.where(trained, position % g, -1)
+    all_segments = split_segments(sp)
+    seg = all_segments.of_rows(rows)  # in the order of rows; none for a padding row
+    per_row = np.searchsorted(all_segments.row, rows, "right") - np.searchsorted(all_segments.row, rows, "left")
+    where = np.repeat(np.arange(rows.size), per_row)  # the index in rows of each segment
+    first = np.searchsorted(where, where, side="left")
+    cols = {"step": stp[where], "rank": np.where(slot[where] >= 0, slot[where] // bs, -1),
+            "slot": np.where(slot[where] >= 0, slot[where] % bs, -1), "position": position[where],
+            "row": rows[where], "segment": np.arange(where.size) - first, "episode": seg.episode,
+            "episode_start": seg.episode_start, "length": seg.length, "prefix": seg.prefix, "record": seg.source}
+    total = where.size
+    k = total if head is None else min(int(head), total)
+    names = PACKED_STEP_COLUMNS if step is not None else PACKED_EPOCH_COLUMNS
+    cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
+    return Replay(str(ds.root), split, "epoch", o.seed, o.shuffle, o.drop_last, bs, o.world_size,
+                  cfg.episode_min_tokens, sp.num_episodes, o.n, 0, step, rank, total, cols, [])
+
+
 def check_audit_log(dataset_dir: str | Path, cfg: LoaderConfig, log_path: str | Path, *, split: str = "train",
                     world_size: int = 1) -> AuditCheck:
     """Compare an audit log's ``epoch_start`` lines with the replayed order."""
-    sp = _open(dataset_dir, cfg, split)
-    return check_audit(log_path, episode_order(sp, cfg, world_size, what=f"split {split!r} of {dataset_dir}"), split)
+    return check_audit(log_path, split_order(_open(dataset_dir, cfg), cfg, split, world_size), split)
 
 
 def csv_bytes(columns: list) -> bytes:

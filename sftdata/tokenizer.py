@@ -4,6 +4,17 @@ Markers are appended after the base encoding's highest id, in the order of
 ``MARKERS``. ``<|EOS|>`` is the base encoding's end-of-text token when it has one
 (``<|endoftext|>`` = 100257 in cl100k_base), else one more id after the markers.
 
+A marker id is never an id the base encoding or its model uses. A bare ranks file does
+not say which ids its model keeps for itself (Llama 3's ``tokenizer.model`` holds ranks
+0..127999, and the model's own special tokens are 128000..128255), so the files a model
+ships beside it are read for them (``declared_ids``): ``tokenizer_config.json``
+(``added_tokens_decoder``), ``tokenizer.json`` (``added_tokens``) and Meta's
+``params.json`` (``vocab_size``), in the ranks file's folder or the one above it, and a
+well-known ranks file (Llama 3's) is recognised by its sha256 alone. When
+such ids sit where the markers would go, the markers move past them; a layout whose
+markers still meet a used id (an older dataset's recorded state) is refused, naming
+the ids.
+
     >>> tok = load_tokenizer()                     # bundled cl100k_base, no network
     >>> tok.special_tokens["<|ASSISTANT|>"], tok.eos_id, tok.vocab_size
     (100279, 100257, 100283)
@@ -22,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TokenizerError
+from .model_special_ids import declared_ids, known_ids
 
 MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
 EOS = "<|EOS|>"
@@ -90,11 +102,51 @@ def ranks_sha256(mergeable_ranks: dict[bytes, int]) -> str:
     return h.hexdigest()
 
 
+def id_ranges(ids) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    ids = sorted(set(int(i) for i in ids))
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def marker_start(base_max: int, count: int, declared) -> int:
+    """The first id of ``count`` consecutive marker ids: right after ``base_max``, moved
+    past any run of ``declared`` ids (ids the model uses) they would land on.
+
+    >>> marker_start(127999, 7, range(128000, 128256))
+    128256
+    """
+    start = base_max + 1
+    for i in sorted(d for d in declared if d > base_max):
+        if i >= start + count:
+            break
+        start = max(start, i + 1)
+    return start
+
+
+def marker_collisions(special_tokens: dict[str, int], is_used, allowed=()) -> list[int]:
+    """Ids of ``special_tokens`` that ``is_used(id)`` says the base encoding or its model
+    uses, except those in ``allowed`` (the base's own end-of-text token, which is
+    ``<|EOS|>`` by design)."""
+    return sorted(i for i in special_tokens.values() if i not in allowed and is_used(i))
+
+
 class ChatTokenizer:
-    """A tiktoken encoding with the chat markers. Build it with ``load_tokenizer``."""
+    """A tiktoken encoding with the chat markers. Build it with ``load_tokenizer``.
+
+    ``declared``: ids the model uses beyond the ranks and base special tokens, with their
+    names where known (from ``declared_ids``); ``declared_source`` the file saying so."""
 
     def __init__(self, *, name: str, source: str, path: str | None, pat_str: str,
-                 mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int]):
+                 mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int],
+                 declared: dict[int, str | None] | None = None, declared_source: str | None = None):
         import tiktoken
 
         self.name = name
@@ -103,12 +155,25 @@ class ChatTokenizer:
         self.pat_str = pat_str
         self.base_special_tokens = dict(base_special_tokens)
         self.ranks_sha256 = ranks_sha256(mergeable_ranks)
-        base_max = max([*mergeable_ranks.values(), *base_special_tokens.values()])
-        special = {m: base_max + 1 + i for i, m in enumerate(MARKERS)}
+        known, known_source = known_ids(self.ranks_sha256) if source == "file" else ({}, None)
+        self.declared = {**known, **(declared or {})}
+        self.declared_source = declared_source or known_source
+        rank_ids = set(mergeable_ranks.values())
+        if len(rank_ids) != len(mergeable_ranks):
+            raise TokenizerError(f"the ranks of {path or name} give the same id to several tokens "
+                                 f"({len(mergeable_ranks) - len(rank_ids):,} repeats); it is not a valid encoding")
+        base_max = max([*rank_ids, *base_special_tokens.values()])
         eot = base_special_tokens.get("<|endoftext|>")
+        start = marker_start(base_max, len(MARKERS) + (eot is None), self.declared)
+        special = {m: start + i for i, m in enumerate(MARKERS)}
         if eot is None:
-            eot = base_max + 1 + len(MARKERS)
+            eot = start + len(MARKERS)
             special[EOS] = eot
+        base_ids = rank_ids | set(base_special_tokens.values()) | set(self.declared)
+        clash = marker_collisions(special, base_ids.__contains__)  # EOS is in ``special`` only when not the base's
+        if clash:  # by construction never; kept as the guard of the rule
+            raise TokenizerError(f"the chat marker ids {id_ranges(clash)} would collide with ids the tokenizer "
+                                 f"{path or name} uses itself")
         self.base_vocab_size = base_max + 1
         self.special_tokens: dict[str, int] = {**special, EOS: eot}
         self.ids = MarkerIds.from_special_tokens(self.special_tokens)
@@ -121,6 +186,20 @@ class ChatTokenizer:
             special_tokens=encoding_special,
         )
         self._id_to_marker = {i: m for m, i in self.special_tokens.items()}
+
+    def uses_base_id(self, token_id: int) -> bool:
+        """True when the base encoding or its model uses ``token_id`` (a rank, a base
+        special token, or an id declared beside a ranks file)."""
+        t = int(token_id)
+        if t in self.declared or t in self.base_special_tokens.values():
+            return True
+        if t in self._id_to_marker:
+            return False
+        try:
+            self._enc.decode_single_token_bytes(t)  # a rank
+        except KeyError:
+            return False
+        return True
 
     # -- encoding -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -219,7 +298,8 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
     ``spec``: ``None`` or ``"cl100k_base"`` (the bundled offline copy: no network), any
     other tiktoken encoding name (tiktoken may download it), or a path to a
     ``.tiktoken`` ranks file (tokens split with cl100k_base's pattern, no base special
-    tokens, so ``<|EOS|>`` gets its own id after the markers).
+    tokens, so ``<|EOS|>`` gets its own id after the markers; ids its model declares in
+    the files beside it are kept clear of the markers, see ``declared_ids``).
     """
     spec = spec or DEFAULT_TOKENIZER
     if spec == DEFAULT_TOKENIZER:
@@ -242,8 +322,10 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
         if not ranks:
             raise TokenizerError(f"{spec} holds no token ranks")
         pat = _bundled_cl100k()["pat_str"]
+        declared, declared_source = declared_ids(path, max(ranks.values()) + 1)
         return ChatTokenizer(name=path.name, source="file", path=str(path.resolve()), pat_str=pat,
-                             mergeable_ranks=ranks, base_special_tokens={})
+                             mergeable_ranks=ranks, base_special_tokens={}, declared=declared,
+                             declared_source=declared_source)
     import tiktoken
 
     try:
@@ -276,7 +358,21 @@ def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> Ch
             f"{where}: the tokenizer {spec!r} rebuilt here has ranks sha256 {tok.ranks_sha256[:12]}..., "
             f"the dataset recorded {str(state.get('ranks_sha256'))[:12]}...; token ids would mean other "
             f"text. Use the same ranks file/encoding the dataset was prepared with")
-    if tok.pat_str != state.get("pat_str") or tok.special_tokens != state.get("special_tokens"):
+    recorded = state.get("special_tokens")
+    if isinstance(recorded, dict) and recorded != tok.special_tokens:
+        base_eot = tok.base_special_tokens.get("<|endoftext|>")
+        clash = marker_collisions({m: i for m, i in recorded.items() if isinstance(i, int)}, tok.uses_base_id,
+                                  allowed=() if base_eot is None else (base_eot,))
+        if clash:
+            names = [n for n in (tok.declared.get(i) for i in clash) if n]
+            named = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            said = "; ".join(x for x in (named, f"declared in {tok.declared_source}" if tok.declared_source else "")
+                             if x)
+            raise TokenizerError(
+                f"{where}: the recorded chat marker ids {id_ranges(clash)} are ids the tokenizer {spec!r} uses "
+                f"itself{f' ({said})' if said else ''}: the model would read the markers as its own tokens. "
+                f"Re-prepare the dataset: the markers now go to {id_ranges(tok.special_tokens.values())}")
+    if tok.pat_str != state.get("pat_str") or tok.special_tokens != recorded:
         raise TokenizerError(f"{where}: the rebuilt tokenizer's pattern or special token ids differ "
                              f"from the recorded ones; re-prepare the dataset with this sftdata")
     return tok

@@ -45,9 +45,11 @@ from .conversation import (
     ToolCall,
     Turn,
     _text_of,
+    json_kind,
     message_role,
     normalise_turns,
     raw_messages,
+    unknown_role,
 )
 from .errors import RecordError
 from .exact_json import InexactJSON, check_exact, loads
@@ -73,24 +75,25 @@ def _str_id(v: Any) -> str | None:
     return None
 
 
-def parse_tools(value: Any, where: str) -> tuple[dict, ...]:
-    """Normalise a ``tools`` value (list, or JSON-encoded list) to canonical schemas."""
+def parse_tools(value: Any, where: str, key: str = "tools") -> tuple[dict, ...]:
+    """Normalise a ``tools`` value (list, or JSON-encoded list) to canonical schemas.
+    ``key`` names the record's key in messages (``tools``, or the legacy ``functions``)."""
     if value is None or value == []:
         return ()
     if isinstance(value, str):
         if not value.strip():
             return ()
         try:
-            value = _loads(value)
+            value = loads(value)  # numbers are checked where they are kept (the parameters)
         except InexactJSON as e:
-            raise RecordError("invalid_tools", f"'tools': {e}", where) from None
+            raise RecordError("invalid_tools", f"{key!r}: {e}", where) from None
         except orjson.JSONDecodeError as e:
-            raise RecordError("invalid_tools", f"'tools' is a string but not valid JSON ({e}); give a "
+            raise RecordError("invalid_tools", f"{key!r} is a string but not valid JSON ({e}); give a "
                               f"list of function schemas or its JSON text", where) from None
         if value is None:
             return ()
     if not isinstance(value, list):
-        raise RecordError("invalid_tools", f"'tools' is a {type(value).__name__}, expected a list of "
+        raise RecordError("invalid_tools", f"{key!r} is {json_kind(value)}, expected a list of "
                           f"function schemas", where)
     out: list[dict] = []
     seen: set[str] = set()
@@ -102,7 +105,7 @@ def parse_tools(value: Any, where: str) -> tuple[dict, ...]:
                                   f"'function' tools are supported", where)
             fn = entry["function"]
         if not isinstance(fn, dict):
-            raise RecordError("invalid_tools", f"tool {k} is a {type(fn).__name__}, expected an object "
+            raise RecordError("invalid_tools", f"tool {k} is {json_kind(fn)}, expected an object "
                               f"with 'name', 'description', 'parameters'", where)
         name = fn.get("name")
         if not isinstance(name, str) or not name:
@@ -120,8 +123,8 @@ def parse_tools(value: Any, where: str) -> tuple[dict, ...]:
         params = fn.get("parameters")
         if params is not None:
             if not isinstance(params, dict):
-                raise RecordError("invalid_tools", f"tool {name!r} has 'parameters' of type "
-                                  f"{type(params).__name__}; expected a JSON schema object", where)
+                raise RecordError("invalid_tools", f"tool {name!r} has 'parameters' that are "
+                                  f"{json_kind(params)}; expected a JSON schema object", where)
             try:
                 check_exact(params)
             except InexactJSON as e:
@@ -152,8 +155,8 @@ def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
             raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r}: {e}",
                               where) from None
     if not isinstance(value, dict):
-        raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r} are a "
-                          f"JSON {type(value).__name__}, not an object; wrap them as {{\"param\": value}}",
+        raise RecordError("invalid_arguments", f"message {index}: the arguments of call {name!r} are "
+                          f"{json_kind(value)}, not an object; wrap them as {{\"param\": value}}",
                           where)
     return value
 
@@ -161,7 +164,7 @@ def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
 def _call(fn: Any, call_id: Any, where: str, index: int) -> ToolCall:
     """One ``{"name", "arguments"}`` object as a ToolCall."""
     if not isinstance(fn, dict):
-        raise RecordError("invalid_tool_call", f"message {index}: a call is a {type(fn).__name__}, "
+        raise RecordError("invalid_tool_call", f"message {index}: a call is {json_kind(fn)}, "
                           f"expected an object with 'name' and 'arguments'", where)
     name = fn.get("name")
     if not isinstance(name, str) or not name:
@@ -177,8 +180,8 @@ def _openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
     out: list[ToolCall] = []
     if calls is not None:
         if not isinstance(calls, list):
-            raise RecordError("invalid_tool_call", f"message {index}: 'tool_calls' is a "
-                              f"{type(calls).__name__}, expected a list", where)
+            raise RecordError("invalid_tool_call", f"message {index}: 'tool_calls' is "
+                              f"{json_kind(calls)}, expected a list", where)
         for c in calls:
             if isinstance(c, dict) and isinstance(c.get("function"), dict):
                 if c.get("type", "function") != "function":
@@ -196,9 +199,9 @@ def _openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
 def _sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
     if isinstance(value, str):
         try:
-            value = _loads(value)
+            value = loads(value)  # the arguments' numbers are checked by parse_arguments
         except InexactJSON as e:
-            raise RecordError("invalid_arguments", f"message {index}: the function_call value: {e}",
+            raise RecordError("invalid_tool_call", f"message {index}: the function_call value: {e}",
                               where) from None
         except orjson.JSONDecodeError as e:
             raise RecordError("invalid_tool_call", f"message {index}: the function_call value is not "
@@ -212,8 +215,8 @@ def _sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
 
 
 def _unknown_role(role_name: str, where: str, index: int) -> RecordError:
-    known = ("user/human, assistant/gpt, system, function_call, tool/observation/function (results)")
-    return RecordError("unknown_role", f"message {index} has role {role_name}; known roles: {known}", where)
+    return unknown_role(role_name, where, index, "user/human, assistant/gpt, system, function_call, "
+                                                 "tool/observation/function (results)")
 
 
 def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple[int, Turn]]:
@@ -223,7 +226,7 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple
     top_system = obj.get("system")
     if top_system is not None:
         if not isinstance(top_system, str):
-            raise RecordError("non_text_content", f"top-level 'system' is a {type(top_system).__name__}, "
+            raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
                               f"not a string", where)
         turns.append((-1, Turn("system", top_system)))
     for i, m in enumerate(msgs):
@@ -342,10 +345,12 @@ def _order_results(out: list[Turn], keys: list[int], repairs: list[str]) -> list
 def parse_tool(obj: Any, where: str) -> Conversation:
     """Normalise one tool-calling (or plain chat) record into a ``Conversation``."""
     msgs, fmt = raw_messages(obj, where)
-    raw_tools = obj.get("tools")
+    key, raw_tools = "tools", obj.get("tools")
     if raw_tools is None or raw_tools == [] or (isinstance(raw_tools, str) and not raw_tools.strip()):
-        raw_tools = obj.get("functions")
-    tools = parse_tools(raw_tools, where)
+        key, raw_tools = "functions", obj.get("functions")
+    tools = parse_tools(raw_tools, where, key)
     repairs: list[str] = []
-    turns = link_calls(_read_turns(obj, msgs, fmt, where), tools, where, repairs)
-    return Conversation(normalise_turns(turns, where, repairs), tools, tuple(repairs))
+    read = _read_turns(obj, msgs, fmt, where)
+    turns = link_calls(read, tools, where, repairs)
+    return Conversation(normalise_turns(turns, where, repairs, given={t.role for _, t in read}), tools,
+                        tuple(repairs))

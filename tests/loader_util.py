@@ -1,5 +1,5 @@
-"""Synthetic datasets for the loader tests: every token says which episode and position
-it is, so a test can state exactly which tokens a batch must hold."""
+"""Datasets for the loader tests. In the synthetic ones every token says which episode and
+position it is, so a test can state exactly which tokens a batch must hold."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sftdata.pack import PackOptions, pack
 from sftdata.store import TOKENIZER_FILE, DatasetWriter
 
 EOS = 7
@@ -54,4 +55,23 @@ def make_flat(path: Path, lengths, *, mask: str | None = "uint8", with_index: bo
     if with_index:
         idx = np.stack([np.concatenate([[0], np.cumsum(lens)[:-1]]), lens], axis=1).astype("<u8")
         idx.tofile(d / "episodes.idx")
+    return Path(path)
+
+
+def make_stream(path: Path, train_tokens: int = 5000, val_tokens: int = 600) -> Path:
+    """A bare token stream (flat layout, no episode index, no metadata): train holds
+    0, 1, 2, ... and val 100000, 100001, ..."""
+    for split, n, first in (("train", train_tokens, 0), ("val", val_tokens, 100000)):
+        (Path(path) / split).mkdir(parents=True)
+        (np.arange(n, dtype="<u4") + first).tofile(Path(path) / split / "tokens.bin")
+    return Path(path)
+
+
+PACKED_BLOCK = 63
+
+
+def make_packed(source: Path, path: Path) -> Path:
+    """``source`` (a prepared dataset) packed into rows of ``PACKED_BLOCK + 1`` tokens,
+    20 rows per shard."""
+    pack(source, path, PackOptions(block_size=PACKED_BLOCK, shard_tokens=20 * (PACKED_BLOCK + 1)))
     return Path(path)

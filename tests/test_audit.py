@@ -1,4 +1,5 @@
-"""Audit lines (seed 001's format) and checking a log against the replayed order."""
+"""Audit lines (the documented format of docs/LOADER.md) and checking a log against the
+replayed order."""
 
 import re
 
@@ -9,7 +10,7 @@ from sftdata.audit import AuditLog, check_audit, format_line, format_value, pars
 from sftdata.errors import InputError, UsageError
 from sftdata.order import BatchOrder
 
-SEED_001_LINES = [
+DOCUMENTED_LINES = [
     "2026-01-03T16:44:19.628Z | TRAINING | INFO | action=dataset_load | epoch_seed=42 | epoch_shuffle=true "
     "| num_train_episodes=504",
     '2026-01-03T16:44:19.629Z | TRAINING | INFO | action=epoch_start | epoch=0 | seed=42 | '
@@ -17,8 +18,8 @@ SEED_001_LINES = [
 ]
 
 
-def test_seed_001_lines_parse():
-    a, b = (parse_line(s, i + 1) for i, s in enumerate(SEED_001_LINES))
+def test_the_documented_lines_parse():
+    a, b = (parse_line(s, i + 1) for i, s in enumerate(DOCUMENTED_LINES))
     assert (a.timestamp, a.category, a.level, a.action) == ("2026-01-03T16:44:19.628Z", "TRAINING", "INFO",
                                                            "dataset_load")
     assert a.fields == {"epoch_seed": "42", "epoch_shuffle": "true", "num_train_episodes": "504"}
@@ -26,12 +27,12 @@ def test_seed_001_lines_parse():
     assert b.fields["first_episode_ids"] == "[173, 274, 489, 72, 305, 76, 475, 140, 469, 498]"
 
 
-def test_seed_001_example_order_checks_out(tmp_path):
-    # the ids in seed 001's example are RandomState(42).permutation(504)[:10]
+def test_the_documented_example_order_checks_out(tmp_path):
+    # the ids in the documented example are RandomState(42).permutation(504)[:10]
     assert np.random.RandomState(42).permutation(504)[:10].tolist() == [
         173, 274, 489, 72, 305, 76, 475, 140, 469, 498]
     log = tmp_path / "audit_x.log"
-    log.write_text("\n".join(SEED_001_LINES) + "\n")
+    log.write_text("\n".join(DOCUMENTED_LINES) + "\n")
     res = check_audit(log, BatchOrder(np.arange(504), batch_size=8, seed=42))
     assert res.ok and res.checked == 1 and res.epochs == [0] and res.mismatches == []
 

@@ -1,7 +1,12 @@
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from sftdata.conversation import Turn, parse_record
 from sftdata.errors import RecordError
+from sftdata.render import render
 
 W = "f.jsonl:line 3"
 
@@ -35,27 +40,120 @@ def test_text_parts_are_joined():
     assert parse_record(raw, W).turns[0].text == "ab"
 
 
-@pytest.mark.parametrize("raw, reason, match", [
-    (b"{not json", "invalid_json", "not valid JSON"),
-    (b'{"messages": "\xff\xfe"}', "invalid_utf8", "invalid UTF-8"),
-    (b"[1, 2]", "not_an_object", "JSON list, not an object"),
-    (b'{"text": "x"}', "no_messages", "no 'messages' or 'conversations'"),
-    (b'{"messages": "x"}', "no_messages", "'messages' is a str"),
-    (b'{"messages": [1]}', "not_an_object", "message 0 is a JSON int"),
-    (b'{"messages": [{"role": "narrator", "content": "x"}]}', "unknown_role", "message 0 has role narrator"),
-    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "non_text_content", "type 'image_url'"),
-    (b'{"messages": [{"role": "user", "content": 5}]}', "non_text_content", "content is a int"),
-    (b'{"messages": []}', "empty_conversation", "no messages"),
-    (b'{"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}]}',
-     "empty_conversation", "every message is empty"),
-    (b'{"messages": [{"role": "user", "content": "u"}]}', "no_assistant_turn", "no assistant message"),
-    (b'{"messages": [{"role": "assistant", "content": "a"}]}', "no_trainable_turn", "before any user message"),
-    (b'{"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "s"}, '
-     b'{"role": "assistant", "content": "a"}]}', "misplaced_system", "system message comes after"),
-    (b'{"system": 3, "messages": []}', "non_text_content", "top-level 'system' is a int"),
-])
-def test_rejections(raw, reason, match):
-    reject(raw, reason, match)
+def test_text_parts_spelled_with_value_are_text_joined_in_order():
+    raw = {"messages": [{"role": "user", "content": [{"type": "text", "value": "a"}, "b",
+                                                      {"text": "c"}, {"type": "text", "value": "d"}]},
+                        {"role": "assistant", "content": [{"type": "text", "value": "ok"}]}]}
+    assert [t.text for t in parse_record(raw, W).turns] == ["abcd", "ok"]
+
+
+U = {"role": "user", "content": "u"}
+A = {"role": "assistant", "content": "a"}
+F = {"name": "f", "parameters": {"type": "object"}}
+CHAT_ROLES_KNOWN = "user/human, assistant/gpt/chatgpt/bing/bard/model, system/developer"
+
+
+def _call(args='{"x": 1}', name="f", cid="c1"):
+    return {"role": "assistant", "tool_calls": [{"id": cid, "type": "function",
+                                                 "function": {"name": name, "arguments": args}}]}
+
+
+def _res(cid="c1"):
+    return {"role": "tool", "tool_call_id": cid, "content": "r"}
+
+
+def _oa(messages):
+    return {"tools": [{"type": "function", "function": F}], "messages": messages}
+
+
+# every rejection reason, with the exact message a user reads (after "FILE:line N: ")
+REASONS = [
+    ("invalid_json", "chat", b"{not json",
+     "not valid JSON (unexpected character, expected a string key: line 1 column 2 (char 1)); each line must "
+     "hold one JSON object"),
+    ("invalid_json", "chat", b"[" * 1100 + b"]" * 1100,
+     "the record is nested deeper than 1024 levels, which sftdata does not read; flatten the record"),
+    ("invalid_utf8", "chat", b'{"messages": "\xff\xfe"}',
+     "invalid UTF-8 at byte 14 of the record; re-encode the file as UTF-8"),
+    ("not_an_object", "chat", b"[1, 2]", "the record is a list, not an object with 'messages' or 'conversations'"),
+    ("not_an_object", "chat", {"messages": [U, 1]}, "message 1 is a number, not an object"),
+    ("no_messages", "chat", {"text": "x", "id": 1}, "no 'messages' or 'conversations' list (keys: id, text)"),
+    ("no_messages", "chat", {"messages": "x"}, "'messages' is a string, not a list of messages"),
+    ("unknown_role", "chat", {"messages": [{"role": "narrator", "content": "x"}]},
+     f"message 0 has role narrator; known roles: {CHAT_ROLES_KNOWN}"),
+    ("unknown_role", "chat", {"messages": [{"content": "x"}]},
+     f"message 0 has no 'role' key; known roles: {CHAT_ROLES_KNOWN}"),
+    ("unknown_role", "chat", {"conversations": [{"value": "x"}]},
+     f"message 0 has no 'from' key; known roles: {CHAT_ROLES_KNOWN}"),
+    ("non_text_content", "chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "message 0 content part 0 is of type 'image_url'; only text parts are supported (drop or convert such parts)"),
+    ("non_text_content", "chat", {"messages": [{"role": "user", "content": ["a", 7]}]},
+     "message 0 content part 1 is a number; only text parts are supported (drop or convert such parts)"),
+    ("non_text_content", "chat", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "message 0 content part 0 is a text part without a 'text' string (keys: type); give its text as \"text\""),
+    ("non_text_content", "chat", {"messages": [{"role": "user", "content": 5}]},
+     "message 0 content is a number; expected a string or a list of text parts"),
+    ("non_text_content", "chat", {"system": 3, "messages": []}, "top-level 'system' is a number, not a string"),
+    ("misplaced_system", "chat", {"messages": [U, {"role": "system", "content": "s"}, A]},
+     "a system message comes after the conversation started; move it to the start or drop it"),
+    ("empty_conversation", "chat", {"messages": []}, "the record has no messages"),
+    ("empty_conversation", "chat", {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}]},
+     "every user and assistant message is empty"),
+    ("empty_conversation", "chat", {"system": "S", "messages": [{"role": "user", "content": " "}]},
+     "every user message is empty, and there is no assistant message"),
+    ("no_assistant_turn", "chat", {"conversations": [{"from": "system", "value": "You are helpful."}]},
+     "the record holds only a system message (no user or assistant message), so nothing would be trained"),
+    ("no_assistant_turn", "chat", {"messages": [U]}, "no assistant message, so nothing would be trained"),
+    ("empty_assistant_turn", "chat", {"messages": [U, {"role": "assistant", "content": None}]},
+     "every assistant message is empty (null or blank content), so nothing would be trained"),
+    ("empty_assistant_turn", "tool", _oa([U, {"role": "assistant", "content": None}]),
+     "every assistant message is empty (null or blank content), so nothing would be trained"),
+    ("no_trainable_turn", "chat", {"messages": [A]},
+     "no assistant message comes after a user message (or a tool result), so none has a context to learn from "
+     "and nothing would be trained"),
+    ("tool_conversation", "chat", {"messages": [U, {"role": "tool", "content": "r"}]},
+     "the record has tool schemas, calls or results; prepare it with `sftdata prepare-tool`"),
+    ("invalid_arguments", "tool", _oa([U, _call('["x"]')]),
+     "message 1: the arguments of call 'f' are a list, not an object; wrap them as {\"param\": value}"),
+    ("invalid_tools", "tool", {"functions": {"name": "f"}, "messages": [U, A]},
+     "'functions' is an object, expected a list of function schemas"),
+    ("invalid_tool_call", "tool", _oa([U, {"role": "assistant", "tool_calls": {}}]),
+     "message 1: 'tool_calls' is an object, expected a list"),
+    ("unknown_function", "tool", _oa([U, _call(name="g"), _res(), A]),
+     "message 1 calls 'g', which is not in 'tools' (f); declare it or fix the call"),
+    ("unknown_tool_call_id", "tool", _oa([U, _call(), _res("zz"), A]),
+     "message 2 answers tool_call_id 'zz', which matches none of the unanswered calls before it ('c1')"),
+    ("orphan_tool_result", "tool", _oa([U, _res(), A]),
+     "message 1 is a tool result but no unanswered call comes before it; drop it or add the call"),
+    ("unanswered_tool_call", "tool", _oa([U, _call(), A]),
+     "call 'f' (message 1) gets no tool result before message 2; add its result, or end the conversation with "
+     "the call"),
+]
+
+
+@pytest.mark.parametrize("reason, mode, raw, message", REASONS, ids=[f"{r[0]}-{i}" for i, r in enumerate(REASONS)])
+def test_each_rejection_reason_and_its_exact_message(reason, mode, raw, message):
+    line = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
+    with pytest.raises(RecordError) as e:
+        parse_record(line, W, mode)
+    assert (e.value.reason, e.value.detail, str(e.value)) == (reason, message, f"{W}: {message}")
+    assert e.value.where == W
+
+
+def test_too_long_has_its_exact_message(tok):
+    conv = parse_record({"system": "s " * 30, "messages": [U, A]}, W)
+    with pytest.raises(RecordError) as e:
+        render(conv, tok, max_tokens=10)
+    assert (e.value.reason, e.value.detail) == (
+        "too_long", "the first user/assistant pair with the system span is 39 tokens > --max-tokens 10")
+
+
+def test_every_reason_code_in_the_code_is_tested_above():
+    root = Path(__file__).resolve().parents[1] / "sftdata"
+    codes = set()
+    for name in ("conversation.py", "tool_format.py", "render.py", "prepare.py"):
+        codes |= set(re.findall(r'RecordError\(\s*"([a-z0-9_]+)"', (root / name).read_text()))
+    assert codes == {r[0] for r in REASONS} | {"too_long"}
 
 
 def test_tool_records_are_sent_to_prepare_tool():

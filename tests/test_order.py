@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, UsageError
-from sftdata.order import BatchOrder, StepEvent, eligible_ids, epoch_permutation, random_draws
+from sftdata.order import BatchOrder, StepEvent, eligible_ids, episode_order, epoch_permutation, random_draws, row_order
 
 
 def stream(o: BatchOrder, steps: int) -> np.ndarray:
@@ -149,3 +150,53 @@ def test_errors():
     with pytest.raises(ConfigError, match="outside 0..4294967295"):
         epoch_permutation(3, 2**32 - 1, 1)
 
+
+
+# ------------------------------------------------------------------- one pass
+@pytest.mark.parametrize("drop_last, total", [(True, 3), (False, 4)])
+def test_a_one_pass_order_is_epoch_0_then_ends(drop_last, total):
+    o = BatchOrder(7, batch_size=1, world_size=2, seed=3, drop_last=drop_last, one_pass=True, items="rows")
+    assert o.steps_total == total == o.batches_in_epoch(0)
+    got = np.concatenate([o.step_ids(s) for s in range(total)])
+    order = np.random.RandomState(3).permutation(7)
+    if drop_last:
+        assert got.tolist() == order[:6].tolist()  # the last row is not trained
+    else:
+        assert got.tolist() == order.tolist() + [-1]  # a padding slot, not a row of epoch 1
+    assert o.step_ids(total - 1, 1).tolist() == ([order[5]] if drop_last else [-1])
+    events = [ev for s in range(total) for ev in o.step_events(s)]
+    assert events == [StepEvent("epoch_start", 0), StepEvent("epoch_complete", 0, 6 if drop_last else 7)]
+    with pytest.raises(UsageError, match=rf"step {total} is outside the one pass over the rows \(steps 0..{total - 1}\)"):
+        o.step_ids(total)
+    with pytest.raises(UsageError, match="outside the one pass"):
+        o.step_events(total)
+    assert BatchOrder(np.arange(5), batch_size=2).steps_total is None  # endless
+
+
+def test_a_count_is_the_ids_0_to_n_minus_1():
+    for kw in (dict(), dict(shuffle=False, drop_last=False), dict(sampling="random")):
+        a = BatchOrder(9, batch_size=2, seed=4, **kw)
+        b = BatchOrder(np.arange(9), batch_size=2, seed=4, **kw)
+        assert a.n == 9 and a.ids.tolist() == list(range(9))
+        assert all(a.step_ids(s).tolist() == b.step_ids(s).tolist() for s in range(12))
+    huge = BatchOrder(10**12, batch_size=3, seed=1, sampling="random")  # never materialised
+    assert huge.step_ids(5).tolist() == random_draws(1, 5, 10**12, 3).tolist()
+
+
+def test_slots_of_each_rank():
+    o = BatchOrder(np.arange(20), batch_size=3, world_size=2)
+    assert o.slots(None).tolist() == [0, 1, 2, 3, 4, 5] and o.slots(1).tolist() == [3, 4, 5]
+
+
+def test_split_orders_from_the_loader_settings():
+    cfg = LoaderConfig(batch_size=2, epoch_seed=9, episode_min_tokens=3, epoch_drop_last=False)
+    e = episode_order(cfg, np.array([5, 1, 3, 2, 8]), world_size=1, what="split 'train' of d")
+    assert e.ids.tolist() == [0, 2, 4] and e.steps_total is None and e.items == "episodes"
+    assert e.epoch_order(0).tolist() == np.array([0, 2, 4])[np.random.RandomState(9).permutation(3)].tolist()
+    r = row_order(cfg, 5, world_size=1)
+    assert r.steps_total == 3 and r.ids.tolist() == [0, 1, 2, 3, 4]  # every row, whatever its length
+    with pytest.raises(ConfigError, match="read once in epoch order .* batch_sampling_mode='random' is not "
+                                          "supported, leave it null or set it to epoch"):
+        row_order(cfg.replace(batch_sampling_mode="random"), 5)
+    with pytest.raises(ConfigError, match="a one-pass order needs batch_sampling_mode=epoch"):
+        BatchOrder(5, batch_size=1, sampling="random", one_pass=True)

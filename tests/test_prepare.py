@@ -1,12 +1,14 @@
+import errno
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
 from conftest import chat, write_jsonl
 
 from sftdata import prepare as prep
-from sftdata.errors import NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
+from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
 from sftdata.prepare import PrepareOptions, prepare, split_assignment
 from sftdata.store import open_dataset, sha256_file
 
@@ -177,16 +179,109 @@ def test_metadata_checksums_match_the_files(tmp_path):
     assert meta["token_dtype"] == "uint32"
 
 
-def test_every_record_rejected_is_an_error(tmp_path):
+def test_every_record_rejected_is_an_error_and_the_reasons_are_kept_beside_the_output(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", ["nope", "{}", json.dumps(chat("only a question"))])
-    with pytest.raises(NoUsableRecordsError, match=r"every record was rejected \(3 read; "):
+    out = tmp_path / "ds"
+    kept = tmp_path / "ds.rejects.jsonl"
+    with pytest.raises(AllRecordsRejectedError) as e:
+        prepare([src], out, PrepareOptions())
+    assert str(e.value) == (f"every record was rejected (3 read; invalid_json: 1, no_messages: 1, no_assistant_turn: 1); "
+                            f"nothing was written to {out}. The reason for each record is in {kept}")
+    assert (e.value.rejects_path, e.value.rejected) == (
+        str(kept), {"invalid_json": 1, "no_messages": 1, "no_assistant_turn": 1})
+    assert isinstance(e.value, NoUsableRecordsError) and e.value.exit_code == 1
+    assert not out.exists()
+    lines = [json.loads(x) for x in kept.read_text().splitlines()]
+    assert [(r["record"], r["where"], r["reason"]) for r in lines] == [
+        (0, f"{src}:line 1", "invalid_json"), (1, f"{src}:line 2", "no_messages"),
+        (2, f"{src}:line 3", "no_assistant_turn")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.rejects.jsonl", "in.jsonl"]  # no temporary folder
+    # a second run replaces the rejects file it wrote before
+    write_jsonl(src, ["nope"])
+    with pytest.raises(AllRecordsRejectedError, match=r"\(1 read; invalid_json: 1\)"):
+        prepare([src], out, PrepareOptions())
+    assert len(kept.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("what", ["file", "empty file", "folder", "symlink"])
+def test_rejects_never_replace_a_path_sftdata_did_not_write(tmp_path, what):
+    src = write_jsonl(tmp_path / "in.jsonl", ["nope", "{}"])
+    taken = tmp_path / "ds.rejects.jsonl"
+    target = tmp_path / "precious.txt"
+    target.write_text("mine")
+    if what == "file":
+        taken.write_text('{"record": 0, "note": "my own list"}\n')
+    elif what == "empty file":
+        taken.write_text("")
+    elif what == "folder":
+        taken.mkdir()
+    else:
+        taken.symlink_to(target)
+    before = taken.read_bytes() if taken.is_file() else None
+    with pytest.raises(AllRecordsRejectedError) as e:
         prepare([src], tmp_path / "ds", PrepareOptions())
-    assert not (tmp_path / "ds").exists()
+    second = tmp_path / "ds.rejects-2.jsonl"
+    assert e.value.rejects_path == str(second) and str(e.value).endswith(f"The reason for each record is in {second}")
+    assert len(second.read_text().splitlines()) == 2
+    assert target.read_text() == "mine"
+    if before is not None:
+        assert taken.read_bytes() == before
+    assert taken.is_symlink() == (what == "symlink") and taken.is_dir() == (what == "folder")
+
+
+def test_all_tool_records_rejected_in_chat_mode_name_prepare_tool_and_the_rejects(tmp_path):
+    rec = {"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]}
+    src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
+    with pytest.raises(AllRecordsRejectedError) as e:
+        prepare([src], tmp_path / "ds", PrepareOptions())
+    assert str(e.value) == (f"every record was rejected (2 read; tool_conversation: 2); nothing was written to "
+                            f"{tmp_path / 'ds'}. The reason for each record is in {tmp_path / 'ds.rejects.jsonl'}. "
+                            f"The records hold tool calls or results: prepare them with `sftdata prepare-tool`")
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")  # what write() raises: no file name
+
+
+def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch):
+    from sftdata.store import writer
+
+    src = write_jsonl(tmp_path / "in.jsonl", records(3))
+    monkeypatch.setattr(writer._HashedFile, "write", _disk_full)
+    with pytest.raises(OSError) as e:
+        prepare([src], tmp_path / "ds", PrepareOptions())
+    assert e.value.errno == errno.ENOSPC
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.ds\.tmp-\d+-[0-9a-f]{8}/_staging", e.value.filename)
+    assert e.value.strerror == f"No space left on device (while preparing {tmp_path / 'ds'})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_a_full_disk_while_writing_rejects_names_the_rejects_file(tmp_path, monkeypatch):
+    src = write_jsonl(tmp_path / "in.jsonl", records(2) + ["nope"])
+    real_open = open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        write = flush = _disk_full
+
+    monkeypatch.setattr(prep, "open", lambda path, mode="r": Full(real_open(path, mode)), raising=False)
+    with pytest.raises(OSError) as e:
+        prepare([src], tmp_path / "ds", PrepareOptions())
+    assert e.value.filename.endswith("/rejects.jsonl") and e.value.errno == errno.ENOSPC
+    assert e.value.strerror == f"No space left on device (while preparing {tmp_path / 'ds'})"
 
 
 def test_strict_stops_at_the_first_bad_record(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", records(3) + ['{"messages": 1}'] + records(2))
-    with pytest.raises(RecordError, match=r"in.jsonl:line 4: 'messages' is a int.*--strict") as e:
+    with pytest.raises(RecordError, match=r"in.jsonl:line 4: 'messages' is a number, not a list of messages \(--strict stops") as e:
         prepare([src], tmp_path / "ds", PrepareOptions(strict=True))
     assert e.value.reason == "no_messages"
     assert not (tmp_path / "ds").exists()
@@ -252,13 +347,6 @@ def test_input_errors(tmp_path):
     src = write_jsonl(tmp_path / "one.jsonl", records(1))
     with pytest.raises(UsageError, match="leaves no training episode"):
         prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.6))
-
-
-def test_all_tool_records_point_to_prepare_tool(tmp_path):
-    rec = {"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]}
-    src = write_jsonl(tmp_path / "in.jsonl", [rec, rec])
-    with pytest.raises(NoUsableRecordsError, match=r"tool_conversation: 2\).*`sftdata prepare-tool`"):
-        prepare([src], tmp_path / "ds", PrepareOptions())
 
 
 def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):

@@ -1,5 +1,6 @@
 import base64
 import hashlib
+import json
 
 import pytest
 
@@ -101,6 +102,109 @@ def test_pickles_by_spec(tok):
     again = pickle.loads(pickle.dumps(tok))
     assert again.encode("hello world") == [15339, 1917]
     assert again.special_tokens == tok.special_tokens
+
+
+# -- marker ids never take an id the base encoding or its model uses ------------------------------
+def _bytes_ranks(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(base64.b64encode(bytes([i])) + b" %d\n" % i for i in range(256)))
+    return path
+
+
+MARKER_IDS_AFTER_511 = {"<|SYSTEM|>": 512, "<|USER|>": 513, "<|ASSISTANT|>": 514, "<|TOOL|>": 515,
+                        "<|TOOL_CALL|>": 516, "<|END|>": 517, "<|EOS|>": 518}
+
+
+def test_ids_declared_in_tokenizer_config_beside_the_ranks_move_the_markers_past_them(tmp_path):
+    ranks = _bytes_ranks(tmp_path / "model" / "tokenizer.model")
+    decoder = {str(i): {"content": f"<|reserved_{i}|>", "special": True} for i in range(256, 512)}
+    (tmp_path / "model" / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
+    t = load_tokenizer(str(ranks))
+    assert t.special_tokens == MARKER_IDS_AFTER_511
+    assert (t.vocab_size, t.eos_id, t.encode("AB")) == (519, 518, [65, 66])
+    assert t.declared_source == str((tmp_path / "model" / "tokenizer_config.json").resolve())
+
+
+def test_added_tokens_of_tokenizer_json_one_folder_up_count_too(tmp_path):
+    """The Hugging Face layout of Llama 3: original/tokenizer.model, tokenizer.json above it."""
+    ranks = _bytes_ranks(tmp_path / "Llama" / "original" / "tokenizer.model")
+    added = [{"id": i, "content": f"<|t{i}|>", "special": True} for i in range(256, 512)]
+    (tmp_path / "Llama" / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {}}))
+    assert load_tokenizer(str(ranks)).special_tokens == MARKER_IDS_AFTER_511
+
+
+def test_meta_params_json_vocab_size_reserves_the_ids_after_the_ranks(tmp_path):
+    ranks = _bytes_ranks(tmp_path / "original" / "tokenizer.model")
+    (tmp_path / "original" / "params.json").write_text(json.dumps({"dim": 8, "vocab_size": 512}))
+    assert load_tokenizer(str(ranks)).special_tokens == MARKER_IDS_AFTER_511
+
+
+def test_declared_ids_away_from_the_markers_change_nothing(tmp_path):
+    ranks = _bytes_ranks(tmp_path / "m" / "x.tiktoken")
+    (tmp_path / "m" / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 9000, "content": "<x>"}]}))
+    (tmp_path / "m" / "tokenizer_config.json").write_text("{not json")  # the model's file, not ours to judge
+    t = load_tokenizer(str(ranks))
+    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id, t.vocab_size) == (256, 262, 263)
+
+
+def test_a_well_known_ranks_file_is_recognised_by_its_hash_alone(tmp_path, monkeypatch):
+    from sftdata import model_special_ids
+
+    ranks = _bytes_ranks(tmp_path / "tokenizer.model")
+    sha = hashlib.sha256(ranks.read_bytes()).hexdigest()
+    monkeypatch.setitem(model_special_ids.KNOWN_MODELS, sha, ("a known model", 256, 300, {256: "<|begin|>"}))
+    t = load_tokenizer(str(ranks))
+    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id) == (300, 306)
+    assert t.declared_source == "a known model" and t.declared[256] == "<|begin|>"
+    assert model_special_ids.LLAMA3_RANKS_SHA256 in model_special_ids.KNOWN_MODELS
+
+
+def test_a_state_whose_markers_are_the_models_own_ids_is_refused_naming_them(tmp_path):
+    """A dataset prepared before the model's ids were known put its markers on them."""
+    ranks = _bytes_ranks(tmp_path / "original" / "tokenizer.model")
+    old = load_tokenizer(str(ranks)).state()  # markers 256-261, EOS 262
+    names = {256: "<|begin_of_text|>", 257: "<|end_of_text|>"}
+    decoder = {str(i): {"content": names.get(i, f"<|reserved_{i}|>")} for i in range(256, 512)}
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"added_tokens_decoder": decoder}))
+    with pytest.raises(TokenizerError) as e:
+        tokenizer_from_state(old)
+    assert str(e.value) == (
+        f"tokenizer_state.json: the recorded chat marker ids 256-262 are ids the tokenizer {str(ranks.resolve())!r} "
+        f"uses itself (<|begin_of_text|>, <|end_of_text|>, <|reserved_258|>, <|reserved_259|>, ...; declared in "
+        f"{config.resolve()}): the model would read the markers as its own tokens. Re-prepare the dataset: the "
+        f"markers now go to 512-518")
+
+
+def test_the_guard_refuses_any_layout_where_a_marker_meets_a_used_id(tmp_path, monkeypatch):
+    from sftdata import tokenizer as tk
+
+    monkeypatch.setattr(tk, "marker_start", lambda base_max, count, declared: base_max - 2)
+    with pytest.raises(TokenizerError) as e:
+        load_tokenizer(str(_bytes_ranks(tmp_path / "b.tiktoken")))
+    assert str(e.value) == (f"the chat marker ids 253-255 would collide with ids the tokenizer "
+                            f"{(tmp_path / 'b.tiktoken').resolve()} uses itself")
+
+
+def test_marker_placement_and_collisions_are_pure_functions():
+    from sftdata.tokenizer import id_ranges, marker_collisions, marker_start
+
+    assert marker_start(127999, 7, range(128000, 128256)) == 128256
+    assert marker_start(99, 7, {105, 106, 107, 300}) == 108  # past the run it meets, not past 300
+    assert marker_start(99, 7, {90, 107}) == 100
+    used = {5, 6, 9}.__contains__
+    assert marker_collisions({"<|A|>": 5, "<|B|>": 7, "<|EOS|>": 9}, used) == [5, 9]
+    assert marker_collisions({"<|A|>": 5, "<|EOS|>": 9}, used, allowed=(9,)) == [5]
+    assert id_ranges([7, 1, 2, 3, 9, 10]) == "1-3, 7, 9-10"
+
+
+def test_ranks_that_repeat_an_id_are_refused(tmp_path):
+    path = tmp_path / "dup.tiktoken"
+    path.write_bytes(b"".join(base64.b64encode(bytes([i])) + b" %d\n" % min(i, 200) for i in range(256)))
+    with pytest.raises(TokenizerError) as e:
+        load_tokenizer(str(path))
+    assert str(e.value) == (f"the ranks of {path.resolve()} give the same id to several tokens (55 repeats); it is "
+                            f"not a valid encoding")
 
 
 def test_marker_ids_name_each_marker_and_nothing_else(tok):

@@ -3,9 +3,10 @@ checkpoint resume, and real training runs on datasets built by prepare (and pack
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 import sys
-from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +21,18 @@ import gpt  # noqa: E402
 import train  # noqa: E402
 import trainer  # noqa: E402
 
+from sftdata.attention import block_causal_mask  # noqa: E402
 from sftdata.errors import ConfigError  # noqa: E402
-
-Packed = namedtuple("Packed", "x y mask position_ids seq_ids")
+from sftdata.loader import Batch, LoaderConfig, make_loader  # noqa: E402
+from sftdata.pack import PackOptions, pack  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 
 # ------------------------------------------------------------------------- targets
 def test_masked_targets_are_minus_100_exactly_where_mask_is_0():
     y = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]])
     mask = torch.tensor([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
-    out = trainer.step_inputs((y, y, mask), post_training=True, episodes=True, eos_id=-1).targets
+    out = trainer.step_inputs(Batch(y, y, mask), post_training=True).targets
     assert out.tolist() == [[-100, 12, 13, -100, 15], [-100, -100, -100, -100, -100]]
     assert out.dtype == torch.int64
     assert y.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]  # input untouched
@@ -43,25 +46,30 @@ def test_episode_end_targets_ignore_padding_after_eos_but_train_the_eos():
     assert out.tolist() == [[2, 3, eos, -100, -100, -100], [2, 3, 4, 5, 6, 7]]
 
 
-def test_step_inputs_for_each_batch_shape():
+def test_step_inputs_for_each_kind_of_batch():
     x = torch.tensor([[1, 2, 9, 9]])
     y = torch.tensor([[2, 9, 9, 9]])
     m = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
-    a = trainer.step_inputs((x, y), post_training=False, episodes=True, eos_id=9)
-    assert a.targets.tolist() == [[2, 9, -100, -100]] and a.attn_mask is None
-    b = trainer.step_inputs((x, y, m), post_training=True, episodes=True, eos_id=9)
+    a = trainer.step_inputs(Batch(x, y), post_training=False, end_id=9)  # a padded episode, no mask
+    assert a.targets.tolist() == [[2, 9, -100, -100]] and a.attn_mask is None and a.position_ids is None
+    b = trainer.step_inputs(Batch(x, y, m), post_training=True, end_id=9)
     assert b.targets.tolist() == [[2, 9, -100, -100]]
-    c = trainer.step_inputs((x, y), post_training=False, episodes=False, eos_id=9)
+    c = trainer.step_inputs(Batch(x, y), post_training=False, end_id=None)  # token windows: all trained
     assert c.targets.tolist() == [[2, 9, 9, 9]]
+    m2 = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    e = trainer.step_inputs(Batch(x, y, m2), post_training=False, end_id=9)  # a mask, when given, decides
+    assert e.targets.tolist() == [[2, -100, 9, 9]]
     seq = torch.tensor([[0, 0, 1, 1]])
-    p = Packed(x, y, m, torch.tensor([[0, 1, 0, 1]]), seq)
-    d = trainer.step_inputs(p, post_training=True, episodes=True, eos_id=9)
+    p = Batch(x, y, m, torch.tensor([[0, 1, 0, 1]]), seq)
+    d = trainer.step_inputs(p, post_training=True, end_id=9)
     assert d.targets.tolist() == [[2, 9, -100, -100]]
     assert d.position_ids.tolist() == [[0, 1, 0, 1]]
     assert d.attn_mask[0, 0].tolist() == [[True, False, False, False], [True, True, False, False],
                                           [False, False, True, False], [False, False, True, True]]
+    lib = trainer.step_inputs(p, post_training=True, mask_fn=block_causal_mask).attn_mask  # sftdata's: 0 / -inf
+    assert torch.equal(lib[0, 0] == 0, d.attn_mask[0, 0])
     with pytest.raises(ConfigError, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
-        trainer.step_inputs((x, y), post_training=True, episodes=True, eos_id=9)
+        trainer.step_inputs(Batch(x, y), post_training=True, end_id=9)
 
 
 # ------------------------------------------------------------------- LR schedule
@@ -176,7 +184,7 @@ class FakeLoader:
         self.i += 1
         tok = torch.from_numpy(rs.randint(0, self.vocab, (self.b, self.t + 1)))
         mask = torch.from_numpy((rs.rand(self.b, self.t) > 0.3).astype(np.float32))
-        return tok[:, :-1], tok[:, 1:], mask
+        return Batch(tok[:, :-1], tok[:, 1:], mask)
 
     def state_dict(self):
         return {"i": np.int64(self.i)}  # numpy on purpose: the checkpoint must store it plainly
@@ -204,7 +212,7 @@ def _run(tmp_path, s, *, stop_at=None, resume=None):
         trainer.save_checkpoint(path, model=model, optimizer=opt, loader=loader, step=step, settings=s,
                               dataset="fake")
 
-    to_inputs = lambda b: trainer.step_inputs(b, post_training=True, episodes=True, eos_id=-1)  # noqa: E731
+    to_inputs = lambda b: trainer.step_inputs(b, post_training=True)  # noqa: E731
     return trainer.train_loop(model, opt, loader, s, to_inputs, start_step=start, stop_at=stop_at,
                             checkpoint=checkpoint, log=lambda *_: None), path
 
@@ -248,7 +256,7 @@ def test_training_ends_when_the_loader_ends():
     model = gpt.GPT(s.model_config(50))
     calls = []
     res = trainer.train_loop(model, trainer.make_optimizer(model, s), Ending(), s,
-                           lambda b: trainer.step_inputs(b, post_training=True, episodes=True, eos_id=-1),
+                           lambda b: trainer.step_inputs(b, post_training=True),
                            checkpoint=calls.append, log=lambda *_: None)
     assert res.stopped_by == "loader_end" and res.steps == [1, 2, 3, 4] and calls == [4]
 
@@ -257,8 +265,6 @@ def test_training_ends_when_the_loader_ends():
 def _byte_tokenizer(path: Path) -> Path:
     """A byte-level ranks file: vocab 256 + 7 chat tokens = 263, so a tiny model trains in
     milliseconds per step (cl100k's 100k-wide output layer would dominate)."""
-    import base64
-
     path.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
     return path
 
@@ -277,10 +283,6 @@ def _conversations(n=24):
 
 @pytest.fixture(scope="module")
 def byte_ds(tmp_path_factory):
-    import json
-
-    from sftdata.prepare import PrepareOptions, prepare
-
     d = tmp_path_factory.mktemp("byte_ds")
     tokfile = _byte_tokenizer(d / "bytes.tiktoken")
     src = d / "chat.jsonl"
@@ -290,8 +292,6 @@ def byte_ds(tmp_path_factory):
 
 
 def _config(path: Path, **kw) -> Path:
-    import json
-
     cfg = {"batch_size": 4, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "learning_rate": 1e-2,
            "min_lr": 1e-3, "max_iters": 30, "warmup_pct": 0.1, "log_interval": 10, "eval_interval": 0,
            "checkpoint_interval": 0, "use_loss_mask": True, **kw}
@@ -304,8 +304,6 @@ def _args(dataset, config, out, *extra):
 
 
 def test_30_steps_lower_the_assistant_only_loss(byte_ds, tmp_path):
-    from sftdata.loader import LoaderConfig, make_loader
-
     cfg_path = _config(tmp_path / "c.json")
     lines = []
     res = train.run(_args(byte_ds, cfg_path, tmp_path / "out"), env={"POST_TRAINING": "1"}, log=lines.append)
@@ -362,15 +360,13 @@ def test_main_reports_errors_with_exit_codes(byte_ds, tmp_path, capsys):
 
 
 def test_token_stream_dataset_trains_on_every_target_and_refuses_post_training(tmp_path):
-    from sftdata.errors import ConfigError as CE
-
     d = tmp_path / "stream" / "train"
     d.mkdir(parents=True)
     np.random.RandomState(0).randint(0, 40, 2000).astype(np.uint32).tofile(d / "tokens.bin")
     cfg = _config(tmp_path / "c.json", use_loss_mask=False, vocab_size=40, max_iters=3)
     res = train.run(_args(tmp_path / "stream", cfg, tmp_path / "out"), env={}, log=lambda *_: None)
     assert res.trained_tokens == res.tokens == 3 * 4 * 32
-    with pytest.raises(CE, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
+    with pytest.raises(ConfigError, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
         train.run(_args(tmp_path / "stream", cfg, tmp_path / "out2"), env={"POST_TRAINING": "1"}, log=lambda *_: None)
 
 
@@ -387,17 +383,12 @@ def test_init_from_starts_a_new_schedule_from_trained_weights(byte_ds, tmp_path)
 # ------------------------------------------------------------------ packed datasets
 @pytest.fixture(scope="module")
 def packed_ds(byte_ds):
-    from sftdata.pack import PackOptions, pack
-
     out = byte_ds.parent / "chat_packed"
     pack(byte_ds, out, PackOptions(block_size=96))
     return out
 
 
 def test_packed_rows_from_the_loader_give_the_per_episode_logits(packed_ds):
-    from sftdata.attention import block_causal_mask
-    from sftdata.loader import LoaderConfig, make_loader
-
     cfg = LoaderConfig(batch_size=4, block_size=96, use_loss_mask=True, epoch_shuffle=False)
     loader = make_loader(cfg, packed_ds, backend="torch")
     model = _tiny_model(vocab=263)
@@ -420,8 +411,6 @@ def test_packed_rows_from_the_loader_give_the_per_episode_logits(packed_ds):
 
 
 def test_packed_training_ends_with_the_loader_and_resumes_exactly(packed_ds, tmp_path):
-    from sftdata.loader import LoaderConfig, make_loader
-
     cfg = _config(tmp_path / "c.json", block_size=96, batch_size=2, max_iters=1000, eval_interval=2, eval_iters=1)
     ref = make_loader(LoaderConfig.from_file(cfg), packed_ds, backend="numpy")
     total = ref.steps_total("train")
@@ -462,3 +451,37 @@ def test_resume_with_other_settings_says_so(byte_ds, tmp_path):
     assert res.steps == [3, 4]
     assert lines[0] == ("note: resuming with other settings than the checkpoint's (learning_rate); the run will "
                         "not match an uninterrupted one")
+
+
+# ------------------------------------------------------- one script, every dataset
+@pytest.fixture(scope="module")
+def stream_ds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stream") / "stream"
+    (d / "train").mkdir(parents=True)
+    np.random.RandomState(0).randint(0, 263, 3000).astype(np.uint32).tofile(d / "train" / "tokens.bin")
+    return d
+
+
+@pytest.mark.parametrize("kind", ["episodes", "packed", "stream"])
+def test_the_same_script_trains_every_kind_of_dataset(kind, byte_ds, packed_ds, stream_ds, tmp_path):
+    """No branch on the loader's or the batch's type: the Batch and the loader's common
+    answers (steps_total, end_id, vocab_size, mode) give each dataset its targets."""
+    dataset, block = {"episodes": (byte_ds, 32), "packed": (packed_ds, 96), "stream": (stream_ds, 32)}[kind]
+    cfg = _config(tmp_path / "c.json", block_size=block, batch_size=2, max_iters=3, use_loss_mask=False,
+                  vocab_size=263 if kind == "stream" else 0)
+    lines = []
+    res = train.run(_args(dataset, cfg, tmp_path / "out"), env={"POST_TRAINING": "0"}, log=lines.append)
+    assert res.steps == [1, 2, 3] and res.tokens == 3 * 2 * block
+    ref = make_loader(LoaderConfig.from_file(cfg), dataset, backend="numpy")
+    assert f"| {ref.mode} |" in lines[0] and "vocab 263" in lines[0]
+    batches = [ref.get_batch("train") for _ in range(3)]
+    if kind == "episodes":  # no mask: every target up to the episode's EOS, none on padding
+        lengths = ref.source.ds.split("train").lengths
+        want = sum(int(min(lengths[g], block + 1)) - 1 for s in range(3) for g in ref.batch_ids("train", s))
+    elif kind == "packed":  # every target inside a segment
+        want = sum(int(b.mask.sum()) for b in batches)
+    else:  # token windows: every target
+        want = res.tokens
+    assert res.trained_tokens == want and 0 < want <= res.tokens
+    for script in ("train.py", "trainer.py"):
+        assert "hasattr(" not in (ROOT / "scripts" / script).read_text()

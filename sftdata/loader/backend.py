@@ -1,17 +1,19 @@
-"""What the loaders share: numpy -> torch conversion, rank discovery, the iterable form.
+"""Numpy -> torch conversion, rank discovery, and the iterable form of a loader.
 
 Kept import-light: torch is imported only when a torch backend is used.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .batch import Batch
 
 BACKENDS = ("auto", "numpy", "torch")
 
@@ -28,22 +30,22 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def to_backend(arrays: tuple, backend: str, device: str) -> tuple:
-    """numpy arrays as they are, or torch tensors on ``device`` (pinned and copied
+def to_backend(batch: Batch, backend: str, device: str = "cpu") -> Batch:
+    """The numpy batch as it is, or with torch tensors on ``device`` (pinned and copied
     asynchronously for CUDA)."""
     if backend == "numpy":
-        return arrays
+        return batch
     import torch
 
-    out = []
-    for a in arrays:
+    dev = str(device)
+
+    def convert(a):
         t = torch.from_numpy(a)
-        if str(device).startswith("cuda"):
-            t = t.pin_memory().to(device, non_blocking=True)
-        elif str(device) != "cpu":
-            t = t.to(device)
-        out.append(t)
-    return tuple(out)
+        if dev.startswith("cuda"):
+            return t.pin_memory().to(device, non_blocking=True)
+        return t if dev == "cpu" else t.to(device)
+
+    return batch.map(convert)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -78,9 +80,10 @@ def _env_int(name: str) -> int | None:
 class BatchIterable:
     """``for batch in BatchIterable(loader, "train", start_step=0)``: the batches of
     ``loader`` from ``start_step`` on, as numpy arrays, exactly those ``get_batch``
-    would return. Under a ``torch.utils.data.DataLoader(it, batch_size=None,
-    num_workers=W)``, worker ``w`` builds steps ``start + w, start + w + W, ...`` and
-    the DataLoader returns them round-robin, i.e. in step order.
+    would return (``num_steps`` of them, or endless). Under a
+    ``torch.utils.data.DataLoader(it, batch_size=None, num_workers=W)``, worker ``w``
+    builds steps ``start + w, start + w + W, ...`` and the DataLoader returns them
+    round-robin, i.e. in step order.
 
     Use :func:`torch_iterable` for a ``torch.utils.data.IterableDataset``."""
 
@@ -100,16 +103,31 @@ class BatchIterable:
         end = None if self.num_steps is None else self.start_step + int(self.num_steps)
         step = self.start_step + wid
         while end is None or step < end:
-            self.loader._emit_events(self.split, step)
-            yield self.loader.batch_at(self.split, step)
+            yield self.loader.batch_at(self.split, step, events=True)
             step += nw
 
 
 def torch_iterable(loader, split: str = "train", start_step: int = 0, num_steps: int | None = None):
-    """A ``torch.utils.data.IterableDataset`` over ``BatchIterable``."""
-    from ._torch_iterable import TorchBatchIterable
+    """A ``torch.utils.data.IterableDataset`` over ``BatchIterable`` whose batches hold
+    CPU tensors, made in the worker. A ``DataLoader`` with ``batch_size=None`` passes a
+    ``Batch`` through as it is (it converts only tuples, lists and dicts) and pins it
+    with ``pin_memory=True`` (``Batch.pin_memory``)."""
+    return _torch_iterable_class()(loader, split, start_step, num_steps)
 
-    return TorchBatchIterable(loader, split, start_step, num_steps)
+
+@functools.cache
+def _torch_iterable_class() -> type:
+    import torch  # optional dependency: only when a torch iterable is asked for
+
+    class TorchBatchIterable(BatchIterable, torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for batch in BatchIterable.__iter__(self):
+                yield batch.map(torch.from_numpy)
+
+        def __reduce__(self):  # a class made on demand: workers started by spawn rebuild it here
+            return torch_iterable, (self.loader, self.split, self.start_step, self.num_steps)
+
+    return TorchBatchIterable
 
 
 def as_numpy(x) -> np.ndarray:

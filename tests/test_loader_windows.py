@@ -1,16 +1,17 @@
-"""Token-stream mode: seed 004's split_corpus / WindowDataset scenarios and GPTDataLoader."""
+"""Token windows (mode ``token_stream``): the window source, and ``split_corpus`` /
+``WindowDataset`` for a corpus held in memory."""
 
-import json
+import logging
 
 import numpy as np
 import pytest
-from loader_util import make_dataset
+from loader_util import make_dataset, make_stream
 
-from sftdata.errors import ConfigError, DatasetError, UsageError
-from sftdata.loader import GPTDataLoader, LoaderConfig, WindowDataset, detect_mode, make_loader, split_corpus
+from sftdata.errors import DatasetError, UsageError
+from sftdata.loader import GPTDataLoader, Loader, LoaderConfig, WindowDataset, detect_mode, make_loader, split_corpus
 
 
-# ---------------------------------------------------------------- seed 004: Corpus Train/Val Split
+# ---------------------------------------------------------------- split_corpus
 def test_split_corpus_is_contiguous_with_the_requested_ratio():
     tokens = np.arange(1000, dtype=np.uint16)
     train, val = split_corpus(tokens, 0.05, seed=1337)
@@ -48,7 +49,7 @@ def test_split_corpus_needs_1d():
         split_corpus(np.zeros((2, 2)), 0.1)
 
 
-# ---------------------------------------------------------------- seed 004: Sequence Windowing
+# ---------------------------------------------------------------- WindowDataset
 def test_windows_have_context_length_shape():
     ds = WindowDataset(np.arange(1000))
     x, y = ds[0]
@@ -104,49 +105,25 @@ def test_window_indexing_and_errors():
         WindowDataset(np.zeros((3, 3)))
 
 
-# ---------------------------------------------------------------- GPTDataLoader
+# ---------------------------------------------------------------- the window source
 @pytest.fixture()
 def stream_dir(tmp_path):
-    d = tmp_path / "stream"
-    for split, n in (("train", 5000), ("val", 600)):
-        (d / split).mkdir(parents=True)
-        (np.arange(n, dtype="<u4") + (0 if split == "train" else 100000)).tofile(d / split / "tokens.bin")
-    return d
+    return make_stream(tmp_path / "stream")
 
 
 def test_token_stream_is_detected_without_episodes_idx(stream_dir):
     assert detect_mode(stream_dir) == "token_stream"
     loader = make_loader(LoaderConfig(batch_size=4, block_size=16), stream_dir, backend="numpy")
-    assert isinstance(loader, GPTDataLoader)
+    assert loader.mode == "token_stream" and loader.sampling == "random"
+    assert (loader.pad_id, loader.end_id, loader.vocab_size) == (None, None, None)  # a bare stream
+    assert loader.num_items("train") == 5000 - 16 and loader.num_items("val") == 600 - 16
     x, y = loader.get_batch("train")
     assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == np.int64
     starts = np.random.default_rng([1337, 0]).integers(0, 5000 - 16, 4)
-    assert x[:, 0].tolist() == starts.tolist()
+    assert x[:, 0].tolist() == starts.tolist() and loader.last_ids["train"].tolist() == starts.tolist()
     assert (x == starts[:, None] + np.arange(16)).all() and (y == x + 1).all()
     xv, _ = loader.get_batch("val")
     assert (xv >= 100000).all()
-
-
-def test_token_stream_is_reproducible_resumable_and_partitioned(stream_dir):
-    def mk(**kw):
-        opts = {k: kw.pop(k) for k in ("rank", "world_size") if k in kw}
-        return make_loader(LoaderConfig(**{"block_size": 8, **kw}), stream_dir, backend="numpy", **opts)
-
-    a, b = mk(batch_size=4), mk(batch_size=4)
-    ref = [a.get_batch("train")[0] for _ in range(6)]
-    assert all(r.tolist() == b.get_batch("train")[0].tolist() for r in ref)
-    r0, r1 = mk(batch_size=2, rank=0, world_size=2), mk(batch_size=2, rank=1, world_size=2)
-    for r in ref:
-        assert np.concatenate([r0.get_batch("train")[0], r1.get_batch("train")[0]]).tolist() == r.tolist()
-    c = mk(batch_size=4)
-    for _ in range(2):
-        c.get_batch("train")
-    d = mk(batch_size=4)
-    d.load_state_dict(json.loads(json.dumps(c.state_dict())))
-    assert [d.get_batch("train")[0].tolist() for _ in range(4)] == [r.tolist() for r in ref[2:]]
-    with pytest.raises(ConfigError, match="block_size: saved 8, now 9"):
-        make_loader(LoaderConfig(batch_size=4, block_size=9), stream_dir, backend="numpy").load_state_dict(
-            c.state_dict())
 
 
 def test_windows_never_cross_shards(tmp_path):
@@ -154,10 +131,11 @@ def test_windows_never_cross_shards(tmp_path):
     p = make_dataset(tmp_path / "ds", [30] * 10, shard_tokens=60)  # 5 shards of 60 tokens
     loader = make_loader(LoaderConfig(dataset_mode="token_stream", batch_size=16, block_size=40), p,
                          backend="numpy")
-    arrs = loader.arrays["train"]
-    assert len(arrs) == 5
+    arrs = loader.source.arrays["train"]
+    assert len(arrs) == 5 and loader.num_items("train") == 5 * 20
+    assert loader.vocab_size == 1 << 30  # the tokenizer state of the prepared dataset
     for step in range(20):
-        shard, start = loader.window_starts("train", step)
+        shard, start = loader.source.locate("train", loader.batch_ids("train", step))
         assert (start + 40 < 60).all()  # the window's targets stay inside the shard
         x, y = loader.batch_at("train", step)
         for row, (si, s) in enumerate(zip(shard, start)):
@@ -165,18 +143,33 @@ def test_windows_never_cross_shards(tmp_path):
             assert y[row].tolist() == arrs[si][s + 1:s + 41].tolist()
 
 
-def test_token_stream_from_arrays_and_errors(stream_dir, caplog):
+def test_token_stream_from_arrays_and_errors(stream_dir):
+    assert GPTDataLoader is Loader  # the name the specification's scripts use
     loader = GPTDataLoader(LoaderConfig(batch_size=2, block_size=4), {"train": [np.arange(10)]})
     x, y = loader.get_batch()
     assert (y == x + 1).all()
-    with pytest.raises(DatasetError, match="no run of block_size \\+ 1 = 11 tokens"):
+    with pytest.raises(DatasetError, match="split 'train' has no run of block_size \\+ 1 = 11 tokens; lower "
+                                           "block_size"):
         GPTDataLoader(LoaderConfig(batch_size=2, block_size=10), {"train": [np.arange(10)]})
-    with pytest.raises(DatasetError, match=r"no split 'test'"):
+    with pytest.raises(DatasetError, match=r"no split 'test' \(splits: train\)"):
         loader.get_batch("test")
-    empty = tmp = stream_dir.parent / "empty"
-    tmp.mkdir()
+    empty = stream_dir.parent / "empty"
+    empty.mkdir()
     with pytest.raises(DatasetError, match="has no tokens for split 'train'"):
         make_loader(LoaderConfig(), empty, backend="numpy")
-    with caplog.at_level("WARNING", logger="sftdata.loader"):
-        make_loader(LoaderConfig(batch_size=2, block_size=4, use_loss_mask=True), stream_dir, backend="numpy")
-    assert any("no effect in token_stream mode" in r.getMessage() for r in caplog.records)
+
+
+def test_settings_without_effect_on_windows_are_noted_once(stream_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="sftdata.loader"):
+        make_loader(LoaderConfig(batch_size=2, block_size=4, use_loss_mask=True, batch_sampling_mode="epoch"),
+                    stream_dir, backend="numpy")
+    notes = [(r.levelno, r.getMessage()) for r in caplog.records if "init" not in r.getMessage()]
+    assert notes == [(logging.WARNING, "[TokenStreamLoader] use_loss_mask=true has no effect in token_stream mode "
+                                       "(no episodes, no mask); batches are (x, y)"),
+                     (logging.INFO, "[TokenStreamLoader] batch_sampling_mode=epoch applies to sft_episode "
+                                    "datasets; token_stream samples random windows")]
+    inits = [r.getMessage() for r in caplog.records if "init" in r.getMessage()]
+    assert inits == [f"[TokenStreamLoader] init dataset={stream_dir} split=train tokens=5000 shards=1 windows=4996 "
+                     f"block_size=4 batch_size=2 world_size=1",
+                     f"[TokenStreamLoader] init dataset={stream_dir} split=val tokens=600 shards=1 windows=596 "
+                     f"block_size=4 batch_size=2 world_size=1"]

@@ -1,0 +1,159 @@
+"""The episode source (mode ``sft_episode``): one episode per row, never crossing.
+
+Every row is one episode, cut or padded to ``L = block_size + 1`` tokens, then shifted::
+
+    episode t (n = 5 < L = 8), pad P:   t0 t1 t2 t3 t4  P  P  P
+    x = row[:-1]                        t0 t1 t2 t3 t4  P  P
+    y = row[1:]                         t1 t2 t3 t4  P  P  P
+    mask episode m:                     m0 m1 m2 m3 m4
+    mask (aligned with y) = m[1:L]      m1 m2 m3 m4  0  0  0
+
+An episode longer than ``L`` keeps its first ``L`` tokens. Which episodes fill step
+``N`` is decided by ``sftdata.order.episode_order`` (the order ``sftdata replay-order``
+replays).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..audit import format_value
+from ..config import LoaderConfig
+from ..errors import ConfigError, DatasetError
+from ..order import BatchOrder, episode_order
+from ..store import Dataset, Split
+from .batch import Batch
+
+log = logging.getLogger("sftdata.loader")
+
+
+def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int, with_mask: bool) -> Batch:
+    """The numpy ``Batch`` of the global episode ``ids`` of ``split``: x, y int64 and,
+    ``with_mask``, a float32 mask, each ``(len(ids), block_size)`` (layout in the module
+    docstring)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    b, T = ids.shape[0], int(block_size)
+    L = T + 1
+    x = np.empty((b, T), dtype=np.int64)
+    y = np.empty((b, T), dtype=np.int64)
+    m = np.zeros((b, T), dtype=np.float32) if with_mask else None
+    shard_idx = split.shard_of(ids)
+    starts = split.starts[ids]
+    keep = np.minimum(split.lengths[ids], L)
+    for i in range(b):
+        sh = split.shards[shard_idx[i]]
+        s, k = int(starts[i]), int(keep[i])
+        kx = min(k, T)
+        x[i, :kx] = sh.tokens[s:s + kx]
+        x[i, kx:] = pad_id
+        if k > 1:
+            y[i, :k - 1] = sh.tokens[s + 1:s + k]
+        y[i, max(k - 1, 0):] = pad_id
+        if m is not None and k > 1:
+            m[i, :k - 1] = sh.mask[s + 1:s + k]
+    return Batch(x, y, m)
+
+
+def resolve_pad_id(cfg: LoaderConfig, ds: Dataset) -> int:
+    """``cfg.pad_token_id``, else the EOS id recorded in ``tokenizer_state.json``."""
+    state = ds.tokenizer_state or {}
+    vocab = state.get("vocab_size")
+    pad = cfg.pad_token_id
+    if pad is None:
+        pad = eos_id(state)
+        if pad is None:
+            raise ConfigError(f"pad_token_id is not set and {ds.root} records no tokenizer EOS to pad with "
+                              f"(no tokenizer_state.json); set pad_token_id in the config")
+    if isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise ConfigError(f"pad_token_id {pad} is outside the tokenizer's vocabulary (0..{vocab - 1}) "
+                          f"recorded in {ds.root}; use the EOS id {state.get('eos_id')} or leave it null")
+    max_id = np.iinfo(ds.token_dtype).max
+    if pad > max_id:
+        raise ConfigError(f"pad_token_id {pad} does not fit the dataset's {ds.token_dtype.name} tokens")
+    return int(pad)
+
+
+def eos_id(tokenizer_state: dict | None) -> int | None:
+    """The EOS id a tokenizer state records, or None."""
+    state = tokenizer_state or {}
+    eos = state.get("eos_id", (state.get("special_tokens") or {}).get("<|EOS|>"))
+    return None if eos is None else int(eos)
+
+
+class EpisodeSource:
+    """Which episodes are in step N of a split, and the padded rows of those episodes.
+
+    ``pad_id`` pads the rows; ``end_id`` (the tokenizer's EOS, else the pad id) ends an
+    episode, so in a row without a mask every target after it is padding.
+    """
+
+    mode = "sft_episode"
+    tag = "EpisodeLoader"  # the log lines' prefix
+    items = "episodes"
+
+    def __init__(self, cfg: LoaderConfig, ds: Dataset, world_size: int = 1):
+        if "train" not in ds.splits:
+            raise DatasetError(f"{ds.root} has no train split with an episode index")
+        self.cfg = cfg
+        self.ds = ds
+        self.world_size = world_size
+        self.root = ds.root
+        self.splits = tuple(ds.splits)
+        self.tokenizer_state = ds.tokenizer_state
+        self.sampling = cfg.batch_sampling_mode or "epoch"
+        self.pad_id = resolve_pad_id(cfg, ds)
+        eos = eos_id(ds.tokenizer_state)
+        self.end_id = self.pad_id if eos is None else eos
+        self._orders: dict[str, BatchOrder] = {}
+        self._warned: set[str] = set()
+
+    def order(self, split: str) -> BatchOrder:
+        o = self._orders.get(split)
+        if o is None:
+            o = self._orders[split] = episode_order(self.cfg, self.ds.split(split).lengths, self.world_size,
+                                                    what=f"split {split!r} of {self.ds.root}")
+        return o
+
+    def size(self, split: str) -> int:
+        """Eligible episodes of ``split``."""
+        return self._eligible(self.ds.split(split))
+
+    def mask_enabled(self, split: str) -> bool:
+        return self.cfg.use_loss_mask and self.ds.split(split).has_mask
+
+    def batch(self, split: str, ids: np.ndarray) -> Batch:
+        sp = self.ds.split(split)
+        if self.cfg.use_loss_mask and not sp.has_mask and split not in self._warned:
+            self._warned.add(split)
+            log.warning("[%s] use_loss_mask=true but split=%s of %s has no mask file; batches are (x, y) and "
+                        "every target is trained", self.tag, split, self.ds.root)
+        return episode_batch(sp, ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split))
+
+    # -- what the loader logs, audits and fingerprints --------------------------------
+    def _eligible(self, sp: Split) -> int:
+        return int(np.count_nonzero(sp.lengths >= self.cfg.episode_min_tokens))
+
+    def describe(self, split: str) -> str:
+        sp = self.ds.split(split)
+        n_ok = self._eligible(sp)
+        return (f"episodes={sp.num_episodes} eligible={n_ok} skipped_short={sp.num_episodes - n_ok} "
+                f"tokens={sp.num_tokens} shards={len(sp.shards)} mask={format_value(sp.has_mask)} sampling={self.sampling}")
+
+    def epoch_note(self, split: str) -> str:
+        return f"pad_id={self.pad_id} mask={format_value(self.mask_enabled(split))}"
+
+    def audit_fields(self) -> dict:
+        ok = {s: self._eligible(sp) for s, sp in self.ds.splits.items()}
+        return {"episode_min_tokens": self.cfg.episode_min_tokens,
+                **{f"num_{s}_episodes": n for s, n in ok.items()},
+                **{f"num_{s}_skipped_short": self.ds.splits[s].num_episodes - n for s, n in ok.items()}}
+
+    def fingerprint(self) -> dict:
+        return {"batch_sampling_mode": self.sampling, "epoch_shuffle": self.cfg.epoch_shuffle,
+                "epoch_drop_last": self.cfg.epoch_drop_last, "episode_min_tokens": self.cfg.episode_min_tokens,
+                "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+
+    def notes(self) -> list[tuple[int, str]]:
+        return []

@@ -1,0 +1,293 @@
+"""``Loader``: the one training loader, over a small source.
+
+A source answers two questions about a split: which ids are in step N (its
+``order(split)``, a ``sftdata.order.BatchOrder``: the function ``replay-order`` calls)
+and the batch of those ids (``batch(split, ids)``)::
+
+    source          ids of a step              Batch fields                       order
+    EpisodeSource   episode ids                x, y (+ mask)                      epochs, or random
+    PackedSource    row ids (-1 = padding)     x, y, mask, position_ids, seq_ids  one pass
+    WindowSource    window ids                 x, y                               random
+
+Everything else is here, once: the step counter of each split, ``get_batch``, the end
+of a one-pass order, the resumable state and its fingerprint, the torch conversion, the
+iterable form for ``DataLoader`` workers, the log lines and the audit events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..audit import FIRST_IDS, AuditLog, format_value
+from ..config import LoaderConfig
+from ..errors import ConfigError
+from ..order import BatchOrder
+from ..store import METADATA_FILE, Dataset, dumps_json, read_json
+from .backend import BatchIterable, to_backend, torch_iterable
+from .batch import Batch
+from .episodes import EpisodeSource
+from .packed import PackedSource
+from .windows import WindowSource
+
+log = logging.getLogger("sftdata.loader")
+STATE_FORMAT = "sftdata-loader-state"
+STATE_VERSION = 1
+# fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
+OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
+SOURCES = (EpisodeSource, PackedSource, WindowSource)
+
+
+class Source(Protocol):
+    """What ``Loader`` needs of a source (``EpisodeSource``, ``PackedSource``, ``WindowSource``)."""
+
+    mode: str  # dataset_mode in logs, audit lines and the state: sft_episode | packed | token_stream
+    tag: str  # prefix of its log lines
+    items: str  # what its ids name, for log lines: episodes | rows | windows
+    sampling: str  # epoch | random
+    root: object  # the dataset folder, or None
+    splits: tuple[str, ...]
+    world_size: int
+    pad_id: int | None  # what rows are padded with; None: never padded
+    end_id: int | None  # in a row without a mask, every target after this id is padding
+    tokenizer_state: dict | None
+
+    def order(self, split: str) -> BatchOrder: ...
+    def size(self, split: str) -> int: ...
+    def batch(self, split: str, ids: np.ndarray) -> Batch: ...
+    def describe(self, split: str) -> str: ...
+    def epoch_note(self, split: str) -> str: ...
+    def audit_fields(self) -> dict: ...
+    def fingerprint(self) -> dict: ...
+    def notes(self) -> list[tuple[int, str]]: ...
+
+
+def dataset_identity(root) -> str | None:
+    """sha256 of what ``dataset_metadata.json`` records of the splits: their shards, and
+    the size and sha256 of every file in them. Preparing is deterministic, so the same
+    inputs and options give the same identity wherever the files are (paths and options
+    recorded elsewhere in the metadata do not count); another dataset with the same
+    episode counts does not. None for a layout without metadata."""
+    if root is None or not (Path(root) / METADATA_FILE).is_file():
+        return None
+    splits = read_json(Path(root) / METADATA_FILE).get("splits")
+    return hashlib.sha256(dumps_json(splits)).hexdigest()
+
+
+def open_source(cfg: LoaderConfig, data, world_size: int = 1, root=None) -> Source:
+    """The source of ``data``: an opened ``Dataset`` (episodes or packed rows), a mapping
+    ``{split: [token arrays]}`` (token windows), or a source itself."""
+    if isinstance(data, SOURCES):
+        if data.world_size != world_size:
+            raise ConfigError(f"the source was made for world_size {data.world_size}, the loader has {world_size}")
+        return data
+    if isinstance(data, Dataset):
+        return (PackedSource if data.kind == "packed" else EpisodeSource)(cfg, data, world_size)
+    if isinstance(data, Mapping):
+        return WindowSource(cfg, data, world_size, root=root)
+    raise ConfigError(f"a loader reads an opened Dataset or {{split: [token arrays]}}, got {type(data).__name__}")
+
+
+class Loader:
+    """Fixed-shape batches of one dataset; ``make_loader`` builds it from a folder.
+
+    ``Loader(cfg, data)`` also builds it directly: ``data`` is an opened
+    ``sftdata.store.Dataset`` or ``{"train": [token array, ...], ...}`` (token windows).
+
+    ``get_batch(split)`` returns a ``Batch`` and advances ``step(split)``, the number of
+    batches already returned: the ``--step`` of ``sftdata replay-order`` for the next
+    one. ``steps_total(split)`` is the number of steps of a one-pass order (packed rows),
+    None for an endless one; past it ``get_batch`` raises ``StopIteration``.
+    """
+
+    def __init__(self, cfg: LoaderConfig, data, *, backend: str = "numpy", device: str = "cpu", rank: int = 0,
+                 world_size: int = 1, audit: AuditLog | None = None, root=None):
+        if not isinstance(cfg, LoaderConfig):
+            raise ConfigError(f"a loader needs a LoaderConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.source = open_source(cfg, data, world_size, root)
+        self.backend = backend
+        self.device = device
+        self.rank = rank
+        self.world_size = world_size
+        self.audit = audit if rank == 0 else None
+        self.identity = dataset_identity(self.source.root)
+        self._steps = {name: 0 for name in self.source.splits}
+        self.last_ids: dict[str, np.ndarray] = {}  # the ids of the batch get_batch returned last, per split
+        self._log_init()
+        self.order("train")  # fail now, not at the first batch, when train cannot be batched
+
+    # -- what every loader answers ----------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``sft_episode``, ``packed`` or ``token_stream``."""
+        return self.source.mode
+
+    @property
+    def sampling(self) -> str:
+        return self.source.sampling
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return self.source.splits
+
+    @property
+    def pad_id(self) -> int | None:
+        """The id rows are padded with; None when rows are never padded (token windows)."""
+        return self.source.pad_id
+
+    @property
+    def end_id(self) -> int | None:
+        """In a batch without a mask, every target after this id is padding (episode rows:
+        the tokenizer's EOS); None when every target of such a batch is real."""
+        return self.source.end_id
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary size the dataset's tokenizer records, or None (a bare token stream)."""
+        v = (self.source.tokenizer_state or {}).get("vocab_size")
+        return int(v) if v is not None else None
+
+    def order(self, split: str) -> BatchOrder:
+        return self.source.order(split)
+
+    def num_items(self, split: str) -> int:
+        """Items (eligible episodes, rows, windows) the order of ``split`` draws from; 0
+        for an empty split, which has no order."""
+        return self.source.size(split)
+
+    def step(self, split: str = "train") -> int:
+        return self._steps.get(split, 0)
+
+    def steps_total(self, split: str = "train") -> int | None:
+        return self.order(split).steps_total
+
+    def batch_ids(self, split: str, step: int) -> np.ndarray:
+        """Ids of this rank's rows at ``step`` (-1 = a padding row)."""
+        return self.order(split).step_ids(step, self.rank)
+
+    # -- batches ----------------------------------------------------------------------
+    def batch_at(self, split: str, step: int, ids: np.ndarray | None = None, *, events: bool = False) -> Batch:
+        """The numpy batch of ``step``; no state change, and no log line or audit event
+        unless ``events`` (the iterable form logs the epochs it reaches)."""
+        if events:
+            self._emit_events(split, step)
+        return self.source.batch(split, self.batch_ids(split, step) if ids is None else ids)
+
+    def get_batch(self, split: str = "train") -> Batch:
+        step = self._steps.get(split, 0)
+        total = self.steps_total(split)
+        if total is not None and step >= total:
+            raise StopIteration(f"split {split!r} of {self.source.root} is done: {total} batches, one pass "
+                                f"(training ends when the loader ends)")
+        self._emit_events(split, step)
+        ids = self.batch_ids(split, step)
+        batch = self.source.batch(split, ids)
+        self.last_ids[split] = ids
+        self._steps[split] = step + 1
+        if total is not None and step + 1 == total and self.rank == 0:
+            log.info("[%s] split=%s end of data after %d batches (one pass)", self.source.tag, split, total)
+        return to_backend(batch, self.backend, self.device)
+
+    def __iter__(self):
+        """The train batches from the current step to the end of the order (endless
+        unless the order is one pass)."""
+        while True:
+            try:
+                yield self.get_batch("train")
+            except StopIteration:
+                return
+
+    def iterable(self, split: str = "train", start_step: int | None = None, num_steps: int | None = None,
+                 torch: bool = False):
+        """The numpy batches from ``start_step`` (default: the current step) on, ``num_steps``
+        of them or up to the end of a one-pass order (else endless); ``torch=True`` gives a
+        ``torch.utils.data.IterableDataset`` for ``DataLoader(..., batch_size=None,
+        num_workers=W)`` (same batches, same order, as CPU tensors)."""
+        start = self.step(split) if start_step is None else int(start_step)
+        total = self.steps_total(split)
+        if total is not None:
+            left = max(0, total - start)
+            num_steps = left if num_steps is None else min(int(num_steps), left)
+        return (torch_iterable if torch else BatchIterable)(self, split, start, num_steps)
+
+    # -- state ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The step of each split and the settings that decide the order (JSON-able)."""
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
+                "order": self._fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` was saved; refused when the order would differ."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ConfigError("not a loader state (expected the dict returned by loader.state_dict())")
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')!r} is not supported (this sftdata "
+                              f"reads {STATE_VERSION})")
+        saved = state.get("order") or {}
+        diff = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self._fingerprint().items()
+                if saved.get(k) != v
+                and not (k in OPTIONAL_FINGERPRINT and (k not in saved or v is None or saved[k] is None))]
+        if diff:
+            raise ConfigError("cannot resume: the loader state was saved with other order settings or another "
+                              "dataset, so the remaining batches would differ (" + "; ".join(diff) + "). Resume "
+                              "with the original config and dataset")
+        steps = state.get("steps") or {}
+        for split, v in steps.items():
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"loader state: step of split {split!r} must be an integer >= 0, got {v!r}")
+        self._steps.update({k: int(v) for k, v in steps.items()})
+        for split, step in self._steps.items():
+            if self.audit is not None and step:
+                self.audit.event("loader_resume", split=split, step=step, epoch=self._epoch_of(split, step))
+
+    def _fingerprint(self) -> dict:
+        return {"dataset_mode": self.mode, "epoch_seed": self.cfg.epoch_seed, "batch_size": self.cfg.batch_size,
+                "world_size": self.world_size, **self.source.fingerprint(), "dataset_content_sha256": self.identity}
+
+    def _epoch_of(self, split: str, step: int) -> int | None:
+        o = self.order(split)
+        if o.sampling != "epoch" or (o.steps_total is not None and step >= o.steps_total):
+            return None
+        return o.epoch_of_step(step)
+
+    # -- logging ----------------------------------------------------------------------
+    def _log_init(self) -> None:
+        src, cfg = self.source, self.cfg
+        if self.rank == 0:
+            for level, note in src.notes():
+                log.log(level, note)
+            for name in src.splits:
+                log.info("[%s] init dataset=%s split=%s %s block_size=%d batch_size=%d world_size=%d", src.tag,
+                         src.root, name, src.describe(name), cfg.block_size, cfg.batch_size, self.world_size)
+        if self.audit is not None:
+            self.audit.event("dataset_load", dataset=str(src.root), dataset_mode=src.mode,
+                             batch_sampling_mode=src.sampling, epoch_seed=cfg.epoch_seed,
+                             epoch_shuffle=cfg.epoch_shuffle, epoch_drop_last=cfg.epoch_drop_last,
+                             batch_size=cfg.batch_size, world_size=self.world_size, block_size=cfg.block_size,
+                             **src.audit_fields())
+
+    def _emit_events(self, split: str, step: int) -> None:
+        """The epoch boundary log lines and audit events global batch ``step`` reaches.
+        The audit keys name episodes (a documented format ``replay-order --check-audit``
+        reads); for packed rows they count rows."""
+        if self.rank != 0:
+            return
+        o = self.order(split)
+        for ev in o.step_events(step):
+            seed = o.seed + ev.epoch
+            if ev.kind == "epoch_start":
+                log.info("[%s] split=%s epoch=%d %s=%d batches=%d shuffle=%s drop_last=%s %s", self.source.tag, split,
+                         ev.epoch, self.source.items, o.n, o.batches_in_epoch(ev.epoch), format_value(o.shuffle),
+                         format_value(o.drop_last), self.source.epoch_note(split))
+                if self.audit is not None:
+                    self.audit.event("epoch_start", split=split, epoch=ev.epoch, seed=seed, num_episodes=o.n,
+                                     first_episode_ids=o.epoch_order(ev.epoch)[:FIRST_IDS].tolist(), step=step)
+            elif self.audit is not None:
+                self.audit.event("epoch_complete", split=split, epoch=ev.epoch, seed_used=seed,
+                                 episodes_seen=ev.items_seen, episodes_dropped=o.n - ev.items_seen, step=step)

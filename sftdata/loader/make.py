@@ -1,0 +1,74 @@
+"""``make_loader(cfg, dataset_dir)``: the loader of a dataset folder, its source detected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..audit import AuditLog
+from ..config import LoaderConfig
+from ..errors import ConfigError, DatasetError
+from ..store import TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
+from ..verify import check_structure  # structural checks move into store.open_dataset
+from .backend import resolve_backend, resolve_rank
+from .loader import Loader
+from .windows import WindowSource
+
+
+def detect_mode(dataset_dir: str | Path) -> str:
+    """``sft_episode`` when ``train/shard_*/episodes.idx`` or ``train/episodes.idx``
+    exists, else ``token_stream``. A packed dataset has an episode index too (of its
+    rows): ``make_loader`` reads it as packed rows."""
+    return "sft_episode" if has_episode_index(dataset_dir, "train") else "token_stream"
+
+
+def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: str = "auto", device: str = "cpu",
+                rank: int | None = None, world_size: int | None = None,
+                audit_dir: str | Path | None = None) -> Loader:
+    """The ``Loader`` of ``dataset_dir``: ``dataset_mode`` from ``cfg``, else detected;
+    a packed dataset gives packed rows.
+
+    ``backend``: ``auto`` (torch tensors on ``device`` if torch is installed, else numpy),
+    ``numpy`` or ``torch``. ``rank`` / ``world_size`` default from torch.distributed (when
+    initialised) or RANK / WORLD_SIZE. ``audit_dir`` (or ``cfg.audit_dir``): where rank 0
+    writes ``audit_*.log``. A structurally broken dataset is refused with the message of
+    ``sftdata verify``.
+    """
+    if isinstance(cfg, dict):
+        cfg = LoaderConfig.from_dict(cfg)
+    if not isinstance(cfg, LoaderConfig):
+        raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
+    root = Path(dataset_dir)
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder {root} does not exist; create it with "
+                           f"`sftdata prepare-chat ... --output-dir {root}`")
+    backend = resolve_backend(backend)
+    rank, world_size = resolve_rank(rank, world_size)
+    mode = cfg.dataset_mode or detect_mode(root)
+    if mode == "token_stream":
+        data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=_tokenizer_state(root))
+    else:
+        if not has_episode_index(root, "train"):
+            raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
+                               f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
+                               f"`sftdata prepare-chat`, or set dataset_mode=token_stream")
+        data = open_dataset(root, token_dtype=cfg.token_dtype)
+        check_structure(data)  # structural checks move into store.open_dataset
+    adir = audit_dir if audit_dir is not None else cfg.audit_dir
+    audit = AuditLog(adir) if adir is not None and rank == 0 else None
+    return Loader(cfg, data, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)
+
+
+def _token_arrays(root: Path, cfg: LoaderConfig) -> dict:
+    """The token arrays of train (required) and val (when there is one)."""
+    splits = {}
+    for split in ("train", "val"):
+        try:
+            splits[split] = open_token_stream(root, split, token_dtype=cfg.token_dtype)
+        except DatasetError:
+            if split == "train":
+                raise
+    return splits
+
+
+def _tokenizer_state(root: Path) -> dict | None:
+    return read_json(root / TOKENIZER_FILE) if (root / TOKENIZER_FILE).is_file() else None

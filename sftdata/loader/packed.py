@@ -1,0 +1,131 @@
+"""The packed-row source (datasets of ``kind: "packed"``): fixed rows of several segments.
+
+A stored row holds ``L = block_size + 1`` tokens; a batch row is shifted like an
+episode row, and carries the per-token segment layout (docs/PACKING.md)::
+
+    row (L = 9):        S  u  E  A  a  E  EOS | U  v
+    x = row[:-1]        S  u  E  A  a  E  EOS   U
+    y = row[1:]         u  E  A  a  E  EOS U    v
+    mask (aligned to y) 0  0  1  1  1  0   0    0      (stored mask[1:])
+    position_ids        0  1  2  3  4  5   6    0      (of x)
+    seq_ids             0  0  0  0  0  0   0    1      (of x; padding -1)
+
+Every field of the ``Batch`` is set: int64 arrays of shape ``(batch_size, block_size)``,
+mask float32. Attention isolation: ``sftdata.attention.block_causal_mask(seq_ids)``.
+
+Rows are visited once, in the epoch order of ARCHITECTURE.md §4
+(``sftdata.order.row_order``, the order ``replay-order`` replays): training ends when
+the loader ends, with no second epoch. With ``epoch_drop_last=false`` the last batch is
+completed with padding rows (all padding, mask 0, seq_ids -1) rather than rows of a
+second pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import LoaderConfig
+from ..errors import ConfigError, DatasetError
+from ..order import BatchOrder, row_order
+from ..packing import PAD_SEQ_ID, row_layout
+from ..store import Dataset, Segments, Split, split_segments
+from .batch import Batch
+
+
+def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pad_id: int,
+                 use_loss_mask: bool = True) -> Batch:
+    """The numpy ``Batch`` of the given global row ids (-1 = a padding row).
+
+    Without ``use_loss_mask`` every target inside a segment is trained (never one that
+    crosses into the next segment or into padding)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    b, L = rows.size, int(row_len)
+    toks = np.full((b, L), pad_id, dtype=np.int64)
+    mask = np.zeros((b, L), dtype=np.float32)
+    real = np.flatnonzero(rows >= 0)
+    shard = split.shard_of(rows[real])
+    for si in np.unique(shard).tolist():
+        sel = real[shard == si]
+        sh = split.shards[si]
+        local = rows[sel] - int(split.episode_offsets[si])
+        toks[sel] = np.asarray(sh.tokens).reshape(-1, L)[local]
+        mask[sel] = np.asarray(sh.mask).reshape(-1, L)[local]
+    s = seg.of_rows(rows)  # none for a padding row
+    where = np.repeat(np.arange(b), np.searchsorted(seg.row, rows, "right") - np.searchsorted(seg.row, rows, "left"))
+    seq, pos = row_layout(where, s.offset, s.length, b, L)
+    if not use_loss_mask:
+        mask[:, 1:] = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] != PAD_SEQ_ID)
+    return Batch(toks[:, :-1], toks[:, 1:].copy(), np.ascontiguousarray(mask[:, 1:]), pos[:, :-1].copy(),
+                 seq[:, :-1].copy())
+
+
+class PackedSource:
+    """Which rows are in step N of a split (one pass), and the batch of those rows."""
+
+    mode = "packed"
+    tag = "PackedLoader"  # the log lines' prefix
+    items = "rows"
+    sampling = "epoch"
+    end_id = None  # rows carry a mask, always
+
+    def __init__(self, cfg: LoaderConfig, ds: Dataset, world_size: int = 1):
+        if "train" not in ds.splits:
+            raise DatasetError(f"{ds.root} has no train split")
+        packing = ds.packing or {}
+        if cfg.block_size != packing.get("block_size"):
+            raise ConfigError(f"{ds.root} was packed with block_size {packing.get('block_size')}, but the config "
+                              f"says block_size {cfg.block_size}; set block_size {packing.get('block_size')} or "
+                              f"re-pack with `sftdata pack --block-size {cfg.block_size}`")
+        self.pad_id = int(packing["pad_token_id"])
+        if cfg.pad_token_id is not None and cfg.pad_token_id != self.pad_id:
+            raise ConfigError(f"{ds.root} was packed with pad id {self.pad_id}, but the config says pad_token_id "
+                              f"{cfg.pad_token_id}; leave pad_token_id null or re-pack with --pad-id")
+        self.cfg = cfg
+        self.ds = ds
+        self.world_size = world_size
+        self.root = ds.root
+        self.splits = tuple(ds.splits)
+        self.tokenizer_state = ds.tokenizer_state
+        self.row_len = int(packing["row_len"])
+        self.strategy = packing.get("strategy")
+        self._orders: dict[str, BatchOrder] = {}
+        self._segments: dict[str, Segments] = {}
+
+    def order(self, split: str) -> BatchOrder:
+        o = self._orders.get(split)
+        if o is None:
+            o = self._orders[split] = row_order(self.cfg, self.ds.split(split).num_episodes, self.world_size,
+                                                what=f"split {split!r} of {self.ds.root}")
+        return o
+
+    def size(self, split: str) -> int:
+        return self.ds.split(split).num_episodes  # rows
+
+    def segments(self, split: str) -> Segments:
+        s = self._segments.get(split)
+        if s is None:
+            s = self._segments[split] = split_segments(self.ds.split(split))
+        return s
+
+    def batch(self, split: str, ids: np.ndarray) -> Batch:
+        return packed_batch(self.ds.split(split), self.segments(split), ids, self.row_len, self.pad_id,
+                            self.cfg.use_loss_mask)
+
+    # -- what the loader logs, audits and fingerprints --------------------------------
+    def describe(self, split: str) -> str:
+        return f"rows={self.ds.split(split).num_episodes} row_len={self.row_len} strategy={self.strategy}"
+
+    def epoch_note(self, split: str) -> str:
+        o = self.order(split)
+        return f"rows_not_trained={o.n % o.global_batch if o.drop_last else 0}"
+
+    def audit_fields(self) -> dict:
+        return {"packing_strategy": self.strategy, **{f"num_{s}_rows": sp.num_episodes for s, sp in self.ds.splits.items()}}
+
+    def fingerprint(self) -> dict:
+        return {"batch_sampling_mode": self.sampling, "epoch_shuffle": self.cfg.epoch_shuffle,
+                "epoch_drop_last": self.cfg.epoch_drop_last,
+                "num_rows": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+
+    def notes(self) -> list[tuple[int, str]]:
+        return []

@@ -1,0 +1,162 @@
+"""Render one conversation with a model's chat template: token ids and the loss mask.
+
+    >>> profile = learn_profile(load_chat_template("llama3"), tok)     # once
+    >>> out = render_conversation(conv, profile, tok)                  # per record
+    >>> out.episodes[0].ids, out.episodes[0].mask
+
+The text is rendered once for the whole conversation and tokenized once, added tokens
+recognised and nothing added (no doubled BOS). Trained = each assistant reply from after
+its role header through its end-of-turn token, located in the whole render
+(``spans.locate_replies``) or read off ``{% generation %}`` blocks. Where a template
+rewrites replies so that they cannot be located in the whole render, the conversation
+becomes one episode per reply (the render up to that reply, only it trained) and
+``per_reply`` says why. A reply that cannot be located even so is a ``RecordError``
+naming the template and the message: never an all-zero or all-one mask.
+
+Message text holding one of the tokenizer's special-token strings (``<|eot_id|>`` typed
+by a user) is refused: tokenized in the render it would become the control token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..conversation import Conversation
+from ..errors import RecordError, TemplateError
+from ..hf_tokenizer import HFTokenizer
+from .environment import RESERVED_CHARS
+from .messages import conversation_messages, tool_schemas
+from .profile import TemplateProfile
+from .rule import mask_disagreement
+from .spans import NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One rendered episode. ``spans``: each trained reply as ``(message index, start, end)``
+    characters of ``text``; ``rule_mismatch``: the first token where the stored rule's mask
+    differs from this one (None when they agree)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    text: str
+    spans: tuple[tuple[int, int, int], ...]
+    rule_mismatch: int | None
+
+
+@dataclass(frozen=True)
+class TemplateRender:
+    episodes: tuple[Episode, ...]
+    per_reply: str | None = None  # why the conversation was served one episode per reply
+
+    @property
+    def rule_agrees(self) -> bool:
+        return all(e.rule_mismatch is None for e in self.episodes)
+
+
+@lru_cache(maxsize=8)
+def _special_re(specials: tuple[str, ...]) -> re.Pattern | None:
+    if not specials:
+        return None
+    return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+
+
+def _strings(value, path: str):
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+
+
+def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
+    """Refuse message text holding a special-token string or a character sftdata reserves."""
+    pattern = _special_re(tuple(tok.special_tokens))
+    for i, m in enumerate(messages):
+        for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}"):
+            bad = next((c for c in RESERVED_CHARS if c in text), None)
+            if bad is not None:
+                raise RecordError("reserved_character", f"{path} holds the noncharacter U+{ord(bad):04X}, which "
+                                  f"sftdata uses to mark spans; remove it", where)
+            hit = pattern.search(text) if pattern is not None else None
+            if hit is not None:
+                raise RecordError("special_token_in_text", f"{path} holds the special token {hit.group()!r} as "
+                                  f"text; the rendered conversation would contain that control token. Remove or "
+                                  f"escape it", where)
+    if tools and pattern is not None:
+        hit = pattern.search(json.dumps(tools, ensure_ascii=False))
+        if hit is not None:
+            raise RecordError("special_token_in_text", f"a tool schema holds the special token {hit.group()!r}", where)
+
+
+def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
+    enc = tok.encode_rendered(text)
+    chars = [(a, b) for _, a, b in spans]
+    lo, hi = token_ranges(enc.offsets, chars)
+    empty = np.flatnonzero(hi <= lo)
+    if empty.size:
+        raise RecordError("reply_not_located", f"chat template {name}: assistant message {spans[empty[0]][0]} "
+                          f"renders to no token", where)
+    mask = token_mask(enc.offsets, chars)
+    if mask.all():
+        raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
+                          f"template's replies cannot be told from the rest", where)
+    return Episode(enc.ids, mask, text, tuple(spans), mask_disagreement(enc.ids, mask, profile.rule))
+
+
+def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
+                    where: str = "") -> TemplateRender:
+    """Render already-built message dicts (see ``render_conversation``). Raises ``RecordError``
+    (``template_error``, ``reply_not_located``, ``special_token_in_text``, ``reserved_character``)."""
+    name = profile.template.name
+    check_texts(messages, tools, tok, where)
+    try:
+        if profile.generation:
+            out = profile.template.render(messages, tools=tools, variables=profile.variables)
+            if not out.generation:
+                raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
+                                  f"conversation; nothing would be trained", where)
+            return TemplateRender((_episode(tok, profile, out.text, [(-1, a, b) for a, b in out.generation],
+                                            name, where),))
+        fn = profile.render_fn(tools)
+        if profile.rule.last_reply_only:
+            why = "the template's replies can be located only one at a time (learned from its probe conversations)"
+        else:
+            try:
+                text, spans = locate_replies(fn, messages, profile.layout)
+                return TemplateRender((_episode(tok, profile, text, spans, name, where),))
+            except NotLocated as e:
+                why = (f"message {e.index}: " if e.index is not None else "") + e.why
+        episodes = []
+        for k, m in enumerate(messages):
+            if m.get("role") != "assistant":
+                continue
+            try:
+                text, span = locate_last_reply(fn, messages, profile.layout, k)
+            except NotLocated as e:
+                raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
+                                  f"located ({e.why})", where) from None
+            episodes.append(_episode(tok, profile, text, [span], name, where))
+        return TemplateRender(tuple(episodes), per_reply=why)
+    except TemplateError as e:
+        raise RecordError("template_error", str(e), where) from None
+
+
+def render_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
+                        where: str = "") -> TemplateRender:
+    """Render a validated ``Conversation`` with the profile's template (tool-call arguments
+    as the template expects them)."""
+    return render_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where)
+
+
+def tokenizer_state(tok: HFTokenizer, profile: TemplateProfile) -> dict:
+    """``tokenizer_state.json`` for a dataset made with this tokenizer and template."""
+    return {**tok.state(), **profile.state()}

@@ -1,0 +1,189 @@
+"""Find each assistant reply in a template's render of the WHOLE conversation.
+
+Many templates are not prefix-stable (the render of a conversation prefix is not a prefix
+of the whole render: Qwen3 adds an empty think block to the final reply only, Mistral
+moves the system text to the last user message), so spans are never found by rendering
+prefixes. Instead:
+
+1. render the conversation (R), and render it again with every message text (and the
+   first tool-call name of each reply) replaced by a unique sentinel (S);
+2. S is the template's own text with the sentinels in it: the pieces between sentinels
+   must appear in R in order, with each message's text (possibly trimmed or rewritten by
+   the template) between them; that gives every piece's place in R;
+3. a reply's span starts after the last assistant header before its first sentinel and
+   ends after the first end-of-turn text after its last sentinel (before any other
+   message's sentinel); both are found in S's own pieces and mapped to R.
+
+When that fails (a template that drops or duplicates a reply's text, or makes the pieces
+ambiguous), ``locate_last_reply`` serves one reply at a time from the render of the
+conversation up to it.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+SENT_OPEN, SENT_CLOSE = "\ufdd2", "\ufdd3"
+_SENT_RE = re.compile(f"{SENT_OPEN}([cn])(\\d+){SENT_CLOSE}")
+THINK_END = "</think>"
+
+RenderFn = Callable[..., str]  # (messages, add_generation_prompt=False) -> text
+
+
+class NotLocated(Exception):
+    """A reply could not be located; ``index`` is its message index (None: the whole render)."""
+
+    def __init__(self, index: int | None, why: str):
+        super().__init__(why)
+        self.index = index
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What marks a reply in this template's text: the headers that open one, the
+    end-of-turn texts that close one."""
+
+    header_texts: tuple[str, ...]
+    end_texts: tuple[str, ...]
+
+
+def sentinel_messages(messages: list[dict]) -> tuple[list[dict], dict[tuple[str, int], str]]:
+    """A copy of ``messages`` with sentinels, and the text each sentinel replaced."""
+    out: list[dict] = []
+    originals: dict[tuple[str, int], str] = {}
+    for i, m in enumerate(messages):
+        m = dict(m)
+        content = m.get("content")
+        if m.get("role") in ("user", "assistant", "tool") and isinstance(content, str) and content:
+            # reasoning written inline (``<think>...</think>`` then the answer) is kept, so a
+            # template that moves or drops it renders the same structure with the sentinel
+            cut = content.rfind(THINK_END) + len(THINK_END) if m.get("role") == "assistant" and THINK_END in content \
+                else 0
+            m["content"] = f"{content[:cut]}{SENT_OPEN}c{i}{SENT_CLOSE}"
+            originals[("c", i)] = content[cut:]
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls:
+            first = dict(calls[0])
+            first["function"] = dict(first["function"])
+            originals[("n", i)] = first["function"]["name"]
+            first["function"]["name"] = f"{SENT_OPEN}n{i}{SENT_CLOSE}"
+            m["tool_calls"] = [first, *calls[1:]]
+        out.append(m)
+    return out, originals
+
+
+def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]:
+    """Sentinels of S (``(kind, index, start, end)`` in S), and each piece's start in S and in R."""
+    found = [(m.group(1), int(m.group(2)), m.start(), m.end()) for m in _SENT_RE.finditer(s)]
+    keys = [(k, i) for k, i, _, _ in found]
+    if len(set(keys)) != len(keys):
+        raise NotLocated(None, "the template renders a message's text more than once")
+    if any(b[1] < a[1] for a, b in zip(found, found[1:])):
+        raise NotLocated(None, "the template renders messages out of order")
+    s_starts = [0] + [e for _, _, _, e in found]
+    pieces = [s[a: (found[j][2] if j < len(found) else len(s))] for j, a in enumerate(s_starts)]
+    if not r.startswith(pieces[0]):
+        raise NotLocated(None, "the render differs from the template's text before the first message")
+    r_starts = [0]
+    pos = len(pieces[0])
+    last = len(pieces) - 1
+    for j in range(1, len(pieces)):
+        orig, piece = originals[keys[j - 1]], pieces[j]
+        verbatim = pos + len(orig)
+        if r.startswith(orig, pos) and r.startswith(piece, verbatim) and (j < last or verbatim + len(piece) == len(r)):
+            at = verbatim
+        elif j == last:
+            at = len(r) - len(piece)
+            if at < pos or not r.endswith(piece):
+                raise NotLocated(None, "the render's end differs from the template's text")
+        else:
+            at = r.find(piece, pos) if piece else -1
+            if at < 0 or r.find(piece, at + 1) >= 0:
+                raise NotLocated(keys[j - 1][1], "the template changes this message's text so that it cannot be "
+                                 "told from the text around it")
+        r_starts.append(at)
+        pos = at + len(piece)
+    return found, s_starts, r_starts
+
+
+def locate_replies(render_fn: RenderFn, messages: list[dict], layout: Layout,
+                   only: int | None = None) -> tuple[str, list[tuple[int, int, int]]]:
+    """The whole render and each reply's ``(message index, start, end)`` character span.
+    ``only``: locate that reply alone. Raises ``NotLocated``."""
+    r = render_fn(messages)
+    sent, originals = sentinel_messages(messages)
+    s = render_fn(sent)
+    found, s_starts, r_starts = _align(r, s, originals)
+
+    def to_r(x: int) -> int:
+        j = bisect_right(s_starts, x) - 1
+        return r_starts[j] + (x - s_starts[j])
+
+    spans: list[tuple[int, int, int]] = []
+    floor = 0
+    targets = [only] if only is not None else [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    for i in targets:
+        mine = [f for f in found if f[1] == i]
+        if not mine:
+            raise NotLocated(i, "its text is not in the render")
+        a0, a1 = mine[0][2], mine[-1][3]
+        before = [f[3] for f in found if f[1] != i and f[3] <= a0]
+        lo = max([floor, *before[-1:]])
+        head = max((s.rfind(h, lo, a0) + len(h) for h in layout.header_texts if s.rfind(h, lo, a0) >= 0), default=-1)
+        if head < 0:
+            raise NotLocated(i, "no assistant header precedes it in the render")
+        after = [f[2] for f in found if f[1] != i and f[2] >= a1]
+        hi = after[0] if after else len(s)
+        ends = [s.find(t, a1, hi) + len(t) for t in layout.end_texts if s.find(t, a1, hi) >= 0]
+        if not ends:
+            raise NotLocated(i, "no end-of-turn token follows it before the next message")
+        end = min(ends)
+        spans.append((i, to_r(head), to_r(end)))
+        floor = end
+    return r, spans
+
+
+def locate_last_reply(render_fn: RenderFn, messages: list[dict], layout: Layout,
+                      k: int) -> tuple[str, tuple[int, int, int]]:
+    """Render ``messages[:k + 1]`` (reply ``k`` last) and locate reply ``k`` in it: by the
+    sentinel method, else as what follows the render of ``messages[:k]`` with the
+    generation prompt. Raises ``NotLocated``."""
+    prefix = messages[: k + 1]
+    try:
+        text, spans = locate_replies(render_fn, prefix, layout, only=k)
+        return text, spans[0]
+    except NotLocated:
+        pass
+    text = render_fn(prefix)
+    head = render_fn(messages[:k], add_generation_prompt=True)
+    if not text.startswith(head):
+        raise NotLocated(k, "neither the whole render nor the render up to this reply shows where it starts")
+    ends = [text.find(t, len(head)) + len(t) for t in layout.end_texts if text.find(t, len(head)) >= 0]
+    if not ends:
+        raise NotLocated(k, "no end-of-turn token follows it")
+    return text, (k, len(head), min(ends))
+
+
+def token_ranges(offsets: np.ndarray, spans) -> tuple[np.ndarray, np.ndarray]:
+    """For each character span ``(start, end)``, the tokens ``lo:hi`` that overlap it (as
+    ``return_assistant_tokens_mask`` maps them: from the token holding ``start`` through
+    the one holding ``end - 1``)."""
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    bounds = np.asarray(list(spans), dtype=np.int64).reshape(-1, 2)
+    lo = np.searchsorted(offsets[:, 1], bounds[:, 0], side="right")
+    hi = np.searchsorted(offsets[:, 0], bounds[:, 1], side="left")
+    return lo, np.maximum(hi, lo)
+
+
+def token_mask(offsets: np.ndarray, spans) -> np.ndarray:
+    """uint8 mask over tokens: 1 for every token that overlaps one of the character spans."""
+    n = np.asarray(offsets).reshape(-1, 2).shape[0]
+    lo, hi = token_ranges(offsets, spans)
+    delta = np.bincount(lo, minlength=n + 1)[: n + 1] - np.bincount(hi, minlength=n + 1)[: n + 1]
+    return (np.cumsum(delta[:n]) > 0).astype(np.uint8)

@@ -1,0 +1,87 @@
+"""The sandboxed Jinja environment renders as Hugging Face's does."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+pytest.importorskip("jinja2", reason="the hf extra (jinja2) is not installed")
+
+from sftdata.errors import TemplateError  # noqa: E402
+from sftdata.template import compile_template, has_generation_blocks, load_chat_template, render  # noqa: E402
+
+MSGS = [{"role": "user", "content": "héllo \"x\" <b>"}, {"role": "assistant", "content": "ok"}]
+
+
+def run(text: str, messages=MSGS, **kw):
+    return render(compile_template(text, "t"), messages, name="t", **kw)
+
+
+def test_trim_and_lstrip_blocks():
+    text = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    assert run(text).text == "[héllo \"x\" <b>]\n"
+
+
+def test_tojson_keeps_non_ascii_and_does_not_escape_html():
+    assert run("{{ messages[0] | tojson }}").text == '{"role": "user", "content": "héllo \\"x\\" <b>"}'
+    assert run("{{ {'b': 1, 'a': [1]} | tojson(indent=2, sort_keys=True) }}").text == '{\n  "a": [\n    1\n  ],\n  "b": 1\n}'
+    assert run("{{ messages[1] | tojson(separators=(',', ':')) }}").text == '{"role":"assistant","content":"ok"}'
+
+
+def test_variables_and_helpers():
+    text = ("{{ bos_token }}|{{ add_generation_prompt }}|{{ tools is none }}|{{ dict(a=1)['a'] }}|"
+            "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|"
+            "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.content }}{% endfor %}")
+    out = run(text, variables={"bos_token": "<s>"}, add_generation_prompt=True)
+    assert out.text == "<s>|True|True|1|2|ok"
+    assert run("{{ strftime_now('%Y') }}").text == str(datetime.now().year)
+
+
+def test_raise_exception_names_the_template_and_its_message():
+    with pytest.raises(TemplateError, match=r"^chat template t refused the conversation: Roles must alternate$"):
+        run("{{ raise_exception('Roles must alternate') }}")
+
+
+def test_undefined_use_and_python_errors_are_template_errors():
+    with pytest.raises(TemplateError, match=r"^chat template t failed: UndefinedError: "):
+        run("{{ messages[0].missing.deeper }}")
+    with pytest.raises(TemplateError, match=r"^chat template t failed: TypeError: "):
+        run("{{ messages[0].content + 1 }}")
+
+
+def test_the_sandbox_refuses_mutation_and_internals():
+    with pytest.raises(TemplateError, match=r"SecurityError: .*append"):
+        run("{% set x = messages.append(1) %}")
+    with pytest.raises(TemplateError, match=r"SecurityError: a template may not set the attribute '_x'"):
+        run("{% set ns = namespace() %}{% set ns._x = 1 %}")
+    assert run("{{ messages.__class__ }}").text == ""
+
+
+def test_generation_blocks_become_character_spans():
+    text = ("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+            "</end>{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    assert has_generation_blocks(text) and has_generation_blocks("{%- generation -%}")
+    out = run(text)
+    assert out.text == "<user>héllo \"x\" <b><assistant>ok</end>"
+    ((a, b),) = out.generation
+    assert out.text[a:b] == "ok</end>"
+    assert run(text.replace("generation", "generation ")).generation == out.generation
+
+
+def test_a_template_that_does_not_compile():
+    with pytest.raises(TemplateError, match=r"^chat template bad.jinja does not compile: .*\(line 1\)"):
+        compile_template("{% for m in messages %}", "bad.jinja")
+
+
+def test_load_chat_template_sources(tmp_path):
+    assert load_chat_template("chatml").source == "preset"
+    f = tmp_path / "mine.jinja"
+    f.write_text("{{ messages[0].content }}", encoding="utf-8")
+    t = load_chat_template(str(f))
+    assert (t.name, t.source, t.text) == ("mine.jinja", "file", "{{ messages[0].content }}")
+    assert len(t.sha256) == 64 and t.state()["sha256"] == t.sha256
+    with pytest.raises(TemplateError, match=r"'nope' is neither a preset \(chatml, gemma, llama3, mistral, qwen3\)"):
+        load_chat_template("nope")
+    with pytest.raises(TemplateError, match=r"ships no chat template; pass --chat-template"):
+        load_chat_template("model")

@@ -1,0 +1,103 @@
+"""The mask rule over token ids (pure numpy: no tokenizer, no template)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sftdata.errors import DatasetError
+from sftdata.template.rule import MaskRule, mask_disagreement, rule_mask, rule_spans
+
+# Llama 3-like ids: 1 = <bos>, 2 = <start_header>, 3 = <end_header>, 4 = "\n\n", 5 = <eot>,
+# 10 = "user", 11 = "assistant", 20.. = text
+LLAMA = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,))
+
+
+def test_worked_example():
+    ids = np.array([1, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 21, 22, 5], dtype=np.uint32)
+    assert rule_mask(ids, LLAMA).tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+    assert rule_mask(ids, LLAMA).dtype == np.uint8
+
+
+def test_two_replies_and_an_unclosed_one():
+    ids = np.array([2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 22, 5, 2, 11, 3, 4, 23, 5,
+                    2, 11, 3, 4, 24, 25])
+    mask = rule_mask(ids, LLAMA)
+    assert np.flatnonzero(mask).tolist() == [10, 11, 22, 23]
+    starts, ends = rule_spans(ids, LLAMA)
+    assert starts.tolist() == [10, 22] and ends.tolist() == [12, 24]
+
+
+def test_several_headers_end_exclusive_and_a_header_inside_a_reply():
+    # Mistral-like: 7 = [/INST], 8 = [/TOOL_RESULTS], 9 = </s>; the end token left out
+    rule = MaskRule(headers=((7,), (8,)), end_ids=(9,), end_inclusive=False)
+    ids = np.array([30, 7, 31, 32, 9, 33, 8, 34, 7, 35, 9])
+    assert rule_mask(ids, rule).tolist() == [0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0]
+    # the [/INST] at 8 lies inside the reply opened at 6: one span, not two
+    assert rule_spans(ids, rule)[0].tolist() == [2, 7]
+
+
+def test_header_at_the_very_end_and_empty_input():
+    assert rule_mask(np.array([20, 2, 11, 3, 4]), LLAMA).tolist() == [0] * 5
+    assert rule_mask(np.array([], dtype=np.uint32), LLAMA).tolist() == []
+    assert rule_mask(np.array([2, 11]), LLAMA).tolist() == [0, 0]
+
+
+def test_input_is_not_changed():
+    ids = np.array([2, 11, 3, 4, 21, 5], dtype=np.uint16)
+    before = ids.copy()
+    rule_mask(ids, LLAMA)
+    assert np.array_equal(ids, before)
+
+
+def test_disagreement_names_the_first_token():
+    ids = np.array([2, 11, 3, 4, 21, 5])
+    assert mask_disagreement(ids, np.array([0, 0, 0, 0, 1, 1]), LLAMA) is None
+    assert mask_disagreement(ids, np.array([0, 0, 0, 1, 1, 1]), LLAMA) == 3
+    assert mask_disagreement(ids, np.array([0, 0, 0, 0, 1, 0]), LLAMA) == 5
+
+
+def test_state_round_trip():
+    rule = MaskRule(headers=((7,), (8, 9)), end_ids=(5, 6), end_inclusive=False, last_reply_only=True)
+    state = json.loads(json.dumps(rule.state()))
+    assert state == {"kind": "template-headers", "headers": [[7], [8, 9]], "end_ids": [5, 6], "end_inclusive": False,
+                     "last_reply_only": True}
+    assert MaskRule.from_state(state) == rule
+
+
+def test_last_reply_only():
+    """For templates served one episode per reply: only the episode's last reply is trained."""
+    rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), last_reply_only=True)
+    ids = np.array([2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 22, 5])
+    assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [16, 17]
+
+
+@pytest.mark.parametrize("state", [
+    None, {"kind": "other"}, {"kind": "template-headers", "headers": [], "end_ids": [5], "end_inclusive": True},
+    {"kind": "template-headers", "headers": [[1, -2]], "end_ids": [5], "end_inclusive": True},
+    {"kind": "template-headers", "headers": [[1]], "end_ids": [], "end_inclusive": True},
+    {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": "yes"},
+    {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": True, "last_reply_only": 1},
+])
+def test_bad_state(state):
+    with pytest.raises(DatasetError, match=r"^ds/tokenizer_state.json: mask_rule .*re-prepare the dataset"):
+        MaskRule.from_state(state, where="ds/tokenizer_state.json")
+
+
+def test_vectorised_on_a_long_array():
+    reply = [2, 11, 3, 4, 21, 22, 5]
+    turn = [2, 10, 3, 4, 20, 5]
+    parts = [turn + reply for _ in range(5000)]
+    ids = np.concatenate([np.array(p) for p in parts])
+    mask = rule_mask(ids, LLAMA)
+    assert mask.sum() == 5000 * 3
+    assert mask[6:13].tolist() == [0, 0, 0, 0, 1, 1, 1] and mask[-13:-7].tolist() == [0] * 6
+
+
+def test_the_longer_of_two_headers_at_one_place_wins():
+    """``<|im_start|>assistant\\n`` and the same plus an empty think block (40 41 42)."""
+    rule = MaskRule(headers=((1, 11, 4), (1, 11, 4, 40, 41, 42)), end_ids=(5,))
+    ids = np.array([1, 11, 4, 21, 5, 1, 10, 4, 20, 5, 1, 11, 4, 40, 41, 42, 22, 5])
+    assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [3, 4, 16, 17]
