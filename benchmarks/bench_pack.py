@@ -8,8 +8,8 @@ trainers ship it).
 
 Real lengths: when /work/shared/data (or --data DIR) holds conversation files, they are
 prepared with sftdata into a temporary folder and their episode lengths packed too.
-``--pipeline`` times the whole ``pack`` (read, mask per segment, write) on a synthetic
-episodes dataset.
+``--pipeline`` times the whole ``pack`` (read, mask per segment, write), bfd and stream,
+on a synthetic episodes dataset (best of ``--repeat`` runs).
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sftdata.masking import loss_mask  # noqa: E402
+from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.packing import padding_baseline, plan_bfd  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.store import TOKENIZER_FILE, DatasetWriter, open_dataset  # noqa: E402
+from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
 
 class SegmentTree:
@@ -113,9 +118,6 @@ def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool
 
 
 def real_lengths(data: Path, tmp: Path) -> np.ndarray | None:
-    from sftdata.prepare import PrepareOptions, prepare
-    from sftdata.store import open_dataset
-
     out = []
     for mode, pattern in (("chat", "kto_en_demo.json"), ("chat", "dummy_conversation.json"),
                           ("tool", "glaive_toolcall_en_demo.json"),
@@ -134,9 +136,6 @@ def real_lengths(data: Path, tmp: Path) -> np.ndarray | None:
 
 def synthetic_dataset(root: Path, n: int) -> None:
     """An episodes dataset of ``n`` chat episodes with lognormal lengths."""
-    from sftdata.store import TOKENIZER_FILE, DatasetWriter
-    from sftdata.tokenizer import load_tokenizer
-
     tok = load_tokenizer()
     m = tok.ids
     rng = np.random.default_rng(1)
@@ -152,8 +151,6 @@ def synthetic_dataset(root: Path, n: int) -> None:
     ids[ends - 1] = m.eos
     with DatasetWriter(root) as w:
         sw = w.split("train", np.dtype("<u4"))
-        from sftdata.masking import loss_mask
-
         sw.add_many(ids, loss_mask(ids, m), lengths, np.arange(n))
         meta = sw.close()
         w.write_json(TOKENIZER_FILE, tok.state())
@@ -181,17 +178,14 @@ def main() -> None:
                 for row_len in (513, 1025, 2049):
                     bench_lengths(f"real lengths ({args.data})", lengths, row_len, not args.no_reference, 1)
         if args.pipeline:
-            from sftdata.pack import PackOptions, pack
-
             synthetic_dataset(tmp / "syn", args.pipeline_episodes)
-            t = time.perf_counter()
-            rep = pack(tmp / "syn", tmp / "syn_packed", PackOptions(block_size=args.row_len - 1))
-            secs = time.perf_counter() - t
-            r = rep.splits["train"]
-            print(f"pipeline: pack of {r.episodes:,} episodes, {r.tokens_in / 1e6:.1f}M tokens -> {r.rows:,} rows "
-                  f"in {secs:.2f} s ({r.tokens_in / secs / 1e6:.1f}M tokens/s), fill {r.fill:.4%}, "
-                  f"bound/rows {r.bound_ratio:.5f}, trained lost {r.trained_lost:,}")
-
+            for strategy in ("bfd", "stream"):
+                secs, rep = best_of(lambda: pack(tmp / "syn", tmp / f"syn_{strategy}", PackOptions(
+                    block_size=args.row_len - 1, strategy=strategy, overwrite=True)), args.repeat)
+                r = rep.splits["train"]
+                print(f"pipeline ({strategy}): pack of {r.episodes:,} episodes, {r.tokens_in / 1e6:.1f}M tokens -> "
+                      f"{r.rows:,} rows in {secs:.2f} s ({r.tokens_in / secs / 1e6:.1f}M tokens/s), fill "
+                      f"{r.fill:.4%}, bound/rows {r.bound_ratio:.5f}, trained lost {r.trained_lost:,}")
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ On a generated corpus (benchmarks/corpus.py, at least 50 MB by default) it measu
 in the same run:
 
 * reference A: tiktoken ``encode_ordinary_batch`` (num_threads=1) of exactly the
-  message texts of the corpus (the issue's reference);
+  message texts of the corpus (the reference prepare's throughput is measured against);
 * reference B: the BPE core's ``encode_ordinary`` called per text, with no batching
   overhead (the strictest reference: pure tokenisation);
 * ``prepare`` with 1 worker and with all cores (the whole pipeline: read, parse,
@@ -34,6 +34,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from corpus import message_texts, write_corpus  # noqa: E402
+
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
 WORK = HERE / "_work"
 
@@ -75,10 +78,6 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args()
-
-    from sftdata.prepare import PrepareOptions, prepare
-    from sftdata.tokenizer import load_tokenizer
-
     src = corpus(a.mb)
     small = corpus(a.mb / 10)
     texts = message_texts(src)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare a chat SFT dataset (the seed-001 script interface).
+"""Prepare a chat SFT dataset: `sftdata prepare-chat` as a script (underscored options).
 
     python scripts/prepare_chat_sft.py --input data/conversations.jsonl \
         --output_dir data/chat_sft --val_split 0.1

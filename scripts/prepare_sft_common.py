@@ -1,7 +1,8 @@
-"""The seed-001 script interface shared by prepare_chat_sft.py and prepare_tool_sft.py.
+"""The script interface shared by prepare_chat_sft.py and prepare_tool_sft.py.
 
-A thin wrapper over ``sftdata.prepare.prepare``: the same result as
-``sftdata prepare-chat`` / ``sftdata prepare-tool`` with the same options.
+A thin wrapper over the library's ``sftdata.prepare.prepare``: the same result as
+``sftdata prepare-chat`` / ``sftdata prepare-tool`` with the same options (underscored
+names: ``--output_dir``, ``--val_split``), a progress bar on stderr and a two-line summary.
 """
 
 from __future__ import annotations
@@ -11,11 +12,39 @@ import json
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from sftdata.cli.app import LazyProgress, make_progress  # noqa: E402
 from sftdata.errors import SftDataError  # noqa: E402
+from sftdata.order import DEFAULT_SEED  # noqa: E402
 from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
+from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
+
+
+class _Bar:
+    """A progress bar on stderr, drawn from the first report on (so an error raised before
+    any work is printed alone)."""
+
+    def __init__(self, label: str, quiet: bool):
+        self.label = label
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
+        self.task = None
+
+    def update(self, p: PrepareProgress) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(self.label, total=None)
+        self.progress.update(self.task, completed=p.bytes_done, total=p.bytes_total)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.task is not None:
+            self.progress.stop()
 
 
 def main(argv: list[str] | None, mode: str) -> int:
@@ -25,7 +54,7 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--input", required=True, nargs="+", help="JSONL / JSON array input file(s), optionally .gz")
     p.add_argument("--output_dir", required=True, help="dataset folder to create")
     p.add_argument("--val_split", type=float, default=0.0, help="fraction of episodes for val (default 0)")
-    p.add_argument("--seed", type=int, default=1337, help="seed of the train/val split (default 1337)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the train/val split (default {DEFAULT_SEED})")
     p.add_argument("--max_tokens", type=int, default=None, help="length filter (see docs/FORMAT.md)")
     p.add_argument("--tokenizer", default=None, help="tiktoken name or .tiktoken path (default: bundled cl100k_base)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
@@ -42,9 +71,8 @@ def main(argv: list[str] | None, mode: str) -> int:
     opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
                           tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite)
     try:
-        with LazyProgress(make_progress(a.quiet or a.json)) as bar:  # the `sftdata prepare-*` bar, on stderr
-            s = prepare(a.input, a.output_dir, opts, progress=lambda q: bar.update(
-                f"prepare-{mode}", completed=q.bytes_done, total=q.bytes_total, records=q.records, tokens=q.tokens))
+        with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
+            s = prepare(a.input, a.output_dir, opts, progress=bar.update)
     except SftDataError as e:
         msg = str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
         print(f"error: {msg}", file=sys.stderr)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare a tool-calling SFT dataset (the seed-001 script interface).
+"""Prepare a tool-calling SFT dataset: `sftdata prepare-tool` as a script (underscored options).
 
     python scripts/prepare_tool_sft.py --input data/tool_conversations.jsonl \
         --output_dir data/tool_sft --val_split 0.1

@@ -1,4 +1,4 @@
-"""Attention isolation for packed rows (seed 003): numpy, or torch when given torch tensors.
+"""Attention isolation for packed rows: numpy, or torch when given torch tensors.
 
 A token attends to the tokens of its own segment at or before it; a padding token
 (``seq_id == PAD_SEQ_ID``) attends only to itself, so no softmax row is all ``-inf``::

@@ -55,6 +55,7 @@ from .errors import ConfigError, UsageError
 
 SAMPLING_MODES = ("epoch", "random")
 MAX_SEED = 2**32 - 1  # RandomState accepts 0 .. 2**32 - 1
+DEFAULT_SEED = 1337  # of the train/val split, bfd packing and the epoch order, unless a seed is given
 
 
 def eligible_ids(lengths: np.ndarray, min_length: int) -> np.ndarray:

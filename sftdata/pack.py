@@ -16,24 +16,27 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
 from .errors import DatasetError, UsageError
+from .order import DEFAULT_SEED
 from .packing import (
     DEFAULT_OVERLONG,
     OVERLONG_POLICIES,
+    PAD_SEQ_ID,
     STRATEGIES,
     PackPlan,
     assemble_rows,
-    gather_ranges,
     padding_baseline,
     plan_bfd,
+    plan_stream,
     segment_masks,
 )
+from .ranges import gather_ranges, range_index, whole_runs
 from .store import (
     DEFAULT_SHARD_TOKENS,
     METADATA_FILE,
@@ -44,10 +47,8 @@ from .store import (
     open_dataset,
     sha256_file,
 )
-from .stream_packing import plan_stream
+from .store.packed import encode_segments
 from .tokenizer import MarkerIds
-
-CHUNK_TOKENS = 8 << 20  # row tokens built at once
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class PackOptions:
     strategy: str = "bfd"
     overlong: str = DEFAULT_OVERLONG
     pad_id: int | None = None  # default: the tokenizer's EOS
-    seed: int = 1337
+    seed: int = DEFAULT_SEED
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     overwrite: bool = False
 
@@ -169,8 +170,7 @@ def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, take
     out_start = np.cumsum(takes) - takes
     for si in np.unique(shard).tolist():
         sel = shard == si
-        dest = gather_ranges(np.arange(total, dtype=np.int64), out_start[sel], takes[sel])
-        out[dest] = gather_ranges(split.shards[si].tokens, src[sel], takes[sel])
+        out[range_index(out_start[sel], takes[sel])] = gather_ranges(split.shards[si].tokens, src[sel], takes[sel])
     return out
 
 
@@ -178,12 +178,9 @@ def _trained_of_episodes(split: Split, ids: np.ndarray, m: MarkerIds) -> int:
     """Trained tokens of whole episodes by the rule, a bounded number of tokens at a time."""
     total = 0
     lengths = split.lengths[ids]
-    i = 0
-    while i < ids.size:
-        j = i + max(1, int(np.searchsorted(np.cumsum(lengths[i:]), CHUNK_TOKENS, side="right")))
+    for i, j in whole_runs(np.cumsum(lengths)):
         toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
         total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m)))
-        i = j
     return total
 
 
@@ -195,41 +192,31 @@ def _plan(split: Split, opts: PackOptions, m: MarkerIds) -> PackPlan:
 
 def pack_split(split: Split, writer, opts: PackOptions, m: MarkerIds, pad_id: int,
                progress: Callable[[PackProgress], None] | None = None) -> SplitReport:
-    """Plan and write one split's rows; returns its report."""
+    """Plan and write one split's rows, a bounded number of tokens at a time; returns its report."""
     plan = _plan(split, opts, m)
     L = plan.row_len
     sources = split.sources
-    rows_per_chunk = max(1, CHUNK_TOKENS // L)
     seg_trained = np.zeros(plan.num_segments, dtype=np.int64)
-    for r0 in range(0, plan.num_rows, rows_per_chunk):
-        r1 = min(plan.num_rows, r0 + rows_per_chunk)
-        a, b = plan.row_segments(r0, r1)
-        eps = plan.seg_episode[a:b]
-        toks = gather_segments(split, eps, plan.seg_start[a:b], plan.seg_take[a:b])
+    for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
+        a, b = plan.segments.row_range(r0, r1)
+        s = plan.segments[a:b]
+        toks = gather_segments(split, s.episode, s.episode_start, s.take)
         rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
-        seg = np.empty((b - a, len(SEGMENT_FIELDS)), dtype=np.int64)
-        seg[:, 0] = plan.seg_row[a:b] - r0
-        seg[:, 1] = plan.seg_offset[a:b]
-        seg[:, 2] = plan.seg_length[a:b]
-        seg[:, 3] = plan.seg_prefix[a:b]
-        seg[:, 4] = eps
-        seg[:, 5] = plan.seg_start[a:b]
-        seg[:, 6] = sources[eps] if sources is not None else -1
-        writer.add_rows(rows.tokens, rows.mask, seg)
-        flat_start = seg[:, 0] * L + seg[:, 1]
+        seg = replace(rows.segments, source=sources[s.episode] if sources is not None else s.source)
+        writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
         if b > a:
-            seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), flat_start)
+            seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
         if progress:
             progress(PackProgress(split.name, r1, plan.num_rows))
     # trained tokens lost: only episodes not placed whole can differ from their rule mask
     whole = plan.whole_episodes()
     nonwhole = np.flatnonzero(~whole & (plan.lengths > 0))
-    trained_whole = int(seg_trained[whole[plan.seg_episode]].sum())
+    trained_whole = int(seg_trained[whole[plan.segments.episode]].sum())
     trained_in = trained_whole + _trained_of_episodes(split, nonwhole, m)
     pad_rows, pad_fill = padding_baseline(plan.lengths, L)
     return SplitReport(
         episodes=plan.episodes, rows=plan.num_rows, row_len=L, tokens_in=plan.tokens_in,
-        tokens_packed=plan.tokens_placed, tokens_injected=int(plan.seg_prefix.sum()),
+        tokens_packed=plan.tokens_placed, tokens_injected=plan.tokens_injected,
         tokens_lost=plan.tokens_lost, lower_bound_rows=plan.lower_bound_rows, padding_rows=pad_rows,
         padding_fill=pad_fill, overlong_episodes=plan.overlong_episodes, dropped_episodes=plan.dropped_episodes,
         stopped_conversations=plan.stopped_conversations, trained_in=trained_in,
@@ -274,7 +261,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
             "tokenizer": ds.metadata.get("tokenizer"),
             "packing": {"block_size": opts.block_size, "row_len": opts.row_len, "strategy": opts.strategy,
                         "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
-                        "shard_tokens": opts.shard_tokens, "pad_seq_id": -1,
+                        "shard_tokens": opts.shard_tokens, "pad_seq_id": PAD_SEQ_ID,
                         "segment_fields": list(SEGMENT_FIELDS)},
             "source": {"path": str(source.resolve()), "metadata_sha256": sha256_file(src_meta),
                        "kind": ds.kind, "counts": ds.metadata.get("counts")},

@@ -31,6 +31,7 @@ import orjson
 from . import __version__
 from .conversation import parse_record
 from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
+from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
 from .sources import RawRecord, SourceInfo, inspect_source, iter_all
@@ -54,7 +55,7 @@ COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (b
 class PrepareOptions:
     mode: str = "chat"  # "chat" | "tool"
     val_split: float = 0.0
-    seed: int = 1337
+    seed: int = DEFAULT_SEED
     max_tokens: int | None = None
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     tokenizer: str | None = None

@@ -82,6 +82,11 @@ class MarkerIds:
             EOS: self.eos,
         }
 
+    def name(self, token_id: int) -> str | None:
+        """The marker string of ``token_id`` (``"<|USER|>"``, ``"<|EOS|>"`` ...), or None
+        when it is no marker: the one id-to-name lookup messages and views use."""
+        return next((k for k, v in self.as_dict().items() if v == int(token_id)), None)
+
 
 def ranks_sha256(mergeable_ranks: dict[bytes, int]) -> str:
     """sha256 of the ranks in the ``.tiktoken`` file format (base64 token, space, rank).

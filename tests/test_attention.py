@@ -9,8 +9,7 @@ import pytest
 from test_packing import M, build, random_episode
 
 from sftdata.attention import block_causal_mask, cu_seqlens
-from sftdata.packing import plan_bfd, row_layout
-from sftdata.stream_packing import plan_stream
+from sftdata.packing import plan_bfd, plan_stream, row_layout
 
 NEG = -np.inf
 
@@ -108,18 +107,19 @@ def test_every_packed_segment_equals_its_episode_run_alone(strategy):
     else:
         plan = plan_stream(lengths, lambda i: eps[i], M, row_len)
     rows = build(plan, eps)
-    seq, pos = row_layout(plan.seg_row, plan.seg_offset, plan.seg_length, plan.num_rows, row_len)
+    seg = plan.segments
+    seq, pos = row_layout(seg.row, seg.offset, seg.length, plan.num_rows, row_len)
     masks = block_causal_mask(seq, dtype=np.float64)
     layer = RefAttention()
     checked = 0
     for r in range(plan.num_rows):
         out = layer(rows.tokens[r], pos[r], masks[r, 0])
         assert np.isfinite(out).all()  # padding rows included: no all -inf softmax row
-        for j in np.flatnonzero(plan.seg_row == r):
-            o, n = int(plan.seg_offset[j]), int(plan.seg_length[j])
+        for j in np.flatnonzero(seg.row == r):
+            o, n = int(seg.offset[j]), int(seg.length[j])
             seg_tokens = rows.tokens[r, o:o + n]
             if strategy == "bfd":  # whole episodes: the segment IS the episode
-                np.testing.assert_array_equal(seg_tokens, eps[plan.seg_episode[j]])
+                np.testing.assert_array_equal(seg_tokens, eps[seg.episode[j]])
             np.testing.assert_allclose(out[o:o + n], alone(layer, seg_tokens), atol=1e-5, rtol=0)
             checked += 1
     assert checked == plan.num_segments and plan.num_rows < len(eps)
@@ -131,10 +131,11 @@ def test_equivalence_fails_without_isolation_or_position_reset():
     eps = [random_episode(rng) for _ in range(6)]
     plan = plan_bfd(np.array([e.size for e in eps]), 120, seed=0)
     rows = build(plan, eps)
-    seq, pos = row_layout(plan.seg_row, plan.seg_offset, plan.seg_length, plan.num_rows, 120)
-    r = int(np.argmax(np.bincount(plan.seg_row)))
-    j = np.flatnonzero(plan.seg_row == r)[1]  # the second segment of a row
-    o, n = int(plan.seg_offset[j]), int(plan.seg_length[j])
+    seg = plan.segments
+    seq, pos = row_layout(seg.row, seg.offset, seg.length, plan.num_rows, 120)
+    r = int(np.argmax(np.bincount(seg.row)))
+    j = np.flatnonzero(seg.row == r)[1]  # the second segment of a row
+    o, n = int(seg.offset[j]), int(seg.length[j])
     layer = RefAttention()
     want = alone(layer, rows.tokens[r, o:o + n])
     causal = np.where(np.tri(120, dtype=bool), 0.0, -np.inf)

@@ -8,7 +8,8 @@ import pytest
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
-from sftdata.cli import app, pack_cmd, prepare_cmd
+from sftdata.cli import app, inspect_cmd, pack_cmd, prepare_cmd
+from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 
 runner = CliRunner()
@@ -140,8 +141,6 @@ def test_a_truncated_sources_idx_is_named_not_an_index_error(tmp_path, dataset):
 
 
 def test_inspect_refuses_a_packed_dataset_with_a_damaged_segment_index(tmp_path, dataset):
-    from sftdata.pack import PackOptions, pack
-
     packed = tmp_path / "packed"
     pack(dataset.output_dir, packed, PackOptions(block_size=15))
     seg = packed / "train" / "shard_00000" / "segments.idx"
@@ -153,12 +152,10 @@ def test_inspect_refuses_a_packed_dataset_with_a_damaged_segment_index(tmp_path,
 
 
 def test_an_unexpected_exception_is_one_line_unless_debugging(tmp_path, dataset, monkeypatch):
-    from sftdata import inspect as sft_inspect
-
     def broken(*a, **k):
         raise ValueError("boom")
 
-    monkeypatch.setattr(sft_inspect, "overview", broken)
+    monkeypatch.setattr(inspect_cmd, "overview", broken)
     r = runner.invoke(app, ["inspect", str(dataset.output_dir)])
     assert (r.exit_code, r.output) == (1, "error: internal error (ValueError: boom). This is a bug in sftdata: please "
                                           "report it with the command line. If a dataset is involved, `sftdata "

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from audit_data import make_dataset, to_flat
+from audit_data import make_dataset, make_packed, to_flat
 from typer.testing import CliRunner
 
-from sftdata import inspect as sft_inspect
+from sftdata import report
 from sftdata.cli import app
 
 runner = CliRunner()
@@ -32,13 +32,13 @@ def test_overview(ds):
     assert "train: episodes by length (tokens)" in out and "train: episodes by trained share" in out
     assert "train at --block-size 20: 4 episodes (66.7%) are longer than 21 tokens" in out
     assert "rejected records: 2" in out and "invalid_json: 2" in out
-    assert "sha256 " + sft_inspect.overview(ds).sources[0]["sha256"] in out.replace("\n", "")
+    assert "sha256 " + report.overview(ds).sources[0]["sha256"] in out.replace("\n", "")
 
 
 def test_overview_json_is_the_library_overview(ds):
     r = run("inspect", ds, "--json", "--block-size", 20)
     assert r.exit_code == 0
-    assert json.loads(r.stdout) == json.loads(json.dumps(sft_inspect.overview(ds, block_size=20).as_dict()))
+    assert json.loads(r.stdout) == json.loads(json.dumps(report.overview(ds, block_size=20).as_dict()))
 
 
 def test_episode_render_marks_trained_text_without_colour(ds):
@@ -67,7 +67,7 @@ def test_record_and_sample_json(ds):
     (ep,) = json.loads(r.stdout)["episodes"]
     assert (ep["split"], ep["episode"], ep["record"]) == ("val", 1, 6)
     r = run("inspect", ds, "--sample", 2, "--seed", 5, "--json")
-    assert [e["episode"] for e in json.loads(r.stdout)["episodes"]] == sft_inspect.sample_ids(6, 2, 5)
+    assert [e["episode"] for e in json.loads(r.stdout)["episodes"]] == report.sample_ids(6, 2, 5)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -100,8 +100,6 @@ def test_flat_layout(ds, tmp_path):
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from audit_data import make_packed
-
     return make_packed(tmp_path_factory.mktemp("cli_packed"), "bfd", block_size=63, shard_tokens=128)
 
 
@@ -114,7 +112,7 @@ def test_packed_overview_and_row(packed):
     assert r.exit_code == 0, r.output
     out = r.output.splitlines()
     assert out[1] == ("train row 0 · shard_00000 · 2 segment(s), 53 real tokens, 11 padding of 64 · "
-                      f"{sum(s.trained_tokens for s in sft_inspect.views(packed, rows=[0])[0][0].segments)} trained")
+                      f"{sum(s.trained_tokens for s in report.views(packed, rows=[0])[0][0].segments)} trained")
     assert out[2].startswith("segment 0 · offset 0, positions 0–27 · episode 1, input record 1, its tokens from 0")
     assert "segment 1 · offset 28, positions 0–24 · episode 5, input record 5" in r.output
     assert any(line.startswith("⟦<|ASSISTANT|>") and line.endswith("<|END|>⟧") for line in out)

@@ -1,4 +1,6 @@
+import ast
 import json
+from pathlib import Path
 
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
@@ -144,3 +146,14 @@ def test_chat_script_draws_the_progress_bar_on_stderr_unless_quiet(tmp_path, cap
     assert err.startswith("prepare-chat ━") and " 100% " in err
     assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "b"), "--workers", "1", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_scripts_use_library_functions_only():
+    """scripts/ sit above the library like the CLI, beside it: no import of sftdata.cli."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    for name in ("prepare_sft_common.py", "prepare_chat_sft.py", "prepare_tool_sft.py"):
+        tree = ast.parse((scripts / name).read_text(encoding="utf-8"))
+        mods = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "sftdata.prepare" in mods or name != "prepare_sft_common.py"
+        assert not [m for m in mods if m.startswith("sftdata.cli")], name

@@ -205,3 +205,10 @@ def test_ranks_that_repeat_an_id_are_refused(tmp_path):
         load_tokenizer(str(path))
     assert str(e.value) == (f"the ranks of {path.resolve()} give the same id to several tokens (55 repeats); it is "
                             f"not a valid encoding")
+
+
+def test_marker_ids_name_each_marker_and_nothing_else(tok):
+    m = tok.ids
+    assert [m.name(i) for i in (m.system, m.user, m.assistant, m.tool, m.tool_call, m.end, m.eos)] == [
+        "<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>", "<|EOS|>"]
+    assert m.name(15339) is None and m.name(-1) is None

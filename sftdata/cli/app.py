@@ -1,4 +1,4 @@
-"""The Typer app, shared options, error mapping and progress drawing."""
+"""The Typer app, error mapping, output helpers and progress drawing (shared options: ``options``)."""
 
 from __future__ import annotations
 
@@ -67,13 +67,6 @@ def _console(stderr: bool = False) -> Console:
 
 err_console = _console(stderr=True)
 out_console = _console()
-
-# metavar "": a flag takes no value, so help shows none (typer would show <bool>)
-JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "
-                                       "nothing else there (progress and warnings go to stderr).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress bar, table or warning "
-                                        "on stderr (errors are still printed).")]
-
 
 def _version(value: bool) -> None:
     if value:

@@ -8,7 +8,6 @@ context a packer injected is wrapped in « ».
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,17 +16,15 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from .. import inspect as sft_inspect
 from ..errors import UsageError
-from ..inspect_packed import RowView
-from .app import JsonOpt, app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
+from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
+from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
+from .options import DatasetArg, JsonOpt, TokenDtypeOpt
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
 BAR_WIDTH = 32
 
-PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
-                                        "--output-dir of prepare-chat, prepare-tool or pack).")]
 SplitOpt = Annotated[str, typer.Option("--split", metavar="NAME", help="train or val: the split of --episode, "
                                        "--row and --sample.")]
 EpisodeOpt = Annotated[list[int] | None, typer.Option(
@@ -48,8 +45,6 @@ TokensOpt = Annotated[bool, typer.Option(
 BlockOpt = Annotated[int | None, typer.Option(
     "--block-size", metavar="B", help="Overview: what truncating every episode to one training row (B + 1 "
                                       "tokens) would drop.")]
-DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
-                                                 "dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
                                              "cl100k_base).")]
@@ -59,7 +54,7 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.2f}"
 
 
-def _histogram(title: str, h: sft_inspect.Histogram, share: bool) -> Table:
+def _histogram(title: str, h: Histogram, share: bool) -> Table:
     t = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
     t.add_column(justify="right", style="cyan")
     t.add_column()
@@ -74,7 +69,7 @@ def _histogram(title: str, h: sft_inspect.Histogram, share: bool) -> Table:
 
 
 def _percentile_table(title: str, rows: dict[str, dict]) -> Table:
-    keys = [f"p{p}" for p in sft_inspect.PERCENTILES] + ["mean"]
+    keys = [f"p{p}" for p in PERCENTILES] + ["mean"]
     heads = {"p0": "min", "p100": "max"}
     t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("split")
@@ -85,7 +80,7 @@ def _percentile_table(title: str, rows: dict[str, dict]) -> Table:
     return t
 
 
-def draw_overview(ov: sft_inspect.Overview) -> Group:
+def draw_overview(ov: Overview) -> Group:
     parts: list = []
     head = Text()
     head.append(f"{ov.path}\n", style="bold")
@@ -115,7 +110,7 @@ def draw_overview(ov: sft_inspect.Overview) -> Group:
     return Group(*parts)
 
 
-def _packed_tables(ov: sft_inspect.Overview) -> list:
+def _packed_tables(ov: Overview) -> list:
     t = Table(header_style="bold")
     t.add_column("")
     for s in ov.splits:
@@ -151,7 +146,7 @@ def _packed_tables(ov: sft_inspect.Overview) -> list:
     return parts
 
 
-def _episode_tables(ov: sft_inspect.Overview) -> list:
+def _episode_tables(ov: Overview) -> list:
     parts: list = []
     t = Table(header_style="bold")
     for col in ("split", "episodes", "tokens", "trained tokens", "trained share", "untrained episodes",
@@ -177,7 +172,7 @@ def _episode_tables(ov: sft_inspect.Overview) -> list:
     return parts
 
 
-def _tail(ov: sft_inspect.Overview, parts: list) -> None:
+def _tail(ov: Overview, parts: list) -> None:
     """Block-size cost, sources, options, counts, rejects, notes."""
     for s in ov.splits:
         b = s.block
@@ -215,13 +210,9 @@ def _tail(ov: sft_inspect.Overview, parts: list) -> None:
         parts.append(Text(f"note: {n}", style="yellow"))
 
 
-def episode_text(v: sft_inspect.EpisodeView) -> Text:
-    """The decoded episode: markers bold, trained runs green inside ⟦ ⟧, a line break
-    after every <|END|>; injected context (packed rows) inside « »."""
-    return pieces_text(v.pieces)
-
-
 def pieces_text(pieces: list) -> Text:
+    """Decoded pieces: markers bold, trained runs green inside ⟦ ⟧, a line break after
+    every <|END|>; injected context (packed rows) inside « »."""
     out = Text()
     open_ = False
     for i, p in enumerate(pieces):
@@ -289,12 +280,12 @@ def draw_row(v: RowView, tokens: bool) -> Group:
     return Group(*parts)
 
 
-def draw_episode(v: sft_inspect.EpisodeView, tokens: bool) -> Group:
+def draw_episode(v: EpisodeView, tokens: bool) -> Group:
     head = Text(f"{v.split} episode {v.episode}", style="bold")
     rec = "" if v.record is None else f" · input record {v.record}"
     trained = "" if v.trained_tokens is None else f", {v.trained_tokens:,} trained"
     head.append(f"{rec} · {v.shard} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
-    parts: list = [Rule(style="dim"), head, episode_text(v)]
+    parts: list = [Rule(style="dim"), head, pieces_text(v.pieces)]
     if v.rule_differs_at:
         parts.append(Text(f"warning: the stored mask differs from the mask rule at {len(v.rule_differs_at)} "
                           f"token(s), first at {v.rule_differs_at[0]}: run `sftdata verify`", style="bold red"))
@@ -306,7 +297,7 @@ def draw_episode(v: sft_inspect.EpisodeView, tokens: bool) -> Group:
 @app.command("inspect")
 @handle_errors
 def inspect_cmd(
-    path: PathArg,
+    path: DatasetArg,
     split: SplitOpt = "train",
     episode: EpisodeOpt = None,
     row: RowOpt = None,
@@ -315,7 +306,7 @@ def inspect_cmd(
     seed: SeedOpt = 0,
     tokens: TokensOpt = False,
     block_size: BlockOpt = None,
-    token_dtype: DtypeOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -339,20 +330,20 @@ def inspect_cmd(
     if episode or row or record is not None or sample is not None:
         if block_size is not None:
             raise UsageError("--block-size applies to the overview, not to --episode/--row/--record/--sample")
-        views, notes = sft_inspect.views(path, split, episodes=episode, rows=row, record=record, sample=sample,
-                                         seed=seed, tokens=tokens, token_dtype=token_dtype, tokenizer=tokenizer)
+        found, notes = views(path, split, episodes=episode, rows=row, record=record, sample=sample, seed=seed,
+                             tokens=tokens, token_dtype=token_dtype, tokenizer=tokenizer)
         if as_json:
-            key = "rows" if views and isinstance(views[0], RowView) else "episodes"
-            print_json({key: [v.as_dict() for v in views], "notes": notes})
+            key = "rows" if found and isinstance(found[0], RowView) else "episodes"
+            print_json({key: [v.as_dict() for v in found], "notes": notes})
             return
-        for v in views:
+        for v in found:
             out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_episode(v, tokens))
         for n in notes:
             out_console.print(Text(f"note: {n}", style="yellow"))
         return
     if tokens:
         raise UsageError("--tokens needs --episode, --row, --record or --sample")
-    ov = sft_inspect.overview(path, block_size=block_size, token_dtype=token_dtype)
+    ov = overview(path, block_size=block_size, token_dtype=token_dtype)
     if as_json:
         print_json(ov.as_dict())
     else:

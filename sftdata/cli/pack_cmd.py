@@ -9,10 +9,12 @@ import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, LazyProgress, QuietOpt, app, dataset_dir, err_console, handle_errors, print_json
+from .app import LazyProgress, app, dataset_dir, err_console, handle_errors, print_json
+from .options import JsonOpt, OverwriteOpt, QuietOpt
 
 
 def report_table(r: PackReport) -> Table:
@@ -68,12 +70,10 @@ def pack_command(
                                                   "the dataset's EOS); its mask is 0 and it is never "
                                                   "attended.")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="bfd: order among equal lengths and of the "
-                                      "rows.")] = 1337,
+                                      "rows.")] = DEFAULT_SEED,
     shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(whole rows).")] = DEFAULT_SHARD_TOKENS,
-    overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at "
-                                            "--output-dir, once the new one is complete (never a folder that is not "
-                                            "a dataset).")] = False,
+    overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

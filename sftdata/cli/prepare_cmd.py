@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import JsonOpt, LazyProgress, QuietOpt, app, err_console, handle_errors, make_progress, print_json, warn
+from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
+from .options import JsonOpt, OverwriteOpt, QuietOpt
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -37,8 +39,6 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", 
                                                    "output is byte-identical for any value.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "
                                          "instead of skipping it and writing it to rejects.jsonl.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
-                                            "once the new one is complete (never a folder that is not a dataset).")]
 
 
 def summary_table(s: PrepareSummary) -> Table:
@@ -113,7 +113,7 @@ def _prepare_command(mode: str, doc: str):
         inputs: InputsArg,
         output_dir: OutputOpt,
         val_split: ValSplitOpt = 0.0,
-        seed: SeedOpt = 1337,
+        seed: SeedOpt = DEFAULT_SEED,
         max_tokens: MaxTokensOpt = None,
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,

@@ -13,8 +13,10 @@ from rich.text import Text
 
 from ..config import LoaderConfig
 from ..errors import UsageError
+from ..order import DEFAULT_SEED
 from ..replay import Replay, check_audit_log, replay_order
-from .app import JsonOpt, app, dataset_dir, err_console, handle_errors, out_console, print_json
+from .app import app, dataset_dir, err_console, handle_errors, out_console, print_json
+from .options import JsonOpt
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
@@ -70,7 +72,7 @@ def replay_order_cmd(
     config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
                       "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
-                                                "default 1337).")] = None,
+                                                f"default {DEFAULT_SEED}).")] = None,
     epoch: Annotated[int | None, typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
                      "0). With --step, checks the step is in this epoch.")] = None,
     step: Annotated[int | None, typer.Option("--step", metavar="N", help="Global training step: 0-based count "

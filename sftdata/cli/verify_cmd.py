@@ -12,18 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verify import VerifyReport, verify
-from .app import (
-    JsonOpt,
-    LazyProgress,
-    QuietOpt,
-    app,
-    dataset_dir,
-    err_console,
-    flat_token_dtype,
-    handle_errors,
-    out_console,
-    print_json,
-)
+from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
+from .options import JsonOpt, QuietOpt
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 

@@ -54,8 +54,9 @@ from .format import (
 )
 from .packed import Segments, split_segments
 from .problems import RECREATE, REPACK, Problem
-from .reader import Dataset, Scan, Split, has_episode_index, open_dataset, open_token_stream, scan_dataset
+from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
 from .shard import Shard
+from .split import Split
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [

@@ -1,47 +1,49 @@
-"""The segments of packed splits (what rebuilds each row's conversations)."""
+"""The on-disk encoding of segments (``segments.idx``) and the segments of a packed split.
+
+``segments.idx`` holds one record of ``len(SEGMENT_FIELDS)`` little-endian uint64 per
+segment, the fields of ``packing.Segments`` in that order, ``source`` -1 written as
+``NO_SOURCE``. The type is the packer's (``sftdata.packing``); only its encoding lives here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import DatasetError
-from .format import SEGMENT_FIELDS, SEGMENTS_FILE
-from .reader import Split
+from ..packing import Segments
+from .format import NO_SOURCE, SEGMENT_FIELDS, SEGMENTS_FILE
+from .split import Split
+
+_CLIP = np.uint64(2**62)  # damaged values stay large and positive (int64 would wrap them negative)
 
 
-@dataclass
-class Segments:
-    """The segments of a packed split, global row ids, int64 arrays (source -1 = unknown)."""
+def encode_segments(seg: Segments) -> np.ndarray:
+    """(k, 7) int64 records in ``SEGMENT_FIELDS`` order (what ``PackedSplitWriter.add_rows``
+    takes; it writes ``source`` -1 as ``NO_SOURCE``)."""
+    return np.stack([np.asarray(getattr(seg, f), dtype=np.int64) for f in SEGMENT_FIELDS], axis=1)
 
-    row: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-    prefix: np.ndarray
-    episode: np.ndarray
-    episode_start: np.ndarray
-    source: np.ndarray
 
-    def of_rows(self, rows) -> Segments:
-        """The segments of the given rows, in the order of ``rows`` (then offset)."""
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        a = np.searchsorted(self.row, rows, side="left")
-        b = np.searchsorted(self.row, rows, side="right")
-        n = b - a
-        idx = np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-        return Segments(*(getattr(self, f)[idx] for f in SEGMENT_FIELDS))
+def decode_segments(records: np.ndarray) -> Segments:
+    """``Segments`` of (k, 7) uint64 records as stored: ``NO_SOURCE`` becomes -1, and a
+    damaged value past 2**62 is clipped to 2**62 (so checks see it out of range)."""
+    a = np.asarray(records)
+    if a.ndim != 2 or a.shape[1] != len(SEGMENT_FIELDS):
+        raise ValueError(f"segment records must be (k, {len(SEGMENT_FIELDS)}), got shape {a.shape}")
+    out = np.minimum(a, _CLIP).astype(np.int64)
+    col = {f: np.ascontiguousarray(out[:, i]) for i, f in enumerate(SEGMENT_FIELDS)}
+    col["source"][a[:, SEGMENT_FIELDS.index("source")] == NO_SOURCE] = -1
+    return Segments(**col)
 
 
 def split_segments(split: Split) -> Segments:
-    """All segments of a packed split with global row ids."""
+    """All segments of a packed split, with global row ids."""
     parts = []
     for si, sh in enumerate(split.shards):
         if sh.segments is None:
             raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
                                f"Re-create it with `sftdata pack`")
-        a = np.asarray(sh.segments).astype(np.int64)  # NO_SOURCE wraps to -1
-        a[:, 0] += int(split.episode_offsets[si])
-        parts.append(a)
-    a = np.concatenate(parts) if parts else np.empty((0, len(SEGMENT_FIELDS)), np.int64)
-    return Segments(*(np.ascontiguousarray(a[:, i]) for i in range(len(SEGMENT_FIELDS))))
+        seg = decode_segments(sh.segments)
+        parts.append(replace(seg, row=seg.row + int(split.episode_offsets[si])))
+    return Segments.concat(parts)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from ..range_sums import read_range
+from ..ranges import read_range
 from .format import (
     EPISODE_RECORD_BYTES,
     EPISODES_FILE,

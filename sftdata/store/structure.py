@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tokenizer import MarkerIds
-from .format import EPISODES_FILE, METADATA_FILE, NO_SOURCE, SEGMENTS_FILE, TOKENS_FILE, shard_record
+from .format import EPISODES_FILE, METADATA_FILE, SEGMENTS_FILE, TOKENS_FILE, shard_record
+from .packed import decode_segments
 from .problems import RECREATE, REPACK, Problem, more_like_it
 from .shard import Shard
 
@@ -179,26 +180,15 @@ def check_rows(shard: Shard, row_len: int) -> list[Problem]:
     return out
 
 
-def segment_table(shard: Shard) -> np.ndarray | None:
-    """The shard's segments as int64 (k, 7), the source field's 'unknown' as -1 (other
-    fields clipped to 2**62: a damaged record cannot wrap around)."""
-    if shard.segments is None:
-        return None
-    a = np.asarray(shard.segments)
-    out = np.minimum(a, np.uint64(2**62)).astype(np.int64)
-    out[:, 6] = np.where(a[:, 6] == NO_SOURCE, -1, out[:, 6])
-    return out
-
-
 def check_segments(shard: Shard, row_len: int) -> list[Problem]:
     """Segments sorted, inside their row, tiling it from offset 0; every row has one."""
-    seg = segment_table(shard)
-    if seg is None:
+    if shard.segments is None:
         return []
+    seg = decode_segments(shard.segments)
     out = []
     f = shard.file(SEGMENTS_FILE)
     nrows = shard.num_episodes
-    row, off, length, pre = seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 3]
+    row, off, length, pre = seg.row, seg.offset, seg.length, seg.prefix
 
     def add(i: int, message: str, n: int, code: str) -> None:
         out.append(Problem("segments", f, message=message + more_like_it(n, "segments"), fix=REPACK, code=code,

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..masking import rule_mask
-from ..packing import gather_ranges, segment_masks
+from ..packing import segment_masks
+from ..ranges import gather_ranges, whole_runs
 from ..store import MASK_FILE, RECREATE, TOKENS_FILE, Problem, Shard
 from ..store.problems import more_like_it
 from ..store.structure import EpisodeBounds
@@ -67,10 +68,7 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}  # check -> (local episode, position in episode, chunk ids, ...)
     counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0}
-    i = 0
-    while i < use.size:
-        base = int(csum[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
+    for i, j in whole_runs(csum, CHUNK_TOKENS):
         cs, cl = s[i:j], ln[i:j]
         off = np.concatenate([[0], np.cumsum(cl)])
         if np.array_equal(cs[1:], cs[:-1] + cl[:-1]):  # contiguous: a plain slice, no copy
@@ -111,7 +109,6 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                     a, b = int(off[k]), int(off[k + 1])
                     first["mask_rule"] = (use[i + k], ids[a:b], stored[a:b], derived[a:b], cs[k])
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-        i = j
     return _content_problems(shard, vocab, first, counts)
 
 

@@ -12,32 +12,26 @@ The row geometry and the segments are the reader's structural checks (rows,
 segments); here, a chunk of rows at a time:
 
 * vocab, mask_values: ids below the vocabulary size, mask values 0/1;
-* mask_rule: per segment, 0 on its injected prefix and its first token, then the mask
-  rule over its episode tokens alone (``packing.segment_masks``, the packer's own
-  function); 0 on padding;
+* mask_rule: the stored mask equals ``packing.row_mask``, the mask pack writes: per
+  segment, 0 on its injected prefix and its first token, then the mask rule over its
+  episode tokens alone; 0 on padding;
 * padding: the tail of every row after its last segment is ``packing.pad_token_id``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
-from ..packing import segment_masks
+from ..packing import row_mask
 from ..store import MASK_FILE, REPACK, TOKENS_FILE, Problem, Shard
+from ..store.packed import decode_segments
 from ..store.problems import more_like_it
-from ..store.structure import readable_rows, segment_table
+from ..store.structure import readable_rows
 from .content import CHUNK_TOKENS, span_at
 from .description import Vocab
-
-
-def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The positions ``s, s+1, ..., s+l-1`` of every (s, l), concatenated, vectorised
-    (``packing.gather_ranges`` without the gather, for destinations)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return offsets + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len: int, segments_ok: bool,
@@ -48,7 +42,7 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
     rows = readable_rows(shard, row_len)
     if shard.tokens is None or rows == 0:
         return []
-    seg = segment_table(shard) if segments_ok else None
+    seg = decode_segments(shard.segments) if segments_ok else None
     mask, L = shard.mask, row_len
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}
@@ -70,12 +64,10 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
                 counts["mask_values"] += int(np.unique(bad // L).size)
                 first.setdefault("mask_values", (r0 + int(bad[0]) // L, int(bad[0]) % L, m[bad[0]]))
         if seg is not None:
-            a, b = np.searchsorted(seg[:, 0], [r0, r1], side="left")
-            s = seg[a:b]
-            base = (s[:, 0] - r0) * L + s[:, 1]  # where each segment starts in this chunk
-            take = s[:, 2] - s[:, 3]
+            s = seg[slice(*seg.row_range(r0, r1))]
+            s = replace(s, row=s.row - r0)  # rows of this chunk
             ends = np.zeros(r1 - r0, np.int64)
-            np.maximum.at(ends, s[:, 0] - r0, s[:, 1] + s[:, 2])
+            np.maximum.at(ends, s.row, s.offset + s.length)
             pad = np.arange(L)[None, :] >= ends[:, None]
             if pad_id is not None:
                 badp = np.flatnonzero(pad.reshape(-1) & (ids != pad_id))
@@ -84,10 +76,7 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
                     p = int(badp[0])
                     first.setdefault("padding", (r0 + p // L, p % L, int(ids[p]), int(ends[p // L])))
             if m is not None and vocab is not None:
-                dest = range_index(base + s[:, 3], take)
-                exp = np.zeros(ids.size, np.uint8)
-                exp[dest] = segment_masks(ids[dest], take, vocab.markers)
-                exp[base] = 0
+                exp = row_mask(ids, s, L, vocab.markers)
                 stored = m if binary and not badv else (m != 0).astype(np.uint8)
                 d = np.flatnonzero(exp != stored)
                 if d.size:
@@ -96,7 +85,7 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
                         r = int(d[0]) // L
                         in_row = np.flatnonzero(exp[r * L:(r + 1) * L] != stored[r * L:(r + 1) * L])
                         first["mask_rule"] = (r0 + r, in_row, ids[r * L:(r + 1) * L], exp[r * L:(r + 1) * L],
-                                              s[s[:, 0] - r0 == r], int(ends[r]))
+                                              s[s.row == r], int(ends[r]))
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
     return _packed_problems(shard, vocab, pad_id, row_len, first, counts)
 
@@ -125,14 +114,14 @@ def _packed_problems(shard: Shard, vocab, pad_id, L: int, first: dict, counts: d
     if "mask_rule" in first:
         r, diff, ids, exp, segs, end = first["mask_rule"]
         p = int(diff[0])
-        j = int(np.searchsorted(segs[:, 1], p, side="right")) - 1
+        j = int(np.searchsorted(segs.offset, p, side="right")) - 1
         if p >= end or j < 0:
             where = "the padding"
-        elif p < segs[j, 1] + segs[j, 3]:
+        elif p < segs.offset[j] + segs.prefix[j]:
             where = f"segment {j}'s injected context"
         else:
-            a, b = int(segs[j, 1] + segs[j, 3]), int(segs[j, 1] + segs[j, 2])
-            where = f"segment {j} (episode {segs[j, 4]}), {span_at(ids[a:b], p - a, vocab.markers)}"
+            a, b = int(segs.offset[j] + segs.prefix[j]), int(segs.offset[j] + segs.length[j])
+            where = f"segment {j} (episode {segs.episode[j]}), {span_at(ids[a:b], p - a, vocab.markers)}"
         trained = "trains" if exp[p] == 0 else "leaves untrained"
         out.append(Problem("mask_rule", shard.file(MASK_FILE), message=f"the mask of row {shard.first_gid + r} "
                            f"differs from the mask rule at {diff.size} token(s): it {trained} token {p}, in {where}"

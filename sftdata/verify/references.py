@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, SftDataError
-from ..packing import gather_ranges
+from ..packing import Segments, stream_prefix
+from ..ranges import gather_ranges, range_index, whole_runs
 from ..store import METADATA_FILE, REPACK, SEGMENTS_FILE, Dataset, Problem, Shard, open_dataset, sha256_file
+from ..store.packed import decode_segments
 from ..store.problems import more_like_it
-from ..store.structure import marker_name, readable_rows, segment_table
-from ..stream_packing import stream_prefix
+from ..store.structure import marker_name, readable_rows
 from ..tokenizer import MarkerIds
 from .content import CHUNK_TOKENS
-from .packed import range_index
 
 
 def _source(meta: dict) -> tuple[Dataset | None, MarkerIds | None, list[str]]:
@@ -54,11 +54,11 @@ def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[lis
     src_ds, markers, notes = _source(meta)
     for split in dict.fromkeys(sh.split for sh in shards):
         mine = [sh for sh in shards if sh.split == split]
-        tables = [segment_table(sh) for sh in mine]
-        seg = np.concatenate(tables)
-        owner = np.concatenate([np.full(t.shape[0], k) for k, t in enumerate(tables)])
-        local = np.concatenate([np.arange(t.shape[0]) for t in tables])
-        ep, st, take, src = seg[:, 4], seg[:, 5], seg[:, 2] - seg[:, 3], seg[:, 6]
+        parts = [decode_segments(sh.segments) for sh in mine]
+        seg = Segments.concat(parts)  # rows local to each shard
+        owner = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
+        local = np.concatenate([np.arange(len(p)) for p in parts])
+        ep, st, take, src = seg.episode, seg.episode_start, seg.take, seg.source
 
         add = _reporter(out, mine, seg, owner, local)
         order = np.lexsort((st, ep))
@@ -97,7 +97,7 @@ def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[lis
                 add(i, f"segment names record {src[i]} for episode {ep[i]}; the source episode came from record "
                        f"{srcs[ep[i]]}", "record_mismatch", bad.size)
         # tokens are compared where they can be read (a rows problem says why not elsewhere)
-        sel = seg[:, 0] < np.array([readable_rows(sh, row_len) for sh in mine])[owner]
+        sel = seg.row < np.array([readable_rows(sh, row_len) for sh in mine])[owner]
         seg, owner, local = seg[sel], owner[sel], local[sel]
         add = _reporter(out, mine, seg, owner, local)
         _compare_tokens(mine, seg, owner, local, sp, row_len, add)
@@ -106,50 +106,47 @@ def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[lis
     return out, notes
 
 
-def _reporter(out: list[Problem], mine: list[Shard], seg, owner, local):
+def _reporter(out: list[Problem], mine: list[Shard], seg: Segments, owner, local):
     """``add(i, message, code, n)``: a references problem at segment ``i`` of ``seg``
     (of shard ``mine[owner[i]]``, its record ``local[i]`` in segments.idx)."""
     def add(i, message, code, n=1):
         shard = mine[int(owner[i])]
         out.append(Problem("references", shard.file(SEGMENTS_FILE), message=message + more_like_it(n, "segments"),
                            fix="the rows do not match their source: " + REPACK, code=code,
-                           **shard.at_row(int(seg[i, 0]), int(local[i]))))
+                           **shard.at_row(int(seg.row[i]), int(local[i]))))
     return add
 
 
-def _compare_prefixes(mine, seg, owner, local, sp, markers: MarkerIds, row_len: int, add) -> None:
+def _compare_prefixes(mine, seg: Segments, owner, local, sp, markers: MarkerIds, row_len: int, add) -> None:
     """Each injected prefix equals what stream packing injects for its episode at its
-    start (``stream_packing.stream_prefix``): the conversation's own system span and
+    start (``packing.stream_prefix``): the conversation's own system span and
     ``<|USER|>``. One call per rewritten row; bfd rows have none."""
-    for i in np.flatnonzero(seg[:, 3] > 0).tolist():
+    starts = seg.flat_start(row_len)
+    for i in np.flatnonzero(seg.prefix > 0).tolist():
         shard = mine[int(owner[i])]
-        at = int(seg[i, 0]) * row_len + int(seg[i, 1])
-        got = np.asarray(shard.tokens[at:at + int(seg[i, 3])]).astype(np.int64)
-        ep, start = int(seg[i, 4]), int(seg[i, 5])
+        at, n = int(starts[i]), int(seg.prefix[i])
+        got = np.asarray(shard.tokens[at:at + n]).astype(np.int64)
+        ep, start = int(seg.episode[i]), int(seg.episode_start[i])
         want = stream_prefix(np.asarray(sp.episode(ep)[0]), start, markers)[0] if start > 0 else None
         if want is None or not np.array_equal(got, want):
             should = "none (the row is not rewritten there)" if want is None else \
                 " ".join(marker_name(t, markers) or str(t) for t in want[:8].tolist()) + (" ..." if want.size > 8 else "")
-            add(i, f"segment {int(local[i])}'s injected context ({int(seg[i, 3])} token(s)) is not what stream "
+            add(i, f"segment {int(local[i])}'s injected context ({n} token(s)) is not what stream "
                    f"packing injects for episode {ep} at its token {start} ({should})", "prefix_differs")
             return
 
 
-def _compare_tokens(mine, seg, owner, local, sp, row_len: int, add) -> None:
+def _compare_tokens(mine, seg: Segments, owner, local, sp, row_len: int, add) -> None:
     """Each segment's episode tokens equal the source episode's, a chunk at a time."""
-    take = seg[:, 2] - seg[:, 3]
-    csum = np.cumsum(take)
-    k, n = 0, seg.shape[0]
-    while k < n:
-        base = int(csum[k - 1]) if k else 0
-        j = max(k + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
+    take = seg.take
+    at = seg.flat_start(row_len) + seg.prefix  # where its episode tokens start in its shard
+    for k, j in whole_runs(np.cumsum(take), CHUNK_TOKENS):
         got, want = [], []
         for part_i in np.unique(owner[k:j]):
             sel = np.flatnonzero(owner[k:j] == part_i) + k
-            shard = mine[int(part_i)]
-            got.append(gather_ranges(shard.tokens, seg[sel, 0] * row_len + seg[sel, 1] + seg[sel, 3], take[sel]))
-        eps = seg[k:j, 4]
-        starts = sp.starts[eps] + seg[k:j, 5]
+            got.append(gather_ranges(mine[int(part_i)].tokens, at[sel], take[sel]))
+        eps = seg.episode[k:j]
+        starts = sp.starts[eps] + seg.episode_start[k:j]
         shard_of = sp.shard_of(eps)
         for si in np.unique(shard_of):
             sel = np.flatnonzero(shard_of == si)
@@ -158,13 +155,11 @@ def _compare_tokens(mine, seg, owner, local, sp, row_len: int, add) -> None:
         want_all = np.empty_like(got_all)
         off = np.concatenate([[0], np.cumsum(take[k:j])])
         for sel, vals in want:
-            dest = range_index(off[sel], take[k:j][sel])
-            want_all[dest] = vals
+            want_all[range_index(off[sel], take[k:j][sel])] = vals
         d = np.flatnonzero(got_all != want_all)
         if d.size:
             i = k + int(np.searchsorted(off, d[0], side="right")) - 1
-            add(i, f"segment {int(local[i])}'s tokens differ from episode {seg[i, 4]} of the source (first at its "
-                   f"token {int(d[0] - off[i - k])}): the rows were not packed from this source, or were changed",
+            add(i, f"segment {int(local[i])}'s tokens differ from episode {seg.episode[i]} of the source (first at "
+                   f"its token {int(d[0] - off[i - k])}): the rows were not packed from this source, or were changed",
                 "tokens_differ")
             return
-        k = j

@@ -1,10 +1,10 @@
-"""The ``stream`` packing strategy (seed 002). Pure; no I/O.
+"""The ``stream`` packing strategy: episodes in order, cut into rows. Pure; no I/O.
 
 Episodes are concatenated in order and cut into rows of ``row_len`` tokens. A row that
 starts inside a user span is rewritten to start with the conversation's system span (if
 one was seen) and ``<|USER|>``; if that user span's ``<|END|>`` does not fit in the row
-too, the rest of the conversation is skipped. See ``stream_prefix`` for the cases seed
-002 leaves open, and docs/PACKING.md.
+too, the rest of the conversation is skipped. See ``stream_prefix`` for which rows are
+rewritten, and docs/PACKING.md.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .packing import PackPlan, check_lengths, marker_positions
-from .tokenizer import MarkerIds
+from ..tokenizer import MarkerIds
+from .plan import PackPlan, check_lengths
+from .segments import Segments, marker_positions
 
 
 def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | None, int | None]:
-    """The rewrite of a row that starts at token ``q`` (> 0) of an episode (seed 002).
+    """The rewrite of a row that starts at token ``q`` (> 0) of an episode.
 
     Returns ``(prefix, user_end)``: ``prefix`` is None when the row is not rewritten;
     otherwise the injected tokens (the latest complete system span of the conversation
@@ -54,14 +55,14 @@ def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | 
 
 def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: MarkerIds,
                 row_len: int) -> PackPlan:
-    """Seed 002: episodes concatenated in order and cut into rows of ``row_len``.
+    """Episodes concatenated in order and cut into rows of ``row_len``.
 
     When a row starts mid-episode, ``stream_prefix`` decides the rewrite. A rewritten
     row begins with the injected tokens; if the user span's ``<|END|>`` does not fit in
     the row as well, the row is filled with what fits and the rest of that conversation
     is skipped (``stopped_conversations``). Injected tokens are context only: the mask
     is the rule over the episode tokens of the segment, so the assistant answering a
-    user span cut by the row start stays untrained, as seed 002 requires.
+    user span cut by the row start stays untrained.
 
     ``episode_tokens(i)`` returns the tokens of episode ``i``; it is called only for
     episodes a row starts inside.
@@ -69,7 +70,7 @@ def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: M
     lengths = check_lengths(lengths, row_len)
     L = row_len
     rows, offs, eps, starts, takes, pres = [], [], [], [], [], []
-    prefixes: dict[int, np.ndarray] = {}
+    injected: list[np.ndarray] = []  # the injected tokens, in segment order
     row = used = 0
     stopped = 0
     n_eps = lengths.size
@@ -87,8 +88,7 @@ def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: M
                 stopped += 1
                 if prefix.size < L:  # fill the row with what fits, then stop the conversation
                     take = min(L - prefix.size, n - q)
-                    if prefix.size:
-                        prefixes[len(rows)] = prefix
+                    injected.append(prefix)
                     rows.append(row), offs.append(0), eps.append(e), starts.append(q)
                     takes.append(take), pres.append(prefix.size)
                     used = prefix.size + take
@@ -99,16 +99,15 @@ def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: M
         p = 0 if prefix is None else prefix.size
         take = min(L - used - p, n - q)
         if p:
-            prefixes[len(rows)] = prefix
+            injected.append(prefix)
         rows.append(row), offs.append(used), eps.append(e), starts.append(q), takes.append(take), pres.append(p)
         used += p + take
         q += take
         if used == L:
             row, used = row + 1, 0
-    num_rows = row + (1 if used else 0)
     a = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    plan = PackPlan(row_len=L, num_rows=num_rows, lengths=lengths, seg_row=a(rows), seg_offset=a(offs), seg_episode=a(eps),
-                    seg_start=a(starts), seg_take=a(takes), seg_prefix=a(pres), prefixes=prefixes,
-                    episodes=int(n_eps), tokens_in=int(lengths.sum()),
+    seg = Segments(row=a(rows), offset=a(offs), length=a(pres) + a(takes), prefix=a(pres), episode=a(eps),
+                   episode_start=a(starts), source=np.full(len(rows), -1, np.int64))
+    return PackPlan(row_len=L, num_rows=row + (1 if used else 0), lengths=lengths, segments=seg,
+                    prefix_tokens=np.concatenate(injected) if injected else np.zeros(0, np.int64),
                     overlong_episodes=int((lengths > L).sum()), stopped_conversations=stopped)
-    return plan

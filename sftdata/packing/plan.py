@@ -1,0 +1,136 @@
+"""A packing plan (where every segment goes) and building rows from it. Pure; no I/O."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import UsageError
+from ..ranges import range_index
+from ..tokenizer import MarkerIds
+from .segments import Segments, episode_positions, row_mask
+
+STRATEGIES = ("bfd", "stream")
+OVERLONG_POLICIES = ("truncate", "split", "drop")
+DEFAULT_OVERLONG = "truncate"
+
+
+@dataclass
+class PackPlan:
+    """Where every segment goes: ``segments`` with global row ids 0 .. num_rows-1 and no
+    record numbers (``source`` -1; the planner sees lengths only), sorted by (row, offset).
+
+    ``segments.episode`` indexes the ``lengths`` given to the planner. ``prefix_tokens``
+    holds the injected tokens of every segment (``segments.prefix`` of them each, stream
+    packing), in segment order.
+    """
+
+    row_len: int
+    num_rows: int
+    lengths: np.ndarray  # of the episodes given to the planner
+    segments: Segments
+    prefix_tokens: np.ndarray
+    overlong_episodes: int = 0
+    dropped_episodes: int = 0
+    stopped_conversations: int = 0
+
+    @property
+    def episodes(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def tokens_in(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def tokens_placed(self) -> int:
+        """Real tokens in the rows (episode tokens plus injected ones)."""
+        return int(self.segments.length.sum())
+
+    @property
+    def tokens_injected(self) -> int:
+        return int(self.segments.prefix.sum())
+
+    @property
+    def tokens_lost(self) -> int:
+        """Episode tokens that are in no row (truncated, dropped, stopped)."""
+        return self.tokens_in - int(self.segments.take.sum())
+
+    @property
+    def lower_bound_rows(self) -> int:
+        return math.ceil(self.tokens_placed / self.row_len)
+
+    @property
+    def fill(self) -> float:
+        return self.tokens_placed / (self.num_rows * self.row_len) if self.num_rows else 0.0
+
+    def whole_episodes(self) -> np.ndarray:
+        """Bool per episode: placed as exactly one segment holding all of it, nothing injected."""
+        n, seg = self.episodes, self.segments
+        count = np.bincount(seg.episode, minlength=n)
+        full = np.zeros(n, dtype=bool)
+        full[seg.episode[(seg.episode_start == 0) & (seg.prefix == 0)]] = True
+        taken = np.bincount(seg.episode, weights=seg.take, minlength=n)
+        return full & (count == 1) & (taken == self.lengths)
+
+
+def padding_baseline(lengths: np.ndarray, row_len: int) -> tuple[int, float]:
+    """Rows and fill of one episode per row, truncated to ``row_len`` (empty ones skipped)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[lengths > 0]
+    if lengths.size == 0:
+        return 0, 0.0
+    return int(lengths.size), float(np.minimum(lengths, row_len).sum() / (lengths.size * row_len))
+
+
+def check_lengths(lengths, row_len: int) -> np.ndarray:
+    """``lengths`` as int64 after checking it is a 1-d array of non-negative integers."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise UsageError(f"lengths must be a 1-d integer array, got shape {lengths.shape} of {lengths.dtype}")
+    if row_len < 2:
+        raise UsageError(f"a row needs at least 2 tokens (block_size >= 1), got row_len {row_len}")
+    lengths = lengths.astype(np.int64)
+    if lengths.size and lengths.min() < 0:
+        raise UsageError(f"episode {int(np.argmin(lengths))} has a negative length {int(lengths.min())}")
+    return lengths
+
+
+@dataclass
+class Rows:
+    """Consecutive rows of a plan: ``tokens``/``mask`` of shape (rows, row_len), mask
+    uint8 (1 = trained), and their ``segments`` with rows local to them (0 .. rows-1)."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    segments: Segments
+
+
+def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, markers: MarkerIds,
+                  pad_id: int, dtype=np.int64) -> Rows:
+    """Build rows ``r0 .. r1-1`` from the concatenated episode tokens of their segments
+    (``seg_tokens``: segment order, ``take`` tokens each; injected ones come from the
+    plan), padded with ``pad_id``; the mask is ``row_mask``'s.
+    """
+    a, b = plan.segments.row_range(r0, r1)
+    seg = plan.segments[a:b]
+    seg = replace(seg, row=seg.row - r0)
+    L, k = plan.row_len, r1 - r0
+    take = seg.take
+    seg_tokens = np.asarray(seg_tokens)
+    if seg_tokens.shape[0] != int(take.sum()):
+        raise ValueError(f"rows {r0}..{r1 - 1} need {int(take.sum())} segment tokens, got {seg_tokens.shape[0]}")
+    toks = np.full(k * L, pad_id, dtype=dtype)
+    dest = episode_positions(seg, L)
+    toks[dest] = seg_tokens
+    if plan.prefix_tokens.size:
+        before = int(plan.segments.prefix[:a].sum())
+        toks[range_index(seg.flat_start(L), seg.prefix)] = plan.prefix_tokens[before:before + int(seg.prefix.sum())]
+    toks = toks.reshape(k, L)
+    return Rows(toks, row_mask(toks, seg, L, markers, positions=dest), seg)

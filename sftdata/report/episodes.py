@@ -1,0 +1,142 @@
+"""One episode as data: what ``sftdata inspect DATASET --episode N`` shows.
+
+An episode becomes pieces of decoded text, each one marker or a run of text tokens
+that are all trained or all not, and, on request, one line per token with the span it
+lies in::
+
+    <|SYSTEM|> | Be brief. | <|END|> | <|USER|> | What is ...? | <|END|> | <|ASSISTANT|> | Paris. | <|END|> | <|EOS|>
+    untrained ..................................................... | trained ......................... | untrained
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import orjson
+
+from ..errors import DatasetError, UsageError
+from ..masking import loss_mask
+from ..store import REJECTS_FILE, Dataset
+from ..tokenizer import EOS, ChatTokenizer
+
+# the span each opening marker starts (a span ends at its <|END|>, and at EOS)
+SPAN_OF_OPENER = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool"}
+
+
+@dataclass
+class Piece:
+    """A run of decoded text: one marker, or text tokens that are all trained or all not."""
+
+    text: str
+    trained: bool
+    marker: bool
+    injected: bool = False  # packed rows: context the packer prepended (never trained)
+
+
+@dataclass
+class EpisodeToken:
+    position: int
+    id: int
+    text: str
+    trained: bool
+    marker: bool
+    span: str  # the span the token lies in: system, user, assistant, tool, or "" outside
+
+
+@dataclass
+class EpisodeView:
+    split: str
+    episode: int
+    record: int | None  # input record number (sources.idx), when stored
+    shard: str
+    start: int  # token offset in the shard's tokens.bin
+    length: int
+    trained_tokens: int | None
+    pieces: list[Piece]
+    tokens: list[EpisodeToken] | None = None
+    rule_differs_at: list[int] | None = None  # positions where the stored mask is not the rule's
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def spans_of(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
+    """The span each token lies in: system, user, assistant, tool, or "" outside any."""
+    out, cur = [], ""
+    for t in ids.tolist():
+        name = tok.ids.name(t)
+        cur = SPAN_OF_OPENER.get(name, cur)
+        out.append(cur)
+        if name in ("<|END|>", EOS):
+            cur = ""
+    return out
+
+
+def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: ChatTokenizer,
+              injected: bool = False) -> list[Piece]:
+    """Runs of text that break at every marker and wherever training starts or stops."""
+    n = ids.shape[0]
+    cut = np.flatnonzero(is_marker[1:] | is_marker[:-1] | (trained[1:] != trained[:-1])) + 1
+    bounds = [0, *cut.tolist(), n] if n else [0]
+    return [Piece(tok.token_text(int(ids[a])) if is_marker[a] else tok.decode(ids[a:b].tolist()),
+                  bool(trained[a]), bool(is_marker[a]), injected) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def is_marker(ids: np.ndarray, tok: ChatTokenizer) -> np.ndarray:
+    """Bool per token: a marker (or EOS), drawn apart from the text."""
+    return np.isin(ids, list(tok.special_tokens.values()))
+
+
+def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, tokens: bool = False) -> EpisodeView:
+    """One episode as pieces of text (and, with ``tokens``, one line per token)."""
+    sp = ds.split(split)
+    shard, local = sp.locate(episode)
+    ids, mask = sp.episode(episode)
+    ids = np.asarray(ids, dtype=np.int64)
+    trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
+    marker = is_marker(ids, tok)
+    lines = None
+    if tokens:
+        spans = spans_of(ids, tok)
+        lines = [EpisodeToken(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(marker[p]), spans[p])
+                 for p, t in enumerate(ids)]
+    differs = None if mask is None else np.flatnonzero(loss_mask(ids, tok.ids) != trained).tolist()
+    sources = shard.sources
+    return EpisodeView(split=split, episode=int(episode),
+                       record=None if sources is None or local >= sources.shape[0] else int(sources[local]),
+                       shard=shard.name, start=int(shard.episodes[local, 0]), length=int(ids.shape[0]),
+                       trained_tokens=None if mask is None else int(trained.sum()),
+                       pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs)
+
+
+def find_record(ds: Dataset, record: int) -> tuple[str, int]:
+    """(split, episode id) of the episode made from input record ``record``."""
+    for name, sp in ds.splits.items():
+        src = sp.sources
+        if src is None:
+            raise DatasetError(f"split {name} has no sources.idx: record numbers are not stored in this dataset; "
+                               f"use --episode")
+        hit = np.flatnonzero(src == record)
+        if hit.size:
+            return name, int(hit[0])
+    why = ""
+    rejects = ds.root / REJECTS_FILE
+    if rejects.is_file():
+        with open(rejects, "rb") as f:
+            for line in f:
+                try:
+                    r = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if r.get("record") == record:
+                    why = f": it was rejected at prepare time ({r.get('reason')}: {r.get('message')}; {r.get('where')})"
+                    break
+    raise DatasetError(f"input record {record} is in no split of {ds.root}{why or ' (no such record was kept)'}")
+
+
+def sample_ids(n: int, k: int, seed: int) -> list[int]:
+    """``k`` distinct ids of ``n`` (episodes, or rows), drawn with ``RandomState(seed)``, in id order."""
+    if k < 1:
+        raise UsageError(f"--sample must be at least 1, got {k}")
+    return sorted(np.random.RandomState(seed).choice(n, min(k, n), replace=False).tolist()) if n else []
