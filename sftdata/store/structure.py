@@ -59,7 +59,7 @@ class EpisodeBounds:
 
 
 def episode_bounds(shard: Shard) -> EpisodeBounds:
-    ep, ntok = shard.episodes, shard.num_tokens
+    ep, ntok = np.asarray(shard.episodes), shard.num_tokens  # a plain view: memmap indexing costs more
     if shard.mask is not None:
         ntok = min(ntok, int(shard.mask.shape[0]))  # episodes past the mask's end cannot be checked
     cap = np.uint64(ntok + 1)  # clip first: uint64 sums must not wrap around
@@ -131,9 +131,11 @@ def check_eos(shard: Shard, b: EpisodeBounds, markers: MarkerIds) -> list[Proble
     """Every usable episode ends with EOS: one token read per episode."""
     if shard.tokens is None:
         return []
-    use = np.flatnonzero(b.usable)
-    last = np.asarray(shard.tokens[(b.starts[use] + b.lengths[use] - 1)])
-    bad = use[last != markers.eos]
+    ends = b.starts + b.lengths - 1
+    use = None if b.usable.all() else np.flatnonzero(b.usable)
+    last = np.asarray(shard.tokens)[ends if use is None else ends[use]]  # a plain view: memmap indexing costs more
+    bad = np.flatnonzero(last != markers.eos)
+    bad = bad if use is None else use[bad]
     if not bad.size:
         return []
     i = int(bad[0])
