@@ -274,3 +274,16 @@ def test_user_files_inside_and_beside_every_target_survive_every_writing_command
                 else:
                     assert r.exit_code == 1 and r.output.startswith("error: "), r.output
         assert {p: p.read_bytes() for p in root.rglob("user*.txt")} == user
+
+
+# ---------------------------------------------------------------- value ranges in the metadata
+
+def test_each_shard_records_its_token_id_and_mask_value_ranges(tmp_path):
+    with DatasetWriter(tmp_path / "out") as w:
+        sw = w.split("train", np.dtype("<u4"), shard_tokens=4)
+        sw.add_many(np.array([7, 2, 9, 5, 100, 3], np.uint32), np.array([0, 1, 1, 0, 0, 0], np.uint8),
+                    np.array([3, 3]), np.array([0, 1]))
+        shards = sw.close()["shards"]
+        empty = w.split("val", np.dtype("<u4")).close()["shards"]
+    assert [(s["token_id_range"], s["mask_value_range"]) for s in shards] == [([2, 9], [0, 1]), ([3, 100], [0, 0])]
+    assert "token_id_range" not in empty[0]  # an empty shard has no range

@@ -59,10 +59,37 @@ class ShardInfo:
     tokens: int
     trained_tokens: int
     files: dict = field(default_factory=dict)
+    stats: ValueStats = field(default_factory=lambda: ValueStats())
 
     def as_dict(self) -> dict:
         return {"name": self.name, "episodes": self.episodes, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "files": self.files}
+                "trained_tokens": self.trained_tokens, "files": self.files, **self.stats.as_dict()}
+
+
+@dataclass
+class ValueStats:
+    """The smallest and largest token id and mask value written to a shard, recorded in
+    the metadata so a reader can refuse ids past the vocabulary, or mask values other
+    than 0/1, without reading the data."""
+    token_min: int | None = None
+    token_max: int | None = None
+    mask_min: int | None = None
+    mask_max: int | None = None
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        if ids.size == 0:
+            return
+        lo, hi, mlo, mhi = int(ids.min()), int(ids.max()), int(mask.min()), int(mask.max())
+        if self.token_min is None:
+            self.token_min, self.token_max, self.mask_min, self.mask_max = lo, hi, mlo, mhi
+        else:
+            self.token_min, self.token_max = min(self.token_min, lo), max(self.token_max, hi)
+            self.mask_min, self.mask_max = min(self.mask_min, mlo), max(self.mask_max, mhi)
+
+    def as_dict(self) -> dict:
+        if self.token_min is None:
+            return {}
+        return {"token_id_range": [self.token_min, self.token_max], "mask_value_range": [self.mask_min, self.mask_max]}
 
 
 class SplitWriter:
@@ -124,6 +151,7 @@ class SplitWriter:
         cur.tokens += int(lengths.sum())
         cur.episodes += len(lengths)
         cur.trained_tokens += int(np.count_nonzero(mask))
+        cur.stats.add(ids, mask)
 
     def close(self) -> dict:
         self._close_shard()
@@ -281,10 +309,12 @@ class PackedSplitWriter:
         d.mkdir(parents=True, exist_ok=False)
         self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
         self.shards.append({"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0})
+        self._stats = ValueStats()
 
     def _close_shard(self) -> None:
         if self._files is not None:
             self.shards[-1]["files"] = {fn: f.close() for fn, f in self._files.items()}
+            self.shards[-1].update(self._stats.as_dict())
             self._files = None
 
     def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
@@ -317,6 +347,7 @@ class PackedSplitWriter:
             cur["segments"] += b - a
             cur["tokens"] += real
             cur["trained_tokens"] += int(np.count_nonzero(mask[i:j]))
+            self._stats.add(tokens[i:j], mask[i:j])
             i = j
 
     def close(self) -> dict:
