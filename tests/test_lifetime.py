@@ -70,3 +70,59 @@ def test_the_watch_thread_exits_when_the_parent_changes(monkeypatch):
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
     _watch(parent_pid=4242, poll_s=0.01)
     assert exits == [1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def test_sigkill_of_prepare_leaves_no_worker_keeps_the_old_dataset_and_the_next_run_sweeps(tmp_path):
+    import json
+    src = tmp_path / "big.jsonl"
+    words = "the quick brown fox jumps over a lazy dog while sixty zebras quietly graze".split()
+    with open(src, "w") as f:
+        for i in range(60_000):
+            text = " ".join(words[(i + k) % len(words)] for k in range(60))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"{i} {text}"},
+                                             {"role": "assistant", "content": text}]}) + "\n")
+    out = tmp_path / "ds"
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": "a"}]}) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "sftdata", "prepare-chat"]
+    subprocess.run([*cli, str(small), "-o", str(out), "-q"], check=True, env=env, timeout=120)
+    old = (out / "dataset_metadata.json").read_bytes()
+    p = subprocess.Popen([*cli, str(src), "-o", str(out), "--overwrite", "--workers", "2", "-q"], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = _children(p.pid)
+        assert len(workers) >= 2
+        time.sleep(0.5)  # let them work
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        deadline = time.monotonic() + 1.5
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [w for w in workers if _alive(w)]
+    finally:
+        p.kill()
+    assert (out / "dataset_metadata.json").read_bytes() == old  # the old dataset is intact
+    (staging,) = tmp_path.glob(".ds.tmp-*")  # the killed run's staging is left ...
+    r = subprocess.run([*cli, str(small), "-o", str(out), "--overwrite", "--json"], env=env, timeout=120,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert not staging.exists()  # ... and swept by the next run to that target, which says so
+    assert r.stderr == (f"warning: removed 1 stale staging folder(s) of {out} left by runs that died: "
+                        f"{staging.name}\n")
+    assert not list(tmp_path.glob(".ds.*"))

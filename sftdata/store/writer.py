@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
@@ -30,6 +31,8 @@ from .layout import (
 )
 from .lock import WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
+
+log = logging.getLogger("sftdata.store")
 
 
 class _HashedFile:
@@ -205,7 +208,7 @@ class DatasetWriter:
                 check_replaceable(self.target)
             swept = sweep_stale(self.target)
             if swept:
-                self.notes.append(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
+                self._note(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
                                   f"died: {named([p.name for p in swept])}")
             self._before = signature(self.target)
             self.tmp = make_staging(self.target)
@@ -220,6 +223,12 @@ class DatasetWriter:
                 shutil.rmtree(self.tmp, ignore_errors=True)
         finally:
             self._release()
+
+    def _note(self, message: str) -> None:
+        """Something done beside the dataset: kept for the caller, and logged (the CLI
+        prints the library's warnings as one ``warning:`` line on stderr)."""
+        self.notes.append(message)
+        log.warning(message)
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -277,7 +286,7 @@ class DatasetWriter:
             if left:  # something not ours appeared in the old dataset at the last moment: keep it, visibly
                 kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-old-{time.strftime('%Y%m%d-%H%M%S')}")
                 os.replace(old, kept)
-                self.notes.append(f"the replaced dataset held files sftdata did not write ({named(left)}); "
+                self._note(f"the replaced dataset held files sftdata did not write ({named(left)}); "
                                   f"they are kept in {kept}")
         return self.target
 
