@@ -31,6 +31,7 @@ import orjson
 from . import __version__
 from .conversation import parse_record
 from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
+from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
@@ -180,7 +181,8 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
 _WORKER: dict = {}
 
 
-def _worker_init(tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+def _worker_init(parent_pid: int, tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+    die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
     # (pool.terminate() then hangs). SIGTERM (how the pool ends workers) keeps its default.
@@ -227,7 +229,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     spec = tok.path or tok.name
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(spec, opts.mode, opts.max_tokens))
+                               initargs=(os.getpid(), spec, opts.mode, opts.max_tokens))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:

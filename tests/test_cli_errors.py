@@ -173,8 +173,8 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_dataset(tmp_path, datase
     (home / "thesis.txt").write_text("years of work")
     src = write_jsonl(home / "chats.jsonl", [chat("q", "a")])
     message = (f"error: {home} is not an sftdata dataset (no dataset_metadata.json, and not empty): --overwrite "
-               f"replaces only a dataset, never other files (they would be deleted). Choose another --output-dir, "
-               f"or remove the folder yourself\n")
+               f"replaces only a dataset, never other files (they would be deleted). It holds: chats.jsonl, thesis.txt. "
+               f"Choose another --output-dir, or remove the folder yourself\n")
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(home), "--overwrite", "-j", "1"])
     assert (r.exit_code, r.output) == (1, message)
     r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(home), "--overwrite", "-q"])

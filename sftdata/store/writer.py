@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import DatasetError, OutputExistsError
+from ..errors import OutputExistsError
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -23,14 +25,15 @@ from .format import (
     METADATA_FILE,
     SEGMENTS_FILE,
     SOURCES_FILE,
-    SPLITS,
     TOKENS_FILE,
-    detect_layout,
     dumps_json,
-    read_json,
     sha256_file,
     shard_name,
 )
+from .lock import WriterLock, make_staging, release_staging, sweep_stale
+from .manifest import check_replaceable, named, remove_owned, signature, survey
+
+log = logging.getLogger("sftdata.store")
 
 
 class _HashedFile:
@@ -60,10 +63,37 @@ class ShardInfo:
     tokens: int
     trained_tokens: int
     files: dict = field(default_factory=dict)
+    stats: ValueStats = field(default_factory=lambda: ValueStats())
 
     def as_dict(self) -> dict:
         return {"name": self.name, "episodes": self.episodes, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "files": self.files}
+                "trained_tokens": self.trained_tokens, "files": self.files, **self.stats.as_dict()}
+
+
+@dataclass
+class ValueStats:
+    """The smallest and largest token id and mask value written to a shard, recorded in
+    the metadata so a reader can refuse ids past the vocabulary, or mask values other
+    than 0/1, without reading the data."""
+    token_min: int | None = None
+    token_max: int | None = None
+    mask_min: int | None = None
+    mask_max: int | None = None
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        if ids.size == 0:
+            return
+        lo, hi, mlo, mhi = int(ids.min()), int(ids.max()), int(mask.min()), int(mask.max())
+        if self.token_min is None:
+            self.token_min, self.token_max, self.mask_min, self.mask_max = lo, hi, mlo, mhi
+        else:
+            self.token_min, self.token_max = min(self.token_min, lo), max(self.token_max, hi)
+            self.mask_min, self.mask_max = min(self.mask_min, mlo), max(self.mask_max, mhi)
+
+    def as_dict(self) -> dict:
+        if self.token_min is None:
+            return {}
+        return {"token_id_range": [self.token_min, self.token_max], "mask_value_range": [self.mask_min, self.mask_max]}
 
 
 class SplitWriter:
@@ -125,6 +155,7 @@ class SplitWriter:
         cur.tokens += int(lengths.sum())
         cur.episodes += len(lengths)
         cur.trained_tokens += int(np.count_nonzero(mask))
+        cur.stats.add(ids, mask)
 
     def close(self) -> dict:
         self._close_shard()
@@ -139,54 +170,76 @@ class SplitWriter:
         }
 
 
-def _replaceable(folder: Path) -> bool:
-    """``--overwrite`` may delete ``folder``: it is empty, a dataset sftdata wrote, or an
-    older flat dataset (``train/tokens.bin``). Any other folder (a home folder, the
-    inputs' folder) is refused: replacing it would delete files sftdata never wrote."""
-    if not any(folder.iterdir()):
-        return True
-    if (folder / METADATA_FILE).is_file():
-        try:
-            return read_json(folder / METADATA_FILE).get("format") == FORMAT_NAME
-        except (DatasetError, OSError):  # unreadable metadata: not provably ours
-            return False
-    return detect_layout(folder) == "flat" and all(p.name in SPLITS for p in folder.iterdir())
-
-
 class DatasetWriter:
-    """Context manager that builds a dataset in a temporary folder and renames it into
-    place on ``commit``. Leaving the block without ``commit`` (an exception, Ctrl-C)
-    removes the temporary folder; the target is untouched."""
+    """Context manager that builds a dataset in a staging folder beside the target and
+    renames it into place on ``commit``. Leaving the block without ``commit`` (an
+    exception, Ctrl-C) removes the staging folder; the target is untouched.
 
-    def __init__(self, target: str | Path, *, overwrite: bool = False):
+    Safety, whatever the flags:
+    - one writer per target (:class:`WriterLock`; ``wait`` waits for the other one);
+    - ``overwrite`` replaces only an empty folder or a dataset holding nothing but the
+      files its metadata lists, and removes exactly those files (:mod:`.manifest`);
+    - a target that appeared or changed while the run was writing is left alone: the
+      finished dataset is kept beside it, in a folder the error names;
+    - stale staging folders of this target (their owner process is dead) are removed,
+      and said so in ``notes``.
+    """
+
+    def __init__(self, target: str | Path, *, overwrite: bool = False, wait: bool = False):
         self.target = Path(target)
         self.overwrite = overwrite
+        self.wait = wait
         self.tmp: Path | None = None
+        self.notes: list[str] = []  # what was done beside the dataset, for the summary
         self._committed = False
+        self._lock: WriterLock | None = None
+        self._before: tuple | None = None
 
     def __enter__(self) -> DatasetWriter:
-        if self.target.exists() and not self.overwrite:
-            raise OutputExistsError(f"{self.target} already exists; pass --overwrite to replace it, "
-                                    f"or choose another --output-dir")
         if self.target.exists() and not self.target.is_dir():
             raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
                                     f"another --output-dir")
-        if self.target.exists() and not _replaceable(self.target):
-            raise OutputExistsError(f"{self.target} is not an sftdata dataset (no {METADATA_FILE}, and not empty): "
-                                    f"--overwrite replaces only a dataset, never other files (they would be "
-                                    f"deleted). Choose another --output-dir, or remove the folder yourself")
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
+        self._lock = WriterLock(self.target, wait=self.wait).__enter__()
+        try:
+            if self.target.exists() and not self.overwrite:
+                raise OutputExistsError(f"{self.target} already exists; pass --overwrite to replace it, "
+                                        f"or choose another --output-dir")
+            if self.target.exists():
+                check_replaceable(self.target)
+            swept = sweep_stale(self.target)
+            if swept:
+                self._note(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
+                                  f"died: {named([p.name for p in swept])}")
+            self._before = signature(self.target)
+            self.tmp = make_staging(self.target)
+        except BaseException:
+            self._release()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._committed and self.tmp is not None and self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            if not self._committed and self.tmp is not None and self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        finally:
+            self._release()
+
+    def _note(self, message: str) -> None:
+        """Something done beside the dataset: kept for the caller, and logged (the CLI
+        prints the library's warnings as one ``warning:`` line on stderr)."""
+        self.notes.append(message)
+        log.warning(message)
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
 
     @property
     def path(self) -> Path:
-        assert self.tmp is not None, "use DatasetWriter as a context manager"
+        if self.tmp is None:
+            raise RuntimeError("use DatasetWriter as a context manager")
         return self.tmp
 
     def split(self, name: str, token_dtype: np.dtype, shard_tokens: int = DEFAULT_SHARD_TOKENS) -> SplitWriter:
@@ -202,12 +255,21 @@ class DatasetWriter:
     def commit(self, metadata: dict) -> Path:
         """Write ``dataset_metadata.json`` (with sha256 of the top-level files) last,
         then move the folder into place."""
+        release_staging(self.path)
         files = {}
         for p in sorted(self.path.iterdir()):
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
         (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
+        if signature(self.target) != self._before:
+            kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(self.path, kept)
+            self._committed = True
+            raise OutputExistsError(
+                f"{self.target} {'appeared' if self._before is None else 'changed'} while this run was writing it, "
+                f"so it was left as it is. The finished dataset is in {kept}: compare the two, then move it into "
+                f"place yourself (or run again with another --output-dir)")
         old = None
         if self.target.exists():
             old = self.target.parent / f".{self.target.name}.old-{uuid.uuid4().hex[:8]}"
@@ -220,8 +282,23 @@ class DatasetWriter:
             raise
         self._committed = True
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            s = survey(old)
+            left = remove_owned(s) if s.is_dataset else s.foreign
+            if left:  # something not ours appeared in the old dataset at the last moment: keep it, visibly
+                kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-old-{time.strftime('%Y%m%d-%H%M%S')}")
+                os.replace(old, kept)
+                self._note(f"the replaced dataset held files sftdata did not write ({named(left)}); "
+                                  f"they are kept in {kept}")
         return self.target
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``name-2``, ``name-3``, ... whichever does not exist yet."""
+    p, k = folder / name, 1
+    while p.exists() or p.is_symlink():
+        k += 1
+        p = folder / f"{name}-{k}"
+    return p
 
 
 class PackedSplitWriter:
@@ -242,10 +319,12 @@ class PackedSplitWriter:
         d.mkdir(parents=True, exist_ok=False)
         self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
         self.shards.append({"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0})
+        self._stats = ValueStats()
 
     def _close_shard(self) -> None:
         if self._files is not None:
             self.shards[-1]["files"] = {fn: f.close() for fn, f in self._files.items()}
+            self.shards[-1].update(self._stats.as_dict())
             self._files = None
 
     def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
@@ -278,6 +357,7 @@ class PackedSplitWriter:
             cur["segments"] += b - a
             cur["tokens"] += real
             cur["trained_tokens"] += int(np.count_nonzero(mask[i:j]))
+            self._stats.add(tokens[i:j], mask[i:j])
             i = j
 
     def close(self) -> dict:
