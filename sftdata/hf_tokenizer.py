@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
@@ -104,13 +103,51 @@ def _check_ids(doc: dict, path: Path) -> int:
     return max(ints, default=-1)
 
 
-@dataclass(frozen=True)
 class Encoded:
-    """A rendered text's tokens: ``ids`` (uint32) and ``offsets`` (int64, shape (n, 2)):
-    token i covers characters ``offsets[i, 0] : offsets[i, 1]`` of the text."""
+    """A rendered text's tokens: ``ids`` (uint32), and where each token lies in the text
+    (``offsets``, int64, shape (n, 2): token i covers characters ``offsets[i, 0] :
+    offsets[i, 1]``; built on first use, ``token_ranges`` needs only a few lookups)."""
 
-    ids: np.ndarray
-    offsets: np.ndarray
+    __slots__ = ("ids", "_encoding", "_offsets", "_text_len")
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None = None, encoding=None, text_len: int = 0):
+        self.ids = ids
+        self._offsets = offsets
+        self._encoding = encoding  # the tokenizers library's Encoding, when offsets are not built yet
+        self._text_len = text_len
+
+    @property
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            pairs = self._encoding.offsets
+            # fromiter over the flattened pairs: 3x faster than converting a list of tuples
+            self._offsets = np.fromiter(chain.from_iterable(pairs), dtype=np.int64,
+                                        count=2 * len(pairs)).reshape(-1, 2)
+        return self._offsets
+
+    def token_ranges(self, spans) -> tuple[np.ndarray, np.ndarray]:
+        """For each character span ``(start, end)``, the tokens ``lo:hi`` that overlap it
+        (from the token holding ``start`` through the one holding ``end - 1``, as
+        ``return_assistant_tokens_mask`` maps them)."""
+        spans = [(int(a), int(b)) for a, b in spans]
+        enc, n = self._encoding, int(self.ids.shape[0])
+        if enc is not None and self._offsets is None:
+            lo, hi = [], []
+            for a, b in spans:
+                first = enc.char_to_token(a) if b > a else None
+                after = enc.char_to_token(b)
+                if first is None or (after is None and b < self._text_len):
+                    break  # a character no token covers (a normaliser dropped it): use the offsets
+                lo.append(first)
+                hi.append(n if after is None else after + (enc.token_to_chars(after)[0] < b))
+            else:
+                return np.asarray(lo, dtype=np.int64), np.maximum(np.asarray(hi, dtype=np.int64),
+                                                                   np.asarray(lo, dtype=np.int64))
+        offsets = self.offsets
+        bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        lo_ = np.searchsorted(offsets[:, 1], bounds[:, 0], side="right")
+        hi_ = np.searchsorted(offsets[:, 0], bounds[:, 1], side="left")
+        return lo_, np.maximum(hi_, lo_)
 
 
 class HFTokenizer:
@@ -177,11 +214,7 @@ class HFTokenizer:
     def encode_rendered(self, text: str) -> Encoded:
         """Encode a template's rendered text once: added tokens recognised, nothing added."""
         enc = self._tok.encode(text, add_special_tokens=False)
-        ids = np.array(enc.ids, dtype=np.uint32)
-        pairs = enc.offsets
-        # fromiter over the flattened pairs: 3x faster than converting a list of tuples
-        offsets = np.fromiter(chain.from_iterable(pairs), dtype=np.int64, count=2 * len(pairs)).reshape(-1, 2)
-        return Encoded(ids, offsets)
+        return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ordinary-text encoding with the character offsets of each token."""

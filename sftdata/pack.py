@@ -23,6 +23,7 @@ import numpy as np
 
 from . import __version__
 from .errors import DatasetError, UsageError
+from .loss_rule import LossRule, rule_from_state
 from .order import DEFAULT_SEED
 from .packing import (
     DEFAULT_OVERLONG,
@@ -48,7 +49,6 @@ from .store import (
     sha256_file,
 )
 from .store.packed import encode_segments
-from .tokenizer import MarkerIds
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class PackOptions:
     block_size: int = 2048
     strategy: str = "bfd"
     overlong: str = DEFAULT_OVERLONG
-    pad_id: int | None = None  # default: the tokenizer's EOS
+    pad_id: int | None = None  # default: the rule's pad id (EOS; a model tokenizer's pad token)
     seed: int = DEFAULT_SEED
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     overwrite: bool = False
@@ -145,13 +145,29 @@ class PackProgress:
     rows_total: int
 
 
-def _markers(ds) -> MarkerIds:
-    state = ds.tokenizer_state
-    if not state or not isinstance(state.get("special_tokens"), dict):
-        raise DatasetError(f"{ds.root} has no {TOKENIZER_FILE} with special_tokens, so its chat markers are "
-                           f"unknown and the loss mask cannot be recomputed per row. Re-create it with "
-                           f"`sftdata prepare-chat`")
-    return MarkerIds.from_special_tokens(state["special_tokens"])
+def _rule(ds) -> LossRule:
+    """The dataset's mask rule (its chat markers, or its template's rule)."""
+    rule = rule_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE))
+    if rule is None:
+        raise DatasetError(f"{ds.root} has no {TOKENIZER_FILE}, so its mask rule is unknown and the loss mask "
+                           f"cannot be recomputed per row. Re-create it with `sftdata prepare-chat`")
+    return rule
+
+
+def _check_cuts(split: Split, opts: PackOptions, rule: LossRule) -> None:
+    """A template rule that trains only each episode's last reply cannot tell a cut episode
+    from a whole one by its tokens (an earlier reply would become the last): refuse to cut."""
+    if not getattr(getattr(rule, "rule", None), "last_reply_only", False):
+        return
+    if opts.strategy == "stream":
+        raise UsageError("this dataset's template rule trains only the last reply of each episode, and stream "
+                         "packing cuts episodes across rows, which would train other replies; use --strategy bfd")
+    long = np.flatnonzero(split.lengths > opts.row_len)
+    if long.size and opts.overlong != "drop":
+        raise UsageError(f"episode {int(long[0])} of split {split.name} ({int(split.lengths[long[0]]):,} tokens) is "
+                         f"longer than a row ({opts.row_len}), and this dataset's template rule trains only the "
+                         f"last reply of each episode: a cut episode's last reply would be another one. Use "
+                         f"--overlong drop, or a --block-size of at least {int(split.lengths.max()) - 1}")
 
 
 def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:
@@ -174,7 +190,7 @@ def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, take
     return out
 
 
-def _trained_of_episodes(split: Split, ids: np.ndarray, m: MarkerIds) -> int:
+def _trained_of_episodes(split: Split, ids: np.ndarray, m: LossRule) -> int:
     """Trained tokens of whole episodes by the rule, a bounded number of tokens at a time."""
     total = 0
     lengths = split.lengths[ids]
@@ -184,13 +200,13 @@ def _trained_of_episodes(split: Split, ids: np.ndarray, m: MarkerIds) -> int:
     return total
 
 
-def _plan(split: Split, opts: PackOptions, m: MarkerIds) -> PackPlan:
+def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
     if opts.strategy == "bfd":
         return plan_bfd(split.lengths, opts.row_len, opts.overlong, opts.seed)
     return plan_stream(split.lengths, lambda i: split.episode(i)[0], m, opts.row_len)
 
 
-def pack_split(split: Split, writer, opts: PackOptions, m: MarkerIds, pad_id: int,
+def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
                progress: Callable[[PackProgress], None] | None = None) -> SplitReport:
     """Plan and write one split's rows, a bounded number of tokens at a time; returns its report."""
     plan = _plan(split, opts, m)
@@ -236,12 +252,15 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     if ds.metadata is None:
         raise DatasetError(f"{source} has no {METADATA_FILE} (an older flat layout); its tokenizer and markers "
                            f"are unknown. Re-create it with `sftdata prepare-chat`")
-    m = _markers(ds)
-    pad_id = m.eos if opts.pad_id is None else int(opts.pad_id)
+    m = _rule(ds)
+    pad_id = m.pad_id if opts.pad_id is None else int(opts.pad_id)
     limit = min(int(np.iinfo(ds.token_dtype).max) + 1, int(ds.tokenizer_state.get("vocab_size") or 1 << 62))
     if not 0 <= pad_id < limit:
+        what = "EOS" if m.kind == "markers" else "the tokenizer's pad token"
         raise UsageError(f"--pad-id {pad_id} is not a token id of this dataset (0..{limit - 1}); "
-                         f"leave it out to pad with EOS ({m.eos})")
+                         f"leave it out to pad with {what} ({m.pad_id})")
+    for split in ds.splits.values():
+        _check_cuts(split, opts, m)
     if Path(output_dir).resolve() == source.resolve():
         raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
     report = PackReport(str(output_dir), str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,

@@ -45,11 +45,13 @@ from .store import (
     SplitWriter,
     token_dtype_for,
 )
-from .tokenizer import ChatTokenizer, load_tokenizer
+from .template import TemplateProfile, model_profile, record_episodes, template_summary, tokenizer_state
+from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
+MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class PrepareOptions:
     workers: int = 1
     strict: bool = False
     overwrite: bool = False
+    chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
 
     def validate(self) -> None:
         if self.mode not in ("chat", "tool"):
@@ -75,12 +78,20 @@ class PrepareOptions:
             raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
         if self.workers < 1:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
+            raise UsageError(f"--chat-template {self.chat_template} needs a model's own tokenizer: --tokenizer "
+                             f"path/to/tokenizer.json or the model folder holding it. "
+                             f"{'The default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} uses "
+                             f"sftdata's chat markers, which have no chat template")
 
     def recorded(self) -> dict:
         """The options that determine the output (workers and overwrite do not)."""
-        return {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
-                "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
-                "strict": self.strict}
+        out = {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
+               "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
+               "strict": self.strict}
+        if self.chat_template is not None:
+            out["chat_template"] = self.chat_template
+        return out
 
 
 @dataclass
@@ -105,6 +116,9 @@ class PrepareSummary:
     pairs_dropped: int = 0
     seconds: float = 0.0
     input_bytes: int = 0
+    per_reply_records: int = 0  # chat template: records served one episode per assistant reply
+    per_reply_episodes: int = 0
+    rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
 
     @property
     def total_tokens(self) -> int:
@@ -122,7 +136,8 @@ class PrepareSummary:
                 "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
                 "repaired": self.repaired, "records_truncated": self.records_truncated,
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
-                "input_bytes": self.input_bytes}
+                "input_bytes": self.input_bytes, "per_reply_records": self.per_reply_records,
+                "per_reply_episodes": self.per_reply_episodes, "rule_mismatch": self.rule_mismatch}
 
 
 @dataclass
@@ -138,11 +153,17 @@ class ChunkResult:
     truncated: int
     pairs_dropped: int
     records: int
+    per_reply_records: int = 0
+    per_reply_episodes: int = 0
+    mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
 
 
-def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
-                  max_tokens: int | None) -> ChunkResult:
-    """Parse, validate and render one chunk of records (pure but for the tokenizer)."""
+def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
+                  max_tokens: int | None, profile: TemplateProfile | None = None) -> ChunkResult:
+    """Parse, validate and render one chunk of records (pure but for the tokenizer).
+    With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
+    if profile is not None:
+        return template_chunk(items, tok, profile, mode, max_tokens)
     convs, kept, rejects = [], [], []
     repairs: Counter = Counter()
     for rec in items:
@@ -177,24 +198,75 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
         rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items))
 
 
+def choose_tokenizer(spec: str | None, chat_template: str | None
+                     ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
+    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
+    the template ``--chat-template`` names (default: the folder's own), learned once here
+    and sent to the workers."""
+    tok = open_tokenizer(spec)
+    if isinstance(tok, ChatTokenizer):
+        return tok, None
+    return tok, model_profile(tok, chat_template)
+
+
+def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
+                   max_tokens: int | None) -> ChunkResult:
+    """``process_chunk`` with a model's chat template: each record becomes the episodes the
+    template renders (one per reply where it must), each episode's mask the rendered one,
+    which its stored rule re-derives (a record where it does not is rejected by name)."""
+    ids, masks, lengths, sources, rejects, mismatches = [], [], [], [], [], []
+    repairs: Counter = Counter()
+    truncated = dropped = per_reply = per_reply_eps = 0
+    for rec in items:
+        try:
+            conv = parse_record(rec.raw, rec.where, mode)
+            out = record_episodes(conv, profile, tok, max_tokens, rec.where)
+        except RecordError as e:
+            rejects.append((rec.record, rec.where, e.reason, e.detail))
+            if e.reason == "rule_mismatch":
+                mismatches.append((rec.record, rec.where))
+            continue
+        for r in set(conv.repairs):
+            repairs[r] += 1
+        for ep in out.episodes:
+            ids.append(ep.ids)
+            masks.append(ep.mask)
+            lengths.append(ep.ids.shape[0])
+            sources.append(rec.record)
+        if out.per_reply:
+            per_reply += 1
+            per_reply_eps += len(out.episodes)
+        if out.pairs_dropped:
+            truncated += 1
+            dropped += out.pairs_dropped
+    rejects.sort()
+    return ChunkResult(
+        ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
+        mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
+        lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
+        rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items),
+        per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches)
+
+
 # -- worker processes ---------------------------------------------------------------
 _WORKER: dict = {}
 
 
-def _worker_init(parent_pid: int, tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None) -> None:
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
     # (pool.terminate() then hangs). SIGTERM (how the pool ends workers) keeps its default.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _WORKER["tok"] = load_tokenizer(tokenizer_spec)
+    _WORKER["tok"] = tok  # pickled to a spawned worker: each kind reloads itself and checks its hash
+    _WORKER["profile"] = profile
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
 
 
 def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
-    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"])
+    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["profile"])
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -212,7 +284,8 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
 
 
 def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
-             tok: ChatTokenizer) -> Iterator[tuple[ChunkResult, int]]:
+             tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None = None
+             ) -> Iterator[tuple[ChunkResult, int]]:
     """Chunk results in input order; with workers, at most 2 x workers chunks in flight.
 
     Workers run in a ``ProcessPoolExecutor``: a worker that dies (killed by the system,
@@ -220,16 +293,15 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
     if opts.workers <= 1:
         for items, pos in chunks:
-            yield process_chunk(items, tok, opts.mode, opts.max_tokens), pos
+            yield process_chunk(items, tok, opts.mode, opts.max_tokens, profile), pos
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    spec = tok.path or tok.name
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), spec, opts.mode, opts.max_tokens))
+                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -316,10 +388,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()
-    tok = load_tokenizer(opts.tokenizer)
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template)
     infos: list[SourceInfo] = [inspect_source(p) for p in inputs]
     total_bytes = sum(i.bytes for i in infos)
-    dtype = token_dtype_for(tok.vocab_size)
+    dtype = token_dtype_for(tok.vocab_size)  # uint32 for a vocabulary beyond 65,536 ids
     summary = PrepareSummary(output_dir=str(output_dir), input_bytes=total_bytes)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
@@ -328,7 +400,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         records = tokens = 0
         rejects = w.path / REJECTS_FILE
         with open(rejects, "wb") as rej:
-            for res, pos in _results(_chunks(iter_all(infos)), opts, tok):
+            for res, pos in _results(_chunks(iter_all(infos)), opts, tok, profile):
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
@@ -341,6 +413,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                 repaired.update(res.repairs)
                 summary.records_truncated += res.truncated
                 summary.pairs_dropped += res.pairs_dropped
+                summary.per_reply_records += res.per_reply_records
+                summary.per_reply_episodes += res.per_reply_episodes
+                keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
+                summary.rule_mismatch += [{"record": r, "where": wh} for r, wh in res.mismatches[:max(keep, 0)]]
                 if lines:
                     with writing(rejects, output_dir):
                         rej.write(b"\n".join(lines) + b"\n")
@@ -374,7 +450,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                            if wr is not None}
             del src
             shutil.rmtree(w.path / "_staging")
-            w.write_json(TOKENIZER_FILE, tok.state())
+            w.write_json(TOKENIZER_FILE, tok.state() if profile is None else tokenizer_state(tok, profile))
         for split, m in splits_meta.items():
             summary.episodes[split] = m["episodes"]
             summary.tokens[split] = m["tokens"]
@@ -384,7 +460,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             "kind": "episodes",
             "created_by": f"sftdata {__version__}",
             "token_dtype": dtype.name,
-            "tokenizer": tok.summary(),
+            "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
             "splits": splits_meta,
             "sources": [i.as_dict() for i in infos],
             "options": {**opts.recorded(), "tokenizer": tok.path or tok.name},
@@ -392,6 +468,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                        "repaired": summary.repaired, "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
+        if profile is not None:
+            metadata["counts"].update(per_reply_records=summary.per_reply_records,
+                                      per_reply_episodes=summary.per_reply_episodes)
+            metadata["rule_mismatch"] = summary.rule_mismatch
         with writing(w.path, output_dir):
             w.commit(metadata)
     summary.seconds = time.perf_counter() - t0

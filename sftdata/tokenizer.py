@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TokenizerError
+from .hf_tokenizer import HF_KIND, HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
 from .model_special_ids import declared_ids, known_ids
 
 MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
@@ -344,8 +345,26 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
                          mergeable_ranks=ranks, base_special_tokens=special)
 
 
-def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> ChatTokenizer:
-    """Rebuild the tokenizer a dataset recorded, and check it is exactly that one."""
+def is_model_tokenizer_spec(spec: str | None) -> bool:
+    """True when ``--tokenizer`` names a model's own tokenizer: a ``tokenizer.json`` (any
+    ``.json`` file) or a folder. Everything else is a tiktoken name or ``.tiktoken`` file."""
+    if not spec:
+        return False
+    return is_hf_tokenizer_spec(spec) or spec.endswith(".json") or Path(spec).is_dir()
+
+
+def open_tokenizer(spec: str | None = None) -> ChatTokenizer | HFTokenizer:
+    """What ``--tokenizer`` names: a model's own tokenizer (``tokenizer.json`` or its
+    folder: ``load_hf_tokenizer``), else a tiktoken encoding with sftdata's chat markers
+    (``load_tokenizer``; the default, cl100k_base)."""
+    return load_hf_tokenizer(spec) if is_model_tokenizer_spec(spec) else load_tokenizer(spec)
+
+
+def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> ChatTokenizer | HFTokenizer:
+    """Rebuild the tokenizer a dataset recorded, and check it is exactly that one (a
+    model's own tokenizer: ``hf_tokenizer_from_state``)."""
+    if isinstance(state, dict) and state.get("kind") == HF_KIND:
+        return hf_tokenizer_from_state(state, where)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise TokenizerError(f"{where} is not an sftdata tokenizer state (format != {STATE_FORMAT!r})")
     if state.get("version") != STATE_VERSION:

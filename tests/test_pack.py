@@ -211,8 +211,14 @@ def test_pack_errors(source, tmp_path):
 
 def test_source_without_markers_or_metadata_is_refused(source, tmp_path):
     shutil.copytree(source, tmp_path / "nots")
+    state = orjson.loads((tmp_path / "nots" / TOKENIZER_FILE).read_bytes())
+    del state["special_tokens"]
+    (tmp_path / "nots" / TOKENIZER_FILE).write_bytes(orjson.dumps(state))
+    with pytest.raises(DatasetError, match="tokenizer_state.json records neither sftdata's chat markers "
+                                           r"\(special_tokens\) nor a template's mask_rule"):
+        pack(tmp_path / "nots", tmp_path / "x", PackOptions())
     (tmp_path / "nots" / TOKENIZER_FILE).unlink()
-    with pytest.raises(DatasetError, match="no tokenizer_state.json with special_tokens"):
+    with pytest.raises(DatasetError, match="has no tokenizer_state.json, so its mask rule is unknown"):
         pack(tmp_path / "nots", tmp_path / "x", PackOptions())
     flat = tmp_path / "flat" / "train"
     flat.mkdir(parents=True)

@@ -47,7 +47,8 @@ BlockOpt = Annotated[int | None, typer.Option(
                                       "tokens) would drop.")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
-                                             "cl100k_base).")]
+                                             "cl100k_base). A dataset made with a model's tokenizer.json that "
+                                             "has moved since: where it is now (its sha256 is checked).")]
 
 
 def _num(x: float) -> str:
@@ -90,8 +91,14 @@ def draw_overview(ov: Overview) -> Group:
         head.append(f" · made by {ov.created_by}")
     if ov.tokenizer:
         tk = ov.tokenizer
-        head.append(f"\ntokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · "
-                    f"EOS {tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}")
+        if tk.get("file_sha256"):  # a model's own tokenizer.json and chat template
+            tpl = tk.get("chat_template") or {}
+            head.append(f"\ntokenizer {tk.get('name')} ({tk.get('kind')}) · vocab {tk.get('vocab_size', 0):,} · "
+                        f"EOS {tk.get('eos_id')} · tokenizer.json sha256 {tk.get('file_sha256')} · chat template "
+                        f"{tpl.get('name')} ({tpl.get('source')}, sha256 {tpl.get('sha256')})")
+        else:
+            head.append(f"\ntokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · "
+                        f"EOS {tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}")
     if ov.packing:
         pk = ov.packing
         head.append(f"\npacked ({pk.get('strategy')}): --block-size {pk.get('block_size')}, rows of "

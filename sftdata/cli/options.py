@@ -19,3 +19,8 @@ DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=Fals
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
+ChatTemplateOpt = Annotated[str | None, typer.Option(
+    "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json or its folder): the chat template "
+    "to render with. `model` = the folder's own (tokenizer_config.json; `model:NAME` for one of several), a "
+    "preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. Default: the folder's own template; a "
+    "tokenizer that ships none needs this option.")]

@@ -67,7 +67,8 @@ def pack_command(
                                           "(truncate), is cut into pieces (split), or is left out (drop). The "
                                           "report counts the trained tokens lost.")] = DEFAULT_OVERLONG,
     pad_id: Annotated[int | None, typer.Option("--pad-id", metavar="ID", help="Padding token id (default: "
-                                                  "the dataset's EOS); its mask is 0 and it is never "
+                                                  "the dataset's EOS; for a model's own tokenizer, its pad "
+                                                  "token, else its EOS); its mask is 0 and it is never "
                                                   "attended.")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="bfd: order among equal lengths and of the "
                                       "rows.")] = DEFAULT_SEED,

@@ -13,7 +13,7 @@ from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import JsonOpt, OverwriteOpt, QuietOpt
+from .options import ChatTemplateOpt, JsonOpt, OverwriteOpt, QuietOpt
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -32,7 +32,9 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
 ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(an episode never spans shards).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
-    "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file. "
+    "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file (sftdata's "
+                                             "chat markers), or a model's own Hugging Face tokenizer.json or the "
+                                             "folder holding it (the model's chat template; see --chat-template). "
                                              "Default: the bundled cl100k_base (no network).")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
                                                    "(default: all cores; more than the cores are capped). The "
@@ -60,6 +62,8 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"  repaired: {reason}", f"{n:,}")
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
+    if s.per_reply_records:
+        t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
     secs = max(s.seconds, 1e-9)
     t.add_row("time", f"{s.seconds:.2f} s")
     t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
@@ -76,7 +80,7 @@ def min_val_split(n: int) -> float:
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet) -> None:
+                workers, strict, overwrite, as_json, quiet, chat_template=None) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -85,7 +89,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite)
+                          strict=strict, overwrite=overwrite, chat_template=chat_template)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -99,6 +103,16 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
         err_console.print(summary_table(summary))
         if summary.rejected:
             err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+        if summary.per_reply_records:
+            err_console.print(f"note: the chat template rewrites replies so that {summary.per_reply_records:,} "
+                              f"record(s) could not be located in one render: each of their assistant replies became "
+                              f"an episode of its own (the conversation up to it, only it trained)")
+        if summary.rule_mismatch:
+            named = ", ".join(m["where"] for m in summary.rule_mismatch[:5])
+            more = summary.rejected.get("rule_mismatch", 0) - min(5, len(summary.rule_mismatch))
+            warn(f"{summary.rejected.get('rule_mismatch', 0):,} record(s) rejected as rule_mismatch (the template's "
+                 f"mask is not the one its stored rule re-derives, so verify could not prove it): {named}"
+                 + (f" and {more:,} more" if more > 0 else "") + f"; see {output_dir}/rejects.jsonl")
     n = sum(summary.episodes.values())
     if val_split > 0 and not summary.episodes.get("val") and not quiet and n > 1:
         warn(f"--val-split {val_split} of {n:,} episodes rounds to 0: the val split is empty; use --val-split "
@@ -117,6 +131,7 @@ def _prepare_command(mode: str, doc: str):
         max_tokens: MaxTokensOpt = None,
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
+        chat_template: ChatTemplateOpt = None,
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         overwrite: OverwriteOpt = False,
@@ -124,7 +139,7 @@ def _prepare_command(mode: str, doc: str):
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet)
+                    workers, strict, overwrite, as_json, quiet, chat_template)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -134,7 +149,10 @@ def _prepare_command(mode: str, doc: str):
 CHAT_HELP = """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
 
 Each record becomes one episode: the conversation's tokens with chat markers, ending with
-EOS, and a loss mask that trains the assistant turns only (docs/FORMAT.md). Bad records
+EOS, and a loss mask that trains the assistant turns only (docs/FORMAT.md); with a model's
+own tokenizer (`--tokenizer` a tokenizer.json or its folder), the conversation in the
+model's own chat format, each reply trained through its end-of-turn token
+(docs/TOKENIZERS.md). Bad records
 are skipped, counted by reason and written to DIR/rejects.jsonl with their line numbers
 (or stop the run with --strict). Records with tools go to `prepare-tool`. The dataset is
 built beside DIR and renamed at the end: an error or Ctrl-C leaves nothing there.
@@ -144,6 +162,9 @@ Examples:
 * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1`
 * `sftdata prepare-chat a.jsonl b.json.gz -o data/chat_sft --max-tokens 4096 --overwrite`
 * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
+* `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
+  tokenizer and chat template)
+* `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`
 """
 
 TOOL_HELP = """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
@@ -160,6 +181,8 @@ Examples:
 
 * `sftdata prepare-tool agent_traces.jsonl --output-dir data/tool_sft --val-split 0.1`
 * `sftdata prepare-tool glaive.json openai_tools.jsonl -o data/tool_sft --max-tokens 4096`
+* `sftdata prepare-tool tools.jsonl -o data/tool_llama --tokenizer model_dir/ --chat-template my_template.jinja`
+  (tool calls, results and schemas rendered by the model's template)
 """
 
 prepare_chat = _prepare_command("chat", CHAT_HELP)

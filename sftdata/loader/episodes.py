@@ -11,6 +11,10 @@ Every row is one episode, cut or padded to ``L = block_size + 1`` tokens, then s
 An episode longer than ``L`` keeps its first ``L`` tokens. Which episodes fill step
 ``N`` is decided by ``sftdata.order.episode_order`` (the order ``sftdata replay-order``
 replays).
+
+A dataset made with a model's chat template has no EOS that ends every episode (Llama 3's
+end-of-turn token also closes each turn), so without ``use_loss_mask`` its rows carry a
+mask of 1 on every real target and 0 on padding, as packed rows do (``end_id`` is None).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from ..audit import format_value
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
+from ..hf_tokenizer import HF_KIND
 from ..order import BatchOrder, episode_order
 from ..store import Dataset, Split
 from .batch import Batch
@@ -29,16 +34,17 @@ from .batch import Batch
 log = logging.getLogger("sftdata.loader")
 
 
-def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int, with_mask: bool) -> Batch:
+def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int, with_mask: bool,
+                  real_mask: bool = False) -> Batch:
     """The numpy ``Batch`` of the global episode ``ids`` of ``split``: x, y int64 and,
     ``with_mask``, a float32 mask, each ``(len(ids), block_size)`` (layout in the module
-    docstring)."""
+    docstring); ``real_mask`` (and not ``with_mask``): a mask of 1 on every real target."""
     ids = np.asarray(ids, dtype=np.int64)
     b, T = ids.shape[0], int(block_size)
     L = T + 1
     x = np.empty((b, T), dtype=np.int64)
     y = np.empty((b, T), dtype=np.int64)
-    m = np.zeros((b, T), dtype=np.float32) if with_mask else None
+    m = np.zeros((b, T), dtype=np.float32) if with_mask or real_mask else None
     shard_idx = split.shard_of(ids)
     starts = split.starts[ids]
     keep = np.minimum(split.lengths[ids], L)
@@ -52,27 +58,39 @@ def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int, w
             y[i, :k - 1] = sh.tokens[s + 1:s + k]
         y[i, max(k - 1, 0):] = pad_id
         if m is not None and k > 1:
-            m[i, :k - 1] = sh.mask[s + 1:s + k]
+            m[i, :k - 1] = sh.mask[s + 1:s + k] if with_mask else 1
     return Batch(x, y, m)
 
 
 def resolve_pad_id(cfg: LoaderConfig, ds: Dataset) -> int:
-    """``cfg.pad_token_id``, else the EOS id recorded in ``tokenizer_state.json``."""
+    """``cfg.pad_token_id``, else the pad id ``tokenizer_state.json`` records (a model's
+    own tokenizer: its pad token), else its EOS id."""
     state = ds.tokenizer_state or {}
     vocab = state.get("vocab_size")
     pad = cfg.pad_token_id
     if pad is None:
-        pad = eos_id(state)
+        pad = recorded_pad_id(state)
         if pad is None:
             raise ConfigError(f"pad_token_id is not set and {ds.root} records no tokenizer EOS to pad with "
                               f"(no tokenizer_state.json); set pad_token_id in the config")
     if isinstance(vocab, int) and not 0 <= pad < vocab:
         raise ConfigError(f"pad_token_id {pad} is outside the tokenizer's vocabulary (0..{vocab - 1}) "
-                          f"recorded in {ds.root}; use the EOS id {state.get('eos_id')} or leave it null")
+                          f"recorded in {ds.root}; use the pad id {recorded_pad_id(state)} or leave it null")
     max_id = np.iinfo(ds.token_dtype).max
     if pad > max_id:
         raise ConfigError(f"pad_token_id {pad} does not fit the dataset's {ds.token_dtype.name} tokens")
     return int(pad)
+
+
+def recorded_pad_id(tokenizer_state: dict | None) -> int | None:
+    """The pad id a tokenizer state records (a model's own tokenizer), else its EOS id, or None."""
+    pad = (tokenizer_state or {}).get("pad_id")
+    return int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else eos_id(tokenizer_state)
+
+
+def is_template_dataset(tokenizer_state: dict | None) -> bool:
+    """Made with a model's own tokenizer and chat template: no EOS ends every episode."""
+    return (tokenizer_state or {}).get("kind") == HF_KIND
 
 
 def eos_id(tokenizer_state: dict | None) -> int | None:
@@ -105,7 +123,8 @@ class EpisodeSource:
         self.sampling = cfg.batch_sampling_mode or "epoch"
         self.pad_id = resolve_pad_id(cfg, ds)
         eos = eos_id(ds.tokenizer_state)
-        self.end_id = self.pad_id if eos is None else eos
+        self.real_mask = is_template_dataset(ds.tokenizer_state)  # rows then carry a mask, always
+        self.end_id = None if self.real_mask else self.pad_id if eos is None else eos
         self._orders: dict[str, BatchOrder] = {}
         self._warned: set[str] = set()
 
@@ -129,7 +148,7 @@ class EpisodeSource:
             self._warned.add(split)
             log.warning("[%s] use_loss_mask=true but split=%s of %s has no mask file; batches are (x, y) and "
                         "every target is trained", self.tag, split, self.ds.root)
-        return episode_batch(sp, ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split))
+        return episode_batch(sp, ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split), self.real_mask)
 
     # -- what the loader logs, audits and fingerprints --------------------------------
     def _eligible(self, sp: Split) -> int:

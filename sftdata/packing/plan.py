@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import UsageError
+from ..loss_rule import LossRule
 from ..ranges import range_index
 from ..tokenizer import MarkerIds
 from .segments import Segments, episode_positions, row_mask
@@ -112,7 +113,7 @@ class Rows:
     segments: Segments
 
 
-def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, markers: MarkerIds,
+def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, rule: LossRule | MarkerIds,
                   pad_id: int, dtype=np.int64) -> Rows:
     """Build rows ``r0 .. r1-1`` from the concatenated episode tokens of their segments
     (``seg_tokens``: segment order, ``take`` tokens each; injected ones come from the
@@ -133,4 +134,4 @@ def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, mark
         before = int(plan.segments.prefix[:a].sum())
         toks[range_index(seg.flat_start(L), seg.prefix)] = plan.prefix_tokens[before:before + int(seg.prefix.sum())]
     toks = toks.reshape(k, L)
-    return Rows(toks, row_mask(toks, seg, L, markers, positions=dest), seg)
+    return Rows(toks, row_mask(toks, seg, L, rule, positions=dest), seg)

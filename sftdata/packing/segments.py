@@ -11,10 +11,11 @@ padding (``pad_id``, mask 0) fills the rest::
     position_ids:         0  1  2  3  4  5  6   | 0  1  2  3   |  0
     mask (row_mask):      0  0  0  1  1  1  0   | 0  0  0  0   |  0
 
-The mask of a segment is ``masking.loss_mask`` over that segment's episode tokens
-alone (never over the row), 0 on its injected prefix (stream packing) and on its first
-token, so an assistant span cut by a row end, or whose context span is not complete in
-the segment, is untrained, and no target (``y``) crosses a segment boundary.
+The mask of a segment is the dataset's mask rule (``loss_rule``: the chat markers' or a
+model template's) over that segment's episode tokens alone (never over the row), 0 on
+its injected prefix (stream packing) and on its first token, so an assistant reply cut
+by a row end, or whose context is not complete in the segment, is untrained, and no
+target (``y``) crosses a segment boundary.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..masking import loss_mask
+from ..loss_rule import LossRule, as_rule
 from ..ranges import range_index
 from ..tokenizer import MarkerIds
 
@@ -121,43 +122,13 @@ def marker_positions(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.nda
     return pos, np.asarray(toks[pos]).astype(np.int64)
 
 
-def segment_masks(tokens: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.ndarray:
-    """``concatenate([loss_mask(seg, m) for seg in segments])``, in one ``loss_mask`` call.
-
-    The segments are laid out with one EOS after each: the EOS resets the context and
-    leaves an opener at a segment's end incomplete, exactly as the segment's own end
-    does. An unclosed ``<|ASSISTANT|>`` zeroes everything after it in an array, but only
-    the rest of its own segment must be zero: it is replaced by EOS in the layout (which
-    changes nothing before it) and the rest of its segment is zeroed afterwards::
-
-        segments:  U u E A   a     | U v E A w E EOS
-        layout:    U u E EOS a EOS   U v E A w E EOS EOS    (one EOS after each segment;
-        mask:      0 0 0 0   0     | 0 0 0 1 1 1 0           the unclosed A became EOS)
-    """
-    tokens = np.asarray(tokens)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total != tokens.shape[0]:
-        raise ValueError(f"segment lengths sum to {total}, but {tokens.shape[0]} tokens were given")
-    if total == 0:
-        return np.zeros(0, dtype=np.uint8)
-    n = lengths.size
-    where = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lengths)  # in the layout
-    buf = np.full(total + n, m.eos, dtype=np.int64)
-    buf[where] = tokens
-    pos, ids = marker_positions(buf, m)
-    asst = np.flatnonzero(ids == m.assistant)
-    unclosed = pos[asst[ids[asst + 1] != m.end]]  # the layout ends with EOS: asst + 1 always exists
-    if not unclosed.size:
-        return loss_mask(buf, m)[where]
-    buf[unclosed] = m.eos
-    mask = loss_mask(buf, m)
-    ends = np.cumsum(lengths) + np.arange(n)  # the EOS after each segment
-    seg = np.searchsorted(ends, unclosed, side="right")
-    first = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])  # the first unclosed opener of each segment
-    q = unclosed[first]
-    mask[range_index(q, ends[seg[first]] - q)] = 0
-    return mask[where]
+def segment_masks(tokens: np.ndarray, lengths: np.ndarray, rule: LossRule | MarkerIds,
+                  cut: np.ndarray | None = None) -> np.ndarray:
+    """``concatenate([mask(seg) for seg in segments])``: the dataset's rule
+    (``loss_rule.LossRule``: the chat markers' or a template's) over each segment's tokens
+    alone, in one call. ``cut[i]``: segment ``i`` begins inside its episode (see
+    ``loss_rule``: a template's rule then leaves its first reply untrained)."""
+    return as_rule(rule).masks(tokens, lengths, cut)
 
 
 def episode_positions(seg: Segments, row_len: int) -> np.ndarray:
@@ -166,11 +137,12 @@ def episode_positions(seg: Segments, row_len: int) -> np.ndarray:
     return range_index(seg.flat_start(row_len) + seg.prefix, seg.take)
 
 
-def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, m: MarkerIds,
+def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, rule: LossRule | MarkerIds,
              positions: np.ndarray | None = None) -> np.ndarray:
     """The loss mask packed rows must hold (uint8, the shape of ``tokens``): the rule per
-    segment over its episode tokens alone (``segment_masks``), 0 on injected prefixes, on
-    every segment's first token and on padding.
+    segment over its episode tokens alone (``segment_masks``; a segment that begins inside
+    its episode is ``cut``), 0 on injected prefixes, on every segment's first token and
+    on padding.
 
     ``tokens`` are consecutive rows, ``(k, row_len)`` or flat; ``seg`` their segments
     with rows local to them (0 .. k-1); ``positions`` is ``episode_positions(seg,
@@ -180,7 +152,7 @@ def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, m: MarkerIds,
     flat = np.asarray(tokens).reshape(-1)
     dest = episode_positions(seg, row_len) if positions is None else positions
     out = np.zeros(flat.shape[0], dtype=np.uint8)
-    out[dest] = segment_masks(flat[dest], seg.take, m)
+    out[dest] = segment_masks(flat[dest], seg.take, rule, cut=seg.episode_start > 0)
     # the rule already gives 0 at a segment's first token; kept explicit so that no target
     # crosses a boundary whatever a segment holds
     out[seg.flat_start(row_len)] = 0

@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..loss_rule import LossRule, as_rule
 from ..tokenizer import MarkerIds
 from .plan import PackPlan, check_lengths
 from .segments import Segments, marker_positions
 
 
-def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | None, int | None]:
+def stream_prefix(toks: np.ndarray, q: int, rule: LossRule | MarkerIds) -> tuple[np.ndarray | None, int | None]:
     """The rewrite of a row that starts at token ``q`` (> 0) of an episode.
 
     Returns ``(prefix, user_end)``: ``prefix`` is None when the row is not rewritten;
@@ -30,7 +31,14 @@ def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | 
     including its ``<|END|>``) or at its ``<|USER|>``. Not rewritten: a row starting
     inside or at a system, assistant or tool span, or between spans; the mask rule
     leaves such a partial span (and an assistant answering it) untrained.
+
+    Only the chat markers' rule rewrites rows: a model template's rows are never rewritten
+    (``(None, None)``), and its rule leaves the first reply of a cut segment untrained.
     """
+    rule = as_rule(rule)
+    if rule.kind != "markers":
+        return None, None
+    m = rule.markers
     pos, ids = marker_positions(toks, m)
     k = int(np.searchsorted(pos, q, side="left"))  # structural tokens strictly before q: pos[:k]
     at_user = k < pos.size and pos[k] == q and ids[k] == m.user
@@ -53,7 +61,7 @@ def stream_prefix(toks: np.ndarray, q: int, m: MarkerIds) -> tuple[np.ndarray | 
     return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)), user_end
 
 
-def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: MarkerIds,
+def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], rule: LossRule | MarkerIds,
                 row_len: int) -> PackPlan:
     """Episodes concatenated in order and cut into rows of ``row_len``.
 
@@ -83,7 +91,7 @@ def plan_stream(lengths, episode_tokens: Callable[[int], np.ndarray], markers: M
             continue
         prefix = None
         if used == 0 and q > 0:
-            prefix, user_end = stream_prefix(np.asarray(episode_tokens(e)), q, markers)
+            prefix, user_end = stream_prefix(np.asarray(episode_tokens(e)), q, rule)
             if prefix is not None and (user_end is None or prefix.size + user_end - q + 1 > L):
                 stopped += 1
                 if prefix.size < L:  # fill the row with what fits, then stop the conversation

@@ -16,12 +16,12 @@ import numpy as np
 import orjson
 
 from ..errors import DatasetError, UsageError
-from ..masking import loss_mask
+from ..hf_tokenizer import HFTokenizer
+from ..loss_rule import LossRule, MarkerRule
 from ..store import REJECTS_FILE, Dataset
-from ..tokenizer import EOS, ChatTokenizer
+from ..tokenizer import ChatTokenizer
 
-# the span each opening marker starts (a span ends at its <|END|>, and at EOS)
-SPAN_OF_OPENER = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool"}
+Tokenizer = ChatTokenizer | HFTokenizer
 
 
 @dataclass
@@ -61,19 +61,13 @@ class EpisodeView:
         return asdict(self)
 
 
-def spans_of(ids: np.ndarray, tok: ChatTokenizer) -> list[str]:
-    """The span each token lies in: system, user, assistant, tool, or "" outside any."""
-    out, cur = [], ""
-    for t in ids.tolist():
-        name = tok.ids.name(t)
-        cur = SPAN_OF_OPENER.get(name, cur)
-        out.append(cur)
-        if name in ("<|END|>", EOS):
-            cur = ""
-    return out
+def spans_of(ids: np.ndarray, tok: Tokenizer, rule: LossRule | None = None) -> list[str]:
+    """The span each token lies in: system, user, assistant, tool, or "" outside any (a
+    model's template: assistant, header, or "")."""
+    return (rule or MarkerRule(tok.ids)).span_names(ids)
 
 
-def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: ChatTokenizer,
+def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: Tokenizer,
               injected: bool = False) -> list[Piece]:
     """Runs of text that break at every marker and wherever training starts or stops."""
     n = ids.shape[0]
@@ -83,13 +77,16 @@ def pieces_of(ids: np.ndarray, trained: np.ndarray, is_marker: np.ndarray, tok: 
                   bool(trained[a]), bool(is_marker[a]), injected) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def is_marker(ids: np.ndarray, tok: ChatTokenizer) -> np.ndarray:
-    """Bool per token: a marker (or EOS), drawn apart from the text."""
+def is_marker(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
+    """Bool per token: a marker (or EOS; a model's special token), drawn apart from the text."""
     return np.isin(ids, list(tok.special_tokens.values()))
 
 
-def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, tokens: bool = False) -> EpisodeView:
-    """One episode as pieces of text (and, with ``tokens``, one line per token)."""
+def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: LossRule | None = None, *,
+                 tokens: bool = False) -> EpisodeView:
+    """One episode as pieces of text (and, with ``tokens``, one line per token), decoded
+    with ``tok`` and compared with ``rule`` (default: the chat markers of ``tok``)."""
+    rule = rule or MarkerRule(tok.ids)
     sp = ds.split(split)
     shard, local = sp.locate(episode)
     ids, mask = sp.episode(episode)
@@ -98,10 +95,11 @@ def episode_view(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, t
     marker = is_marker(ids, tok)
     lines = None
     if tokens:
-        spans = spans_of(ids, tok)
+        spans = rule.span_names(ids)
         lines = [EpisodeToken(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(marker[p]), spans[p])
                  for p, t in enumerate(ids)]
-    differs = None if mask is None else np.flatnonzero(loss_mask(ids, tok.ids) != trained).tolist()
+    derived = rule.masks(ids, np.array([ids.shape[0]]))
+    differs = None if mask is None else np.flatnonzero(derived != trained).tolist()
     sources = shard.sources
     return EpisodeView(split=split, episode=int(episode),
                        record=None if sources is None or local >= sources.shape[0] else int(sources[local]),

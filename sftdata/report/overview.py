@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from ..errors import DatasetError, UsageError
+from ..loss_rule import is_template_state
 from ..packing import Segments
 from ..ranges import trained_per_episode
 from ..store import REJECTS_FILE, Dataset, Split, open_dataset, split_segments
@@ -110,13 +111,15 @@ class Overview:
 
 def open_checked(path, token_dtype=None, tokenizer: str | None = None) -> Dataset:
     """The dataset at ``path`` for a report: ``token_dtype`` and ``tokenizer`` only for
-    the older flat layout (which records neither), and a packed dataset only when its
+    the older flat layout (which records neither; ``tokenizer`` also for a dataset made
+    with a model's tokenizer.json, to say where that file is now), and a packed dataset only when its
     rows and segments are sound (the row views are built from them; index-sized work)."""
     ds = open_dataset(path, token_dtype=token_dtype)
     if token_dtype is not None and ds.metadata is not None:
         raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype")
-    if tokenizer is not None and ds.tokenizer_state is not None:
-        raise UsageError(f"--tokenizer is for older flat layouts; {ds.root} records its tokenizer")
+    if tokenizer is not None and ds.tokenizer_state is not None and not is_template_state(ds.tokenizer_state):
+        raise UsageError(f"--tokenizer is for older flat layouts (or a dataset whose tokenizer.json has moved); "
+                         f"{ds.root} records its tokenizer")
     return ds
 
 

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..errors import DatasetError, UsageError
+from ..loss_rule import LossRule, MarkerRule
 from ..packing import row_layout, row_mask
 from ..store import Dataset, split_segments
-from ..tokenizer import ChatTokenizer
-from .episodes import Piece, is_marker, pieces_of, sample_ids, spans_of
+from .episodes import Piece, Tokenizer, is_marker, pieces_of, sample_ids
 
 
 @dataclass
@@ -67,8 +67,11 @@ class RowView:
         return asdict(self)
 
 
-def row_view(ds: Dataset, split: str, row: int, tok: ChatTokenizer, *, tokens: bool = False) -> RowView:
-    """One row: its segments (text, positions, episode, record), padding, tokens."""
+def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule | None = None, *,
+             tokens: bool = False) -> RowView:
+    """One row: its segments (text, positions, episode, record), padding, tokens; decoded
+    with ``tok``, compared with ``rule`` per segment (default: the chat markers of ``tok``)."""
+    rule = rule or MarkerRule(tok.ids)
     sp = ds.split(split)
     shard, _ = sp.locate(row)  # the store numbers a packed split's rows as its episodes
     ids, mask = sp.episode(row)
@@ -94,10 +97,10 @@ def row_view(ds: Dataset, split: str, row: int, tok: ChatTokenizer, *, tokens: b
         seq, pos = row_layout(seg.row, seg.offset, seg.length, 1, L)
         spans = [""] * L
         for a, b in zip(seg.offset.tolist(), (seg.offset + seg.length).tolist()):
-            spans[a:b] = spans_of(ids[a:b], tok)
+            spans[a:b] = rule.span_names(ids[a:b])
         lines = [RowToken(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(marker[p]), int(seq[0, p]),
                           int(pos[0, p]), spans[p]) for p, t in enumerate(ids)]
-    differs = None if mask is None else np.flatnonzero(row_mask(ids, seg, L, tok.ids) != trained).tolist()
+    differs = None if mask is None else np.flatnonzero(row_mask(ids, seg, L, rule) != trained).tolist()
     return RowView(split=split, row=int(row), shard=shard.name, row_len=L, segments=segments, padding=L - real,
                    pad_id=(ds.packing or {}).get("pad_token_id"), real_tokens=real,
                    trained_tokens=None if mask is None else int(trained.sum()), tokens=lines, rule_differs_at=differs)

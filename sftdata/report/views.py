@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from ..hf_tokenizer import hf_tokenizer_from_state
+from ..loss_rule import MarkerRule, is_template_state, rule_from_state
+from ..store import TOKENIZER_FILE
 from ..tokenizer import load_tokenizer
 from .episodes import EpisodeView, episode_view, find_record, sample_ids
 from .overview import open_checked
@@ -18,21 +21,28 @@ def views(path: str | Path, split: str = "train", *, episodes: list[int] | None 
           ) -> tuple[list[EpisodeView] | list[RowView], list[str]]:
     """What ``inspect --episode/--row/--record/--sample`` shows, and notes about it.
 
-    ``tokenizer`` decodes an older flat layout (which records none; default cl100k_base).
+    ``tokenizer`` decodes an older flat layout (which records none; default cl100k_base),
+    or names where the tokenizer.json of a dataset made with a model's tokenizer is now.
+    Views are decoded with the dataset's tokenizer and compared with its mask rule.
     """
     chosen = sum(x is not None for x in (episodes or None, rows or None, record, sample))
     if chosen != 1:
         raise UsageError("give exactly one of --episode, --row, --record or --sample")
     ds = open_checked(path, token_dtype, tokenizer)
     notes = []
-    if ds.tokenizer_state is not None:
+    if is_template_state(ds.tokenizer_state):
+        tok = hf_tokenizer_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE), path=tokenizer)
+        rule = rule_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE))
+    elif ds.tokenizer_state is not None:
         tok = ds.tokenizer()
+        rule = MarkerRule(tok.ids)
     else:
         tok = load_tokenizer(tokenizer)
+        rule = MarkerRule(tok.ids)
         notes.append(f"the dataset records no tokenizer: decoded with {tok.name} (pass --tokenizer to choose)")
     if ds.kind == "packed":
         found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
-        return [row_view(ds, s, r, tok, tokens=tokens) for s, r in found], notes
+        return [row_view(ds, s, r, tok, rule, tokens=tokens) for s, r in found], notes
     if rows:
         raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
     if record is not None:
@@ -42,4 +52,4 @@ def views(path: str | Path, split: str = "train", *, episodes: list[int] | None 
         ids = sample_ids(ds.split(split).num_episodes, sample, seed)
     else:
         ids = list(episodes)
-    return [episode_view(ds, split, i, tok, tokens=tokens) for i in ids], notes
+    return [episode_view(ds, split, i, tok, rule, tokens=tokens) for i in ids], notes

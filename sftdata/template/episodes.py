@@ -33,7 +33,7 @@ from .environment import RESERVED_CHARS
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
 from .rule import mask_disagreement
-from .spans import NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
+from .spans import NotLocated, locate_last_reply, locate_replies
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,16 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
 
 def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
     enc = tok.encode_rendered(text)
-    chars = [(a, b) for _, a, b in spans]
-    lo, hi = token_ranges(enc.offsets, chars)
+    lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
     empty = np.flatnonzero(hi <= lo)
     if empty.size:
         raise RecordError("reply_not_located", f"chat template {name}: assistant message {spans[empty[0]][0]} "
                           f"renders to no token", where)
-    mask = token_mask(enc.offsets, chars)
-    if mask.all():
+    n = int(enc.ids.shape[0])
+    mask = np.zeros(n, dtype=np.uint8)
+    for a, b in zip(lo.tolist(), hi.tolist()):  # one slice per reply
+        mask[a:b] = 1
+    if int(hi.max() - lo.min()) >= n and mask.all():
         raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
                           f"template's replies cannot be told from the rest", where)
     return Episode(enc.ids, mask, text, tuple(spans), mask_disagreement(enc.ids, mask, profile.rule))
@@ -126,12 +128,12 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
                                   f"conversation; nothing would be trained", where)
             return TemplateRender((_episode(tok, profile, out.text, [(-1, a, b) for a, b in out.generation],
                                             name, where),))
-        fn = profile.render_fn(tools)
+        fn, sent_fn = profile.render_fn(tools), profile.sentinel_fn(tools)
         if profile.rule.last_reply_only:
             why = "the template's replies can be located only one at a time (learned from its probe conversations)"
         else:
             try:
-                text, spans = locate_replies(fn, messages, profile.layout)
+                text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
                 return TemplateRender((_episode(tok, profile, text, spans, name, where),))
             except NotLocated as e:
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
@@ -140,7 +142,7 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
             if m.get("role") != "assistant":
                 continue
             try:
-                text, span = locate_last_reply(fn, messages, profile.layout, k)
+                text, span = locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
             except NotLocated as e:
                 raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
                                   f"located ({e.why})", where) from None

@@ -27,6 +27,7 @@ from .messages import ArgumentsStyle, arguments_style
 from .rule import MaskRule, mask_disagreement
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
 
+MAX_CACHED_RENDERS = 4096
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -64,12 +65,39 @@ class TemplateProfile:
     arguments: ArgumentsStyle
     arguments_reason: str
     tools_supported: bool
+    # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
+    renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def render_fn(self, tools: list[dict] | None = None):
         def fn(messages, add_generation_prompt=False):
             return self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                         variables=self.variables).text
         return fn
+
+    def sentinel_fn(self, tools: list[dict] | None = None):
+        """``render_fn`` for the sentinel copies of conversations, cached: such a render
+        depends on the conversation's structure alone (roles, tool calls, tools), which few
+        records of a corpus differ in, so most records need one render instead of two."""
+        plain = self.render_fn(tools)
+        tools_key = repr(tools)
+
+        def fn(messages, add_generation_prompt=False):
+            key = (repr(messages), tools_key, add_generation_prompt)
+            text = self.renders.get(key)
+            if text is None:
+                if len(self.renders) >= MAX_CACHED_RENDERS:
+                    self.renders.clear()
+                text = self.renders[key] = plain(messages, add_generation_prompt)
+            return text
+        return fn
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["renders"] = {}  # a worker builds its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def state(self) -> dict:
         return {"chat_template": {**self.template.state(), "generation_blocks": self.generation,

@@ -63,51 +63,133 @@ class MaskRule:
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
-    """Positions just after each occurrence of ``header`` in ``ids``."""
+    """Positions just after each occurrence of ``header`` in ``ids``: one pass over the
+    array for the first token, then the few candidates only."""
     n, m = ids.shape[0], len(header)
     if n < m:
         return np.empty(0, dtype=np.int64)
-    ok = ids[: n - m + 1] == header[0]
-    for j in range(1, m):  # a loop over the header's few tokens, not over the array
-        ok &= ids[j: n - m + 1 + j] == header[j]
-    return np.flatnonzero(ok) + m
+    cand = np.flatnonzero(ids[: n - m + 1] == header[0])
+    for j in range(1, m):  # a loop over the header's few tokens, on the candidates only
+        if not cand.size:
+            break
+        cand = cand[ids[cand + j] == header[j]]
+    return cand.astype(np.int64) + m
 
 
-def rule_spans(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarray]:
+def header_spans(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarray]:
+    """Begin and end (exclusive) of every occurrence of one of the rule's headers, by begin."""
+    ids = np.asarray(ids)
+    found = [(_header_ends(ids, h), len(h)) for h in rule.headers]
+    ends = np.concatenate([e for e, _ in found] or [np.empty(0, np.int64)]).astype(np.int64)
+    begins = np.concatenate([e - m for e, m in found] or [np.empty(0, np.int64)]).astype(np.int64)
+    order = np.argsort(begins, kind="stable")
+    return begins[order], ends[order]
+
+
+def _positions_of(ids: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    hit = ids == values[0]
+    for v in values[1:]:
+        hit |= ids == v
+    return np.flatnonzero(hit)
+
+
+def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
+               cut: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The trained token spans ``[starts[i], ends[i])`` the rule finds, disjoint and in order.
     Where one header is a prefix of another at the same place (``<|im_start|>assistant\n``
-    and the same followed by an empty think block), the longer one is the header."""
+    and the same followed by an empty think block), the longer one is the header.
+
+    ``stops`` (sorted positions holding no token of the rule) split ``ids`` into pieces that
+    are masked as if alone: a span open at a stop trains nothing, and ``last_reply_only``
+    keeps the last span of each piece. ``cut`` (a bool per piece) marks pieces that begin
+    inside an episode: their first span is not trained (the context before it may be cut).
+    """
     ids = np.asarray(ids)
     found = [(_header_ends(ids, h), len(h)) for h in rule.headers]
     ends_ = np.concatenate([e for e, _ in found] or [np.empty(0, np.int64)]).astype(np.int64)
     begins = np.concatenate([e - m for e, m in found] or [np.empty(0, np.int64)]).astype(np.int64)
-    order = np.lexsort((-ends_, begins))  # by begin, the longest first
-    begins, ends_ = begins[order], ends_[order]
-    keep = np.ones(begins.size, dtype=bool)
-    keep[1:] = begins[1:] != begins[:-1]
-    starts = np.unique(ends_[keep])
-    end_pos = np.flatnonzero(np.isin(ids, np.asarray(rule.end_ids, dtype=np.int64)))
-    k = np.searchsorted(end_pos, starts, side="left")
-    closed = k < end_pos.size
+    if len(found) > 1:
+        order = np.lexsort((-ends_, begins))  # by begin, the longest first
+        begins, ends_ = begins[order], ends_[order]
+        keep = np.ones(begins.size, dtype=bool)
+        keep[1:] = begins[1:] != begins[:-1]
+        starts = np.unique(ends_[keep])
+    else:
+        starts = ends_
+    end_pos = _positions_of(ids, rule.end_ids)
+    stops = np.empty(0, np.int64) if stops is None else np.asarray(stops, dtype=np.int64)
+    if stops.size:
+        is_stop = np.concatenate([np.zeros(end_pos.size, bool), np.ones(stops.size, bool)])
+        closers = np.concatenate([end_pos, stops])
+        order = np.argsort(closers, kind="stable")
+        closers, is_stop = closers[order], is_stop[order]
+    else:
+        closers, is_stop = end_pos, np.zeros(end_pos.size, bool)
+    k = np.searchsorted(closers, starts, side="left")
+    closed = k < closers.size
     starts, k = starts[closed], k[closed]
     # a header inside a span already opened belongs to that span: keep the first start per end
     first = np.ones(k.size, dtype=bool)
     first[1:] = k[1:] != k[:-1]
     starts, k = starts[first], k[first]
-    ends = end_pos[k] + (1 if rule.end_inclusive else 0)
-    if rule.last_reply_only:
-        starts, ends = starts[-1:], ends[-1:]
+    real = ~is_stop[k]  # a span still open where its piece ends trains nothing
+    starts, k = starts[real], k[real]
+    ends = closers[k] + (1 if rule.end_inclusive else 0)
+    if stops.size or rule.last_reply_only or cut is not None:
+        piece = np.searchsorted(stops, starts, side="left")
+        if cut is not None and starts.size:
+            lead = np.ones(piece.size, dtype=bool)
+            lead[1:] = piece[1:] != piece[:-1]
+            drop = lead & np.asarray(cut, dtype=bool)[piece]
+            starts, ends, piece = starts[~drop], ends[~drop], piece[~drop]
+        if rule.last_reply_only:
+            last = np.ones(piece.size, dtype=bool)
+            last[:-1] = piece[1:] != piece[:-1]
+            starts, ends = starts[last], ends[last]
     return starts.astype(np.int64), ends.astype(np.int64)
+
+
+def spans_mask(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """uint8 mask of length ``n``: 1 inside the disjoint spans ``[starts[i], ends[i])``."""
+    delta = np.bincount(starts, minlength=n + 1)[: n + 1].astype(np.int64)
+    delta -= np.bincount(ends, minlength=n + 1)[: n + 1]
+    return (np.cumsum(delta[:n]) > 0).astype(np.uint8)
 
 
 def rule_mask(ids: np.ndarray, rule: MaskRule) -> np.ndarray:
     """The uint8 loss mask (1 = trained) the rule derives from ``ids``. Pure, vectorised."""
     ids = np.asarray(ids)
-    n = ids.shape[0]
     starts, ends = rule_spans(ids, rule)
-    delta = np.bincount(starts, minlength=n + 1)[: n + 1].astype(np.int64)
-    delta -= np.bincount(ends, minlength=n + 1)[: n + 1]
-    return (np.cumsum(delta[:n]) > 0).astype(np.uint8)
+    return spans_mask(ids.shape[0], starts, ends)
+
+
+def segment_rule_mask(tokens: np.ndarray, lengths: np.ndarray, rule: MaskRule,
+                      cut: np.ndarray | None = None) -> np.ndarray:
+    """``concatenate([rule_mask(seg, rule) for seg in segments])`` in one pass: the segments
+    (``lengths`` tokens each) are laid out with a stop after each, which no header or
+    end-of-turn id matches across. ``cut[i]``: segment ``i`` begins inside its episode, so
+    its first reply is left untrained (see ``rule_spans``)::
+
+        segments:   <h> a E <h> b       | x E <h> c E
+        layout:     <h> a E <h> b STOP    x E <h> c E STOP
+        mask:        0  1 1  0  0       | 0 0  0  1 1      (b is open at the stop)
+    """
+    tokens = np.asarray(tokens)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total != tokens.shape[0]:
+        raise ValueError(f"segment lengths sum to {total}, but {tokens.shape[0]} tokens were given")
+    if total == 0:
+        return np.zeros(0, dtype=np.uint8)
+    n = lengths.size
+    if n == 1 and cut is None:
+        return rule_mask(tokens, rule)
+    where = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lengths)
+    buf = np.full(total + n, -1, dtype=np.int64)  # -1: no token id, so never part of a header or an end
+    buf[where] = tokens
+    stops = np.cumsum(lengths) + np.arange(n, dtype=np.int64)
+    starts, ends = rule_spans(buf, rule, stops, cut)
+    return spans_mask(total + n, starts, ends)[where]
 
 
 def mask_disagreement(ids: np.ndarray, mask: np.ndarray, rule: MaskRule) -> int | None:

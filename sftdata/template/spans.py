@@ -78,6 +78,18 @@ def sentinel_messages(messages: list[dict]) -> tuple[list[dict], dict[tuple[str,
     return out, originals
 
 
+def _verbatim(r: str, pos: int, orig: str, piece: str, last: bool) -> int | None:
+    """Where the template's next ``piece`` starts in ``r`` when the message text at ``pos``
+    is ``orig`` as written, or as Jinja's ``trim`` (or one-sided strip) left it: most
+    templates trim message text, and the piece after it (an end-of-turn and the next
+    header) recurs, so it cannot be searched for."""
+    for text in dict.fromkeys((orig, orig.strip(), orig.rstrip(), orig.lstrip())):
+        end = pos + len(text)
+        if r.startswith(text, pos) and r.startswith(piece, end) and (not last or end + len(piece) == len(r)):
+            return end
+    return None
+
+
 def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]:
     """Sentinels of S (``(kind, index, start, end)`` in S), and each piece's start in S and in R."""
     found = [(m.group(1), int(m.group(2)), m.start(), m.end()) for m in _SENT_RE.finditer(s)]
@@ -95,9 +107,9 @@ def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]
     last = len(pieces) - 1
     for j in range(1, len(pieces)):
         orig, piece = originals[keys[j - 1]], pieces[j]
-        verbatim = pos + len(orig)
-        if r.startswith(orig, pos) and r.startswith(piece, verbatim) and (j < last or verbatim + len(piece) == len(r)):
-            at = verbatim
+        at = _verbatim(r, pos, orig, piece, j == last)
+        if at is not None:
+            pass
         elif j == last:
             at = len(r) - len(piece)
             if at < pos or not r.endswith(piece):
@@ -113,12 +125,13 @@ def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]
 
 
 def locate_replies(render_fn: RenderFn, messages: list[dict], layout: Layout,
-                   only: int | None = None) -> tuple[str, list[tuple[int, int, int]]]:
+                   only: int | None = None, sentinel_fn: RenderFn | None = None) -> tuple[str, list[tuple[int, int, int]]]:
     """The whole render and each reply's ``(message index, start, end)`` character span.
-    ``only``: locate that reply alone. Raises ``NotLocated``."""
+    ``only``: locate that reply alone. ``sentinel_fn`` renders the sentinel copy (default
+    ``render_fn``; a cached one saves a render per record). Raises ``NotLocated``."""
     r = render_fn(messages)
     sent, originals = sentinel_messages(messages)
-    s = render_fn(sent)
+    s = (sentinel_fn or render_fn)(sent)
     found, s_starts, r_starts = _align(r, s, originals)
 
     def to_r(x: int) -> int:
@@ -150,13 +163,13 @@ def locate_replies(render_fn: RenderFn, messages: list[dict], layout: Layout,
 
 
 def locate_last_reply(render_fn: RenderFn, messages: list[dict], layout: Layout,
-                      k: int) -> tuple[str, tuple[int, int, int]]:
+                      k: int, sentinel_fn: RenderFn | None = None) -> tuple[str, tuple[int, int, int]]:
     """Render ``messages[:k + 1]`` (reply ``k`` last) and locate reply ``k`` in it: by the
     sentinel method, else as what follows the render of ``messages[:k]`` with the
     generation prompt. Raises ``NotLocated``."""
     prefix = messages[: k + 1]
     try:
-        text, spans = locate_replies(render_fn, prefix, layout, only=k)
+        text, spans = locate_replies(render_fn, prefix, layout, only=k, sentinel_fn=sentinel_fn)
         return text, spans[0]
     except NotLocated:
         pass

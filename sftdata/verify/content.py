@@ -1,11 +1,11 @@
 """The content checks of ``verify`` for episodes datasets: token ids, mask values and
 the mask rule, one chunk of whole episodes at a time.
 
-The rule resets at EOS, so one ``loss_mask`` call covers a chunk of thousands of
-episodes, and gives each the mask it has alone (``rule_per_episode`` says when)::
+The dataset's rule (``loss_rule``: the chat markers' or a template's) masks a chunk of
+thousands of episodes in one call, each as if alone::
 
     chunk:   [ep 0 ......EOS][ep 1 .....EOS][ep 2 ........EOS]
-    derived:  loss_mask(chunk)  vs  mask.bin  ->  first difference in ep 1: report ep 1
+    derived:  rule.masks(chunk, lengths)  vs  mask.bin  ->  first difference in ep 1: report ep 1
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..masking import rule_mask
-from ..packing import segment_masks
+from ..loss_rule import LossRule, as_rule
 from ..ranges import gather_ranges, whole_runs
 from ..store import MASK_FILE, RECREATE, TOKENS_FILE, Problem, Shard
 from ..store.problems import more_like_it
@@ -29,30 +28,15 @@ from .description import Vocab
 CHUNK_TOKENS = 1 << 20
 
 
-def span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
+def span_at(ids: np.ndarray, p: int, rule: LossRule | MarkerIds) -> str:
     """Which span token ``p`` of one episode lies in, for messages."""
-    openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
-    if int(ids[p]) == m.eos:
-        return "the closing <|EOS|>"
-    seg = np.asarray(ids[:p + 1])
-    op = np.flatnonzero(np.isin(seg, list(openers)))
-    if not op.size or np.any(seg[op[-1]:p] == m.end):
-        return "text outside any span"
-    return f"a {openers[int(seg[op[-1]])]} span"
+    return as_rule(rule).where(ids, p)
 
 
-def rule_per_episode(ids: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.ndarray:
-    """``concatenate([loss_mask(ep, m) for ep in episodes])`` of a chunk of whole episodes.
-
-    The rule resets at EOS, so when every episode ends with EOS and none holds an
-    unclosed assistant span (which zeroes the rest of an array, later episodes
-    included), one ``loss_mask`` call over the chunk is exact. Otherwise, and only then,
-    the chunk is masked per episode (``packing.segment_masks``, 2-3x slower).
-    """
-    derived, stop = rule_mask(ids, m)
-    if stop >= 0 or not np.all(ids[np.cumsum(lengths) - 1] == m.eos):
-        derived = segment_masks(ids, lengths, m)
-    return derived
+def rule_per_episode(ids: np.ndarray, lengths: np.ndarray, rule: LossRule | MarkerIds) -> np.ndarray:
+    """``concatenate([mask(ep) for ep in episodes])`` of a chunk of whole episodes, by the
+    dataset's rule (one call; see ``LossRule.masks``)."""
+    return as_rule(rule).masks(ids, lengths)
 
 
 def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
@@ -99,7 +83,7 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                     first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
         if m is not None and vocab is not None:
             stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
-            derived = rule_per_episode(ids, cl, vocab.markers)
+            derived = rule_per_episode(ids, cl, vocab.rule)
             d = np.flatnonzero(derived != stored)
             if d.size:
                 eps = np.unique(np.searchsorted(off, d, side="right") - 1)
@@ -136,10 +120,10 @@ def _content_problems(shard: Shard, vocab: Vocab | None, first: dict, counts: di
         said = []
         if extra.size:
             said.append(f"trains {extra.size} token(s) the mask rule leaves untrained (first: token {extra[0]}, in "
-                        f"{span_at(ids, int(extra[0]), vocab.markers)})")
+                        f"{span_at(ids, int(extra[0]), vocab.rule)})")
         if missing.size:
             said.append(f"leaves {missing.size} token(s) untrained that the rule trains (first: token "
-                        f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.markers)})")
+                        f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.rule)})")
         p = int(extra[0] if extra.size else missing[0])
         n = counts["mask_rule"]
         msz = shard.mask.dtype.itemsize

@@ -13,8 +13,9 @@ segments); here, a chunk of rows at a time:
 
 * vocab, mask_values: ids below the vocabulary size, mask values 0/1;
 * mask_rule: the stored mask equals ``packing.row_mask``, the mask pack writes: per
-  segment, 0 on its injected prefix and its first token, then the mask rule over its
-  episode tokens alone; 0 on padding;
+  segment, 0 on its injected prefix and its first token, then the dataset's mask rule
+  over its episode tokens alone (a segment that begins inside its episode is cut: a
+  template's rule leaves its first reply untrained); 0 on padding;
 * padding: the tail of every row after its last segment is ``packing.pad_token_id``.
 """
 
@@ -76,7 +77,7 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
                     p = int(badp[0])
                     first.setdefault("padding", (r0 + p // L, p % L, int(ids[p]), int(ends[p // L])))
             if m is not None and vocab is not None:
-                exp = row_mask(ids, s, L, vocab.markers)
+                exp = row_mask(ids, s, L, vocab.rule)
                 stored = m if binary and not badv else (m != 0).astype(np.uint8)
                 d = np.flatnonzero(exp != stored)
                 if d.size:
@@ -121,7 +122,7 @@ def _packed_problems(shard: Shard, vocab, pad_id, L: int, first: dict, counts: d
             where = f"segment {j}'s injected context"
         else:
             a, b = int(segs.offset[j] + segs.prefix[j]), int(segs.offset[j] + segs.length[j])
-            where = f"segment {j} (episode {segs.episode[j]}), {span_at(ids[a:b], p - a, vocab.markers)}"
+            where = f"segment {j} (episode {segs.episode[j]}), {span_at(ids[a:b], p - a, vocab.rule)}"
         trained = "trains" if exp[p] == 0 else "leaves untrained"
         out.append(Problem("mask_rule", shard.file(MASK_FILE), message=f"the mask of row {shard.first_gid + r} "
                            f"differs from the mask rule at {diff.size} token(s): it {trained} token {p}, in {where}"

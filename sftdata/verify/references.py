@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, SftDataError
+from ..loss_rule import LossRule, rule_from_state
 from ..packing import Segments, stream_prefix
 from ..ranges import gather_ranges, range_index, whole_runs
 from ..store import METADATA_FILE, REPACK, SEGMENTS_FILE, Dataset, Problem, Shard, open_dataset, sha256_file
 from ..store.packed import decode_segments
 from ..store.problems import more_like_it
 from ..store.structure import marker_name, readable_rows
-from ..tokenizer import MarkerIds
 from .content import CHUNK_TOKENS
 
 
-def _source(meta: dict) -> tuple[Dataset | None, MarkerIds | None, list[str]]:
-    """The source dataset when it is at its recorded path unchanged, its markers, and
+def _source(meta: dict) -> tuple[Dataset | None, LossRule | None, list[str]]:
+    """The source dataset when it is at its recorded path unchanged, its mask rule, and
     notes on what cannot be compared."""
     src_info = meta.get("source") or {}
     src_path = Path(str(src_info.get("path", "")))
@@ -41,9 +41,9 @@ def _source(meta: dict) -> tuple[Dataset | None, MarkerIds | None, list[str]]:
         return None, None, [f"the source dataset {src_path} cannot be opened ({e}): segments checked for "
                             "consistency only"]
     try:
-        return src, MarkerIds.from_special_tokens((src.tokenizer_state or {})["special_tokens"]), []
-    except (SftDataError, KeyError, TypeError):
-        return src, None, [f"the source dataset {src_path} records no chat markers: injected context not checked"]
+        return src, rule_from_state(src.tokenizer_state), []
+    except SftDataError:
+        return src, None, [f"the source dataset {src_path} records no mask rule: injected context not checked"]
 
 
 def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[list[Problem], list[str]]:
@@ -117,7 +117,7 @@ def _reporter(out: list[Problem], mine: list[Shard], seg: Segments, owner, local
     return add
 
 
-def _compare_prefixes(mine, seg: Segments, owner, local, sp, markers: MarkerIds, row_len: int, add) -> None:
+def _compare_prefixes(mine, seg: Segments, owner, local, sp, markers: LossRule, row_len: int, add) -> None:
     """Each injected prefix equals what stream packing injects for its episode at its
     start (``packing.stream_prefix``): the conversation's own system span and
     ``<|USER|>``. One call per rewritten row; bfd rows have none."""
@@ -130,7 +130,7 @@ def _compare_prefixes(mine, seg: Segments, owner, local, sp, markers: MarkerIds,
         want = stream_prefix(np.asarray(sp.episode(ep)[0]), start, markers)[0] if start > 0 else None
         if want is None or not np.array_equal(got, want):
             should = "none (the row is not rewritten there)" if want is None else \
-                " ".join(marker_name(t, markers) or str(t) for t in want[:8].tolist()) + (" ..." if want.size > 8 else "")
+                " ".join(marker_name(t, markers.markers) or str(t) for t in want[:8].tolist()) + (" ..." if want.size > 8 else "")
             add(i, f"segment {int(local[i])}'s injected context ({n} token(s)) is not what stream "
                    f"packing injects for episode {ep} at its token {start} ({should})", "prefix_differs")
             return

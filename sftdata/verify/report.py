@@ -10,7 +10,7 @@ from ..store.problems import in_check_order
 
 _COMMON_HEAD = {
     "metadata": "metadata present, sftdata format, known version",
-    "tokenizer": "tokenizer rebuilds with the recorded ranks hash",
+    "tokenizer": "tokenizer rebuilds with the recorded hash (ranks, or tokenizer.json)",
     "files": "every file and shard present, none unlisted",
     "sizes": "file sizes agree with each other and with the metadata",
 }

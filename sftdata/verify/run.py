@@ -60,6 +60,10 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     notes += [tc.note] if tc.note else []
     if tc.unknown:
         skip(("vocab", "eos", "mask_rule"), "tokenizer unknown")
+    if tc.unchecked:
+        skip(("tokenizer",), tc.unchecked)
+    if tc.vocab is not None and tc.vocab.rule.eos_id is None:
+        skip(("eos",), "a chat template's episodes end as it writes them")
     if scan.dtype_guessed and meta is None and ds.layout == "flat":
         notes.append("no metadata: tokens read as uint32 (pass --token-dtype uint16 if they are not)")
     notes += [f"{s}/{TOKENS_FILE} has no {EPISODES_FILE}: a token stream, not episodes; not checked"

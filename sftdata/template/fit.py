@@ -1,0 +1,59 @@
+"""The length filter (``--max-tokens``) for a model's chat template.
+
+The same rule as for sftdata's markers, counted in the template's own tokens: the turns
+before the first user turn (a system message) plus the first *pair* (a user turn and
+everything up to the next user turn) must fit in ``max_tokens``; each later pair must
+fit alone; the first later pair that does not fit is dropped with everything after it;
+a record whose first pair does not fit is rejected as ``too_long``.
+
+A template renders a conversation as a whole (a prefix may render differently from the
+start of the whole), so a pair's length is measured on what would be stored: with
+``n_k`` the tokens of the render of the conversation up to the end of pair ``k``, the
+head and first pair take ``n_1`` tokens and pair ``k`` takes ``n_k - n_(k-1)``. The kept
+turns are rendered again as a conversation of their own. A record whose render fits
+whole is kept as it is, without measuring its pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..conversation import Conversation
+from ..errors import RecordError, TemplateError
+from ..hf_tokenizer import HFTokenizer
+from .episodes import TemplateRender, render_conversation
+from .messages import conversation_messages, tool_schemas
+from .profile import TemplateProfile
+
+
+def _pair_ends(conv: Conversation) -> list[int]:
+    """The end (exclusive turn index) of each pair: a pair runs to the next user turn."""
+    users = [i for i, t in enumerate(conv.turns) if t.role == "user"]
+    return users[1:] + [len(conv.turns)]
+
+
+def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, max_tokens: int | None,
+                  where: str = "") -> tuple[TemplateRender, int]:
+    """Render ``conv`` under the length filter: the render and how many trailing pairs were
+    dropped. Raises ``RecordError`` (``too_long``, or what ``render_conversation`` raises)."""
+    out = render_conversation(conv, profile, tok, where)
+    if max_tokens is None or max(len(e.ids) for e in out.episodes) <= max_tokens:
+        return out, 0
+    ends = _pair_ends(conv)
+    messages = conversation_messages(conv, profile.arguments)
+    render = profile.render_fn(tool_schemas(conv))
+    prev = 0
+    for k, end in enumerate(ends):
+        try:
+            n = len(tok.encode_rendered(render(messages[:end])).ids)
+        except TemplateError as e:  # the template refuses this prefix (e.g. it must end with a reply)
+            raise RecordError("template_error", f"{e} (while measuring the first {end} turns for --max-tokens)",
+                              where) from None
+        if k == 0 and n > max_tokens:
+            raise RecordError("too_long", f"the first user/assistant pair with the turns before it renders to {n} "
+                              f"tokens with chat template {profile.template.name} > --max-tokens {max_tokens}", where)
+        if k > 0 and n - prev > max_tokens:
+            kept = replace(conv, turns=conv.turns[:ends[k - 1]])
+            return render_conversation(kept, profile, tok, where), len(ends) - k
+        prev = n
+    return out, 0
