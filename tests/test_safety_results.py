@@ -4,6 +4,7 @@ around writing (--wait, clean): each case with its exit status and exact message
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -490,11 +491,32 @@ def test_wait_waits_for_another_writer_of_the_same_output_and_without_it_the_run
                                  f"--output-dir\n")
     assert not out.exists()
     held = WriterLock(out).__enter__()
-    threading.Timer(0.5, held.__exit__, (None, None, None)).start()
-    t0 = time.monotonic()
-    r = _run(*args, "--wait")
+    released = threading.Event()
+
+    def release(*_):
+        if not released.is_set():
+            released.set()
+            held.__exit__(None, None, None)
+
+    class ReleaseWhenWaiting(logging.Handler):  # the other writer finishes once this run waits for it
+        def emit(self, record):
+            if "waiting for it to finish" in record.getMessage():
+                threading.Timer(0.3, release).start()
+
+    handler = ReleaseWhenWaiting()
+    logging.getLogger("sftdata").addHandler(handler)
+    safety = threading.Timer(10, release)  # never a hung test
+    safety.start()
+    try:
+        r = _run(*args, "--wait")
+    finally:
+        logging.getLogger("sftdata").removeHandler(handler)
+        safety.cancel()
+        release()
     assert r.exit_code == 0, r.output
-    assert time.monotonic() - t0 >= 0.4 and open_dataset(out).splits["train"].num_episodes > 0
+    assert open_dataset(out).splits["train"].num_episodes > 0
+    assert r.stderr.startswith(f"warning: another sftdata (pid {os.getpid()}, started ")  # a wait is never silent
+    assert r.stderr.endswith(f") is writing {out}; waiting for it to finish (--wait)\n")
 
 
 # ======================================================================== clean

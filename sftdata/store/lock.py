@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import socket
@@ -26,6 +27,8 @@ import orjson
 
 from ..errors import OutputExistsError
 from .format import METADATA_FILE, REJECTS_FILE, SPLITS, TOKENIZER_FILE
+
+log = logging.getLogger("sftdata.store")
 
 OWNER_FILE = ".sftdata-staging.json"
 STAGING_INFIX = ".tmp-"
@@ -182,17 +185,27 @@ class WriterLock:
 
     def __enter__(self) -> WriterLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        said = False
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
-            except OSError as e:
-                holder = _read_holder(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                    holder = _read_holder(fd)
+                    if not self.wait:
+                        raise OutputExistsError(
+                            f"another sftdata ({holder}) is writing {self.target}; wait for it to finish, pass "
+                            f"--wait to wait, or choose another --output-dir") from None
+                    if not said:  # a silent wait looks like a hang
+                        log.warning(f"another sftdata ({holder}) is writing {self.target}; waiting for it to "
+                                    f"finish (--wait)")
+                        said = True
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
                 os.close(fd)
-                if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise OutputExistsError(
-                        f"another sftdata ({holder}) is writing {self.target}; wait for it to finish, pass "
-                        f"--wait to wait, or choose another --output-dir") from None
                 raise
             # the holder before us may have removed the lock file after we opened it:
             # then our lock is on a file nobody else will see; take it again
