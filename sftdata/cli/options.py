@@ -15,12 +15,15 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No pr
                                         "on stderr (errors are still printed).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
                                             "once the new one is complete (never a folder that is not a dataset).")]
+WaitOpt = Annotated[bool, typer.Option("--wait", metavar="", help="When another sftdata is writing the same "
+                                       "--output-dir, wait for it to finish instead of stopping at once (then "
+                                       "--overwrite decides whether its result may be replaced).")]
 DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
-    "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json or its folder): the chat template "
-    "to render with. `model` = the folder's own (tokenizer_config.json; `model:NAME` for one of several), a "
-    "preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. Default: the folder's own template; a "
-    "tokenizer that ships none needs this option.")]
+    "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json "
+    "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
+    "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
+    "Default: the folder's own template; a tokenizer that ships none needs this option.")]

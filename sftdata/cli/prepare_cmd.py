@@ -13,7 +13,7 @@ from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import ChatTemplateOpt, JsonOpt, OverwriteOpt, QuietOpt
+from .options import ChatTemplateOpt, JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -80,7 +80,7 @@ def min_val_split(n: int) -> float:
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet, chat_template=None) -> None:
+                workers, strict, overwrite, as_json, quiet, wait: bool = False, chat_template=None) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -89,7 +89,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite, chat_template=chat_template)
+                          strict=strict, overwrite=overwrite, wait=wait, chat_template=chat_template)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -135,11 +135,12 @@ def _prepare_command(mode: str, doc: str):
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         overwrite: OverwriteOpt = False,
+        wait: WaitOpt = False,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet, chat_template)
+                    workers, strict, overwrite, as_json, quiet, wait, chat_template)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
