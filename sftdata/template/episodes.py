@@ -32,7 +32,7 @@ from ..hf_tokenizer import HFTokenizer
 from .environment import RESERVED_CHARS
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
-from .rule import mask_disagreement
+from .rule import mask_disagreement, rule_spans
 from .spans import NotLocated, locate_last_reply, locate_replies
 
 
@@ -80,17 +80,21 @@ def _strings(value, path: str):
 def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
     """Refuse message text holding a special-token string or a character sftdata reserves."""
     pattern = _special_re(tuple(tok.special_tokens))
-    for i, m in enumerate(messages):
-        for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}"):
-            bad = next((c for c in RESERVED_CHARS if c in text), None)
-            if bad is not None:
-                raise RecordError("reserved_character", f"{path} holds the noncharacter U+{ord(bad):04X}, which "
-                                  f"sftdata uses to mark spans; remove it", where)
-            hit = pattern.search(text) if pattern is not None else None
-            if hit is not None:
-                raise RecordError("special_token_in_text", f"{path} holds the special token {hit.group()!r} as "
-                                  f"text; the rendered conversation would contain that control token. Remove or "
-                                  f"escape it", where)
+    texts = [(path, text) for i, m in enumerate(messages)
+             for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
+    joined = "\x00".join(t for _, t in texts)  # one scan of the record; the strings only when it finds something
+    if not any(c in joined for c in RESERVED_CHARS) and (pattern is None or pattern.search(joined) is None):
+        texts = []
+    for path, text in texts:
+        bad = next((c for c in RESERVED_CHARS if c in text), None)
+        if bad is not None:
+            raise RecordError("reserved_character", f"{path} holds the noncharacter U+{ord(bad):04X}, which "
+                              f"sftdata uses to mark spans; remove it", where)
+        hit = pattern.search(text) if pattern is not None else None
+        if hit is not None:
+            raise RecordError("special_token_in_text", f"{path} holds the special token {hit.group()!r} as "
+                              f"text; the rendered conversation would contain that control token. Remove or "
+                              f"escape it", where)
     if tools and pattern is not None:
         hit = pattern.search(json.dumps(tools, ensure_ascii=False))
         if hit is not None:
@@ -111,7 +115,9 @@ def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name:
     if int(hi.max() - lo.min()) >= n and mask.all():
         raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
                           f"template's replies cannot be told from the rest", where)
-    return Episode(enc.ids, mask, text, tuple(spans), mask_disagreement(enc.ids, mask, profile.rule))
+    starts, ends = rule_spans(enc.ids, profile.rule)  # the stored rule finds the same spans: they agree
+    agrees = np.array_equal(starts, lo) and np.array_equal(ends, hi)
+    return Episode(enc.ids, mask, text, tuple(spans), None if agrees else mask_disagreement(enc.ids, mask, profile.rule))
 
 
 def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
