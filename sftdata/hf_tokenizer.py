@@ -94,13 +94,13 @@ def _check_ids(doc: dict, path: Path) -> int:
     elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]; ids are positions
         ids.append(len(vocab) - 1)
     ids.extend(t.get("id") for t in doc.get("added_tokens") or () if isinstance(t, dict))
-    ints = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
-    if len(ints) != len(ids) or any(i < 0 for i in ints):
+    if any(type(i) is not int for i in ids) or (ids and min(ids) < 0):  # a bool is not an id
         raise TokenizerError(f"{path}: token ids must be non-negative integers")
-    if ints and max(ints) > MAX_TOKEN_ID:
-        raise TokenizerError(f"{path}: token id {max(ints)} is beyond uint32 (max {MAX_TOKEN_ID}); sftdata stores "
+    top = max(ids, default=-1)
+    if top > MAX_TOKEN_ID:
+        raise TokenizerError(f"{path}: token id {top} is beyond uint32 (max {MAX_TOKEN_ID}); sftdata stores "
                              f"tokens as uint32 and cannot hold this vocabulary")
-    return max(ints, default=-1)
+    return top
 
 
 class Encoded:
