@@ -281,6 +281,16 @@ def test_rule_mismatch_is_rejected_by_name_and_per_reply_records_counted(tmp_pat
     assert run("verify", tmp_path / "pr").exit_code == 0
     r = run("prepare-chat", src, "-o", tmp_path / "pr2", "--tokenizer", folders["chatml"], "--chat-template", drops)
     assert "one episode per reply" in r.output and "3 records, 6 episodes" in r.output
+    # such a rule trains each episode's last reply: pack never cuts its episodes
+    assert orjson.loads((tmp_path / "pr" / "tokenizer_state.json").read_bytes())["mask_rule"]["last_reply_only"]
+    r = run("pack", tmp_path / "pr", "-o", tmp_path / "p1", "--strategy", "stream", "--block-size", "64")
+    assert r.exit_code == 2 and "trains only the last reply of each episode, and stream packing cuts episodes" in \
+        r.output.replace("\n", " ")
+    r = run("pack", tmp_path / "pr", "-o", tmp_path / "p2", "--block-size", "8")
+    assert r.exit_code == 2 and "Use --overlong drop, or a --block-size of at least" in r.output.replace("\n", " ")
+    r = run("pack", tmp_path / "pr", "-o", tmp_path / "p3", "--block-size", "64")
+    assert r.exit_code == 0, r.output
+    assert run("verify", tmp_path / "p3").exit_code == 0
 
 
 def test_bad_inputs_are_clear_errors(tmp_path, folders):
