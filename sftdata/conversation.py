@@ -2,16 +2,21 @@
 
 Pure and I/O-free: ``parse_record`` takes one decoded JSON value (or the raw bytes of
 one JSONL line) and returns a ``Conversation`` or raises ``RecordError`` with a stable
-reason code. Reading files is ``sources.py``'s job.
+reason code. Reading files is ``sources.py``'s job; reading one message's content
+(typed parts, reasoning, refusal, weight) is ``message_content.py``'s.
 
 Chat record formats, detected per record:
 
 * OpenAI / TRL: ``{"messages": [{"role": ..., "content": ...}, ...]}``; content is a
-  string or a list of text parts (``{"type": "text", "text": ...}``, or ``"value"`` for
-  ``"text"``), joined in order.
+  string or a list of typed parts (``message_content``).
 * ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
   human/user, gpt/assistant/chatgpt/bing/bard/model, system.
 * Either may carry a top-level ``"system"`` string.
+
+An assistant turn carries its reasoning (rendered between ``<|THINK|>`` and
+``<|END_THINK|>``) and whether it is trained (``weight: 0`` / ``train: false`` make it
+context, rendered after ``<|ASSISTANT_CONTEXT|>``). ``TurnPolicy`` then applies
+``--reasoning keep|last|drop`` and ``--train-on all|last``.
 
 What happens to messy records (each counted by reason, see docs/FORMAT.md):
 
@@ -20,13 +25,15 @@ rejected                   invalid_json, invalid_utf8, not_an_object, no_message
                            unknown_role, non_text_content, misplaced_system,
                            empty_conversation, no_assistant_turn,
                            empty_assistant_turn, no_trainable_turn,
-                           tool_conversation (chat mode)
+                           tool_conversation (chat mode), invalid_reasoning,
+                           unclosed_think, invalid_weight
 repaired                   dropped_empty_turn (blank message removed),
                            merged_same_role (consecutive user or assistant turns
                            joined with a blank line), dropped_trailing_turns (turns
                            after the last assistant turn carry no target),
                            leading_assistant_untrained (a record that starts with
-                           the assistant keeps that turn as untrained context)
+                           the assistant keeps that turn as untrained context),
+                           reasoning_from_think_tags, refusal_as_reply
 =========================  ==========================================================
 """
 
@@ -39,6 +46,7 @@ import orjson
 
 from .errors import RecordError
 from .exact_json import InexactJSON, loads
+from .message_content import json_kind, read_assistant, read_content
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -63,38 +71,46 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Turn:
+    """One turn. Assistant turns also carry ``reasoning`` ("" for none) and, when they are
+    context (rendered, never trained), why: ``untrained`` is ``"weight_0"`` (marked by
+    the record) or ``"train_on_last"`` (``--train-on last``); "" when trained."""
+
     role: Role
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    reasoning: str = ""
+    untrained: str = ""
 
 
 @dataclass(frozen=True)
 class Conversation:
     """A validated conversation. ``tools`` holds function schemas (dicts with at least
-    ``name``) rendered into the system span; ``repairs`` names what was fixed."""
+    ``name``) rendered into the system span; ``repairs`` names what was fixed (counted
+    per record); ``turn_counts`` holds one name per assistant turn event (counted per
+    turn): ``reasoning_kept``, ``reasoning_dropped``, ``reasoning_empty``,
+    ``untrained_weight_0``, ``untrained_train_on_last``."""
 
     turns: tuple[Turn, ...]
     tools: tuple[dict, ...] = ()
     repairs: tuple[str, ...] = field(default=())
+    turn_counts: tuple[str, ...] = field(default=())
 
 
-def json_kind(value: Any) -> str:
-    """What a decoded JSON value is, in JSON's words with an article: ``an object``,
-    ``a list``, ``a string``, ``a number``, ``a boolean``, ``null``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {type(value).__name__}"
+REASONING_POLICIES = ("keep", "last", "drop")
+TRAIN_ON = ("all", "last")
+TURN_COUNTS = ("reasoning_kept", "reasoning_dropped", "reasoning_empty", "untrained_weight_0",
+               "untrained_train_on_last")
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    """``reasoning``: keep every turn's reasoning, only the final assistant turn's
+    (``last``), or none (``drop``). ``train_on``: every assistant turn the record allows
+    (``all``), or only the last of them (``last``: the earlier ones become context)."""
+
+    reasoning: str = "keep"
+    train_on: str = "all"
 
 
 def decode_json(raw: bytes | str, where: str) -> Any:
@@ -118,41 +134,9 @@ def decode_json(raw: bytes | str, where: str) -> Any:
                           f"object", where) from None
 
 
-def _part_text(part: Any) -> str | None:
-    """The text of one content part: a string, or a text part spelled ``{"type": "text",
-    "text": ...}`` (OpenAI) or ``{"type": "text", "value": ...}``; None for anything else."""
-    if isinstance(part, str):
-        return part
-    if isinstance(part, dict) and part.get("type", "text") == "text":
-        for key in ("text", "value"):
-            if isinstance(part.get(key), str):
-                return part[key]
-    return None
-
-
-def _text_of(content: Any, where: str, index: int) -> str:
-    """Message content as text: a string, or a list of text parts joined in order."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            text = _part_text(part)
-            if text is not None:
-                parts.append(text)
-                continue
-            if isinstance(part, dict) and part.get("type", "text") == "text":
-                keys = ", ".join(sorted(map(str, part))) or "none"
-                raise RecordError("non_text_content", f"message {index} content part {k} is a text part without "
-                                  f"a 'text' string (keys: {keys}); give its text as \"text\"", where)
-            what = f"of type {part.get('type')!r}" if isinstance(part, dict) else json_kind(part)
-            raise RecordError("non_text_content", f"message {index} content part {k} is {what}; only "
-                              f"text parts are supported (drop or convert such parts)", where)
-        return "".join(parts)
-    raise RecordError("non_text_content", f"message {index} content is {json_kind(content)}; "
-                      f"expected a string or a list of text parts", where)
+def _text_of(content: Any, where: str, index: int, role: str = "user") -> str:
+    """The text of a message that is not the assistant's (``message_content.read_content``)."""
+    return read_content(content, where, index, role).text
 
 
 def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
@@ -192,7 +176,8 @@ def unknown_role(role_name: str, where: str, index: int, known: str) -> RecordEr
 
 
 def is_tool_record(obj: Any) -> bool:
-    """True when a record carries tool schemas, calls or results."""
+    """True when a record carries tool schemas, calls (also as ``tool_call`` content
+    parts) or results."""
     if not isinstance(obj, dict):
         return False
     for key in ("tools", "functions"):
@@ -211,7 +196,18 @@ def is_tool_record(obj: Any) -> bool:
             return True
         if m.get("tool_calls") or m.get("function_call"):
             return True
+        content = m.get("content", m.get("value"))
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in content):
+            return True
     return False
+
+
+def _merges(prev: Turn | None, t: Turn) -> bool:
+    """Whether ``t`` joins the turn before it: two user turns, or two assistant turns of
+    the same training flag where the first made no call and the second brings no
+    reasoning of its own (reasoning stays in front of its reply)."""
+    return (prev is not None and prev.role == t.role and t.role in ("user", "assistant") and not prev.tool_calls
+            and prev.untrained == t.untrained and not t.reasoning)
 
 
 def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
@@ -236,15 +232,14 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
         out.append(Turn("system", sys_text))
     kept: list[Turn] = []
     for t in body:
-        if not t.text.strip() and not t.tool_calls and t.role != "tool":
+        if not t.text.strip() and not t.tool_calls and not t.reasoning and t.role != "tool":
             repairs.append("dropped_empty_turn")
             continue
         prev = kept[-1] if kept else None
-        if prev is not None and prev.role == t.role and t.role in ("user", "assistant") \
-                and not prev.tool_calls:
+        if _merges(prev, t):
             repairs.append("merged_same_role")
             text = prev.text + "\n\n" + t.text if prev.text and t.text else prev.text or t.text
-            kept[-1] = Turn(t.role, text, t.tool_calls, None)
+            kept[-1] = replace(prev, text=text, tool_calls=t.tool_calls, tool_call_id=None)
             continue
         kept.append(t)
     if not kept:
@@ -267,6 +262,9 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
     if first_ctx is None or first_ctx > last_asst:
         raise RecordError("no_trainable_turn", "no assistant message comes after a user message (or a tool "
                           "result), so none has a context to learn from and nothing would be trained", where)
+    if not any(t.role == "assistant" and not t.untrained for t in kept[first_ctx:]):
+        raise RecordError("no_trainable_turn", "every assistant message after the first user message (or tool "
+                          "result) has weight 0 or train false, so nothing would be trained", where)
     if kept[0].role == "assistant":
         repairs.append("leading_assistant_untrained")
     return tuple(out + kept)
@@ -276,6 +274,7 @@ def parse_chat(obj: Any, where: str) -> Conversation:
     """Normalise one chat record (no tools) into a ``Conversation``."""
     msgs, fmt = raw_messages(obj, where)
     repairs: list[str] = []
+    counts: list[str] = []
     turns: list[Turn] = []
     top_system = obj.get("system")
     if top_system is not None:
@@ -293,23 +292,61 @@ def parse_chat(obj: Any, where: str) -> Conversation:
                                   f"tool-calling record; prepare it with `sftdata prepare-tool`", where)
             raise unknown_role(role_name, where, i, "user/human, assistant/gpt/chatgpt/bing/bard/model, "
                                                     "system/developer")
-        turns.append(Turn(role, _text_of(m.get(text_key, m.get("content")), where, i)))
-    return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs))
+        content = m.get(text_key, m.get("content"))
+        if role == "assistant":
+            a = read_assistant(m, content, where, i)
+            repairs += a.repairs
+            counts += a.notes
+            turns.append(Turn("assistant", a.text, reasoning=a.reasoning, untrained="" if a.trained else "weight_0"))
+        else:
+            turns.append(Turn(role, _text_of(content, where, i, role)))
+    return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs), tuple(counts))
 
 
-def has_weight_zero(obj: Any) -> bool:
-    """True when an assistant message carries OpenAI's ``"weight": 0`` (do not train)."""
-    msgs = obj.get("messages") if isinstance(obj, dict) else None
-    return isinstance(msgs, list) and any(
-        isinstance(m, dict) and m.get("weight") == 0 and m.get("role") == "assistant" for m in msgs)
+def apply_policy(conv: Conversation, policy: TurnPolicy, where: str) -> Conversation:
+    """``--reasoning`` and ``--train-on`` over a normalised conversation, and the per-turn
+    counts of what the episode holds (``Conversation.turn_counts``).
+
+    A turn left with nothing but the reasoning the policy removed is dropped like any
+    empty turn (``dropped_empty_turn``); ``--train-on last`` trains the last assistant
+    turn the record allows to be trained, the earlier ones become context."""
+    turns = list(conv.turns)
+    repairs, counts = list(conv.repairs), list(conv.turn_counts)
+    asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
+    if policy.reasoning != "keep" and any(turns[i].reasoning for i in asst):
+        emptied = []
+        for i in asst:
+            t = turns[i]
+            if t.reasoning and (policy.reasoning == "drop" or i != asst[-1]):
+                turns[i] = replace(t, reasoning="")
+                counts.append("reasoning_dropped")
+                if not t.text.strip() and not t.tool_calls:
+                    emptied.append(i)
+        if len(emptied) == len(asst):
+            raise RecordError("empty_assistant_turn", "every assistant message holds only reasoning, which "
+                              "--reasoning drop removes, so nothing would be trained", where)
+        if emptied:
+            turns = list(normalise_turns(turns, where, repairs))
+            asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
+    if policy.train_on == "last":
+        first_ctx = next(i for i, t in enumerate(turns) if t.role in ("user", "tool"))
+        trained = [i for i in asst if i > first_ctx and not turns[i].untrained]
+        for i in trained[:-1]:
+            turns[i] = replace(turns[i], untrained="train_on_last")
+    for i in asst:
+        t = turns[i]
+        if t.reasoning:
+            counts.append("reasoning_kept")
+        if t.untrained:
+            counts.append("untrained_" + t.untrained)
+    if not counts and len(repairs) == len(conv.repairs):  # nothing to say: nothing changed (plain text)
+        return conv
+    return Conversation(tuple(turns), conv.tools, tuple(repairs), tuple(counts))
 
 
-def parse_record(raw: Any, where: str, mode: str = "chat") -> Conversation:
-    """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``.
-
-    OpenAI's per-message ``"weight": 0`` cannot be expressed by the one mask rule (the
-    mask must be re-derivable from the tokens): such turns are trained like any other,
-    and the record is counted as ``weight_0_ignored`` so the summary says so."""
+def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy()) -> Conversation:
+    """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``;
+    ``policy`` applies ``--reasoning`` and ``--train-on``."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
     if mode == "chat":
         if is_tool_record(obj):
@@ -322,6 +359,4 @@ def parse_record(raw: Any, where: str, mode: str = "chat") -> Conversation:
         conv = parse_tool(obj, where)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    if has_weight_zero(obj):
-        conv = replace(conv, repairs=conv.repairs + ("weight_0_ignored",))
-    return conv
+    return apply_policy(conv, policy, where)

@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 
 from . import __version__
-from .conversation import parse_record
+from .conversation import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy, parse_record
 from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
@@ -63,10 +63,20 @@ class PrepareOptions:
     workers: int = 1
     strict: bool = False
     overwrite: bool = False
+    reasoning: str = "keep"  # keep | last | drop
+    train_on: str = "all"  # all | last
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(self.reasoning, self.train_on)
 
     def validate(self) -> None:
         if self.mode not in ("chat", "tool"):
             raise UsageError(f"mode must be 'chat' or 'tool', not {self.mode!r}")
+        if self.reasoning not in REASONING_POLICIES:
+            raise UsageError(f"--reasoning must be one of {', '.join(REASONING_POLICIES)}, not {self.reasoning!r}")
+        if self.train_on not in TRAIN_ON:
+            raise UsageError(f"--train-on must be one of {', '.join(TRAIN_ON)}, not {self.train_on!r}")
         if not (0.0 <= self.val_split < 1.0) or math.isnan(self.val_split):
             raise UsageError(f"--val-split must be a fraction in [0, 1), got {self.val_split}")
         if self.max_tokens is not None and self.max_tokens < 4:
@@ -80,7 +90,7 @@ class PrepareOptions:
         """The options that determine the output (workers and overwrite do not)."""
         return {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
                 "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
-                "strict": self.strict}
+                "strict": self.strict, "reasoning": self.reasoning, "train_on": self.train_on}
 
 
 @dataclass
@@ -101,6 +111,7 @@ class PrepareSummary:
     shards: dict = field(default_factory=dict)
     rejected: dict = field(default_factory=dict)  # reason -> count
     repaired: dict = field(default_factory=dict)  # repair -> records
+    turns: dict = field(default_factory=lambda: dict.fromkeys(TURN_COUNTS, 0))  # per assistant turn (TURN_COUNTS)
     records_truncated: int = 0
     pairs_dropped: int = 0
     seconds: float = 0.0
@@ -120,7 +131,7 @@ class PrepareSummary:
                 "episodes": self.episodes, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "trained_share": round(self.trained_share, 6), "shards": self.shards,
                 "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
-                "repaired": self.repaired, "records_truncated": self.records_truncated,
+                "repaired": self.repaired, "turns": self.turns, "records_truncated": self.records_truncated,
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
                 "input_bytes": self.input_bytes}
 
@@ -135,33 +146,37 @@ class ChunkResult:
     sources: np.ndarray
     rejects: list  # (record, where, reason, message)
     repairs: Counter
+    turns: Counter  # per assistant turn of the accepted records (TURN_COUNTS)
     truncated: int
     pairs_dropped: int
     records: int
 
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
-                  max_tokens: int | None) -> ChunkResult:
+                  max_tokens: int | None, policy: TurnPolicy = TurnPolicy()) -> ChunkResult:
     """Parse, validate and render one chunk of records (pure but for the tokenizer)."""
     convs, kept, rejects = [], [], []
     repairs: Counter = Counter()
+    turns: Counter = Counter()
     for rec in items:
         try:
-            conv = parse_record(rec.raw, rec.where, mode)
+            conv = parse_record(rec.raw, rec.where, mode, policy)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
             continue
-        for r in set(conv.repairs):
-            repairs[r] += 1
+        for name in set(conv.repairs):
+            repairs[name] += 1
         convs.append(conv)
         kept.append(rec)
     rendered = render_batch(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens)
     ids, masks, lengths, sources = [], [], [], []
     truncated = dropped = 0
-    for rec, r in zip(kept, rendered):
+    for rec, conv, r in zip(kept, convs, rendered):
         if isinstance(r, RecordError):
             rejects.append((rec.record, rec.where, r.reason, r.detail))
             continue
+        if conv.turn_counts:
+            turns.update(conv.turn_counts)
         ids.append(r.ids)
         masks.append(r.mask)
         lengths.append(r.ids.shape[0])
@@ -174,14 +189,15 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
         ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
         mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
         lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
-        rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items))
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items))
 
 
 # -- worker processes ---------------------------------------------------------------
 _WORKER: dict = {}
 
 
-def _worker_init(parent_pid: int, tokenizer_spec: str | None, mode: str, max_tokens: int | None) -> None:
+def _worker_init(parent_pid: int, tokenizer_spec: str | None, mode: str, max_tokens: int | None,
+                 policy: TurnPolicy) -> None:
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
@@ -191,10 +207,11 @@ def _worker_init(parent_pid: int, tokenizer_spec: str | None, mode: str, max_tok
     _WORKER["tok"] = load_tokenizer(tokenizer_spec)
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
+    _WORKER["policy"] = policy
 
 
 def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
-    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"])
+    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["policy"])
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -220,7 +237,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
     if opts.workers <= 1:
         for items, pos in chunks:
-            yield process_chunk(items, tok, opts.mode, opts.max_tokens), pos
+            yield process_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy), pos
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -229,7 +246,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     spec = tok.path or tok.name
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), spec, opts.mode, opts.max_tokens))
+                               initargs=(os.getpid(), spec, opts.mode, opts.max_tokens, opts.policy))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -323,6 +340,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     summary = PrepareSummary(output_dir=str(output_dir), input_bytes=total_bytes)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
+    turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
         staging = w.split("_staging", dtype, shard_tokens=1 << 62)
         records = tokens = 0
@@ -339,6 +357,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                     src = where.rsplit(":", 1)[0]
                     lines.append(orjson.dumps(dict(zip(REJECT_KEYS, (record, src, where, reason, message)))))
                 repaired.update(res.repairs)
+                turns.update(res.turns)
                 summary.records_truncated += res.truncated
                 summary.pairs_dropped += res.pairs_dropped
                 if lines:
@@ -356,6 +375,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.records_read = records
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
+        summary.turns = {name: turns[name] for name in TURN_COUNTS}
         with writing(w.path / "_staging", output_dir):
             staged = staging.close()
         n = staged["episodes"]
@@ -389,7 +409,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             "sources": [i.as_dict() for i in infos],
             "options": {**opts.recorded(), "tokenizer": tok.path or tok.name},
             "counts": {"records_read": records, "episodes": n, "rejected": summary.rejected,
-                       "repaired": summary.repaired, "records_truncated": summary.records_truncated,
+                       "repaired": summary.repaired, "turns": summary.turns,
+                       "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
         with writing(w.path, output_dir):

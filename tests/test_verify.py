@@ -250,7 +250,7 @@ def test_token_id_past_the_vocabulary(ds):
     r = verify(ds)
     (prob,) = by_check(r, "vocab")
     assert prob.file == "train/shard_00000/tokens.bin" and (prob.episode, prob.byte) == (1, (19 + 7) * 4)
-    assert prob.message == "token 7 of episode 1 is id 100,300, past the vocabulary (100,283 ids): no tokenizer can decode it"
+    assert prob.message == "token 7 of episode 1 is id 100,300, past the vocabulary (100,286 ids): no tokenizer can decode it"
     assert [p.check for p in r.problems] == ["vocab", "checksums"]
 
 

@@ -21,7 +21,8 @@ from ..store import REJECTS_FILE, Dataset
 from ..tokenizer import EOS, ChatTokenizer
 
 # the span each opening marker starts (a span ends at its <|END|>, and at EOS)
-SPAN_OF_OPENER = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool"}
+SPAN_OF_OPENER = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool",
+                  "<|ASSISTANT_CONTEXT|>": "assistant"}
 
 
 @dataclass
