@@ -20,11 +20,11 @@ DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=Fals
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
 # prepare-chat / prepare-tool: what an assistant turn trains (docs/FORMAT.md, "Reasoning and per-turn training")
-ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="keep|last|drop", help="Reasoning of assistant "
-                                           "turns (reasoning_content, reasoning or thinking fields or parts, a leading "
+ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="Reasoning of assistant turns "
+                                           "(reasoning_content, reasoning or thinking fields or parts, a leading "
                                            "think-tag block), rendered between <|THINK|> and <|END_THINK|> and trained "
-                                           "with the reply: keep every turn's, keep the final assistant turn's only, or "
-                                           "drop it. Counted per turn.")]
-TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="all|last", help="Assistant turns to train: all (except "
-                                         "those the record marks weight 0 or train false), or the last of those "
-                                         "only; the others stay in the episode as untrained context.")]
+                                           "with the reply: keep every turn's, last (the final assistant turn's only) "
+                                           "or drop. Counted per turn.")]
+TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "
+                                         "those the record marks weight 0 or train false), or last (the last of those "
+                                         "only); the others stay in the episode as untrained context.")]
