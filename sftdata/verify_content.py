@@ -24,7 +24,8 @@ from .verify_checks import CHUNK_TOKENS, RECREATE, Part, Problem, Vocab, more_li
 
 def span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
     """Which span token ``p`` of one episode lies in, for messages."""
-    openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
+    openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>",
+               m.assistant_context: "<|ASSISTANT_CONTEXT|>"}
     if int(ids[p]) == m.eos:
         return "the closing <|EOS|>"
     seg = np.asarray(ids[:p + 1])

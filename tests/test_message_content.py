@@ -193,3 +193,17 @@ def test_drop_leaves_a_reasoning_only_turn_empty_and_it_goes(tok):
     assert (e.value.reason, e.value.detail) == (
         "empty_assistant_turn", "every assistant message holds only reasoning, which --reasoning drop removes, so "
                                 "nothing would be trained")
+
+
+def test_the_worked_example_of_docs_format(tok):
+    """docs/FORMAT.md, "Worked example: an untrained turn, and reasoning"."""
+    raw = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5.", "weight": 0},
+                        {"role": "user", "content": "Sure?"},
+                        {"role": "assistant", "reasoning_content": "2+2=4.", "content": "4."}]}
+    ids, mask = rendered(tok, raw)
+    assert ids == [100278, 17, 10, 17, 30, 100282, 100285, 20, 13, 100282, 100278, 40914, 30, 100282,
+                   100279, 100283, 17, 10, 17, 28, 19, 13, 100284, 19, 13, 100282, 100257]
+    assert mask == [0] * 14 + [1] * 12 + [0]
+    assert rendered(tok, raw, TurnPolicy(train_on="last")) == (ids, mask)
+    dropped = rendered(tok, raw, TurnPolicy(reasoning="drop"))
+    assert dropped == (ids[:15] + ids[23:], mask[:15] + mask[23:])

@@ -94,7 +94,9 @@ def test_verify_rederives_every_mask_and_catches_a_trained_context_turn(src, tmp
     mask[ctx:ctx + 3] = 1
     mask.tofile(shard / "mask.bin")
     problems = [p for p in verify(tmp_path / "ds", quick=True).problems if p.check == "mask_rule"]
-    assert len(problems) == 1 and "trains 3 token(s) the mask rule leaves untrained" in problems[0].message
+    assert len(problems) == 1 and problems[0].message == (
+        "the mask of episode 1 trains 3 token(s) the mask rule leaves untrained (first: token 8, in a "
+        "<|ASSISTANT_CONTEXT|> span)")
 
 
 @pytest.mark.parametrize("strategy", ["bfd", "stream"])
