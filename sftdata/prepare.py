@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 
 from . import __version__
-from .conversation import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy, parse_record
+from .conversation import parse_record
 from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
@@ -46,6 +46,7 @@ from .store import (
     token_dtype_for,
 )
 from .tokenizer import ChatTokenizer, load_tokenizer
+from .turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20

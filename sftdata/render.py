@@ -33,10 +33,10 @@ from itertools import chain
 import numpy as np
 import orjson
 
-from .conversation import Conversation, ToolCall
 from .errors import RecordError, TokenizerError
 from .masking import loss_mask
 from .tokenizer import ChatTokenizer
+from .turns import Conversation, ToolCall
 
 TOOLS_HEADER = "# Tools\nYou may call these functions. Each line is one function's JSON schema:\n"
 

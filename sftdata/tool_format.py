@@ -38,23 +38,22 @@ from typing import Any
 
 import orjson
 
-from .conversation import (
+from .errors import RecordError
+from .exact_json import InexactJSON, check_exact, loads
+from .message_content import json_kind, read_assistant, read_weight
+from .turns import (
     ASSISTANT_ALIASES,
     SYSTEM_ALIASES,
     USER_ALIASES,
     Conversation,
     ToolCall,
     Turn,
-    _text_of,
-    json_kind,
     message_role,
     normalise_turns,
     raw_messages,
+    text_of,
     unknown_role,
 )
-from .errors import RecordError
-from .exact_json import InexactJSON, check_exact, loads
-from .message_content import read_assistant, read_weight
 
 CALL_FROMS = {"function_call", "tool_call"}  # ShareGPT turns holding a call
 RESULT_ROLES = {"tool", "observation", "function", "function_response", "ipython"}
@@ -257,7 +256,7 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
         prev_function_call = False
         if role_name in USER_ALIASES or role_name in SYSTEM_ALIASES:
             role = USER_ALIASES.get(role_name) or SYSTEM_ALIASES[role_name]
-            turns.append((i, Turn(role, _text_of(content, where, i, role))))
+            turns.append((i, Turn(role, text_of(content, where, i, role))))
         elif role_name in ASSISTANT_ALIASES:
             a = read_assistant(m, content, where, i)
             calls = _openai_calls(m, where, i) + tuple(c for v in a.calls for c in _sharegpt_calls(v, where, i))
@@ -266,7 +265,7 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
             turns.append((i, Turn("assistant", a.text if a.text.strip() or not calls else "", calls,
                                   reasoning=a.reasoning, untrained="" if a.trained else "weight_0")))
         elif role_name in RESULT_ROLES:
-            turns.append((i, Turn("tool", _text_of(content, where, i, "tool"),
+            turns.append((i, Turn("tool", text_of(content, where, i, "tool"),
                                   tool_call_id=_str_id(m.get("tool_call_id")))))
         else:
             raise _unknown_role(role_name, where, i)
