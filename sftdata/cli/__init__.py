@@ -10,5 +10,6 @@ from . import replay_cmd  # noqa: F401  (registers replay-order)
 from . import pack_cmd  # noqa: F401  (registers pack)
 from . import inspect_cmd  # noqa: F401  (registers inspect)
 from . import verify_cmd  # noqa: F401  (registers verify)
+from . import clean_cmd  # noqa: F401  (registers clean)
 
 __all__ = ["app", "main"]
