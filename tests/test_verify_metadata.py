@@ -146,7 +146,7 @@ def test_metadata_vocab_size_50_while_the_tokens_reach_100282_fails(ds):
     tok = r.problems[1]
     assert (tok.file, tok.message, tok.fix) == (
         "dataset_metadata.json", "the tokenizer recorded in dataset_metadata.json is not the one in "
-        "tokenizer_state.json (metadata vs state: vocab_size 50 vs 100,283): one of them was edited, or they come from "
+        "tokenizer_state.json (metadata vs state: vocab_size 50 vs 100,286): one of them was edited, or they come from "
         "different datasets", "restore both files from the same good copy of the dataset, or " + RECREATE)
     assert r.problems[2].message == ("token 0 of episode 0 is id 100,277, past the vocabulary (50 ids): no tokenizer "
                                      "can decode it (3 more episodes like it in this shard)")
@@ -166,16 +166,16 @@ def test_ids_are_held_to_the_smallest_recorded_vocabulary(ds):
 def test_tokenizer_state_vocab_size_edited(ds):
     p = ds / "tokenizer_state.json"
     raw = p.read_bytes()
-    p.write_bytes(raw.replace(b'"vocab_size": 100283', b'"vocab_size":     50'))  # the same size
+    p.write_bytes(raw.replace(b'"vocab_size": 100286', b'"vocab_size":     50'))  # the same size
     assert p.stat().st_size == len(raw) and json.loads(p.read_text())["vocab_size"] == 50
     r = verify(ds, quick=True)
     assert failed(r) == {"tokenizer": 2, "vocab": 3, "ranges": 3}
     assert [(q.file, q.where, q.message) for q in r.problems if q.check == "tokenizer"] == [
         ("dataset_metadata.json", "tokenizer", "the tokenizer recorded in dataset_metadata.json is not the one in "
-         "tokenizer_state.json (metadata vs state: vocab_size 100,283 vs 50): one of them was edited, or they come "
+         "tokenizer_state.json (metadata vs state: vocab_size 100,286 vs 50): one of them was edited, or they come "
          "from different datasets"),
         ("tokenizer_state.json", "vocab_size", "tokenizer_state.json records vocab_size 50, but the tokenizer rebuilt "
-         "from it has 100,283 ids: the file was edited")]
+         "from it has 100,286 ids: the file was edited")]
     assert failed(verify(ds))["checksums"] == 1  # its sha256 is in the metadata's files
 
 
@@ -197,7 +197,7 @@ def test_recorded_ranges_are_held_to_the_vocabulary_on_quick(ds):
     fix = "restore dataset_metadata.json and the shard from a good copy, or " + RECREATE
     assert [(p.check, p.file, p.where, p.message, p.fix) for p in r.problems] == [
         ("ranges", "dataset_metadata.json", "train/shard_00000 token_id_range", "dataset_metadata.json records token "
-         "ids up to 100,300 in train/shard_00000, past the vocabulary (100,283 ids): a loader would refuse the shard",
+         "ids up to 100,300 in train/shard_00000, past the vocabulary (100,286 ids): a loader would refuse the shard",
          fix),
         ("ranges", "dataset_metadata.json", "train/shard_00000 mask_value_range", "dataset_metadata.json records mask "
          "values up to 2 in train/shard_00000; a mask holds 0 and 1 only: a loader would refuse the shard", fix)]
