@@ -88,7 +88,8 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
            progress: Callable[[ExportProgress], None] | None = None) -> ExportReport:
     """Write the splits of ``dataset_dir`` to ``output_dir/<split>.<format>``."""
     if options.format not in FORMATS:
-        raise UsageError(f"--format must be one of: {', '.join(FORMATS)}; got {options.format!r}")
+        why = " (MosaicML MDS is not offered: docs/INTEROP.md says why)" if options.format == "mds" else ""
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {options.format!r}{why}")
     if options.row_group_tokens < 1:
         raise UsageError(f"row_group_tokens must be >= 1, got {options.row_group_tokens}")
     t0 = time.perf_counter()
