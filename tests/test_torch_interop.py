@@ -125,6 +125,9 @@ def test_pickles_by_path_and_workers_build_the_same_batches(packed):
     assert len(blob) < 400  # the path and options, not the data
     again = pickle.loads(blob)
     np.testing.assert_array_equal(again[5]["input_ids"], ds[5]["input_ids"])
+    rows = [len(ds) - 1, 0, 7, 0]  # across shards, repeated: the batched fetch a DataLoader makes
+    for got, i in zip(ds.__getitems__(rows), rows):
+        assert got.keys() == ds[i].keys() and all(np.array_equal(got[k], ds[i][k]) for k in got)
     sampler = SFTSampler(ds, LoaderConfig(batch_size=4, block_size=PACKED_BLOCK, epoch_seed=3))
     dl = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, collate_fn=collate(), num_workers=2)
     c = collate()

@@ -152,18 +152,41 @@ class SFTDataset:
         labels = np.where(np.asarray(mask) == 1, ids, IGNORE_INDEX) if self.use_loss_mask else ids.copy()
         return {"input_ids": ids, "labels": labels}
 
+    def __getitems__(self, ids) -> list[dict[str, np.ndarray]]:
+        """``[self[i] for i in ids]``; packed rows in one vectorised pass (a ``DataLoader``
+        fetches a batch through this)."""
+        ids = [self._index(i) for i in ids]
+        return self._rows(ids) if self.kind == "packed" and ids else [self[i] for i in ids]
+
     def _row(self, i: int) -> dict[str, np.ndarray]:
-        toks, mask = self.split.episode(i)
-        ids = np.asarray(toks, dtype=np.int64)
-        seg = self.segments.of_rows([i])
-        seq, pos = row_layout(np.zeros(len(seg.row), dtype=np.int64), seg.offset, seg.length, 1, self.row_len)
+        return self._rows([i])[0]
+
+    def _rows(self, ids: list[int]) -> list[dict[str, np.ndarray]]:
+        rows = np.asarray(ids, dtype=np.int64)
+        b, L = rows.size, self.row_len
+        toks = np.empty((b, L), dtype=np.int64)
+        mask = np.empty((b, L), dtype=np.uint8)
+        shard = self.split.shard_of(rows)
+        for si in np.unique(shard).tolist():  # one gather per shard
+            sel = np.flatnonzero(shard == si)
+            sh = self.split.shards[si]
+            local = rows[sel] - int(self.split.episode_offsets[si])
+            toks[sel] = np.asarray(sh.tokens).reshape(-1, L)[local]
+            mask[sel] = np.asarray(sh.mask).reshape(-1, L)[local]
+        seg = self.segments
+        first, last = np.searchsorted(seg.row, rows, "left"), np.searchsorted(seg.row, rows, "right")
+        s = seg.of_rows(rows)
+        counts = last - first
+        seq, pos = row_layout(np.repeat(np.arange(b), counts), s.offset, s.length, b, L)
         if self.use_loss_mask:
-            trained = np.asarray(mask) == 1
+            trained = mask == 1
         else:  # every target inside a segment: not a segment's first token, not padding
-            trained = np.zeros(self.row_len, dtype=bool)
-            trained[1:] = (seq[0, 1:] == seq[0, :-1]) & (seq[0, 1:] != PAD_SEQ_ID)
-        return {"input_ids": ids, "labels": np.where(trained, ids, IGNORE_INDEX), "position_ids": pos[0],
-                "seq_lengths": seg.length.copy()}
+            trained = np.zeros((b, L), dtype=bool)
+            trained[:, 1:] = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] != PAD_SEQ_ID)
+        labels = np.where(trained, toks, IGNORE_INDEX)
+        lengths = np.split(s.length, np.cumsum(counts)[:-1])
+        return [{"input_ids": toks[k], "labels": labels[k], "position_ids": pos[k], "seq_lengths": lengths[k]}
+                for k in range(b)]
 
     def __iter__(self):
         for i in range(len(self)):
