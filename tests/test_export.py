@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import orjson
 import pytest
-from loader_util import make_dataset, make_packed
+from loader_util import make_dataset, make_flat, make_packed
 from test_pack import source  # noqa: F401  (module fixture: a prepared dataset, several shards)
 from typer.testing import CliRunner
 
@@ -111,13 +111,11 @@ def test_jsonl_holds_the_same_rows(packed, source, tmp_path):  # noqa: F811
 
 
 def test_unknown_record_numbers_are_null(tmp_path):
-    path = make_dataset(tmp_path / "d", [4, 6])
-    (path / "train" / "shard_00000" / "sources.idx").unlink()  # an older dataset that does not know them
-    meta = read_json(path / METADATA_FILE)
-    del meta["splits"]["train"]["shards"][0]["files"]["sources.idx"]
-    (path / METADATA_FILE).write_bytes(orjson.dumps(meta))
+    path = make_flat(tmp_path / "flat", [4, 6])  # the older flat layout records no input record numbers
     export(path, tmp_path / "out")
-    assert pq.read_table(tmp_path / "out" / "train.parquet").column("record").to_pylist() == [None, None]
+    table = pq.read_table(tmp_path / "out" / "train.parquet")
+    assert table.column("record").to_pylist() == [None, None]
+    assert table.column("input_ids").to_pylist() == [SFTDataset(path)[i]["input_ids"].tolist() for i in range(2)]
 
 
 def test_memory_stays_flat_in_the_dataset_size(tmp_path):
