@@ -11,5 +11,6 @@ from . import pack_cmd  # noqa: F401  (registers pack)
 from . import export_cmd  # noqa: F401  (registers export)
 from . import inspect_cmd  # noqa: F401  (registers inspect)
 from . import verify_cmd  # noqa: F401  (registers verify)
+from . import clean_cmd  # noqa: F401  (registers clean)
 
 __all__ = ["app", "main"]
