@@ -94,6 +94,7 @@ def test_json_keys_are_unchanged(tmp_path):
         "inspect packed": ["inspect", packed, "--json"],
         "inspect --row": ["inspect", packed, "--row", "0", "--json"],
         "verify": ["verify", chat, "--json"],
+        "verify --sources": ["verify", chat, "--sources", "--json"],
         "verify packed": ["verify", packed, "--json"],
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",
