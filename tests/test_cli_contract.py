@@ -19,7 +19,7 @@ from sftdata.cli import app
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "verify", "replay-order"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "report", "verify", "replay-order"]
 runner = CliRunner()
 
 
@@ -88,6 +88,7 @@ def test_json_keys_are_unchanged(tmp_path):
         "inspect --episode": ["inspect", chat, "--episode", "1", "--json"],
         "inspect packed": ["inspect", packed, "--json"],
         "inspect --row": ["inspect", packed, "--row", "0", "--json"],
+        "report": ["report", chat, "-o", tmp_path / "report.html", "--json"],
         "verify": ["verify", chat, "--json"],
         "verify packed": ["verify", packed, "--json"],
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],

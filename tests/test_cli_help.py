@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 
 runner = CliRunner()
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "verify", "replay-order"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "report", "verify", "replay-order"]
 EXAMPLE = re.compile(r"`(sftdata [^`]+)`")
 
 
