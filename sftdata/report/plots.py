@@ -132,17 +132,21 @@ def _bars(go, bins: Bins, s: Series, unit: str, what: str, several: bool, *, sha
                   hovertemplate=f"{label}<br>%{{customdata[2]:,}} {unit}s (%{{y:.1f}}%)<extra>{s.label}</extra>")
 
 
-def _block_line(block_size: int | None, x: float | None = None) -> dict:
-    """A dashed line at one row's length (``x``: elsewhere) on a log x axis: plotly.js
-    places shapes at the value and annotations at its log10."""
+def _block_line(block_size: int | None, lo: float, hi: float, x: float | None = None) -> dict:
+    """A dashed line at one row's length (``x``: elsewhere) on a log x axis spanning
+    ``[lo, hi]``: plotly.js places shapes at the value and annotations at its log10; the
+    label sits on the side of the line with room for it."""
     if block_size is None:
         return {}
     at = x if x is not None else block_size + 1
+    span = math.log10(max(hi, at, lo + 1)) - math.log10(max(lo, 1))
+    right = span > 0 and (math.log10(at) - math.log10(max(lo, 1))) / span > 0.6
     return {"shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": at, "x1": at, "y0": 0, "y1": 1,
                         "line": {"color": "#dc2626", "width": 1.5, "dash": "dash"}}],
             "annotations": [{"x": math.log10(at), "y": 1, "xref": "x", "yref": "paper",
-                             "text": f"one row: {block_size + 1:,} tokens", "showarrow": False, "xanchor": "left",
-                             "yanchor": "top", "font": {"color": "#dc2626"}}]}
+                             "text": f" one row: {block_size + 1:,} tokens ", "showarrow": False,
+                             "xanchor": "right" if right else "left", "yanchor": "top", "font": {"color": "#dc2626"},
+                             "bgcolor": "rgba(255,255,255,0.8)"}]}
 
 
 def histogram_plot(series: list[Series], field: str, *, unit: str, what: str, x_title: str, log_x: bool = True,
@@ -156,15 +160,14 @@ def histogram_plot(series: list[Series], field: str, *, unit: str, what: str, x_
     unit_bins = not share and all(_is_unit(b) for _, b in drawn)
     traces = [_bars(go, b, s, unit, what, len(drawn) > 1, share=share) for s, b in drawn]
     log_x = log_x and not unit_bins
-    layout = _layout(go, x_title, f"% of {unit}s", log_x=log_x, **_block_line(block_size if log_x else None))
+    lo, hi = min(b.edges[0] for _, b in drawn), max(b.edges[-1] for _, b in drawn)
+    layout = _layout(go, x_title, f"% of {unit}s", log_x=log_x, **_block_line(block_size if log_x else None, lo, hi))
     if share:
         layout.xaxis.update(range=[0, 100], ticksuffix="%")
     elif unit_bins:
         layout.update(barmode="group", bargap=0.2)
         layout.xaxis.update(dtick=1 if max(len(b.counts) for _, b in drawn) <= 24 else None)
     elif log_x:
-        lo = min(b.edges[0] for _, b in drawn)
-        hi = max(b.edges[-1] for _, b in drawn)
         _log_axis(layout, lo, max(hi, block_size + 1 if block_size else 0))
     return go.Figure(traces, layout).to_json()
 
@@ -183,10 +186,10 @@ def cdf_plot(series: list[Series], block_size: int | None, unit: str):
                                                f"<extra>{s.label}</extra>"))
     if not traces:
         return None
-    layout = _layout(go, "length (tokens, log scale)", f"% of {unit}s (cumulative)", log_x=True,
-                     **_block_line(block_size))
-    layout.yaxis.update(range=[0, 101])
     xs = [x for t in traces for x in t.x]
+    layout = _layout(go, "length (tokens, log scale)", f"% of {unit}s (cumulative)", log_x=True,
+                     **_block_line(block_size, min(xs), max(xs)))
+    layout.yaxis.update(range=[0, 101])
     _log_axis(layout, min(xs), max(max(xs), block_size + 1 if block_size else 0))
     return go.Figure(traces, layout).to_json()
 
@@ -253,7 +256,7 @@ def truncation_plot(series: list[Series], block_size: int | None):
     if not traces:
         return None
     layout = _layout(go, "--block-size (a row holds block size + 1 tokens; log scale)", "% lost to truncation",
-                     log_x=True, **_block_line(block_size, block_size))
+                     log_x=True, **_block_line(block_size, min(ticks), max(ticks), block_size))
     layout.xaxis.update(tickvals=sorted(ticks), ticktext=[f"{t:,}" for t in sorted(ticks)])
     layout.update(hovermode="x unified")
     return go.Figure(traces, layout).to_json()
