@@ -131,10 +131,9 @@ def test_a_truncated_sources_idx_is_named_not_an_index_error(tmp_path, dataset):
     ds = _copy(dataset.output_dir, tmp_path / "ds")
     sources = ds / "train" / "shard_00000" / "sources.idx"
     sources.write_bytes(sources.read_bytes()[:8])
-    idx = ds / "train" / "shard_00000" / "episodes.idx"
-    message = (f"error: {sources}: 1 record numbers for the 6 episodes of {idx}: there must be one per episode; "
-               f"the file is truncated or belongs to other episodes. Re-create the dataset (`sftdata verify` "
-               f"reports more)\n")
+    message = (f"error: {ds}: train/shard_00000/sources.idx: 1 record numbers for 6 episodes: there must be exactly "
+               f"one per episode. To fix: re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool` "
+               f"(1 more problem(s)). Run `sftdata verify {ds}` for the full report\n")
     for argv in (["replay-order", str(ds), "--batch-size", "2"], ["pack", str(ds), "-o", str(tmp_path / "p"), "-q"],
                  ["inspect", str(ds), "--record", "1"]):
         r = runner.invoke(app, argv)

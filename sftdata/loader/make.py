@@ -8,7 +8,6 @@ from ..audit import AuditLog
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
 from ..store import TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
-from ..verify import check_structure  # structural checks move into store.open_dataset
 from .backend import resolve_backend, resolve_rank
 from .loader import Loader
 from .windows import WindowSource
@@ -51,8 +50,7 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
             raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
                                f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
                                f"`sftdata prepare-chat`, or set dataset_mode=token_stream")
-        data = open_dataset(root, token_dtype=cfg.token_dtype)
-        check_structure(data)  # structural checks move into store.open_dataset
+        data = open_dataset(root, token_dtype=cfg.token_dtype)  # refuses a structurally broken dataset
     adir = audit_dir if audit_dir is not None else cfg.audit_dir
     audit = AuditLog(adir) if adir is not None and rank == 0 else None
     return Loader(cfg, data, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OutputExistsError
-from .layout import (
+from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
     IDX_DTYPE,
+    MASK_DTYPE,
     MASK_FILE,
     METADATA_FILE,
     SEGMENTS_FILE,
@@ -148,7 +149,7 @@ class SplitWriter:
         idx[:, 0] = starts
         idx[:, 1] = lengths
         f[TOKENS_FILE].write(np.ascontiguousarray(ids, dtype=self.token_dtype))
-        f[MASK_FILE].write(np.ascontiguousarray(mask, dtype=np.uint8))
+        f[MASK_FILE].write(np.ascontiguousarray(mask, dtype=MASK_DTYPE))
         f[EPISODES_FILE].write(idx)
         f[SOURCES_FILE].write(np.ascontiguousarray(sources, dtype=IDX_DTYPE))
         cur.tokens += int(lengths.sum())
@@ -349,7 +350,7 @@ class PackedSplitWriter:
             idx[:, 0] = (cur["rows"] + np.arange(j - i)) * self.row_len
             idx[:, 1] = self.row_len
             f[TOKENS_FILE].write(np.ascontiguousarray(tokens[i:j], dtype=self.token_dtype))
-            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=np.uint8))
+            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=MASK_DTYPE))
             f[EPISODES_FILE].write(idx)
             f[SEGMENTS_FILE].write(np.ascontiguousarray(seg).astype(IDX_DTYPE))  # -1 -> NO_SOURCE
             cur["rows"] += j - i
