@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from audit_data import make_dataset, make_packed
+from audit_data import make_dataset, make_packed, to_flat
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -297,6 +297,16 @@ def test_compare_overlays_two_datasets(ds, tmp_path):
     figures = json.loads(re.search(r'id="sftdata-figures">(.*?)</script>', page, re.S).group(1))
     assert [t["name"] for t in figures["lengths"]["data"]] == ["ds · train", "other · train"]
     assert page.count('class="stats"') == 2
+
+
+def test_an_older_flat_layout_without_mask_is_shown_with_what_is_known(ds, tmp_path):
+    flat = to_flat(ds, tmp_path / "flat", with_mask=False)
+    s = write_report(flat, tmp_path / "f.html", sample=1, block_size=20)
+    page = (tmp_path / "f.html").read_text(encoding="utf-8")
+    assert s.plots == 4  # lengths, their cumulative curve, turns, truncation: nothing needs the mask
+    assert "note: split train has no mask.bin: trained tokens unknown" in page
+    assert "note: the dataset records no tokenizer: its samples are decoded with cl100k_base" in page
+    assert "are longer than one row of 21 tokens; cutting them drops" in page and 'class="run t"' not in page
 
 
 def test_where_the_page_may_be_written(ds, packed, tmp_path):
