@@ -218,7 +218,7 @@ def test_samples_errors(ds, packed):
 
 
 def test_long_episodes_show_their_first_tokens(ds, tok, monkeypatch):
-    monkeypatch.setattr("sftdata.report.samples.budget", lambda count: 10)
+    monkeypatch.setattr("sftdata.report.samples.budget", lambda count, total: 10)
     r = dataset_report(ds, episodes=[1], sample=0)
     (s,) = r.samples
     assert (s.episode, s.shown, s.length) == (1, 10, 28)

@@ -30,7 +30,7 @@ from .distributions import (
 )
 from .overview import Overview, TruncationCost, open_checked, overview
 from .rejects import Rejects, read_rejects
-from .samples import SampleEpisode, SampleRow, samples
+from .samples import TOKEN_BUDGET, SampleEpisode, SampleRow, samples
 from .scan import scan_split
 
 
@@ -111,14 +111,15 @@ def _tokenizer(ds: Dataset) -> tuple[ChatTokenizer, list[str]]:
 
 def dataset_report(path: str | Path, *, split: str = "train", sample: int = 8, seed: int = 0,
                    episodes: list[int] | None = None, rows: list[int] | None = None, block_size: int | None = None,
-                   token_dtype=None) -> DatasetReport:
+                   token_dtype=None, token_budget: int = TOKEN_BUDGET) -> DatasetReport:
     """Collect what the HTML report of the dataset at ``path`` shows. ``episodes`` (packed:
     ``rows``) of ``split`` are drawn first, then ``sample`` more chosen with ``seed``;
-    ``block_size`` marks what truncating to one row of ``block_size + 1`` tokens costs."""
+    ``block_size`` marks what truncating to one row of ``block_size + 1`` tokens costs;
+    the samples draw ``token_budget`` tokens in all."""
     ov = overview(path, block_size=block_size, token_dtype=token_dtype)
     ds = open_checked(path, token_dtype)
     tok, notes = _tokenizer(ds)
-    shown = samples(ds, split, tok, sample=sample, seed=seed, episodes=episodes, rows=rows)
+    shown = samples(ds, split, tok, sample=sample, seed=seed, episodes=episodes, rows=rows, token_budget=token_budget)
     figures: list[SplitFigures] = []
     files: list[FileRow] = []
     rejects = read_rejects(ov.rejects_file)

@@ -18,7 +18,7 @@ from ..tokenizer import ChatTokenizer
 from .episodes import sample_ids
 from .tokens import Run, token_runs
 
-TOKEN_BUDGET = 96_000  # tokens drawn on one page, all samples together (about 3 MB of HTML)
+TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
 MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)
 
 
@@ -75,9 +75,9 @@ def pick(n: int, chosen: list[int] | None, sample: int, seed: int) -> list[tuple
     return out
 
 
-def budget(count: int) -> int:
-    """Tokens each of ``count`` samples may draw."""
-    return max(MIN_SHOWN, TOKEN_BUDGET // max(1, count))
+def budget(count: int, total: int = TOKEN_BUDGET) -> int:
+    """Tokens each of ``count`` samples may draw out of ``total``."""
+    return max(MIN_SHOWN, total // max(1, count))
 
 
 def sample_episode(ds: Dataset, split: str, episode: int, tok: ChatTokenizer, *, chosen: bool, limit: int
@@ -127,8 +127,9 @@ def sample_row(ds: Dataset, split: str, row: int, tok: ChatTokenizer, *, chosen:
 
 
 def samples(ds: Dataset, split: str, tok: ChatTokenizer, *, sample: int, seed: int, episodes: list[int] | None = None,
-            rows: list[int] | None = None) -> list[SampleEpisode] | list[SampleRow]:
-    """The episodes (packed: rows) the page draws token by token."""
+            rows: list[int] | None = None, token_budget: int = TOKEN_BUDGET) -> list[SampleEpisode] | list[SampleRow]:
+    """The episodes (packed: rows) the page draws token by token, ``token_budget`` tokens
+    in all (at least ``MIN_SHOWN`` each)."""
     packed = ds.kind == "packed"
     if packed and episodes:
         raise UsageError("a packed dataset holds rows: use --row R to choose the rows the report shows")
@@ -136,7 +137,7 @@ def samples(ds: Dataset, split: str, tok: ChatTokenizer, *, sample: int, seed: i
         raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
     n = ds.split(split).num_episodes
     chosen = pick(n, rows if packed else episodes, sample, seed)
-    limit = budget(len(chosen))
+    limit = budget(len(chosen), token_budget)
     if packed:
         return [sample_row(ds, split, r, tok, chosen=c, limit=limit) for r, c in chosen]
     return [sample_episode(ds, split, e, tok, chosen=c, limit=limit) for e, c in chosen]

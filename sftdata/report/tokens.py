@@ -45,7 +45,8 @@ class Run:
 def token_groups(ids, tok: ChatTokenizer) -> list[TokenGroup]:
     """The tokens of ``ids`` with their texts; ``"".join`` of the texts is ``tok.decode(ids)``."""
     ids = [int(t) for t in ids]
-    texts = [tok.token_text(t) for t in ids]
+    known = {t: tok.token_text(t) for t in set(ids)}  # a long episode repeats its ids
+    texts = [known[t] for t in ids]
     if "\ufffd" not in "".join(texts):  # every token decodes alone: the common case
         return [TokenGroup([t], s) for t, s in zip(ids, texts)]
     out, i, n = [], 0, len(ids)

@@ -14,6 +14,7 @@ from ..store import open_dataset
 from .collect import dataset_report
 from .html import GENERATOR, render_page
 from .plots import plotly_go
+from .samples import TOKEN_BUDGET
 
 
 @dataclass
@@ -63,15 +64,16 @@ def write_report(path: str | Path, output: str | Path, *, compare: str | Path | 
     plotly_go()  # the extra is missing: say so before any work
     output = Path(output)
     check_output(output, [Path(path)] + ([Path(compare)] if compare is not None else []))
+    share = TOKEN_BUDGET // (1 if compare is None else 2)  # the page's samples draw TOKEN_BUDGET tokens in all
     reports = [dataset_report(path, split=split, sample=sample, seed=seed, episodes=episodes, rows=rows,
-                              block_size=block_size, token_dtype=token_dtype)]
+                              block_size=block_size, token_dtype=token_dtype, token_budget=share)]
     if compare is not None:
         kind = open_dataset(compare, token_dtype=token_dtype).kind
         if kind != reports[0].overview.kind:
             raise UsageError(f"--compare needs two datasets of one kind: {path} is {reports[0].overview.kind}, "
                              f"{compare} is {kind}")
         reports.append(dataset_report(compare, split=split, sample=sample, seed=seed, block_size=block_size,
-                                      token_dtype=token_dtype))
+                                      token_dtype=token_dtype, token_budget=share))
     page, plots = render_page(reports, command)
     data = page.encode("utf-8")
     output.parent.mkdir(parents=True, exist_ok=True)
