@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
+from sftdata.store.lock import OWNER_FILE, owner_record
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "report", "verify", "replay-order"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "report", "verify", "replay-order", "clean"]
 runner = CliRunner()
 
 
@@ -95,6 +98,13 @@ def test_json_keys_are_unchanged(tmp_path):
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",
                                 "--json"],
     }
+    # a stale staging folder (its owner pid has ended) for clean to list
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".old.tmp-{dead.pid}-abcd1234"
+    stale.mkdir()
+    (stale / OWNER_FILE).write_bytes(json.dumps(owner_record() | {"pid": dead.pid, "start": "0"}).encode())
+    runs["clean"] = ["clean", tmp_path, "--json"]
     keys = {}
     for label, args in runs.items():
         r = _invoke(*args)

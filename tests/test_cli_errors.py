@@ -98,7 +98,8 @@ def test_an_error_before_any_work_is_printed_alone(tmp_path, dataset):
     r = runner.invoke(app, ["prepare-chat", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "ds")])
     assert (r.exit_code, r.output) == (1, f"error: input file {tmp_path / 'missing.jsonl'} does not exist\n")
     r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(tmp_path / "p"), "--block-size", "0"])
-    assert (r.exit_code, r.output) == (2, "error: --block-size must be at least 1, got 0\n")
+    assert (r.exit_code, r.output) == (2, "error: --block-size must be at least 3 (a row of 4 tokens, <|USER|> <|END|> "
+                                          "<|ASSISTANT|> <|END|>, is the smallest that can train a reply), got 0\n")
     (tmp_path / "empty").mkdir()
     r = runner.invoke(app, ["verify", str(tmp_path / "empty")])
     assert (r.exit_code, r.output) == (1, f"error: {tmp_path / 'empty'} holds no dataset: expected train/shard_*/ "

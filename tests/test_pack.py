@@ -194,11 +194,12 @@ def test_pack_errors(source, tmp_path):
     assert open_dataset(tmp_path / "p").packing["block_size"] == 64
     with pytest.raises(UsageError, match=r"--pad-id 100283 is not a token id of this dataset \(0..100282\)"):
         pack(source, tmp_path / "x", PackOptions(pad_id=100283))
-    with pytest.raises(UsageError, match="--block-size must be at least 1, got 0"):
+    with pytest.raises(UsageError, match=r"--block-size must be at least 3 \(a row of 4 tokens, <\|USER\|> <\|END\|> "
+                                         r"<\|ASSISTANT\|> <\|END\|>, is the smallest that can train a reply\), got 0"):
         pack(source, tmp_path / "x", PackOptions(block_size=0))
     with pytest.raises(UsageError, match="--strategy must be one of bfd, stream, not 'ffd'"):
         pack(source, tmp_path / "x", PackOptions(strategy="ffd"))
-    with pytest.raises(UsageError, match="--overlong must be one of truncate, split, drop"):
+    with pytest.raises(UsageError, match="--overlong must be one of truncate, keep_end, split, drop, not .keep."):
         pack(source, tmp_path / "x", PackOptions(overlong="keep"))
     with pytest.raises(UsageError, match="--shard-tokens must be positive"):
         pack(source, tmp_path / "x", PackOptions(shard_tokens=0))

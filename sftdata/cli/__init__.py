@@ -11,5 +11,6 @@ from . import pack_cmd  # noqa: F401  (registers pack)
 from . import inspect_cmd  # noqa: F401  (registers inspect)
 from . import report_cmd  # noqa: F401  (registers report)
 from . import verify_cmd  # noqa: F401  (registers verify)
+from . import clean_cmd  # noqa: F401  (registers clean)
 
 __all__ = ["app", "main"]

@@ -13,7 +13,7 @@ from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import JsonOpt, OverwriteOpt, QuietOpt
+from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
 
 InputsArg = Annotated[list[Path], typer.Argument(
     metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
@@ -76,7 +76,7 @@ def min_val_split(n: int) -> float:
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet) -> None:
+                workers, strict, overwrite, as_json, quiet, wait: bool = False) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -85,7 +85,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite)
+                          strict=strict, overwrite=overwrite, wait=wait)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -120,11 +120,12 @@ def _prepare_command(mode: str, doc: str):
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         overwrite: OverwriteOpt = False,
+        wait: WaitOpt = False,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet)
+                    workers, strict, overwrite, as_json, quiet, wait)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc

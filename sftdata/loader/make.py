@@ -7,8 +7,9 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..store import TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
+from ..store import METADATA_FILE, TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
 from .backend import resolve_backend, resolve_rank
+from .guards import check_value_ranges
 from .loader import Loader
 from .windows import WindowSource
 
@@ -30,7 +31,8 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     ``numpy`` or ``torch``. ``rank`` / ``world_size`` default from torch.distributed (when
     initialised) or RANK / WORLD_SIZE. ``audit_dir`` (or ``cfg.audit_dir``): where rank 0
     writes ``audit_*.log``. A structurally broken dataset is refused with the message of
-    ``sftdata verify``.
+    ``sftdata verify``; so is one with nothing to train on, ids past the vocabulary or
+    mask values other than 0/1 (``guards``), and a batch that cannot fit in memory.
     """
     if isinstance(cfg, dict):
         cfg = LoaderConfig.from_dict(cfg)
@@ -44,7 +46,10 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     rank, world_size = resolve_rank(rank, world_size)
     mode = cfg.dataset_mode or detect_mode(root)
     if mode == "token_stream":
-        data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=_tokenizer_state(root))
+        state = _tokenizer_state(root)
+        meta = read_json(root / METADATA_FILE) if (root / METADATA_FILE).is_file() else None
+        check_value_ranges(root, meta, state, mask=False)
+        data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=state)
     else:
         if not has_episode_index(root, "train"):
             raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
