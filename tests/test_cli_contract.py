@@ -93,6 +93,7 @@ def test_json_keys_are_unchanged(tmp_path):
         "inspect --row": ["inspect", packed, "--row", "0", "--json"],
         "report": ["report", chat, "-o", tmp_path / "report.html", "--json"],
         "verify": ["verify", chat, "--json"],
+        "verify --sources": ["verify", chat, "--sources", "--json"],
         "verify packed": ["verify", packed, "--json"],
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",
