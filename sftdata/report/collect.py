@@ -75,7 +75,7 @@ class DatasetReport:
 def _episode_figures(sp: Split, tok: ChatTokenizer, block_size: int | None) -> tuple[SplitFigures, np.ndarray | None]:
     lengths = sp.lengths
     sizes = curve_block_sizes(int(lengths.max()) if lengths.size else 1, block_size)
-    openers = [tok.ids.user, tok.ids.assistant, tok.ids.tool]
+    openers = [i for i in (tok.ids.user, tok.ids.assistant, tok.ids.tool, tok.ids.assistant_context) if i is not None]
     scan = scan_split(sp, [b + 1 for b in sizes], openers)
     fig = SplitFigures(sp.name, "episode", sp.num_episodes, int(lengths.sum()), log_histogram(lengths),
                        turns=count_histogram(scan.turns))
