@@ -17,6 +17,7 @@ from .records import (
     inspect_source,
     iter_all,
     iter_records,
+    record_where,
     sha256_file,
     too_large,
 )
@@ -24,5 +25,5 @@ from .sniff import compression_of, container_of, encoding_of, refusal
 from .streams import BadText
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "STDIN", "BadText", "Input", "RawRecord", "SourceInfo", "compression_of",
-           "container_of", "encoding_of", "expand_inputs", "inspect_source", "iter_all", "iter_records", "refusal",
-           "select_inputs", "sha256_file", "too_large"]
+           "container_of", "encoding_of", "expand_inputs", "inspect_source", "iter_all", "iter_records", "record_where",
+           "refusal", "select_inputs", "sha256_file", "too_large"]

@@ -2,8 +2,9 @@
 
 ``ArrayReader(stream, max_bytes)`` yields ``(index, item)`` where ``item`` is the raw
 JSON text of one element of the top-level array (decoded later, like a JSONL line), or
-a ``TooLarge`` for an element longer than ``max_bytes``, which is read past in chunks and
-never held whole. A 1 GB array needs one chunk plus one element of memory, not 1 GB.
+a ``TooLarge`` for an element longer than ``max_bytes`` (its bytes up to the comma that
+ends it, as a JSONL line's are up to its newline), which is read past in chunks and never
+held whole. A 1 GB array needs one chunk plus one element of memory, not 1 GB.
 
 Only the structure is scanned here (strings, brackets, the commas between items): that
 is what finds where an item ends. Whether an item is valid JSON is for the decoder to say,
@@ -148,9 +149,9 @@ class ArrayReader:
                     elif c == _CLOSE_OBJECT:
                         raise ArrayError(f"a }} that closes nothing in item {self.items:,}", self._base + p)
                     else:  # a comma or ] at the top level ends the item
-                        text = bytes(buf[:p]).rstrip(_WS)
-                        size = len(text) if skipped < 0 else skipped + len(text)
-                        return p, c == _CLOSE_ARRAY, (text if size <= self._max else TooLarge(size))
+                        size = p if skipped < 0 else skipped + p  # what was held: up to the comma
+                        return p, c == _CLOSE_ARRAY, (bytes(buf[:p]).rstrip(_WS) if size <= self._max else
+                                                      TooLarge(size))
                     continue
             # the item goes on past what is read: keep it, or (too long) drop what is scanned
             if skipped < 0 and len(buf) > self._max:

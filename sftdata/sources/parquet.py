@@ -114,9 +114,11 @@ def row_record(values: list, cols: list[tuple[str, str]], whole: bool) -> bytes 
                 text = _encoded(v)
             else:
                 text = orjson.dumps(_without_nulls(v) if how == "value" else v, default=_default)
-        except UnicodeDecodeError as e:
-            return BadValue("invalid_utf8", f"column {col!r} holds bytes that are not UTF-8 text (byte {e.start})")
-        except (TypeError, orjson.JSONEncodeError) as e:
+        except (TypeError, UnicodeDecodeError, orjson.JSONEncodeError) as e:
+            bad = e if isinstance(e, UnicodeDecodeError) else e.__cause__  # orjson wraps what default raised
+            if isinstance(bad, UnicodeDecodeError):
+                return BadValue("invalid_utf8", f"column {col!r} holds bytes that are not UTF-8 text (byte "
+                                                f"{bad.start})")
             return BadValue("invalid_json", f"column {col!r} holds a value JSON cannot hold ({e})")
         parts.append(b'"' + col.encode() + b'":' + text)
     return b"{" + b",".join(parts) + b"}"

@@ -252,6 +252,19 @@ def _last_line(lines: int) -> str:
     return f"the last complete line is line {lines}" if lines else "it ends before its first complete line"
 
 
+def record_where(sources: list[dict], record: int) -> str | None:
+    """``file:line N`` / ``file:item N`` / ``file:row N`` of global record number
+    ``record``, from the metadata's ``sources`` list (its ``first_record``, ``records``
+    and ``container``); None when no source holds it (pure)."""
+    for s in sources:
+        first, n = s.get("first_record"), s.get("records")
+        if isinstance(first, int) and isinstance(n, int) and first <= record < first + n:
+            index = record - first
+            unit = {"json": "item", "parquet": "row"}.get(s.get("container"), "line")
+            return f"{s.get('path')}:{unit} {index + 1 if unit == 'line' else index}"
+    return None
+
+
 def iter_all(infos: list[SourceInfo], max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
              ) -> Iterator[tuple[RawRecord, int]]:
     """Records of several sources in order, with cumulative bytes read."""
@@ -266,4 +279,4 @@ def iter_all(infos: list[SourceInfo], max_record_bytes: int = DEFAULT_MAX_RECORD
 
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "READ_BYTES", "RawRecord", "SourceInfo", "inspect_source", "iter_all",
-           "iter_records", "sha256_file", "too_large"]
+           "iter_records", "record_where", "sha256_file", "too_large"]

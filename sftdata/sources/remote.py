@@ -74,10 +74,12 @@ def url_listing(url: str, has_glob: bool) -> tuple[str, list[tuple[str, str, int
     file under it])``."""
     fs, path = filesystem(url)
     try:
-        if has_glob:
+        if has_glob:  # as a shell's (and Python's) glob: a pattern matches hidden names only when they are spelled
             found = fs.glob(path, detail=True)
+            hidden = path.rstrip("/").rpartition("/")[2].startswith(".")
             return "glob", sorted((fs.unstrip_protocol(p), fs.unstrip_protocol(p), i.get("size"))
-                                  for p, i in found.items() if i.get("type") != "directory")
+                                  for p, i in found.items() if i.get("type") != "directory"
+                                  and (hidden or not p.rstrip("/").rpartition("/")[2].startswith(".")))
         info = fs.info(path)
         if info.get("type") != "directory":
             return "file", [(url, url, info.get("size"))]
