@@ -22,8 +22,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sftdata.masking import loss_mask  # noqa: E402
+from sftdata.pack import PackOptions, pack  # noqa: E402
+from sftdata.report import overview  # noqa: E402
 from sftdata.store import DatasetWriter, iter_files, sha256_file, token_dtype_for  # noqa: E402
 from sftdata.tokenizer import load_tokenizer  # noqa: E402
+from sftdata.verify import verify  # noqa: E402
 
 
 def episodes_block(rng: np.random.Generator, n_ep: int, m) -> tuple[np.ndarray, np.ndarray]:
@@ -107,22 +110,16 @@ def main() -> None:
         t_sha, _ = timed(lambda: [sha256_file(p) for p in files])
         print(line("reference: sha256 of every file", t_sha))
 
-        from sftdata.verify import verify
-
         t_full, rep = timed(lambda: verify(root))
         assert rep.ok, [str(p) for p in rep.problems]
         print(line("verify (all checks, checksums)", t_full, t_sha))
         t_quick, rep = timed(lambda: verify(root, quick=True))
         assert rep.ok
         print(line("verify --quick (no checksums)", t_quick, t_sha))
-        from sftdata.report import overview
-
         t_ov, ov = timed(lambda: overview(root, block_size=1024))
         print(f"{'inspect overview --block-size 1024':38s} best {t_ov[0]:5.2f} s   median {t_ov[len(t_ov) // 2]:5.2f} s"
               f"   ({ov.splits[0].episodes:,} episodes, {ov.splits[0].tokens:,} tokens)")
         if args.packed:
-            from sftdata.pack import PackOptions, pack
-
             pk = root.parent / (root.name + "_packed")
             t0 = time.perf_counter()
             pack(root, pk, PackOptions(block_size=2048, overwrite=True))

@@ -72,3 +72,8 @@ class AllRecordsRejectedError(NoUsableRecordsError):
         super().__init__(message)
         self.rejects_path = rejects_path
         self.rejected = dict(rejected or {})
+
+
+class NothingToTrainError(DatasetError):
+    """A dataset (or the result a command would write) has no row, no episode or no trained
+    token in its train split: training on it would learn nothing, so it is refused."""

@@ -9,10 +9,17 @@
 The output keeps the source's tokenizer and records the packing options and the
 source's identity (path and sha256 of its ``dataset_metadata.json``). Same source and
 options give a byte-identical output.
+
+A result that cannot train is refused (``NothingToTrainError``): a train split of 0 rows
+or 0 trained tokens. Losing more than 1% of a split's trained tokens is a warning (logged,
+in the report and in the metadata) naming the smallest block size that keeps 99% of them
+(``packing.min_block_size``). The rows a pack holds at once are checked against the
+memory available before anything is planned (``memory.check_fits``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -22,21 +29,27 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .errors import DatasetError, UsageError
+from .errors import DatasetError, NothingToTrainError, UsageError
+from .memory import check_fits
 from .order import DEFAULT_SEED
 from .packing import (
     DEFAULT_OVERLONG,
+    KEEP_PERCENT,
+    MIN_BLOCK_SIZE,
     OVERLONG_POLICIES,
     PAD_SEQ_ID,
     STRATEGIES,
     PackPlan,
+    TrainedSpans,
     assemble_rows,
+    min_block_size,
     padding_baseline,
     plan_bfd,
     plan_stream,
     segment_masks,
+    trained_spans,
 )
-from .ranges import gather_ranges, range_index, whole_runs
+from .ranges import CHUNK_TOKENS, gather_ranges, range_index, whole_runs
 from .store import (
     DEFAULT_SHARD_TOKENS,
     METADATA_FILE,
@@ -50,6 +63,11 @@ from .store import (
 from .store.packed import encode_segments
 from .tokenizer import MarkerIds
 
+log = logging.getLogger("sftdata.pack")
+# peak bytes per row token while a chunk of rows is built: the tokens, the mask, their
+# positions and the mask rule's work arrays (measured: tests/test_safety_results.py)
+ROW_BYTES_PER_TOKEN = 48
+
 
 @dataclass(frozen=True)
 class PackOptions:
@@ -60,14 +78,17 @@ class PackOptions:
     seed: int = DEFAULT_SEED
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     overwrite: bool = False
+    wait: bool = False  # wait for another sftdata writing the same output
 
     @property
     def row_len(self) -> int:
         return self.block_size + 1
 
     def validate(self) -> None:
-        if self.block_size < 1:
-            raise UsageError(f"--block-size must be at least 1, got {self.block_size}")
+        if self.block_size < MIN_BLOCK_SIZE:
+            raise UsageError(f"--block-size must be at least {MIN_BLOCK_SIZE} (a row of {MIN_BLOCK_SIZE + 1} "
+                             f"tokens, <|USER|> <|END|> <|ASSISTANT|> <|END|>, is the smallest that can train a "
+                             f"reply), got {self.block_size}")
         if self.strategy not in STRATEGIES:
             raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
         if self.overlong not in OVERLONG_POLICIES:
@@ -96,6 +117,10 @@ class SplitReport:
     trained_in: int  # trained tokens of the source episodes, by the mask rule
     trained_packed: int
     segments: int
+    # when more than 1% of the trained tokens is lost: the smallest --block-size that keeps
+    # 99% of them with bfd and this --overlong (split: truncate's), and with keep_end
+    min_block_size_99: int | None = None
+    min_block_size_99_keep_end: int | None = None
 
     @property
     def fill(self) -> float:
@@ -109,10 +134,20 @@ class SplitReport:
     def trained_lost(self) -> int:
         return self.trained_in - self.trained_packed
 
+    @property
+    def trained_lost_share(self) -> float:
+        return self.trained_lost / self.trained_in if self.trained_in else 0.0
+
+    @property
+    def lossy(self) -> bool:
+        """More than 1% of the trained tokens lost."""
+        return self.trained_lost * 100 > self.trained_in
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(fill=round(self.fill, 6), bound_ratio=round(self.bound_ratio, 6),
-                 trained_lost=self.trained_lost, padding_fill=round(self.padding_fill, 6))
+                 trained_lost=self.trained_lost, trained_lost_share=round(self.trained_lost_share, 6),
+                 padding_fill=round(self.padding_fill, 6))
         return d
 
 
@@ -126,13 +161,14 @@ class PackReport:
     pad_id: int
     seed: int
     splits: dict[str, SplitReport] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # trained tokens lost, stale staging swept
     seconds: float = 0.0
 
     def as_dict(self, timing: bool = True) -> dict:
         d = {"output_dir": self.output_dir, "source": self.source, "strategy": self.strategy,
              "block_size": self.block_size, "row_len": self.block_size + 1, "overlong": self.overlong,
              "pad_id": self.pad_id, "seed": self.seed,
-             "splits": {k: v.as_dict() for k, v in self.splits.items()}}
+             "splits": {k: v.as_dict() for k, v in self.splits.items()}, "warnings": list(self.warnings)}
         if timing:
             d["seconds"] = round(self.seconds, 3)
         return d
@@ -223,9 +259,93 @@ def pack_split(split: Split, writer, opts: PackOptions, m: MarkerIds, pad_id: in
         trained_packed=int(seg_trained.sum()), segments=plan.num_segments)
 
 
+def _split_spans(split: Split, m: MarkerIds) -> TrainedSpans:
+    """The trained spans of every episode of ``split``, a bounded number of tokens at a time."""
+    lengths = split.lengths
+    ids = np.arange(lengths.size, dtype=np.int64)
+    parts = []
+    for i, j in whole_runs(np.cumsum(lengths)):
+        toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
+        parts.append(trained_spans(toks, lengths[i:j], m))
+    return TrainedSpans.concat(parts)
+
+
+def suggest_block_size(split: Split, r: SplitReport, opts: PackOptions, m: MarkerIds) -> None:
+    """Fill ``r.min_block_size_99`` and ``r.min_block_size_99_keep_end`` (one more pass
+    over the split's tokens)."""
+    spans = _split_spans(split, m)
+    r.min_block_size_99 = min_block_size(spans, opts.overlong if opts.strategy == "bfd" else "truncate")
+    r.min_block_size_99_keep_end = min_block_size(spans, "keep_end")
+
+
+def _hint(r: SplitReport, opts: PackOptions) -> str:
+    """What keeps 99% of the trained tokens, from the figures of ``suggest_block_size``."""
+    n, k = r.min_block_size_99, r.min_block_size_99_keep_end
+    if n is None:
+        return ""
+    if opts.strategy == "stream":
+        return f"`--strategy bfd --block-size {n}` keeps {KEEP_PERCENT}% of the trained tokens"
+    if opts.overlong == "keep_end":
+        return f"--block-size {n} keeps {KEEP_PERCENT}% of the trained tokens"
+    at_least = "at least " if opts.overlong == "split" else ""
+    out = f"--block-size {n} keeps {at_least}{KEEP_PERCENT}% of the trained tokens"
+    if k is not None and k < n:
+        out += f" (with --overlong keep_end, which keeps each conversation's end: --block-size {k})"
+    return out
+
+
+def _check_memory(ds, opts: PackOptions) -> None:
+    """Refuse a block size whose rows cannot be built in the memory available."""
+    L = opts.row_len
+    at_once = 1
+    for split in ds.splits.values():  # no more rows than a split can fill, CHUNK_TOKENS of tokens at a time
+        fill = split.num_episodes + -(-split.num_tokens // L)
+        at_once = max(at_once, min(max(1, CHUNK_TOKENS // L), fill))
+    check_fits(at_once * L * ROW_BYTES_PER_TOKEN,
+               f"--block-size {opts.block_size:,} (building {at_once:,} row(s) of {L:,} tokens at a time)",
+               "lower --block-size (it is the training config's block_size: a few thousand tokens is usual)")
+
+
+def _refuse_source(ds, source: Path) -> None:
+    """A source whose train split trains nothing: no pack of it can."""
+    train = ds.splits.get("train")
+    if train is None or train.num_episodes == 0:
+        raise NothingToTrainError(f"{source} has no episode in its train split, so a pack of it trains nothing; "
+                                  f"re-create it with `sftdata prepare-chat` / `prepare-tool`")
+    recorded = (((ds.metadata or {}).get("splits") or {}).get("train") or {}).get("trained_tokens")
+    if recorded == 0:
+        raise NothingToTrainError(f"{source}: the mask trains no token of its train split (0 trained tokens), so "
+                                  f"a pack of it trains nothing; re-create it with `sftdata prepare-chat` / "
+                                  f"`prepare-tool` from records with assistant replies")
+
+
+def _refuse_result(r: SplitReport, opts: PackOptions, output_dir) -> None:
+    """Rows of train that train nothing: an error, not a dataset."""
+    if r.rows and r.trained_packed:
+        return
+    if r.trained_in == 0:
+        why = (f"its {r.episodes:,} episodes hold 0 trained tokens by the mask rule (no assistant reply after a "
+               f"complete user or tool turn)")
+        raise NothingToTrainError(f"pack would write rows that train nothing: {why}; nothing was written to "
+                                  f"{output_dir}. Re-create the source with `sftdata prepare-chat` / "
+                                  f"`prepare-tool`")
+    if r.rows == 0:
+        what = (f"0 rows for train: --overlong drop leaves out all {r.episodes:,} episodes, each longer than a row "
+                f"of {r.row_len:,} tokens (--block-size {opts.block_size:,})")
+    else:
+        what = (f"rows that train nothing: with --overlong {opts.overlong} at --block-size {opts.block_size:,} "
+                f"(rows of {r.row_len:,} tokens), 0 of the {r.trained_in:,} trained tokens of train are left: no "
+                f"row holds a complete assistant reply with the user or tool turn before it")
+    raise NothingToTrainError(f"pack would write {what}; nothing was written to {output_dir}. {_hint(r, opts)}")
+
+
 def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
          progress: Callable[[PackProgress], None] | None = None) -> PackReport:
-    """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``."""
+    """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``.
+
+    Refuses (``NothingToTrainError``, nothing written) a train split that would hold 0
+    rows or 0 trained tokens; warns (``sftdata.pack`` logger, ``report.warnings``, the
+    metadata) when a split loses more than 1% of its trained tokens."""
     opts.validate()
     t0 = time.perf_counter()
     source = Path(source)
@@ -244,13 +364,28 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
                          f"leave it out to pad with EOS ({m.eos})")
     if Path(output_dir).resolve() == source.resolve():
         raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
+    _refuse_source(ds, source)
+    _check_memory(ds, opts)
     report = PackReport(str(output_dir), str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
                         opts.seed)
-    with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
+    lossy: list[str] = []  # one warning per split losing more than 1% of its trained tokens
+    with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
         splits_meta = {}
-        for name, split in ds.splits.items():
+        for name in sorted(ds.splits, key=lambda s: s != "train"):  # train first: refused before the rest
+            split = ds.splits[name]
             sw = w.packed_split(name, ds.token_dtype, opts.row_len, opts.shard_tokens)
-            report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress)
+            r = report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress)
+            if r.lossy or (name == "train" and not (r.rows and r.trained_packed)):
+                suggest_block_size(split, r, opts, m)
+            if name == "train":
+                _refuse_result(r, opts, output_dir)
+            if r.lossy:
+                msg = (f"{name}: pack loses {r.trained_lost:,} of the {r.trained_in:,} trained tokens "
+                       f"({r.trained_lost_share:.1%}) at --block-size {opts.block_size:,} with --overlong "
+                       f"{opts.overlong}" + (" (stream)" if opts.strategy == "stream" else "")
+                       + (f"; {_hint(r, opts)}" if r.min_block_size_99 is not None else ""))
+                lossy.append(msg)
+                log.warning(msg)
             splits_meta[name] = sw.close()
         w.write_json(TOKENIZER_FILE, ds.tokenizer_state)
         src_meta = ds.root / METADATA_FILE
@@ -267,8 +402,10 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
                        "kind": ds.kind, "counts": ds.metadata.get("counts")},
             "splits": splits_meta,
             "report": report.as_dict(timing=False)["splits"],
+            "warnings": lossy,
         }
         w.commit(metadata)
+    report.warnings = lossy + w.notes  # w.notes: what the writer did beside the dataset (logged by it)
     report.seconds = time.perf_counter() - t0
     return report
 

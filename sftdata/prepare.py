@@ -33,7 +33,14 @@ import orjson
 
 from . import __version__
 from .conversation import parse_record
-from .errors import AllRecordsRejectedError, NoUsableRecordsError, RecordError, SftDataError, UsageError
+from .errors import (
+    AllRecordsRejectedError,
+    NothingToTrainError,
+    NoUsableRecordsError,
+    RecordError,
+    SftDataError,
+    UsageError,
+)
 from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
@@ -66,6 +73,7 @@ class PrepareOptions:
     workers: int = 1
     strict: bool = False
     overwrite: bool = False
+    wait: bool = False  # wait for another sftdata writing the same output
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def validate(self) -> None:
@@ -316,6 +324,15 @@ def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output
                                    str(kept), dict(rejected))
 
 
+def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir) -> SftDataError:
+    """The train split's mask trains no token: a dataset that would train nothing."""
+    kept = f"; the records rejected are listed in {keep_rejects(rejects, output_dir)}" if rejected else ""
+    return NothingToTrainError(f"the {episodes:,} train episodes hold 0 trained tokens (the mask trains no assistant "
+                               f"reply), so a model would learn nothing from them; nothing was written to "
+                               f"{output_dir}{kept}. Check that the records hold assistant replies after user or "
+                               f"tool turns")
+
+
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
             progress: Callable[[Progress], None] | None = None) -> PrepareSummary:
     """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s.
@@ -334,7 +351,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
-    with DatasetWriter(output_dir, overwrite=opts.overwrite) as w:
+    with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
         staging = w.split("_staging", dtype, shard_tokens=1 << 62)
         records = tokens = 0
         rejects = w.path / REJECTS_FILE
@@ -387,6 +404,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             del src
             shutil.rmtree(w.path / "_staging")
             w.write_json(TOKENIZER_FILE, tok.state())
+        if splits_meta["train"]["trained_tokens"] == 0:
+            raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir)
         for split, m in splits_meta.items():
             summary.episodes[split] = m["episodes"]
             summary.tokens[split] = m["tokens"]

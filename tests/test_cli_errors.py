@@ -98,7 +98,8 @@ def test_an_error_before_any_work_is_printed_alone(tmp_path, dataset):
     r = runner.invoke(app, ["prepare-chat", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "ds")])
     assert (r.exit_code, r.output) == (1, f"error: input file {tmp_path / 'missing.jsonl'} does not exist\n")
     r = runner.invoke(app, ["pack", str(dataset.output_dir), "-o", str(tmp_path / "p"), "--block-size", "0"])
-    assert (r.exit_code, r.output) == (2, "error: --block-size must be at least 1, got 0\n")
+    assert (r.exit_code, r.output) == (2, "error: --block-size must be at least 3 (a row of 4 tokens, <|USER|> <|END|> "
+                                          "<|ASSISTANT|> <|END|>, is the smallest that can train a reply), got 0\n")
     (tmp_path / "empty").mkdir()
     r = runner.invoke(app, ["verify", str(tmp_path / "empty")])
     assert (r.exit_code, r.output) == (1, f"error: {tmp_path / 'empty'} holds no dataset: expected train/shard_*/ "
@@ -131,10 +132,9 @@ def test_a_truncated_sources_idx_is_named_not_an_index_error(tmp_path, dataset):
     ds = _copy(dataset.output_dir, tmp_path / "ds")
     sources = ds / "train" / "shard_00000" / "sources.idx"
     sources.write_bytes(sources.read_bytes()[:8])
-    idx = ds / "train" / "shard_00000" / "episodes.idx"
-    message = (f"error: {sources}: 1 record numbers for the 6 episodes of {idx}: there must be one per episode; "
-               f"the file is truncated or belongs to other episodes. Re-create the dataset (`sftdata verify` "
-               f"reports more)\n")
+    message = (f"error: {ds}: train/shard_00000/sources.idx: 1 record numbers for 6 episodes: there must be exactly "
+               f"one per episode. To fix: re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool` "
+               f"(1 more problem(s)). Run `sftdata verify {ds}` for the full report\n")
     for argv in (["replay-order", str(ds), "--batch-size", "2"], ["pack", str(ds), "-o", str(tmp_path / "p"), "-q"],
                  ["inspect", str(ds), "--record", "1"]):
         r = runner.invoke(app, argv)

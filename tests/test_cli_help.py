@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 
 runner = CliRunner()
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "verify", "replay-order"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "verify", "replay-order", "clean"]
 EXAMPLE = re.compile(r"`(sftdata [^`]+)`")
 
 
@@ -69,4 +69,4 @@ def test_pack_help_speaks_plainly():
     r = runner.invoke(app, ["pack", "-h"])
     text = " ".join(r.output.split())
     assert "seed 002" not in text
-    assert "bfd or stream." in text and "truncate, split or drop." in text
+    assert "bfd or stream." in text and "truncate, keep_end, split or drop." in text

@@ -39,8 +39,10 @@ def test_pack_table_and_stream_options(source, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("args, code, message", [
     (["--strategy", "ffd"], 2, "--strategy must be one of bfd, stream"),
-    (["--overlong", "keep"], 2, "--overlong must be one of truncate, split, drop"),
-    (["--block-size", "0"], 2, "--block-size must be at least 1"),
+    (["--overlong", "keep"], 2, "--overlong must be one of truncate, keep_end, split, drop, not 'keep'"),
+    (["--block-size", "0"], 2, "--block-size must be at least 3 (a row of 4 tokens"),
+    (["--block-size", "2"], 2, "--block-size must be at least 3 (a row of 4 tokens, <|USER|> <|END|> "
+                               "<|ASSISTANT|> <|END|>, is the smallest that can train a reply), got 2"),
     (["--pad-id", "-1"], 2, "--pad-id -1 is not a token id"),
 ])
 def test_pack_usage_errors(source, tmp_path, args, code, message):  # noqa: F811

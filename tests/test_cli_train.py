@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import train  # noqa: E402
 from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
 
+from sftdata import memory  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 
@@ -78,3 +79,17 @@ def test_the_evaluation_loader_logs_nothing(byte_ds, tmp_path, caplog):  # noqa:
     val_lines = [r.getMessage() for r in caplog.records if "split=val" in r.getMessage()]
     # the training loader's own init line for val, and nothing from the evaluation loader's epochs
     assert len(val_lines) == 1 and " init " in val_lines[0]
+
+
+def test_a_batch_size_that_cannot_fit_in_memory_is_one_line_not_an_oom_kill(byte_ds, tmp_path, capsys,  # noqa: F811
+                                                                             monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda: 24 << 30)
+    cfg = _config(tmp_path / "c.json", batch_size=2**62)
+    argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(tmp_path / "run"), "--no-audit",
+            "--quiet"]
+    assert train.main(argv) == 1
+    assert capsys.readouterr().err == ("error: a batch of batch_size 4,611,686,018,427,387,904 x block_size 32 "
+                                       "(sft_episode) needs about 3,072.0 EiB of memory, but this machine has "
+                                       "24.0 GiB available: lower batch_size or block_size in the config (gradient "
+                                       "accumulation gives a larger effective batch)\n")
+    assert not (tmp_path / "run").exists()

@@ -194,11 +194,12 @@ def test_pack_errors(source, tmp_path):
     assert open_dataset(tmp_path / "p").packing["block_size"] == 64
     with pytest.raises(UsageError, match=r"--pad-id 100283 is not a token id of this dataset \(0..100282\)"):
         pack(source, tmp_path / "x", PackOptions(pad_id=100283))
-    with pytest.raises(UsageError, match="--block-size must be at least 1, got 0"):
+    with pytest.raises(UsageError, match=r"--block-size must be at least 3 \(a row of 4 tokens, <\|USER\|> <\|END\|> "
+                                         r"<\|ASSISTANT\|> <\|END\|>, is the smallest that can train a reply\), got 0"):
         pack(source, tmp_path / "x", PackOptions(block_size=0))
     with pytest.raises(UsageError, match="--strategy must be one of bfd, stream, not 'ffd'"):
         pack(source, tmp_path / "x", PackOptions(strategy="ffd"))
-    with pytest.raises(UsageError, match="--overlong must be one of truncate, split, drop"):
+    with pytest.raises(UsageError, match="--overlong must be one of truncate, keep_end, split, drop, not .keep."):
         pack(source, tmp_path / "x", PackOptions(overlong="keep"))
     with pytest.raises(UsageError, match="--shard-tokens must be positive"):
         pack(source, tmp_path / "x", PackOptions(shard_tokens=0))
@@ -240,14 +241,14 @@ def test_damaged_packed_datasets_are_refused(source, tmp_path):
     with pytest.raises(DatasetError, match="not a multiple of 56 .7 uint64 per segment"):
         open_dataset(tmp_path / "p")
     (shard / SEGMENTS_FILE).unlink()
-    with pytest.raises(DatasetError, match="segments.idx is missing; the packed dataset is incomplete"):
+    with pytest.raises(DatasetError, match="train/shard_00000/segments.idx is missing. To fix: restore the file"):
         open_dataset(tmp_path / "p")
     pack(source, tmp_path / "q", PackOptions(block_size=127))
     meta_path = tmp_path / "q" / METADATA_FILE
     meta = orjson.loads(meta_path.read_bytes())
     meta["packing"]["row_len"] = 100
     meta_path.write_bytes(orjson.dumps(meta))
-    with pytest.raises(DatasetError, match="are not .* rows of 100; the shard is damaged"):
+    with pytest.raises(DatasetError, match=r"tokens are not whole rows of 100 \(packing.row_len\): the file is truncated"):
         open_dataset(tmp_path / "q")
     del meta["packing"]
     meta_path.write_bytes(orjson.dumps(meta))

@@ -212,7 +212,8 @@ def test_empty_episodes_and_empty_input():
     (dict(lengths=np.array([[1]]), row_len=4), "1-d integer array"),
     (dict(lengths=np.array([1]), row_len=1), "at least 2 tokens"),
     (dict(lengths=np.array([3, -1]), row_len=4), "episode 1 has a negative length -1"),
-    (dict(lengths=np.array([3]), row_len=4, overlong="wrap"), "overlong must be one of truncate, split, drop"),
+    (dict(lengths=np.array([3]), row_len=4, overlong="wrap"),
+     "overlong must be one of truncate, keep_end, split, drop, not .wrap."),
 ])
 def test_plan_errors(kwargs, match):
     with pytest.raises(UsageError, match=match):

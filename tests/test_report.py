@@ -117,8 +117,20 @@ def test_overview_refuses_an_index_past_the_tokens(ds):
     idx = read_idx(p)
     idx[3, 1] += 5
     write_idx(p, idx)
-    with pytest.raises(DatasetError, match="episodes.idx points past the end of tokens.bin.*sftdata verify"):
+    with pytest.raises(DatasetError, match=r"episodes.idx \(episode 3 of train, byte 48 of episodes.idx\): episode 3 spans tokens "
+                       r"\[77, 97\) but the shard holds 92 tokens: the record points past the end.*sftdata verify"):
         report.overview(ds)
+
+
+def test_overview_of_an_unsorted_flat_layout_is_refused_with_a_reason(pristine, tmp_path):
+    """open_dataset lets an older flat layout be unsorted (the loader reads episodes by
+    (start, length)); the overview's per-episode sums need sorted episodes."""
+    flat = to_flat(pristine, tmp_path / "flat")
+    write_idx(flat / "train" / "episodes.idx", read_idx(flat / "train" / "episodes.idx")[[1, 0, 2, 3, 4, 5]])
+    assert open_dataset(flat).split("train").num_episodes == 6
+    with pytest.raises(DatasetError, match=r"train: episodes.idx is not sorted \(an older flat layout may be\); the "
+                                           r"overview needs sorted episodes\. Run `sftdata verify` for details"):
+        report.overview(flat)
 
 
 def test_episode_view_pieces_and_tokens(pristine, tok):

@@ -3,8 +3,9 @@ import pickle
 import numpy as np
 import pytest
 
-from sftdata.errors import DatasetError, OutputExistsError
-from sftdata.store import DatasetWriter, open_dataset
+from sftdata.errors import DatasetError, OutputExistsError, UsageError
+from sftdata.store import DatasetWriter, open_dataset, open_token_stream, scan_dataset
+from sftdata.store.format import choose_token_dtype
 
 
 def write(root, episodes, shard_tokens=1000, dtype=np.uint16):
@@ -78,7 +79,8 @@ def test_reader_errors(tmp_path):
     np.array([5, 6], np.uint32).tofile(d / "tokens.bin")
     np.array([1, 2, 3], np.uint8).tofile(d / "mask.bin")
     np.array([[0, 2]], np.uint64).tofile(d / "episodes.idx")
-    with pytest.raises(DatasetError, match="matches neither uint8"):
+    with pytest.raises(DatasetError, match=r"bad: train/mask.bin: 3 mask bytes for the 2 tokens of tokens.bin: tokens "
+                       r"and mask differ in count .*\. Run `sftdata verify .*bad` for the full report$"):
         open_dataset(tmp_path / "bad")
     (d / "mask.bin").unlink()
     (d / "episodes.idx").write_bytes(b"x" * 20)
@@ -130,3 +132,90 @@ def test_a_failed_final_rename_puts_the_old_dataset_back(tmp_path, monkeypatch):
         with DatasetWriter(tmp_path / "ds", overwrite=True) as w:
             w.commit(_tiny(w))
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+
+
+# ---------------------------------------------------------------- one reader: tolerant and strict
+def test_scan_opens_what_it_can_and_lists_the_problems(tmp_path):
+    """scan_dataset never stops at a damaged shard: it maps what exists and says what is
+    wrong; open_dataset refuses the same dataset with the first of those problems."""
+    write(tmp_path / "ds", [[1, 2, 3], [4, 5], [6, 7, 8, 9]], shard_tokens=5)
+    (tmp_path / "ds" / "train" / "shard_00000" / "tokens.bin").unlink()
+    scan = scan_dataset(tmp_path / "ds")
+    first, second = scan.dataset.split("train").shards
+    assert first.tokens is None and first.num_episodes == 2 and second.tokens.tolist() == [6, 7, 8, 9]
+    assert (second.split, second.first_gid, second.rel) == ("train", 2, "train/shard_00001")
+    assert [(p.check, p.file, p.code) for p in scan.problems] == [
+        ("files", "train/shard_00000/tokens.bin", ""),
+        ("index", "train/shard_00000/episodes.idx", "out_of_bounds"),
+        ("counts", "train/shard_00000", ""),
+        ("counts", "dataset_metadata.json", "")]
+    assert scan.problems[1].message == ("episode 0 spans tokens [0, 3) but the shard holds 0 tokens: the record points "
+                                        "past the end (1 more episodes like it in this shard)")
+    with pytest.raises(DatasetError, match=r"^.*/ds: train/shard_00000/tokens.bin: train/shard_00000/tokens.bin is "
+                                           r"missing\. To fix: restore the file from a good copy of the dataset, or "
+                                           r"re-create .* \(3 more problem\(s\)\)\. Run `sftdata verify .*/ds` for "
+                                           r"the full report$"):
+        open_dataset(tmp_path / "ds")
+
+
+def test_strict_open_checks_eos_endings_with_the_recorded_markers(tmp_path, tok):
+    with DatasetWriter(tmp_path / "ds") as w:
+        sw = w.split("train", np.dtype(np.uint32), 100)
+        sw.add_many(np.array([tok.ids.user, tok.eos_id, tok.ids.user, 7], np.uint32), np.zeros(4, np.uint8), [2, 2],
+                    [0, 1])
+        w.write_json("tokenizer_state.json", tok.state())
+        w.commit({"kind": "episodes", "token_dtype": "uint32", "splits": {"train": sw.close()}})
+    with pytest.raises(DatasetError, match=r"train/shard_00000/tokens.bin \(episode 1 of train, byte 12 of tokens.bin\)"
+                                           r": episode 1 ends with id 7, not <\|EOS\|> \(id 100257\)"):
+        open_dataset(tmp_path / "ds")
+    (tmp_path / "ds" / "tokenizer_state.json").unlink()  # no markers known: the endings cannot be checked
+    assert open_dataset(tmp_path / "ds").split("train").num_episodes == 2
+
+
+def test_a_shard_unpickled_after_its_files_changed_is_refused(tmp_path):
+    write(tmp_path / "ds", [[1, 2, 3]])
+    blob = pickle.dumps(open_dataset(tmp_path / "ds").split("train").shards[0])
+    mask = tmp_path / "ds" / "train" / "shard_00000" / "mask.bin"
+    mask.write_bytes(mask.read_bytes()[:2])
+    with pytest.raises(DatasetError, match=r"/ds: train/shard_00000/mask.bin: 2 mask bytes for the 3 tokens of "
+                                           r"tokens.bin: tokens and mask differ in count"):
+        pickle.loads(blob)
+
+
+def test_read_range_reads_fresh_arrays(tmp_path):
+    write(tmp_path / "ds", [[1, 2, 3], [4, 5]])
+    sh = open_dataset(tmp_path / "ds").split("train").shards[0]
+    toks, mask = sh.read_range(1, 4)
+    assert toks.tolist() == [2, 3, 4] and mask.tolist() == [0, 1, 0]
+    assert not isinstance(toks, np.memmap) and toks.dtype == np.uint16 and mask.dtype == np.uint8
+
+
+@pytest.mark.parametrize("meta, state, override, expected", [
+    ({"token_dtype": "uint16"}, None, None, ("<u2", [], False)),
+    ({"token_dtype": "uint16"}, {"vocab_size": 100283}, None,
+     ("<u2", ["token_dtype uint16 cannot hold the 100,283 ids of the tokenizer"], False)),
+    ({"token_dtype": "bogus"}, None, None, ("<u4", ["token_dtype 'bogus' is not a numpy dtype"], False)),
+    (None, None, "uint16", ("<u2", [], False)),
+    (None, {"vocab_size": 300}, None, ("<u2", [], False)),
+    (None, {"vocab_size": 100283}, None, ("<u4", [], False)),
+    (None, None, None, ("<u4", [], True)),
+])
+def test_the_token_dtype_rule(meta, state, override, expected):
+    dtype, errors, guessed = choose_token_dtype(meta, state, override)
+    assert (dtype.str, errors, guessed) == expected
+
+
+def test_an_unknown_token_dtype_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="token dtype must be uint16 or uint32, got 'foo'"):
+        choose_token_dtype(None, None, "foo")
+
+
+def test_token_stream_errors(tmp_path):
+    d = tmp_path / "stream" / "train"
+    d.mkdir(parents=True)
+    np.arange(10, dtype="<u2").tofile(d / "tokens.bin")
+    assert open_token_stream(tmp_path / "stream", "train", token_dtype="uint16")[0].tolist() == list(range(10))
+    with pytest.raises(DatasetError, match=r"tokens.bin: 20 bytes is not a whole number of float64 values"):
+        open_token_stream(tmp_path / "stream", "train", token_dtype="float64")
+    with pytest.raises(DatasetError, match="has no tokens for split 'val'"):
+        open_token_stream(tmp_path / "stream", "val")

@@ -1,5 +1,5 @@
 """verify: a clean dataset passes every check; each fault is caught by its own check
-with its own message, file and location; check_structure refuses structural faults."""
+with its own message, file and location; open_dataset refuses the structural faults."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from audit_data import chats, copy_shard, edit_metadata, make_dataset, read_idx,
 
 from sftdata.errors import DatasetError, UsageError
 from sftdata.masking import loss_mask
-from sftdata.store import open_dataset
+from sftdata.store import open_dataset, scan_dataset
 from sftdata.tokenizer import load_tokenizer
-from sftdata.verify import CHECKS, check_structure, structure_problems, verify
+from sftdata.verify import CHECKS, verify
 
 # The default dataset: train shard_00000 holds episodes 0-3 (19, 28, 30, 15 tokens),
 # shard_00001 episodes 4-5 (25, 29); val one shard of 2 episodes. Episode 0 is
@@ -54,8 +54,8 @@ def test_clean_dataset_passes_every_check(ds):
                         "val": {"episodes": 2, "tokens": 33, "shards": 1}}
     files = sorted(p for p in ds.rglob("*") if p.is_file() and p.name != "dataset_metadata.json")
     assert r.bytes_hashed == sum(p.stat().st_size for p in files)
-    check_structure(ds)  # no error
-    assert structure_problems(open_dataset(ds)) == []
+    open_dataset(ds)  # no error
+    assert scan_dataset(ds).problems == []
 
 
 def test_quick_skips_only_the_checksums(ds):
@@ -79,8 +79,9 @@ def test_truncated_tokens_bin(ds):
     assert [p.message for p in by_check(r, "counts")] == [
         "train/shard_00000 holds 90 tokens; dataset_metadata.json recorded 92",
         "split train holds 144 tokens in 2 shard(s); dataset_metadata.json recorded 146"]
-    with pytest.raises(DatasetError, match=r"mask.bin: 92 bytes matches neither uint8"):
-        check_structure(ds)  # store refuses to open it at all
+    with pytest.raises(DatasetError, match=r"/ds: train/shard_00000/mask.bin: 92 mask bytes for the 90 tokens of "
+                       r"tokens.bin: tokens and mask differ in count .*\(4 more problem\(s\)\)\. Run `sftdata verify "):
+        open_dataset(ds)  # verify's first problem (of the structural ones)
 
 
 def test_flipped_byte_is_caught_by_the_checksum_alone(ds):
@@ -92,7 +93,7 @@ def test_flipped_byte_is_caught_by_the_checksum_alone(ds):
     assert prob.file == "train/shard_00000/tokens.bin"
     assert "sha256 is" in prob.message and "the file changed after prepare (a flipped bit" in prob.message
     assert verify(ds, quick=True).ok  # only the checksum sees it
-    check_structure(ds)
+    open_dataset(ds)
 
 
 def test_shard_from_another_dataset(ds, tmp_path):
@@ -104,7 +105,7 @@ def test_shard_from_another_dataset(ds, tmp_path):
     assert not [p for p in r.problems if p.check == "checksums" and p.file.startswith("train/shard_00001/")]
     assert "train/shard_00001 holds 4 episodes; dataset_metadata.json recorded 2" in [p.message for p in r.problems]
     with pytest.raises(DatasetError, match=r"train/shard_00001.*the shard was replaced"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_shard_of_same_sizes_but_other_content_is_caught_by_checksums(ds):
@@ -130,7 +131,7 @@ def test_idx_record_out_of_bounds(ds):
     assert (prob.episode, prob.byte, prob.split) == (1, 16, "train")
     assert prob.message == "episode 1 spans tokens [19, 1,047) but the shard holds 92 tokens: the record points past the end"
     with pytest.raises(DatasetError, match=r"episode 1 spans tokens \[19, 1,047\) but the shard holds 92 tokens"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_overlapping_episodes(ds):
@@ -149,7 +150,7 @@ def test_overlapping_episodes(ds):
     assert rule.episode == 2 and rule.message.startswith(
         "the mask of episode 2 trains 2 token(s) the mask rule leaves untrained (first: token 0, in text outside any span)")
     with pytest.raises(DatasetError, match="the episodes overlap"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_mask_set_on_a_user_token(ds):
@@ -164,7 +165,7 @@ def test_mask_set_on_a_user_token(ds):
                             "(first: token 6, in a <|USER|> span)")
     assert [p.check for p in r.problems] == ["counts", "counts", "mask_rule", "checksums"]  # trained count +1
     assert verify(ds, quick=True).problems[-1] == prob
-    check_structure(ds)  # not a structural fault: the loader's cheap checks pass
+    open_dataset(ds)  # not a structural fault: the loader's cheap checks pass
 
 
 def test_mask_not_training_an_assistant_span_counts_every_bad_episode(ds):
@@ -224,7 +225,7 @@ def test_missing_file(ds):
     assert prob.file == "train/shard_00000/mask.bin" and prob.message == "train/shard_00000/mask.bin is missing"
     assert "restore the file from a good copy" in prob.fix
     with pytest.raises(DatasetError, match=r"train/shard_00000/mask.bin is missing"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_missing_shard_folder(ds):
@@ -239,7 +240,7 @@ def test_metadata_counts_off(ds):
     assert prob.file == "dataset_metadata.json" and prob.where == "splits.train.episodes"
     assert prob.message == "split train holds 6 episodes in 2 shard(s); dataset_metadata.json recorded 7"
     with pytest.raises(DatasetError, match="split train holds 6 episodes in 2 shard"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_token_id_past_the_vocabulary(ds):
@@ -251,7 +252,7 @@ def test_token_id_past_the_vocabulary(ds):
     (prob,) = by_check(r, "vocab")
     assert prob.file == "train/shard_00000/tokens.bin" and (prob.episode, prob.byte) == (1, (19 + 7) * 4)
     assert prob.message == "token 7 of episode 1 is id 100,300, past the vocabulary (100,283 ids): no tokenizer can decode it"
-    assert [p.check for p in r.problems] == ["vocab", "checksums"]
+    assert [p.check for p in r.problems] == ["vocab", "ranges", "checksums"]  # ranges: the data's ids now reach 100,300
 
 
 def test_episode_not_ending_with_eos(ds):
@@ -263,7 +264,7 @@ def test_episode_not_ending_with_eos(ds):
     assert (prob.split, prob.episode, prob.byte) == ("val", 0, 56)
     assert prob.message.startswith("episode 0 ends with id 13, not <|EOS|> (id 100257)")
     with pytest.raises(DatasetError, match="episode 0 ends with id 13"):
-        check_structure(ds)
+        open_dataset(ds)
 
 
 def test_mask_value_not_binary(ds):
@@ -297,8 +298,10 @@ def test_metadata_and_tokenizer_problems(ds):
     st = json.loads((ds / "tokenizer_state.json").read_text())
     st["ranks_sha256"] = "0" * 64
     (ds / "tokenizer_state.json").write_text(json.dumps(st))
-    (prob,) = by_check(verify(ds, quick=True), "tokenizer")
+    prob, identity = by_check(verify(ds, quick=True), "tokenizer")
     assert "the dataset recorded 000000000000...; token ids would mean other text" in prob.message
+    assert identity.file == "dataset_metadata.json"
+    assert "(metadata vs state: ranks_sha256 223921b76ee99bde... vs 0000000000000000...)" in identity.message
     (ds / "tokenizer_state.json").unlink()
     (ds / "dataset_metadata.json").unlink()
     r = verify(ds)
@@ -350,7 +353,8 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     r = verify(flat)
     assert r.ok and r.layout == "flat"
     status = {c.name: c.status for c in r.checks}
-    assert [k for k, v in status.items() if v == "skipped"] == ["eos", "counts", "vocab", "mask_rule", "checksums"]
+    assert [k for k, v in status.items() if v == "skipped"] == ["metadata_checksum", "eos", "counts", "vocab", "ranges",
+                                                                 "mask_rule", "checksums"]
     assert any("counts, file sizes and checksums cannot be checked" in n for n in r.notes)
     assert any("token ids, EOS endings and the loss mask cannot be checked" in n for n in r.notes)
     idx = read_idx(flat / "train" / "episodes.idx")
@@ -360,7 +364,7 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     (prob,) = verify(flat).problems
     assert prob.file == "train/episodes.idx" and "the episodes overlap" in prob.message and prob.code == "overlap"
     with pytest.raises(DatasetError, match="episode 4 starts at token 91, inside episode 3"):
-        check_structure(flat)
+        open_dataset(flat)
 
 
 def test_flat_layout_gaps_are_reported_but_do_not_stop_the_loader(ds, tmp_path):
@@ -369,10 +373,10 @@ def test_flat_layout_gaps_are_reported_but_do_not_stop_the_loader(ds, tmp_path):
     write_idx(flat / "train" / "episodes.idx", idx[[0, 2, 1, 4]])  # unsorted, a gap, trailing tokens
     codes = [p.code for p in verify(flat).problems]
     assert codes == ["unsorted", "gap", "trailing_tokens"]
-    check_structure(flat)  # the loader reads episodes by (start, length): none of these breaks it
+    open_dataset(flat)  # the loader reads episodes by (start, length): none of these breaks it
     write_idx(flat / "train" / "episodes.idx", idx[[0, 2, 1, 4, 5, 5]])
     with pytest.raises(DatasetError, match="the episodes overlap"):
-        check_structure(flat)
+        open_dataset(flat)
 
 
 def test_flat_layout_with_a_tokenizer_and_a_float32_mask(ds, tmp_path):
@@ -397,3 +401,16 @@ def test_flat_layout_of_uint16_tokens(ds, tmp_path):
     assert not verify(flat).ok  # read as uint32: half as many tokens, episodes past the end
     r = verify(flat, token_dtype="uint16")
     assert r.ok and {c.name: c.status for c in r.checks}["mask_values"] == "skipped"
+
+
+def test_a_partial_index_record_is_a_sizes_problem_not_a_traceback(ds):
+    p = shard(ds) / "episodes.idx"
+    p.write_bytes(p.read_bytes()[:-5])  # 59 bytes: 3 whole records and 11 bytes of the fourth
+    r = verify(ds, quick=True)
+    assert [(x.check, x.file, x.byte) for x in r.problems[:3]] == [
+        ("sizes", "train/shard_00000/episodes.idx", 48), ("sizes", "train/shard_00000/sources.idx", None),
+        ("sizes", "train/shard_00000/episodes.idx", 59)]
+    assert r.problems[0].message == "59 bytes is not a multiple of 16 (uint64 start, length pairs): the index is truncated"
+    assert r.splits["train"]["episodes"] == 5
+    with pytest.raises(DatasetError, match=r"episodes.idx: 59 bytes is not a multiple of 16"):
+        open_dataset(ds)

@@ -1,4 +1,4 @@
-"""verify_content.rule_per_episode: the mask each episode of a chunk has alone."""
+"""verify.content.rule_per_episode: the mask each episode of a chunk has alone."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from test_packing import EOS, M, random_episode, token_soup
 
 from sftdata.masking import loss_mask
-from sftdata.verify_content import rule_per_episode
+from sftdata.verify.content import rule_per_episode
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -12,7 +12,8 @@ import pytest
 from audit_data import edit_metadata, make_packed, read_idx, read_segments, shard, write_idx, write_segments
 
 from sftdata.errors import DatasetError
-from sftdata.verify import PACKED_CHECKS, check_structure, verify
+from sftdata.store import open_dataset
+from sftdata.verify import PACKED_CHECKS, verify
 
 # bfd, block 63 (rows of 64), 2 rows per shard. train/shard_00000:
 #   row 0: segment 0 = episode 1 at [0, 28), segment 1 = episode 5 at [28, 53), padding [53, 64)
@@ -62,7 +63,7 @@ def test_clean_packed_datasets_pass_every_check(built):
         assert r.ok, [str(p) for p in r.problems]
         assert r.kind == "packed" and [(c.name, c.status) for c in r.checks] == [(c, "ok") for c in PACKED_CHECKS]
         assert r.notes == []
-        check_structure(built / name)
+        open_dataset(built / name)
     assert verify(built / "bfd").splits == {"train": {"rows": 4, "tokens": 256, "shards": 2}}
 
 
@@ -80,8 +81,9 @@ def test_truncated_rows(bfd):
     rows = [x.message for x in problems(bfd, "rows")]
     assert rows[0] == "127 tokens are not whole rows of 64 (packing.row_len): the file is truncated or from another packing"
     assert rows[1] == "2 row records for the 1 rows of tokens.bin: there must be one per row"
-    with pytest.raises(DatasetError, match="mask.bin: 128 bytes matches neither uint8"):
-        check_structure(bfd)  # store refuses to open it
+    with pytest.raises(DatasetError, match=r"/bfd: train/shard_00000/mask.bin: 128 mask bytes for the 127 tokens of "
+                       r"tokens.bin: tokens and mask differ in count .* \(3 more problem\(s\)\)"):
+        open_dataset(bfd)
 
 
 def test_row_record_moved(bfd):
@@ -93,7 +95,7 @@ def test_row_record_moved(bfd):
     assert (prob.episode, prob.byte) == (1, 16)
     assert prob.message == "row 1 is recorded as tokens [0, +64), not [64, +64): rows must be consecutive blocks of row_len"
     with pytest.raises(DatasetError, match="row 1 is recorded as tokens"):
-        check_structure(bfd)
+        open_dataset(bfd)
 
 
 @pytest.mark.parametrize("change, code, message", [
@@ -119,7 +121,7 @@ def test_segment_faults(bfd, change, code, message):
     assert prob.file == "train/shard_00000/segments.idx"
     assert [p.check for p in problems(bfd) if p.check not in ("segments", "checksums", "counts")] == []
     with pytest.raises(DatasetError, match="segments.idx .*" + re.escape(message[:20])):
-        check_structure(bfd)
+        open_dataset(bfd)
 
 
 def test_row_without_segment(bfd):
@@ -136,7 +138,7 @@ def test_mask_on_a_user_token_of_a_segment(bfd):
     assert (prob.episode, prob.byte, prob.file) == (0, 29, "train/shard_00000/mask.bin")
     assert prob.message == ("the mask of row 0 differs from the mask rule at 1 token(s): it trains token 29, in "
                             "segment 1 (episode 5), a <|USER|> span")
-    check_structure(bfd)
+    open_dataset(bfd)
 
 
 def test_mask_on_padding_and_untrained_assistant(bfd):
@@ -205,7 +207,7 @@ def test_packed_counts_off(bfd):
     (prob,) = problems(bfd)
     assert prob.message == "split train holds 4 rows in 2 shard(s); dataset_metadata.json recorded 5"
     with pytest.raises(DatasetError, match="split train holds 4 rows"):
-        check_structure(bfd)
+        open_dataset(bfd)
 
 
 def test_missing_segments_file_and_bad_row_len(bfd):
@@ -213,3 +215,26 @@ def test_missing_segments_file_and_bad_row_len(bfd):
     r = verify(bfd, quick=True)
     assert [p.message for p in r.problems] == ["a packed dataset needs packing.row_len, an integer >= 2; got '64'"]
     assert {c.name: c.status for c in r.checks}["segments"] == "skipped"
+
+
+def test_a_row_len_the_tokens_do_not_fit_is_reported_not_a_traceback(bfd):
+    """Segments that fit rows of 100 but address tokens the shard does not have (128
+    tokens: one row of 100) are compared with the source only where they can be read."""
+    edit_metadata(bfd, lambda m: m["packing"].__setitem__("row_len", 100))
+    r = verify(bfd, quick=True)
+    assert [p.message for p in r.problems if p.check == "rows"][:2] == [
+        "128 tokens are not whole rows of 100 (packing.row_len): the file is truncated or from another packing",
+        "2 row records for the 1 rows of tokens.bin: there must be one per row"]
+    assert {c.name: c.status for c in r.checks}["references"] == "ok"
+
+
+def test_a_damaged_source_is_a_note_not_an_error(built, tmp_path):
+    src = shutil.copytree(built / "bfd_src", tmp_path / "src")
+    shutil.copytree(built / "bfd", tmp_path / "bfd")
+    edit_metadata(tmp_path / "bfd", lambda m: m["source"].__setitem__("path", str(src)))
+    (shard(src) / "sources.idx").write_bytes(b"")
+    r = verify(tmp_path / "bfd", quick=True)
+    assert r.ok and len(r.notes) == 1
+    assert r.notes[0].startswith(f"the source dataset {src} cannot be opened ({src}: train/shard_00000/sources.idx: "
+                                 "0 record numbers for 4 episodes: there must be exactly one per episode")
+    assert r.notes[0].endswith("for the full report): segments checked for consistency only")

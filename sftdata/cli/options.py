@@ -29,6 +29,9 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No pr
                                         "on stderr (errors are still printed).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
                                             "once the new one is complete (never a folder that is not a dataset).")]
+WaitOpt = Annotated[bool, typer.Option("--wait", metavar="", help="When another sftdata is writing the same "
+                                       "--output-dir, wait for it to finish instead of stopping at once (then "
+                                       "--overwrite decides whether its result may be replaced).")]
 DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "

@@ -11,10 +11,10 @@ from rich.table import Table
 
 from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
-from ..packing import DEFAULT_OVERLONG
+from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, dataset_dir, err_console, handle_errors, print_json
-from .options import JsonOpt, OverwriteOpt, QuietOpt
+from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
 
 
 def report_table(r: PackReport) -> Table:
@@ -44,6 +44,13 @@ def report_table(r: PackReport) -> Table:
     row("trained tokens", lambda s: f"{s.trained_packed:,} of {s.trained_in:,}")
     row("trained tokens lost", lambda s: f"{s.trained_lost:,} ({s.trained_lost / s.trained_in:.1%})"
         if s.trained_in else "0", "yellow" if lost else None)
+    if any(s.min_block_size_99 is not None for s in r.splits.values()):
+        mode = "truncate" if r.strategy == "stream" else r.overlong
+        row(f"--block-size keeping {KEEP_PERCENT}% trained (bfd, {mode})",
+            lambda s: "" if s.min_block_size_99 is None else f"{s.min_block_size_99:,}", "yellow")
+        if r.overlong != "keep_end" or r.strategy == "stream":
+            row(f"--block-size keeping {KEEP_PERCENT}% trained (bfd, keep_end)",
+                lambda s: "" if s.min_block_size_99_keep_end is None else f"{s.min_block_size_99_keep_end:,}")
     return t
 
 
@@ -56,16 +63,21 @@ def pack_command(
                                              "create (built beside it, renamed at the end).")],
     block_size: Annotated[int, typer.Option("--block-size", "-b", metavar="N", help="Tokens per training row "
                                             "(the training config's block_size); rows hold N + 1 tokens "
-                                            "(x = row[:-1], y = row[1:]).")] = 2048,
+                                            f"(x = row[:-1], y = row[1:]). At least {MIN_BLOCK_SIZE} (the "
+                                            "smallest row that can train a reply); rows that cannot fit in memory "
+                                            "are refused before any work.")] = 2048,
     strategy: Annotated[str, typer.Option("--strategy", metavar="NAME", help="bfd or stream. bfd: whole "
                                           "episodes, longest first, each into the fullest row it fits. stream: "
                                           "episodes in order cut into rows; a row starting inside a user turn "
                                           "gets the system span and <|USER|> prepended (loses more trained "
                                           "tokens, see docs/PACKING.md).")] = "bfd",
-    overlong: Annotated[str, typer.Option("--overlong", metavar="MODE", help="truncate, split or drop. "
-                                          "bfd: an episode longer than a row keeps its first N + 1 tokens "
-                                          "(truncate), is cut into pieces (split), or is left out (drop). The "
-                                          "report counts the trained tokens lost.")] = DEFAULT_OVERLONG,
+    overlong: Annotated[str, typer.Option("--overlong", metavar="MODE", help="truncate, keep_end, split or "
+                                          "drop. bfd: an episode longer than a row keeps its first N + 1 tokens "
+                                          "(truncate), keeps its last N + 1 tokens, the end of the conversation "
+                                          "with context cut from the front (keep_end: agent data with long "
+                                          "system prompts), is cut into pieces (split), or is left out (drop). "
+                                          "The report counts the trained tokens lost; losing more than 1% is a "
+                                          "warning naming the block size that keeps 99%.")] = DEFAULT_OVERLONG,
     pad_id: Annotated[int | None, typer.Option("--pad-id", metavar="ID", help="Padding token id (default: "
                                                   "the dataset's EOS); its mask is 0 and it is never "
                                                   "attended.")] = None,
@@ -74,6 +86,7 @@ def pack_command(
     shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(whole rows).")] = DEFAULT_SHARD_TOKENS,
     overwrite: OverwriteOpt = False,
+    wait: WaitOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -84,15 +97,18 @@ def pack_command(
     loss mask is recomputed per piece by the one mask rule. The table compares the rows
     with one-episode-per-row padding and counts every token lost (docs/PACKING.md).
     `scripts/train.py` and the loader read the packed folder as they read an episodes one.
+    A pack whose train rows would train nothing (0 rows, or 0 trained tokens) is an
+    error and writes nothing.
 
     Examples:
 
     * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed --block-size 2048`
     * `sftdata pack data/chat_sft -o data/chat_sft_packed -b 1024 --overlong split --json`
+    * `sftdata pack data/tool_sft -o data/tool_sft_packed -b 2048 --overlong keep_end` (long system prompts)
     """
     dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
-                       shard_tokens=shard_tokens, overwrite=overwrite)
+                       shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
     with LazyProgress(Progress(*columns, console=err_console, disable=quiet or as_json)) as bar:

@@ -14,7 +14,7 @@ from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt
+from .options import JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt, WaitOpt
 
 InputsArg = Annotated[list[str], typer.Argument(
     metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
@@ -80,7 +80,8 @@ def min_val_split(n: int) -> float:
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet, max_record_bytes=DEFAULT_MAX_RECORD_BYTES) -> None:
+                workers, strict, overwrite, as_json, quiet, wait: bool = False,
+                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -89,7 +90,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite, max_record_bytes=max_record_bytes)
+                          strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -124,12 +125,13 @@ def _prepare_command(mode: str, doc: str):
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         overwrite: OverwriteOpt = False,
+        wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet, max_record_bytes)
+                    workers, strict, overwrite, as_json, quiet, wait, max_record_bytes)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc

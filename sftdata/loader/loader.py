@@ -32,6 +32,7 @@ from ..store import METADATA_FILE, Dataset, dumps_json, read_json
 from .backend import BatchIterable, to_backend, torch_iterable
 from .batch import Batch
 from .episodes import EpisodeSource
+from .guards import check_batch_fits, check_trains_something, check_value_ranges
 from .packed import PackedSource
 from .windows import WindowSource
 
@@ -111,6 +112,11 @@ class Loader:
             raise ConfigError(f"a loader needs a LoaderConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.source = open_source(cfg, data, world_size, root)
+        check_batch_fits(cfg, self.source.mode, device)
+        if isinstance(self.source, (EpisodeSource, PackedSource)):  # refused now, not after hours of loss 0
+            ds = self.source.ds
+            check_trains_something(ds, cfg)
+            check_value_ranges(ds.root, ds.metadata, ds.tokenizer_state)
         self.backend = backend
         self.device = device
         self.rank = rank

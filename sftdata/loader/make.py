@@ -7,9 +7,9 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..store import TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
-from ..verify import check_structure  # structural checks move into store.open_dataset
+from ..store import METADATA_FILE, TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
 from .backend import resolve_backend, resolve_rank
+from .guards import check_value_ranges
 from .loader import Loader
 from .windows import WindowSource
 
@@ -31,7 +31,8 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     ``numpy`` or ``torch``. ``rank`` / ``world_size`` default from torch.distributed (when
     initialised) or RANK / WORLD_SIZE. ``audit_dir`` (or ``cfg.audit_dir``): where rank 0
     writes ``audit_*.log``. A structurally broken dataset is refused with the message of
-    ``sftdata verify``.
+    ``sftdata verify``; so is one with nothing to train on, ids past the vocabulary or
+    mask values other than 0/1 (``guards``), and a batch that cannot fit in memory.
     """
     if isinstance(cfg, dict):
         cfg = LoaderConfig.from_dict(cfg)
@@ -45,14 +46,16 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     rank, world_size = resolve_rank(rank, world_size)
     mode = cfg.dataset_mode or detect_mode(root)
     if mode == "token_stream":
-        data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=_tokenizer_state(root))
+        state = _tokenizer_state(root)
+        meta = read_json(root / METADATA_FILE) if (root / METADATA_FILE).is_file() else None
+        check_value_ranges(root, meta, state, mask=False)
+        data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=state)
     else:
         if not has_episode_index(root, "train"):
             raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
                                f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
                                f"`sftdata prepare-chat`, or set dataset_mode=token_stream")
-        data = open_dataset(root, token_dtype=cfg.token_dtype)
-        check_structure(data)  # structural checks move into store.open_dataset
+        data = open_dataset(root, token_dtype=cfg.token_dtype)  # refuses a structurally broken dataset
     adir = audit_dir if audit_dir is not None else cfg.audit_dir
     audit = AuditLog(adir) if adir is not None and rank == 0 else None
     return Loader(cfg, data, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)

@@ -6,14 +6,18 @@ and writes). One module per job:
 * ``plan``: ``PackPlan`` (where every segment goes) and ``assemble_rows``;
 * ``bfd``: ``plan_bfd``, best-fit decreasing of whole episodes (the default strategy);
 * ``stream``: ``plan_stream``, episodes in order cut into rows, a row starting inside a
-  user span rewritten (``stream_prefix``).
+  user span rewritten (``stream_prefix``);
+* ``block_size``: ``trained_spans`` and ``min_block_size``, the smallest block size that
+  keeps 99% of the trained tokens.
 
 See docs/PACKING.md for the layout of a row and the rules of each strategy.
 """
 
 from .bfd import plan_bfd
+from .block_size import KEEP_PERCENT, TrainedSpans, min_block_size, smallest_row_len, trained_spans
 from .plan import (
     DEFAULT_OVERLONG,
+    MIN_BLOCK_SIZE,
     OVERLONG_POLICIES,
     STRATEGIES,
     PackPlan,
@@ -34,7 +38,8 @@ from .segments import (
 from .stream import plan_stream, stream_prefix
 
 __all__ = [
-    "DEFAULT_OVERLONG", "OVERLONG_POLICIES", "PAD_SEQ_ID", "STRATEGIES", "PackPlan", "Rows", "Segments",
-    "assemble_rows", "check_lengths", "episode_positions", "marker_positions", "padding_baseline", "plan_bfd", "plan_stream",
-    "row_layout", "row_mask", "segment_masks", "stream_prefix",
+    "DEFAULT_OVERLONG", "KEEP_PERCENT", "MIN_BLOCK_SIZE", "OVERLONG_POLICIES", "PAD_SEQ_ID", "STRATEGIES",
+    "PackPlan", "Rows", "Segments", "TrainedSpans", "assemble_rows", "check_lengths", "episode_positions",
+    "marker_positions", "min_block_size", "padding_baseline", "plan_bfd", "plan_stream", "row_layout", "row_mask",
+    "segment_masks", "smallest_row_len", "stream_prefix", "trained_spans",
 ]

@@ -4,7 +4,19 @@ Works on the length histogram (lengths are small integers, at most ``row_len`` d
 values) and gives exactly the rows of a sequential best-fit decreasing; ties between
 equal lengths and the row order are drawn from ``RandomState(seed)``. Episodes longer
 than a row follow ``overlong``: ``truncate`` (default: keep the first ``row_len``
-tokens), ``split`` (consecutive pieces of ``row_len``, each its own segment) or ``drop``.
+tokens), ``keep_end`` (keep the last ``row_len`` tokens: the end of the conversation,
+where its last replies are, with context cut from the front), ``split`` (consecutive
+pieces of ``row_len``, each its own segment) or ``drop``.
+
+What ``keep_end`` trains is the mask rule over the kept tokens (``row_mask``), so the
+mask stays re-derivable from the tokens. The cut lands anywhere: in the system span
+(no trained token is lost), in a user or tool span (the reply to it has no complete
+context in the row and is untrained), or inside an assistant span (its opener is cut,
+so it is untrained). An episode of 11 tokens in rows of 7, then of 6 tokens::
+
+    episode:   S  s  s  E  U  u  E  A  a  E  EOS       (11 tokens; A a E trained)
+    keep_end:                 U  u  E  A  a  E  EOS    (episode_start 4; A a E trained)
+    rows of 6:                   u  E  A  a  E  EOS    (user opener cut: nothing trained)
 """
 
 from __future__ import annotations
@@ -30,6 +42,8 @@ def _pieces(lengths: np.ndarray, row_len: int, overlong: str):
         return ep, np.zeros_like(ep), ln
     if overlong == "truncate":
         return ep, np.zeros_like(ep), np.minimum(ln, row_len)
+    if overlong == "keep_end":
+        return ep, np.maximum(ln - row_len, 0), np.minimum(ln, row_len)
     k = -(-ln // row_len)  # pieces per episode
     pe = np.repeat(ep, k)
     first = np.repeat(np.cumsum(k) - k, k)
@@ -53,7 +67,8 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
     change = np.flatnonzero(np.diff(s_sorted)) + 1
     group_start = np.concatenate([[0], change])
     group_end = np.concatenate([change, [s_sorted.size]])
-    levels: list[list[int]] = [[] for _ in range(row_len + 1)]  # open bins by room left
+    # open bins by room left; a dict, not a list of row_len + 1, so a huge row costs nothing
+    levels: dict[int, list[int]] = {}
     nonempty: list[int] = []  # sorted room levels holding bins
     nbins = 0
     pos = 0
@@ -61,9 +76,10 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
     def put(level: int, ids: list[int]) -> None:
         if level <= 0 or not ids:
             return  # a full bin never takes anything again
-        if not levels[level]:
+        here = levels.setdefault(level, [])
+        if not here:
             insort(nonempty, level)
-        levels[level].extend(ids)
+        here.extend(ids)
 
     for g0, g1 in zip(group_start.tolist(), group_end.tolist()):
         s = int(s_sorted[g0])
@@ -90,6 +106,7 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
                     c = 0
                 if not here:
                     nonempty.remove(r)
+                    del levels[r]
             else:
                 q = row_len // s
                 kf = c // q

@@ -13,8 +13,12 @@ from ..tokenizer import MarkerIds
 from .segments import Segments, episode_positions, row_mask
 
 STRATEGIES = ("bfd", "stream")
-OVERLONG_POLICIES = ("truncate", "split", "drop")
+OVERLONG_POLICIES = ("truncate", "keep_end", "split", "drop")
 DEFAULT_OVERLONG = "truncate"
+# the smallest block size pack accepts: a row of 4 tokens is the smallest that can hold a
+# trained reply, <|USER|> <|END|> <|ASSISTANT|> <|END|> (the first token of a row is never
+# a trained target)
+MIN_BLOCK_SIZE = 3
 
 
 @dataclass

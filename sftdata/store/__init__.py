@@ -1,4 +1,4 @@
-"""The on-disk dataset format: the only module that knows file names and layout.
+"""The on-disk dataset format: the only package that knows file names and layout.
 
 ::
 
@@ -13,48 +13,57 @@
 ``sources.idx`` one uint64 record number per episode. The global episode id of a split
 is the position in the concatenation of its shards in name order.
 
-Writing is atomic: ``DatasetWriter`` builds everything in a hidden temporary folder
-beside the target and renames it into place only on a clean ``commit``; an error,
-Ctrl-C or crash leaves nothing at the target. Readers memory-map, and survive pickling
-into worker processes (they reopen by path).
+- ``format``: file names, dtypes, format name and version, the token-dtype rules;
+- ``reader``: ``scan_dataset`` (tolerant: what could be opened plus every structural
+  ``Problem``) and ``open_dataset`` (strict: the dataset, or ``DatasetError`` with the
+  first problem); readers memory-map, and survive pickling into worker processes (they
+  reopen by path);
+- ``shard`` / ``structure``: one shard's files, and the structural checks;
+- ``writer``: ``DatasetWriter`` builds everything in a hidden temporary folder beside
+  the target and renames it into place only on a clean ``commit``; an error, Ctrl-C or
+  crash leaves nothing at the target.
 """
 
 from __future__ import annotations
 
-from .layout import (
-                     DEFAULT_SHARD_TOKENS,
-                     EPISODES_FILE,
-                     FORMAT_NAME,
-                     FORMAT_VERSION,
-                     IDX_DTYPE,
-                     MASK_FILE,
-                     METADATA_FILE,
-                     NO_SOURCE,
-                     REJECTS_FILE,
-                     SEGMENT_FIELDS,
-                     SEGMENTS_FILE,
-                     SOURCES_FILE,
-                     SPLITS,
-                     TOKENIZER_FILE,
-                     TOKENS_FILE,
-                     detect_layout,
-                     dumps_json,
-                     iter_files,
-                     list_shards,
-                     read_json,
-                     sha256_file,
-                     shard_name,
-                     token_dtype_for,
+from .format import (
+    DEFAULT_SHARD_TOKENS,
+    EPISODES_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDX_DTYPE,
+    MASK_FILE,
+    METADATA_FILE,
+    NO_SOURCE,
+    REJECTS_FILE,
+    SEGMENT_FIELDS,
+    SEGMENTS_FILE,
+    SOURCES_FILE,
+    SPLITS,
+    TOKEN_DTYPES,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    detect_layout,
+    dumps_json,
+    iter_files,
+    list_shards,
+    read_json,
+    sha256_file,
+    shard_name,
+    token_dtype_for,
 )
 from .packed import Segments, split_segments
-from .reader import Dataset, Shard, Split, _map, has_episode_index, open_dataset, open_token_stream
+from .problems import RECREATE, REPACK, Problem
+from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
+from .shard import Shard
+from .split import Split
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [
     "DEFAULT_SHARD_TOKENS", "EPISODES_FILE", "FORMAT_NAME", "FORMAT_VERSION", "IDX_DTYPE", "MASK_FILE",
     "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "SOURCES_FILE", "SPLITS",
-    "TOKENIZER_FILE", "TOKENS_FILE", "detect_layout", "dumps_json", "iter_files", "list_shards", "read_json",
-    "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Dataset", "Shard", "Split",
-    "_map", "has_episode_index", "open_dataset", "open_token_stream", "DatasetWriter", "PackedSplitWriter",
-    "ShardInfo", "SplitWriter",
+    "TOKEN_DTYPES", "TOKENIZER_FILE", "TOKENS_FILE", "detect_layout", "dumps_json", "iter_files", "list_shards",
+    "read_json", "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Problem", "RECREATE",
+    "REPACK", "Dataset", "Scan", "Shard", "Split", "has_episode_index", "open_dataset", "open_token_stream",
+    "scan_dataset", "DatasetWriter", "PackedSplitWriter", "ShardInfo", "SplitWriter",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import socket
@@ -25,11 +26,16 @@ from pathlib import Path
 import orjson
 
 from ..errors import OutputExistsError
+from .format import METADATA_FILE, REJECTS_FILE, SPLITS, TOKENIZER_FILE
+
+log = logging.getLogger("sftdata.store")
 
 OWNER_FILE = ".sftdata-staging.json"
 STAGING_INFIX = ".tmp-"
 LOCK_SUFFIX = ".sftdata-lock"
 NO_OWNER_GRACE_S = 60.0  # a staging folder without an owner file is young for this long
+# what a staging folder holds at its top level, at any moment of a run
+STAGING_NAMES = frozenset({OWNER_FILE, "_staging", *SPLITS, REJECTS_FILE, TOKENIZER_FILE, METADATA_FILE})
 
 
 def process_start(pid: int) -> str | None:
@@ -69,6 +75,14 @@ def owner_alive(owner: dict) -> bool:
     return start is None or process_start(pid) in (None, start)
 
 
+def owner_state(owner: dict) -> str:
+    """``live`` or ``stale`` for an owner record of this host; ``unknown`` for another
+    host's (its processes cannot be seen from here)."""
+    if owner.get("host") != socket.gethostname():
+        return "unknown"
+    return "live" if owner_alive(owner) else "stale"
+
+
 def staging_path(target: Path) -> Path:
     return target.parent / f".{target.name}{STAGING_INFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -94,10 +108,10 @@ class Staging:
     owner: dict | None
 
 
-def _is_staging_of(name: str) -> str | None:
+def staging_target(name: str) -> str | None:
     """The target name of a staging folder's name (``.NAME.tmp-PID-RANDOM``), else None."""
     head, sep, tail = name[1:].rpartition(STAGING_INFIX)
-    return head if name.startswith(".") and sep and head and _pid_in_name(name) is not None else None
+    return head if name.startswith(".") and sep and head and pid_in_name(name) is not None else None
 
 
 def find_staging(folder: Path, target_name: str | None = None) -> list[Staging]:
@@ -108,18 +122,31 @@ def find_staging(folder: Path, target_name: str | None = None) -> list[Staging]:
     except OSError:
         return out
     for p in entries:
-        name = _is_staging_of(p.name)
+        name = staging_target(p.name)
         if name is None or (target_name is not None and name != target_name) or not p.is_dir() or p.is_symlink():
             continue
-        owner = _read_owner(p)
-        if owner is not None:
-            stale = not owner_alive(owner)
-        else:  # older sftdata, or killed between mkdir and the owner record: the pid in the name
-            pid = _pid_in_name(p.name)
-            young = time.time() - p.stat().st_mtime < NO_OWNER_GRACE_S
-            stale = pid is not None and not pid_alive(pid) and not young
-        out.append(Staging(p, folder / name, stale, owner))
+        state, owner = staging_state(p)
+        out.append(Staging(p, folder / name, state == "stale", owner))
     return out
+
+
+def staging_state(path: Path) -> tuple[str, dict | None]:
+    """``(state, owner record or None)`` of a staging folder: ``stale`` (its owner is
+    dead), ``live`` (its owner runs, or it is younger than ``NO_OWNER_GRACE_S`` without an
+    owner record) or ``unknown`` (an owner on another host; no owner record and a name
+    sftdata does not write there at its top level: perhaps not sftdata's)."""
+    owner = _read_owner(path)
+    if owner is not None:
+        return owner_state(owner), owner
+    try:  # older sftdata, or killed between mkdir and the owner record: the pid in the name
+        names = {p.name for p in path.iterdir()}
+        young = time.time() - path.stat().st_mtime < NO_OWNER_GRACE_S
+    except OSError:
+        return "unknown", None
+    pid = pid_in_name(path.name)
+    if pid is None or not names <= STAGING_NAMES:
+        return "unknown", None
+    return ("live" if young or pid_alive(pid) else "stale"), None
 
 
 def _read_owner(p: Path) -> dict | None:
@@ -130,7 +157,7 @@ def _read_owner(p: Path) -> dict | None:
     return owner if isinstance(owner, dict) else None
 
 
-def _pid_in_name(name: str) -> int | None:
+def pid_in_name(name: str) -> int | None:
     tail = name.rpartition(STAGING_INFIX)[2]
     head = tail.split("-", 1)[0]
     return int(head) if head.isdigit() else None
@@ -158,17 +185,27 @@ class WriterLock:
 
     def __enter__(self) -> WriterLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        said = False
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
-            except OSError as e:
-                holder = _read_holder(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                    holder = _read_holder(fd)
+                    if not self.wait:
+                        raise OutputExistsError(
+                            f"another sftdata ({holder}) is writing {self.target}; wait for it to finish, pass "
+                            f"--wait to wait, or choose another --output-dir") from None
+                    if not said:  # a silent wait looks like a hang
+                        log.warning(f"another sftdata ({holder}) is writing {self.target}; waiting for it to "
+                                    f"finish (--wait)")
+                        said = True
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
                 os.close(fd)
-                if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise OutputExistsError(
-                        f"another sftdata ({holder}) is writing {self.target}; wait for it to finish, pass "
-                        f"--wait to wait, or choose another --output-dir") from None
                 raise
             # the holder before us may have removed the lock file after we opened it:
             # then our lock is on a file nobody else will see; take it again

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import DatasetError, OutputExistsError
-from .layout import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
+from .format import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 
 NAMED = 5  # how many foreign paths a message names
 

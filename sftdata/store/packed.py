@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..packing import Segments
-from .layout import NO_SOURCE, SEGMENT_FIELDS, SEGMENTS_FILE
-from .reader import Split
+from .format import NO_SOURCE, SEGMENT_FIELDS, SEGMENTS_FILE
+from .split import Split
 
 _CLIP = np.uint64(2**62)  # damaged values stay large and positive (int64 would wrap them negative)
 

@@ -12,20 +12,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from ..errors import OutputExistsError
-from .layout import (
+from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
     IDX_DTYPE,
+    MASK_DTYPE,
     MASK_FILE,
+    METADATA_CHECKSUM,
+    METADATA_CHECKSUM_VERSION,
     METADATA_FILE,
     SEGMENTS_FILE,
     SOURCES_FILE,
     TOKENS_FILE,
     dumps_json,
+    metadata_sha256,
     sha256_file,
     shard_name,
 )
@@ -148,7 +153,7 @@ class SplitWriter:
         idx[:, 0] = starts
         idx[:, 1] = lengths
         f[TOKENS_FILE].write(np.ascontiguousarray(ids, dtype=self.token_dtype))
-        f[MASK_FILE].write(np.ascontiguousarray(mask, dtype=np.uint8))
+        f[MASK_FILE].write(np.ascontiguousarray(mask, dtype=MASK_DTYPE))
         f[EPISODES_FILE].write(idx)
         f[SOURCES_FILE].write(np.ascontiguousarray(sources, dtype=IDX_DTYPE))
         cur.tokens += int(lengths.sum())
@@ -252,14 +257,16 @@ class DatasetWriter:
         (self.path / relname).write_bytes(dumps_json(obj))
 
     def commit(self, metadata: dict) -> Path:
-        """Write ``dataset_metadata.json`` (with sha256 of the top-level files) last,
-        then move the folder into place."""
+        """Write ``dataset_metadata.json`` (with sha256 of the top-level files, and of
+        itself: ``METADATA_CHECKSUM``) last, then move the folder into place."""
         release_staging(self.path)
         files = {}
         for p in sorted(self.path.iterdir()):
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
+        meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
+        meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
         (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
         if signature(self.target) != self._before:
             kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -349,7 +356,7 @@ class PackedSplitWriter:
             idx[:, 0] = (cur["rows"] + np.arange(j - i)) * self.row_len
             idx[:, 1] = self.row_len
             f[TOKENS_FILE].write(np.ascontiguousarray(tokens[i:j], dtype=self.token_dtype))
-            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=np.uint8))
+            f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=MASK_DTYPE))
             f[EPISODES_FILE].write(idx)
             f[SEGMENTS_FILE].write(np.ascontiguousarray(seg).astype(IDX_DTYPE))  # -1 -> NO_SOURCE
             cur["rows"] += j - i

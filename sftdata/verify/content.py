@@ -14,12 +14,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .masking import rule_mask
-from .packing import segment_masks
-from .ranges import gather_ranges
-from .store import MASK_FILE, TOKENS_FILE
-from .tokenizer import MarkerIds
-from .verify_checks import CHUNK_TOKENS, RECREATE, Part, Problem, Vocab, more_like_it
+from ..masking import rule_mask
+from ..packing import segment_masks
+from ..ranges import gather_ranges, whole_runs
+from ..store import MASK_FILE, RECREATE, TOKENS_FILE, Problem, Shard
+from ..store.problems import more_like_it
+from ..store.structure import EpisodeBounds
+from ..tokenizer import MarkerIds
+from .description import Vocab
+
+# tokens checked at once (whole episodes): about 5 MB of tokens + mask. Small enough that
+# the temporaries are reused by the allocator instead of mapped afresh (page faults cost
+# more than the arithmetic on virtual machines), large enough to amortise the calls.
+CHUNK_TOKENS = 1 << 20
 
 
 def span_at(ids: np.ndarray, p: int, m: MarkerIds) -> str:
@@ -48,28 +55,27 @@ def rule_per_episode(ids: np.ndarray, lengths: np.ndarray, m: MarkerIds) -> np.n
     return derived
 
 
-def check_content(part: Part, vocab: Vocab | None, tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
-    """Token ids, mask values and the mask rule, one chunk of whole episodes at a time."""
-    if part.tokens is None or part.usable is None:
+def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
+                  tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+    """Token ids, mask values and the mask rule of the usable episodes (``bounds``), one
+    chunk of whole episodes at a time."""
+    if shard.tokens is None:
         return []
-    use = np.flatnonzero(part.usable)
-    s, ln = part.starts[use], part.lengths[use]
+    use = np.flatnonzero(bounds.usable)
+    s, ln = bounds.starts[use], bounds.lengths[use]
     csum = np.cumsum(ln)
-    mask = part.mask
+    mask = shard.mask
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}  # check -> (local episode, position in episode, chunk ids, ...)
     counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0}
-    i = 0
-    while i < use.size:
-        base = int(csum[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(csum, base + CHUNK_TOKENS, side="right")))
+    for i, j in whole_runs(csum, CHUNK_TOKENS):
         cs, cl = s[i:j], ln[i:j]
         off = np.concatenate([[0], np.cumsum(cl)])
         if np.array_equal(cs[1:], cs[:-1] + cl[:-1]):  # contiguous: a plain slice, no copy
-            ids = np.asarray(part.tokens[cs[0]:cs[0] + off[-1]])
+            ids = np.asarray(shard.tokens[cs[0]:cs[0] + off[-1]])
             m = None if mask is None else np.asarray(mask[cs[0]:cs[0] + off[-1]])
         else:
-            ids = gather_ranges(part.tokens, cs, cl)
+            ids = gather_ranges(shard.tokens, cs, cl)
             m = None if mask is None else gather_ranges(mask, cs, cl)
 
         def locate(p):
@@ -103,27 +109,26 @@ def check_content(part: Part, vocab: Vocab | None, tick: Callable[[int], None] =
                     a, b = int(off[k]), int(off[k + 1])
                     first["mask_rule"] = (use[i + k], ids[a:b], stored[a:b], derived[a:b], cs[k])
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-        i = j
-    return _content_problems(part, vocab, first, counts)
+    return _content_problems(shard, vocab, first, counts)
 
 
-def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:
+def _content_problems(shard: Shard, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:
     out = []
-    isz = part.token_dtype.itemsize
+    isz = shard.token_dtype.itemsize
     if "vocab" in first:
         k, p, tok, start = first["vocab"]
-        out.append(Problem("vocab", part.file(TOKENS_FILE), message=f"token {p} of episode {part.first_gid + k} is id "
-                           f"{tok:,}, past the vocabulary ({vocab.size:,} ids): no tokenizer can decode it"
+        out.append(Problem("vocab", shard.file(TOKENS_FILE), message=f"token {p} of episode {shard.first_gid + k} is "
+                           f"id {tok:,}, past the vocabulary ({vocab.size:,} ids): no tokenizer can decode it"
                            f"{more_like_it(counts['vocab'])}", fix="the tokens were damaged or written with another "
                            "tokenizer: restore the shard, or " + RECREATE,
-                           **part.at(k, TOKENS_FILE, (int(start) + p) * isz)))
+                           **shard.at(k, TOKENS_FILE, (int(start) + p) * isz)))
     if "mask_values" in first:
         k, p, val, start = first["mask_values"]
-        msz = 1 if part.mask.dtype == np.uint8 else 4
-        out.append(Problem("mask_values", part.file(MASK_FILE), message=f"token {p} of episode "
-                           f"{part.first_gid + k} has mask value {val}, not 0 or 1"
+        msz = shard.mask.dtype.itemsize
+        out.append(Problem("mask_values", shard.file(MASK_FILE), message=f"token {p} of episode "
+                           f"{shard.first_gid + k} has mask value {val}, not 0 or 1"
                            f"{more_like_it(counts['mask_values'])}",
-                           fix="restore the shard, or " + RECREATE, **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+                           fix="restore the shard, or " + RECREATE, **shard.at(k, MASK_FILE, (int(start) + p) * msz)))
     if "mask_rule" in first:
         k, ids, stored, rule, start = first["mask_rule"]
         extra = np.flatnonzero((stored == 1) & (rule == 0))
@@ -137,10 +142,10 @@ def _content_problems(part: Part, vocab: Vocab | None, first: dict, counts: dict
                         f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.markers)})")
         p = int(extra[0] if extra.size else missing[0])
         n = counts["mask_rule"]
-        msz = 1 if part.mask.dtype == np.uint8 else 4
-        out.append(Problem("mask_rule", part.file(MASK_FILE), message=f"the mask of episode {part.first_gid + k} "
+        msz = shard.mask.dtype.itemsize
+        out.append(Problem("mask_rule", shard.file(MASK_FILE), message=f"the mask of episode {shard.first_gid + k} "
                            + " and ".join(said) + (f"; {n:,} episodes of this shard differ" if n > 1 else ""),
                            fix="this mask was not made by sftdata's mask rule (or was edited); training on it "
                            "would learn from the wrong tokens. " + RECREATE[0].upper() + RECREATE[1:],
-                           **part.at(k, MASK_FILE, (int(start) + p) * msz)))
+                           **shard.at(k, MASK_FILE, (int(start) + p) * msz)))
     return out

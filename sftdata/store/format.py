@@ -1,0 +1,188 @@
+"""The on-disk format in one place: file names, dtypes, format name and version, the
+token-dtype rules, and the small helpers that read and write its description files.
+
+Nothing else in sftdata spells a file name or picks a dtype for a file (see the
+package docstring for the layout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from ..errors import DatasetError, UsageError
+
+FORMAT_NAME = "sftdata"
+FORMAT_VERSION = 1
+METADATA_FILE = "dataset_metadata.json"
+TOKENIZER_FILE = "tokenizer_state.json"
+REJECTS_FILE = "rejects.jsonl"
+TOKENS_FILE = "tokens.bin"
+MASK_FILE = "mask.bin"
+EPISODES_FILE = "episodes.idx"
+SOURCES_FILE = "sources.idx"
+SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
+SPLITS = ("train", "val")
+DEFAULT_SHARD_TOKENS = 100_000_000
+# dataset_metadata.json cannot list its own sha256 in "files": it records, under this key,
+# {"version": 1, "sha256": sha256 of its canonical JSON without this key} (``metadata_sha256``)
+# so that an edit of any value shows; datasets written before it have no such key
+METADATA_CHECKSUM = "metadata_checksum"
+METADATA_CHECKSUM_VERSION = 1
+
+# ---------------------------------------------------------------------- dtypes
+IDX_DTYPE = np.dtype("<u8")  # episodes.idx, sources.idx, segments.idx
+EPISODE_RECORD_BYTES = 2 * IDX_DTYPE.itemsize  # (start, length)
+MASK_DTYPE = np.dtype(np.uint8)  # what sftdata writes; older layouts may hold float32
+OLD_MASK_DTYPE = np.dtype("<f4")
+TOKEN_DTYPES = ("uint16", "uint32")  # what a dataset may hold, by name
+FLAT_TOKEN_DTYPE = np.dtype("<u4")  # the older flat layout records none: uint32 unless told
+
+
+def token_dtype_for(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65536), else uint32; little-endian."""
+    return np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
+
+
+def mask_dtype_for(mask_bytes: int, num_tokens: int) -> np.dtype:
+    """uint8, unless the size says float32 (an older layout: 4 bytes per token)."""
+    return OLD_MASK_DTYPE if num_tokens and mask_bytes == 4 * num_tokens else MASK_DTYPE
+
+
+def choose_token_dtype(meta: dict | None, tokenizer_state: dict | None, override=None
+                       ) -> tuple[np.dtype, list[str], bool]:
+    """The dtype of ``tokens.bin``: the metadata's, else ``override`` (older flat
+    layouts), else what the recorded tokenizer needs, else uint32.
+
+    Returns (dtype, what is wrong with the metadata's dtype, whether uint32 was a guess).
+    """
+    if meta is not None and "token_dtype" in meta:
+        try:
+            dt = np.dtype(meta["token_dtype"]).newbyteorder("<")
+        except TypeError:
+            return FLAT_TOKEN_DTYPE, [f"token_dtype {meta['token_dtype']!r} is not a numpy dtype"], False
+        vocab = (tokenizer_state or {}).get("vocab_size")
+        if isinstance(vocab, int) and dt.itemsize < token_dtype_for(vocab).itemsize:
+            return dt, [f"token_dtype {dt.name} cannot hold the {vocab:,} ids of the tokenizer"], False
+        return dt, [], False
+    if override is not None:
+        try:
+            return np.dtype(override).newbyteorder("<"), [], False
+        except TypeError:
+            raise UsageError(f"token dtype must be {' or '.join(TOKEN_DTYPES)}, got {override!r}") from None
+    vocab = (tokenizer_state or {}).get("vocab_size")
+    if isinstance(vocab, int):  # metadata lost: the tokenizer still says
+        return token_dtype_for(vocab), [], False
+    return FLAT_TOKEN_DTYPE, [], True
+
+
+# ---------------------------------------------------------------------- packed layout
+# A packed split's shard holds fixed-length rows (row_len = block_size + 1 tokens):
+#   tokens.bin    rows x row_len token ids (padding included)
+#   mask.bin      rows x row_len uint8, 1 = trained target (recomputed per segment)
+#   episodes.idx  (start, row_len) per row, so generic readers see one "episode" per row
+#   segments.idx  uint64 x 7 per segment, sorted by (row, offset), SEGMENT_FIELDS:
+#                 row (local to the shard), offset in the row, length (with injected
+#                 tokens), prefix (injected tokens at its start), episode (global episode
+#                 id in the source split), episode_start (first episode token), source
+#                 (input record number of the episode, NO_SOURCE when unknown)
+SEGMENT_FIELDS = ("row", "offset", "length", "prefix", "episode", "episode_start", "source")
+SEGMENT_RECORD_BYTES = len(SEGMENT_FIELDS) * IDX_DTYPE.itemsize
+NO_SOURCE = np.iinfo(np.uint64).max
+
+
+def packed_row_len(meta: dict | None) -> int | None:
+    """``packing.row_len`` of a packed dataset's metadata, or None when it is unusable."""
+    row_len = ((meta or {}).get("packing") or {}).get("row_len")
+    return row_len if isinstance(row_len, int) and row_len >= 2 else None
+
+
+# ---------------------------------------------------------------------- files
+def shard_name(i: int) -> str:
+    return f"shard_{i:05d}"
+
+
+def dumps_json(obj) -> bytes:
+    """Deterministic, readable JSON (sorted keys, 2-space indent, trailing newline)."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def metadata_sha256(meta: dict) -> str:
+    """sha256 of ``meta`` without its ``METADATA_CHECKSUM``, as canonical JSON (version 1:
+    compact, keys sorted at every level, of the values as parsed), so that re-indenting or
+    reordering the file changes nothing and changing any value changes the hash."""
+    body = {k: v for k, v in meta.items() if k != METADATA_CHECKSUM}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def read_json(path: Path) -> dict:
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise DatasetError(f"{path} is missing") from None
+    except orjson.JSONDecodeError as e:
+        raise DatasetError(f"{path} is not valid JSON ({e}); the file is damaged. Re-create the dataset") from None
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def detect_layout(root: Path) -> str | None:
+    """``sharded`` (split/shard_*/), ``flat`` (split/tokens.bin) or None."""
+    for split in SPLITS:
+        d = root / split
+        if any(d.glob("shard_*/")) if d.is_dir() else False:
+            return "sharded"
+    for split in SPLITS:
+        if (root / split / TOKENS_FILE).is_file():
+            return "flat"
+    return None
+
+
+def list_shards(root: Path, split: str) -> list[Path]:
+    d = root / split
+    return sorted(p for p in d.glob("shard_*") if p.is_dir()) if d.is_dir() else []
+
+
+def shard_files(packed: bool) -> tuple[str, ...]:
+    """The files every shard folder holds (an older flat split folder: tokens and index only)."""
+    return (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE if packed else SOURCES_FILE)
+
+
+def iter_files(root: Path) -> Iterable[Path]:
+    """Every file of a dataset below ``root`` (for checksums), in a stable order."""
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def shard_record(meta: dict | None, split: str, name: str) -> dict | None:
+    """The metadata's record of one shard (its counts and files), or None."""
+    shards = ((meta or {}).get("splits", {}).get(split) or {}).get("shards") or []
+    for s in shards:
+        if isinstance(s, dict) and s.get("name") == name:
+            return s
+    return None
+
+
+def recorded_files(root: Path, meta: dict, shards) -> list[tuple[str, Path, dict, str | None]]:
+    """Every file ``meta`` records a size and sha256 for, as (name relative to ``root``,
+    path, the record, the folder of its shard relative to ``root`` or None)."""
+    out = [(fn, root / fn, rec, None) for fn, rec in (meta.get("files") or {}).items()]
+    for sh in shards:
+        for fn, rec in ((shard_record(meta, sh.split, sh.name) or {}).get("files") or {}).items():
+            out.append((f"{sh.rel}/{fn}", sh.path / fn, rec, sh.rel))
+    return out

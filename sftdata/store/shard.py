@@ -1,0 +1,189 @@
+"""One shard folder memory-mapped, and what its files alone can say is wrong with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DatasetError
+from ..ranges import read_range
+from .format import (
+    EPISODE_RECORD_BYTES,
+    EPISODES_FILE,
+    IDX_DTYPE,
+    MASK_FILE,
+    METADATA_FILE,
+    SEGMENT_FIELDS,
+    SEGMENT_RECORD_BYTES,
+    SEGMENTS_FILE,
+    SOURCES_FILE,
+    TOKENS_FILE,
+    mask_dtype_for,
+)
+from .problems import RECREATE, REPACK, Problem
+
+
+def map_values(path: Path, dtype) -> np.ndarray | None:
+    """Read-only map of the whole values in ``path``; None when the file is missing.
+    A partial value at the end is left out (``size_problems`` reports it); an empty
+    file gives an empty array (memmap refuses size 0)."""
+    dtype = np.dtype(dtype)
+    try:
+        n = path.stat().st_size // dtype.itemsize
+    except FileNotFoundError:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.empty(0, dtype)
+
+
+class Shard:
+    """One shard folder (or an older flat layout's split folder), memory-mapped.
+
+    Mapping never fails on a damaged shard: a missing file leaves its array None
+    (``episodes`` empty), a partial value at a file's end is left out; the reader's
+    checks say what is wrong. ``split``, ``first_gid`` (global id of its first episode
+    or row) and ``rel`` (folder relative to the dataset) place it in its dataset.
+    Pickles by path (cheap to send to workers) and reopens strictly.
+    """
+
+    def __init__(self, path: Path, token_dtype, name: str | None = None, *, root: Path | None = None,
+                 split: str | None = None, first_gid: int = 0, packed: bool = False):
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self.token_dtype = np.dtype(token_dtype)
+        self.root = Path(root) if root is not None else self.path.parent.parent
+        self.split = split if split is not None else self.path.parent.name
+        self.first_gid = int(first_gid)
+        self.packed = packed
+        self._map()
+
+    def _map(self) -> None:
+        p = self.path
+        self.rel = self.path.relative_to(self.root).as_posix()
+        self.tokens = map_values(p / TOKENS_FILE, self.token_dtype)
+        idx = map_values(p / EPISODES_FILE, IDX_DTYPE)
+        self.episodes = np.empty((0, 2), IDX_DTYPE) if idx is None else idx[:idx.shape[0] // 2 * 2].reshape(-1, 2)
+        mp = p / MASK_FILE
+        self.mask = map_values(mp, mask_dtype_for(mp.stat().st_size, self.num_tokens)) if mp.is_file() else None
+        self.sources = map_values(p / SOURCES_FILE, IDX_DTYPE)
+        seg, k = map_values(p / SEGMENTS_FILE, IDX_DTYPE), len(SEGMENT_FIELDS)
+        self.segments = None if seg is None else seg[:seg.shape[0] // k * k].reshape(-1, k)
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episodes.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return 0 if self.tokens is None else int(self.tokens.shape[0])
+
+    @property
+    def mask_dtype(self) -> np.dtype | None:
+        return None if self.mask is None else self.mask.dtype
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of token and mask data (what a full read of the shard reads)."""
+        return sum(int(a.nbytes) for a in (self.tokens, self.mask) if a is not None)
+
+    @property
+    def recreate(self) -> str:
+        """How to make this shard again (the fix of most problems)."""
+        return REPACK if self.packed else RECREATE
+
+    def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens and mask ``[start, stop)`` read with plain file reads into fresh arrays.
+
+        For streaming a whole shard in bounded memory: pages touched through the
+        memmap stay resident and count in the process's RSS, file reads do not."""
+        mask = None if self.mask is None else read_range(self.mask, start, stop)
+        return read_range(self.tokens, start, stop), mask
+
+    # -- where a problem is, for Problem records
+    def file(self, fn: str) -> str:
+        return f"{self.rel}/{fn}"
+
+    def at(self, i: int, fn: str = EPISODES_FILE, byte: int | None = None) -> dict:
+        """Problem location fields for local episode ``i`` (byte: of its index record)."""
+        gid = self.first_gid + int(i)
+        byte = EPISODE_RECORD_BYTES * int(i) if byte is None else int(byte)
+        return {"where": f"episode {gid} of {self.split}, byte {byte:,} of {fn}", "split": self.split,
+                "episode": gid, "byte": byte}
+
+    def at_row(self, r: int, seg: int | None = None) -> dict:
+        """Problem location fields for local row ``r`` of a packed shard (and segment ``seg``)."""
+        g = self.first_gid + int(r)
+        if seg is None:
+            return {"where": f"row {g} of {self.split}", "split": self.split, "episode": g}
+        byte = SEGMENT_RECORD_BYTES * seg
+        return {"where": f"row {g} of {self.split}, segment {seg}, byte {byte:,} of {SEGMENTS_FILE}",
+                "split": self.split, "episode": g, "byte": byte}
+
+    def __getstate__(self):
+        return {"path": str(self.path), "token_dtype": self.token_dtype.str, "name": self.name,
+                "root": str(self.root), "split": self.split, "first_gid": self.first_gid, "packed": self.packed}
+
+    def __setstate__(self, state):
+        self.path, self.root = Path(state["path"]), Path(state["root"])
+        self.name, self.split, self.first_gid, self.packed = (state[k] for k in ("name", "split", "first_gid", "packed"))
+        self.token_dtype = np.dtype(state["token_dtype"])
+        self._map()
+        problems = missing_files(self, (TOKENS_FILE, EPISODES_FILE)) + size_problems(self)
+        if problems:  # changed since it was opened
+            raise DatasetError(f"{self.root}: {problems[0]}. Run `sftdata verify {self.root}` for the full report")
+
+
+def missing_files(shard: Shard, names) -> list[Problem]:
+    """A ``files`` problem for each of ``names`` the shard folder lacks."""
+    return [Problem("files", shard.file(fn), "", f"{shard.file(fn)} is missing",
+                    "restore the file from a good copy of the dataset, or " + shard.recreate)
+            for fn in dict.fromkeys(names) if not (shard.path / fn).is_file()]
+
+
+def size_problems(shard: Shard, record: dict | None = None) -> list[Problem]:
+    """Whole values in every file, tokens/mask/sources counts agree, and each file's size
+    equals the one the metadata recorded for it (``record``: the shard's entry)."""
+    out = []
+    d, itemsize, fix = shard.path, shard.token_dtype.itemsize, shard.recreate
+
+    def size(fn):
+        return (d / fn).stat().st_size if (d / fn).is_file() else None
+
+    ts, ms, es = size(TOKENS_FILE), size(MASK_FILE), size(EPISODES_FILE)
+    if ts is not None and ts % itemsize:
+        out.append(Problem("sizes", shard.file(TOKENS_FILE), "", f"{ts:,} bytes is not a whole number of "
+                           f"{shard.token_dtype.name} tokens ({itemsize} bytes each): the file is truncated "
+                           "(or the token dtype is wrong)", fix, shard.split, byte=ts - ts % itemsize))
+    n = shard.num_tokens
+    if ms is not None and shard.tokens is not None and ms not in (n, 4 * n):
+        out.append(Problem("sizes", shard.file(MASK_FILE), "", f"{ms:,} mask bytes for the {n:,} tokens of "
+                           f"{TOKENS_FILE}: tokens and mask differ in count (one is truncated, or they come from "
+                           "different shards)", fix, shard.split))
+    if es is not None and es % EPISODE_RECORD_BYTES:
+        out.append(Problem("sizes", shard.file(EPISODES_FILE), "", f"{es:,} bytes is not a multiple of "
+                           f"{EPISODE_RECORD_BYTES} (uint64 start, length pairs): the index is truncated", fix,
+                           shard.split, byte=es - es % EPISODE_RECORD_BYTES))
+    gs, k = size(SEGMENTS_FILE), len(SEGMENT_FIELDS)
+    if gs is not None and gs % SEGMENT_RECORD_BYTES:
+        out.append(Problem("sizes", shard.file(SEGMENTS_FILE), "", f"{gs:,} bytes is not a multiple of "
+                           f"{SEGMENT_RECORD_BYTES} ({k} uint64 per segment): the index is truncated", REPACK,
+                           shard.split, byte=gs - gs % SEGMENT_RECORD_BYTES))
+    if shard.sources is not None and shard.sources.shape[0] != shard.num_episodes:
+        out.append(Problem("sizes", shard.file(SOURCES_FILE), "", f"{shard.sources.shape[0]:,} record numbers for "
+                           f"{shard.num_episodes:,} episodes: there must be exactly one per episode", fix,
+                           shard.split))
+    recorded = (record or {}).get("files") or {}
+    off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()
+           if isinstance(r, dict) and size(fn) is not None and r.get("bytes") is not None and size(fn) != r["bytes"]]
+    if len(recorded) >= 2 and len(off) == len(recorded):
+        out.append(Problem("sizes", shard.rel, "", f"every file of {shard.rel} differs in size from what "
+                           f"{METADATA_FILE} recorded ({', '.join(f'{fn} {a:,} vs {b:,} bytes' for fn, a, b in off)})"
+                           ": the shard was replaced, e.g. by a shard of another dataset",
+                           "restore this shard from this dataset's copy, or " + fix, shard.split))
+    else:
+        for fn, a, b in off:
+            how = "truncated" if a < b else "longer than written"
+            out.append(Problem("sizes", shard.file(fn), "", f"{a:,} bytes; {METADATA_FILE} recorded {b:,}: the file "
+                               f"is {how}", "restore the file from a good copy, or " + fix, shard.split,
+                               byte=min(a, b)))
+    return out
