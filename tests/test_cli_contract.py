@@ -22,7 +22,7 @@ from sftdata.store.lock import OWNER_FILE, owner_record
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "report", "verify", "replay-order", "clean"]
 runner = CliRunner()
 
 
@@ -93,6 +93,7 @@ def test_json_keys_are_unchanged(tmp_path):
         "inspect --episode": ["inspect", chat, "--episode", "1", "--json"],
         "inspect packed": ["inspect", packed, "--json"],
         "inspect --row": ["inspect", packed, "--row", "0", "--json"],
+        "report": ["report", chat, "-o", tmp_path / "report.html", "--json"],
         "verify": ["verify", chat, "--json"],
         "verify --sources": ["verify", chat, "--sources", "--json"],
         "verify packed": ["verify", packed, "--json"],
