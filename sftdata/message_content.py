@@ -124,7 +124,8 @@ def read_content(content: Any, where: str, index: int, role: str) -> Content:
             raise RecordError("non_text_content", f"message {index} content part {k} is a {kind!r} part in a "
                               f"{role} message; only an assistant message holds such parts", where)
         if kind == "tool_call":
-            value = part.get("value", part.get("text"))
+            value = part.get("value")
+            value = part.get("text") if value is None else value  # a Parquet struct holds every key, some null
             if value is None:
                 raise RecordError("invalid_tool_call", f"message {index} content part {k} is a tool_call part "
                                   f"without a 'value'; give the call as {{\"name\": ..., \"arguments\": {{...}}}} "

@@ -10,7 +10,10 @@ Chunks are processed by ``workers`` processes but written strictly in input orde
 the output is byte-identical for any number of workers. The split is exact over the
 accepted episodes: ``round(val_split * n)`` of them, chosen by
 ``RandomState(seed).permutation(n)``, each split keeping input order. Memory is bounded
-by a few chunks in flight; the input is never held whole (JSON arrays excepted).
+by options, not by the input (docs/CLI.md has the formula): a few chunks in flight,
+each at most ``CHUNK_BYTES`` plus one record, and no record longer than
+``max_record_bytes`` is ever held (``sources`` reads past it and it is rejected as
+``record_too_large``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
-from .sources import RawRecord, SourceInfo, inspect_source, iter_all
+from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
     REJECTS_FILE,
@@ -72,6 +75,7 @@ class PrepareOptions:
     strict: bool = False
     overwrite: bool = False
     wait: bool = False  # wait for another sftdata writing the same output
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
 
@@ -94,18 +98,21 @@ class PrepareOptions:
             raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
         if self.workers < 1:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.max_record_bytes < 1:
+            raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
 
     def recorded(self) -> dict:
         """The options that determine the output (workers and overwrite do not)."""
         return {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
                 "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
-                "strict": self.strict, "reasoning": self.reasoning, "train_on": self.train_on}
+                "strict": self.strict, "max_record_bytes": self.max_record_bytes, "reasoning": self.reasoning,
+                "train_on": self.train_on}
 
 
 @dataclass
 class Progress:
     bytes_done: int
-    bytes_total: int
+    bytes_total: int | None  # None when an input's size is not known before it is read (stdin)
     records: int
     tokens: int
 
@@ -125,6 +132,7 @@ class PrepareSummary:
     pairs_dropped: int = 0
     seconds: float = 0.0
     input_bytes: int = 0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     @property
     def total_tokens(self) -> int:
@@ -142,7 +150,7 @@ class PrepareSummary:
                 "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
                 "repaired": self.repaired, "turns": self.turns, "records_truncated": self.records_truncated,
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
-                "input_bytes": self.input_bytes}
+                "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes}
 
 
 @dataclass
@@ -168,6 +176,9 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer, mode: str,
     repairs: Counter = Counter()
     turns: Counter = Counter()
     for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            rejects.append((rec.record, rec.where, *rec.reject))
+            continue
         try:
             conv = parse_record(rec.raw, rec.where, mode, policy)
         except RecordError as e:
@@ -229,7 +240,7 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
     pos = 0
     for rec, pos in records:
         buf.append(rec)
-        size += len(rec.raw) if isinstance(rec.raw, (bytes, str)) else 256
+        size += len(rec.raw) + 64
         if len(buf) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
             yield buf, pos
             buf, size = [], 0
@@ -352,10 +363,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         raise UsageError("no input files given")
     t0 = time.perf_counter()
     tok = load_tokenizer(opts.tokenizer)
-    infos: list[SourceInfo] = [inspect_source(p) for p in inputs]
-    total_bytes = sum(i.bytes for i in infos)
+    infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
+    known = all(i.size_known for i in infos)
+    total_bytes = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)
-    summary = PrepareSummary(output_dir=str(output_dir), input_bytes=total_bytes)
+    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
     turns: Counter = Counter()
@@ -364,7 +376,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         records = tokens = 0
         rejects = w.path / REJECTS_FILE
         with open(rejects, "wb") as rej:
-            for res, pos in _results(_chunks(iter_all(infos)), opts, tok):
+            for res, pos in _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok):
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
@@ -391,6 +403,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             with writing(rejects, output_dir):
                 rej.flush()
         summary.records_read = records
+        summary.input_bytes = sum(i.bytes for i in infos)
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
         summary.turns = {name: turns[name] for name in TURN_COUNTS}

@@ -207,3 +207,16 @@ def test_the_worked_example_of_docs_format(tok):
     assert rendered(tok, raw, TurnPolicy(train_on="last")) == (ids, mask)
     dropped = rendered(tok, raw, TurnPolicy(reasoning="drop"))
     assert dropped == (ids[:15] + ids[23:], mask[:15] + mask[23:])
+
+
+def test_null_keys_as_parquet_structs_hold_them_are_absent():
+    """A Parquet column of structs gives every message every key, null where absent."""
+    null = dict.fromkeys(("reasoning_content", "reasoning", "thinking", "refusal", "weight", "train"))
+    raw = {"messages": [dict(null, role="user", content="Q"),
+                        dict(null, role="assistant", content=[{"type": "text", "text": "A", "value": None,
+                                                               "thinking": None}])]}
+    c = parse_record(raw, W)
+    assert c.turns == (Turn("user", "Q"), Turn("assistant", "A")) and c.turn_counts == () and c.repairs == ()
+    part = {"type": "tool_call", "value": None, "text": '{"name": "f", "arguments": {}}'}
+    tool = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": [part]}]}
+    assert [c.name for c in parse_record(tool, W, "tool").turns[1].tool_calls] == ["f"]
