@@ -21,6 +21,17 @@ from sftdata.errors import SftDataError  # noqa: E402
 from sftdata.order import DEFAULT_SEED  # noqa: E402
 from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
 from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
+from sftdata.sources import DEFAULT_MAX_RECORD_BYTES  # noqa: E402
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``67108864``, ``64M`` or ``1G`` (powers of 1024), for argparse."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        return int(t[:-1]) * units[t[-1]] if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes or a number with K, M or G") from None
 
 
 class _Bar:
@@ -51,7 +62,8 @@ def main(argv: list[str] | None, mode: str) -> int:
     kind = "tool-calling" if mode == "tool" else "chat"
     p = argparse.ArgumentParser(description=f"Prepare a {kind} SFT dataset (same pipeline as "
                                             f"`sftdata prepare-{mode}`).")
-    p.add_argument("--input", required=True, nargs="+", help="JSONL / JSON array input file(s), optionally .gz")
+    p.add_argument("--input", required=True, nargs="+", help="JSONL / JSON array / Parquet file(s), optionally "
+                   "compressed; folders, globs, - (stdin) and URLs too (see `sftdata prepare-chat --help`)")
     p.add_argument("--output_dir", required=True, help="dataset folder to create")
     p.add_argument("--val_split", type=float, default=0.0, help="fraction of episodes for val (default 0)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the train/val split (default {DEFAULT_SEED})")
@@ -60,6 +72,8 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    p.add_argument("--max_record_bytes", type=parse_size, default=DEFAULT_MAX_RECORD_BYTES,
+                   help="longest record read (bytes, or 64M / 1G); longer ones are rejected as record_too_large")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (and no progress bar)")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     a = p.parse_args(argv)
@@ -69,12 +83,14 @@ def main(argv: list[str] | None, mode: str) -> int:
               f"{default_workers()}", file=sys.stderr)
         workers = default_workers()
     opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
-                          tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite)
+                          tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite,
+                          max_record_bytes=a.max_record_bytes)
     try:
         with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
             s = prepare(a.input, a.output_dir, opts, progress=bar.update)
     except SftDataError as e:
-        msg = str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
+        msg = (str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
+           .replace("--max-record-bytes", "--max_record_bytes"))
         print(f"error: {msg}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -18,9 +18,12 @@ from typing import Any
 
 import orjson
 
-# an integer needs at least 19 digits to leave the 64-bit range (2**63 has 19)
+# an integer needs at least 19 digits to leave the 64-bit range (2**63 has 19). Every record
+# is searched for such a run: with every digit made "1", it is a find of 19 ones, at memory
+# speed (a regex runs at a few dozen MB/s, slower than reading the input)
 _LONG_DIGITS = re.compile(r"\d{19,}")
-_LONG_DIGITS_B = re.compile(rb"\d{19,}")
+_ALL_ONES = bytes.maketrans(b"0123456789", b"1" * 10)
+_RUN = b"1" * 19
 _MIN, _MAX = -(1 << 63), 1 << 64
 
 
@@ -35,7 +38,11 @@ def loads(text: bytes | str) -> Any:
     nested too deeply to be read exactly.
     """
     value = orjson.loads(text)
-    if (_LONG_DIGITS_B if isinstance(text, (bytes, bytearray, memoryview)) else _LONG_DIGITS).search(text):
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        long_digits = bytes(text).translate(_ALL_ONES).find(_RUN) >= 0
+    else:
+        long_digits = _LONG_DIGITS.search(text) is not None
+    if long_digits:
         try:
             return json.loads(text)
         except RecursionError:

@@ -3,7 +3,7 @@ the one function that loads it from ``tokenizer_state.json`` (``rule_from_state`
 
 * ``MarkerRule``: sftdata's chat markers (``masking.loss_mask``): an assistant span is
   trained from ``<|ASSISTANT|>`` through its ``<|END|>`` when the context span before it
-  is complete in the same array;
+  is complete in the same array (``<|ASSISTANT_CONTEXT|>`` opens one that is never trained);
 * ``TemplateRule``: a model's chat template (``template.MaskRule``): from the token after
   an assistant header through the next end-of-turn token.
 
@@ -108,7 +108,8 @@ class MarkerRule:
         where = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lengths)  # in the layout
         buf = np.full(total + n, m.eos, dtype=np.int64)
         buf[where] = tokens
-        pos = np.flatnonzero(np.isin(buf, [m.system, m.user, m.assistant, m.tool, m.end, m.eos]))
+        openers = (m.system, m.user, m.assistant, m.tool, m.assistant_context, m.end, m.eos)
+        pos = np.flatnonzero(np.isin(buf, [c for c in openers if c is not None]))
         ids = buf[pos]
         asst = np.flatnonzero(ids == m.assistant)
         unclosed = pos[asst[ids[asst + 1] != m.end]]  # the layout ends with EOS: asst + 1 always exists
@@ -126,6 +127,8 @@ class MarkerRule:
     def where(self, ids: np.ndarray, p: int) -> str:
         m = self.markers
         openers = {m.system: "<|SYSTEM|>", m.user: "<|USER|>", m.assistant: "<|ASSISTANT|>", m.tool: "<|TOOL|>"}
+        if m.assistant_context is not None:
+            openers[m.assistant_context] = "<|ASSISTANT_CONTEXT|>"
         if int(ids[p]) == m.eos:
             return f"the closing {EOS}"
         seg = np.asarray(ids[:p + 1])
@@ -135,7 +138,8 @@ class MarkerRule:
         return f"a {openers[int(seg[op[-1]])]} span"
 
     def span_names(self, ids: np.ndarray) -> list[str]:
-        span_of = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool"}
+        span_of = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool",
+                   "<|ASSISTANT_CONTEXT|>": "assistant"}
         out, cur = [], ""
         for t in np.asarray(ids).tolist():
             name = self.markers.name(t)

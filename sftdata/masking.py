@@ -6,12 +6,22 @@ Rule: ``mask = 1`` for every token from an ``<|ASSISTANT|>`` through its ``<|END
 inclusive when the context span before it (the latest ``<|USER|>`` or ``<|TOOL|>``
 span since the last ``<|EOS|>``) is complete, i.e. its ``<|END|>`` lies in the same
 array. An ``<|ASSISTANT|>`` whose span is not closed by ``<|END|>`` before the next
-span opener or EOS zeroes itself and everything after it. Everything else is 0.
+span opener or EOS zeroes itself and everything after it. An assistant turn opened by
+``<|ASSISTANT_CONTEXT|>`` (marked ``weight: 0`` / ``train: false``, or made context by
+``--train-on last``) is a span like the others and is never trained. ``<|THINK|>``,
+``<|END_THINK|>`` and ``<|TOOL_CALL|>`` open no span: they lie inside an assistant span
+and take its mask. Everything else is 0.
 
 Worked example (S/U/A/E = SYSTEM/USER/ASSISTANT/END markers, EOS at the end)::
 
     tokens: S  s  E  U  u  u  E  A  a  a  E  EOS
     mask:   0  0  0  0  0  0  0  1  1  1  1  0
+
+An untrained turn (X = ASSISTANT_CONTEXT), then a trained one with reasoning
+(K/k = THINK/END_THINK)::
+
+    tokens: U  u  E  X  x  E  U  v  E  A  K  r  k  a  E  EOS
+    mask:   0  0  0  0  0  0  0  0  0  1  1  1  1  1  1  0
 
 A row that starts inside a user span (no ``<|USER|>`` opener in the array)::
 
@@ -25,8 +35,17 @@ import numpy as np
 
 from .tokenizer import MarkerIds
 
-# kinds of structural tokens
-_SYS, _USER, _ASST, _TOOL, _END, _EOS = range(6)
+# kinds of structural tokens: the span openers first
+_SYS, _USER, _ASST, _TOOL, _CTX_ASST, _END, _EOS = range(7)
+
+
+def _structural(m: MarkerIds) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, kinds)`` of the structural tokens a dataset has (a dataset written before
+    ``<|ASSISTANT_CONTEXT|>`` existed has no such opener)."""
+    pairs = [(m.system, _SYS), (m.user, _USER), (m.assistant, _ASST), (m.tool, _TOOL),
+             (m.assistant_context, _CTX_ASST), (m.end, _END), (m.eos, _EOS)]
+    pairs = [(c, k) for c, k in pairs if c is not None]
+    return (np.array([c for c, _ in pairs], dtype=np.int64), np.array([k for _, k in pairs], dtype=np.int64))
 
 
 def loss_mask(ids: np.ndarray, m: MarkerIds) -> np.ndarray:
@@ -50,7 +69,7 @@ def rule_mask(ids: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, int]:
     mask = np.zeros(n, dtype=np.uint8)
     if n == 0:
         return mask, -1
-    codes = np.array([m.system, m.user, m.assistant, m.tool, m.end, m.eos], dtype=np.int64)
+    codes, kinds = _structural(m)
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     # Markers sit at the top of the vocabulary: one comparison over the whole array finds
@@ -63,12 +82,12 @@ def rule_mask(ids: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, int]:
     pos = cand[is_struct]
     if pos.size == 0:
         return mask, -1
-    kind = order[pos_in_sorted[is_struct]]
+    kind = kinds[order[pos_in_sorted[is_struct]]]
     k = pos.size
     nxt_kind = np.empty(k, dtype=kind.dtype)
     nxt_kind[:-1] = kind[1:]
     nxt_kind[-1] = -1
-    is_opener = kind <= _TOOL
+    is_opener = kind <= _CTX_ASST
     complete = is_opener & (nxt_kind == _END)
     idx = np.arange(k)
     # latest context opener (USER/TOOL) at or before each structural token, and latest EOS

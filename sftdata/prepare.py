@@ -10,7 +10,10 @@ Chunks are processed by ``workers`` processes but written strictly in input orde
 the output is byte-identical for any number of workers. The split is exact over the
 accepted episodes: ``round(val_split * n)`` of them, chosen by
 ``RandomState(seed).permutation(n)``, each split keeping input order. Memory is bounded
-by a few chunks in flight; the input is never held whole (JSON arrays excepted).
+by options, not by the input (docs/CLI.md has the formula): a few chunks in flight,
+each at most ``CHUNK_BYTES`` plus one record, and no record longer than
+``max_record_bytes`` is ever held (``sources`` reads past it and it is rejected as
+``record_too_large``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
-from .sources import RawRecord, SourceInfo, inspect_source, iter_all
+from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
     REJECTS_FILE,
@@ -54,6 +57,7 @@ from .store import (
 )
 from .template import TemplateProfile, model_profile, record_episodes, template_summary, tokenizer_state
 from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
+from .turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
@@ -73,11 +77,22 @@ class PrepareOptions:
     strict: bool = False
     overwrite: bool = False
     wait: bool = False  # wait for another sftdata writing the same output
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    reasoning: str = "keep"  # keep | last | drop
+    train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(self.reasoning, self.train_on)
 
     def validate(self) -> None:
         if self.mode not in ("chat", "tool"):
             raise UsageError(f"mode must be 'chat' or 'tool', not {self.mode!r}")
+        if self.reasoning not in REASONING_POLICIES:
+            raise UsageError(f"--reasoning must be one of {', '.join(REASONING_POLICIES)}, not {self.reasoning!r}")
+        if self.train_on not in TRAIN_ON:
+            raise UsageError(f"--train-on must be one of {', '.join(TRAIN_ON)}, not {self.train_on!r}")
         if not (0.0 <= self.val_split < 1.0) or math.isnan(self.val_split):
             raise UsageError(f"--val-split must be a fraction in [0, 1), got {self.val_split}")
         if self.max_tokens is not None and self.max_tokens < 4:
@@ -86,6 +101,8 @@ class PrepareOptions:
             raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
         if self.workers < 1:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.max_record_bytes < 1:
+            raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
         if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
             raise UsageError(f"--chat-template {self.chat_template} needs a model's own tokenizer: --tokenizer "
                              f"path/to/tokenizer.json or the model folder holding it. "
@@ -96,7 +113,8 @@ class PrepareOptions:
         """The options that determine the output (workers and overwrite do not)."""
         out = {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
                "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
-               "strict": self.strict}
+               "strict": self.strict, "max_record_bytes": self.max_record_bytes, "reasoning": self.reasoning,
+               "train_on": self.train_on}
         if self.chat_template is not None:
             out["chat_template"] = self.chat_template
         return out
@@ -105,7 +123,7 @@ class PrepareOptions:
 @dataclass
 class Progress:
     bytes_done: int
-    bytes_total: int
+    bytes_total: int | None  # None when an input's size is not known before it is read (stdin)
     records: int
     tokens: int
 
@@ -120,10 +138,12 @@ class PrepareSummary:
     shards: dict = field(default_factory=dict)
     rejected: dict = field(default_factory=dict)  # reason -> count
     repaired: dict = field(default_factory=dict)  # repair -> records
+    turns: dict = field(default_factory=lambda: dict.fromkeys(TURN_COUNTS, 0))  # per assistant turn (TURN_COUNTS)
     records_truncated: int = 0
     pairs_dropped: int = 0
     seconds: float = 0.0
     input_bytes: int = 0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     per_reply_records: int = 0  # chat template: records served one episode per assistant reply
     per_reply_episodes: int = 0
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
@@ -142,10 +162,11 @@ class PrepareSummary:
                 "episodes": self.episodes, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "trained_share": round(self.trained_share, 6), "shards": self.shards,
                 "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
-                "repaired": self.repaired, "records_truncated": self.records_truncated,
+                "repaired": self.repaired, "turns": self.turns, "records_truncated": self.records_truncated,
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
-                "input_bytes": self.input_bytes, "per_reply_records": self.per_reply_records,
-                "per_reply_episodes": self.per_reply_episodes, "rule_mismatch": self.rule_mismatch}
+                "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
+                "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
+                "rule_mismatch": self.rule_mismatch}
 
 
 @dataclass
@@ -158,6 +179,7 @@ class ChunkResult:
     sources: np.ndarray
     rejects: list  # (record, where, reason, message)
     repairs: Counter
+    turns: Counter  # per assistant turn of the accepted records (TURN_COUNTS)
     truncated: int
     pairs_dropped: int
     records: int
@@ -167,30 +189,37 @@ class ChunkResult:
 
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
-                  max_tokens: int | None, profile: TemplateProfile | None = None) -> ChunkResult:
+                  max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                  profile: TemplateProfile | None = None) -> ChunkResult:
     """Parse, validate and render one chunk of records (pure but for the tokenizer).
     With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
     if profile is not None:
-        return template_chunk(items, tok, profile, mode, max_tokens)
+        return template_chunk(items, tok, profile, mode, max_tokens, policy)
     convs, kept, rejects = [], [], []
     repairs: Counter = Counter()
+    turns: Counter = Counter()
     for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            rejects.append((rec.record, rec.where, *rec.reject))
+            continue
         try:
-            conv = parse_record(rec.raw, rec.where, mode)
+            conv = parse_record(rec.raw, rec.where, mode, policy)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
             continue
-        for r in set(conv.repairs):
-            repairs[r] += 1
+        for name in set(conv.repairs):
+            repairs[name] += 1
         convs.append(conv)
         kept.append(rec)
     rendered = render_batch(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens)
     ids, masks, lengths, sources = [], [], [], []
     truncated = dropped = 0
-    for rec, r in zip(kept, rendered):
+    for rec, conv, r in zip(kept, convs, rendered):
         if isinstance(r, RecordError):
             rejects.append((rec.record, rec.where, r.reason, r.detail))
             continue
+        if conv.turn_counts:
+            turns.update(conv.turn_counts)
         ids.append(r.ids)
         masks.append(r.mask)
         lengths.append(r.ids.shape[0])
@@ -203,31 +232,36 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
         mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
         lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
-        rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items))
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items))
 
 
-def choose_tokenizer(spec: str | None, chat_template: str | None
+def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all"
                      ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
     """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
     the template ``--chat-template`` names (default: the folder's own), learned once here
-    and sent to the workers."""
+    and sent to the workers. ``--train-on last`` makes its rule train each episode's last
+    reply only."""
     tok = open_tokenizer(spec)
     if isinstance(tok, ChatTokenizer):
         return tok, None
-    return tok, model_profile(tok, chat_template)
+    return tok, model_profile(tok, chat_template, last_reply_only=train_on == "last")
 
 
 def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
-                   max_tokens: int | None) -> ChunkResult:
+                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy()) -> ChunkResult:
     """``process_chunk`` with a model's chat template: each record becomes the episodes the
     template renders (one per reply where it must), each episode's mask the rendered one,
     which its stored rule re-derives (a record where it does not is rejected by name)."""
     ids, masks, lengths, sources, rejects, mismatches = [], [], [], [], [], []
     repairs: Counter = Counter()
+    turns: Counter = Counter()
     truncated = dropped = per_reply = per_reply_eps = 0
     for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            rejects.append((rec.record, rec.where, *rec.reject))
+            continue
         try:
-            conv = parse_record(rec.raw, rec.where, mode)
+            conv = parse_record(rec.raw, rec.where, mode, policy)
             out = record_episodes(conv, profile, tok, max_tokens, rec.where)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
@@ -236,6 +270,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             continue
         for r in set(conv.repairs):
             repairs[r] += 1
+        turns.update(conv.turn_counts)
         for ep in out.episodes:
             ids.append(ep.ids)
             masks.append(ep.mask)
@@ -252,15 +287,16 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
         ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
         mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
         lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
-        rejects=rejects, repairs=repairs, truncated=truncated, pairs_dropped=dropped, records=len(items),
-        per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches)
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped,
+        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches)
 
 
 # -- worker processes ---------------------------------------------------------------
 _WORKER: dict = {}
 
 
-def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None) -> None:
+def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
+                 policy: TurnPolicy) -> None:
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
@@ -271,10 +307,12 @@ def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: st
     _WORKER["profile"] = profile
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
+    _WORKER["policy"] = policy
 
 
 def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
-    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["profile"])
+    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["policy"],
+                         _WORKER["profile"])
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -283,7 +321,7 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
     pos = 0
     for rec, pos in records:
         buf.append(rec)
-        size += len(rec.raw) if isinstance(rec.raw, (bytes, str)) else 256
+        size += len(rec.raw) + 64
         if len(buf) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
             yield buf, pos
             buf, size = [], 0
@@ -301,7 +339,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
     if opts.workers <= 1:
         for items, pos in chunks:
-            yield process_chunk(items, tok, opts.mode, opts.max_tokens, profile), pos
+            yield process_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile), pos
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -309,7 +347,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens))
+                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -405,19 +443,21 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()
-    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template)
-    infos: list[SourceInfo] = [inspect_source(p) for p in inputs]
-    total_bytes = sum(i.bytes for i in infos)
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on)
+    infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
+    known = all(i.size_known for i in infos)
+    total_bytes = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)  # uint32 for a vocabulary beyond 65,536 ids
-    summary = PrepareSummary(output_dir=str(output_dir), input_bytes=total_bytes)
+    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
+    turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
         staging = w.split("_staging", dtype, shard_tokens=1 << 62)
         records = tokens = 0
         rejects = w.path / REJECTS_FILE
         with open(rejects, "wb") as rej:
-            for res, pos in _results(_chunks(iter_all(infos)), opts, tok, profile):
+            for res, pos in _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile):
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
@@ -428,6 +468,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                     src = where.rsplit(":", 1)[0]
                     lines.append(orjson.dumps(dict(zip(REJECT_KEYS, (record, src, where, reason, message)))))
                 repaired.update(res.repairs)
+                turns.update(res.turns)
                 summary.records_truncated += res.truncated
                 summary.pairs_dropped += res.pairs_dropped
                 summary.per_reply_records += res.per_reply_records
@@ -447,8 +488,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             with writing(rejects, output_dir):
                 rej.flush()
         summary.records_read = records
+        summary.input_bytes = sum(i.bytes for i in infos)
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
+        summary.turns = {name: turns[name] for name in TURN_COUNTS}
         with writing(w.path / "_staging", output_dir):
             staged = staging.close()
         n = staged["episodes"]
@@ -484,7 +527,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             "sources": [i.as_dict() for i in infos],
             "options": {**opts.recorded(), "tokenizer": tok.path or tok.name},
             "counts": {"records_read": records, "episodes": n, "rejected": summary.rejected,
-                       "repaired": summary.repaired, "records_truncated": summary.records_truncated,
+                       "repaired": summary.repaired, "turns": summary.turns,
+                       "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
         if profile is not None:

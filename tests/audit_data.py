@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.store.format import METADATA_CHECKSUM, metadata_sha256
 
 USER_TEXTS = ["What is the capital of France?", "Name three primes.", "Translate 'cat' to German.",
               "How many legs has a spider?", "What is 7 times 8?", "Spell 'banana' backwards.",
@@ -56,10 +57,15 @@ def write_idx(path: Path, idx: np.ndarray) -> None:
     np.ascontiguousarray(idx, dtype="<u8").tofile(path)
 
 
-def edit_metadata(ds: Path, fn) -> None:
+def edit_metadata(ds: Path, fn, *, reseal: bool = True) -> None:
+    """Apply ``fn`` to the metadata. ``reseal`` records the edited metadata's own sha256,
+    as a writer that wrote these values would (the checks of the data are then tested
+    alone); without it the edit shows as an edit (metadata_checksum)."""
     p = ds / "dataset_metadata.json"
     meta = json.loads(p.read_text())
     fn(meta)
+    if reseal and METADATA_CHECKSUM in meta:
+        meta[METADATA_CHECKSUM]["sha256"] = metadata_sha256(meta)
     p.write_text(json.dumps(meta))
 
 

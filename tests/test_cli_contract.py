@@ -22,7 +22,7 @@ from sftdata.store.lock import OWNER_FILE, owner_record
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "inspect", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "report", "verify", "replay-order", "clean"]
 runner = CliRunner()
 
 
@@ -87,11 +87,15 @@ def test_json_keys_are_unchanged(tmp_path):
         "prepare-tool": ["prepare-tool", ROOT / "sample_data/tools.jsonl", "-o", tool, "--val-split", "0.1",
                          "-j", "1", "--json"],
         "pack": ["pack", chat, "-o", packed, "--block-size", "64", "--json"],
+        "export": ["export", chat, "-o", tmp_path / "export", "--json"],
+        "export packed": ["export", packed, "-o", tmp_path / "export_packed", "--format", "jsonl", "--json"],
         "inspect": ["inspect", chat, "--json"],
         "inspect --episode": ["inspect", chat, "--episode", "1", "--json"],
         "inspect packed": ["inspect", packed, "--json"],
         "inspect --row": ["inspect", packed, "--row", "0", "--json"],
+        "report": ["report", chat, "-o", tmp_path / "report.html", "--json"],
         "verify": ["verify", chat, "--json"],
+        "verify --sources": ["verify", chat, "--sources", "--json"],
         "verify packed": ["verify", packed, "--json"],
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",

@@ -81,7 +81,7 @@ def test_each_preset_end_to_end(tmp_path, folders, preset):
     assert state["kind"] == "hf-tokenizers" and state["chat_template"]["name"] == preset
     assert state["mask_rule"]["kind"] == "template-headers"
     meta = orjson.loads((ds / "dataset_metadata.json").read_bytes())
-    assert meta["token_dtype"] == "uint16" and meta["tokenizer"]["chat_template"]["source"] == "preset"
+    assert meta["token_dtype"] == "uint16" and meta["tokenizer"]["template"]["source"] == "preset"
     # the stored episodes are the template's render, token for token, and apply_chat_template's
     tok = load_hf_tokenizer(folder)
     profile = model_profile(tok, preset)
@@ -129,7 +129,7 @@ def test_llama3_folder_uses_its_own_template_one_bos_uint32(llama):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
     folder, ds = llama
     meta = orjson.loads((ds / "dataset_metadata.json").read_bytes())
-    assert meta["token_dtype"] == "uint32" and meta["tokenizer"]["chat_template"]["name"] == "model"
+    assert meta["token_dtype"] == "uint32" and meta["tokenizer"]["template"]["name"] == "model"
     assert meta["tokenizer"]["vocab_size"] == 128256 and meta["options"]["tokenizer"] == str(folder / "tokenizer.json")
     ids, mask = episodes(ds)[0]
     assert ids[0] == 128000 and ids.count(128000) == 1  # exactly the BOS the template writes
@@ -164,6 +164,12 @@ def test_llama3_pack_verify_loader_train_replay_inspect(llama, tmp_path):
     assert r.exit_code == 0 and "<|start_header_id|>" in r.output and "header" in r.output
     r = run("inspect", packed, "--row", "0")
     assert r.exit_code == 0 and "⟦" in r.output
+    for path in (ds, packed):  # the HTML page decodes with the model's tokenizer, compared with its rule
+        pytest.importorskip("plotly", reason="the report extra (plotly) is not installed")
+        r = run("report", path, "-o", tmp_path / "r.html", "--sample", "12")
+        assert r.exit_code == 0, r.output
+        page = (tmp_path / "r.html").read_text(encoding="utf-8")
+        assert "&lt;|eot_id|&gt;" in page and " colour" in page
 
 
 def test_a_template_dataset_without_the_mask_trains_real_targets_only(llama):
@@ -347,3 +353,44 @@ def test_max_tokens_with_a_template(tmp_path, folders):
     ids, _ = episodes(tmp_path / "ds")[0]
     assert tok.decode(ids).endswith("<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>")
     assert run("verify", tmp_path / "ds").exit_code == 0
+
+
+def test_reasoning_and_train_on_with_a_template(tmp_path, folders):
+    """Reasoning goes to the template inline (<think>...</think> before the reply, as Qwen3
+    reads it) and is trained with the reply; --train-on last trains each record's last
+    reply, and its rule says so; a weight-0 turn cannot be told by a template's rule."""
+    think = {"messages": [{"role": "user", "content": "2+2?"},
+                          {"role": "assistant", "content": "4.", "reasoning_content": "add them"},
+                          {"role": "user", "content": "3+3?"},
+                          {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]}
+    src = write_jsonl(tmp_path / "think.jsonl", [think] * 3)
+    tok = load_hf_tokenizer(folders["qwen3"])
+    r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
+            "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["turns"]["reasoning_kept"] == 6
+    ids, mask = episodes(tmp_path / "q")[0]
+    # Qwen3 drops the reasoning of replies before the last user turn and keeps the last one's
+    assert [tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] == [
+        "4.<|im_end|>", "<think>\nadd again\n</think>\n\n6.<|im_end|>"]
+    assert run("verify", tmp_path / "q").exit_code == 0
+    r = run("prepare-chat", src, "-o", tmp_path / "last", "--tokenizer", folders["llama3"], "--chat-template",
+            "llama3", "--train-on", "last", "--reasoning", "drop")
+    assert r.exit_code == 0, r.output
+    state = orjson.loads((tmp_path / "last" / "tokenizer_state.json").read_bytes())
+    assert state["mask_rule"]["last_reply_only"] is True
+    tok = load_hf_tokenizer(folders["llama3"])
+    ids, mask = episodes(tmp_path / "last")[0]
+    assert [tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] == ["6.<|eot_id|>"]
+    assert "<|start_header_id|>assistant<|end_header_id|>\n\n4.<|eot_id|>" in tok.decode(ids)  # context
+    assert run("verify", tmp_path / "last").exit_code == 0
+    weight0 = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": 0},
+                            {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hello!"}]}
+    src = write_jsonl(tmp_path / "w.jsonl", [weight0, chat("Hi", "Hello!")])
+    r = run("prepare-chat", src, "-o", tmp_path / "w", "--tokenizer", folders["llama3"], "--chat-template", "llama3",
+            "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rejected"] == {"untrained_turn": 1}
+    line = orjson.loads((tmp_path / "w" / "rejects.jsonl").read_bytes())
+    assert line["message"].startswith("assistant message 1 is context (weight 0 or train false), but a chat "
+                                      "template's mask rule finds every reply by its header")

@@ -128,6 +128,44 @@ REASONS = [
     ("unanswered_tool_call", "tool", _oa([U, _call(), A]),
      "call 'f' (message 1) gets no tool result before message 2; add its result, or end the conversation with "
      "the call"),
+    ("unclosed_think", "chat", {"messages": [U, {"role": "assistant", "content": "  <think>2 + 2 is 4"}]},
+     "message 1 starts with <think> but never closes it with </think>; close the reasoning block, or remove the tag"),
+    ("invalid_weight", "chat", {"messages": [U, dict(A, weight=0.5)]},
+     "message 1 has weight 0.5; weight must be 0 (show the turn, do not train on it) or 1 (train on it)"),
+    ("invalid_weight", "chat", {"messages": [U, dict(A, weight=True)]},
+     "message 1 has weight true; weight must be 0 (show the turn, do not train on it) or 1 (train on it)"),
+    ("invalid_weight", "chat", {"messages": [U, dict(A, train="no")]},
+     "message 1 has train \"no\"; train must be true or false"),
+    ("invalid_weight", "chat", {"messages": [U, dict(A, weight=1, train=False)]},
+     "message 1 has weight 1 and train false, which disagree; keep one"),
+    ("invalid_weight", "tool", {"conversations": [{"from": "human", "value": "u"},
+                                                  {"from": "function_call", "value": '{"name": "f", "arguments": {}}'},
+                                                  {"from": "function_call", "value": '{"name": "f", "arguments": {}}',
+                                                   "weight": 0}]},
+     "messages 1 and 2 are parallel calls of one assistant turn, but only one has weight 0 (or train false); give "
+     "them the same weight"),
+    ("invalid_reasoning", "chat", {"messages": [U, dict(A, reasoning_content={"text": "r"})]},
+     "message 1 has 'reasoning_content' that is an object, not a string"),
+    ("invalid_reasoning", "chat", {"messages": [U, {"role": "assistant", "reasoning_content": "r1",
+                                                    "content": "<think>r2</think>a"}]},
+     "message 1 gives its reasoning more than once, with different text ('reasoning_content', a <think> block); "
+     "keep one"),
+    ("non_text_content", "chat", {"messages": [U, {"role": "assistant", "content": [
+        {"type": "text", "text": "a"}, {"type": "input_audio", "input_audio": {}}]}]},
+     "message 1 content part 1 is of type 'input_audio'; an assistant message holds text, reasoning/thinking, "
+     "refusal and tool_call parts only (drop or convert such parts)"),
+    ("non_text_content", "chat", {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "t"}]}, A]},
+     "message 0 content part 0 is a 'thinking' part in a user message; only an assistant message holds such parts"),
+    ("non_text_content", "chat", {"messages": [U, {"role": "assistant", "content": [{"type": "reasoning"}]}]},
+     "message 1 content part 0 is a 'reasoning' part without its text (keys: type); give it as \"thinking\""),
+    ("non_text_content", "chat", {"messages": [U, {"role": "assistant", "content": None, "refusal": 3}]},
+     "message 1 has 'refusal' that is a number, not a string"),
+    ("invalid_tool_call", "tool", _oa([U, {"role": "assistant", "content": [{"type": "tool_call"}]}]),
+     "message 1 content part 0 is a tool_call part without a 'value'; give the call as {\"name\": ..., "
+     "\"arguments\": {...}} or its JSON text"),
+    ("no_trainable_turn", "chat", {"messages": [U, dict(A, weight=0), U, dict(A, train=False)]},
+     "every assistant message after the first user message (or tool result) has weight 0 or train false, so "
+     "nothing would be trained"),
 ]
 
 
@@ -151,7 +189,7 @@ def test_too_long_has_its_exact_message(tok):
 def test_every_reason_code_in_the_code_is_tested_above():
     root = Path(__file__).resolve().parents[1] / "sftdata"
     codes = set()
-    for name in ("conversation.py", "tool_format.py", "render.py", "prepare.py"):
+    for name in ("conversation.py", "turns.py", "message_content.py", "tool_format.py", "render.py", "prepare.py"):
         codes |= set(re.findall(r'RecordError\(\s*"([a-z0-9_]+)"', (root / name).read_text()))
     assert codes == {r[0] for r in REASONS} | {"too_long"}
 
@@ -184,11 +222,42 @@ def test_several_system_messages_are_joined_first():
     assert c.turns[0] == Turn("system", "A\n\nB")
 
 
-def test_weight_zero_is_counted_not_silently_dropped():
+def test_weight_zero_and_train_false_make_the_turn_context_and_are_counted():
     raw = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a", "weight": 0},
                         {"role": "user", "content": "u2"}, {"role": "assistant", "content": "b", "weight": 1}]}
     c = parse_record(raw, W)
-    assert [t.text for t in c.turns] == ["u", "a", "u2", "b"]
-    assert c.repairs == ("weight_0_ignored",)
-    raw["messages"][1]["weight"] = 1
-    assert parse_record(raw, W).repairs == ()
+    assert c.turns == (Turn("user", "u"), Turn("assistant", "a", untrained="weight_0"), Turn("user", "u2"),
+                       Turn("assistant", "b"))
+    assert (c.repairs, c.turn_counts) == ((), ("untrained_weight_0",))
+    raw["messages"][1] = {"role": "assistant", "content": "a", "train": False, "weight": 0.0}
+    assert parse_record(raw, W).turns[1] == Turn("assistant", "a", untrained="weight_0")
+    raw["messages"][1] = {"role": "assistant", "content": "a", "train": True}
+    assert parse_record(raw, W).turn_counts == ()
+    sharegpt = {"conversations": [{"from": "human", "value": "u"}, {"from": "gpt", "value": "a", "train": False},
+                                  {"from": "human", "value": "u2"}, {"from": "gpt", "value": "b"}]}
+    assert parse_record(sharegpt, W).turns[1] == Turn("assistant", "a", untrained="weight_0")
+
+
+def test_weight_on_other_roles_is_not_read():
+    raw = {"messages": [{"role": "user", "content": "u", "weight": "x"}, {"role": "assistant", "content": "a"}]}
+    assert parse_record(raw, W).turns == (Turn("user", "u"), Turn("assistant", "a"))
+
+
+def test_turns_of_different_weight_or_with_their_own_reasoning_are_not_merged():
+    raw = {"messages": [U, dict(A, content="bad", weight=0), dict(A, content="good"),
+                        dict(A, content="more", reasoning="why")]}
+    c = parse_record(raw, W)
+    assert c.turns == (Turn("user", "u"), Turn("assistant", "bad", untrained="weight_0"), Turn("assistant", "good"),
+                       Turn("assistant", "more", reasoning="why"))
+    assert c.repairs == ()
+    # a reasoning-only message and the reply after it are one turn
+    raw = {"messages": [U, {"role": "assistant", "reasoning_content": "why"}, dict(A, content="so")]}
+    c = parse_record(raw, W)
+    assert c.turns == (Turn("user", "u"), Turn("assistant", "so", reasoning="why")) and c.repairs == ("merged_same_role",)
+
+
+def test_an_assistant_turn_before_any_user_turn_marked_weight_0_is_context_all_the_same():
+    raw = {"messages": [dict(A, content="earlier", weight=0), U, A]}
+    c = parse_record(raw, W)
+    assert c.turns[0] == Turn("assistant", "earlier", untrained="weight_0")
+    assert c.repairs == ("leading_assistant_untrained",) and c.turn_counts == ("untrained_weight_0",)

@@ -102,7 +102,7 @@ def test_batch_map_keeps_unset_fields_unset():
 # ---------------------------------------------------------------- common accessors
 @pytest.mark.parametrize("kind, mode, sampling, pad, end, vocab, total", [
     ("episodes", "sft_episode", "epoch", EOS, EOS, 1 << 30, None),
-    ("packed", "packed", "epoch", 100257, None, 100283, 92 // 4),
+    ("packed", "packed", "epoch", 100257, None, 100286, 92 // 4),
     ("windows", "token_stream", "random", None, None, None, None),
 ])
 def test_every_loader_answers_the_same_questions(data, kind, mode, sampling, pad, end, vocab, total):

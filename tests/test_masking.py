@@ -3,12 +3,17 @@ import numpy as np
 from sftdata.masking import loss_mask, rule_mask
 from sftdata.tokenizer import MarkerIds
 
+# the markers of a dataset written before reasoning and untrained turns had markers ...
 M = MarkerIds(system=1001, user=1002, assistant=1003, tool=1004, tool_call=1005, end=1006, eos=1000)
 S, U, A, T, C, E, EOS = M.system, M.user, M.assistant, M.tool, M.tool_call, M.end, M.eos
+# ... and all of them: K/k = THINK/END_THINK, X = ASSISTANT_CONTEXT
+M9 = MarkerIds(system=1001, user=1002, assistant=1003, tool=1004, tool_call=1005, end=1006, eos=1000,
+               think=1007, end_think=1008, assistant_context=1009)
+K, k, X = M9.think, M9.end_think, M9.assistant_context
 
 
-def mask_of(ids):
-    return loss_mask(np.array(ids, dtype=np.uint32), M).tolist()
+def mask_of(ids, m=M):
+    return loss_mask(np.array(ids, dtype=np.uint32), m).tolist()
 
 
 def test_assistant_span_trained_with_markers():
@@ -91,6 +96,50 @@ def test_matches_a_per_token_reference_on_random_sequences():
         assert mask_of(ids) == reference(ids.tolist())
 
 
+def test_reasoning_is_trained_with_its_reply():
+    ids = [U, 5, E, A, K, 6, 7, k, 8, E, EOS]
+    assert mask_of(ids, M9) == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0]
+
+
+def test_a_context_assistant_turn_is_never_trained_and_the_next_one_is():
+    ids = [U, 5, E, X, 6, E, U, 7, E, A, 8, E, EOS]
+    assert mask_of(ids, M9) == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    # with its reasoning, and with no user turn between it and the trained turn
+    ids = [U, 5, E, X, K, 6, k, 6, E, A, K, 7, k, 8, E, EOS]
+    assert mask_of(ids, M9) == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]
+
+
+def test_a_context_turn_is_no_context_for_the_assistant_after_it():
+    # a row that starts inside the untrained turn: the trained turn has no complete user span
+    ids = [6, E, X, 6, E, A, 7, E]
+    assert mask_of(ids, M9) == [0] * 8
+
+
+def test_an_unclosed_context_turn_trains_nothing_and_stops_nothing():
+    assert mask_of([U, 5, E, X, 6, EOS, U, 7, E, A, 8, E], M9) == [0] * 9 + [1, 1, 1]
+    assert rule_mask(np.array([U, 5, E, X, 6], dtype=np.uint32), M9)[1] == -1
+    # an assistant closed by no END before a context opener is unclosed
+    ids = [U, 5, E, A, 6, X, 7, E, U, 8, E, A, 9, E]
+    assert mask_of(ids, M9) == [0] * 14 and rule_mask(np.array(ids), M9)[1] == 3
+
+
+def test_without_the_added_markers_their_ids_are_ordinary_tokens():
+    """A dataset with six markers: ids past them (never written there) change nothing."""
+    ids = [U, 5, E, X, 6, E, A, K, 7, k, E, EOS]
+    assert mask_of(ids, M) == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0]  # X, K, k: plain tokens here
+    assert mask_of([U, 5, E, A, 6, E, EOS], M) == mask_of([U, 5, E, A, 6, E, EOS], M9)
+
+
+def test_all_markers_match_the_reference_on_random_sequences():
+    rng = np.random.default_rng(2)
+    alphabet = np.array([S, U, A, T, C, E, EOS, K, k, X, 5, 6])
+    for _ in range(500):
+        ids = rng.choice(alphabet, size=rng.integers(0, 40)).tolist()
+        mask, stop = rule_mask(np.array(ids, dtype=np.uint32), M9)
+        assert mask.tolist() == reference(ids, M9) and stop == reference_stop(ids, M9)
+        assert mask_of(ids, M) == reference(ids, M)
+
+
 def test_rule_mask_says_where_an_unclosed_assistant_stops_the_rule():
     assert rule_mask(np.array([U, 5, E, A, 6, E, U, 7, E, A, 8, EOS, U, 9, E, A, 1, E]), M)[1] == 9
     assert rule_mask(np.array([U, 5, E, A, 6, E, EOS]), M)[1] == -1
@@ -102,20 +151,25 @@ def test_rule_mask_says_where_an_unclosed_assistant_stops_the_rule():
         assert mask.tolist() == reference(ids) and stop == reference_stop(ids)
 
 
-def reference_stop(ids):
+def openers_of(m):
+    return {m.system, m.user, m.assistant, m.tool} | ({m.assistant_context} if m.assistant_context else set())
+
+
+def reference_stop(ids, m=M):
     """Position of the first <|ASSISTANT|> whose next span marker (or EOS) is not <|END|>."""
     for i, t in enumerate(ids):
         if t == A:
-            nxt = [x for x in ids[i + 1:] if x in (S, U, A, T, E, EOS)]
+            nxt = [x for x in ids[i + 1:] if x in openers_of(m) | {E, EOS}]
             if not nxt or nxt[0] != E:
                 return i
     return -1
 
 
-def reference(ids):
-    """Direct reading of the rule, one token at a time (slow, obviously right)."""
+def reference(ids, m=M):
+    """Direct reading of the rule, one token at a time (slow, obviously right). An
+    ASSISTANT_CONTEXT span (when ``m`` has it) is skipped like a system span."""
     out = [0] * len(ids)
-    openers = {S, U, A, T}
+    openers = openers_of(m)
     ctx_complete = False  # latest USER/TOOL span since EOS is complete
     i = 0
     while i < len(ids):

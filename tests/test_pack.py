@@ -192,8 +192,8 @@ def test_pack_errors(source, tmp_path):
         pack(source, tmp_path / "p", PackOptions(block_size=127))
     pack(source, tmp_path / "p", PackOptions(block_size=64, overwrite=True))
     assert open_dataset(tmp_path / "p").packing["block_size"] == 64
-    with pytest.raises(UsageError, match=r"--pad-id 100283 is not a token id of this dataset \(0..100282\)"):
-        pack(source, tmp_path / "x", PackOptions(pad_id=100283))
+    with pytest.raises(UsageError, match=r"--pad-id 100286 is not a token id of this dataset \(0..100285\)"):
+        pack(source, tmp_path / "x", PackOptions(pad_id=100286))
     with pytest.raises(UsageError, match=r"--block-size must be at least 3 \(a row of 4 tokens, <\|USER\|> <\|END\|> "
                                          r"<\|ASSISTANT\|> <\|END\|>, is the smallest that can train a reply\), got 0"):
         pack(source, tmp_path / "x", PackOptions(block_size=0))

@@ -242,6 +242,22 @@ def test_segment_masks_equal_the_rule_per_segment(seed):
     np.testing.assert_array_equal(got, np.concatenate(expected))
 
 
+M9 = MarkerIds(system=100277, user=100278, assistant=100279, tool=100280, tool_call=100281, end=100282, eos=100257,
+               think=100283, end_think=100284, assistant_context=100285)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_segment_masks_equal_the_rule_per_segment_with_reasoning_and_context_turns(seed):
+    """An <|ASSISTANT|> closed by no <|END|> before an <|ASSISTANT_CONTEXT|> is unclosed:
+    the one-call layout must see the context opener as a span opener too."""
+    rng = np.random.default_rng(1000 + seed)
+    alphabet = np.array([S, U, A, T, E, E, EOS, M.tool_call, M9.think, M9.end_think, M9.assistant_context, 1, 2])
+    lengths = rng.integers(0, 25, int(rng.integers(1, 30)))
+    toks = alphabet[rng.integers(0, alphabet.size, int(lengths.sum()))]
+    expected = [loss_mask(t, M9) for t in np.split(toks, np.cumsum(lengths)[:-1])]
+    np.testing.assert_array_equal(segment_masks(toks, lengths, M9), np.concatenate(expected))
+
+
 def test_segment_masks_an_unclosed_assistant_zeroes_the_rest_of_its_segment_only():
     segs = [[U, 1, E, A, 2, U, 3, E, A, 4, E], [U, 5, E, A, 6, E, EOS], [A, 7], [U, 8, E, A, 9, E]]
     toks = np.concatenate([np.array(x, np.int64) for x in segs])

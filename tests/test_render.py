@@ -100,3 +100,70 @@ def test_tool_spans_and_calls(tok):
     assert trained == [m.assistant, m.tool_call] + call + [m.end, m.assistant] + tok.encode("It rains.") + [m.end]
     assert ids[0] == m.system  # a system span is created for the schemas
     assert ids.count(m.tool) == 1
+
+
+# -- reasoning and untrained (context) assistant turns ----------------------------------------------
+def test_reasoning_renders_between_think_markers_inside_the_trained_assistant_span(tok):
+    m, e = tok.ids, tok.encode
+    c = Conversation((Turn("user", "2+2?"), Turn("assistant", "4.", reasoning="Two and two make four.")))
+    r = render(c, tok)
+    span = [m.assistant, m.think] + e("Two and two make four.") + [m.end_think] + e("4.") + [m.end]
+    assert r.ids.tolist() == [m.user] + e("2+2?") + [m.end] + span + [tok.eos_id]
+    assert r.mask.tolist() == [0] * (2 + len(e("2+2?"))) + [1] * len(span) + [0]
+    assert (m.think, m.end_think) == (100283, 100284)
+
+
+def test_a_context_turn_opens_with_assistant_context_and_is_never_trained(tok):
+    m, e = tok.ids, tok.encode
+    c = Conversation((Turn("user", "Legs of a spider?"), Turn("assistant", "Six.", untrained="weight_0"),
+                      Turn("user", "Sure?"), Turn("assistant", "Eight.")))
+    r = render(c, tok)
+    head = [m.user] + e("Legs of a spider?") + [m.end, m.assistant_context] + e("Six.") + [m.end]
+    head += [m.user] + e("Sure?") + [m.end]
+    tail = [m.assistant] + e("Eight.") + [m.end]
+    assert r.ids.tolist() == head + tail + [tok.eos_id]
+    assert r.mask.tolist() == [0] * len(head) + [1] * len(tail) + [0]
+    assert m.assistant_context == 100285
+
+
+def test_a_context_turn_with_reasoning_and_a_call(tok):
+    m, e = tok.ids, tok.encode
+    call = ToolCall("w", {"city": "Oslo"})
+    c = Conversation((Turn("user", "weather?"), Turn("assistant", "", (call,), reasoning="Ask the tool.",
+                                                     untrained="train_on_last"),
+                      Turn("tool", "rain"), Turn("assistant", "It rains.")), tools=({"name": "w"},))
+    r = render(c, tok)
+    ids = r.ids.tolist()
+    ctx = [m.assistant_context, m.think] + e("Ask the tool.") + [m.end_think, m.tool_call] + e(tool_call_text(call))
+    start = ids.index(m.assistant_context)
+    assert ids[start:start + len(ctx) + 1] == ctx + [m.end]
+    assert r.ids[r.mask == 1].tolist() == [m.assistant] + e("It rains.") + [m.end]
+
+
+def test_a_tokenizer_from_a_six_marker_dataset_cannot_render_what_it_has_no_marker_for(tok):
+    from sftdata.errors import TokenizerError
+    from sftdata.tokenizer import CHAT_MARKERS, load_tokenizer
+
+    six = load_tokenizer(markers=CHAT_MARKERS)
+    assert render(conv(("user", "u"), ("assistant", "a")), six).ids.tolist() == render(
+        conv(("user", "u"), ("assistant", "a")), tok).ids.tolist()
+    c = Conversation((Turn("user", "u"), Turn("assistant", "a", reasoning="r")))
+    with pytest.raises(TokenizerError, match=r"this tokenizer has no <\|THINK\|> marker \(it was rebuilt from a "
+                                             r"dataset written before <\|THINK\|> existed\); render with "
+                                             r"load_tokenizer\('cl100k_base'\)"):
+        render(c, six)
+
+
+def test_length_filter_keeping_no_trained_turn_rejects(tok):
+    c = Conversation((Turn("user", "u1"), Turn("assistant", "bad", untrained="weight_0"),
+                      Turn("user", "word " * 50), Turn("assistant", "good")))
+    pair2 = 2 + len(tok.encode("word " * 50)) + 2 + len(tok.encode("good"))
+    assert pair2 == 56
+    with pytest.raises(RecordError) as e:
+        render(c, tok, max_tokens=20)
+    assert (e.value.reason, e.value.detail) == (
+        "too_long", "pair 2 is 56 tokens > --max-tokens 20, and the pairs before it hold no trained assistant turn "
+                    "(weight 0, train false or --train-on last), so nothing would be trained")
+    # a trained turn in the kept pairs: the later pair is dropped as before
+    c2 = Conversation((Turn("user", "u1"), Turn("assistant", "ok"), *c.turns[1:]))
+    assert render(c2, tok, max_tokens=20).pairs_dropped == 1

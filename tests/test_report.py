@@ -45,7 +45,7 @@ def per_episode_masks(ds, split="train"):
 def test_overview_counts_and_distributions(pristine):
     ov = report.overview(pristine)
     assert (ov.layout, ov.kind, ov.format_version, ov.token_dtype) == ("sharded", "episodes", 1, "uint32")
-    assert ov.tokenizer["name"] == "cl100k_base" and ov.tokenizer["vocab_size"] == 100283
+    assert ov.tokenizer["name"] == "cl100k_base" and ov.tokenizer["vocab_size"] == 100286
     train, val = ov.splits
     masks = per_episode_masks(pristine)
     trained = [int(m.sum()) for m in masks]

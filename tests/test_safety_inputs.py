@@ -80,8 +80,9 @@ def test_a_truncated_gzip_json_array_is_an_error(tmp_path):
     src.write_bytes(blob[:-10])  # the end-of-stream trailer is cut
     with pytest.raises(InputError) as e:
         prepare([src], tmp_path / "ds", PrepareOptions())
+    # the array is streamed: the items before the damage are read (and the run stops there)
     assert str(e.value) == (f"{src} is a truncated or damaged gzip file (Compressed file ended before the "
-                            f"end-of-stream marker was reached); the JSON array could not be read whole. Stopped "
+                            f"end-of-stream marker was reached); 39 items of the JSON array could be read. Stopped "
                             f"rather than keep only the records before the damage: re-download or re-create the file")
 
 
@@ -121,8 +122,8 @@ def test_zstd_without_the_module_says_what_to_install(tmp_path, monkeypatch):
     src = tmp_path / "data.jsonl.zst"
     src.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
     assert run_prepare(tmp_path, src) == (1, f"error: {src} is zstd-compressed; reading it needs the zstandard "
-                                             f"module: pip install zstandard (or decompress it first: zstd -d "
-                                             f"{src})\n")
+                                             f"module: pip install 'sftdata[zstd]' (or pip install zstandard, or "
+                                             f"decompress it first: zstd -d {src})\n")
 
 
 class _FakeZstd:
@@ -194,12 +195,10 @@ REFUSED = [
     ("chats.zip", _zip, "{f} is a zip archive; unpack it first"),
     ("chats.jsonl", _zip, "{f} is a zip archive; unpack it first"),
     ("chats.tar.gz", _tar_gz, "{f} is a tar archive (gzip-compressed); unpack it first"),
-    ("train.parquet", lambda p: p.write_bytes(b"PAR1" + b"\x15\x04" * 100 + b"PAR1"),
-     "{f} looks like a Parquet file, not JSON Lines; Parquet input is not supported yet: convert it to JSON Lines "
-     "first, e.g. with pandas: pd.read_parquet('{f}').to_json(OUT, orient='records', lines=True, force_ascii=False)"),
-    ("train.jsonl", lambda p: p.write_bytes(b"PAR1" + b"\x00" * 64), "{f} looks like a Parquet file, not JSON Lines; "
-     "Parquet input is not supported yet: convert it to JSON Lines first, e.g. with pandas: "
-     "pd.read_parquet('{f}').to_json(OUT, orient='records', lines=True, force_ascii=False)"),
+    ("data.parquet.gz", lambda p: p.write_bytes(gzip.compress(b"PAR1" + b"\x00" * 64 + b"PAR1")),
+     "{f} is a Parquet file (gzip-compressed); decompress it first (Parquet is read in place, not as a stream)"),
+    ("table.arrow", lambda p: p.write_bytes(b"ARROW1\x00\x00" + b"\x10" * 64),
+     "{f} looks like an Arrow/Feather file, not JSON Lines; convert it to Parquet or JSON Lines first"),
     ("program.jsonl", lambda p: p.write_bytes(b"\x7fELF\x02\x01\x01" + b"\x00" * 200),
      "{f} looks like an executable (ELF), not JSON Lines; give the file of conversations"),
     ("table.jsonl", lambda p: p.write_bytes(b"SQLite format 3\x00" + b"\x10" * 100),

@@ -50,8 +50,7 @@ def test_no_function_level_import_of_an_sftdata_module():
                         hits.append(f"{f.relative_to(ROOT)}:{n.lineno}")
                     if isinstance(n, ast.Import) and any(a.name.startswith("sftdata") for a in n.names):
                         hits.append(f"{f.relative_to(ROOT)}:{n.lineno}")
-    # conversation.parse_record -> tool_format.parse_tool is being moved out (in progress on a branch)
-    assert [h for h in hits if not h.startswith("sftdata/conversation.py:")] == []
+    assert hits == []
 
 
 def test_every_top_level_module_is_placed_in_a_layer():

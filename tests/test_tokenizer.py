@@ -5,13 +5,46 @@ import json
 import pytest
 
 from sftdata.errors import TokenizerError
-from sftdata.tokenizer import MARKERS, load_tokenizer, tokenizer_from_state
+from sftdata.tokenizer import ADDED_MARKERS, CHAT_MARKERS, MARKERS, load_tokenizer, markers_of, tokenizer_from_state
 
 
 def test_markers_follow_the_highest_base_id_in_order(tok):
-    assert [tok.special_tokens[m] for m in MARKERS] == list(range(100277, 100283))
+    assert MARKERS == CHAT_MARKERS + ADDED_MARKERS
+    assert ADDED_MARKERS == ("<|THINK|>", "<|END_THINK|>", "<|ASSISTANT_CONTEXT|>")
+    assert [tok.special_tokens[m] for m in MARKERS] == list(range(100277, 100286))
     assert tok.special_tokens["<|EOS|>"] == tok.eos_id == 100257
-    assert tok.vocab_size == 100283
+    assert tok.vocab_size == 100286
+    m = tok.ids
+    assert (m.think, m.end_think, m.assistant_context) == (100283, 100284, 100285)
+
+
+# tokenizer_state.json as sftdata wrote it before the reasoning and context markers existed
+SIX_MARKER_STATE_SPECIAL = {"<|SYSTEM|>": 100277, "<|USER|>": 100278, "<|ASSISTANT|>": 100279, "<|TOOL|>": 100280,
+                            "<|TOOL_CALL|>": 100281, "<|END|>": 100282, "<|EOS|>": 100257}
+
+
+def test_a_state_with_the_six_first_markers_rebuilds_that_tokenizer(tok):
+    old = dict(tok.state(), special_tokens=SIX_MARKER_STATE_SPECIAL, vocab_size=100283)
+    again = tokenizer_from_state(old)
+    assert again.special_tokens == SIX_MARKER_STATE_SPECIAL and again.vocab_size == 100283
+    assert again.markers == CHAT_MARKERS == markers_of(SIX_MARKER_STATE_SPECIAL)
+    m = again.ids
+    assert (m.assistant, m.end, m.eos) == (100279, 100282, 100257)
+    assert (m.think, m.end_think, m.assistant_context) == (None, None, None)
+    assert list(m.as_dict()) == list(CHAT_MARKERS) + ["<|EOS|>"]
+    assert again.token_text(100283) == "<|invalid:100283|>"  # past this dataset's vocabulary
+    assert again.state() == old
+
+
+def test_a_state_whose_marker_ids_moved_is_refused(tok):
+    moved = dict(SIX_MARKER_STATE_SPECIAL, **{"<|THINK|>": 100290})
+    with pytest.raises(TokenizerError, match="special token ids differ from the recorded ones"):
+        tokenizer_from_state(dict(tok.state(), special_tokens=moved))
+
+
+def test_markers_must_start_with_the_six(tok):
+    with pytest.raises(TokenizerError, match=r"chat markers \('<\|THINK\|>',\) must be"):
+        load_tokenizer(markers=("<|THINK|>",))
 
 
 def test_ranks_hash_equals_the_sha256_of_the_cl100k_file(tok):
@@ -64,7 +97,9 @@ def test_ranks_file_tokenizer(tmp_path):
     assert t.encode("AB") == [65, 66]
     assert t.special_tokens["<|SYSTEM|>"] == 256
     assert t.special_tokens["<|END|>"] == 261
-    assert t.eos_id == 262 and t.vocab_size == 263
+    # EOS keeps the id it had before the added markers, which come after it
+    assert t.eos_id == 262 and t.vocab_size == 266
+    assert [t.special_tokens[m] for m in ADDED_MARKERS] == [263, 264, 265]
     assert tokenizer_from_state(t.state()).ranks_sha256 == t.ranks_sha256
 
 
@@ -102,6 +137,18 @@ def test_pickles_by_spec(tok):
     again = pickle.loads(pickle.dumps(tok))
     assert again.encode("hello world") == [15339, 1917]
     assert again.special_tokens == tok.special_tokens
+    six = load_tokenizer(markers=CHAT_MARKERS)
+    assert pickle.loads(pickle.dumps(six)).special_tokens == SIX_MARKER_STATE_SPECIAL
+
+
+def test_markers_placed_past_declared_ids_after_the_six(tmp_path):
+    """The added markers look for room of their own: ids declared right after EOS push
+    them on, never the six or EOS."""
+    ranks = _bytes_ranks(tmp_path / "m" / "r.tiktoken")
+    (tmp_path / "m" / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 264, "content": "<x>"}]}))
+    t = load_tokenizer(str(ranks))
+    assert [t.special_tokens[m] for m in CHAT_MARKERS] == list(range(256, 262)) and t.eos_id == 262
+    assert [t.special_tokens[m] for m in ADDED_MARKERS] == [265, 266, 267] and t.vocab_size == 268
 
 
 # -- marker ids never take an id the base encoding or its model uses ------------------------------
@@ -112,7 +159,8 @@ def _bytes_ranks(path):
 
 
 MARKER_IDS_AFTER_511 = {"<|SYSTEM|>": 512, "<|USER|>": 513, "<|ASSISTANT|>": 514, "<|TOOL|>": 515,
-                        "<|TOOL_CALL|>": 516, "<|END|>": 517, "<|EOS|>": 518}
+                        "<|TOOL_CALL|>": 516, "<|END|>": 517, "<|EOS|>": 518, "<|THINK|>": 519,
+                        "<|END_THINK|>": 520, "<|ASSISTANT_CONTEXT|>": 521}
 
 
 def test_ids_declared_in_tokenizer_config_beside_the_ranks_move_the_markers_past_them(tmp_path):
@@ -121,7 +169,7 @@ def test_ids_declared_in_tokenizer_config_beside_the_ranks_move_the_markers_past
     (tmp_path / "model" / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
     t = load_tokenizer(str(ranks))
     assert t.special_tokens == MARKER_IDS_AFTER_511
-    assert (t.vocab_size, t.eos_id, t.encode("AB")) == (519, 518, [65, 66])
+    assert (t.vocab_size, t.eos_id, t.encode("AB")) == (522, 518, [65, 66])
     assert t.declared_source == str((tmp_path / "model" / "tokenizer_config.json").resolve())
 
 
@@ -144,7 +192,7 @@ def test_declared_ids_away_from_the_markers_change_nothing(tmp_path):
     (tmp_path / "m" / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 9000, "content": "<x>"}]}))
     (tmp_path / "m" / "tokenizer_config.json").write_text("{not json")  # the model's file, not ours to judge
     t = load_tokenizer(str(ranks))
-    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id, t.vocab_size) == (256, 262, 263)
+    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id, t.vocab_size) == (256, 262, 266)
 
 
 def test_a_well_known_ranks_file_is_recognised_by_its_hash_alone(tmp_path, monkeypatch):
@@ -154,7 +202,7 @@ def test_a_well_known_ranks_file_is_recognised_by_its_hash_alone(tmp_path, monke
     sha = hashlib.sha256(ranks.read_bytes()).hexdigest()
     monkeypatch.setitem(model_special_ids.KNOWN_MODELS, sha, ("a known model", 256, 300, {256: "<|begin|>"}))
     t = load_tokenizer(str(ranks))
-    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id) == (300, 306)
+    assert (t.special_tokens["<|SYSTEM|>"], t.eos_id, t.special_tokens["<|ASSISTANT_CONTEXT|>"]) == (300, 306, 309)
     assert t.declared_source == "a known model" and t.declared[256] == "<|begin|>"
     assert model_special_ids.LLAMA3_RANKS_SHA256 in model_special_ids.KNOWN_MODELS
 
@@ -162,7 +210,7 @@ def test_a_well_known_ranks_file_is_recognised_by_its_hash_alone(tmp_path, monke
 def test_a_state_whose_markers_are_the_models_own_ids_is_refused_naming_them(tmp_path):
     """A dataset prepared before the model's ids were known put its markers on them."""
     ranks = _bytes_ranks(tmp_path / "original" / "tokenizer.model")
-    old = load_tokenizer(str(ranks)).state()  # markers 256-261, EOS 262
+    old = load_tokenizer(str(ranks)).state()  # markers 256-261, EOS 262, added markers 263-265
     names = {256: "<|begin_of_text|>", 257: "<|end_of_text|>"}
     decoder = {str(i): {"content": names.get(i, f"<|reserved_{i}|>")} for i in range(256, 512)}
     config = tmp_path / "tokenizer_config.json"
@@ -170,10 +218,10 @@ def test_a_state_whose_markers_are_the_models_own_ids_is_refused_naming_them(tmp
     with pytest.raises(TokenizerError) as e:
         tokenizer_from_state(old)
     assert str(e.value) == (
-        f"tokenizer_state.json: the recorded chat marker ids 256-262 are ids the tokenizer {str(ranks.resolve())!r} "
+        f"tokenizer_state.json: the recorded chat marker ids 256-265 are ids the tokenizer {str(ranks.resolve())!r} "
         f"uses itself (<|begin_of_text|>, <|end_of_text|>, <|reserved_258|>, <|reserved_259|>, ...; declared in "
         f"{config.resolve()}): the model would read the markers as its own tokens. Re-prepare the dataset: the "
-        f"markers now go to 512-518")
+        f"markers now go to 512-521")
 
 
 def test_the_guard_refuses_any_layout_where_a_marker_meets_a_used_id(tmp_path, monkeypatch):
@@ -209,6 +257,6 @@ def test_ranks_that_repeat_an_id_are_refused(tmp_path):
 
 def test_marker_ids_name_each_marker_and_nothing_else(tok):
     m = tok.ids
-    assert [m.name(i) for i in (m.system, m.user, m.assistant, m.tool, m.tool_call, m.end, m.eos)] == [
-        "<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>", "<|EOS|>"]
+    ids = (m.system, m.user, m.assistant, m.tool, m.tool_call, m.end, m.think, m.end_think, m.assistant_context, m.eos)
+    assert [m.name(i) for i in ids] == [*MARKERS, "<|EOS|>"]
     assert m.name(15339) is None and m.name(-1) is None

@@ -486,3 +486,79 @@ def test_64_bit_integers_inside_the_record_render_exactly_and_big_ones_elsewhere
     assert '{"name":"f","arguments":{"big":18446744073709551615,"f":0.1,"neg":-9223372036854775808}}' in text
     chat_line = '{"id": %d, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
     assert parse_record((chat_line % BIG).encode(), "w", "chat").turns[1].text == "a"
+
+
+# -- tool_call content parts, reasoning before calls, per-turn weight ------------------------------
+def _parts_record(call_value):
+    return {"tools": [{"type": "function", "function": WEATHER}], "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_call", "value": call_value}]},
+        {"role": "tool", "content": '{"temp": 18}'},
+        {"role": "assistant", "content": "18 degrees."}]}
+
+
+@pytest.mark.parametrize("value", [
+    '{"name": "get_weather", "arguments": {"unit": "C", "city": "Paris"}}',
+    {"name": "get_weather", "arguments": {"unit": "C", "city": "Paris"}},
+    {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'},
+], ids=["JSON text", "object", "arguments as JSON text"])
+def test_tool_call_parts_give_the_tokens_of_tool_calls(tok, value):
+    a = render(parse_record(openai_record(), "r", "tool"), tok)
+    b = render(parse_record(_parts_record(value), "r", "tool"), tok)
+    assert b.ids.tolist() == a.ids.tolist() and b.mask.tolist() == a.mask.tolist()
+    assert CALL_GOLDEN in tok.decode(b.ids.tolist())
+
+
+def test_tool_call_parts_are_sent_to_prepare_tool_from_prepare_chat():
+    rec = _parts_record({"name": "get_weather", "arguments": {}})
+    del rec["tools"]
+    rec["messages"] = rec["messages"][:3]
+    assert is_tool_record(rec)
+    with pytest.raises(RecordError) as e:
+        parse_record(rec, "r", "chat")
+    assert e.value.reason == "tool_conversation"
+
+
+def test_a_tool_call_part_that_is_not_json_is_an_invalid_call():
+    with pytest.raises(RecordError) as e:
+        parse_record(_parts_record("{name: get_weather"), "r", "tool")
+    assert e.value.reason == "invalid_tool_call"
+    assert e.value.detail.startswith("message 2: the function_call value is not valid JSON")
+
+
+def test_reasoning_comes_before_the_calls_in_the_assistant_span(tok):
+    rec = openai_record()
+    rec["messages"][2] = dict(rec["messages"][2], content=None, reasoning_content="I need the weather tool.")
+    r = render(parse_record(rec, "r", "tool"), tok)
+    m, e = tok.ids, tok.encode
+    span = [m.assistant, m.think] + e("I need the weather tool.") + [m.end_think, m.tool_call] + e(CALL_GOLDEN) + [m.end]
+    ids = r.ids.tolist()
+    start = ids.index(m.assistant)
+    assert ids[start:start + len(span)] == span
+    assert r.mask[start:start + len(span)].tolist() == [1] * len(span)
+
+
+def test_a_weight_0_call_turn_is_context_and_its_answer_is_trained(tok):
+    rec = openai_record()
+    rec["messages"][2] = dict(rec["messages"][2], weight=0)
+    c = parse_record(rec, "r", "tool")
+    assert c.turn_counts == ("untrained_weight_0",)
+    r = render(c, tok)
+    m, e = tok.ids, tok.encode
+    assert r.ids.tolist().count(m.assistant_context) == 1
+    assert r.ids[r.mask == 1].tolist() == [m.assistant] + e("18 degrees.") + [m.end]
+
+
+def test_glaive_function_call_turns_read_weight(tok):
+    rec = glaive_record()
+    for msg in rec["conversations"]:
+        if msg["from"] == "function_call":
+            msg["weight"] = 0
+    c = parse_record(rec, "r", "tool")
+    # "Checking." (trained) and the call (context) differ in weight, so they stay two turns
+    assert [(t.text, len(t.tool_calls), t.untrained) for t in c.turns if t.role == "assistant"] == [
+        ("Checking.", 0, ""), ("", 1, "weight_0"), ("18 degrees.", 0, "")]
+    del rec["conversations"][2]["weight"]
+    assert [t.untrained for t in parse_record(rec, "r", "tool").turns if t.role == "assistant"] == ["", ""]

@@ -263,7 +263,7 @@ def test_training_ends_when_the_loader_ends():
 
 # ------------------------------------------------- real runs on prepared datasets
 def _byte_tokenizer(path: Path) -> Path:
-    """A byte-level ranks file: vocab 256 + 7 chat tokens = 263, so a tiny model trains in
+    """A byte-level ranks file: vocab 256 + 10 chat tokens = 266, so a tiny model trains in
     milliseconds per step (cl100k's 100k-wide output layer would dominate)."""
     path.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
     return path
@@ -309,7 +309,7 @@ def test_30_steps_lower_the_assistant_only_loss(byte_ds, tmp_path):
     res = train.run(_args(byte_ds, cfg_path, tmp_path / "out"), env={"POST_TRAINING": "1"}, log=lines.append)
     assert res.steps == list(range(1, 31)) and res.stopped_by == "max_iters"
     first, last = res.losses[0], sum(res.losses[-5:]) / 5
-    assert first == pytest.approx(math.log(263), abs=0.3)  # an untrained model: about uniform
+    assert first == pytest.approx(math.log(266), abs=0.3)  # an untrained model: about uniform
     assert last < 0.5 * first, res.losses
     # exactly the assistant tokens were trained: the loader's own masks for these 30 steps
     ref = make_loader(LoaderConfig.from_file(cfg_path), byte_ds, backend="numpy")
@@ -391,7 +391,7 @@ def packed_ds(byte_ds):
 def test_packed_rows_from_the_loader_give_the_per_episode_logits(packed_ds):
     cfg = LoaderConfig(batch_size=4, block_size=96, use_loss_mask=True, epoch_shuffle=False)
     loader = make_loader(cfg, packed_ds, backend="torch")
-    model = _tiny_model(vocab=263)
+    model = _tiny_model(vocab=266)
     b = loader.get_batch("train")
     checked = 0
     with torch.no_grad():
@@ -437,7 +437,7 @@ def test_vocab_size_errors(byte_ds, tmp_path):
     with pytest.raises(ConfigError, match="records no tokenizer \\(no vocab size\\); set vocab_size in"):
         train.run(_args(tmp_path / "stream", _config(tmp_path / "a.json", use_loss_mask=False), tmp_path / "o"),
                   env={}, log=quiet)
-    with pytest.raises(ConfigError, match="vocab_size 100 is smaller than the vocabulary .* \\(263\\)"):
+    with pytest.raises(ConfigError, match="vocab_size 100 is smaller than the vocabulary .* \\(266\\)"):
         train.run(_args(byte_ds, _config(tmp_path / "b.json", vocab_size=100), tmp_path / "o"), env={}, log=quiet)
 
 
@@ -473,7 +473,7 @@ def test_the_same_script_trains_every_kind_of_dataset(kind, byte_ds, packed_ds, 
     res = train.run(_args(dataset, cfg, tmp_path / "out"), env={"POST_TRAINING": "0"}, log=lines.append)
     assert res.steps == [1, 2, 3] and res.tokens == 3 * 2 * block
     ref = make_loader(LoaderConfig.from_file(cfg), dataset, backend="numpy")
-    assert f"| {ref.mode} |" in lines[0] and "vocab 263" in lines[0]
+    assert f"| {ref.mode} |" in lines[0] and f"vocab {263 if kind == 'stream' else 266}" in lines[0]
     batches = [ref.get_batch("train") for _ in range(3)]
     if kind == "episodes":  # no mask: every target up to the episode's EOS, none on padding
         lengths = ref.source.ds.split("train").lengths

@@ -251,8 +251,8 @@ def test_token_id_past_the_vocabulary(ds):
     r = verify(ds)
     (prob,) = by_check(r, "vocab")
     assert prob.file == "train/shard_00000/tokens.bin" and (prob.episode, prob.byte) == (1, (19 + 7) * 4)
-    assert prob.message == "token 7 of episode 1 is id 100,300, past the vocabulary (100,283 ids): no tokenizer can decode it"
-    assert [p.check for p in r.problems] == ["vocab", "checksums"]
+    assert prob.message == "token 7 of episode 1 is id 100,300, past the vocabulary (100,286 ids): no tokenizer can decode it"
+    assert [p.check for p in r.problems] == ["vocab", "ranges", "checksums"]  # ranges: the data's ids now reach 100,300
 
 
 def test_episode_not_ending_with_eos(ds):
@@ -298,8 +298,10 @@ def test_metadata_and_tokenizer_problems(ds):
     st = json.loads((ds / "tokenizer_state.json").read_text())
     st["ranks_sha256"] = "0" * 64
     (ds / "tokenizer_state.json").write_text(json.dumps(st))
-    (prob,) = by_check(verify(ds, quick=True), "tokenizer")
+    prob, identity = by_check(verify(ds, quick=True), "tokenizer")
     assert "the dataset recorded 000000000000...; token ids would mean other text" in prob.message
+    assert identity.file == "dataset_metadata.json"
+    assert "(metadata vs state: ranks_sha256 223921b76ee99bde... vs 0000000000000000...)" in identity.message
     (ds / "tokenizer_state.json").unlink()
     (ds / "dataset_metadata.json").unlink()
     r = verify(ds)
@@ -351,7 +353,8 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     r = verify(flat)
     assert r.ok and r.layout == "flat"
     status = {c.name: c.status for c in r.checks}
-    assert [k for k, v in status.items() if v == "skipped"] == ["eos", "counts", "vocab", "mask_rule", "checksums"]
+    assert [k for k, v in status.items() if v == "skipped"] == ["metadata_checksum", "eos", "counts", "vocab", "ranges",
+                                                                 "mask_rule", "checksums"]
     assert any("counts, file sizes and checksums cannot be checked" in n for n in r.notes)
     assert any("token ids, EOS endings and the loss mask cannot be checked" in n for n in r.notes)
     idx = read_idx(flat / "train" / "episodes.idx")

@@ -92,7 +92,7 @@ def draw_overview(ov: Overview) -> Group:
     if ov.tokenizer:
         tk = ov.tokenizer
         if tk.get("file_sha256"):  # a model's own tokenizer.json and chat template
-            tpl = tk.get("chat_template") or {}
+            tpl = tk.get("template") or {}
             head.append(f"\ntokenizer {tk.get('name')} ({tk.get('kind')}) · vocab {tk.get('vocab_size', 0):,} · "
                         f"EOS {tk.get('eos_id')} · tokenizer.json sha256 {tk.get('file_sha256')} · chat template "
                         f"{tpl.get('name')} ({tpl.get('source')}, sha256 {tpl.get('sha256')})")
@@ -196,8 +196,10 @@ def _tail(ov: Overview, parts: list) -> None:
     if ov.sources:
         src = Text("sources\n", style="bold")
         for s in ov.sources:
-            src.append(f"  {s.get('path')}  {s.get('bytes', 0):,} bytes  {s.get('records', 0):,} records  "
-                       f"sha256 {s.get('sha256')}\n")
+            first, n = s.get("first_record"), s.get("records", 0)
+            numbers = f" (record numbers {first:,}–{first + n - 1:,})" if isinstance(first, int) and n else ""
+            src.append(f"  {s.get('path')}  {s.get('container', '?')}  {s.get('bytes', 0):,} bytes  {n:,} records"
+                       f"{numbers}  sha256 {s.get('sha256')}\n")
         parts.append(src)
     if ov.options:
         parts.append(Text("options  ", style="bold") + Text("  ".join(f"{k}={v}" for k, v in ov.options.items())))

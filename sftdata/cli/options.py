@@ -3,10 +3,24 @@ text is part of the CLI's contract: tests/contract/)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``67108864``, ``64M``, ``64MiB`` or ``1G`` (K, M, G are powers of 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a size: give bytes (67108864) or a number with K, M or G "
+                                 f"(64M, 1G; powers of 1024)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
 
 # metavar "": a flag takes no value, so help shows none (typer would show <bool>)
 JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "
@@ -22,6 +36,20 @@ DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=Fals
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
+MaxRecordBytesOpt = Annotated[int, typer.Option(
+    "--max-record-bytes", metavar="SIZE", parser=parse_size, show_default="64M",
+    help="Longest record read: a longer JSONL line, JSON array item or Parquet row is read past (never held whole) "
+         "and rejected as record_too_large. Bytes, or with K, M, G (powers of 1024). Bounds the memory a run needs "
+         "(docs/CLI.md).")]
+# prepare-chat / prepare-tool: what an assistant turn trains (docs/FORMAT.md, "Reasoning and per-turn training")
+ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="Reasoning of assistant turns "
+                                           "(reasoning_content, reasoning or thinking fields or parts, a leading "
+                                           "think-tag block), rendered between <|THINK|> and <|END_THINK|> and trained "
+                                           "with the reply: keep every turn's, last (the final assistant turn's only) "
+                                           "or drop. Counted per turn.")]
+TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "
+                                         "those the record marks weight 0 or train false), or last (the last of those "
+                                         "only); the others stay in the episode as untrained context.")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json "
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "

@@ -11,14 +11,17 @@ from rich.table import Table
 
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
+from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import ChatTemplateOpt, JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
+from .options import ChatTemplateOpt, JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt, ReasoningOpt, TrainOnOpt, WaitOpt
 
-InputsArg = Annotated[list[Path], typer.Argument(
-    metavar="INPUT", help="Input files: JSONL (one conversation per line), a JSON array, or either gzipped "
-                          "(.gz). Several files make one dataset; record numbers continue across them.",
-    show_default=False)]
+InputsArg = Annotated[list[str], typer.Argument(
+    metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
+                          "compressed (.gz .bz2 .xz .zst); a folder (its .jsonl/.json/.parquet files, recursively, "
+                          "sorted), a glob ('data/*.jsonl.gz'), - for stdin, or a URL (s3:// gs:// hf:// https:// "
+                          "file://, with the cloud extra). Several make one dataset; record numbers continue "
+                          "across them.", show_default=False)]
 OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Dataset folder to create "
                                           "(written to a temporary folder beside it, renamed at the end).")]
 ValSplitOpt = Annotated[float, typer.Option("--val-split", metavar="F", help="Fraction of episodes for the val split: "
@@ -53,6 +56,7 @@ def summary_table(s: PrepareSummary) -> Table:
     for split in s.tokens:
         t.add_row(f"tokens ({split})", f"{s.tokens[split]:,}")
     t.add_row("trained-token share", f"{s.trained_share:.1%}")
+    t.add_row("record size limit", f"{s.max_record_bytes:,} bytes")
     t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
     rej = sum(s.rejected.values())
     t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
@@ -60,6 +64,9 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
     for reason, n in s.repaired.items():
         t.add_row(f"  repaired: {reason}", f"{n:,}")
+    for name, n in s.turns.items():
+        if n:
+            t.add_row(f"  assistant turns: {name}", f"{n:,}")
     if s.records_truncated:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     if s.per_reply_records:
@@ -80,7 +87,9 @@ def min_val_split(n: int) -> float:
 
 
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet, wait: bool = False, chat_template=None) -> None:
+                workers, strict, overwrite, as_json, quiet, wait: bool = False,
+                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
+                chat_template=None) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -89,7 +98,8 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite, wait=wait, chat_template=chat_template)
+                          strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -134,13 +144,17 @@ def _prepare_command(mode: str, doc: str):
         chat_template: ChatTemplateOpt = None,
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
+        reasoning: ReasoningOpt = "keep",
+        train_on: TrainOnOpt = "all",
         overwrite: OverwriteOpt = False,
         wait: WaitOpt = False,
+        max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet, wait, chat_template)
+                    workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
+                    chat_template)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -162,6 +176,8 @@ Examples:
 
 * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1`
 * `sftdata prepare-chat a.jsonl b.json.gz -o data/chat_sft --max-tokens 4096 --overwrite`
+* `sftdata prepare-chat data/ hf://datasets/ORG/NAME/train.parquet -o data/chat_sft` (a folder and a URL)
+* `zcat chats.jsonl.gz | sftdata prepare-chat - -o data/chat_sft` (stdin)
 * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)

@@ -20,7 +20,10 @@ STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skip
 PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
                                         "--output-dir of prepare-chat, prepare-tool or pack).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
-                                        "runs).")]
+                                        "runs; file sizes are still compared with the metadata).")]
+SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
+                                          "records (path, bytes, sha256) and say whether the dataset can be "
+                                          "reproduced from them. Without it no input file is read.")]
 DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
                                                  "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
@@ -50,6 +53,8 @@ def draw_report(r: VerifyReport) -> Group:
         block.append(f"\n    {p.message}\n")
         block.append(f"    fix: {p.fix}", style="cyan")
         parts.append(block)
+    if r.sources:
+        parts.append(draw_sources(r))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
     mb = r.bytes_read / 1e6
@@ -63,6 +68,30 @@ def draw_report(r: VerifyReport) -> Group:
     return Group(*parts)
 
 
+SOURCE_STATUS = {"matches": ("✓ matches", "green"), "missing": ("✗ missing", "bold red"),
+                 "changed": ("✗ changed", "bold red"), "unreadable": ("✗ unreadable", "bold red")}
+
+
+def draw_sources(r: VerifyReport) -> Group:
+    """The input files (--sources) and whether the dataset can be reproduced from them."""
+    t = Table(title="input files (--sources)", title_justify="left", header_style="bold")
+    t.add_column("path")
+    t.add_column("result")
+    t.add_column("bytes", justify="right")
+    t.add_column("sha256 recorded", style="dim")
+    for c in r.sources:
+        label, style = SOURCE_STATUS[c.status]
+        t.add_row(c.path, Text(label, style=style), "" if c.bytes is None else f"{c.bytes:,}", (c.sha256 or "")[:16])
+    n = len(r.sources)
+    if r.reproducible:
+        line = Text(f"all {n} input file(s) match: the dataset can be reproduced from them", style="green")
+    else:
+        bad = sum(c.status != "matches" for c in r.sources)
+        line = Text(f"{bad} of {n} input file(s) missing or changed: the dataset cannot be reproduced from them",
+                    style="bold red")
+    return Group(t, line)
+
+
 @app.command("verify")
 @handle_errors
 def verify_cmd(
@@ -70,19 +99,22 @@ def verify_cmd(
     quick: QuickOpt = False,
     token_dtype: DtypeOpt = None,
     tokenizer: TokenizerOpt = None,
+    sources: SourcesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Check a dataset is intact and consistent; exit code 0 when clean, 1 when not.
 
     Files, sizes, counts, the episode index (packed: rows and segments), EOS endings, token
-    ids, the loss mask against the mask rule, and sha256 checksums. Every problem names the
-    file, the episode or byte offset, what is wrong and what to do (docs/AUDIT.md).
+    ids, the loss mask against the mask rule, the metadata against the tokenizer state and the
+    data, and sha256 checksums. Every problem names the file, the episode or byte offset, what
+    is wrong and what to do (docs/AUDIT.md).
 
     Examples:
 
     * `sftdata verify data/chat_sft`
     * `sftdata verify data/chat_sft --quick` (no checksums)
+    * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
     dataset_dir(path)
@@ -90,7 +122,7 @@ def verify_cmd(
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
-        report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer,
+        report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
                         progress=lambda done, total: lazy.update("verify", completed=done, total=total))
     if as_json:
         print_json(report.as_dict())

@@ -116,8 +116,10 @@ def row_layout(seg_row: np.ndarray, seg_offset: np.ndarray, seg_length: np.ndarr
 
 
 def marker_positions(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.ndarray]:
-    """Positions and marker ids of the span markers (not TOOL_CALL) and EOS in ``toks``."""
-    codes = np.array([m.system, m.user, m.assistant, m.tool, m.end, m.eos])
+    """Positions and marker ids of the span markers (not TOOL_CALL, THINK, END_THINK) and
+    EOS in ``toks``."""
+    codes = np.array([c for c in (m.system, m.user, m.assistant, m.tool, m.assistant_context, m.end, m.eos)
+                      if c is not None])
     pos = np.flatnonzero(np.isin(toks, codes))
     return pos, np.asarray(toks[pos]).astype(np.int64)
 

@@ -4,9 +4,14 @@
   sources, options and rejects; packed datasets: rows, segments, fill (``overview``);
 * ``views(path, split, episodes=/rows=/record=/sample=)``: episodes as decoded pieces,
   trained or not (``episodes``), or packed rows with their segments, positions and
-  padding (``rows``), each with one line per token on request.
+  padding (``rows``), each with one line per token on request;
+* ``dataset_report(path, ...)``: everything the HTML page shows (``collect``: the
+  distributions behind its plots, input files, rejects, sampled episodes token by token),
+  and ``write_report(path, output, compare=...)``: the page itself (``html``, ``plots``;
+  plotly is the ``report`` extra), what ``sftdata report`` writes.
 """
 
+from .collect import DatasetReport, SplitFigures, dataset_report
 from .episodes import EpisodeToken, EpisodeView, Piece, episode_view, find_record, pieces_of, sample_ids, spans_of
 from .overview import (
     PERCENTILES,
@@ -21,10 +26,11 @@ from .overview import (
 )
 from .rows import RowToken, RowView, SegmentView, row_view, rows_of_record, select_rows
 from .views import views
+from .write import ReportSummary, write_report
 
 __all__ = [
-    "PERCENTILES", "EpisodeToken", "EpisodeView", "Histogram", "Overview", "PackedInfo", "Piece", "RowToken",
-    "RowView", "SegmentView", "SplitOverview", "TruncationCost", "episode_view", "find_record", "length_histogram",
-    "overview", "pieces_of", "row_view", "rows_of_record", "sample_ids", "select_rows", "share_histogram",
-    "spans_of", "views",
+    "PERCENTILES", "DatasetReport", "EpisodeToken", "EpisodeView", "Histogram", "Overview", "PackedInfo", "Piece",
+    "ReportSummary", "RowToken", "RowView", "SegmentView", "SplitFigures", "SplitOverview", "TruncationCost",
+    "dataset_report", "episode_view", "find_record", "length_histogram", "overview", "pieces_of", "row_view",
+    "rows_of_record", "sample_ids", "select_rows", "share_histogram", "spans_of", "views", "write_report",
 ]

@@ -123,7 +123,7 @@ def open_checked(path, token_dtype=None, tokenizer: str | None = None) -> Datase
     return ds
 
 
-def _episode_bounds(sp: Split) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def episode_bounds(sp: Split) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """Per shard: (starts, ends, first global id). ``open_dataset`` refused episodes past
     the tokens, empty or overlapping ones; an older flat layout may still be unsorted,
     which the per-episode sums cannot take."""
@@ -178,7 +178,7 @@ def packed_info(seg: Segments, rows: int, row_len: int) -> PackedInfo:
 def _split_overview(sp: Split, block_size: int | None, row_len: int | None = None) -> SplitOverview:
     """One split's figures. A packed split (``row_len`` given): lengths are segment
     lengths, shares are per row over its real (non-padding) tokens."""
-    bounds = _episode_bounds(sp)
+    bounds = episode_bounds(sp)
     lengths = sp.lengths
     packed = real_per_row = None
     if row_len is not None:

@@ -7,12 +7,27 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..hf_tokenizer import hf_tokenizer_from_state
-from ..loss_rule import MarkerRule, is_template_state, rule_from_state
-from ..store import TOKENIZER_FILE
+from ..loss_rule import LossRule, MarkerRule, is_template_state, rule_from_state
+from ..store import TOKENIZER_FILE, Dataset
 from ..tokenizer import load_tokenizer
-from .episodes import EpisodeView, episode_view, find_record, sample_ids
+from .episodes import EpisodeView, Tokenizer, episode_view, find_record, sample_ids
 from .overview import open_checked
 from .rows import RowView, row_view, select_rows
+
+
+def dataset_tokenizer(ds: Dataset, tokenizer: str | None = None) -> tuple[Tokenizer, LossRule, list[str]]:
+    """The tokenizer that decodes ``ds``, its mask rule, and notes: the recorded one (a
+    model's tokenizer.json: from ``tokenizer`` when it has moved), else for an older flat
+    layout ``tokenizer`` or cl100k_base."""
+    if is_template_state(ds.tokenizer_state):
+        tok = hf_tokenizer_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE), path=tokenizer)
+        return tok, rule_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE)), []
+    if ds.tokenizer_state is not None:
+        tok = ds.tokenizer()
+        return tok, MarkerRule(tok.ids), []
+    tok = load_tokenizer(tokenizer)
+    return tok, MarkerRule(tok.ids), [f"the dataset records no tokenizer: decoded with {tok.name} (pass "
+                                      f"--tokenizer to choose)"]
 
 
 def views(path: str | Path, split: str = "train", *, episodes: list[int] | None = None,
@@ -29,17 +44,7 @@ def views(path: str | Path, split: str = "train", *, episodes: list[int] | None 
     if chosen != 1:
         raise UsageError("give exactly one of --episode, --row, --record or --sample")
     ds = open_checked(path, token_dtype, tokenizer)
-    notes = []
-    if is_template_state(ds.tokenizer_state):
-        tok = hf_tokenizer_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE), path=tokenizer)
-        rule = rule_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE))
-    elif ds.tokenizer_state is not None:
-        tok = ds.tokenizer()
-        rule = MarkerRule(tok.ids)
-    else:
-        tok = load_tokenizer(tokenizer)
-        rule = MarkerRule(tok.ids)
-        notes.append(f"the dataset records no tokenizer: decoded with {tok.name} (pass --tokenizer to choose)")
+    tok, rule, notes = dataset_tokenizer(ds, tokenizer)
     if ds.kind == "packed":
         found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
         return [row_view(ds, s, r, tok, rule, tokens=tokens) for s, r in found], notes

@@ -28,6 +28,11 @@ SOURCES_FILE = "sources.idx"
 SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
 SPLITS = ("train", "val")
 DEFAULT_SHARD_TOKENS = 100_000_000
+# dataset_metadata.json cannot list its own sha256 in "files": it records, under this key,
+# {"version": 1, "sha256": sha256 of its canonical JSON without this key} (``metadata_sha256``)
+# so that an edit of any value shows; datasets written before it have no such key
+METADATA_CHECKSUM = "metadata_checksum"
+METADATA_CHECKSUM_VERSION = 1
 
 # ---------------------------------------------------------------------- dtypes
 IDX_DTYPE = np.dtype("<u8")  # episodes.idx, sources.idx, segments.idx
@@ -104,6 +109,14 @@ def shard_name(i: int) -> str:
 def dumps_json(obj) -> bytes:
     """Deterministic, readable JSON (sorted keys, 2-space indent, trailing newline)."""
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def metadata_sha256(meta: dict) -> str:
+    """sha256 of ``meta`` without its ``METADATA_CHECKSUM``, as canonical JSON (version 1:
+    compact, keys sorted at every level, of the values as parsed), so that re-indenting or
+    reordering the file changes nothing and changing any value changes the hash."""
+    body = {k: v for k, v in meta.items() if k != METADATA_CHECKSUM}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:

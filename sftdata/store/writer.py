@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from ..errors import OutputExistsError
 from .format import (
@@ -22,11 +23,14 @@ from .format import (
     IDX_DTYPE,
     MASK_DTYPE,
     MASK_FILE,
+    METADATA_CHECKSUM,
+    METADATA_CHECKSUM_VERSION,
     METADATA_FILE,
     SEGMENTS_FILE,
     SOURCES_FILE,
     TOKENS_FILE,
     dumps_json,
+    metadata_sha256,
     sha256_file,
     shard_name,
 )
@@ -253,14 +257,16 @@ class DatasetWriter:
         (self.path / relname).write_bytes(dumps_json(obj))
 
     def commit(self, metadata: dict) -> Path:
-        """Write ``dataset_metadata.json`` (with sha256 of the top-level files) last,
-        then move the folder into place."""
+        """Write ``dataset_metadata.json`` (with sha256 of the top-level files, and of
+        itself: ``METADATA_CHECKSUM``) last, then move the folder into place."""
         release_staging(self.path)
         files = {}
         for p in sorted(self.path.iterdir()):
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
+        meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
+        meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
         (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
         if signature(self.target) != self._before:
             kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -121,48 +121,69 @@ def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name:
 
 
 def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
-                    where: str = "") -> TemplateRender:
-    """Render already-built message dicts (see ``render_conversation``). Raises ``RecordError``
+                    where: str = "", trained: list[int] | None = None) -> TemplateRender:
+    """Render already-built message dicts (see ``render_conversation``). ``trained``: the
+    indices of the assistant messages to train (default: all). Raises ``RecordError``
     (``template_error``, ``reply_not_located``, ``special_token_in_text``, ``reserved_character``)."""
     name = profile.template.name
     check_texts(messages, tools, tok, where)
+    replies = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    chosen = replies if trained is None else [k for k in replies if k in set(trained)]
     try:
         if profile.generation:
             out = profile.template.render(messages, tools=tools, variables=profile.variables)
             if not out.generation:
                 raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
                                   f"conversation; nothing would be trained", where)
-            return TemplateRender((_episode(tok, profile, out.text, [(-1, a, b) for a, b in out.generation],
-                                            name, where),))
+            spans = [(-1, a, b) for a, b in out.generation]
+            if chosen != replies:  # blocks in message order, one per reply, or the untrained ones cannot be told
+                if len(spans) != len(replies):
+                    raise RecordError("reply_not_located", f"chat template {name} marks {len(spans)} generation "
+                                      f"block(s) for {len(replies)} assistant messages, so the untrained ones cannot "
+                                      f"be left out", where)
+                spans = [(k, a, b) for k, (_, a, b) in zip(replies, spans) if k in set(chosen)]
+            return TemplateRender((_episode(tok, profile, out.text, spans, name, where),))
         fn, sent_fn = profile.render_fn(tools), profile.sentinel_fn(tools)
-        if profile.rule.last_reply_only:
+        if profile.replies_alone:
             why = "the template's replies can be located only one at a time (learned from its probe conversations)"
+        elif profile.rule.last_reply_only:  # --train-on last: the conversation up to its trained reply
+            return TemplateRender((_alone(tok, profile, fn, sent_fn, messages, chosen[-1], name, where),))
         else:
             try:
                 text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
+                spans = [sp for sp in spans if sp[0] in set(chosen)]
                 return TemplateRender((_episode(tok, profile, text, spans, name, where),))
             except NotLocated as e:
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
-        episodes = []
-        for k, m in enumerate(messages):
-            if m.get("role") != "assistant":
-                continue
-            try:
-                text, span = locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
-            except NotLocated as e:
-                raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
-                                  f"located ({e.why})", where) from None
-            episodes.append(_episode(tok, profile, text, [span], name, where))
+        episodes = [_alone(tok, profile, fn, sent_fn, messages, k, name, where) for k in chosen]
         return TemplateRender(tuple(episodes), per_reply=why)
     except TemplateError as e:
         raise RecordError("template_error", str(e), where) from None
 
 
+def _alone(tok: HFTokenizer, profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,
+           where: str) -> Episode:
+    """The episode of reply ``k`` alone: the conversation up to it, only it trained."""
+    try:
+        text, span = locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
+    except NotLocated as e:
+        raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
+                          f"located ({e.why})", where) from None
+    return _episode(tok, profile, text, [span], name, where)
+
+
+def trained_replies(conv: Conversation) -> list[int]:
+    """Indices of the assistant turns to train (not context: weight 0, ``--train-on last``)."""
+    return [i for i, t in enumerate(conv.turns) if t.role == "assistant" and not t.untrained]
+
+
 def render_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
                         where: str = "") -> TemplateRender:
     """Render a validated ``Conversation`` with the profile's template (tool-call arguments
-    as the template expects them)."""
-    return render_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where)
+    as the template expects them, reasoning inline before the reply), training the
+    assistant turns that are not context."""
+    return render_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where,
+                           trained_replies(conv))
 
 
 def tokenizer_state(tok: HFTokenizer, profile: TemplateProfile) -> dict:

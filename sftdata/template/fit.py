@@ -21,7 +21,7 @@ from dataclasses import replace
 from ..conversation import Conversation
 from ..errors import RecordError, TemplateError
 from ..hf_tokenizer import HFTokenizer
-from .episodes import TemplateRender, render_conversation
+from .episodes import TemplateRender, render_conversation, trained_replies
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
 
@@ -54,6 +54,10 @@ def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer
                               f"tokens with chat template {profile.template.name} > --max-tokens {max_tokens}", where)
         if k > 0 and n - prev > max_tokens:
             kept = replace(conv, turns=conv.turns[:ends[k - 1]])
+            if not trained_replies(kept):  # --train-on last: the reply it trains is in a dropped pair
+                raise RecordError("too_long", f"the pair holding the trained reply does not fit in --max-tokens "
+                                  f"{max_tokens} (it renders to {n - prev} tokens with chat template "
+                                  f"{profile.template.name})", where)
             return render_conversation(kept, profile, tok, where), len(ends) - k
         prev = n
     return out, 0

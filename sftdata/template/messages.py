@@ -45,7 +45,7 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
                     entry["id"] = call.id
                 calls.append(entry)
                 pending.append((call.id, call.name))
-            out.append({"role": "assistant", "content": turn.text, "tool_calls": calls})
+            out.append({"role": "assistant", "content": _with_reasoning(turn), "tool_calls": calls})
         elif turn.role == "tool":
             msg: dict = {"role": "tool", "content": turn.text}
             match = next((i for i, (cid, _) in enumerate(pending) if turn.tool_call_id and cid == turn.tool_call_id),
@@ -56,8 +56,14 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
                 msg["tool_call_id"] = turn.tool_call_id
             out.append(msg)
         else:
-            out.append({"role": turn.role, "content": turn.text})
+            out.append({"role": turn.role, "content": _with_reasoning(turn) if turn.role == "assistant" else turn.text})
     return out
+
+
+def _with_reasoning(turn) -> str:
+    """An assistant turn's text with its reasoning inline before it, as Qwen3 and DeepSeek-R1
+    templates read it (a template that knows no reasoning renders it as part of the reply)."""
+    return f"<think>\n{turn.reasoning}\n</think>\n\n{turn.text}" if turn.reasoning else turn.text
 
 
 def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple[ArgumentsStyle, str]:

@@ -65,6 +65,7 @@ class TemplateProfile:
     arguments: ArgumentsStyle
     arguments_reason: str
     tools_supported: bool
+    replies_alone: bool = False  # the template's replies are found one at a time only (learned)
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -263,7 +264,8 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
-    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive, last_only))
+    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive, last_only),
+                      replies_alone=last_only)
     for _, spans, enc in encoded:
         mask = token_mask(enc.offsets, spans)
         at = mask_disagreement(enc.ids, mask, profile.rule)

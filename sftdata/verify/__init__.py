@@ -14,7 +14,12 @@ The checks (``CHECKS``; ``PACKED_CHECKS`` for packed datasets) and what each cat
   the mask equal to the one ``masking.loss_mask`` derives from the tokens (``content``;
   packed: per segment, and padding, ``packed``);
 * references: packed segments against their source episodes (``references``);
-* checksums: sha256 of every file equals the metadata (skipped by ``quick``).
+* metadata_checksum, ranges (and the tokenizer identity): the metadata hashes to the
+  sha256 it records, its tokenizer summary is ``tokenizer_state.json``'s, each shard's
+  recorded value ranges fit the vocabulary and the data (``metadata``);
+* checksums: sha256 of every file equals the metadata (skipped by ``quick``);
+* sources (only with ``sources=True``): the input files the metadata records are present
+  and unchanged, so the dataset can be reproduced from them (``sources``).
 
 Every check is a pure function over what the reader returns, returning ``Problem``
 records; each names the check, the file (relative to the dataset), where (episode or

@@ -7,17 +7,22 @@ from dataclasses import asdict, dataclass, field
 
 from ..store import Problem
 from ..store.problems import in_check_order
+from .sources import SourceCheck
 
 _COMMON_HEAD = {
     "metadata": "metadata present, sftdata format, known version",
-    "tokenizer": "tokenizer rebuilds with the recorded hash (ranks, or tokenizer.json)",
+    "metadata_checksum": "metadata unedited: it hashes to the sha256 it records",
+    "tokenizer": "tokenizer rebuilds with the recorded hash (ranks, or tokenizer.json) and is the metadata's",
     "files": "every file and shard present, none unlisted",
     "sizes": "file sizes agree with each other and with the metadata",
 }
 _COMMON_TAIL = {
     "vocab": "token ids below the vocabulary size",
     "mask_values": "mask values are 0 or 1",
+    "ranges": "recorded token id and mask value ranges possible and equal to the data",
 }
+# run only when asked (``verify(sources=True)``, ``verify --sources``): it reads the input files
+SOURCES_CHECK = {"sources": "input files recorded in the metadata present and unchanged"}
 # ordered so that the most specific problem comes first (counts are often a consequence)
 CHECKS: dict[str, str] = {
     **_COMMON_HEAD,
@@ -69,6 +74,8 @@ class VerifyReport:
     bytes_read: int = 0  # bytes of token/mask data checked plus bytes hashed
     bytes_hashed: int = 0
     seconds: float = 0.0
+    sources: list[SourceCheck] | None = None  # the recorded input files, when asked (--sources)
+    reproducible: bool | None = None  # every input file matches (None: not asked, or none recorded)
 
     @property
     def ok(self) -> bool:
@@ -78,14 +85,17 @@ class VerifyReport:
         return {"path": self.path, "ok": self.ok, "layout": self.layout, "kind": self.kind, "quick": self.quick,
                 "checks": [asdict(c) for c in self.checks], "problems": [p.as_dict() for p in self.problems],
                 "notes": self.notes, "splits": self.splits, "bytes_read": self.bytes_read,
-                "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3)}
+                "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3),
+                "sources": None if self.sources is None else [c.as_dict() for c in self.sources],
+                "reproducible": self.reproducible}
 
 
-def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str]
+def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str], extra: dict | None = None
                   ) -> tuple[list[Problem], list[CheckResult]]:
     """The problems in check order (the most specific first), and each check's result:
-    failed when it found a problem, else skipped when it could not run (and why), else ok."""
-    checks = checks_for(kind)
+    failed when it found a problem, else skipped when it could not run (and why), else ok.
+    ``extra``: checks run on request (``SOURCES_CHECK``), after the others."""
+    checks = {**checks_for(kind), **(extra or {})}
     problems = in_check_order(problems, checks)
     results = []
     for name, desc in checks.items():

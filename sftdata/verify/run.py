@@ -20,18 +20,31 @@ from ..store.structure import check_counts, check_eos, episode_bounds
 from .checksums import checksum_jobs, checksum_problems
 from .content import check_content
 from .description import check_tokenizer
+from .metadata import (
+    NOT_RECORDED,
+    any_ranges,
+    check_metadata_checksum,
+    check_ranges,
+    check_tokenizer_identity,
+    data_ranges,
+    proven_shards,
+    recorded_vocab,
+)
 from .packed import check_packed_content
 from .references import check_references
-from .report import ProgressFn, VerifyReport, check_results
+from .report import SOURCES_CHECK, ProgressFn, VerifyReport, check_results
+from .sources import check_source, recorded_sources, reproducible, source_bytes, source_problems
 
 
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
-           progress: ProgressFn | None = None, hash_threads: int = 1) -> VerifyReport:
+           progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
-    ``quick`` skips the checksums. ``token_dtype`` and ``tokenizer`` matter only for the
-    older flat layout, which records neither. Raises ``DatasetError`` only when ``path``
-    holds no dataset at all.
+    ``quick`` skips the checksums (and the comparison of the recorded value ranges with
+    the data). ``sources`` also re-hashes the input files the metadata records
+    (``report.sources``, ``report.reproducible``); without it no input file is read.
+    ``token_dtype`` and ``tokenizer`` matter only for the older flat layout, which
+    records neither. Raises ``DatasetError`` only when ``path`` holds no dataset at all.
     """
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
@@ -53,11 +66,21 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
         if ds.layout == "flat":
             notes.append(f"older flat layout without {METADATA_FILE}: counts, file sizes and checksums cannot be "
                          "checked against a record of what was written")
-        skip(("counts", "checksums"), "no metadata")
+        skip(("counts", "checksums", "metadata_checksum", "ranges"), "no metadata")
     if packed and row_len is None:
         skip(("rows", "segments", "references", "mask_rule", "padding"), "no packing.row_len")
     tc = check_tokenizer(scan, tokenizer)
     notes += [tc.note] if tc.note else []
+    found = check_tokenizer_identity(meta, ds.tokenizer_state, tc.vocab)
+    vocab = recorded_vocab(tc.vocab, meta, ds.tokenizer_state)  # ids below every recorded vocabulary
+    if meta is not None:
+        sums, why = check_metadata_checksum(meta)
+        found += sums
+        meta_sealed = not sums and why is None
+        if why:
+            skip(("metadata_checksum",), why)
+        if not any_ranges(meta, ds.shards):
+            skip(("ranges",), NOT_RECORDED)
     if tc.unknown:
         skip(("vocab", "eos", "mask_rule"), "tokenizer unknown")
     if tc.unchecked:
@@ -71,9 +94,12 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     if quick:
         skip(("checksums",), "--quick")
     shards = ds.shards
-    jobs, top_missing, top_resized = checksum_jobs(root, meta, shards) if meta is not None and not quick else \
-        ([], [], [])
-    total = sum(sh.data_bytes for sh in shards) + sum(j[1].stat().st_size for j in jobs)
+    # the top-level files' sizes are checked on --quick too (the reader checks the shards')
+    jobs, top_missing, top_resized = checksum_jobs(root, meta, shards) if meta is not None else ([], [], [])
+    jobs = [] if quick else jobs
+    in_sources = recorded_sources(meta) if sources else []
+    total = sum(sh.data_bytes for sh in shards) + sum(j[1].stat().st_size for j in jobs) + \
+        (source_bytes(meta) if sources else 0)
     done = [0]
 
     def tick(nbytes: int) -> None:
@@ -81,20 +107,20 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
         if progress:
             progress(done[0], total)
 
-    found = []
     report = VerifyReport(str(root), ds.layout, ds.kind, quick)
     pad_id = ((meta or {}).get("packing") or {}).get("pad_token_id")
     with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
         futures = [(j, pool.submit(sha256_file, j[1])) for j in jobs]  # runs beside the checks below
+        src_futures = [pool.submit(check_source, rec) for rec in in_sources]
         for sh in shards:
             if rows:
-                found += check_packed_content(sh, tc.vocab, pad_id if isinstance(pad_id, int) else None, row_len,
+                found += check_packed_content(sh, vocab, pad_id if isinstance(pad_id, int) else None, row_len,
                                               sh.rel not in scan.bad_segments, tick)
             elif not packed:
                 bounds = episode_bounds(sh)
                 if tokenizer is not None:  # the reader knew no tokenizer to check the EOS endings with
-                    found += check_eos(sh, bounds, tc.vocab.markers)
-                found += check_content(sh, bounds, tc.vocab, tick)
+                    found += check_eos(sh, bounds, vocab.markers)
+                found += check_content(sh, bounds, vocab, tick)
         if meta is not None:  # the reader's counts, with the trained tokens measured here
             trained = [None if sh.mask is None else int(np.count_nonzero(sh.mask)) for sh in shards]
             found += check_counts(meta, shards, packed=packed, trained=trained)
@@ -108,13 +134,27 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             results.append((fn, fut.result(), rec.get("sha256"), shard))
             report.bytes_hashed += p.stat().st_size
             tick(p.stat().st_size)
-    found += checksum_problems(results, meta, shards) if meta is not None else []
+        if sources:
+            report.sources = [f.result() for f in src_futures]
+            report.reproducible = reproducible(report.sources)
+            tick(source_bytes(meta))
+            found += source_problems(report.sources)
+            if not report.sources:
+                notes.append(_no_sources_note(meta, ds.kind))
+                skip(("sources",), "no input files recorded")
+    if meta is not None:
+        found += checksum_problems(results, meta, shards)
+        # the recorded value ranges against the vocabulary, and (not --quick) the data's,
+        # measured where no checksum already proves them equal
+        proven = proven_shards(meta, shards, results, meta_sealed)
+        data = None if quick else {sh.rel: data_ranges(sh) for sh in shards if sh.rel not in proven}
+        found += check_ranges(meta, shards, None if vocab is None else vocab.size, data)
     if not any(sh.mask is not None for sh in shards):
         skip(("mask_values", "mask_rule"), "no mask.bin")
     # within a check, the problems keep the order they were found in: top-level file sizes
     # before the shards' sizes, the shards' missing files before the top-level ones
     problems = top_resized + [p for p in scan.problems if p.check != "counts"] + tc.problems + top_missing + found
-    report.problems, report.checks = check_results(ds.kind, problems, skipped)
+    report.problems, report.checks = check_results(ds.kind, problems, skipped, SOURCES_CHECK if sources else None)
     report.notes = notes
     for split in SPLITS:
         mine = [sh for sh in shards if sh.split == split]
@@ -124,3 +164,13 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     report.bytes_read = done[0]
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _no_sources_note(meta: dict | None, kind: str | None) -> str:
+    """Why ``--sources`` had nothing to read."""
+    if meta is None:
+        return f"--sources: no {METADATA_FILE}, so no input files are recorded"
+    src = (meta.get("source") or {}).get("path") if kind == "packed" and isinstance(meta.get("source"), dict) else None
+    if src:
+        return f"--sources: a packed dataset records no input files; run `sftdata verify {src} --sources` on its source"
+    return f"--sources: {METADATA_FILE} records no input files"

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Benchmark: reading inputs. Speed of each reader, peak memory per input format, and the
+hostile inputs of tests/test_adversarial.py at full size.
+
+    python benchmarks/bench_inputs.py [--mb 256] [--bomb-gib 2] [--skip-formats]
+
+1. **Readers** (in-process, no tokenising): MB/s of text read into records for JSONL,
+   JSONL.gz, a JSON array, Parquet, and a gzip of blank lines (decompressed MB/s).
+2. **Formats** (``prepare-chat -j 1`` in a child, peak RSS): the same ``--mb`` of
+   records as JSONL, JSONL.gz, a JSON array and Parquet. Most records have no assistant
+   turn (rejected after parsing, not tokenised), so the run measures reading, not the
+   tokenizer; Parquet's peak should stay within 1.2x of JSONL's.
+3. **Hostile inputs** (``prepare-chat -j 1`` in a child): outcome, peak RSS, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from hostile_inputs import gzip_repeated, record, run_measured  # noqa: E402
+
+from sftdata.sources import expand_inputs, inspect_source, iter_all  # noqa: E402
+
+WORDS = "the of and to in is you that it he was for on are as with his they I at be this have from".split()
+
+
+def text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) + ("\n" if rng.random() < 0.03 else "") for _ in range(n))
+
+
+def records(target: int, seed: int = 0):
+    """Records of about ``target`` bytes in all: 1 in 50 a normal chat, the others a long
+    user turn with no assistant turn (rejected by the parser, never tokenised)."""
+    rng = random.Random(seed)
+    size = i = 0
+    while size < target:
+        if i % 50 == 0:
+            rec = {"messages": [{"role": "user", "content": text(rng, 20)}, {"role": "assistant", "content": text(rng, 40)}]}
+        else:
+            rec = {"messages": [{"role": "user", "content": text(rng, 3000)}]}
+        size += len(json.dumps(rec)) + 1
+        i += 1
+        yield rec
+
+
+def write_formats(folder: Path, mb: int) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = folder / "c.jsonl"
+    with open(jsonl, "w") as f:
+        for r in records(mb << 20):
+            f.write(json.dumps(r) + "\n")
+    gz = folder / "c.jsonl.gz"
+    with open(jsonl, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    arr = folder / "c.json"
+    with open(jsonl, "rb") as src, open(arr, "wb") as dst:
+        dst.write(b"[")
+        for k, line in enumerate(src):
+            dst.write((b",\n" if k else b"") + line.rstrip(b"\n"))
+        dst.write(b"]")
+    pqf = folder / "c.parquet"
+    writer = None
+    batch = []
+    with open(jsonl, "rb") as src:
+        for line in src:
+            batch.append(json.loads(line)["messages"])
+            if len(batch) == 2000:
+                t = pa.table({"messages": batch})
+                writer = writer or pq.ParquetWriter(pqf, t.schema)
+                writer.write_table(t)
+                batch = []
+    if batch:
+        t = pa.table({"messages": batch})
+        writer = writer or pq.ParquetWriter(pqf, t.schema)
+        writer.write_table(t)
+    writer.close()
+    return {"jsonl": jsonl, "jsonl.gz": gz, "json array": arr, "parquet": pqf}
+
+
+def read_speed(path: Path) -> tuple[float, int]:
+    infos = [inspect_source(i) for i in expand_inputs([path])]
+    t = time.perf_counter()
+    n = sum(1 for _ in iter_all(infos))
+    return time.perf_counter() - t, n
+
+
+def hostile(folder: Path, bomb_gib: int) -> list[tuple[str, Path, list[str], str]]:
+    """(name, input, extra options, expected outcome)."""
+    out = []
+    bomb = folder / "bomb.jsonl.gz"
+    gzip_repeated(bomb, record(0) + b'\n{"messages": [{"role": "user", "content": "', b"a" * (1 << 20),
+                  1024 * bomb_gib, b'"}, {"role": "assistant", "content": "a"}]}\n')
+    out.append((f"gzip bomb: one line of {bomb_gib} GiB ({bomb.stat().st_size >> 10:,} KiB file)", bomb, [],
+                "1 record_too_large, 1 episode"))
+    blank = folder / "blank.jsonl.gz"
+    gzip_repeated(blank, b"", b"\n" * (1 << 20), 1024, record(1) + b"\n")
+    out.append(("gzip of 1 Gi blank lines, then a record", blank, [], "1 episode, record number 1,073,741,824"))
+    pad = b"p" * ((1 << 20) - 200)
+    item = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "pad": "'
+    arr = folder / "array.json.gz"
+    gzip_repeated(arr, b"[", item + pad + b'"},\n', 1024, record(9) + b"]")
+    out.append(("JSON array of 1 GiB (1,025 items of 1 MiB)", arr, [], "1,025 episodes"))
+    cut = folder / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(b"\n".join(record(i) for i in range(100_000)))[:-5000])
+    out.append(("truncated .gz", cut, [], "error naming the last complete line"))
+    small = [
+        ("JSON nested 100,000 deep", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json"),
+        ("an integer of 10,000 digits", b'{"n": ' + b"9" * 10_000 + b', "messages": []}', "invalid_json"),
+        ("NUL byte in a string", record(3).replace(b"question", b"ques\x00tion"), "invalid_json"),
+        ("invalid UTF-8", record(4).replace(b"question", b"ques\xfftion"), "invalid_utf8"),
+        ("lone surrogate (escaped)", record(5).replace(b"question", b"ques\\ud800tion"), "invalid_json"),
+        ("lone surrogate (CESU-8 bytes)", record(6).replace(b"question", b"ques\xed\xa0\x80tion"), "invalid_utf8"),
+    ]
+    for k, (name, line, reason) in enumerate(small):
+        p = folder / f"small{k}.jsonl"
+        p.write_bytes(b"\n" * 1100 + line + b"\n" + record(0) + b"\n")
+        out.append((name, p, [], f"1 {reason}, 1 episode"))
+    return out
+
+
+def outcome(res: dict) -> str:
+    if res["code"]:
+        return res["stderr"].strip().splitlines()[-1][:110]
+    s = json.loads(res["stdout"])
+    rej = ", ".join(f"{n} {r}" for r, n in s["rejected"].items())
+    return f"{s['episodes'].get('train', 0):,} episodes" + (f", rejected: {rej}" if rej else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=int, default=256, help="size of the format comparison corpus (default 256)")
+    ap.add_argument("--bomb-gib", type=int, default=2, help="decompressed size of the gzip bomb (default 2)")
+    ap.add_argument("--skip-formats", action="store_true", help="only the hostile inputs")
+    a = ap.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="bench_inputs_"))
+    try:
+        if not a.skip_formats:
+            files = write_formats(folder, a.mb)
+            text_bytes = files["jsonl"].stat().st_size
+            print(f"1. readers: {text_bytes / 1e6:,.0f} MB of records read into raw records, no tokenising")
+            for name, path in files.items():
+                secs, n = read_speed(path)
+                print(f"   {name:12s} {text_bytes / secs / 1e6:8.1f} MB/s of text  ({n:,} records, {secs:.1f} s)")
+            blank = folder / "blank_speed.jsonl.gz"
+            gzip_repeated(blank, b"", b"\n" * (1 << 20), 1024, record(1) + b"\n")
+            secs, _ = read_speed(blank)
+            print(f"   {'blank lines':12s} {(1 << 30) / secs / 1e6:8.1f} MB/s of decompressed text (1 GiB of "
+                  f"newlines in a {blank.stat().st_size >> 10:,} KiB gzip)")
+            print(f"2. formats: prepare-chat -j 1, {a.mb} MB of records (2% kept and tokenised)")
+            base = None
+            for name, path in files.items():
+                out = folder / f"out_{name.replace(' ', '_')}"
+                res = run_measured(["prepare-chat", str(path), "-o", str(out), "-j", "1", "-q", "--json"])
+                base = base or res["peak_mib"]
+                print(f"   {name:12s} peak {res['peak_mib']:7.0f} MiB ({res['peak_mib'] / base:.2f}x JSONL)  "
+                      f"{res['seconds']:6.1f} s  {outcome(res)}")
+                shutil.rmtree(out, ignore_errors=True)
+        print("3. hostile inputs: prepare-chat -j 1 (peak RSS of the whole run)")
+        for name, path, extra, want in hostile(folder, a.bomb_gib):
+            out = folder / "out_h"
+            res = run_measured(["prepare-chat", str(path), "-o", str(out), "-j", "1", "-q", "--json", *extra])
+            print(f"   {name:48s} peak {res['peak_mib']:5.0f} MiB  {res['seconds']:6.1f} s  {outcome(res)}  "
+                  f"(expected: {want})")
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""Training on an sftdata dataset with other trainers: ``transformers.Trainer``, TRL's
+``SFTTrainer`` or a plain PyTorch loop (the public import is ``sftdata.torch``)::
+
+    from sftdata.torch import SFTDataset, collate
+    ds = SFTDataset("data/chat_sft_packed", split="train")        # episodes or packed rows
+    trainer = transformers.Trainer(model=model, train_dataset=ds, data_collator=collate(padding_free=True), ...)
+
+* ``dataset``: ``SFTDataset``, items as ``transformers`` models take them (numpy arrays);
+* ``collate``: the batch dicts (padded, or padding-free with flash-attention varlen kwargs);
+* ``sampler``: ``SFTSampler``, the loader's order (``sftdata.order``), so ``replay-order``
+  answers for a run that used it.
+
+Torch is imported only where tensors are made (the collators); docs/INTEROP.md.
+"""
+
+from .collate import Collator, collate, flatten, positions_of, require_torch, sequence_bounds
+from .dataset import SFTDataset
+from .sampler import SFTSampler
+
+__all__ = ["Collator", "SFTDataset", "SFTSampler", "collate", "flatten", "positions_of", "require_torch",
+           "sequence_bounds"]

@@ -1,0 +1,145 @@
+"""Episodes (packed: rows) the report shows token by token: the ones asked for, then a
+seeded sample. Each is drawn as runs of tokens (``tokens.token_runs``), at most a
+budget of tokens in all, so a page of long episodes stays small: an episode past its
+share shows its first tokens and says how many follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import UsageError
+from ..loss_rule import LossRule, MarkerRule
+from ..packing import row_mask
+from ..store import Dataset, split_segments
+from .episodes import Tokenizer, sample_ids
+from .tokens import Run, token_runs
+
+TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
+MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)
+
+
+@dataclass
+class SampleEpisode:
+    split: str
+    episode: int
+    chosen: bool  # asked for (--episode); else drawn by the seeded sample
+    record: int | None  # input record number, when stored
+    length: int
+    trained_tokens: int | None
+    shown: int  # tokens drawn: the first ``shown`` of ``length``
+    runs: list[Run]
+    rule_differs: int  # tokens whose stored mask is not the mask rule's
+
+
+@dataclass
+class SampleSegment:
+    index: int  # its seq_id in the row
+    offset: int
+    length: int
+    prefix: int  # injected context tokens at its start (stream packing)
+    episode: int  # the source split's episode id
+    episode_start: int  # the first episode token it holds
+    record: int | None
+    trained_tokens: int
+
+
+@dataclass
+class SampleRow:
+    split: str
+    row: int
+    chosen: bool
+    row_len: int
+    real_tokens: int
+    padding: int
+    pad_id: int | None
+    trained_tokens: int | None
+    segments: list[SampleSegment]
+    shown: int  # real tokens drawn (padding is summarised)
+    runs: list[Run]
+    rule_differs: int
+
+
+def pick(n: int, chosen: list[int] | None, sample: int, seed: int) -> list[tuple[int, bool]]:
+    """(id, chosen) pairs: the ``chosen`` ids in the order given, then ``sample`` more
+    drawn with ``sample_ids`` (ids already chosen are not repeated)."""
+    if sample < 0:
+        raise UsageError(f"--sample must be 0 or more, got {sample}")
+    out = [(int(i), True) for i in dict.fromkeys(chosen or [])]
+    seen = {i for i, _ in out}
+    if sample and n:
+        out += [(i, False) for i in sample_ids(n, sample, seed) if i not in seen]
+    return out
+
+
+def budget(count: int, total: int = TOKEN_BUDGET) -> int:
+    """Tokens each of ``count`` samples may draw out of ``total``."""
+    return max(MIN_SHOWN, total // max(1, count))
+
+
+def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, chosen: bool, limit: int,
+                   rule: LossRule | None = None) -> SampleEpisode:
+    sp = ds.split(split)
+    shard, local = sp.locate(episode)
+    ids, mask = sp.episode(episode)
+    ids = np.asarray(ids, dtype=np.int64)
+    trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
+    rule = rule or MarkerRule(tok.ids)
+    differs = 0 if mask is None else int((rule.masks(ids, np.array([ids.shape[0]])) != trained).sum())
+    shown = min(ids.shape[0], limit)
+    src = shard.sources
+    return SampleEpisode(split=split, episode=int(episode), chosen=chosen,
+                         record=None if src is None or local >= src.shape[0] else int(src[local]),
+                         length=int(ids.shape[0]), trained_tokens=None if mask is None else int(trained.sum()),
+                         shown=shown, runs=token_runs(ids[:shown], trained[:shown], tok), rule_differs=differs)
+
+
+def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: bool, limit: int,
+               rule: LossRule | None = None) -> SampleRow:
+    sp = ds.split(split)
+    sp.locate(row)  # a row id out of range says so
+    ids, mask = sp.episode(row)
+    ids = np.asarray(ids, dtype=np.int64)
+    L = ids.shape[0]
+    trained = np.zeros(L, bool) if mask is None else np.asarray(mask) != 0
+    seg = split_segments(sp).of_rows([row])
+    local = replace(seg, row=np.zeros(len(seg), np.int64))  # rows local to this one row
+    differs = 0 if mask is None else int((row_mask(ids, local, L, rule or MarkerRule(tok.ids)) != trained).sum())
+    real = int(seg.length.sum())
+    segment = np.full(L, -1, np.int64)
+    injected = np.zeros(L, bool)
+    segments = []
+    for i in range(len(seg)):
+        a, b = int(seg.offset[i]), int(seg.offset[i] + seg.length[i])
+        segment[a:b] = i
+        injected[a:a + int(seg.prefix[i])] = True
+        segments.append(SampleSegment(i, a, b - a, int(seg.prefix[i]), int(seg.episode[i]),
+                                      int(seg.episode_start[i]), None if seg.source[i] < 0 else int(seg.source[i]),
+                                      int(trained[a:b].sum())))
+    shown = min(real, limit)
+    return SampleRow(split=split, row=int(row), chosen=chosen, row_len=L, real_tokens=real, padding=L - real,
+                     pad_id=(ds.packing or {}).get("pad_token_id"),
+                     trained_tokens=None if mask is None else int(trained.sum()), segments=segments, shown=shown,
+                     runs=token_runs(ids[:shown], trained[:shown], tok, segment=segment[:shown],
+                                     injected=injected[:shown]),
+                     rule_differs=differs)
+
+
+def samples(ds: Dataset, split: str, tok: Tokenizer, *, sample: int, seed: int, episodes: list[int] | None = None,
+            rows: list[int] | None = None, token_budget: int = TOKEN_BUDGET, rule: LossRule | None = None
+            ) -> list[SampleEpisode] | list[SampleRow]:
+    """The episodes (packed: rows) the page draws token by token, ``token_budget`` tokens
+    in all (at least ``MIN_SHOWN`` each)."""
+    packed = ds.kind == "packed"
+    if packed and episodes:
+        raise UsageError("a packed dataset holds rows: use --row R to choose the rows the report shows")
+    if rows and not packed:
+        raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
+    n = ds.split(split).num_episodes
+    chosen = pick(n, rows if packed else episodes, sample, seed)
+    limit = budget(len(chosen), token_budget)
+    if packed:
+        return [sample_row(ds, split, r, tok, chosen=c, limit=limit, rule=rule) for r, c in chosen]
+    return [sample_episode(ds, split, e, tok, chosen=c, limit=limit, rule=rule) for e, c in chosen]

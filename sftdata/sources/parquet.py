@@ -1,0 +1,209 @@
+"""Parquet inputs: one record per row, read row group by row group in small batches.
+
+The record of a row is a JSON object made of the columns the record parsers read
+(``RECORD_COLUMNS``); other columns (ids, scores, images) are never read:
+
+* ``messages`` / ``conversations`` as a list of structs (the hub's usual layout): each
+  struct is a message; a field that is null is left out (Parquet cannot tell a null
+  from an absent key), so ``{"role": "user", "content": "hi", "name": null}`` is read
+  as ``{"role": "user", "content": "hi"}``;
+* ``messages`` / ``conversations`` as text: JSON text of the list, used as it is;
+* ``system``, ``tools``, ``functions``: as stored (a string stays a string: the tool
+  parser reads JSON text of tool schemas);
+* a file whose only column is text: each cell is one whole record as JSON text.
+
+Record numbers are row numbers (0-based, as pyarrow and pandas count them). Memory is
+bounded: a batch holds about ``BATCH_BYTES`` of rows, and before a row group is read the
+headers of its pages are checked (``parquet_pages``): a page that would expand beyond
+twice the record bound is refused, as no cell in it could be measured without holding
+it whole. A cell (the record built from a row) longer than the bound is a ``TooLarge``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+
+from ..errors import InputError
+from .lines import TooLarge
+from .parquet_pages import PageHeaderError, largest_page
+
+MESSAGE_COLUMNS = ("messages", "conversations")
+RECORD_COLUMNS = ("messages", "conversations", "system", "tools", "functions")
+BATCH_BYTES = 1 << 20  # uncompressed bytes of rows converted to records at once
+MAX_BATCH_ROWS = 4096
+PAGE_FLOOR = 16 << 20  # pages up to this size are always read (writers make them ~1 MiB)
+
+
+@dataclass(frozen=True)
+class BadValue:
+    """A row whose values cannot become a JSON record (reason code, message)."""
+
+    reason: str
+    message: str
+
+
+def pyarrow_parquet(name: str):
+    """``pyarrow.parquet``, or an error naming the extra that installs it."""
+    if "pyarrow" not in sys.modules:  # unless told otherwise: Arrow's default allocator (mimalloc) keeps what a
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # stream of small batches frees (~30 MiB)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError(f"{name} is a Parquet file; reading it needs pyarrow: pip install 'sftdata[parquet]' "
+                         f"(or pip install pyarrow)") from None
+    return pq
+
+
+def _is_text(t) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or getattr(pa.types, "is_string_view", lambda _: False)(t))
+
+
+def record_columns(schema, name: str) -> tuple[list[tuple[str, str]], bool]:
+    """([(column, how)], whole_record) for an Arrow schema: ``how`` is ``json`` (JSON text
+    used as it is), ``value`` (converted) or ``string`` (kept a string)."""
+    names = schema.names
+    if any(c in names for c in MESSAGE_COLUMNS):
+        cols = []
+        for c in RECORD_COLUMNS:
+            if c in names:
+                text = _is_text(schema.field(c).type)
+                cols.append((c, ("json" if c in MESSAGE_COLUMNS else "string") if text else "value"))
+        if "messages" in names and "conversations" in names:  # the parsers read "messages" first
+            cols = [x for x in cols if x[0] != "conversations"]
+        return cols, False
+    if len(names) == 1 and _is_text(schema.field(0).type):
+        return [(names[0], "json")], True
+    listed = ", ".join(f"{f.name} ({f.type})" for f in schema)
+    raise InputError(f"{name} has no column sftdata can read: a Parquet input needs a 'messages' or "
+                     f"'conversations' column (a list of message structs, or JSON text), or a single text column "
+                     f"holding each record as JSON; its columns: {listed or 'none'}")
+
+
+def _without_nulls(v):
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_without_nulls(x) for x in v]
+    return v
+
+
+def _default(v):
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8")
+    raise TypeError(f"a {type(v).__name__} value")
+
+
+def _encoded(v) -> bytes:
+    return v.encode("utf-8") if isinstance(v, str) else bytes(v)
+
+
+def row_record(values: list, cols: list[tuple[str, str]], whole: bool) -> bytes | BadValue:
+    """The JSON text of one row's record (pure)."""
+    if whole:
+        return b"null" if values[0] is None else _encoded(values[0])
+    parts = []
+    for (col, how), v in zip(cols, values):
+        if v is None:
+            continue
+        try:
+            if how == "json":
+                text = _encoded(v)
+            else:
+                text = orjson.dumps(_without_nulls(v) if how == "value" else v, default=_default)
+        except (TypeError, UnicodeDecodeError, orjson.JSONEncodeError) as e:
+            bad = e if isinstance(e, UnicodeDecodeError) else e.__cause__  # orjson wraps what default raised
+            if isinstance(bad, UnicodeDecodeError):
+                return BadValue("invalid_utf8", f"column {col!r} holds bytes that are not UTF-8 text (byte "
+                                                f"{bad.start})")
+            return BadValue("invalid_json", f"column {col!r} holds a value JSON cannot hold ({e})")
+        parts.append(b'"' + col.encode() + b'":' + text)
+    return b"{" + b",".join(parts) + b"}"
+
+
+class ParquetReader:
+    """The records of a Parquet file, one per row: ``(row, text | TooLarge | BadValue)``.
+
+    ``source`` is a path or a seekable binary file object (a URL's)."""
+
+    def __init__(self, source, name: str, max_bytes: int):
+        pq = pyarrow_parquet(name)
+        import pyarrow as pa
+
+        self._name = name
+        self._max = max_bytes
+        self._source = source
+        self._errors = (pa.ArrowException, OSError, ValueError)
+        try:
+            self._file = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
+            self.cols, self.whole = record_columns(self._file.schema_arrow, name)
+        except self._errors as e:
+            raise InputError(f"{name} is not a readable Parquet file ({e}); re-create or re-download it") from None
+        self.rows = self._file.metadata.num_rows
+        self._headers = None  # the file object page headers are read through
+
+    def close(self) -> None:
+        if self._headers is not None and self._headers is not self._source:
+            self._headers.close()
+        self._headers = None
+
+    def _read_at(self, offset: int, n: int) -> bytes:
+        if self._headers is None:  # a path: pyarrow reads it natively, headers through a handle of ours
+            self._headers = open(self._source, "rb") if isinstance(self._source, str) else self._source
+        self._headers.seek(offset)
+        return self._headers.read(n)
+
+    def _batch_rows(self, group) -> int:
+        """Rows per batch for a row group, from its stored sizes: about BATCH_BYTES."""
+        names = {c for c, _ in self.cols}
+        size = sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
+                   if group.column(j).path_in_schema.split(".")[0] in names)
+        per_row = max(1, size // max(1, group.num_rows))
+        return max(1, min(MAX_BATCH_ROWS, BATCH_BYTES // per_row))
+
+    def _check_pages(self, index: int, group) -> None:
+        names = {c for c, _ in self.cols}
+        limit = max(PAGE_FLOOR, 2 * self._max)
+        for j in range(group.num_columns):
+            col = group.column(j)
+            if col.path_in_schema.split(".")[0] not in names or col.total_uncompressed_size <= limit:
+                continue  # no page can be larger than its whole column chunk
+            start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+            try:
+                largest = largest_page(self._read_at, start, col.total_compressed_size)
+            except PageHeaderError as e:
+                raise InputError(f"{self._name}: row group {index} is damaged ({e}); re-create the file") from None
+            if largest > limit:
+                raise InputError(
+                    f"{self._name}: row group {index}, column {col.path_in_schema}, holds a page of {largest:,} bytes "
+                    f"uncompressed; reading it would hold it whole, past twice --max-record-bytes ({self._max:,}). "
+                    f"Rewrite the file with smaller pages (pyarrow: data_page_size) or raise --max-record-bytes")
+
+    def __iter__(self) -> Iterator[tuple[int, bytes | TooLarge | BadValue]]:
+        meta = self._file.metadata
+        names = [c for c, _ in self.cols]
+        row = 0
+        for index in range(meta.num_row_groups):
+            group = meta.row_group(index)
+            self._check_pages(index, group)
+            try:
+                batches = self._file.iter_batches(batch_size=self._batch_rows(group), row_groups=[index],
+                                                  columns=names, use_threads=False)
+                for batch in batches:
+                    columns = [batch.column(c).to_pylist() for c in names]
+                    for values in zip(*columns):
+                        rec = row_record(list(values), self.cols, self.whole)
+                        if isinstance(rec, bytes) and len(rec) > self._max:
+                            rec = TooLarge(len(rec))
+                        yield row, rec
+                        row += 1
+            except self._errors as e:
+                raise InputError(f"{self._name}: row group {index} cannot be read ({e}); re-create or "
+                                 f"re-download the file") from None

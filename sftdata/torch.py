@@ -1,0 +1,12 @@
+"""``from sftdata.torch import SFTDataset, SFTSampler, collate``: sftdata datasets for
+``transformers``, TRL and plain PyTorch training loops (docs/INTEROP.md).
+
+Importing this module needs numpy only; calling ``collate()`` needs PyTorch and says
+``pip install 'sftdata[torch]'`` in one line when it is missing.
+"""
+
+from __future__ import annotations
+
+from .interop import Collator, SFTDataset, SFTSampler, collate
+
+__all__ = ["Collator", "SFTDataset", "SFTSampler", "collate"]
