@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from ..loader import IGNORE_INDEX
-from ..loader.episodes import eos_id
+from ..loader.episodes import recorded_pad_id
 from ..packing import PAD_SEQ_ID, Segments, row_layout
 from ..store import open_dataset, split_segments
 
@@ -80,7 +80,7 @@ class SFTDataset:
         else:
             self.row_len = None
             self.block_size = self._block_size
-            self.pad_id = eos_id(ds.tokenizer_state)
+            self.pad_id = recorded_pad_id(ds.tokenizer_state)  # a model tokenizer's pad token, else EOS
         if self.use_loss_mask and self.split.num_episodes and not self.split.has_mask:
             raise DatasetError(f"split {self.split_name!r} of {self.path} has no mask.bin, so the labels cannot say which "
                                f"tokens are trained; re-create the dataset with `sftdata prepare-chat`, or pass "
