@@ -55,7 +55,7 @@ from .store import (
     SplitWriter,
     token_dtype_for,
 )
-from .template import TemplateProfile, model_profile, record_episodes, template_summary, tokenizer_state
+from .template import TemplateProfile, model_profile, records_episodes, template_summary, tokenizer_state
 from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
 from .turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 
@@ -256,16 +256,21 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
     repairs: Counter = Counter()
     turns: Counter = Counter()
     truncated = dropped = per_reply = per_reply_eps = 0
+    convs, kept = [], []
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
             continue
         try:
-            conv = parse_record(rec.raw, rec.where, mode, policy)
-            out = record_episodes(conv, profile, tok, max_tokens, rec.where)
+            convs.append(parse_record(rec.raw, rec.where, mode, policy))
+            kept.append(rec)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
-            if e.reason == "rule_mismatch":
+    results = records_episodes([(c, r.where) for c, r in zip(convs, kept)], profile, tok, max_tokens)
+    for rec, conv, out in zip(kept, convs, results):
+        if isinstance(out, RecordError):
+            rejects.append((rec.record, rec.where, out.reason, out.detail))
+            if out.reason == "rule_mismatch":
                 mismatches.append((rec.record, rec.where))
             continue
         for r in set(conv.repairs):

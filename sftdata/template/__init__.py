@@ -12,7 +12,7 @@ from .fit import render_within
 from .messages import ArgumentsStyle, arguments_style, conversation_messages, tool_schemas
 from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
-from .records import RecordEpisodes, model_profile, record_episodes, template_summary
+from .records import RecordEpisodes, model_profile, record_episodes, records_episodes, template_summary
 from .rule import MaskRule, mask_disagreement, rule_mask, rule_spans, segment_rule_mask
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
@@ -20,7 +20,7 @@ __all__ = [
     "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule", "NotLocated",
     "RecordEpisodes", "Rendered", "TemplateProfile", "TemplateRender", "arguments_style", "check_texts",
     "compile_template", "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template",
-    "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "render",
+    "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",
     "render_conversation", "render_messages", "render_within", "rule_mask", "rule_spans", "segment_rule_mask",
     "template_summary", "token_mask", "token_ranges", "tokenizer_state", "tool_schemas",
 ]

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..conversation import Conversation
 from ..errors import RecordError, TemplateError
-from ..hf_tokenizer import HFTokenizer
+from ..hf_tokenizer import Encoded, HFTokenizer
 from .environment import RESERVED_CHARS
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
@@ -101,8 +101,8 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
             raise RecordError("special_token_in_text", f"a tool schema holds the special token {hit.group()!r}", where)
 
 
-def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
-    enc = tok.encode_rendered(text)
+def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
+    """The episode of a rendered ``text`` (tokens ``enc``): trained = the tokens of ``spans``."""
     lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
     empty = np.flatnonzero(hi <= lo)
     if empty.size:
@@ -120,10 +120,20 @@ def _episode(tok: HFTokenizer, profile: TemplateProfile, text: str, spans, name:
     return Episode(enc.ids, mask, text, tuple(spans), None if agrees else mask_disagreement(enc.ids, mask, profile.rule))
 
 
-def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
-                    where: str = "", trained: list[int] | None = None) -> TemplateRender:
-    """Render already-built message dicts (see ``render_conversation``). ``trained``: the
-    indices of the assistant messages to train (default: all). Raises ``RecordError``
+@dataclass(frozen=True)
+class Planned:
+    """A conversation rendered and its replies located, not yet tokenized: one text per
+    episode, and each episode's trained replies as ``(message index, start, end)``."""
+
+    texts: tuple[str, ...]
+    spans: tuple[tuple[tuple[int, int, int], ...], ...]
+    per_reply: str | None = None
+
+
+def plan_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
+                  where: str = "", trained: list[int] | None = None) -> Planned:
+    """Render already-built message dicts and locate the replies to train (``trained``:
+    indices of the assistant messages; default all). Raises ``RecordError``
     (``template_error``, ``reply_not_located``, ``special_token_in_text``, ``reserved_character``)."""
     name = profile.template.name
     check_texts(messages, tools, tok, where)
@@ -142,34 +152,50 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
                                       f"block(s) for {len(replies)} assistant messages, so the untrained ones cannot "
                                       f"be left out", where)
                 spans = [(k, a, b) for k, (_, a, b) in zip(replies, spans) if k in set(chosen)]
-            return TemplateRender((_episode(tok, profile, out.text, spans, name, where),))
+            return Planned((out.text,), (tuple(spans),))
         fn, sent_fn = profile.render_fn(tools), profile.sentinel_fn(tools)
         if profile.replies_alone:
             why = "the template's replies can be located only one at a time (learned from its probe conversations)"
         elif profile.rule.last_reply_only:  # --train-on last: the conversation up to its trained reply
-            return TemplateRender((_alone(tok, profile, fn, sent_fn, messages, chosen[-1], name, where),))
+            text, span = _alone(profile, fn, sent_fn, messages, chosen[-1], name, where)
+            return Planned((text,), ((span,),))
         else:
             try:
                 text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
-                spans = [sp for sp in spans if sp[0] in set(chosen)]
-                return TemplateRender((_episode(tok, profile, text, spans, name, where),))
+                return Planned((text,), (tuple(sp for sp in spans if sp[0] in set(chosen)),))
             except NotLocated as e:
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
-        episodes = [_alone(tok, profile, fn, sent_fn, messages, k, name, where) for k in chosen]
-        return TemplateRender(tuple(episodes), per_reply=why)
+        alone = [_alone(profile, fn, sent_fn, messages, k, name, where) for k in chosen]
+        return Planned(tuple(t for t, _ in alone), tuple((sp,) for _, sp in alone), per_reply=why)
     except TemplateError as e:
         raise RecordError("template_error", str(e), where) from None
 
 
-def _alone(tok: HFTokenizer, profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,
-           where: str) -> Episode:
-    """The episode of reply ``k`` alone: the conversation up to it, only it trained."""
+def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,
+           where: str) -> tuple[str, tuple[int, int, int]]:
+    """Reply ``k`` alone: the render of the conversation up to it, and its span."""
     try:
-        text, span = locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
+        return locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
     except NotLocated as e:
         raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
                           f"located ({e.why})", where) from None
-    return _episode(tok, profile, text, [span], name, where)
+
+
+def episodes_of(planned: Planned, encoded: list[Encoded], profile: TemplateProfile, where: str = "") -> TemplateRender:
+    """The episodes of a ``Planned`` conversation, given its texts' tokens (``encode_rendered``
+    of each, in order). Raises ``RecordError`` (``reply_not_located``)."""
+    name = profile.template.name
+    return TemplateRender(tuple(_episode(enc, profile, text, spans, name, where)
+                                for enc, text, spans in zip(encoded, planned.texts, planned.spans)),
+                          per_reply=planned.per_reply)
+
+
+def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
+                    where: str = "", trained: list[int] | None = None) -> TemplateRender:
+    """Render already-built message dicts, tokenize once, and mask (``plan_messages``, then
+    ``episodes_of``). Raises ``RecordError`` (see ``plan_messages``)."""
+    planned = plan_messages(messages, tools, profile, tok, where, trained)
+    return episodes_of(planned, [tok.encode_rendered(t) for t in planned.texts], profile, where)
 
 
 def trained_replies(conv: Conversation) -> list[int]:
@@ -177,13 +203,19 @@ def trained_replies(conv: Conversation) -> list[int]:
     return [i for i, t in enumerate(conv.turns) if t.role == "assistant" and not t.untrained]
 
 
+def plan_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, where: str = "") -> Planned:
+    """``plan_messages`` of a validated ``Conversation`` (tool-call arguments as the
+    template expects them, reasoning inline before the reply), training the assistant
+    turns that are not context."""
+    return plan_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where,
+                         trained_replies(conv))
+
+
 def render_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
                         where: str = "") -> TemplateRender:
-    """Render a validated ``Conversation`` with the profile's template (tool-call arguments
-    as the template expects them, reasoning inline before the reply), training the
-    assistant turns that are not context."""
-    return render_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where,
-                           trained_replies(conv))
+    """Render a validated ``Conversation`` with the profile's template, tokenize and mask."""
+    planned = plan_conversation(conv, profile, tok, where)
+    return episodes_of(planned, [tok.encode_rendered(t) for t in planned.texts], profile, where)
 
 
 def tokenizer_state(tok: HFTokenizer, profile: TemplateProfile) -> dict:
