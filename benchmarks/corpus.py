@@ -75,3 +75,66 @@ def message_texts(path: Path) -> list[str]:
             for m in orjson.loads(line)["messages"]:
                 texts.append(m["content"])
     return texts
+
+
+# -- real conversation text -------------------------------------------------------------
+# A non-English share for the real-text corpus: sentences in several scripts, combined at
+# random into user and assistant turns (the public files in ../shared/data are English).
+FOREIGN = (
+    "Pouvez-vous m'aider à réserver un vol pour Lyon la semaine prochaine ?",
+    "Bien sûr, voici les horaires disponibles et les tarifs correspondants.",
+    "Wie spät ist es in Tokio, wenn es in Berlin zwölf Uhr mittags ist?",
+    "Die Rechnung wurde gestern verschickt; bitte prüfen Sie Ihren Posteingang.",
+    "¿Cuál es la diferencia entre una lista y una tupla en Python?",
+    "Las tuplas son inmutables, mientras que las listas se pueden modificar.",
+    "Какая погода будет завтра в Москве и стоит ли брать зонт?",
+    "Завтра ожидается небольшой дождь, температура около десяти градусов.",
+    "请帮我把这段话翻译成英文，并解释其中的语法。",
+    "这个函数返回一个列表，其中包含所有满足条件的元素。",
+    "明日の会議は午後三時からに変更になりました。資料を準備してください。",
+    "このエラーは、ファイルが存在しない場合に発生します。",
+    "이 문장을 더 자연스럽게 고쳐 주실 수 있나요?",
+    "هل يمكنك أن تشرح لي كيف تعمل الشبكات العصبية؟",
+    "यह प्रोग्राम इनपुट फ़ाइल को पढ़ता है और परिणाम लिखता है।",
+    "Bu fonksiyon, verilen listedeki en büyük sayıyı döndürür.",
+)
+
+
+def _foreign_text(rng: random.Random, sentences: int) -> str:
+    return " ".join(rng.choice(FOREIGN) for _ in range(max(1, sentences)))
+
+
+def _records_of(path: Path) -> list[bytes]:
+    """The records of one JSONL or JSON-array file, each as its compact JSON line."""
+    data = path.read_bytes()
+    if path.suffix == ".json":
+        return [orjson.dumps(r) for r in orjson.loads(data)]
+    return [line for line in data.splitlines() if line.strip()]
+
+
+def write_real_corpus(path: Path, source: Path, target_bytes: int, foreign_share: float = 0.1,
+                      seed: int = 0) -> int:
+    """JSONL of the records of ``source`` (a file, or a folder of .json/.jsonl files), cycled
+    until ``target_bytes``, plus about ``foreign_share`` of the bytes as non-English
+    conversations; return the record count. Deterministic for a seed."""
+    files = sorted(p for p in source.iterdir() if p.suffix in (".json", ".jsonl")) if source.is_dir() else [source]
+    records = [r for f in files for r in _records_of(f)]
+    if not records:
+        raise SystemExit(f"no records in {source}")
+    rng = random.Random(seed)
+    n = size = foreign = 0
+    with open(path, "wb") as f:
+        while size < target_bytes:
+            if foreign < foreign_share * size:
+                msgs = []
+                for _ in range(rng.randint(1, 4)):
+                    msgs.append({"role": "user", "content": _foreign_text(rng, rng.randint(1, 4))})
+                    msgs.append({"role": "assistant", "content": _foreign_text(rng, rng.randint(2, 12))})
+                line = orjson.dumps({"messages": msgs})
+                foreign += len(line) + 1
+            else:
+                line = records[n % len(records)]
+            f.write(line + b"\n")
+            size += len(line) + 1
+            n += 1
+    return n

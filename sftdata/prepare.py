@@ -42,9 +42,10 @@ from .errors import (
     UsageError,
 )
 from .lifetime import die_with_parent
+from .memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
-from .render import render_batch
+from .render import render_chunk
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
@@ -81,6 +82,8 @@ class PrepareOptions:
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    memo_mb: float = DEFAULT_MEMO_MB  # memory for the memo of encoded texts, all workers together; 0 = off
+    memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
 
     @property
     def policy(self) -> TurnPolicy:
@@ -101,6 +104,10 @@ class PrepareOptions:
             raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
         if self.workers < 1:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if not self.memo_mb >= 0 or math.isinf(self.memo_mb):
+            raise UsageError(f"--memo-mb must be 0 (no memo) or a positive number of megabytes, got {self.memo_mb}")
+        if self.memo_policy not in POLICIES:
+            raise UsageError(f"memo_policy must be one of {', '.join(POLICIES)}, not {self.memo_policy!r}")
         if self.max_record_bytes < 1:
             raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
         if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
@@ -109,8 +116,17 @@ class PrepareOptions:
                              f"{'The default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} uses "
                              f"sftdata's chat markers, which have no chat template")
 
+    def memo_bytes_per_worker(self) -> int:
+        """Each worker's share of ``--memo-mb`` (MiB, 2^20 bytes)."""
+        return int(self.memo_mb * (1 << 20)) // max(1, self.workers)
+
+    def new_memo(self, tok) -> SegmentMemo | None:
+        """A worker's memo of encoded texts (None when ``--memo-mb 0``)."""
+        cap = self.memo_bytes_per_worker()
+        return SegmentMemo(tok, cap, self.memo_policy) if cap > 0 else None
+
     def recorded(self) -> dict:
-        """The options that determine the output (workers and overwrite do not)."""
+        """The options that determine the output (workers, overwrite and the memo do not)."""
         out = {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
                "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
                "strict": self.strict, "max_record_bytes": self.max_record_bytes, "reasoning": self.reasoning,
@@ -147,6 +163,8 @@ class PrepareSummary:
     per_reply_records: int = 0  # chat template: records served one episode per assistant reply
     per_reply_episodes: int = 0
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
+    memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
+    memo_mb: float = 0.0  # --memo-mb (0: no memo)
 
     @property
     def total_tokens(self) -> int:
@@ -166,7 +184,14 @@ class PrepareSummary:
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
                 "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
-                "rule_mismatch": self.rule_mismatch}
+                "rule_mismatch": self.rule_mismatch, "memo": self.memo_dict()}
+
+    def memo_dict(self) -> dict:
+        m = self.memo
+        return {"memo_mb": self.memo_mb, "lookups": m.lookups, "hits": m.hits, "hit_rate": round(m.hit_rate, 6),
+                "tokens_reused": m.tokens_reused, "tokens_encoded": m.tokens_encoded,
+                "reused_share": round(m.reused_share, 6), "evictions": m.evictions,
+                "peak_mb_per_worker": round(m.peak_bytes / (1 << 20), 3)}
 
 
 @dataclass
@@ -186,13 +211,15 @@ class ChunkResult:
     per_reply_records: int = 0
     per_reply_episodes: int = 0
     mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
+    memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
 
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
-                  profile: TemplateProfile | None = None) -> ChunkResult:
-    """Parse, validate and render one chunk of records (pure but for the tokenizer).
-    With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
+                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None) -> ChunkResult:
+    """Parse, validate and render one chunk of records (pure but for the tokenizer and
+    the worker's ``memo`` of encoded texts, which changes no id). With a ``profile`` (a
+    model's chat template), ``template_chunk`` renders them."""
     if profile is not None:
         return template_chunk(items, tok, profile, mode, max_tokens, policy)
     convs, kept, rejects = [], [], []
@@ -211,28 +238,24 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
             repairs[name] += 1
         convs.append(conv)
         kept.append(rec)
-    rendered = render_batch(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens)
-    ids, masks, lengths, sources = [], [], [], []
+    chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
+    sources = []
     truncated = dropped = 0
-    for rec, conv, r in zip(kept, convs, rendered):
+    for rec, conv, r in zip(kept, convs, chunk.results):
         if isinstance(r, RecordError):
             rejects.append((rec.record, rec.where, r.reason, r.detail))
             continue
         if conv.turn_counts:
             turns.update(conv.turn_counts)
-        ids.append(r.ids)
-        masks.append(r.mask)
-        lengths.append(r.ids.shape[0])
         sources.append(rec.record)
-        if r.pairs_dropped:
+        if r:
             truncated += 1
-            dropped += r.pairs_dropped
+            dropped += r
     rejects.sort()
     return ChunkResult(
-        ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
-        mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
-        lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
-        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items))
+        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=np.asarray(sources, dtype=np.int64),
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items),
+        memo=memo.take_stats() if memo is not None else None)
 
 
 def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all"
@@ -301,7 +324,7 @@ _WORKER: dict = {}
 
 
 def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
-                 policy: TurnPolicy) -> None:
+                 policy: TurnPolicy, opts: PrepareOptions) -> None:
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
@@ -313,11 +336,12 @@ def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: st
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
     _WORKER["policy"] = policy
+    _WORKER["memo"] = opts.new_memo(_WORKER["tok"])  # one per worker, kept across its chunks
 
 
 def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
     return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["policy"],
-                         _WORKER["profile"])
+                         _WORKER["profile"], _WORKER["memo"])
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -343,8 +367,9 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     out of memory) breaks the pool and ends the run with an error. A
     ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
     if opts.workers <= 1:
+        memo = opts.new_memo(tok)
         for items, pos in chunks:
-            yield process_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile), pos
+            yield process_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, memo), pos
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -352,7 +377,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy))
+                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, opts))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -453,7 +478,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)  # uint32 for a vocabulary beyond 65,536 ids
-    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes)
+    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes, memo_mb=opts.memo_mb)
     rejected: Counter = Counter()
     repaired: Counter = Counter()
     turns: Counter = Counter()
@@ -478,6 +503,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                 summary.pairs_dropped += res.pairs_dropped
                 summary.per_reply_records += res.per_reply_records
                 summary.per_reply_episodes += res.per_reply_episodes
+                if res.memo is not None:
+                    summary.memo.add(res.memo)
                 keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
                 summary.rule_mismatch += [{"record": r, "where": wh} for r, wh in res.mismatches[:max(keep, 0)]]
                 if lines:

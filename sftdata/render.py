@@ -28,16 +28,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import orjson
 
 from .errors import RecordError, TokenizerError
 from .masking import loss_mask
+from .memo import SegmentMemo, ids_bytes
 from .tokenizer import ChatTokenizer
 from .turns import Conversation, ToolCall
 
+# split patterns for which ``splits_at_newlines`` holds: cl100k_base's, as tiktoken writes it now and before 0.7
+SPLIT_SAFE_PATTERNS = frozenset((
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+))
 TOOLS_HEADER = "# Tools\nYou may call these functions. Each line is one function's JSON schema:\n"
 
 
@@ -51,13 +56,35 @@ def tool_call_text(call: ToolCall) -> str:
     return '{"name":' + canonical_json(call.name) + ',"arguments":' + canonical_json(call.arguments) + "}"
 
 
-def system_text(conv: Conversation) -> str | None:
-    """The system span's text: the system message, then the tool schemas, one per line."""
+def system_parts(conv: Conversation) -> list[str] | None:
+    """The system span's text in parts that join to it: the system message with the tools
+    header, then each tool schema (every part but the last ends with a newline, every part
+    but the first starts with a schema's first character, never whitespace)."""
     text = conv.turns[0].text if conv.turns and conv.turns[0].role == "system" else None
     if not conv.tools:
-        return text
-    schemas = "\n".join(canonical_json(t) for t in conv.tools)
-    return (text + "\n\n" if text else "") + TOOLS_HEADER + schemas
+        return None if text is None else [text]
+    schemas = [canonical_json(t) for t in conv.tools]
+    return [(text + "\n\n" if text else "") + TOOLS_HEADER, *(s + "\n" for s in schemas[:-1]), schemas[-1]]
+
+
+def system_text(conv: Conversation) -> str | None:
+    """The system span's text: the system message, then the tool schemas, one per line."""
+    parts = system_parts(conv)
+    return None if parts is None else "".join(parts)
+
+
+def splits_at_newlines(tok) -> bool:
+    """True when ``tok`` provably encodes ``a + b`` as ``encode(a) + encode(b)`` whenever
+    ``a`` ends with a newline and ``b`` starts with a character that is not whitespace, so
+    the system span may be encoded schema by schema (each one then a memo entry).
+
+    Holds for cl100k_base's split pattern (every ``.tiktoken`` file is read with it): no
+    piece of that pattern holds a newline followed by a non-space character, a run of
+    whitespace ending in a newline is one piece whether text follows it or not (``\\s++$``
+    at the end of ``a``, ``\\s*[\\r\\n]`` before ``b``), and the pattern looks behind nothing;
+    BPE then merges within a piece only. Other patterns are not split (GPT-2's
+    ``\\s+(?!\\S)`` cuts a newline off a run of spaces when text follows)."""
+    return getattr(tok, "pat_str", None) in SPLIT_SAFE_PATTERNS
 
 
 @dataclass
@@ -76,43 +103,46 @@ def _marker(token_id: int | None, name: str, tok: ChatTokenizer) -> int:
     return token_id
 
 
-def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str]) -> list[tuple[bool, list, bool]]:
-    """Spans as (starts_pair, items, trained); an item is ("m", marker id) or ("t", index
-    into texts); ``trained``: an assistant turn the mask rule trains."""
+def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str], split_system: bool = False
+          ) -> list[tuple[bool, list[int], bool]]:
+    """Spans as (starts_pair, items, trained); an item is an index into ``texts`` (>= 0) or
+    a marker id ``m`` as ``~m`` (< 0); ``trained``: an assistant turn the mask rule trains.
+    ``split_system``: the system span's text as its parts (``system_parts``)."""
     ids = tok.ids
-    spans: list[tuple[bool, list, bool]] = []
+    spans: list[tuple[bool, list[int], bool]] = []
     seen_context = False
+    add = texts.append
 
-    def text(s: str) -> tuple[str, int]:
-        texts.append(s)
-        return ("t", len(texts) - 1)
+    def text(s: str) -> int:
+        add(s)
+        return len(texts) - 1
 
-    def m(i: int) -> tuple[str, int]:
-        return ("m", i)
-
-    sys_text = system_text(conv)
-    if sys_text is not None:
-        spans.append((False, [m(ids.system), text(sys_text), m(ids.end)], False))
+    parts = system_parts(conv)
+    if parts is not None:
+        if not split_system and len(parts) > 1:
+            parts = ["".join(parts)]
+        spans.append((False, [~ids.system, *(text(p) for p in parts), ~ids.end], False))
     for turn in conv.turns:
-        if turn.role == "system":
+        role = turn.role
+        if role == "system":
             continue
-        if turn.role == "user":
-            spans.append((True, [m(ids.user), text(turn.text), m(ids.end)], False))
+        if role == "user":
+            spans.append((True, [~ids.user, text(turn.text), ~ids.end], False))
             seen_context = True
-        elif turn.role == "tool":
-            spans.append((False, [m(ids.tool), text(turn.text), m(ids.end)], False))
+        elif role == "tool":
+            spans.append((False, [~ids.tool, text(turn.text), ~ids.end], False))
             seen_context = True
         else:
             opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
-            items: list = [m(opener)]
+            items = [~opener]
             if turn.reasoning:
-                items += [m(_marker(ids.think, "<|THINK|>", tok)), text(turn.reasoning),
-                          m(_marker(ids.end_think, "<|END_THINK|>", tok))]
+                items += [~_marker(ids.think, "<|THINK|>", tok), text(turn.reasoning),
+                          ~_marker(ids.end_think, "<|END_THINK|>", tok)]
             if turn.text:
                 items.append(text(turn.text))
             for call in turn.tool_calls:
-                items += [m(ids.tool_call), text(tool_call_text(call))]
-            items.append(m(ids.end))
+                items += [~ids.tool_call, text(tool_call_text(call))]
+            items.append(~ids.end)
             spans.append((False, items, seen_context and not turn.untrained))
     return spans
 
@@ -140,51 +170,83 @@ def _cut(spans: list[tuple[bool, list, bool]], lengths: list[int], max_tokens: i
     return len(spans), 0
 
 
-def render_batch(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,
-                 max_tokens: int | None = None, num_threads: int = 1) -> list[Rendered | RecordError]:
-    """Render many conversations with one batched encode and one mask pass.
+@dataclass
+class RenderedChunk:
+    """Many conversations rendered: the accepted episodes' ids and masks back to back
+    (``lengths`` each), and per conversation its dropped pairs (int) or the
+    ``RecordError`` that rejected it."""
 
-    Returns, per conversation, a ``Rendered`` or the ``RecordError`` (``too_long``)
-    that rejected it.
-    """
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    results: list[int | RecordError]
+
+
+def encode_texts(texts: list[str], tok: ChatTokenizer, memo: SegmentMemo | None = None,
+                 num_threads: int = 1) -> tuple[list[bytes], list[int]]:
+    """Each text's ids as uint32 bytes and its token count, through ``memo`` when given."""
+    if memo is not None:
+        return memo.encode(texts, tok.encode_batch)
+    encoded = [ids_bytes(e) for e in tok.encode_batch(texts, num_threads=num_threads)] if texts else []
+    return encoded, [len(e) >> 2 for e in encoded]
+
+
+def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,
+                 max_tokens: int | None = None, memo: SegmentMemo | None = None,
+                 num_threads: int = 1) -> RenderedChunk:
+    """Render many conversations with one batched encode and one mask pass into one array.
+
+    With a ``memo``, texts seen before are not encoded again, and when the tokenizer
+    allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
+    schema shared by many records is one entry. The ids are the same either way."""
     texts: list[str] = []
-    plans = [_plan(c, tok, texts) for c in convs]
-    encoded = tok.encode_batch(texts, num_threads=num_threads) if texts else []
-    text_len = [len(e) for e in encoded]
-    flat: list[list[int]] = []
-    out: list[Rendered | RecordError] = []
+    split = memo is not None and splits_at_newlines(tok)
+    plans = [_plan(c, tok, texts, split) for c in convs]
+    encoded, text_len = encode_texts(texts, tok, memo, num_threads)
+    markers: dict[int, bytes] = {}
+    parts: list[bytes] = []
+    results: list[int | RecordError] = []
     sizes: list[int] = []
-    eos = [tok.eos_id]
+    eos = ids_bytes([tok.eos_id])
     for ci, spans in enumerate(plans):
-        lengths = [_span_len(items, text_len) for _, items, _ in spans]
+        lengths = [sum(1 if v < 0 else text_len[v] for v in items) for _, items, _ in spans]
         try:
             keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
         except RecordError as e:
-            out.append(e)
+            results.append(e)
             continue
-        pieces: list[list[int]] = []
         for _, items, _ in spans[:keep]:
-            for kind, v in items:
-                pieces.append([v] if kind == "m" else encoded[v])
-        pieces.append(eos)
-        flat.extend(pieces)
+            for v in items:
+                if v >= 0:
+                    parts.append(encoded[v])
+                else:
+                    m = markers.get(v)
+                    if m is None:
+                        m = markers[v] = ids_bytes([~v])
+                    parts.append(m)
+        parts.append(eos)
         sizes.append(sum(lengths[:keep]) + 1)
-        out.append(Rendered(np.empty(0, np.uint32), np.empty(0, np.uint8), dropped))
-    if sizes:
-        ids = np.fromiter(chain.from_iterable(flat), dtype=np.uint32, count=sum(sizes))
-        mask = loss_mask(ids, tok.ids)
-        bounds = np.cumsum([0] + sizes)
-        j = 0
-        for r in out:
-            if isinstance(r, Rendered):
-                r.ids = ids[bounds[j]:bounds[j + 1]]
-                r.mask = mask[bounds[j]:bounds[j + 1]]
-                j += 1
+        results.append(dropped)
+    ids = np.frombuffer(bytearray().join(parts), dtype=np.uint32)  # writable, one copy
+    return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes, dtype=np.int64), results)
+
+
+def render_batch(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,
+                 max_tokens: int | None = None, num_threads: int = 1,
+                 memo: SegmentMemo | None = None) -> list[Rendered | RecordError]:
+    """``render_chunk`` as one ``Rendered`` (views into the chunk's arrays) or the
+    ``RecordError`` (``too_long``) that rejected it, per conversation."""
+    chunk = render_chunk(convs, tok, wheres=wheres, max_tokens=max_tokens, memo=memo, num_threads=num_threads)
+    bounds = np.concatenate(([0], np.cumsum(chunk.lengths))).tolist()
+    out: list[Rendered | RecordError] = []
+    j = 0
+    for r in chunk.results:
+        if isinstance(r, RecordError):
+            out.append(r)
+            continue
+        out.append(Rendered(chunk.ids[bounds[j]:bounds[j + 1]], chunk.mask[bounds[j]:bounds[j + 1]], r))
+        j += 1
     return out
-
-
-def _span_len(items, text_len) -> int:
-    return sum(1 if kind == "m" else text_len[v] for kind, v in items)
 
 
 def render(conv: Conversation, tok: ChatTokenizer, max_tokens: int | None = None) -> Rendered:

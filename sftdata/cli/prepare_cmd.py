@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..memo import DEFAULT_MEMO_MB
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
@@ -42,6 +43,10 @@ TokenizerOpt = Annotated[str | None, typer.Option(
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
                                                    "(default: all cores; more than the cores are capped). The "
                                                    "output is byte-identical for any value.")]
+MemoMbOpt = Annotated[float, typer.Option(
+    "--memo-mb", metavar="MB", help="Memory (MiB, all workers together) for the memo of encoded texts: a system "
+                                    "prompt, tool schema or message text seen before is not tokenized again. The "
+                                    "output is byte-identical with any value; 0 turns the memo off.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "
                                          "instead of skipping it and writing it to rejects.jsonl.")]
 
@@ -71,6 +76,10 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     if s.per_reply_records:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
+    if s.memo_mb and s.memo.lookups:
+        m = s.memo
+        t.add_row("memo of encoded texts", f"{m.hit_rate:.1%} hits, {m.tokens_reused:,} tokens not re-encoded "
+                                           f"({m.reused_share:.1%})")
     secs = max(s.seconds, 1e-9)
     t.add_row("time", f"{s.seconds:.2f} s")
     t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
@@ -89,7 +98,7 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None) -> None:
+                chat_template=None, memo_mb: float = DEFAULT_MEMO_MB) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -99,7 +108,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template)
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template, memo_mb=memo_mb)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -143,6 +152,7 @@ def _prepare_command(mode: str, doc: str):
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
         workers: WorkersOpt = None,
+        memo_mb: MemoMbOpt = DEFAULT_MEMO_MB,
         strict: StrictOpt = False,
         reasoning: ReasoningOpt = "keep",
         train_on: TrainOnOpt = "all",
@@ -154,7 +164,7 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template)
+                    chat_template, memo_mb)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
