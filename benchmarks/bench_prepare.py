@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
-"""Benchmark: prepare-chat throughput against raw tiktoken, and peak memory.
+"""Benchmark: prepare against tiktoken's BPE core on the same texts, and the memo.
 
-    python benchmarks/bench_prepare.py [--mb 50] [--workers N]
+    python benchmarks/bench_prepare.py [--mb 50] [--workers N] [--case generated,agent] [--json]
+    python benchmarks/bench_prepare.py --case real --real ../shared/data --real-mb 50
 
-On a generated corpus (benchmarks/corpus.py, at least 50 MB by default) it measures,
-in the same run:
+Cases, each measured within one run (ratios; absolute times are noisy on a shared machine):
 
-* reference A: tiktoken ``encode_ordinary_batch`` (num_threads=1) of exactly the
-  message texts of the corpus (the reference prepare's throughput is measured against);
-* reference B: the BPE core's ``encode_ordinary`` called per text, with no batching
-  overhead (the strictest reference: pure tokenisation);
-* ``prepare`` with 1 worker and with all cores (the whole pipeline: read, parse,
-  validate, render, mask, split, write, checksum).
+* ``generated`` (benchmarks/corpus.py, ``--mb``): ``prepare-chat`` at 1 worker and at
+  ``--workers`` against reference A, tiktoken ``encode_ordinary_batch(num_threads=1)``, and
+  reference B, the BPE core's ``encode_ordinary`` per text, of exactly the message texts;
+  peak RSS of a 1-worker run on the corpus and on one 10x smaller.
+* ``agent`` (``--agent-mb``): records with a 2,000-token system prompt, 5-20 tool schemas
+  drawn from a pool of 40, a short user turn, 1-4 tool calls with short results, a short
+  answer. ``prepare-tool`` at 1 worker with the memo (default ``--memo-mb``) and without,
+  against the BPE core encoding every text prepare would encode without a memo (each
+  message, each call, each record's whole system span), as a tokenizer-only pipeline
+  would. Also: the share of tokens in segments seen before, the memo's hit rate and peak
+  memory against its cap, and LRU against the frequency policy at small caps (on this
+  corpus and on the ``--real`` files when given).
+* ``real`` (``--real PATH``, a file or folder of .json/.jsonl records, e.g. ../shared/data):
+  a corpus of those records repeated to ``--real-mb`` plus a 10% non-English share;
+  ``prepare-tool`` at 1 and 2 workers, memo off and on, against the BPE core on the same
+  texts. The records repeat, so memo-on figures there say little about real data; the
+  memo-off ones are the tokenizer-speed figures.
 
-It reports throughput ratios (prepare / reference; 1.0 = as fast as the reference),
-and peak RSS of a prepare run (1 worker, in a child process) on the corpus and on a
-10x smaller one.
+``run(...)`` returns the same dict ``--json`` prints (benchmarks/run_all.py calls it).
 """
 
 from __future__ import annotations
@@ -29,13 +38,20 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from corpus import message_texts, write_corpus  # noqa: E402
+from corpus import message_texts, write_agent_corpus, write_corpus, write_real_corpus  # noqa: E402
 
+from sftdata import prepare as prep  # noqa: E402
+from sftdata.conversation import parse_record  # noqa: E402
+from sftdata.errors import RecordError  # noqa: E402
+from sftdata.memo import DEFAULT_MEMO_MB, SegmentMemo  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.render import _plan  # noqa: E402
 from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
 WORK = HERE / "_work"
@@ -58,6 +74,22 @@ def corpus(mb: float) -> Path:
     return path
 
 
+def agent_corpus(mb: float) -> Path:
+    WORK.mkdir(exist_ok=True)
+    path = WORK / f"agent_{mb:g}mb.jsonl"
+    if not path.exists():
+        write_agent_corpus(path, int(mb * 1e6), seed=0)
+    return path
+
+
+def real_corpus(source: Path, mb: float) -> Path:
+    WORK.mkdir(exist_ok=True)
+    path = WORK / f"real_{source.name}_{mb:g}mb.jsonl"
+    if not path.exists():
+        write_real_corpus(path, source, int(mb * 1e6))
+    return path
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -72,53 +104,219 @@ def peak_rss_mb(src: Path) -> float:
     return int(res.stdout.strip().splitlines()[-1]) / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mb", type=float, default=50.0, help="corpus size in MB (default 50)")
-    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    a = ap.parse_args()
-    src = corpus(a.mb)
-    small = corpus(a.mb / 10)
+def records_of(path: Path) -> list[bytes]:
+    """The records of a JSONL file or a JSON array file, one JSON text each."""
+    data = path.read_bytes()
+    if path.suffix == ".json":
+        return [orjson.dumps(r) for r in orjson.loads(data)]
+    return [line for line in data.splitlines() if line.strip()]
+
+
+def plan_texts(records: list[bytes], tok, mode: str = "tool", split: bool = False) -> list[list[str]]:
+    """Per record, the texts prepare encodes (``split``: the system span schema by schema,
+    as with the memo; else whole, as a tokenizer-only pipeline encodes it)."""
+    out = []
+    for i, raw in enumerate(records):
+        try:
+            conv = parse_record(raw, f"record {i}", mode)
+        except RecordError:
+            continue
+        texts: list[str] = []
+        _plan(conv, tok, texts, split)
+        out.append(texts)
+    return out
+
+
+def repeated_share(per_record: list[list[str]], tok) -> float:
+    """Share of the tokens that lie in a segment (message text, schema) seen before."""
+    seen: set[str] = set()
+    rep = total = 0
+    for texts in per_record:
+        for t in texts:
+            n = len(tok.encode(t))
+            total += n
+            if t in seen:
+                rep += n
+            seen.add(t)
+    return rep / total if total else 0.0
+
+
+def core_seconds(texts: list[str], tok) -> float:
+    core = tok._enc._core_bpe.encode_ordinary
+    return timed(lambda: [core(t) for t in texts])
+
+
+def prepare_seconds(src: Path, **opts) -> tuple[float, prep.PrepareSummary]:
+    out = WORK / "out"
+    t = time.perf_counter()
+    summary = prepare([src], out, PrepareOptions(overwrite=True, **opts))
+    secs = time.perf_counter() - t
+    shutil.rmtree(out, ignore_errors=True)
+    return secs, summary
+
+
+def policy_sweep(per_record: list[list[str]], tok, caps_mib: list[float]) -> dict:
+    """Hit rate and share of tokens not re-encoded per policy and cap, feeding the memo
+    chunk by chunk as prepare does."""
+    out = {}
+    for cap in caps_mib:
+        for policy in ("frequency", "lru"):
+            memo = SegmentMemo(tok, int(cap * (1 << 20)), policy)
+            for i in range(0, len(per_record), prep.CHUNK_RECORDS):
+                memo.encode([t for texts in per_record[i:i + prep.CHUNK_RECORDS] for t in texts], tok)
+            st = memo.stats
+            out[f"{cap:g}MiB/{policy}"] = {"hit_rate": round(st.hit_rate, 4), "reused_share": round(st.reused_share, 4),
+                                           "peak_mib": round(memo.peak_bytes / (1 << 20), 3)}
+    return out
+
+
+def case_generated(mb: float, workers: int, peaks: bool = True) -> dict:
+    src = corpus(mb)
     texts = message_texts(src)
     tok = load_tokenizer()
     enc = tok._enc
     n_tokens = sum(len(x) for x in enc.encode_ordinary_batch(texts[:1000], num_threads=1))
-
     ref_batch = timed(lambda: enc.encode_ordinary_batch(texts, num_threads=1))
-    core = enc._core_bpe.encode_ordinary
-    ref_core = timed(lambda: [core(t) for t in texts])
-    out = WORK / "out"
-    results = {}
-    for workers in sorted({1, a.workers}):
-        opts = PrepareOptions(workers=workers, overwrite=True, val_split=0.1)
-        secs = timed(lambda: prepare([src], out, opts))
-        results[workers] = secs
-    shutil.rmtree(out, ignore_errors=True)
-    peak_small, peak_big = peak_rss_mb(small), peak_rss_mb(src)
-    mb = src.stat().st_size / 1e6
+    ref_core = core_seconds(texts, tok)
+    results = {w: prepare_seconds(src, workers=w, val_split=0.1)[0] for w in sorted({1, workers})}
+    mb_real = src.stat().st_size / 1e6
     report = {
-        "corpus_mb": round(mb, 1), "messages": len(texts), "sample_tokens": n_tokens,
+        "corpus_mb": round(mb_real, 1), "messages": len(texts), "sample_tokens": n_tokens,
         "ref_encode_ordinary_batch_s": round(ref_batch, 3), "ref_core_encode_s": round(ref_core, 3),
         "prepare_s": {str(k): round(v, 3) for k, v in results.items()},
         "ratio_vs_encode_ordinary_batch": {str(k): round(ref_batch / v, 3) for k, v in results.items()},
         "ratio_vs_core_encode": {str(k): round(ref_core / v, 3) for k, v in results.items()},
-        "peak_rss_mb": {f"{small.stat().st_size / 1e6:.0f}MB": round(peak_small, 1),
-                        f"{mb:.0f}MB": round(peak_big, 1)},
-        "peak_growth_10x_input": round(peak_big / peak_small, 3),
         "cores": len(os.sched_getaffinity(0)),
     }
+    if peaks:
+        small = corpus(mb / 10)
+        peak_small, peak_big = peak_rss_mb(small), peak_rss_mb(src)
+        report["peak_rss_mb"] = {f"{small.stat().st_size / 1e6:.0f}MB": round(peak_small, 1),
+                                 f"{mb_real:.0f}MB": round(peak_big, 1)}
+        report["peak_growth_10x_input"] = round(peak_big / peak_small, 3)
+    return report
+
+
+def case_agent(mb: float, real: Path | None = None, memo_mb: float = DEFAULT_MEMO_MB) -> dict:
+    src = agent_corpus(mb)
+    tok = load_tokenizer()
+    records = records_of(src)
+    whole = plan_texts(records, tok)
+    texts = [t for r in whole for t in r]
+    ref_core = core_seconds(texts, tok)
+    on, s_on = prepare_seconds(src, mode="tool", workers=1, memo_mb=memo_mb)
+    off, _ = prepare_seconds(src, mode="tool", workers=1, memo_mb=0)
+    ref_core2 = core_seconds(texts, tok)  # again, after: the machine's load moves
+    ref = (ref_core + ref_core2) / 2
+    split = plan_texts(records, tok, split=True)
+    m = s_on.memo
+    report = {
+        "corpus_mb": round(src.stat().st_size / 1e6, 1), "records": len(records), "texts": len(texts),
+        "repeated_token_share": round(repeated_share(split, tok), 4),
+        "ref_core_encode_s": round(ref, 3), "prepare_memo_s": round(on, 3), "prepare_no_memo_s": round(off, 3),
+        "ratio_memo_vs_core": round(ref / on, 3), "ratio_no_memo_vs_core": round(ref / off, 3),
+        "memo_speedup": round(off / on, 3),
+        "memo": s_on.memo_dict(), "memo_cap_mib": memo_mb,
+        "memo_within_cap": m.peak_bytes <= int(memo_mb * (1 << 20)),
+        "policies": {"agent": policy_sweep(split, tok, [0.05, 0.2, 1.0])},
+    }
+    if real is not None:
+        files = sorted(p for p in real.iterdir() if p.suffix in (".json", ".jsonl")) if real.is_dir() else [real]
+        recs = [r for f in files for r in records_of(f)]
+        per = plan_texts(recs, tok, split=True)
+        report["policies"]["real"] = policy_sweep(per, tok, [0.05, 0.2, 1.0])
+        report["real_repeated_token_share"] = {f.name: round(repeated_share(plan_texts(records_of(f), tok, split=True),
+                                                                            tok), 4) for f in files}
+    return report
+
+
+def case_real(source: Path, mb: float) -> dict:
+    src = real_corpus(source, mb)
+    tok = load_tokenizer()
+    texts = [t for r in plan_texts(records_of(src), tok) for t in r]
+    refs, runs = [], {}
+    refs.append(core_seconds(texts, tok))
+    for workers in (1, 2):
+        for memo_mb in (0, DEFAULT_MEMO_MB):
+            runs[f"{workers}w_memo{memo_mb:g}"] = prepare_seconds(src, mode="tool", workers=workers, memo_mb=memo_mb)
+    refs.append(core_seconds(texts, tok))
+    ref = sum(refs) / len(refs)
+    secs = {k: round(v[0], 3) for k, v in runs.items()}
+    return {"corpus_mb": round(src.stat().st_size / 1e6, 1), "texts": len(texts), "ref_core_encode_s": round(ref, 3),
+            "prepare_s": secs, "ratio_vs_core": {k: round(ref / v, 3) for k, v in secs.items()},
+            "scaling_1_to_2_workers": {m: round(secs[f"1w_memo{m:g}"] / secs[f"2w_memo{m:g}"], 3)
+                                       for m in (0, DEFAULT_MEMO_MB)},
+            "memo_hit_rate": round(runs[f"1w_memo{DEFAULT_MEMO_MB:g}"][1].memo.hit_rate, 4)}
+
+
+def run(cases=("generated", "agent"), mb: float = 50.0, workers: int | None = None, agent_mb: float = 20.0,
+        real: str | Path | None = None, real_mb: float = 50.0, peaks: bool = True) -> dict:
+    """The figures of the cases asked for; the generated case's at the top level (as
+    before), the others under their names."""
+    workers = workers or len(os.sched_getaffinity(0))
+    real = Path(real) if real else None
+    report: dict = {}
+    if "generated" in cases:
+        report.update(case_generated(mb, workers, peaks))
+    if "agent" in cases:
+        report["agent"] = case_agent(agent_mb, real)
+    if "real" in cases:
+        if real is None:
+            raise SystemExit("--case real needs --real PATH (a file or folder of .json/.jsonl records)")
+        report["real"] = case_real(real, real_mb)
+    return report
+
+
+def print_report(r: dict) -> None:
+    if "prepare_s" in r:
+        mb = r["corpus_mb"]
+        print(f"generated chat: {mb} MB, {r['messages']:,} messages")
+        print(f"  reference A  encode_ordinary_batch(num_threads=1): {r['ref_encode_ordinary_batch_s']:6.2f} s")
+        print(f"  reference B  core encode_ordinary per text:         {r['ref_core_encode_s']:6.2f} s")
+        for w, secs in r["prepare_s"].items():
+            print(f"  prepare-chat --workers {w}: {secs:6.2f} s  ratio vs A {r['ratio_vs_encode_ordinary_batch'][w]:4.2f}"
+                  f"  vs B {r['ratio_vs_core_encode'][w]:4.2f}")
+        if "peak_rss_mb" in r:
+            print(f"  peak RSS: {r['peak_rss_mb']} (x{r['peak_growth_10x_input']} for 10x the input)")
+    if "agent" in r:
+        a = r["agent"]
+        print(f"agent data: {a['corpus_mb']} MB, {a['records']:,} records, {a['repeated_token_share']:.1%} of tokens "
+              f"in repeated segments")
+        print(f"  BPE core on every text:      {a['ref_core_encode_s']:6.2f} s")
+        print(f"  prepare-tool -j 1, memo:     {a['prepare_memo_s']:6.2f} s  {a['ratio_memo_vs_core']:4.2f}x the core")
+        print(f"  prepare-tool -j 1, no memo:  {a['prepare_no_memo_s']:6.2f} s  {a['ratio_no_memo_vs_core']:4.2f}x the core"
+              f"  (memo: {a['memo_speedup']:.2f}x faster)")
+        m = a["memo"]
+        print(f"  memo: {m['hit_rate']:.1%} hits, {m['reused_share']:.1%} of tokens not re-encoded, peak "
+              f"{m['peak_mb_per_worker']} MiB of {a['memo_cap_mib']} MiB")
+        for corpus_name, sweep in a["policies"].items():
+            for k, v in sweep.items():
+                print(f"  policy {corpus_name:5} {k:16} hit rate {v['hit_rate']:.3f}  not re-encoded "
+                      f"{v['reused_share']:.3f}  peak {v['peak_mib']} MiB")
+    if "real" in r:
+        x = r["real"]
+        print(f"real conversations: {x['corpus_mb']} MB, {x['texts']:,} texts; BPE core {x['ref_core_encode_s']:.2f} s")
+        for k, secs in x["prepare_s"].items():
+            print(f"  prepare-tool {k:12} {secs:6.2f} s  {x['ratio_vs_core'][k]:4.2f}x the core")
+        print(f"  1 -> 2 workers: {x['scaling_1_to_2_workers']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=float, default=50.0, help="generated chat corpus size in MB (default 50)")
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--case", default="generated,agent", help="comma-separated: generated, agent, real")
+    ap.add_argument("--agent-mb", type=float, default=20.0, help="agent corpus size in MB (default 20)")
+    ap.add_argument("--real", type=Path, help="a file or folder of real .json/.jsonl records (e.g. ../shared/data)")
+    ap.add_argument("--real-mb", type=float, default=50.0, help="real corpus size in MB (default 50)")
+    ap.add_argument("--no-peaks", action="store_true", help="skip the peak-RSS runs of the generated case")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    a = ap.parse_args()
+    r = run(tuple(a.case.split(",")), a.mb, a.workers, a.agent_mb, a.real, a.real_mb, not a.no_peaks)
     if a.json:
-        print(json.dumps(report, indent=2))
-        return
-    print(f"corpus: {mb:.1f} MB, {len(texts):,} messages")
-    print(f"reference A  encode_ordinary_batch(num_threads=1): {ref_batch:6.2f} s  ({mb / ref_batch:5.1f} MB/s)")
-    print(f"reference B  core encode_ordinary per text:         {ref_core:6.2f} s  ({mb / ref_core:5.1f} MB/s)")
-    for w, secs in results.items():
-        print(f"prepare-chat --workers {w}: {secs:6.2f} s  ({mb / secs:5.1f} MB/s)  "
-              f"ratio vs A {ref_batch / secs:4.2f}  vs B {ref_core / secs:4.2f}")
-    print(f"peak RSS: {peak_small:.0f} MB on {small.stat().st_size / 1e6:.0f} MB input, "
-          f"{peak_big:.0f} MB on {mb:.0f} MB input (x{peak_big / peak_small:.2f} for 10x input)")
+        print(json.dumps(r, indent=2))
+    else:
+        print_report(r)
 
 
 if __name__ == "__main__":

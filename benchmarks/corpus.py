@@ -138,3 +138,50 @@ def write_real_corpus(path: Path, source: Path, target_bytes: int, foreign_share
             size += len(line) + 1
             n += 1
     return n
+
+
+# -- agent data ---------------------------------------------------------------------------
+def _schema(rng: random.Random, i: int) -> dict:
+    props = {f"{rng.choice(WORDS)}_{j}": {"type": rng.choice(["string", "integer", "boolean"]),
+                                          "description": _text(rng, 12)} for j in range(rng.randint(1, 6))}
+    return {"type": "function", "function": {"name": f"{rng.choice(WORDS)}_{rng.choice(WORDS)}_{i}",
+                                             "description": _text(rng, 40),
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": sorted(props)[:1]}}}
+
+
+def agent_record(rng: random.Random, system: str, pool: list[dict], i: int) -> dict:
+    """One agent record: the system prompt, 5-20 tools of the pool, a short user turn, 1-4
+    tool calls with short results, and a short answer."""
+    tools = rng.sample(pool, rng.randint(5, 20))
+    msgs = [{"role": "system", "content": system},
+            {"role": "user", "content": _text(rng, 12)}]
+    for k in range(rng.randint(1, 4)):
+        fn = rng.choice(tools)["function"]
+        args = {p: (rng.randint(0, 9999) if v["type"] == "integer" else rng.choice(WORDS))
+                for p, v in list(fn["parameters"]["properties"].items())[:2]}
+        cid = f"call_{i}_{k}"
+        msgs.append({"role": "assistant", "tool_calls": [{"id": cid, "type": "function", "function": {
+            "name": fn["name"], "arguments": orjson.dumps(args).decode()}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": _text(rng, 15)})
+    msgs.append({"role": "assistant", "content": _text(rng, 30)})
+    return {"tools": tools, "messages": msgs}
+
+
+def write_agent_corpus(path: Path, target_bytes: int, seed: int = 0, system_words: int = 2000,
+                       pool_size: int = 40) -> int:
+    """JSONL agent records until ``target_bytes``: one system prompt of about 2,000 tokens
+    (``system_words`` words), tools drawn from a pool of ``pool_size`` schemas; return the
+    record count."""
+    rng = random.Random(seed)
+    system = "\n\n".join(" ".join(rng.choice(WORDS) for _ in range(system_words // 10)).capitalize() + "."
+                         for _ in range(10))
+    pool = [_schema(rng, i) for i in range(pool_size)]
+    n = size = 0
+    with open(path, "wb") as f:
+        while size < target_bytes:
+            line = orjson.dumps(agent_record(rng, system, pool, n)) + b"\n"
+            f.write(line)
+            size += len(line)
+            n += 1
+    return n

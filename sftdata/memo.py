@@ -7,16 +7,17 @@ themselves (the same system prompt and tool schemas in every record, often thous
 tokens before a short question); the memo turns those repeats into a copy of bytes.
 
     >>> memo = SegmentMemo(tok, cap_bytes=64 << 20)
-    >>> pieces, lengths = memo.encode(texts, tok.encode_batch)   # pieces: uint32 ids as bytes
+    >>> pieces, lengths = memo.encode(texts, tok)   # pieces: uint32 arrays of ids
     >>> memo.stats.hit_rate, memo.stats.tokens_reused
 
-* Key: a 128-bit BLAKE2b of the text's UTF-8, keyed with the tokenizer's identity (its
-  ranks or file hash), so a memo never serves ids of another tokenizer.
+* Key: the text itself, in a dict: found by its hash (Python's, about 1 GB/s), then
+  compared whole, so a hit is never a hash collision. A memo belongs to one tokenizer
+  (its identity: ranks and split pattern, or tokenizer.json hash) and refuses another.
 * Only texts of at least ``min_chars`` characters are looked up: hashing a short text
   costs about what encoding it does.
 * Within a call, a text repeated N times is encoded once (always exact, memo or not).
-* ``cap_bytes`` bounds the memory of the stored ids plus a fixed cost per entry
-  (``ENTRY_BYTES``) and per remembered sighting (``SEEN_BYTES``).
+* ``cap_bytes`` bounds the memory of the stored texts and ids plus a fixed cost per entry
+  (``ENTRY_BYTES``) and per remembered sighting (``SEEN_BYTES``, a hash and a count).
 * Policy ``frequency`` (the default, measured better on agent data: benchmarks/
   bench_prepare.py): a text is stored on its second sighting (texts seen once never
   push out ones seen often), and when the memo is full the least often used entries go
@@ -29,23 +30,25 @@ Pure but for its own state: no I/O, no globals. One memo per worker process.
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ID_TYPECODE = next(c for c in "IL" if array(c).itemsize == 4)  # uint32, native order (as numpy's uint32)
 MIN_CHARS = 64
-ENTRY_BYTES = 200  # per stored entry beyond its ids: key, dict slot, bytes header, counters
-SEEN_BYTES = 120  # per text seen once and remembered (key, dict slot, count)
+ENTRY_BYTES = 150  # per stored entry beyond its text and ids (their sizes as Python reports them): slot, counters
+SEEN_BYTES = 100  # per text seen once and remembered (its hash, a dict slot, a count)
 DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal share
 POLICIES = ("frequency", "lru")
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches
 
 
-def ids_bytes(ids) -> bytes:
-    """Token ids (a list of ints) as uint32 bytes in native order."""
-    return array(ID_TYPECODE, ids).tobytes()
+def id_array(ids) -> array:
+    """Token ids (a list of ints) as a compact uint32 array (native order, as numpy's
+    uint32): 4 bytes a token instead of a list's ~36, joined without a copy per token."""
+    return array(ID_TYPECODE, ids)
 
 
 def tokenizer_identity(tok) -> bytes:
@@ -102,15 +105,12 @@ class SegmentMemo:
         self.cap_bytes = int(cap_bytes)
         self.policy = policy
         self.min_chars = min_chars
-        self._key = tokenizer_identity(tok)[:64]
-        self._entries: OrderedDict[bytes, list] = OrderedDict()  # key -> [ids bytes, uses]
-        self._seen: dict[bytes, int] = {}  # frequency policy: texts seen once, not stored
+        self.identity = tokenizer_identity(tok)
+        self._entries: OrderedDict[str, list] = OrderedDict()  # text -> [ids array, uses, cost]
+        self._seen: dict[int, int] = {}  # frequency policy: hashes of texts seen once, not stored
         self.bytes = 0  # what the entries and sightings cost now
         self.peak_bytes = 0
         self.stats = MemoStats()
-
-    def _hash(self, text: str) -> bytes:
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, key=self._key).digest()
 
     def take_stats(self) -> MemoStats:
         """The stats since the last call (each chunk reports its own)."""
@@ -118,71 +118,72 @@ class SegmentMemo:
         out.peak_bytes = self.peak_bytes
         return out
 
-    def encode(self, texts: Sequence[str], encode_batch: Callable[[list[str]], list[list[int]]]
-               ) -> tuple[list[bytes], list[int]]:
-        """Each text's ids as uint32 bytes, and its token count; texts not in the memo are
-        encoded with one ``encode_batch`` call, each distinct text once."""
+    def encode(self, texts: Sequence[str], tok) -> tuple[list[array], list[int]]:
+        """Each text's ids as a uint32 array, and its token count; texts not in the memo are
+        encoded with one ``tok.encode_batch`` call, each distinct text once."""
+        if tokenizer_identity(tok) != self.identity:
+            raise ValueError("this memo holds the ids of another tokenizer; make one memo per tokenizer")
         out: list = [None] * len(texts)
         todo: list[str] = []  # distinct texts to encode
         where: list[list[int]] = []  # for each, the positions it fills
-        todo_keys: list[bytes | None] = []
-        pending: dict[bytes, int] = {}  # key -> index into todo (a text repeated within this call)
+        todo_keep: list[bool] = []  # looked up, so a candidate for the memo
+        pending: dict[str, int] = {}  # text -> index into todo (a text repeated within this call)
         entries, st, min_chars = self._entries, self.stats, self.min_chars
         lru = self.policy == "lru"
         for i, text in enumerate(texts):
             if len(text) < min_chars:
                 todo.append(text)
                 where.append([i])
-                todo_keys.append(None)
+                todo_keep.append(False)
                 continue
             st.lookups += 1
-            key = self._hash(text)
-            entry = entries.get(key)
+            entry = entries.get(text)
             if entry is not None:
                 entry[1] += 1
                 if lru:
-                    entries.move_to_end(key)
+                    entries.move_to_end(text)
                 out[i] = entry[0]
                 st.hits += 1
-                st.tokens_reused += len(entry[0]) >> 2
+                st.tokens_reused += len(entry[0])
                 continue
-            j = pending.get(key)
+            j = pending.get(text)
             if j is not None:
                 where[j].append(i)
                 st.hits += 1
                 continue
-            pending[key] = len(todo)
+            pending[text] = len(todo)
             todo.append(text)
             where.append([i])
-            todo_keys.append(key)
+            todo_keep.append(True)
         if todo:
-            for text_ids, places, key in zip(encode_batch(todo), where, todo_keys):
-                data = ids_bytes(text_ids)
-                n = len(text_ids)
+            for text, text_ids, places, keep in zip(todo, tok.encode_batch(todo), where, todo_keep):
+                data = id_array(text_ids)
+                n = len(data)
                 st.tokens_encoded += n
                 st.tokens_reused += n * (len(places) - 1)
                 for i in places:
                     out[i] = data
-                if key is not None and self.cap_bytes > 0:
-                    self._admit(key, data, len(places))
-        return out, [len(b) >> 2 for b in out]
+                if keep and self.cap_bytes > 0:
+                    self._admit(text, data, len(places))
+        return out, [len(a) for a in out]
 
-    def _admit(self, key: bytes, data: bytes, uses: int) -> None:
-        cost = len(data) + ENTRY_BYTES
+    def _admit(self, text: str, data: array, uses: int) -> None:
+        cost = sys.getsizeof(text) + sys.getsizeof(data) + ENTRY_BYTES
         if cost > self.cap_bytes * (1 - _KEEP_AFTER_EVICTION):
             return  # one text would take a tenth of the memo: encode it each time instead
         if self.policy == "frequency":
-            seen = self._seen.pop(key, 0)
+            h = hash(text)  # a collision here only stores a text one sighting early
+            seen = self._seen.pop(h, 0)
             if seen:
                 self.bytes -= SEEN_BYTES
             elif uses < 2:
                 self._make_room(SEEN_BYTES)
-                self._seen[key] = 1
+                self._seen[h] = 1
                 self._grow(SEEN_BYTES)
                 return
             uses += seen
         self._make_room(cost)
-        self._entries[key] = [data, uses]
+        self._entries[text] = [data, uses, cost]
         self._grow(cost)
 
     def _grow(self, n: int) -> None:
@@ -199,8 +200,7 @@ class SegmentMemo:
         entries = self._entries
         if self.policy == "lru":
             while self.bytes > goal and entries:
-                _, (data, _) = entries.popitem(last=False)
-                self.bytes -= len(data) + ENTRY_BYTES
+                self.bytes -= entries.popitem(last=False)[1][2]
                 self.stats.evictions += 1
             return
         # sightings go first (the oldest), then the least used entries, the oldest first among equals
@@ -211,8 +211,7 @@ class SegmentMemo:
             for k in sorted(entries, key=lambda k: entries[k][1]):  # stable: insertion order among equals
                 if self.bytes <= goal:
                     break
-                data, _ = entries.pop(k)
-                self.bytes -= len(data) + ENTRY_BYTES
+                self.bytes -= entries.pop(k)[2]
                 self.stats.evictions += 1
             for entry in entries.values():  # age: a segment that stopped repeating leaves in time
                 entry[1] >>= 1

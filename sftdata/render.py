@@ -34,7 +34,7 @@ import orjson
 
 from .errors import RecordError, TokenizerError
 from .masking import loss_mask
-from .memo import SegmentMemo, ids_bytes
+from .memo import SegmentMemo, id_array
 from .tokenizer import ChatTokenizer
 from .turns import Conversation, ToolCall
 
@@ -183,12 +183,12 @@ class RenderedChunk:
 
 
 def encode_texts(texts: list[str], tok: ChatTokenizer, memo: SegmentMemo | None = None,
-                 num_threads: int = 1) -> tuple[list[bytes], list[int]]:
-    """Each text's ids as uint32 bytes and its token count, through ``memo`` when given."""
+                 num_threads: int = 1) -> tuple[list, list[int]]:
+    """Each text's ids as a uint32 array and its token count, through ``memo`` when given."""
     if memo is not None:
-        return memo.encode(texts, tok.encode_batch)
-    encoded = [ids_bytes(e) for e in tok.encode_batch(texts, num_threads=num_threads)] if texts else []
-    return encoded, [len(e) >> 2 for e in encoded]
+        return memo.encode(texts, tok)
+    encoded = [id_array(e) for e in tok.encode_batch(texts, num_threads=num_threads)] if texts else []
+    return encoded, [len(e) for e in encoded]
 
 
 def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,
@@ -203,29 +203,31 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     split = memo is not None and splits_at_newlines(tok)
     plans = [_plan(c, tok, texts, split) for c in convs]
     encoded, text_len = encode_texts(texts, tok, memo, num_threads)
-    markers: dict[int, bytes] = {}
-    parts: list[bytes] = []
+    markers = {~i: id_array([i]) for i in tok.special_tokens.values()}  # item -> its one-id array
+    parts: list = []  # uint32 arrays, joined once
     results: list[int | RecordError] = []
     sizes: list[int] = []
-    eos = ids_bytes([tok.eos_id])
+    eos = markers[~tok.eos_id]
     for ci, spans in enumerate(plans):
-        lengths = [sum(1 if v < 0 else text_len[v] for v in items) for _, items, _ in spans]
-        try:
-            keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
-        except RecordError as e:
-            results.append(e)
-            continue
+        keep, dropped = len(spans), 0
+        if max_tokens is not None:
+            lengths = [sum(1 if v < 0 else text_len[v] for v in items) for _, items, _ in spans]
+            try:
+                keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
+            except RecordError as e:
+                results.append(e)
+                continue
+        size = 1
         for _, items, _ in spans[:keep]:
             for v in items:
                 if v >= 0:
                     parts.append(encoded[v])
+                    size += text_len[v]
                 else:
-                    m = markers.get(v)
-                    if m is None:
-                        m = markers[v] = ids_bytes([~v])
-                    parts.append(m)
+                    parts.append(markers[v])
+                    size += 1
         parts.append(eos)
-        sizes.append(sum(lengths[:keep]) + 1)
+        sizes.append(size)
         results.append(dropped)
     ids = np.frombuffer(bytearray().join(parts), dtype=np.uint32)  # writable, one copy
     return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes, dtype=np.int64), results)

@@ -1,4 +1,5 @@
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from conftest import chat, write_jsonl
 
 from sftdata import prepare as prep
 from sftdata.errors import UsageError
-from sftdata.memo import ENTRY_BYTES, SEEN_BYTES, SegmentMemo, ids_bytes
+from sftdata.memo import ENTRY_BYTES, SEEN_BYTES, SegmentMemo, id_array
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.render import (
     SPLIT_SAFE_PATTERNS,
@@ -25,14 +26,21 @@ def tree_bytes(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def counting(tok):
-    """``tok.encode_batch`` that records every text it encodes."""
-    seen = []
+class Counting:
+    """``tok`` that records every text it encodes."""
 
-    def encode_batch(texts):
-        seen.extend(texts)
-        return tok.encode_batch(texts)
-    return encode_batch, seen
+    def __init__(self, tok):
+        self.tok, self.seen = tok, []
+        self.ranks_sha256, self.pat_str = tok.ranks_sha256, tok.pat_str
+
+    def encode_batch(self, texts):
+        self.seen.extend(texts)
+        return self.tok.encode_batch(texts)
+
+
+def counting(tok):
+    c = Counting(tok)
+    return c, c.seen
 
 
 LONG = "A long system prompt that repeats in every record of an agent dataset. " * 3
@@ -43,7 +51,7 @@ def test_a_repeated_text_is_encoded_once_and_its_ids_are_exact(tok):
     enc, seen = counting(tok)
     texts = [LONG, "hi", LONG, LONG + "!", LONG]
     pieces, lengths = memo.encode(texts, enc)
-    assert [np.frombuffer(p, np.uint32).tolist() for p in pieces] == [tok.encode(t) for t in texts]
+    assert [p.tolist() for p in pieces] == [tok.encode(t) for t in texts]
     assert lengths == [len(tok.encode(t)) for t in texts]
     assert seen == [LONG, "hi", LONG + "!"]  # within a call: each distinct text once; "hi" is never looked up
     n = len(tok.encode(LONG))
@@ -52,7 +60,7 @@ def test_a_repeated_text_is_encoded_once_and_its_ids_are_exact(tok):
     # a second call: LONG was seen three times, so it was stored; LONG + "!" was seen once, so not yet
     seen.clear()
     pieces, _ = memo.encode([LONG, LONG + "!"], enc)
-    assert seen == [LONG + "!"] and pieces[0] == ids_bytes(tok.encode(LONG))
+    assert seen == [LONG + "!"] and pieces[0] == id_array(tok.encode(LONG))
     seen.clear()
     memo.encode([LONG + "!"], enc)  # stored on its second sighting
     assert seen == []
@@ -64,7 +72,7 @@ def test_a_repeated_text_is_encoded_once_and_its_ids_are_exact(tok):
 def test_the_memo_stays_within_its_cap_and_keeps_the_frequent_texts(tok):
     rng = random.Random(1)
     frequent = [f"frequent segment {i} " * 8 for i in range(4)]
-    cost = max(len(ids_bytes(tok.encode(t))) for t in frequent) + ENTRY_BYTES
+    cost = max(sys.getsizeof(t) + sys.getsizeof(id_array(tok.encode(t))) for t in frequent) + ENTRY_BYTES
     cap = 30 * cost
     results = {}
     for policy in ("frequency", "lru"):
@@ -73,7 +81,7 @@ def test_the_memo_stays_within_its_cap_and_keeps_the_frequent_texts(tok):
             once = [f"a text seen once {step} {k} " * 8 for k in range(40)]  # a burst of one-offs
             batch = frequent + once
             rng.shuffle(batch)
-            memo.encode(batch, tok.encode_batch)
+            memo.encode(batch, tok)
             assert memo.bytes <= cap and memo.peak_bytes <= cap
         results[policy] = memo.take_stats()
     freq, lru = results["frequency"], results["lru"]
@@ -83,10 +91,14 @@ def test_the_memo_stays_within_its_cap_and_keeps_the_frequent_texts(tok):
     assert lru.hits < freq.hits / 2
 
 
-def test_each_tokenizer_has_its_own_keys(tok):
-    other = type("Other", (), {"file_sha256": "ab" * 32})()
-    a, b = SegmentMemo(tok, 1 << 20), SegmentMemo(other, 1 << 20)
-    assert a._hash(LONG) != b._hash(LONG)
+def test_a_memo_serves_one_tokenizer_only(tok):
+    other = type("Other", (), {"file_sha256": "ab" * 32, "encode_batch": tok.encode_batch})()
+    memo = SegmentMemo(tok, 1 << 20)
+    memo.encode([LONG, LONG], tok)
+    with pytest.raises(ValueError, match="this memo holds the ids of another tokenizer"):
+        memo.encode([LONG], other)
+    same_ranks_other_pattern = type("T", (), {"ranks_sha256": tok.ranks_sha256, "pat_str": r"\s+|\S+"})()
+    assert SegmentMemo(same_ranks_other_pattern, 1).identity != memo.identity
     with pytest.raises(ValueError, match="memo policy must be one of"):
         SegmentMemo(tok, 1 << 20, policy="random")
 
@@ -94,7 +106,7 @@ def test_each_tokenizer_has_its_own_keys(tok):
 def test_sightings_cost_memory_too(tok):
     memo = SegmentMemo(tok, 10 * SEEN_BYTES + 100_000)
     memo.encode([f"{i} unique text that is long enough to be looked up, once only" for i in range(50)],
-                tok.encode_batch)
+                tok)
     assert memo.bytes <= memo.cap_bytes and len(memo._seen) <= 50
 
 
@@ -173,7 +185,7 @@ def test_prepare_is_byte_identical_with_the_memo_on_off_and_at_any_worker_count(
         markers = int(np.isin(ids, list(tok.special_tokens.values())).sum())
         tokens = int(ids.size)
         assert m.tokens_reused + m.tokens_encoded == tokens - markers
-        assert m.hits <= m.lookups and m.hit_rate > 0.5 and m.reused_share > (0.7 if name.startswith("tiny") else 0.8)
+        assert m.hits <= m.lookups and m.hit_rate > 0.5 and m.reused_share > (0.5 if name.startswith("tiny") else 0.8)
         assert m.peak_bytes <= PrepareOptions(memo_mb=extra["memo_mb"], workers=extra.get("workers", 1)
                                               ).memo_bytes_per_worker()
         if name == "tiny":
