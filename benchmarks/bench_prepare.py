@@ -55,6 +55,7 @@ from sftdata.render import _plan  # noqa: E402
 from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
 WORK = HERE / "_work"
+POLICY_CAPS_MIB = [0.02, 0.05, 0.1, 0.25]  # below and around the working set of the corpora here
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork+exec from the (large) parent.
 PEAK_SNIPPET = """
@@ -157,13 +158,21 @@ def prepare_seconds(src: Path, **opts) -> tuple[float, prep.PrepareSummary]:
 
 def policy_sweep(per_record: list[list[str]], tok, caps_mib: list[float]) -> dict:
     """Hit rate and share of tokens not re-encoded per policy and cap, feeding the memo
-    chunk by chunk as prepare does."""
+    chunk by chunk as prepare does (``CHUNK_RECORDS`` records or about ``CHUNK_BYTES``)."""
+    chunks, cur, size = [], [], 0
+    for texts in per_record:
+        cur.extend(texts)
+        size += sum(len(t) for t in texts) + 64
+        if size >= prep.CHUNK_BYTES or len(cur) >= prep.CHUNK_RECORDS:
+            chunks.append(cur)
+            cur, size = [], 0
+    chunks += [cur] if cur else []
     out = {}
     for cap in caps_mib:
         for policy in ("frequency", "lru"):
             memo = SegmentMemo(tok, int(cap * (1 << 20)), policy)
-            for i in range(0, len(per_record), prep.CHUNK_RECORDS):
-                memo.encode([t for texts in per_record[i:i + prep.CHUNK_RECORDS] for t in texts], tok)
+            for chunk in chunks:
+                memo.encode(chunk, tok)
             st = memo.stats
             out[f"{cap:g}MiB/{policy}"] = {"hit_rate": round(st.hit_rate, 4), "reused_share": round(st.reused_share, 4),
                                            "peak_mib": round(memo.peak_bytes / (1 << 20), 3)}
@@ -218,13 +227,13 @@ def case_agent(mb: float, real: Path | None = None, memo_mb: float = DEFAULT_MEM
         "memo_speedup": round(off / on, 3),
         "memo": s_on.memo_dict(), "memo_cap_mib": memo_mb,
         "memo_within_cap": m.peak_bytes <= int(memo_mb * (1 << 20)),
-        "policies": {"agent": policy_sweep(split, tok, [0.05, 0.2, 1.0])},
+        "policies": {"agent": policy_sweep(split, tok, POLICY_CAPS_MIB)},
     }
     if real is not None:
         files = sorted(p for p in real.iterdir() if p.suffix in (".json", ".jsonl")) if real.is_dir() else [real]
         recs = [r for f in files for r in records_of(f)]
         per = plan_texts(recs, tok, split=True)
-        report["policies"]["real"] = policy_sweep(per, tok, [0.05, 0.2, 1.0])
+        report["policies"]["real"] = policy_sweep(per, tok, POLICY_CAPS_MIB)
         report["real_repeated_token_share"] = {f.name: round(repeated_share(plan_texts(records_of(f), tok, split=True),
                                                                             tok), 4) for f in files}
     return report

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 ID_TYPECODE = next(c for c in "IL" if array(c).itemsize == 4)  # uint32, native order (as numpy's uint32)
 MIN_CHARS = 64
-ENTRY_BYTES = 150  # per stored entry beyond its text and ids (their sizes as Python reports them): slot, counters
-SEEN_BYTES = 100  # per text seen once and remembered (its hash, a dict slot, a count)
+ENTRY_BYTES = 260  # per stored entry beyond its text and ids (their sizes as Python reports them); measured
+SEEN_BYTES = 160  # per text seen once and remembered: its hash, a count, its dict slot with the table's slack
 DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal share
 POLICIES = ("frequency", "lru")
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches

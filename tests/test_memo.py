@@ -185,7 +185,8 @@ def test_prepare_is_byte_identical_with_the_memo_on_off_and_at_any_worker_count(
         markers = int(np.isin(ids, list(tok.special_tokens.values())).sum())
         tokens = int(ids.size)
         assert m.tokens_reused + m.tokens_encoded == tokens - markers
-        assert m.hits <= m.lookups and m.hit_rate > 0.5 and m.reused_share > (0.5 if name.startswith("tiny") else 0.8)
+        tiny = name.startswith("tiny")
+        assert m.hits <= m.lookups and m.hit_rate > (0.4 if tiny else 0.5) and m.reused_share > (0.5 if tiny else 0.8)
         assert m.peak_bytes <= PrepareOptions(memo_mb=extra["memo_mb"], workers=extra.get("workers", 1)
                                               ).memo_bytes_per_worker()
         if name == "tiny":
@@ -223,3 +224,27 @@ def test_cli_reports_the_memo_and_refuses_a_negative_cap(tmp_path):
     assert r.exit_code == 0 and "memo of encoded texts" not in r.output
     r = runner.invoke(app, ["prepare-tool", str(src), "-o", str(tmp_path / "d"), "--memo-mb", "-5"])
     assert r.exit_code == 2 and "--memo-mb must be 0 (no memo) or a positive number of megabytes, got -5.0" in r.output
+
+
+@pytest.mark.parametrize("policy", ["frequency", "lru"])
+def test_the_memory_the_memo_really_holds_stays_within_its_cap(tok, policy):
+    import gc
+    import tracemalloc
+
+    rng = random.Random(3)
+    src = [" ".join(str(rng.random()) for _ in range(rng.randint(5, 60))) for _ in range(1500)]
+    cap = 256 << 10
+    memo = SegmentMemo(tok, cap, policy)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            memo.encode(["".join([t[:1], t[1:]]) for t in src], tok)  # fresh strings, as parsed records give
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert memo.peak_bytes <= cap and memo.bytes <= cap
+    assert held <= cap
+    if policy == "lru":  # every text stored at once, so the memo filled and evicted
+        assert memo.stats.evictions > 0
