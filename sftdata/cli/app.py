@@ -40,9 +40,12 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed` (optional: several conversations per row)
 * `python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json`
 * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39` lists what step 39 trained on
+* `sftdata report data/chat_sft -o report.html` draws the dataset on one page; `sftdata export` hands it to
+  Hugging Face datasets or pyarrow
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
-only JSON on stdout. Docs: docs/FORMAT.md, TOOLS.md, AUDIT.md, PACKING.md, LOADER.md, TRAINING.md."""
+only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, LOADER.md,
+TRAINING.md, INTEROP.md."""
 
 app = typer.Typer(
     name="sftdata",
