@@ -46,6 +46,7 @@ from .memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_chunk
+from .serving import check_state_stops
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
@@ -55,6 +56,7 @@ from .store import (
     Shard,
     SplitWriter,
     token_dtype_for,
+    write_serving,
 )
 from .template import TemplateProfile, model_profile, records_episodes, template_summary, tokenizer_state
 from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
@@ -82,6 +84,7 @@ class PrepareOptions:
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
     memo_mb: float = DEFAULT_MEMO_MB  # memory for the memo of encoded texts, all workers together; 0 = off
     memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
 
@@ -133,6 +136,8 @@ class PrepareOptions:
                "train_on": self.train_on}
         if self.chat_template is not None:
             out["chat_template"] = self.chat_template
+        if self.allow_pad_as_stop:
+            out["allow_pad_as_stop"] = True
         return out
 
 
@@ -474,6 +479,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         raise UsageError("no input files given")
     t0 = time.perf_counter()
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on)
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
     infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
@@ -542,7 +549,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                            if wr is not None}
             del src
             shutil.rmtree(w.path / "_staging")
-            w.write_json(TOKENIZER_FILE, tok.state() if profile is None else tokenizer_state(tok, profile))
+            w.write_json(TOKENIZER_FILE, state)
+            write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:
             raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir)
         for split, m in splits_meta.items():

@@ -15,7 +15,17 @@ from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import ChatTemplateOpt, JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt, ReasoningOpt, TrainOnOpt, WaitOpt
+from .options import (
+    AllowPadAsStopOpt,
+    ChatTemplateOpt,
+    JsonOpt,
+    MaxRecordBytesOpt,
+    OverwriteOpt,
+    QuietOpt,
+    ReasoningOpt,
+    TrainOnOpt,
+    WaitOpt,
+)
 
 InputsArg = Annotated[list[str], typer.Argument(
     metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
@@ -98,7 +108,7 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, memo_mb: float = DEFAULT_MEMO_MB) -> None:
+                chat_template=None, allow_pad_as_stop: bool = False, memo_mb: float = DEFAULT_MEMO_MB) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -108,7 +118,8 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template, memo_mb=memo_mb)
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template,
+                          allow_pad_as_stop=allow_pad_as_stop, memo_mb=memo_mb)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -151,6 +162,7 @@ def _prepare_command(mode: str, doc: str):
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
+        allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
         memo_mb: MemoMbOpt = DEFAULT_MEMO_MB,
         strict: StrictOpt = False,
@@ -164,7 +176,7 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, memo_mb)
+                    chat_template, allow_pad_as_stop, memo_mb)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
