@@ -24,6 +24,10 @@ QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the ch
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
                                           "records (path, bytes, sha256) and say whether the dataset can be "
                                           "reproduced from them. Without it no input file is read.")]
+RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, help="A dataset made with a "
+                                            "model's own tokenizer.json: decode N sampled episodes (the same sample "
+                                            "every run) and re-encode them with the tokenizers library; any episode "
+                                            "whose ids differ is a problem, named by episode. 0 (default): none.")]
 DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
                                                  "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
@@ -55,6 +59,11 @@ def draw_report(r: VerifyReport) -> Group:
         parts.append(block)
     if r.sources:
         parts.append(draw_sources(r))
+    if r.retokenized and not r.retokenized.get("skipped"):
+        k, d = r.retokenized["episodes"], r.retokenized["differ"]
+        parts.append(Text(f"retokenize: {k:,} sampled episode(s) re-encoded by the tokenizers library, "
+                          f"{'all equal to the stored ids' if not d else f'{d:,} differ'}",
+                          style="green" if not d else "bold red"))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
     mb = r.bytes_read / 1e6
@@ -100,6 +109,7 @@ def verify_cmd(
     token_dtype: DtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
+    retokenize: RetokenizeOpt = 0,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -115,6 +125,7 @@ def verify_cmd(
     * `sftdata verify data/chat_sft`
     * `sftdata verify data/chat_sft --quick` (no checksums)
     * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
+    * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
     dataset_dir(path)
@@ -123,6 +134,7 @@ def verify_cmd(
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
         report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
+                        retokenize_episodes=retokenize,
                         progress=lambda done, total: lazy.update("verify", completed=done, total=total))
     if as_json:
         print_json(report.as_dict())

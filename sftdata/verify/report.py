@@ -76,6 +76,7 @@ class VerifyReport:
     seconds: float = 0.0
     sources: list[SourceCheck] | None = None  # the recorded input files, when asked (--sources)
     reproducible: bool | None = None  # every input file matches (None: not asked, or none recorded)
+    retokenized: dict | None = None  # --retokenize N: episodes re-encoded by the tokenizers library, how many differ
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,7 @@ class VerifyReport:
                 "notes": self.notes, "splits": self.splits, "bytes_read": self.bytes_read,
                 "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3),
                 "sources": None if self.sources is None else [c.as_dict() for c in self.sources],
-                "reproducible": self.reproducible}
+                "reproducible": self.reproducible, "retokenized": self.retokenized}
 
 
 def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str], extra: dict | None = None
