@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import arrays_to_ranks, cached, ranks_to_arrays
+from .cache import Entry, arrays_to_ranks, cached, ranks_to_arrays, write_entry
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CACHE_KIND = "hf-bpe"
@@ -310,10 +310,16 @@ class FastBPE:
         return np.stack([char[starts], char[ends] + ~lead[ends]], axis=1).astype(np.int64)
 
 
-def load_fast_bpe(doc: dict, file_sha256: str, name: str = "hf") -> tuple[FastBPE | None, str | None]:
-    """``(FastBPE, None)`` for an eligible ``tokenizer.json``, else ``(None, why not)``;
-    the conversion comes from the user's cache after the first load."""
+def load_fast_bpe(doc: dict, file_sha256: str, name: str = "hf") -> tuple[FastBPE | None, str | None, Entry]:
+    """``(FastBPE, None, entry)`` for an eligible ``tokenizer.json``, else ``(None, why not,
+    entry)``; the conversion (the cache ``entry``) comes from the user's cache after the first load."""
     meta, arrays = cached(CACHE_KIND, file_sha256, lambda: convert(doc))
     if not meta.get("eligible"):
-        return None, meta.get("reason") or "not eligible"
-    return FastBPE(meta, arrays, name), None
+        return None, meta.get("reason") or "not eligible", (meta, arrays)
+    return FastBPE(meta, arrays, name), None, (meta, arrays)
+
+
+def remember_proof(file_sha256: str, entry: Entry, proof: dict) -> None:
+    """Keep the self-check's result beside the conversion (``meta["proof"]``)."""
+    meta, arrays = entry
+    write_entry(CACHE_KIND, file_sha256, {**meta, "proof": proof}, dict(arrays))

@@ -162,31 +162,30 @@ class HFTokenizer:
 
     def __init__(self, *, path: Path, data: bytes, doc: dict, config: dict, special_map: dict,
                  engine: str = "auto"):
-        tokenizers = _require_tokenizers()
+        _require_tokenizers()
         max_id = _check_ids(doc, path)
-        try:
-            self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as e:  # the Rust side raises a bare Exception
-            raise TokenizerError(f"{path} is not a tokenizer.json the 'tokenizers' library can load: {e}") from None
-        # Offsets must cover the text as written: a ByteLevel post-processor with trim_offsets would
-        # move them off the whitespace, and we never add BOS/EOS, so no post-processor is needed.
-        self._tok.post_processor = None
-        self._tok.no_truncation()
-        self._tok.no_padding()
+        self._data: bytes | None = data  # the library loads it on first use (a proven fast engine may never)
+        self._lib = None
+        self._data_path = path
         self.path = str(path.resolve())
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
         self.file_sha256 = hashlib.sha256(data).hexdigest()
-        added = self._tok.get_added_tokens_decoder()
-        self.added_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items())}
-        self.special_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items()) if t.special}
+        model = doc["model"]
+        self._vocab: dict | None = model.get("vocab") if isinstance(model.get("vocab"), dict) else None
+        if self._vocab is None:
+            self._library()  # a Unigram vocabulary: ids by position, as the library reads them
+        added = sorted((int(t["id"]), str(t.get("content")), bool(t.get("special")))
+                       for t in doc.get("added_tokens") or () if isinstance(t, dict))
+        self.added_tokens: dict[str, int] = {c: i for i, c, _ in added}
+        self.special_tokens: dict[str, int] = {c: i for i, c, special in added if special}
         self.vocab_size = max([max_id, *self.added_tokens.values()]) + 1
         if self.vocab_size == 0:
             raise TokenizerError(f"{path} has an empty vocabulary")
         named = {k: _token_string(special_map.get(k)) for k in _TOKEN_KEYS}
         named.update({k: _token_string(config[k]) for k in _TOKEN_KEYS if _token_string(config.get(k))})
         self.token_strings: dict[str, str] = {k: v for k, v in named.items() if v is not None}
-        ids = {k: self._tok.token_to_id(v) for k, v in self.token_strings.items()}
+        ids = {k: self.token_id(v) for k, v in self.token_strings.items()}
         for key, tid in ids.items():
             if tid is None:
                 raise TokenizerError(f"{path.parent}: {key} {self.token_strings[key]!r} from the config is not in "
@@ -197,9 +196,32 @@ class HFTokenizer:
         self.chat_templates: dict[str, str] = _templates_of(config, path.parent / "tokenizer_config.json")
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)
-        self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._tok,
+        self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._library,
                                                          list(self.added_tokens), self.name)
         self._fast = self.engine_choice.fast
+        if self._fast is None:
+            self._library()  # a file the library cannot load is an error now, not at the first encode
+
+    def _library(self):
+        """The ``tokenizers`` library's Tokenizer of this file, loaded on first use."""
+        if self._lib is None:
+            tokenizers = _require_tokenizers()
+            try:
+                lib = tokenizers.Tokenizer.from_str(self._data.decode("utf-8"))
+            except Exception as e:  # the Rust side raises a bare Exception
+                raise TokenizerError(f"{self._data_path} is not a tokenizer.json the 'tokenizers' library can "
+                                     f"load: {e}") from None
+            # Offsets must cover the text as written: a ByteLevel post-processor with trim_offsets would
+            # move them off the whitespace, and we never add BOS/EOS, so no post-processor is needed.
+            lib.post_processor = None
+            lib.no_truncation()
+            lib.no_padding()
+            self._lib, self._data = lib, None
+        return self._lib
+
+    @property
+    def _tok(self):
+        return self._library()
 
     @property
     def engine(self) -> str:
@@ -265,6 +287,12 @@ class HFTokenizer:
         return enc.ids, enc.offsets
 
     def token_id(self, token: str) -> int | None:
+        """The id of a token string (an added token's content, else a vocabulary entry as
+        written in the file), or None."""
+        if token in self.added_tokens:
+            return self.added_tokens[token]
+        if self._vocab is not None:
+            return self._vocab.get(token)
         return self._tok.token_to_id(token)
 
     # -- decoding -----------------------------------------------------------------

