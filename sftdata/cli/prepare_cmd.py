@@ -15,6 +15,7 @@ from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
+    AllowPadAsStopOpt,
     ChatTemplateOpt,
     JsonOpt,
     MaxRecordBytesOpt,
@@ -103,7 +104,7 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, tokenizer_engine="auto") -> None:
+                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -114,7 +115,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
                           reasoning=reasoning, train_on=train_on, chat_template=chat_template,
-                          tokenizer_engine=tokenizer_engine)
+                          tokenizer_engine=tokenizer_engine, allow_pad_as_stop=allow_pad_as_stop)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -158,6 +159,7 @@ def _prepare_command(mode: str, doc: str):
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
         tokenizer_engine: TokenizerEngineOpt = "auto",
+        allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         reasoning: ReasoningOpt = "keep",
@@ -170,7 +172,7 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, tokenizer_engine)
+                    chat_template, tokenizer_engine, allow_pad_as_stop)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc

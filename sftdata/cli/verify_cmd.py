@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,12 +12,10 @@ from rich.text import Text
 
 from ..verify import VerifyReport, verify
 from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
-from .options import JsonOpt, QuietOpt
+from .options import DatasetArg, JsonOpt, QuietOpt, TokenDtypeOpt
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
-PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
-                                        "--output-dir of prepare-chat, prepare-tool or pack).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
                                         "runs; file sizes are still compared with the metadata).")]
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
@@ -28,8 +25,6 @@ RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, 
                                             "model's own tokenizer.json: decode N sampled episodes (the same sample "
                                             "every run) and re-encode them with the tokenizers library; any episode "
                                             "whose ids differ is a problem, named by episode. 0 (default): none.")]
-DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
-                                                 "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
@@ -104,9 +99,9 @@ def draw_sources(r: VerifyReport) -> Group:
 @app.command("verify")
 @handle_errors
 def verify_cmd(
-    path: PathArg,
+    path: DatasetArg,
     quick: QuickOpt = False,
-    token_dtype: DtypeOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
     retokenize: RetokenizeOpt = 0,
