@@ -25,6 +25,9 @@ the ids.
 
 Message text is always encoded with ``encode_ordinary``: marker strings typed by a
 user stay ordinary text. Marker ids are inserted only by the renderer.
+
+Ranks files (the bundled cl100k_base and ``.tiktoken`` files) are parsed and hashed once:
+then they come from the user's cache (``sftdata.cache``), keyed by the file's sha256.
 """
 
 from __future__ import annotations
