@@ -150,12 +150,12 @@ def _schema(rng: random.Random, i: int) -> dict:
                                                             "required": sorted(props)[:1]}}}
 
 
-def agent_record(rng: random.Random, system: str, pool: list[dict], i: int) -> dict:
+def agent_record(rng: random.Random, system: str, pool: list[dict], i: int, text_scale: float = 1.0) -> dict:
     """One agent record: the system prompt, 5-20 tools of the pool, a short user turn, 1-4
-    tool calls with short results, and a short answer."""
+    tool calls with short results, and a short answer (``text_scale`` times longer each)."""
     tools = rng.sample(pool, rng.randint(5, 20))
     msgs = [{"role": "system", "content": system},
-            {"role": "user", "content": _text(rng, 12)}]
+            {"role": "user", "content": _text(rng, 12 * text_scale)}]
     for k in range(rng.randint(1, 4)):
         fn = rng.choice(tools)["function"]
         args = {p: (rng.randint(0, 9999) if v["type"] == "integer" else rng.choice(WORDS))
@@ -163,15 +163,16 @@ def agent_record(rng: random.Random, system: str, pool: list[dict], i: int) -> d
         cid = f"call_{i}_{k}"
         msgs.append({"role": "assistant", "tool_calls": [{"id": cid, "type": "function", "function": {
             "name": fn["name"], "arguments": orjson.dumps(args).decode()}}]})
-        msgs.append({"role": "tool", "tool_call_id": cid, "content": _text(rng, 15)})
-    msgs.append({"role": "assistant", "content": _text(rng, 30)})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": _text(rng, 15 * text_scale)})
+    msgs.append({"role": "assistant", "content": _text(rng, 30 * text_scale)})
     return {"tools": tools, "messages": msgs}
 
 
 def write_agent_corpus(path: Path, target_bytes: int, seed: int = 0, system_words: int = 2000,
-                       pool_size: int = 40) -> int:
+                       pool_size: int = 40, text_scale: float = 1.0) -> int:
     """JSONL agent records until ``target_bytes``: one system prompt of about 2,000 tokens
-    (``system_words`` words), tools drawn from a pool of ``pool_size`` schemas; return the
+    (``system_words`` words), tools drawn from a pool of ``pool_size`` schemas, turns
+    ``text_scale`` times the default length (more: a smaller repeated share); return the
     record count."""
     rng = random.Random(seed)
     system = "\n\n".join(" ".join(rng.choice(WORDS) for _ in range(system_words // 10)).capitalize() + "."
@@ -180,7 +181,7 @@ def write_agent_corpus(path: Path, target_bytes: int, seed: int = 0, system_word
     n = size = 0
     with open(path, "wb") as f:
         while size < target_bytes:
-            line = orjson.dumps(agent_record(rng, system, pool, n)) + b"\n"
+            line = orjson.dumps(agent_record(rng, system, pool, n, text_scale)) + b"\n"
             f.write(line)
             size += len(line)
             n += 1
