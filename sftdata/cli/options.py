@@ -55,3 +55,10 @@ ChatTemplateOpt = Annotated[str | None, typer.Option(
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
     "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
     "Default: the folder's own template; a tokenizer that ships none needs this option.")]
+# prepare-chat / prepare-tool (and pack, verify): where the work runs (docs/SCALE.md)
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this machine: --workers "
+                                        "processes) or ray (tasks on a Ray cluster; needs the ray extra). The "
+                                        "result is byte-identical either way.")]
+RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", metavar="ADDRESS", help="With --engine ray: "
+                                                   "the cluster to use (default: RAY_ADDRESS, else a local cluster "
+                                                   "started for the run).")]

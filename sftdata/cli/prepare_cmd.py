@@ -9,12 +9,25 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..engine import check_engine, ray_prepare_executor
+from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import ChatTemplateOpt, JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt, ReasoningOpt, TrainOnOpt, WaitOpt
+from .options import (
+    ChatTemplateOpt,
+    EngineOpt,
+    JsonOpt,
+    MaxRecordBytesOpt,
+    OverwriteOpt,
+    QuietOpt,
+    RayAddressOpt,
+    ReasoningOpt,
+    TrainOnOpt,
+    WaitOpt,
+)
 
 InputsArg = Annotated[list[str], typer.Argument(
     metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
@@ -89,7 +102,10 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None) -> None:
+                chat_template=None, engine: str = "local", ray_address: str | None = None) -> None:
+    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -106,7 +122,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
             bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
                        tokens=p.tokens)
 
-        summary = prepare(inputs, output_dir, opts, progress=on_progress)
+        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:
@@ -149,12 +165,14 @@ def _prepare_command(mode: str, doc: str):
         overwrite: OverwriteOpt = False,
         wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+        engine: EngineOpt = "local",
+        ray_address: RayAddressOpt = None,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template)
+                    chat_template, engine, ray_address)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -182,6 +200,7 @@ Examples:
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)
 * `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`
+* `sftdata prepare-chat big/ -o /shared/sft --engine ray --val-split 0.01` (tasks on a Ray cluster; docs/SCALE.md)
 """
 
 TOOL_HELP = """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or
