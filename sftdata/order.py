@@ -146,7 +146,7 @@ class BatchOrder:
     True
     """
 
-    def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = 1337,
+    def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = DEFAULT_SEED,
                  shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", one_pass: bool = False,
                  what: str = "split", items: str = "items", origin: Origin | None = None):
         self._args = dict(ids=ids, batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle,
