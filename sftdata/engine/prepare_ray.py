@@ -8,11 +8,12 @@
              starts; other        writes its episodes to
              inputs whole)        _parts/part_N.tmp-PID, renamed to _parts/part_N when complete
 
-What crosses the network: the partition descriptors and the tokenizer (once, through the
-object store) to the tasks; back, a summary per partition (counts, rejected records, the
-shard's path). Tokens go from the task straight to the output's staging area; the driver
-then copies them, in input order, into the train/val shards (``prepare``'s own split), so
-the dataset is byte-identical to ``--engine local`` for any number of workers.
+What crosses the network: the partition descriptors and the tokenizer (pickled, a few
+hundred bytes: what rebuilds it; each worker rebuilds it once) to the tasks; back, a
+summary per partition (counts, rejected records, the shard's path). Tokens go from the
+task straight to the output's staging area; the driver then copies them, in input order,
+into the train/val shards (``prepare``'s own split), so the dataset is byte-identical
+to ``--engine local`` for any number of workers.
 
 A task whose worker dies is retried by Ray (``max_retries``); the dead attempt's
 ``.tmp-PID`` folder is never renamed, so its partial files are never read, and the whole
@@ -21,7 +22,9 @@ staging area goes when the run commits or fails.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import shutil
 import uuid
 from collections import Counter
@@ -41,7 +44,8 @@ from .cluster import RayCluster, connect, import_ray
 MIN_PART_BYTES = 1 << 20
 PARTS_PER_CPU = 4  # partitions per CPU of the cluster, for balance (when the input is large enough)
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
-STOP_SECONDS = 60  # how long a run that stops early waits for its cancelled tasks
+STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
+STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
 
 
 @dataclass
@@ -65,6 +69,11 @@ def part_bytes_for(infos: list[SourceInfo], cpus: int, part_bytes: int | None = 
     return int(min(PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_CPU * cpus))))
 
 
+def _empty() -> ChunkResult:
+    return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
+                       [], Counter(), Counter(), 0, 0, 0)
+
+
 def _merge(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
     if acc is None:
         return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
@@ -83,28 +92,31 @@ def _merge(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
     return acc
 
 
-_TOKENIZERS: dict = {}  # per worker process: the run's tokenizer, rebuilt once, not once per task
+_TOKENIZERS: dict = {}  # per worker process: tokenizers rebuilt once, not once per task or per run
+_KEEP_TOKENIZERS = 4
 
 
-def _tokenizer(boxed: list):
-    """The (tokenizer, profile) behind ``boxed[0]``, an object reference (boxed, so that Ray
-    hands the task the reference and the task builds the tokenizer only on its first use)."""
-    ref = boxed[0]
-    key = ref.hex()
+def _tokenizer(pickled: bytes):
+    """The (tokenizer, profile) pickled in ``pickled`` (a few hundred bytes: a tokenizer
+    pickles as what rebuilds it), rebuilt on a worker's first task and kept for later
+    tasks and runs (rebuilding takes seconds: the ranks are read and checked)."""
+    key = hashlib.sha256(pickled).hexdigest()
     got = _TOKENIZERS.get(key)
     if got is None:
-        import ray  # optional dependency: only inside a Ray task
-
-        _TOKENIZERS.clear()  # one run's at a time
-        got = _TOKENIZERS[key] = ray.get(ref)
+        if len(_TOKENIZERS) >= _KEEP_TOKENIZERS:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        got = _TOKENIZERS[key] = pickle.loads(pickled)  # noqa: S301  (made by this run's driver)
     return got
 
 
-def prepare_partition(part: Partition, scan, cut: int, tokenizer: list, settings: dict, stage_dir: str
+def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes, settings: dict, stage_dir: str
                       ) -> PartSummary:
     """One task: render and mask the records of ``part`` into a shard folder of its own
     under ``stage_dir`` (``scan``: ``line_counts`` of its input, ``cut`` its index there;
-    ``tokenizer``: ``[ref]`` to the (tokenizer, profile) of the run)."""
+    ``tokenizer``: the pickled (tokenizer, profile) of the run)."""
+    stop = Path(stage_dir) / STOP_FILE
+    if stop.exists():
+        return PartSummary(part.index, _merge(None, _empty()), 0, None)
     tok, profile = _tokenizer(tokenizer)
     lines_before = scan[0][cut] if scan is not None and cut >= 0 else 0
     dtype = np.dtype(settings["token_dtype"])
@@ -123,6 +135,9 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: list, settings
 
     acc = None
     for items, _ in _chunks(records()):
+        if stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
+            writer.close()
+            return PartSummary(part.index, _merge(None, _empty()), 0, None)
         res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile)
         if res.lengths.size:
             writer.add_many(res.ids, res.mask, res.lengths, res.sources)
@@ -132,8 +147,7 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: list, settings
         shutil.rmtree(final)
     os.rename(tmp, final)
     if acc is None:
-        acc = _merge(None, ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
-                                       np.empty(0, np.int64), [], Counter(), Counter(), 0, 0, 0))
+        acc = _merge(None, _empty())
     whole = part.whole
     return PartSummary(part.index, acc, lines[0],
                        str(final / "s" / "shard_00000") if meta["episodes"] else None, meta["episodes"],
@@ -180,7 +194,7 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
         if not p.whole and p.start > 0:
             cuts.setdefault(p.source, []).append(p.start)
     scans = {si: scan_task.remote(infos[si].path, c) for si, c in cuts.items()}
-    tokenizer = [ray.put((tok, profile))]
+    tokenizer = pickle.dumps((tok, profile))
     settings = {"mode": opts.mode, "max_tokens": opts.max_tokens, "policy": opts.policy,
                 "max_record_bytes": opts.max_record_bytes, "token_dtype": np.dtype(token_dtype).name}
     refs = [task.remote(p, scans.get(p.source), cuts.get(p.source, []).index(p.start) if p.start else -1,
@@ -208,16 +222,17 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
             yield res, done
     finally:
         if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
-            _stop(ray, refs[got:] + list(scans.values()))
+            _stop(ray, refs[got:], stage_dir)
 
 
-def _stop(ray, refs) -> None:
-    """Cancel ``refs`` and wait until none runs (a task keeps no file open after it)."""
-    for ref in refs:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:  # noqa: BLE001  (finished already: nothing to cancel)
-            pass
+def _stop(ray, refs, stage_dir: Path) -> None:
+    """Tell the tasks still to come to stop (``STOP_FILE``: each checks it before every
+    chunk) and wait until none runs. Not ``ray.cancel``: cancelling a task as it
+    completes can abort the driver inside Ray."""
+    try:
+        (stage_dir / STOP_FILE).touch()
+    except OSError:  # the staging area is gone already: a task can create nothing in it
+        return
     try:
         ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
     except Exception:  # noqa: BLE001  (the cluster is gone: nothing runs on it)
