@@ -45,7 +45,7 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
 only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, LOADER.md,
-TRAINING.md, INTEROP.md."""
+TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(
     name="sftdata",
