@@ -47,6 +47,7 @@ from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
+from .serving import check_state_stops
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
@@ -56,6 +57,7 @@ from .store import (
     Shard,
     SplitWriter,
     token_dtype_for,
+    write_serving,
 )
 from .template import TemplateProfile, model_profile, records_episodes, template_summary, tokenizer_state
 from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
@@ -84,6 +86,7 @@ class PrepareOptions:
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
 
     @property
     def policy(self) -> TurnPolicy:
@@ -120,6 +123,8 @@ class PrepareOptions:
                "train_on": self.train_on}
         if self.chat_template is not None:
             out["chat_template"] = self.chat_template
+        if self.allow_pad_as_stop:
+            out["allow_pad_as_stop"] = True
         return out
 
 
@@ -484,6 +489,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         raise UsageError("no input files given")
     t0 = time.perf_counter()
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on)
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
     infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
@@ -560,7 +567,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                            if wr is not None}
             shutil.rmtree(w.path / "_staging")
             shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
-            w.write_json(TOKENIZER_FILE, tok.state() if profile is None else tokenizer_state(tok, profile))
+            w.write_json(TOKENIZER_FILE, state)
+            write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:
             raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir)
         for split, m in splits_meta.items():

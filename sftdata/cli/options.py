@@ -50,6 +50,10 @@ ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="
 TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "
                                          "those the record marks weight 0 or train false), or last (the last of those "
                                          "only); the others stay in the episode as untrained context.")]
+AllowPadAsStopOpt = Annotated[bool, typer.Option(
+    "--allow-pad-as-stop", metavar="", help="With a model's own tokenizer: accept a pad token that is also the "
+    "end-of-turn token the model learns to stop with (refused by default: a trainer that masks labels equal to "
+    "the pad id never trains the stop token). Only for trainers that use sftdata's loss mask.")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json "
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "

@@ -17,6 +17,7 @@ from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
+    AllowPadAsStopOpt,
     ChatTemplateOpt,
     EngineOpt,
     JsonOpt,
@@ -102,7 +103,8 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, engine: str = "local", ray_address: str | None = None) -> None:
+                chat_template=None, allow_pad_as_stop: bool = False, engine: str = "local",
+                ray_address: str | None = None) -> None:
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
@@ -115,7 +117,8 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template)
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template,
+                          allow_pad_as_stop=allow_pad_as_stop)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -158,6 +161,7 @@ def _prepare_command(mode: str, doc: str):
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
+        allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         reasoning: ReasoningOpt = "keep",
@@ -172,7 +176,7 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, engine, ray_address)
+                    chat_template, allow_pad_as_stop, engine, ray_address)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
