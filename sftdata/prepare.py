@@ -56,6 +56,7 @@ from .store import (
     DatasetWriter,
     Shard,
     SplitWriter,
+    local_path,
     token_dtype_for,
     write_serving,
 )
@@ -485,6 +486,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     When every record is rejected, nothing is created at ``output_dir`` and the reasons go
     to a file beside it that the error names (``AllRecordsRejectedError.rejects_path``)."""
     opts.validate()
+    output_dir = local_path(output_dir)  # a path, or a file:// URL
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from .audit import AuditCheck, check_audit
 from .config import LoaderConfig
 from .errors import DatasetError, UsageError
 from .order import BatchOrder, episode_order, row_order
-from .store import Dataset, Split, has_episode_index, open_dataset, split_segments
+from .store import Dataset, Split, has_episode_index, local_path, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
@@ -85,7 +85,7 @@ class Replay:
 
 
 def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
-    root = Path(dataset_dir)
+    root = local_path(dataset_dir)
     if root.is_dir() and not has_episode_index(root, "train"):
         raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
                            f"a token-stream dataset has no episode order to replay")

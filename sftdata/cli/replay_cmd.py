@@ -125,7 +125,7 @@ def replay_order_cmd(
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
-    dataset_dir(dataset)
+    dataset = dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
     if check_audit is not None:
         res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
