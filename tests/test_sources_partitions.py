@@ -6,7 +6,7 @@ import gzip
 import pytest
 
 from sftdata.sources import inspect_source, iter_records
-from sftdata.sources.partitions import iter_partition, line_counts, plan_partitions, splittable
+from sftdata.sources.partitions import file_digest, iter_partition, line_counts, plan_partitions, splittable
 
 MAX = 1 << 20
 
@@ -20,7 +20,8 @@ def by_partitions(path, part_bytes):
     info = inspect_source(path)
     parts = plan_partitions([info], part_bytes)
     cuts = [p.start for p in parts if p.start]
-    counts, sha, size = line_counts(info.path, cuts)
+    counts = line_counts(info.path, cuts)
+    sha, size = file_digest(info.path)
     out, lines = [], 0
     for p in parts:
         before = counts[cuts.index(p.start)] if p.start else 0
@@ -55,7 +56,7 @@ def test_a_line_longer_than_the_record_bound_is_rejected_in_a_range_too(tmp_path
     path.write_bytes(b'{"a": 1}\n' + b'{"x": "' + b"y" * 5000 + b'"}\n{"z": 0}\n')
     info = inspect_source(path)
     parts = plan_partitions([info], 100)
-    counts, _, _ = line_counts(info.path, [p.start for p in parts if p.start])
+    counts = line_counts(info.path, [p.start for p in parts if p.start])
     recs = [r for p in parts for r, _ in iter_partition(p, counts[0] if p.start else 0, 1000) if r is not None]
     assert [(r.record, r.where.rsplit(":", 1)[1], r.reject and r.reject[0]) for r in recs] == [
         (0, "line 1", None), (1, "line 2", "record_too_large"), (2, "line 3", None)]

@@ -37,12 +37,12 @@ import numpy as np
 from ..errors import SftDataError, UsageError
 from ..prepare import ChunkResult, Executor, PrepareOptions, StagedPart, _chunks, process_chunk
 from ..sources import SourceInfo
-from ..sources.partitions import PART_BYTES, Partition, iter_partition, line_counts, plan_partitions
+from ..sources.partitions import PART_BYTES, Partition, file_digest, iter_partition, line_counts, plan_partitions
 from ..store import SplitWriter
 from .cluster import RayCluster, connect, import_ray
 
 MIN_PART_BYTES = 1 << 20
-PARTS_PER_CPU = 4  # partitions per CPU of the cluster, for balance (when the input is large enough)
+PARTS_PER_CPU = 16  # partitions per CPU of the cluster: the last ones to finish leave CPUs idle briefly
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
 STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
 STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
@@ -118,7 +118,7 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes, setting
     if stop.exists():
         return PartSummary(part.index, _merge(None, _empty()), 0, None)
     tok, profile = _tokenizer(tokenizer)
-    lines_before = scan[0][cut] if scan is not None and cut >= 0 else 0
+    lines_before = scan[cut] if scan is not None and cut >= 0 else 0
     dtype = np.dtype(settings["token_dtype"])
     final = Path(stage_dir) / f"part_{part.index:06d}"
     tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -189,15 +189,19 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
     stage_dir.mkdir(parents=True, exist_ok=True)
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(prepare_partition)
     scan_task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(line_counts)
+    digest_task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(file_digest)
     cuts: dict[int, list[int]] = {}
     for p in parts:
         if not p.whole and p.start > 0:
             cuts.setdefault(p.source, []).append(p.start)
     scans = {si: scan_task.remote(infos[si].path, c) for si, c in cuts.items()}
+    digests = {si: digest_task.remote(infos[si].path) for si in cuts}  # needed only at the end: nothing waits
     tokenizer = pickle.dumps((tok, profile))
     settings = {"mode": opts.mode, "max_tokens": opts.max_tokens, "policy": opts.policy,
                 "max_record_bytes": opts.max_record_bytes, "token_dtype": np.dtype(token_dtype).name}
-    refs = [task.remote(p, scans.get(p.source), cuts.get(p.source, []).index(p.start) if p.start else -1,
+    cut_of = {(si, c): k for si, cs in cuts.items() for k, c in enumerate(cs)}
+    refs = [task.remote(p, scans.get(p.source) if p.start else None,  # the first range starts at line 0
+                        cut_of.get((p.source, p.start), -1),
                         tokenizer, settings, str(stage_dir)) for p in parts]
     last = {p.source: p.index for p in parts}
     first_record, records_of, done = 0, Counter(), 0
@@ -216,13 +220,13 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
             done += (p.end - p.start) if not p.whole else s.bytes
             if last[p.source] == p.index:  # the input is complete: its numbers are known
                 info.first_record, info.records = first_record, records_of[p.source]
-                if p.source in scans:
-                    _, info.sha256, info.bytes = _get(ray, scans[p.source])
+                if p.source in digests:
+                    info.sha256, info.bytes = _get(ray, digests[p.source])
                 first_record += info.records
             yield res, done
     finally:
         if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
-            _stop(ray, refs[got:], stage_dir)
+            _stop(ray, refs[got:] + list(scans.values()) + list(digests.values()), stage_dir)
 
 
 def _stop(ray, refs, stage_dir: Path) -> None:
