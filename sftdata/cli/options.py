@@ -59,6 +59,12 @@ ChatTemplateOpt = Annotated[str | None, typer.Option(
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
     "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
     "Default: the folder's own template; a tokenizer that ships none needs this option.")]
+TokenizerEngineOpt = Annotated[str, typer.Option(
+    "--tokenizer-engine", metavar="ENGINE", help="With a model's own tokenizer: what encodes the text. auto = "
+    "tiktoken's BPE core when the tokenizer.json is byte-level BPE with one split regex (Llama 3, Qwen2/2.5/3) "
+    "and a self-check at load gives the tokenizers library's ids, else the tokenizers library; tiktoken = insist "
+    "(an error says why it cannot); hf = always the tokenizers library. The ids are the same either way; the "
+    "summary says which engine ran and why.")]
 # prepare-chat / prepare-tool (and pack, verify): where the work runs (docs/SCALE.md)
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this machine: --workers "
                                         "processes) or ray (tasks on a Ray cluster; needs the ray extra). The "

@@ -82,6 +82,7 @@ class VerifyReport:
     seconds: float = 0.0
     sources: list[SourceCheck] | None = None  # the recorded input files, when asked (--sources)
     reproducible: bool | None = None  # every input file matches (None: not asked, or none recorded)
+    retokenized: dict | None = None  # --retokenize N: episodes re-encoded by the tokenizers library, how many differ
     cannot_stop: dict = field(default_factory=dict)  # split -> {"count", "episodes" (packed: "rows"): first ids}
 
     @property
@@ -94,7 +95,7 @@ class VerifyReport:
                 "notes": self.notes, "splits": self.splits, "bytes_read": self.bytes_read,
                 "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3),
                 "sources": None if self.sources is None else [c.as_dict() for c in self.sources],
-                "reproducible": self.reproducible, "cannot_stop": self.cannot_stop}
+                "reproducible": self.reproducible, "cannot_stop": self.cannot_stop, "retokenized": self.retokenized}
 
 
 def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str], extra: dict | None = None

@@ -44,20 +44,24 @@ from .metadata import (
 from .packed import check_packed_content
 from .references import check_references
 from .report import SOURCES_CHECK, ProgressFn, VerifyReport, check_results
+from .retokenize import RETOKENIZE_CHECK, retokenize
 from .serving import ABSENT, serving_findings
 from .sources import check_source, recorded_sources, reproducible, source_bytes, source_problems
 from .stops import StopFindings
 
 
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
-           progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False) -> VerifyReport:
+           progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
+           retokenize_episodes: int = 0) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
     ``quick`` skips the checksums (and the comparison of the recorded value ranges with
     the data). ``sources`` also re-hashes the input files the metadata records
     (``report.sources``, ``report.reproducible``); without it no input file is read.
     ``token_dtype`` and ``tokenizer`` matter only for the older flat layout, which
-    records neither. Raises ``DatasetError`` only when ``path`` holds no dataset at all.
+    records neither. ``retokenize_episodes``: decode that many sampled episodes and
+    re-encode them with the tokenizers library (a model's own tokenizer.json; the
+    ``retokenize`` check). Raises ``DatasetError`` only when ``path`` holds no dataset at all.
     """
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
@@ -187,10 +191,22 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             skip(("serving",), why)
             if why == ABSENT:
                 notes.append(f"{SERVING_FILE}: {ABSENT} of sftdata (re-create the dataset to get one)")
+    if retokenize_episodes > 0:
+        if packed:
+            retok = None
+            skip(("retokenize",), "a packed dataset: retokenize its source dataset")
+        else:
+            retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
+                               retokenize_episodes)
+            found += retok.problems
+            report.retokenized = retok.as_dict()
+            if retok.skipped:
+                skip(("retokenize",), retok.skipped)
     # within a check, the problems keep the order they were found in: top-level file sizes
     # before the shards' sizes, the shards' missing files before the top-level ones
     problems = top_resized + [p for p in scan.problems if p.check != "counts"] + tc.problems + top_missing + found
-    report.problems, report.checks = check_results(ds.kind, problems, skipped, SOURCES_CHECK if sources else None)
+    extra = {**(SOURCES_CHECK if sources else {}), **(RETOKENIZE_CHECK if retokenize_episodes > 0 else {})}
+    report.problems, report.checks = check_results(ds.kind, problems, skipped, extra or None)
     report.notes = notes
     for split in SPLITS:
         mine = [sh for sh in shards if sh.split == split]
