@@ -140,3 +140,15 @@ def test_a_state_with_a_bad_origin_or_layout_is_refused(sets):
         load(sets, "episodes", batch_size=3).load_state_dict(bad)
     with pytest.raises(ConfigError, match="version 9 is not supported .*reads 1 and 2"):
         load(sets, "episodes").load_state_dict({**state, "version": 9})
+
+
+def test_token_budget_batches_keep_their_layout(sets):
+    kw = dict(batch_tokens=24)
+    first = ranks(sets, "episodes", 3, 2, **kw)
+    first[0].get_batch("train")
+    with pytest.raises(ConfigError, match=r"batches sized by batch_tokens cannot change their layout on resume; "
+                                          r"resume with world_size 2"):
+        load(sets, "episodes", rank=0, world_size=1, **kw).load_state_dict(first[0].state_dict())
+    again = load(sets, "episodes", rank=0, world_size=2, **kw)  # the same layout resumes
+    again.load_state_dict(first[0].state_dict())
+    assert again.step("train") == 1
