@@ -56,6 +56,7 @@ def test_ray_prepare_is_byte_identical_to_local(ray_cluster, inputs, tmp_path, p
     same_dataset(tmp_path / "local", tmp_path / "ray")
     a, b = local.as_dict(), ray.as_dict()
     a.pop("seconds"), b.pop("seconds"), a.pop("output_dir"), b.pop("output_dir")
+    a.pop("memo"), b.pop("memo")  # what the memo saved is a speed figure of the engine, like seconds (Ray's tasks keep none)
     assert a == b and a["rejected_total"] > 5 and len(a["shards"]) == 2
     assert not list(tmp_path.glob("*/_parts")) and sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
 
