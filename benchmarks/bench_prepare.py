@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: prepare against tiktoken's BPE core on the same texts, and the memo.
 
-    python benchmarks/bench_prepare.py [--mb 50] [--workers N] [--case generated,agent] [--json]
+    python benchmarks/bench_prepare.py [--mb 50] [--workers N] [--case generated,agent,real] [--json]
     python benchmarks/bench_prepare.py --case real --real ../shared/data --real-mb 50
 
 Cases, each measured within one run (ratios; absolute times are noisy on a shared machine):
@@ -345,7 +345,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=50.0, help="generated chat corpus size in MB (default 50)")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--case", default="generated,agent", help="comma-separated: generated, agent, real")
+    ap.add_argument("--case", default="generated", help="comma-separated: generated, agent, real (default: generated)")
     ap.add_argument("--agent-mb", type=float, default=20.0, help="agent corpus size in MB (default 20)")
     ap.add_argument("--agent-text-scale", type=float, default=1.0,
                     help="user turns, tool results and answers this many times longer (a smaller repeated share)")
