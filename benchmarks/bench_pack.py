@@ -8,12 +8,14 @@ pure-Python best-fit over a segment tree.
     python benchmarks/bench_pack.py --quick      # 100k lengths (reference too)
     python benchmarks/bench_pack.py --no-reference --pipeline
 
-TRL is timed on the same lengths as a ``datasets.Dataset`` whose ``input_ids`` lists have
-those lengths and hold no bytes (Arrow ``null`` values), so its time is its planning plus
-its Arrow bookkeeping, not copying tokens; twice: over the whole dataset at once (its
-best rows) and with ``map``'s default batches of 1,000 examples (what ``pack_dataset``
-does unless told otherwise: each batch packed on its own). sftdata's time is
-``plan_bfd``, best of ``--repeat``.
+TRL is timed two ways on the same lengths. ``pack_dataset`` itself, on a
+``datasets.Dataset`` whose ``input_ids`` lists have those lengths and hold no bytes (Arrow
+``null`` values): over the whole dataset at once (its best rows) and with ``map``'s default
+batches of 1,000 examples (what it does unless told otherwise: each batch packed on its
+own). It needs about 12 KB of memory per episode even so (20 bytes per token), so from
+``--trl-max`` episodes (default 300,000) only its planning is timed: its own
+``_SegmentTree`` and the placement loop of its ``_pack_bfd``, unchanged, which give the
+same rows. sftdata's time is ``plan_bfd``, best of ``--repeat``.
 
 Real lengths: when /work/shared/data (or --data DIR) holds conversation files, they are
 prepared with sftdata into a temporary folder and their episode lengths packed too.
@@ -28,6 +30,7 @@ import math
 import sys
 import tempfile
 import time
+from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -130,16 +133,57 @@ def trl_bfd(lengths: np.ndarray, row_len: int, batch_size: int | None = None) ->
     return {"rows": rows, "fill": int(np.minimum(lengths, row_len).sum()) / (rows * row_len), "seconds": secs}
 
 
-def compare_lengths(lengths: np.ndarray, row_len: int, repeat: int = 3, trl: bool = True) -> dict:
-    """sftdata's bfd and TRL's (whole dataset, and its default batches of 1,000) on the
-    same lengths: {"ours": ..., "trl": ..., "trl_batched": ...} (the TRL ones None when
-    not run or not installed)."""
+def trl_plan(lengths: np.ndarray, row_len: int) -> dict | None:
+    """TRL's bfd planning alone: its ``_SegmentTree`` and the placement loop of its
+    ``_pack_bfd`` (the same statements, over the same numpy values), without moving any
+    token. Rows, fill, seconds; None if TRL is missing."""
+    try:
+        from trl.data_utils import _SegmentTree
+    except ImportError:
+        return None
+    clipped = np.minimum(lengths[lengths > 0], row_len)
+    t = time.perf_counter()
+    order = np.argsort(-clipped, kind="stable")  # TRL: sort("descending") of (length, id), ties by id
+    segment_tree = _SegmentTree(row_len)
+    segment_tree.add(row_len)
+    space_to_bin = defaultdict(deque)
+    bins: list[dict] = []
+    for length, idx in zip(clipped[order], order):
+        space = segment_tree.search(length)
+        if space < row_len:
+            bin = space_to_bin[space].popleft()
+        else:
+            bin = {"ids": [], "length": 0}
+            bins.append(bin)
+        bin["ids"].append(idx)
+        bin["length"] += length
+        if space < row_len and not space_to_bin[space]:
+            segment_tree.remove(space)
+        space = space - length
+        space_to_bin[space].append(bin)
+        if space > 0:
+            segment_tree.add(space)
+    secs = time.perf_counter() - t
+    return {"rows": len(bins), "fill": int(clipped.sum()) / (len(bins) * row_len), "seconds": secs}
+
+
+def compare_lengths(lengths: np.ndarray, row_len: int, repeat: int = 3, trl: bool = True,
+                    trl_max: int = 300_000) -> dict:
+    """sftdata's bfd and TRL's on the same lengths: {"ours", "trl", "trl_batched",
+    "trl_how"}. Below ``trl_max`` episodes ``trl`` is ``pack_dataset`` over the whole
+    dataset and ``trl_batched`` in its default batches of 1,000 (``trl_how`` "pack_dataset");
+    from there ``trl`` is its planning loop alone and ``trl_batched`` None ("planning").
+    The TRL ones are None when not run or not installed."""
     out = {"episodes": int(lengths.size), "row_len": row_len, "ours": ours_bfd(lengths, row_len, repeat),
-           "trl": None, "trl_batched": None}
-    if trl:
+           "trl": None, "trl_batched": None, "trl_how": None}
+    if trl and lengths.size < trl_max:
         out["trl"] = trl_bfd(lengths, row_len)
         if out["trl"] is not None:
             out["trl_batched"] = trl_bfd(lengths, row_len, 1000)
+            out["trl_how"] = "pack_dataset"
+    elif trl:
+        out["trl"] = trl_plan(lengths, row_len)
+        out["trl_how"] = "planning" if out["trl"] is not None else None
     return out
 
 
@@ -149,14 +193,15 @@ def line(name: str, rows: int, bound: int, seconds: float | None, fill: float) -
 
 
 def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool, repeat: int,
-                  trl: bool = True) -> None:
+                  trl: bool = True, trl_max: int = 300_000) -> None:
     print(f"{label}: {lengths.size:,} episodes, median {int(np.median(lengths))}, mean {lengths.mean():.0f}, "
           f"rows of {row_len}, {int((lengths > row_len).sum()):,} longer than a row")
-    res = compare_lengths(lengths, row_len, repeat, trl)
+    res = compare_lengths(lengths, row_len, repeat, trl, trl_max)
     ours, bound = res["ours"], res["ours"]["bound"]
     secs = ours["seconds"]
     print(line("sftdata bfd (histogram)", ours["rows"], bound, secs, ours["fill"]))
-    for key, name in (("trl", "TRL pack_dataset bfd (whole)"), ("trl_batched", "TRL pack_dataset bfd (batches)")):
+    whole = "TRL pack_dataset bfd (whole)" if res["trl_how"] == "pack_dataset" else "TRL bfd planning loop"
+    for key, name in (("trl", whole), ("trl_batched", "TRL pack_dataset bfd (batches)")):
         if res[key] is not None:
             r = res[key]
             print(line(name, r["rows"], bound, r["seconds"], r["fill"]))
@@ -219,7 +264,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100k lengths")
     ap.add_argument("--row-len", type=int, default=2049)
     ap.add_argument("--no-reference", action="store_true", help="skip the Python segment-tree reference")
-    ap.add_argument("--no-trl", action="store_true", help="skip TRL's pack_dataset")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL")
+    ap.add_argument("--trl-max", type=int, default=300_000,
+                    help="from this many episodes, time TRL's planning loop alone (pack_dataset needs ~12 KB each)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
     ap.add_argument("--pipeline", action="store_true", help="time the whole pack on a synthetic dataset")
@@ -227,7 +274,7 @@ def main() -> None:
     args = ap.parse_args()
     n = 100_000 if args.quick else args.n
     bench_lengths("lognormal lengths", lognormal_lengths(n), args.row_len, not args.no_reference, args.repeat,
-                  not args.no_trl)
+                  not args.no_trl, args.trl_max)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.data.is_dir():
