@@ -114,7 +114,7 @@ def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) ->
                     put(r - c * s, [b])
                     c = 0
                 if not here:
-                    nonempty.remove(r)
+                    del nonempty[bisect_left(nonempty, r)]
                     del levels[r]
             else:
                 q = row_len // s
