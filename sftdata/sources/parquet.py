@@ -26,7 +26,7 @@ file is opened, the threshold is fixed at 256 KiB (``mallopt``, unless the user 
 ``MALLOC_MMAP_THRESHOLD_``), so every page is its own mapping, returned when freed; and
 after every ``TRIM_BYTES`` of row groups the heap's free pages are returned
 (``malloc_trim``). Together: about 25 MiB less peak than before on pyarrow's default
-pages (docs/FORMAT.md, "Parquet inputs").
+pages (docs/BENCHMARKS.md says what remains and why).
 """
 
 from __future__ import annotations
