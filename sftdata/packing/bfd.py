@@ -34,14 +34,17 @@ def _pieces(lengths: np.ndarray, row_len: int, overlong: str):
     """(episode, start, length) of every piece to place under the overlong policy."""
     if overlong not in OVERLONG_POLICIES:
         raise UsageError(f"overlong must be one of {', '.join(OVERLONG_POLICIES)}, not {overlong!r}")
-    ep = np.flatnonzero(lengths > 0)
-    ln = lengths[ep]
+    if lengths.size and lengths.min() > 0:  # the usual case: no empty episode to leave out
+        ep, ln = np.arange(lengths.size, dtype=np.int64), lengths
+    else:
+        ep = np.flatnonzero(lengths > 0)
+        ln = lengths[ep]
     if overlong == "drop":
         keep = ln <= row_len
         ep, ln = ep[keep], ln[keep]
-        return ep, np.zeros_like(ep), ln
+        return ep, np.zeros(ep.size, dtype=np.int64), ln
     if overlong == "truncate":
-        return ep, np.zeros_like(ep), np.minimum(ln, row_len)
+        return ep, np.zeros(ep.size, dtype=np.int64), np.minimum(ln, row_len)
     if overlong == "keep_end":
         return ep, np.maximum(ln - row_len, 0), np.minimum(ln, row_len)
     k = -(-ln // row_len)  # pieces per episode
@@ -63,11 +66,12 @@ def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) ->
     held before (0 for the first), so the rows can be laid out without sorting.
     """
     total = int(counts.sum())
-    bins = np.empty(total, dtype=np.int64)  # bin of the item at each placement position
-    rank = np.empty(total, dtype=np.int64)  # items already in that bin when it was placed
+    idx = np.int32 if total < 1 << 31 else np.int64  # half the memory traffic for the usual sizes
+    bins = np.empty(total, dtype=idx)  # bin of the item at each placement position
+    rank = np.empty(total, dtype=idx)  # items already in that bin when it was placed
     if total == 0:
         return bins, rank, 0
-    fill = np.zeros(total, dtype=np.int64)  # items per bin so far (at most one bin per item)
+    fill = np.zeros(total, dtype=idx)  # items per bin so far (at most one bin per item)
     tiles: dict[int, np.ndarray] = {}
     # open bins by room left; a dict, not a list of row_len + 1, so a huge row costs nothing
     levels: dict[int, list[int]] = {}
@@ -89,7 +93,7 @@ def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) ->
         k = ids.size * q
         bins[pos:pos + k] = np.repeat(ids, q)
         if q not in tiles:
-            tiles[q] = np.arange(q, dtype=np.int64)
+            tiles[q] = np.arange(q, dtype=idx)
         rank[pos:pos + k] = (fill[ids][:, None] + tiles[q]).ravel()
         fill[ids] += q
         pos += k
@@ -105,12 +109,12 @@ def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) ->
                 if kf:
                     take = here[len(here) - kf:]
                     del here[len(here) - kf:]
-                    place(np.asarray(take, dtype=np.int64), q)
+                    place(np.asarray(take, dtype=idx), q)
                     c -= kf * q
                     put(r - q * s, take)
                 if c and c < q and here:
                     b = here.pop()
-                    place(np.full(1, b, dtype=np.int64), c)
+                    place(np.full(1, b, dtype=idx), c)
                     put(r - c * s, [b])
                     c = 0
                 if not here:
@@ -120,13 +124,13 @@ def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) ->
                 q = row_len // s
                 kf = c // q
                 if kf:
-                    new = np.arange(nbins, nbins + kf, dtype=np.int64)
+                    new = np.arange(nbins, nbins + kf, dtype=idx)
                     nbins += kf
                     place(new, q)
                     c -= kf * q
                     put(row_len - q * s, new.tolist())
                 if c:
-                    place(np.full(1, nbins, dtype=np.int64), c)
+                    place(np.full(1, nbins, dtype=idx), c)
                     put(row_len - c * s, [nbins])
                     nbins += 1
                     c = 0
@@ -151,6 +155,8 @@ def _size_histogram(take: np.ndarray, order: np.ndarray, row_len: int) -> tuple[
         sizes = np.flatnonzero(counts)[::-1]
         return sizes, counts[sizes]
     s_sorted = take[order]
+    if s_sorted.size == 0:
+        return s_sorted, np.zeros(0, dtype=np.int64)
     change = np.flatnonzero(np.diff(s_sorted)) + 1
     starts = np.concatenate([[0], change]).astype(np.int64)
     return s_sorted[starts], np.diff(np.concatenate([starts, [s_sorted.size]]))
