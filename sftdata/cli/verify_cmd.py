@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,19 +12,19 @@ from rich.text import Text
 
 from ..verify import VerifyReport, verify
 from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
-from .options import JsonOpt, QuietOpt
+from .options import DatasetArg, JsonOpt, QuietOpt, TokenDtypeOpt
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
-PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
-                                        "--output-dir of prepare-chat, prepare-tool or pack).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
                                         "runs; file sizes are still compared with the metadata).")]
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
                                           "records (path, bytes, sha256) and say whether the dataset can be "
                                           "reproduced from them. Without it no input file is read.")]
-DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
-                                                 "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
+RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, help="A dataset made with a "
+                                            "model's own tokenizer.json: decode N sampled episodes (the same sample "
+                                            "every run) and re-encode them with the tokenizers library; any episode "
+                                            "whose ids differ is a problem, named by episode. 0 (default): none.")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
@@ -55,6 +54,11 @@ def draw_report(r: VerifyReport) -> Group:
         parts.append(block)
     if r.sources:
         parts.append(draw_sources(r))
+    if r.retokenized and not r.retokenized.get("skipped"):
+        k, d = r.retokenized["episodes"], r.retokenized["differ"]
+        parts.append(Text(f"retokenize: {k:,} sampled episode(s) re-encoded by the tokenizers library, "
+                          f"{'all equal to the stored ids' if not d else f'{d:,} differ'}",
+                          style="green" if not d else "bold red"))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
     mb = r.bytes_read / 1e6
@@ -95,11 +99,12 @@ def draw_sources(r: VerifyReport) -> Group:
 @app.command("verify")
 @handle_errors
 def verify_cmd(
-    path: PathArg,
+    path: DatasetArg,
     quick: QuickOpt = False,
-    token_dtype: DtypeOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
+    retokenize: RetokenizeOpt = 0,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -115,6 +120,7 @@ def verify_cmd(
     * `sftdata verify data/chat_sft`
     * `sftdata verify data/chat_sft --quick` (no checksums)
     * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
+    * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
     dataset_dir(path)
@@ -123,6 +129,7 @@ def verify_cmd(
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
         report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
+                        retokenize_episodes=retokenize,
                         progress=lambda done, total: lazy.update("verify", completed=done, total=total))
     if as_json:
         print_json(report.as_dict())

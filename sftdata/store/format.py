@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from ..config import TOKEN_DTYPES
 from ..errors import DatasetError, UsageError
 
 FORMAT_NAME = "sftdata"
@@ -21,6 +22,7 @@ FORMAT_VERSION = 1
 METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
 REJECTS_FILE = "rejects.jsonl"
+SERVING_FILE = "serving.json"  # what an inference config needs (stop ids, pad id, BOS, template); see serving
 TOKENS_FILE = "tokens.bin"
 MASK_FILE = "mask.bin"
 EPISODES_FILE = "episodes.idx"
@@ -39,7 +41,6 @@ IDX_DTYPE = np.dtype("<u8")  # episodes.idx, sources.idx, segments.idx
 EPISODE_RECORD_BYTES = 2 * IDX_DTYPE.itemsize  # (start, length)
 MASK_DTYPE = np.dtype(np.uint8)  # what sftdata writes; older layouts may hold float32
 OLD_MASK_DTYPE = np.dtype("<f4")
-TOKEN_DTYPES = ("uint16", "uint32")  # what a dataset may hold, by name
 FLAT_TOKEN_DTYPE = np.dtype("<u4")  # the older flat layout records none: uint32 unless told
 
 
