@@ -79,8 +79,10 @@ def llama3_folder() -> Path | None:
     folder = WORK / "llama3_peers"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json", folder / "tokenizer.json")
+    # pad: a token the template never writes (not <|eot_id|>, the stop the model must learn)
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|begin_of_text|>",
-                                                              "eos_token": "<|eot_id|>"}))
+                                                              "eos_token": "<|eot_id|>",
+                                                              "pad_token": "<|end_of_text|>"}))
     return folder
 
 
