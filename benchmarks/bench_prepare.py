@@ -285,7 +285,7 @@ def case_real(source: Path, mb: float, repeat: int = 1) -> dict:
             "memo_hit_rate": round(runs[f"1w_memo{DEFAULT_MEMO_MB:g}"][0][2].memo.hit_rate, 4)}
 
 
-def run(cases=("generated", "agent"), mb: float = 50.0, workers: int | None = None, agent_mb: float = 20.0,
+def run(cases=("generated",), mb: float = 50.0, workers: int | None = None, agent_mb: float = 20.0,
         real: str | Path | None = None, real_mb: float = 50.0, peaks: bool = True, repeat: int = 1,
         agent_text_scale: float = 1.0) -> dict:
     """The figures of the cases asked for; the generated case's at the top level (as
