@@ -37,11 +37,12 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1` (or `prepare-tool`)
 * `sftdata inspect data/chat_sft --episode 0` shows what is trained, `sftdata verify data/chat_sft` checks it
 * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed` (optional: several conversations per row)
+* `sftdata mix data/chat_sft:0.8 data/tools_sft:0.2 -o data/mix.json` (optional: several datasets at weights)
 * `python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json`
 * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39` lists what step 39 trained on
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
-only JSON on stdout. Docs: docs/FORMAT.md, TOOLS.md, AUDIT.md, PACKING.md, LOADER.md, TRAINING.md."""
+only JSON on stdout. Docs: docs/FORMAT.md, TOOLS.md, AUDIT.md, PACKING.md, MIXTURES.md, LOADER.md, TRAINING.md."""
 
 app = typer.Typer(
     name="sftdata",

@@ -15,6 +15,8 @@ from ..config import LoaderConfig
 from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..replay import Replay, check_audit_log, replay_order
+from ..replay_mixture import check_mixture_audit, replay_mixture
+from ..store.mixture import is_mixture_file
 from .app import app, dataset_dir, err_console, handle_errors, out_console, print_json
 from .options import JsonOpt
 
@@ -51,14 +53,16 @@ def _table(r: Replay) -> Group:
         title = f"epoch {r.epoch} of split {r.split}"
     seed = f"seed {r.seed} + epoch {r.epoch} = {r.seed + r.epoch}" if r.sampling == "epoch" and r.shuffle \
         else f"seed {r.seed}" if r.sampling == "random" else "no shuffle"
-    caption = (f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens); "
-               f"{seed}; batch {r.batch_size} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}")
+    held = (f"mixture of {', '.join(r.dataset_names)}: {r.num_eligible:,} items in epoch {r.epoch} (min "
+            f"{r.episode_min_tokens} tokens)" if r.dataset_names else
+            f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens)")
+    caption = f"{held}; {seed}; batch {r.batch_size} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}"
     shown = len(r.columns["episode"])
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
     t = Table(header_style="bold", show_edge=False, pad_edge=False)  # no edges: 9 columns fit 80 characters
     for name in r.columns:
-        t.add_column(name, justify="left" if name == "shard" else "right", no_wrap=True)
+        t.add_column(name, justify="left" if name in ("shard", "dataset") else "right", no_wrap=True)
     for row in r.rows():
         t.add_row(*("-" if v is None else str(v) for v in row.values()))
     return Group(Text(title, style="bold"), t, Text(caption, style="dim"))
@@ -68,7 +72,8 @@ def _table(r: Replay) -> Group:
 @handle_errors
 def replay_order_cmd(
     dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
-                                            "trained on (episodes, or packed rows).")],
+                                            "trained on (episodes, or packed rows), or its mixture file "
+                                            "(`sftdata mix`).")],
     config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
                       "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
@@ -111,13 +116,20 @@ def replay_order_cmd(
     * `sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10`
     * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --csv > epoch0.csv`
     * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
+    * `sftdata replay-order data/mix.json --config cfg.json --csv` (a mixture: a dataset column names the member)
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
-    dataset_dir(dataset)
+    mixture = is_mixture_file(dataset)
+    if mixture and seed is not None:
+        raise UsageError(f"{dataset} is a mixture: its own seed orders it, so --seed does not apply (make the "
+                         f"mixture with `sftdata mix --seed N` to train with another)")
+    if not mixture:
+        dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
     if check_audit is not None:
-        res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
+        check = check_mixture_audit if mixture else check_audit_log
+        res = check(dataset, cfg, check_audit, split=split, world_size=world_size)
         if as_json:
             print_json(res.as_dict())
         elif res.ok:
@@ -135,8 +147,9 @@ def replay_order_cmd(
         if not res.ok:
             raise typer.Exit(1)
         return
-    r = replay_order(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
-                     head=head if (head is not None or as_json or as_csv) else TABLE_ROWS)
+    replay = replay_mixture if mixture else replay_order
+    r = replay(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
+               head=head if (head is not None or as_json or as_csv) else TABLE_ROWS)
     if as_json:
         print_json(r.as_dict())
     elif as_csv:
