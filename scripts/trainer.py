@@ -27,6 +27,7 @@ from gpt import GPT, GPTConfig, block_causal_mask
 
 from sftdata.errors import ConfigError
 from sftdata.loader import IGNORE_INDEX, Batch, apply_ignore_index
+from sftdata.order import DEFAULT_SEED
 
 CKPT_FORMAT = "sftdata-train-checkpoint"
 CKPT_VERSION = 1
@@ -59,7 +60,7 @@ class TrainSettings:
     eval_interval: int = 50  # 0: no evaluation
     eval_iters: int = 4
     checkpoint_interval: int = 50  # 0: only at the end
-    seed: int = 1337
+    seed: int = DEFAULT_SEED  # of the model's initial weights and dropout
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig(vocab_size=vocab_size, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd,

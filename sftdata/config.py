@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .order import DEFAULT_SEED
 
 DATASET_MODES = ("token_stream", "sft_episode")
 SAMPLING_MODES = ("epoch", "random")
-TOKEN_DTYPES = ("uint16", "uint32")
+TOKEN_DTYPES = ("uint16", "uint32")  # what a dataset's tokens.bin may hold, by name (store/format.py)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NONE = ("", "none", "null")
@@ -63,7 +64,7 @@ class LoaderConfig:
     block_size: int = 512
     dataset_mode: str | None = None
     batch_sampling_mode: str | None = None
-    epoch_seed: int = 1337
+    epoch_seed: int = DEFAULT_SEED
     epoch_shuffle: bool = True
     epoch_drop_last: bool = True
     pad_token_id: int | None = None

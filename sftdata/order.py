@@ -110,7 +110,7 @@ class BatchOrder:
     True
     """
 
-    def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = 1337,
+    def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = DEFAULT_SEED,
                  shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", one_pass: bool = False,
                  what: str = "split", items: str = "items"):
         if isinstance(ids, (int, np.integer)):

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DatasetError, SftDataError, UsageError
+from ..store import TOKEN_DTYPES
 
 HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
 and replay the training order.
@@ -185,9 +186,6 @@ def dataset_dir(path: Path) -> Path:
     return path
 
 
-TOKEN_DTYPES = ("uint16", "uint32")
-
-
 def flat_token_dtype(value: str | None) -> str | None:
     """``--token-dtype`` of the older flat layout: uint16 or uint32 (numpy would take
     any dtype name, or fail with its own TypeError)."""
@@ -242,6 +240,25 @@ class LazyProgress:
     def __exit__(self, *exc) -> None:
         if self.task is not None:
             self.progress.stop()
+
+
+def rows_bar(verb: str, quiet: bool) -> tuple[LazyProgress, Callable]:
+    """The progress of pack and export: ``VERB SPLIT``, a bar, rows done. Returns the bar
+    (a context manager) and the callback the library calls with ``split``, ``rows_done``
+    and ``rows_total``."""
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
+    bar = LazyProgress(Progress(*columns, console=err_console, disable=quiet))
+    return bar, lambda p: bar.update(f"{verb} {p.split}", completed=p.rows_done, total=p.rows_total)
+
+
+def print_result(result, table, as_json: bool, quiet: bool) -> None:
+    """A command's result: JSON on stdout with --json, else ``table(result)`` on stderr
+    unless --quiet."""
+    if as_json:
+        print_json(result.as_dict())
+    elif not quiet:
+        err_console.print(table(result))
 
 
 def main() -> None:

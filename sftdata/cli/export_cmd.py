@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..export import ExportOptions, ExportReport, export
-from .app import LazyProgress, app, dataset_dir, err_console, handle_errors, print_json
+from .app import app, dataset_dir, handle_errors, print_result, rows_bar
 from .options import DatasetArg, JsonOpt, QuietOpt
 
 
@@ -58,15 +57,7 @@ def export_command(
     """
     dataset_dir(dataset)
     opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite)
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
-    with LazyProgress(Progress(*columns, console=err_console, disable=quiet or as_json)) as bar:
-
-        def on_progress(p):
-            bar.update(f"export {p.split}", completed=p.rows_done, total=p.rows_total)
-
+    bar, on_progress = rows_bar("export", quiet or as_json)
+    with bar:
         report = export(dataset, output_dir, opts, progress=on_progress)
-    if as_json:
-        print_json(report.as_dict())
-    elif not quiet:
-        err_console.print(report_table(report))
+    print_result(report, report_table, as_json, quiet)

@@ -22,7 +22,7 @@ from ..report.mixture import mixture_overview
 from ..store.mixture import is_mixture_file
 from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
-from .options import DatasetArg, JsonOpt, TokenDtypeOpt
+from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
@@ -311,7 +311,7 @@ def draw_episode(v: EpisodeView, tokens: bool) -> Group:
 @app.command("inspect")
 @handle_errors
 def inspect_cmd(
-    path: DatasetArg,
+    path: DatasetOrMixtureArg,
     split: SplitOpt = "train",
     episode: EpisodeOpt = None,
     row: RowOpt = None,

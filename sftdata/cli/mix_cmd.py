@@ -15,8 +15,8 @@ from ..errors import UsageError
 from ..mixture import BY
 from ..order import DEFAULT_SEED
 from ..report.mixture import MixtureOverview
-from ..store.mixture import is_mixture_file, make_mixture
-from .app import app, dataset_dir, handle_errors, out_console, print_json
+from ..store.mixture import make_mixture
+from .app import app, handle_errors, out_console, print_json
 from .options import JsonOpt
 
 
@@ -34,11 +34,6 @@ def parse_spec(text: str) -> tuple[str | None, str, float]:
         raise UsageError(f"{text!r}: the weight {weight!r} is not a number (DATASET:WEIGHT, e.g. data/chat:0.8)") \
             from None
     return name, path, w
-
-
-def dataset_or_mixture(path: Path) -> Path:
-    """A command's DATASET argument, which may also be a mixture file."""
-    return path if is_mixture_file(path) else dataset_dir(path)
 
 
 @app.command("mix")

@@ -34,6 +34,9 @@ WaitOpt = Annotated[bool, typer.Option("--wait", metavar="", help="When another 
                                        "--overwrite decides whether its result may be replaced).")]
 DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
+DatasetOrMixtureArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
+                                                     "--output-dir of prepare-chat, prepare-tool or pack), or a "
+                                                     "mixture file (`sftdata mix`).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
 MaxRecordBytesOpt = Annotated[int, typer.Option(

@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import LazyProgress, app, dataset_dir, err_console, handle_errors, print_json
+from .app import app, dataset_dir, handle_errors, print_result, rows_bar
 from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
 
 
@@ -110,15 +109,7 @@ def pack_command(
     dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("{task.completed:,.0f} rows"), TimeElapsedColumn())
-    with LazyProgress(Progress(*columns, console=err_console, disable=quiet or as_json)) as bar:
-
-        def on_progress(p):
-            bar.update(f"pack {p.split}", completed=p.rows_done, total=p.rows_total)
-
+    bar, on_progress = rows_bar("pack", quiet or as_json)
+    with bar:
         report = pack(dataset, output_dir, opts, progress=on_progress)
-    if as_json:
-        print_json(report.as_dict())
-    elif not quiet:
-        err_console.print(report_table(report))
+    print_result(report, report_table, as_json, quiet)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,20 +15,15 @@ from ..store.mixture import is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
-from .options import JsonOpt, QuietOpt
+from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
-PathArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
-                                        "--output-dir of prepare-chat, prepare-tool or pack), or a mixture file "
-                                        "(`sftdata mix`: each member, and its checksum).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the checksums (every other check still "
                                         "runs; file sizes are still compared with the metadata).")]
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
                                           "records (path, bytes, sha256) and say whether the dataset can be "
                                           "reproduced from them. Without it no input file is read.")]
-DtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat "
-                                                 "layout only: dtype of tokens.bin, uint16 or uint32 (default).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
@@ -121,9 +115,9 @@ def draw_mixture_report(r: MixtureVerifyReport) -> Group:
 @app.command("verify")
 @handle_errors
 def verify_cmd(
-    path: PathArg,
+    path: DatasetOrMixtureArg,
     quick: QuickOpt = False,
-    token_dtype: DtypeOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
     as_json: JsonOpt = False,

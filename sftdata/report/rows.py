@@ -67,19 +67,25 @@ class RowView:
         return asdict(self)
 
 
+def read_row(ds: Dataset, split: str, row: int):
+    """Row ``row`` of a packed split: (shard, ids int64, stored mask or None, trained bool,
+    its segments with rows numbered local to this one row). An id out of range says so."""
+    sp = ds.split(split)
+    shard, _ = sp.locate(row)  # the store numbers a packed split's rows as its episodes
+    ids, mask = sp.episode(row)
+    ids = np.asarray(ids, dtype=np.int64)
+    trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
+    seg = split_segments(sp).of_rows([row])
+    return shard, ids, mask, trained, replace(seg, row=np.zeros(len(seg), np.int64))
+
+
 def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule | None = None, *,
              tokens: bool = False) -> RowView:
     """One row: its segments (text, positions, episode, record), padding, tokens; decoded
     with ``tok``, compared with ``rule`` per segment (default: the chat markers of ``tok``)."""
     rule = rule or MarkerRule(tok.ids)
-    sp = ds.split(split)
-    shard, _ = sp.locate(row)  # the store numbers a packed split's rows as its episodes
-    ids, mask = sp.episode(row)
-    ids = np.asarray(ids, dtype=np.int64)
+    shard, ids, mask, trained, seg = read_row(ds, split, row)
     L = ids.shape[0]
-    trained = np.zeros(L, bool) if mask is None else np.asarray(mask) != 0
-    seg = split_segments(sp).of_rows([row])
-    seg = replace(seg, row=np.zeros(len(seg), np.int64))  # rows local to this one row
     marker = is_marker(ids, tok)
     segments = []
     for i in range(len(seg)):

@@ -6,15 +6,16 @@ share shows its first tokens and says how many follow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import UsageError
 from ..loss_rule import LossRule, MarkerRule
 from ..packing import row_mask
-from ..store import Dataset, split_segments
+from ..store import Dataset
 from .episodes import Tokenizer, sample_ids
+from .rows import read_row
 from .tokens import Run, token_runs
 
 TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
@@ -98,15 +99,9 @@ def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, cho
 
 def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: bool, limit: int,
                rule: LossRule | None = None) -> SampleRow:
-    sp = ds.split(split)
-    sp.locate(row)  # a row id out of range says so
-    ids, mask = sp.episode(row)
-    ids = np.asarray(ids, dtype=np.int64)
+    _, ids, mask, trained, seg = read_row(ds, split, row)
     L = ids.shape[0]
-    trained = np.zeros(L, bool) if mask is None else np.asarray(mask) != 0
-    seg = split_segments(sp).of_rows([row])
-    local = replace(seg, row=np.zeros(len(seg), np.int64))  # rows local to this one row
-    differs = 0 if mask is None else int((row_mask(ids, local, L, rule or MarkerRule(tok.ids)) != trained).sum())
+    differs = 0 if mask is None else int((row_mask(ids, seg, L, rule or MarkerRule(tok.ids)) != trained).sum())
     real = int(seg.length.sum())
     segment = np.full(L, -1, np.int64)
     injected = np.zeros(L, bool)

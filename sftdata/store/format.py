@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from ..config import TOKEN_DTYPES
 from ..errors import DatasetError, UsageError
 
 FORMAT_NAME = "sftdata"
@@ -39,7 +40,6 @@ IDX_DTYPE = np.dtype("<u8")  # episodes.idx, sources.idx, segments.idx
 EPISODE_RECORD_BYTES = 2 * IDX_DTYPE.itemsize  # (start, length)
 MASK_DTYPE = np.dtype(np.uint8)  # what sftdata writes; older layouts may hold float32
 OLD_MASK_DTYPE = np.dtype("<f4")
-TOKEN_DTYPES = ("uint16", "uint32")  # what a dataset may hold, by name
 FLAT_TOKEN_DTYPE = np.dtype("<u4")  # the older flat layout records none: uint32 unless told
 
 
