@@ -610,3 +610,52 @@ def test_a_killed_writer_leaves_a_lock_and_staging_that_clean_removes(tmp_path):
     assert [(v["kind"], v["removed"]) for v in orjson.loads(r.stdout)["leftovers"]] == [("lock", True),
                                                                                        ("staging", True)]
     assert _listing(tmp_path) == []
+
+
+def _two_datasets(tmp_path: Path) -> tuple[Path, Path]:
+    """A dataset at data/ds and a copy at data/.ds.old-1a2b3c4d, as a run killed while
+    --overwrite swapped them leaves it."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("hi", "hello there"), chat("2+2?", "4")])
+    ds = tmp_path / "data" / "ds"
+    prepare([src], ds, PrepareOptions(workers=1))
+    old = ds.parent / ".ds.old-1a2b3c4d"
+    shutil.copytree(ds, old)
+    return ds, old
+
+
+def test_clean_removes_a_replaced_dataset_once_its_replacement_stands(tmp_path):
+    ds, old = _two_datasets(tmp_path)
+    r = _run("clean", ds.parent, "--json")
+    x = orjson.loads(r.stdout)["leftovers"]
+    assert [(v["kind"], Path(v["path"]).name, Path(v["target"]).name, v["state"]) for v in x] == [
+        ("replaced", ".ds.old-1a2b3c4d", "ds", "stale")]
+    r = _run("clean", ds.parent, "--yes")
+    assert r.exit_code == 0 and "removed 1 stale leftover(s)" in r.stderr
+    assert not old.exists() and open_dataset(ds).split("train").num_episodes == 2
+
+
+def test_clean_keeps_what_a_replaced_dataset_holds_that_is_not_its_own(tmp_path):
+    ds, old = _two_datasets(tmp_path)
+    (old / "NOTES.txt").write_text("mine")
+    r = _run("clean", ds.parent, "--yes")
+    assert "1 came back into use or could not be removed, and were kept" in r.stderr
+    assert [p.name for p in old.iterdir()] == ["NOTES.txt"]  # the dataset's own files went, the note stays
+
+
+def test_clean_never_removes_a_replaced_dataset_whose_replacement_never_arrived(tmp_path):
+    ds, old = _two_datasets(tmp_path)
+    shutil.rmtree(ds)
+    r = _run("clean", ds.parent, "--yes")
+    assert r.exit_code == 0
+    assert r.stderr.splitlines()[-1] == (
+        f"{old} holds the dataset that --overwrite was replacing when its run died, and {ds} is not a complete "
+        f"dataset: check it, then move it back with `mv {old} {ds}`")
+    assert (old / METADATA_FILE).is_file()
+
+
+def test_clean_leaves_a_replaced_dataset_alone_while_a_writer_holds_its_target(tmp_path):
+    ds, old = _two_datasets(tmp_path)
+    with WriterLock(ds):
+        r = _run("clean", ds.parent, "--yes", "--json")
+    got = {Path(v["path"]).name: (v["state"], v["removed"]) for v in orjson.loads(r.stdout)["leftovers"]}
+    assert got[old.name] == ("live", False) and old.exists()

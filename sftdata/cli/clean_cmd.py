@@ -14,7 +14,7 @@ from .app import app, err_console, handle_errors, print_json
 from .options import JsonOpt, QuietOpt
 
 STATE_STYLE = {"stale": "yellow", "live": "green", "unknown": "dim"}
-STATE_TEXT = {"stale": "stale (owner dead)", "live": "in use", "unknown": "unknown (kept)"}
+STATE_TEXT = {"stale": "stale", "live": "in use", "unknown": "unknown (kept)"}
 
 
 def _owner(d: dict) -> str:
@@ -52,6 +52,14 @@ def summary_line(r: CleanReport) -> str:
     return gone + kept
 
 
+def orphan_lines(r: CleanReport) -> list[str]:
+    """A replaced dataset whose replacement never arrived may be the only copy: say how
+    to put it back (clean never removes it)."""
+    return [f"{x.path} holds the dataset that --overwrite was replacing when its run died, and {x.target} is "
+            f"not a complete dataset: check it, then move it back with `mv {x.path} {x.target}`"
+            for x in r.leftovers if x.kind == "replaced" and x.state == "unknown" and not x.target.exists()]
+
+
 @app.command("clean")
 @handle_errors
 def clean_command(
@@ -70,7 +78,10 @@ def clean_command(
     process: a leftover whose owner is dead is stale and removed with --yes; one whose
     owner runs (a run in progress) is never touched, nor one whose owner cannot be told
     (another machine, no owner record) or anything sftdata did not create. The next run
-    to the same output removes that output's stale staging folders itself.
+    to the same output removes that output's stale staging folders itself. A run killed
+    while --overwrite swapped datasets leaves the replaced one as `.NAME.old-...`: it is
+    stale once a complete dataset stands at NAME (only its own files are removed), and
+    kept, with how to move it back, when NAME is missing.
 
     Examples:
 
@@ -85,3 +96,5 @@ def clean_command(
         if report.leftovers:
             err_console.print(leftovers_table(report))
         err_console.print(summary_line(report), soft_wrap=True)
+        for line in orphan_lines(report):
+            err_console.print(line, soft_wrap=True)

@@ -1,10 +1,16 @@
 """What sftdata runs that died leave below a folder, and removing it (``sftdata clean``).
 
-Two kinds of leftovers, both named by sftdata and beside a dataset folder ``NAME``:
+Three kinds of leftovers, all named by sftdata and beside a dataset folder ``NAME``:
 
 * staging folders ``.NAME.tmp-PID-RANDOM`` (a dataset being built; ``lock``);
 * lock files ``.NAME.sftdata-lock`` (the writer lock; the OS releases the lock when its
-  process dies, the file stays).
+  process dies, the file stays);
+* replaced datasets ``.NAME.old-RANDOM``: ``--overwrite`` moves the old dataset there
+  for the moment the new one is renamed into place, then removes it; a run killed in
+  that moment leaves it. It is stale once no writer holds NAME's lock and a complete
+  dataset stands at NAME; when NAME is missing (the new one never arrived) it is kept,
+  and the summary says to move it back. Removing it removes only the files its metadata
+  lists, as ``--overwrite`` does.
 
 A leftover is ``stale`` when its owner process is dead (its owner record names a pid of
 this host that no longer runs, or runs a process started at another time), ``live`` when
@@ -26,13 +32,14 @@ from pathlib import Path
 import orjson
 
 from ..errors import UsageError
-from .lock import LOCK_SUFFIX, NO_OWNER_GRACE_S, owner_state, staging_state, staging_target
+from .lock import LOCK_SUFFIX, NO_OWNER_GRACE_S, REPLACED_INFIX, owner_state, staging_state, staging_target
+from .manifest import remove_owned, survey
 
 
 @dataclass
 class Leftover:
     path: Path
-    kind: str  # "staging" | "lock"
+    kind: str  # "staging" | "lock" | "replaced"
     target: Path  # the dataset folder it was for
     state: str  # "stale" | "live" | "unknown"
     owner: dict | None  # host, pid, start, created (None: no owner record)
@@ -108,6 +115,25 @@ def lock_state(path: Path) -> tuple[str, dict | None] | None:
     return owner_state(owner), owner
 
 
+def replaced_target(name: str) -> str | None:
+    """The target name of a replaced dataset's folder name (``.NAME.old-RANDOM``), else None."""
+    head, sep, tail = name[1:].rpartition(REPLACED_INFIX)
+    return head if name.startswith(".") and sep and head and tail.isalnum() else None
+
+
+def replaced_state(path: Path, target: Path) -> str:
+    """``live`` while a writer holds the target's lock, ``stale`` when none does and a
+    complete dataset stands at the target, else ``unknown`` (the replacement never arrived:
+    this may be the only copy)."""
+    lock = target.parent / f".{target.name}{LOCK_SUFFIX}"
+    found = lock_state(lock) if lock.exists() else None
+    if found is not None and found[0] != "stale":
+        return "live"
+    if lock.exists() and found is None:
+        return "unknown"
+    return "stale" if target.is_dir() and not target.is_symlink() and survey(target).is_dataset else "unknown"
+
+
 def find_leftovers(root: str | Path) -> list[Leftover]:
     """Every staging folder and lock file sftdata left below ``root`` (symbolic links are
     not followed, staging folders not entered), in path order."""
@@ -118,13 +144,17 @@ def find_leftovers(root: str | Path) -> list[Leftover]:
     for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: None):
         here = Path(dirpath)
         for name in list(dirnames):
-            target = staging_target(name)
             p = here / name
-            if target is None or p.is_symlink():
+            if p.is_symlink():
                 continue
-            dirnames.remove(name)  # its inside is the run's
-            state, owner = staging_state(p)
-            out.append(Leftover(p, "staging", here / target, state, owner, _size(p)))
+            target = staging_target(name)
+            if target is not None:
+                dirnames.remove(name)  # its inside is the run's
+                state, owner = staging_state(p)
+                out.append(Leftover(p, "staging", here / target, state, owner, _size(p)))
+            elif (target := replaced_target(name)) is not None:
+                dirnames.remove(name)
+                out.append(Leftover(p, "replaced", here / target, replaced_state(p, here / target), None, _size(p)))
         for name in filenames:
             if not (name.startswith(".") and name.endswith(LOCK_SUFFIX) and len(name) > len(LOCK_SUFFIX) + 1):
                 continue
@@ -167,6 +197,11 @@ def remove_leftover(x: Leftover) -> bool:
             return False
         shutil.rmtree(x.path, ignore_errors=True)
         return not x.path.exists()
+    if x.kind == "replaced":
+        if x.path.is_symlink() or replaced_state(x.path, x.target) != "stale":
+            return False
+        s = survey(x.path)
+        return s.is_dataset and not remove_owned(s)  # anything not ours stays, with the folder
     found = lock_state(x.path)
     return found is not None and found[0] == "stale" and _remove_lock(x.path)
 

@@ -32,6 +32,7 @@ log = logging.getLogger("sftdata.store")
 
 OWNER_FILE = ".sftdata-staging.json"
 STAGING_INFIX = ".tmp-"
+REPLACED_INFIX = ".old-"  # .NAME.old-RANDOM: the dataset --overwrite is replacing (writer.py)
 LOCK_SUFFIX = ".sftdata-lock"
 NO_OWNER_GRACE_S = 60.0  # a staging folder without an owner file is young for this long
 # what a staging folder holds at its top level, at any moment of a run

@@ -34,7 +34,7 @@ from .format import (
     sha256_file,
     shard_name,
 )
-from .lock import WriterLock, make_staging, release_staging, sweep_stale
+from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
 
 log = logging.getLogger("sftdata.store")
@@ -278,7 +278,7 @@ class DatasetWriter:
                 f"place yourself (or run again with another --output-dir)")
         old = None
         if self.target.exists():
-            old = self.target.parent / f".{self.target.name}.old-{uuid.uuid4().hex[:8]}"
+            old = self.target.parent / f".{self.target.name}{REPLACED_INFIX}{uuid.uuid4().hex[:8]}"
             os.replace(self.target, old)
         try:
             os.replace(self.path, self.target)
