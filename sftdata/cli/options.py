@@ -58,3 +58,19 @@ ChatTemplateOpt = Annotated[str | None, typer.Option(
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
     "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
     "Default: the folder's own template; a tokenizer that ships none needs this option.")]
+# prepare-chat / prepare-tool: duplicates and evaluation contamination (docs/CURATION.md)
+DedupOpt = Annotated[str, typer.Option("--dedup", metavar="MODE", help="Drop duplicate records, keeping the first in "
+                                       "input order: exact (the same conversation, whitespace aside), near (MinHash "
+                                       "of token shingles at --dedup-threshold; needs the dedup extra) or off. "
+                                       "Exact duplicates are counted either way. Each drop is in rejects.jsonl as "
+                                       "duplicate, naming the record kept.")]
+DedupThresholdOpt = Annotated[float, typer.Option("--dedup-threshold", metavar="J", help="--dedup near: the "
+                                                  "estimated Jaccard similarity of token 5-gram sets at which a "
+                                                  "record is a duplicate of an earlier one.")]
+DecontaminateOpt = Annotated[list[str] | None, typer.Option(
+    "--decontaminate", metavar="EVAL", help="Evaluation file (JSONL, JSON or Parquet; prompts, with or without "
+                                            "answers); drop training records sharing a --decontaminate-ngram word "
+                                            "sequence with any item, as contaminated. Repeatable.")]
+DecontaminateNgramOpt = Annotated[int, typer.Option("--decontaminate-ngram", metavar="N", help="Words in the shared "
+                                                    "sequence that makes a record contaminated (13: GPT-3's "
+                                                    "contamination study).")]

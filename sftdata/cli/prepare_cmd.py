@@ -9,12 +9,26 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
-from .options import ChatTemplateOpt, JsonOpt, MaxRecordBytesOpt, OverwriteOpt, QuietOpt, ReasoningOpt, TrainOnOpt, WaitOpt
+from .options import (
+    ChatTemplateOpt,
+    DecontaminateNgramOpt,
+    DecontaminateOpt,
+    DedupOpt,
+    DedupThresholdOpt,
+    JsonOpt,
+    MaxRecordBytesOpt,
+    OverwriteOpt,
+    QuietOpt,
+    ReasoningOpt,
+    TrainOnOpt,
+    WaitOpt,
+)
 
 InputsArg = Annotated[list[str], typer.Argument(
     metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
@@ -71,6 +85,15 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     if s.per_reply_records:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
+    d = s.dedup
+    if d:
+        dropped = d["mode"] != "off"
+        t.add_row("exact duplicates" + (" (dropped)" if dropped else " (kept)"), f"{d['exact_duplicates']:,}",
+                  style="yellow" if d["exact_duplicates"] and not dropped else None)
+        if d["mode"] == "near":
+            t.add_row(f"near duplicates (dropped, Jaccard >= {d['threshold']})", f"{d['near_duplicates']:,}")
+    for f in (s.decontamination or {}).get("files", []):
+        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
     secs = max(s.seconds, 1e-9)
     t.add_row("time", f"{s.seconds:.2f} s")
     t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
@@ -89,7 +112,8 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None) -> None:
+                chat_template=None, dedup="off", dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(),
+                decontaminate_ngram=DEFAULT_NGRAM) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -99,7 +123,9 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template)
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template, dedup=dedup,
+                          dedup_threshold=dedup_threshold, decontaminate=tuple(decontaminate or ()),
+                          decontaminate_ngram=decontaminate_ngram)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -113,6 +139,14 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
         err_console.print(summary_table(summary))
         if summary.rejected:
             err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+        exact = summary.dedup.get("exact_duplicates", 0)
+        if exact and summary.dedup.get("mode") == "off":
+            warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
+                 f"--dedup exact to drop them (or --dedup near for near duplicates too)")
+        for f in (summary.decontamination or {}).get("files", []):
+            if f["too_short"]:
+                warn(f"{f['too_short']:,} item(s) of {f['path']} are shorter than {summary.decontamination['ngram']} "
+                     f"words, so no record can share that many with them: a smaller --decontaminate-ngram checks them")
         if summary.per_reply_records:
             err_console.print(f"note: the chat template rewrites replies so that {summary.per_reply_records:,} "
                               f"record(s) could not be located in one render: each of their assistant replies became "
@@ -149,12 +183,16 @@ def _prepare_command(mode: str, doc: str):
         overwrite: OverwriteOpt = False,
         wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+        dedup: DedupOpt = "off",
+        dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
+        decontaminate: DecontaminateOpt = None,
+        decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template)
+                    chat_template, dedup, dedup_threshold, decontaminate, decontaminate_ngram)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -179,6 +217,8 @@ Examples:
 * `sftdata prepare-chat data/ hf://datasets/ORG/NAME/train.parquet -o data/chat_sft` (a folder and a URL)
 * `zcat chats.jsonl.gz | sftdata prepare-chat - -o data/chat_sft` (stdin)
 * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
+* `sftdata prepare-chat chats.jsonl -o data/chat_sft --dedup near --decontaminate evals/gsm8k_test.jsonl`
+  (duplicates and evaluation items out; docs/CURATION.md)
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)
 * `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`
