@@ -21,6 +21,7 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.serving import check_pad_not_stop
 from sftdata.stops import scan_stops, span_ends
+from sftdata.template import PRESETS
 from sftdata.template.rule import MaskRule
 from sftdata.tokenizer import MarkerIds
 from sftdata.verify import verify
@@ -208,8 +209,6 @@ def _folder(tmp_path: Path, preset: str, config: dict | None = None) -> Path:
 
 
 def test_serving_json_of_a_template_dataset(tmp_path):
-    from sftdata.template import PRESETS
-
     folder = _folder(tmp_path, "llama3", {"chat_template": PRESETS["llama3"]})
     src = write_jsonl(tmp_path / "c.jsonl", RECORDS)
     prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(folder), workers=1))
@@ -234,8 +233,6 @@ def test_serving_json_of_a_template_dataset(tmp_path):
 
 
 def test_prepare_refuses_pad_equal_to_the_terminator_unless_allowed(tmp_path):
-    from sftdata.template import PRESETS
-
     folder = _folder(tmp_path, "chatml", {"chat_template": PRESETS["chatml"]})  # eos <|im_end|>, no pad token
     src = write_jsonl(tmp_path / "c.jsonl", RECORDS)
     r = run("prepare-chat", src, "-o", tmp_path / "ds", "--tokenizer", folder, "-j", "1")
