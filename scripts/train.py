@@ -121,8 +121,8 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
     loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
     total = loader.steps_total("train")  # None: endless; else one pass, and the LR schedule ends with the data
-    if total is not None:
-        s = replace(s, max_iters=min(s.max_iters, total))
+    if total is not None:  # optimizer steps of grad_accum_steps batches each
+        s = replace(s, max_iters=min(s.max_iters, -(-total // s.grad_accum_steps)))
 
     vocab = loader.vocab_size
     if ckpt or init:

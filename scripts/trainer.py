@@ -10,6 +10,14 @@ One step, whatever the dataset (the same code for every one)::
               in packed rows also every target across a segment boundary)
     logits = model(x, position_ids, block-diagonal mask of seq_ids)   (None, None: causal)
     loss = mean cross-entropy over targets != -100
+
+With ``grad_accum_steps = A`` an optimizer step is A micro-batches, and the loss is the
+mean over the trained targets of the whole step, however it is split: the loader says
+how many there are before the first micro-batch (``loader.step_trained_tokens(A)``, over
+every rank), and each micro-batch adds ``sum of its token losses / that count``::
+
+    N = loader.step_trained_tokens(A)
+    for each of the A micro-batches:  (sum of cross-entropy over targets != -100) / N  -> backward
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ class TrainSettings:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    max_iters: int = 200
+    max_iters: int = 200  # optimizer steps
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (the loss is normalised over all of them)
     warmup_pct: float = 0.05
     post_training: bool = False  # set from the loader's use_loss_mask, or POST_TRAINING
     log_interval: int = 10
@@ -72,6 +81,7 @@ class TrainSettings:
             ("n_head", self.n_head >= 1, "at least 1"),
             ("vocab_size", self.vocab_size >= 0, "0 (the dataset's tokenizer) or more"),
             ("max_iters", self.max_iters >= 1, "at least 1"),
+            ("grad_accum_steps", self.grad_accum_steps >= 1, "at least 1"),
             ("warmup_pct", 0.0 <= self.warmup_pct < 1.0, "a fraction in [0, 1)"),
             ("learning_rate", self.learning_rate > 0, "positive"),
             ("min_lr", 0 <= self.min_lr <= self.learning_rate, "between 0 and learning_rate"),
@@ -293,6 +303,19 @@ def evaluate(model, val_inputs: list[StepInputs]) -> float:
     return sum(losses) / len(losses)
 
 
+def micro_loss(model, inp: StepInputs, step_trained: int) -> torch.Tensor:
+    """One micro-batch's share of its optimizer step's loss: the sum of its token losses
+    (targets != -100) divided by the trained targets of the whole step (``step_trained``,
+    from ``loader.step_trained_tokens``). The shares of a step add up to the mean over
+    all its trained targets, whatever the micro-batches hold; with one micro-batch this is
+    the model's own mean loss. The token losses are summed in float64: a float32 sum of
+    thousands of them would differ with the grouping by ~1e-6."""
+    logits, _ = model(inp.x, inp.position_ids, inp.attn_mask)
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), inp.targets.reshape(-1),
+                                                  ignore_index=IGNORE_INDEX, reduction="none")
+    return per_token.double().sum() / max(int(step_trained), 1)
+
+
 def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_step: int = 0,
                stop_at: int | None = None, checkpoint=None, log=print,
                val_inputs: list[StepInputs] | None = None) -> TrainResult:
@@ -301,31 +324,40 @@ def train_loop(model, optimizer, loader, s: TrainSettings, to_inputs, *, start_s
     ``checkpoint_interval`` steps and at the end; ``step`` there counts completed steps."""
     res = TrainResult()
     model.train()
+    accum = s.grad_accum_steps
     end = s.max_iters if stop_at is None else min(s.max_iters, stop_at)
     t_start = t_log = time.perf_counter()
     tok_log = trained_log = 0
     step = start_step
     res.stopped_by = "max_iters" if end == s.max_iters else "stop_at"
     while step < end:
-        try:
-            batch = loader.get_batch("train")
-        except StopIteration:
+        total = loader.step_trained_tokens(accum)  # the whole step's, known before its micro-batches
+        optimizer.zero_grad(set_to_none=True)
+        loss_value, n_tok, n_trained, micro = 0.0, 0, 0, 0
+        for _ in range(accum):
+            try:
+                batch = loader.get_batch("train")
+            except StopIteration:
+                break
+            inp = to_inputs(batch)
+            loss = micro_loss(model, inp, total)
+            loss.backward()
+            loss_value += loss.item()
+            n_tok += inp.x.numel()
+            n_trained += int((inp.targets != IGNORE_INDEX).sum())
+            micro += 1
+        if micro == 0:
             res.stopped_by = "loader_end"
             break
-        inp = to_inputs(batch)
         lr = lr_at(step, s)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        _, loss = model(inp.x, inp.position_ids, inp.attn_mask, inp.targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         if s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         optimizer.step()
         step += 1
-        n_tok, n_trained = inp.x.numel(), int((inp.targets != IGNORE_INDEX).sum())
         res.steps.append(step)
-        res.losses.append(loss.item())
+        res.losses.append(loss_value)
         res.tokens += n_tok
         res.trained_tokens += n_trained
         tok_log += n_tok

@@ -71,6 +71,8 @@ class LoaderConfig:
     episode_min_tokens: int = 2
     use_loss_mask: bool = False
     token_dtype: str | None = None  # only for flat datasets without metadata (default uint32)
+    batch_tokens: int | None = None  # batches of up to this many tokens instead of batch_size rows (episodes)
+    pad_to_multiple_of: int | None = None  # packed rows: each sequence padded to a multiple of N
     audit_dir: str | None = None
     extra: dict = field(default_factory=dict)  # keys for the training script, kept as given
     source: str | None = field(default=None, compare=False)  # where it was loaded from (messages)
@@ -87,6 +89,10 @@ class LoaderConfig:
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}{where}")
         if not _is_int(self.epoch_seed) or not 0 <= self.epoch_seed < 2**32:
             raise ConfigError(f"epoch_seed must be an integer in 0..{2**32 - 1}, got {self.epoch_seed!r}{where}")
+        for name in ("batch_tokens", "pad_to_multiple_of"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(f"{name} must be null or an integer >= 1, got {v!r}{where}")
         if self.pad_token_id is not None and (not _is_int(self.pad_token_id) or self.pad_token_id < 0):
             raise ConfigError(f"pad_token_id must be null or an integer >= 0, got {self.pad_token_id!r}{where}")
         for name in ("epoch_shuffle", "epoch_drop_last", "use_loss_mask"):

@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from .errors import TokenizerError
+from .tokenizer_engine import EngineChoice, choose_engine
 
 HF_KIND = "hf-tokenizers"
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
@@ -108,16 +109,20 @@ class Encoded:
     (``offsets``, int64, shape (n, 2): token i covers characters ``offsets[i, 0] :
     offsets[i, 1]``; built on first use, ``token_ranges`` needs only a few lookups)."""
 
-    __slots__ = ("ids", "_encoding", "_offsets", "_text_len")
+    __slots__ = ("ids", "_encoding", "_offsets", "_text_len", "_make_offsets")
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None = None, encoding=None, text_len: int = 0):
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None = None, encoding=None, text_len: int = 0,
+                 make_offsets=None):
         self.ids = ids
         self._offsets = offsets
         self._encoding = encoding  # the tokenizers library's Encoding, when offsets are not built yet
         self._text_len = text_len
+        self._make_offsets = make_offsets  # the fast engine's: offsets from the tokens' byte lengths
 
     @property
     def offsets(self) -> np.ndarray:
+        if self._offsets is None and self._make_offsets is not None:
+            self._offsets = self._make_offsets()
         if self._offsets is None:
             pairs = self._encoding.offsets
             # fromiter over the flattened pairs: 3x faster than converting a list of tuples
@@ -155,32 +160,32 @@ class HFTokenizer:
 
     kind = HF_KIND
 
-    def __init__(self, *, path: Path, data: bytes, doc: dict, config: dict, special_map: dict):
-        tokenizers = _require_tokenizers()
+    def __init__(self, *, path: Path, data: bytes, doc: dict, config: dict, special_map: dict,
+                 engine: str = "auto"):
+        _require_tokenizers()
         max_id = _check_ids(doc, path)
-        try:
-            self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as e:  # the Rust side raises a bare Exception
-            raise TokenizerError(f"{path} is not a tokenizer.json the 'tokenizers' library can load: {e}") from None
-        # Offsets must cover the text as written: a ByteLevel post-processor with trim_offsets would
-        # move them off the whitespace, and we never add BOS/EOS, so no post-processor is needed.
-        self._tok.post_processor = None
-        self._tok.no_truncation()
-        self._tok.no_padding()
+        self._data: bytes | None = data  # the library loads it on first use (a proven fast engine may never)
+        self._lib = None
+        self._data_path = path
         self.path = str(path.resolve())
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
         self.file_sha256 = hashlib.sha256(data).hexdigest()
-        added = self._tok.get_added_tokens_decoder()
-        self.added_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items())}
-        self.special_tokens: dict[str, int] = {t.content: int(i) for i, t in sorted(added.items()) if t.special}
+        model = doc["model"]
+        self._vocab: dict | None = model.get("vocab") if isinstance(model.get("vocab"), dict) else None
+        if self._vocab is None:
+            self._library()  # a Unigram vocabulary: ids by position, as the library reads them
+        added = sorted((int(t["id"]), str(t.get("content")), bool(t.get("special")))
+                       for t in doc.get("added_tokens") or () if isinstance(t, dict))
+        self.added_tokens: dict[str, int] = {c: i for i, c, _ in added}
+        self.special_tokens: dict[str, int] = {c: i for i, c, special in added if special}
         self.vocab_size = max([max_id, *self.added_tokens.values()]) + 1
         if self.vocab_size == 0:
             raise TokenizerError(f"{path} has an empty vocabulary")
         named = {k: _token_string(special_map.get(k)) for k in _TOKEN_KEYS}
         named.update({k: _token_string(config[k]) for k in _TOKEN_KEYS if _token_string(config.get(k))})
         self.token_strings: dict[str, str] = {k: v for k, v in named.items() if v is not None}
-        ids = {k: self._tok.token_to_id(v) for k, v in self.token_strings.items()}
+        ids = {k: self.token_id(v) for k, v in self.token_strings.items()}
         for key, tid in ids.items():
             if tid is None:
                 raise TokenizerError(f"{path.parent}: {key} {self.token_strings[key]!r} from the config is not in "
@@ -190,6 +195,38 @@ class HFTokenizer:
         self.pad_id: int | None = ids.get("pad_token", self.eos_id)
         self.chat_templates: dict[str, str] = _templates_of(config, path.parent / "tokenizer_config.json")
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
+        # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)
+        self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._library,
+                                                         list(self.added_tokens), self.name)
+        self._fast = self.engine_choice.fast
+        if self._fast is None:
+            self._library()  # a file the library cannot load is an error now, not at the first encode
+
+    def _library(self):
+        """The ``tokenizers`` library's Tokenizer of this file, loaded on first use."""
+        if self._lib is None:
+            tokenizers = _require_tokenizers()
+            try:
+                lib = tokenizers.Tokenizer.from_str(self._data.decode("utf-8"))
+            except Exception as e:  # the Rust side raises a bare Exception
+                raise TokenizerError(f"{self._data_path} is not a tokenizer.json the 'tokenizers' library can "
+                                     f"load: {e}") from None
+            # Offsets must cover the text as written: a ByteLevel post-processor with trim_offsets would
+            # move them off the whitespace, and we never add BOS/EOS, so no post-processor is needed.
+            lib.post_processor = None
+            lib.no_truncation()
+            lib.no_padding()
+            self._lib, self._data = lib, None
+        return self._lib
+
+    @property
+    def _tok(self):
+        return self._library()
+
+    @property
+    def engine(self) -> str:
+        """``tiktoken`` (the fast path) or ``hf`` (the tokenizers library)."""
+        return self.engine_choice.engine
 
     # -- encoding -----------------------------------------------------------------
     def _encode_plain(self, texts: list[str]):
@@ -204,17 +241,45 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         """Encode message text as ordinary text: special strings are not special, and no
         BOS/EOS is added."""
-        return self._encode_plain([text])[0].ids
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts as ordinary text (``num_threads`` is accepted for the shape of
         ``ChatTokenizer.encode_batch``; the library decides its own parallelism)."""
-        return [e.ids for e in self._encode_plain(list(texts))]
+        texts = list(texts)
+        fast = self._fast
+        out: list = [None] * len(texts)
+        rest = []
+        for i, text in enumerate(texts):
+            if fast is not None and fast.handles(text):
+                try:
+                    out[i] = fast.encode(text).tolist()
+                    continue
+                except UnicodeEncodeError:  # a lone surrogate: the library's error or result
+                    pass
+            rest.append(i)
+        if rest:
+            for i, e in zip(rest, self._encode_plain([texts[i] for i in rest])):
+                out[i] = e.ids
+        return out
 
     def encode_rendered(self, text: str) -> Encoded:
         """Encode a template's rendered text once: added tokens recognised, nothing added."""
+        fast = self._fast
+        if fast is not None and fast.handles(text):
+            try:
+                ids, ranks = fast.encode_rendered(text)
+            except UnicodeEncodeError:  # a lone surrogate: the library's error or result
+                pass
+            else:
+                return Encoded(ids, text_len=len(text), make_offsets=lambda: fast.offsets(text, ranks))
         enc = self._tok.encode(text, add_special_tokens=False)
         return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
+
+    def encode_rendered_by_library(self, text: str) -> np.ndarray:
+        """``encode_rendered``'s ids from the tokenizers library, whatever the engine (the
+        reference ``verify --retokenize`` compares with)."""
+        return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ordinary-text encoding with the character offsets of each token."""
@@ -222,6 +287,12 @@ class HFTokenizer:
         return enc.ids, enc.offsets
 
     def token_id(self, token: str) -> int | None:
+        """The id of a token string (an added token's content, else a vocabulary entry as
+        written in the file), or None."""
+        if token in self.added_tokens:
+            return self.added_tokens[token]
+        if self._vocab is not None:
+            return self._vocab.get(token)
         return self._tok.token_to_id(token)
 
     # -- decoding -----------------------------------------------------------------
@@ -273,6 +344,7 @@ class HFTokenizer:
             "pad_id": self.pad_id,
             "model_chat_templates": {name: hashlib.sha256(text.encode()).hexdigest()
                                      for name, text in self.chat_templates.items()},
+            "engine": self.engine_choice.record(),
         }
 
     def summary(self) -> dict:
@@ -280,11 +352,11 @@ class HFTokenizer:
                 "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
     def __getstate__(self):
-        return {"path": self.path, "file_sha256": self.file_sha256}
+        return {"path": self.path, "file_sha256": self.file_sha256, "engine": self.engine_choice.requested}
 
     def __setstate__(self, state):
         other = load_hf_tokenizer(Path(state["path"]).parent if Path(state["path"]).name == "tokenizer.json"
-                                  else state["path"])
+                                  else state["path"], engine=state.get("engine", "auto"))
         if other.file_sha256 != state["file_sha256"]:
             raise TokenizerError(f"{state['path']} changed since this tokenizer was loaded (sha256 differs)")
         self.__dict__.update(other.__dict__)
@@ -296,10 +368,11 @@ def is_hf_tokenizer_spec(spec: str) -> bool:
     return (p.is_dir() and (p / "tokenizer.json").is_file()) or (p.is_file() and p.suffix == ".json")
 
 
-def load_hf_tokenizer(spec: str | Path) -> HFTokenizer:
+def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
     """Load ``spec``: a ``tokenizer.json`` file, or a folder holding one plus, when present,
     ``tokenizer_config.json`` and ``special_tokens_map.json`` (read from the file's own
-    folder too when a file is given)."""
+    folder too when a file is given). ``engine``: ``auto``, ``tiktoken`` or ``hf``
+    (``tokenizer_engine``)."""
     path = Path(spec)
     if path.is_dir():
         folder, file = path, path / "tokenizer.json"
@@ -323,11 +396,11 @@ def load_hf_tokenizer(spec: str | Path) -> HFTokenizer:
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
-    return HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map)
+    return HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map, engine=engine)
 
 
 def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",
-                            path: str | Path | None = None) -> HFTokenizer:
+                            path: str | Path | None = None, engine: str = "auto") -> HFTokenizer:
     """Reload the tokenizer a dataset recorded (from ``path`` when given, else the recorded
     path) and check it is byte-for-byte the same file."""
     if not isinstance(state, dict) or state.get("kind") != HF_KIND:
@@ -339,7 +412,7 @@ def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",
     if not Path(spec).exists():
         raise TokenizerError(f"{where}: the tokenizer {spec} is gone; pass the tokenizer.json (or its folder) the "
                              f"dataset was prepared with")
-    tok = load_hf_tokenizer(spec)
+    tok = load_hf_tokenizer(spec, engine)
     if tok.file_sha256 != state.get("file_sha256"):
         raise TokenizerError(
             f"{where}: {tok.path} has sha256 {tok.file_sha256[:12]}..., the dataset recorded "

@@ -51,6 +51,7 @@ from .packing import (
     trained_spans,
 )
 from .ranges import CHUNK_TOKENS, gather_ranges, range_index, whole_runs
+from .stops import rule_stop_ids
 from .store import (
     DEFAULT_SHARD_TOKENS,
     METADATA_FILE,
@@ -60,6 +61,7 @@ from .store import (
     Split,
     open_dataset,
     sha256_file,
+    write_serving,
 )
 from .store.packed import encode_segments
 
@@ -379,6 +381,9 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
         what = "EOS" if m.kind == "markers" else "the tokenizer's pad token"
         raise UsageError(f"--pad-id {pad_id} is not a token id of this dataset (0..{limit - 1}); "
                          f"leave it out to pad with {what} ({m.pad_id})")
+    if opts.pad_id is not None and pad_id in rule_stop_ids(m):
+        raise UsageError(f"--pad-id {pad_id} is the end-of-turn token the model learns to stop with; choose a "
+                         f"token the data never trains (or leave --pad-id out to pad with {m.pad_id})")
     for split in ds.splits.values():
         _check_cuts(split, opts, m)
     if Path(output_dir).resolve() == source.resolve():
@@ -407,6 +412,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
                 log.warning(msg)
             splits_meta[name] = sw.close()
         w.write_json(TOKENIZER_FILE, ds.tokenizer_state)
+        write_serving(w.path, ds.tokenizer_state, ds.token_dtype, pad_id, episodes=ds.root)
         src_meta = ds.root / METADATA_FILE
         metadata = {
             "kind": "packed",

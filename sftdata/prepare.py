@@ -55,6 +55,7 @@ from .lifetime import die_with_parent
 from .order import DEFAULT_SEED
 from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_batch
+from .serving import check_state_stops
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from .store import (
     DEFAULT_SHARD_TOKENS,
@@ -64,9 +65,11 @@ from .store import (
     Shard,
     SplitWriter,
     token_dtype_for,
+    write_serving,
 )
 from .template import TemplateProfile, model_profile, records_episodes, template_summary, tokenizer_state
-from .tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec, open_tokenizer
+from .tokenizer import ChatTokenizer, HFTokenizer, engine_record, is_model_tokenizer_spec, open_tokenizer
+from .tokenizer_engine import check_engine
 from .turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 
 CHUNK_RECORDS = 512
@@ -91,6 +94,8 @@ class PrepareOptions:
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    tokenizer_engine: str = "auto"  # auto | tiktoken | hf (a model's own tokenizer; the ids are the same)
+    allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
     dedup: str = "off"  # off | exact | near (docs/CURATION.md)
     dedup_threshold: float = DEFAULT_THRESHOLD  # near: estimated Jaccard similarity of token shingles
     decontaminate: tuple[str, ...] = ()  # evaluation files
@@ -123,6 +128,11 @@ class PrepareOptions:
             raise UsageError(f"--decontaminate-ngram must be at least 1, got {self.decontaminate_ngram}")
         if self.max_record_bytes < 1:
             raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
+        check_engine(self.tokenizer_engine)
+        if self.tokenizer_engine == "hf" and not is_model_tokenizer_spec(self.tokenizer):
+            raise UsageError(f"--tokenizer-engine hf needs a model's own tokenizer (a tokenizer.json or its folder); "
+                             f"{'the default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} is a "
+                             f"tiktoken encoding")
         if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
             raise UsageError(f"--chat-template {self.chat_template} needs a model's own tokenizer: --tokenizer "
                              f"path/to/tokenizer.json or the model folder holding it. "
@@ -137,6 +147,8 @@ class PrepareOptions:
                "train_on": self.train_on}
         if self.chat_template is not None:
             out["chat_template"] = self.chat_template
+        if self.allow_pad_as_stop:
+            out["allow_pad_as_stop"] = True
         if self.dedup != "off":  # recorded only when used: the default output stays byte-identical
             out["dedup"] = self.dedup
             if self.dedup == "near":
@@ -173,6 +185,7 @@ class PrepareSummary:
     per_reply_records: int = 0  # chat template: records served one episode per assistant reply
     per_reply_episodes: int = 0
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
+    tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
     dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
     decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
 
@@ -194,7 +207,8 @@ class PrepareSummary:
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
                 "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
-                "rule_mismatch": self.rule_mismatch, "dedup": self.dedup, "decontamination": self.decontamination}
+                "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
+                "decontamination": self.decontamination}
 
 
 @dataclass
@@ -264,13 +278,13 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items))
 
 
-def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all"
+def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto"
                      ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
     """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
     the template ``--chat-template`` names (default: the folder's own), learned once here
     and sent to the workers. ``--train-on last`` makes its rule train each episode's last
-    reply only."""
-    tok = open_tokenizer(spec)
+    reply only. ``engine``: ``--tokenizer-engine``."""
+    tok = open_tokenizer(spec, engine)
     if isinstance(tok, ChatTokenizer):
         return tok, None
     return tok, model_profile(tok, chat_template, last_reply_only=train_on == "last")
@@ -517,7 +531,9 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()
-    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on)
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine)
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
     evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
         if opts.decontaminate else None
     curate = CurateSettings(opts.dedup, evals)
@@ -527,7 +543,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)  # uint32 for a vocabulary beyond 65,536 ids
-    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes)
+    summary = PrepareSummary(output_dir=str(output_dir), max_record_bytes=opts.max_record_bytes,
+                             tokenizer_engine=engine_record(tok))
     rejected: Counter = Counter()
     repaired: Counter = Counter()
     turns: Counter = Counter()
@@ -590,7 +607,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                            if wr is not None}
             del src
             shutil.rmtree(w.path / "_staging")
-            w.write_json(TOKENIZER_FILE, tok.state() if profile is None else tokenizer_state(tok, profile))
+            w.write_json(TOKENIZER_FILE, state)
+            write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:
             raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir)
         for split, m in splits_meta.items():

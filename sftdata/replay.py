@@ -1,7 +1,8 @@
 """What ``sftdata replay-order`` computes: the episodes of an epoch or of a training step.
 
-The order comes from ``sftdata.order.episode_order`` / ``row_order``, the calls the
-loader makes with the same config fields, so a replay is what the loader did. On a
+The order comes from ``sftdata.budget_order.episode_batch_order`` (``order.episode_order``,
+or token-budget batches with ``batch_tokens``) / ``order.row_order``, the calls the loader
+makes with the same config fields, so a replay is what the loader did. On a
 packed dataset it lists the segments of each row (one pass, epoch 0). Vectorised: an
 epoch of 10 million episodes takes about a second.
 """
@@ -14,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .audit import AuditCheck, check_audit
+from .budget_order import TokenBudgetOrder, episode_batch_order
 from .config import LoaderConfig
 from .errors import DatasetError, UsageError
-from .order import BatchOrder, episode_order, row_order
+from .order import BatchOrder, row_order
 from .store import Dataset, Split, has_episode_index, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
@@ -35,7 +37,7 @@ class Replay:
     seed: int
     shuffle: bool
     drop_last: bool
-    batch_size: int
+    batch_size: int | None  # None: token-budget batches (rows vary per batch)
     world_size: int
     episode_min_tokens: int
     num_episodes: int  # in the split
@@ -46,6 +48,7 @@ class Replay:
     total_rows: int  # rows before --head
     columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard, dataset = index
     shard_names: list = field(default_factory=list)
+    batch_tokens: int | None = None  # the token budget of each rank's batch, when batches are sized by it
     dataset_names: list = field(default_factory=list)  # a mixture's members (the dataset column)
 
     def _names(self, column: str) -> list | None:
@@ -82,6 +85,8 @@ class Replay:
         meta = {k: getattr(self, k) for k in ("dataset", "split", "sampling", "seed", "shuffle", "drop_last",
                                               "batch_size", "world_size", "episode_min_tokens", "num_episodes",
                                               "num_eligible", "epoch", "step", "rank", "total_rows")}
+        if self.batch_tokens is not None:
+            meta["batch_tokens"] = self.batch_tokens
         return {**meta, "rows": self.rows()}
 
 
@@ -93,12 +98,15 @@ def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
     return open_dataset(root, token_dtype=cfg.token_dtype)
 
 
-def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> BatchOrder:
+def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> BatchOrder | TokenBudgetOrder:
     """The order the loader follows on ``split`` of ``ds``: episodes, or packed rows."""
     sp, what = ds.split(split), f"split {split!r} of {ds.root}"
     if ds.kind == "packed":
+        if cfg.batch_tokens is not None:
+            raise UsageError(f"{ds.root} is packed: its batches are batch_size rows; --batch-tokens is for "
+                             f"episodes datasets")
         return row_order(cfg, sp.num_episodes, world_size, what=what)
-    return episode_order(cfg, sp.lengths, world_size, what=what)
+    return episode_batch_order(cfg, sp.lengths, world_size, what=what)
 
 
 def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "train", epoch: int | None = None,
@@ -118,6 +126,8 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
     o = split_order(ds, cfg, split, world_size)
     if ds.kind == "packed":
         return _packed_replay(ds, cfg, o, split=split, epoch=epoch, step=step, rank=rank, head=head)
+    if isinstance(o, TokenBudgetOrder):
+        return _budget_replay(ds, cfg, o, split=split, epoch=epoch, step=step, rank=rank, head=head)
     if o.sampling == "random" and step is None:
         raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")
     if o.sampling == "random" and epoch is not None:
@@ -162,15 +172,51 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp,
                 "rank": np.where(slot >= 0, slot // bs, -1), "slot": np.where(slot >= 0, slot % bs, -1),
                 "episode": np.asarray(order[:k], dtype=np.int64)}
+    return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total)
+
+
+def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
+                    total: int) -> Replay:
     ids = cols["episode"]
     shard = sp.shard_of(ids)
     cols["shard"] = shard  # an index into shard_names (names are looked up when rows are drawn)
     cols["length"] = sp.lengths[ids]
     cols["record"] = _records(sp, ids, shard)
     cols = {c: cols[c] for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS)}
-    return Replay(str(dataset_dir), split, o.sampling, o.seed, o.shuffle, o.drop_last, bs, world_size,
+    return Replay(str(ds.root), split, o.sampling, o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
                   cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols,
-                  [sh.name for sh in sp.shards])
+                  [sh.name for sh in sp.shards], getattr(o, "budget", None))
+
+
+def _budget_replay(ds: Dataset, cfg: LoaderConfig, o: TokenBudgetOrder, *, split: str, epoch: int | None,
+                   step: int | None, rank: int | None, head: int | None) -> Replay:
+    """``replay_order`` for token-budget batches: a rank's slots are its batch's rows."""
+    sp = ds.split(split)
+    if step is not None:
+        if step < 0:
+            raise UsageError(f"--step must be >= 0 (0 = the first batch of training), got {step}")
+        ids, rk, slot, ep, pos = o.step_table(step, rank)
+        first = o.epoch_of_step(step)
+        if epoch is not None and epoch != first:
+            a, count = o.first_step_of_epoch(epoch), o.batches_in_epoch(epoch)
+            raise UsageError(f"step {step} is in epoch {first}, not epoch {epoch} (epoch {epoch} is steps "
+                             f"{a}..{a + count - 1}); --step counts batches from the start of training; drop --epoch")
+        epoch = first
+        k = ids.size if head is None else min(head, ids.size)
+        cols = {"step": np.full(k, step, dtype=np.int64), "rank": rk[:k], "slot": slot[:k], "epoch": ep[:k],
+                "position": pos[:k], "episode": ids[:k]}
+        total = ids.size
+    else:
+        epoch = 0 if epoch is None else epoch
+        if epoch < 0:
+            raise UsageError(f"--epoch must be >= 0, got {epoch}")
+        order = o.epoch_order(epoch)
+        total = order.shape[0]
+        k = total if head is None else min(head, total)
+        stp, rk, slot = o.epoch_table(epoch)
+        cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": np.arange(k, dtype=np.int64),
+                "step": stp[:k], "rank": rk[:k], "slot": slot[:k], "episode": np.asarray(order[:k], dtype=np.int64)}
+    return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total)
 
 
 def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:

@@ -85,7 +85,8 @@ def replay_mixture(path: str | Path, cfg: LoaderConfig, *, split: str = "train",
     cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
     num_episodes = sum(ds.split(split).num_episodes for ds in om.datasets)
     return Replay(str(path), split, "epoch", o.seed, o.shuffle, o.drop_last, bs, world_size, cfg.episode_min_tokens,
-                  num_episodes, o.epoch_size(epoch), epoch, step, rank, total, cols, shard_names, om.names)
+                  num_episodes, o.epoch_size(epoch), epoch, step, rank, total, cols, shard_names,
+                  dataset_names=om.names)
 
 
 def _episode_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarray, local: np.ndarray) -> list[str]:

@@ -10,6 +10,15 @@ import pytest
 from sftdata.tokenizer import load_tokenizer
 
 
+def pytest_configure(config):
+    """The user's cache of converted tokenizer tables (``sftdata.cache``) goes to a fresh
+    temporary folder: tests neither read nor fill the real one."""
+    import os
+    import tempfile
+
+    os.environ["SFTDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="sftdata-test-cache-")
+
+
 @pytest.fixture(scope="session")
 def tok():
     return load_tokenizer()

@@ -51,7 +51,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok")
     out = {}
     for name, (specials, bos, eos, extra) in TOKENS.items():
-        pad = {"chatml": "<|endoftext|>", "qwen3": "<|endoftext|>", "gemma": "<pad>"}.get(name)
+        pad = {"chatml": "<|endoftext|>", "qwen3": "<|endoftext|>", "gemma": "<pad>", "mistral": "<unk>"}.get(name)
         out[name] = train_tokenizer(root / name, specials, bos, eos, extra, {"pad_token": pad} if pad else None)
     return out
 
@@ -120,7 +120,12 @@ def llama(tmp_path_factory):
         "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": PRESETS["llama3"]})
     src = write_jsonl(tmp_path_factory.mktemp("in") / "chats.jsonl", RECORDS)
     ds = tmp_path_factory.mktemp("ds") / "llama"
+    # Llama 3 names no pad token: its pad id is its EOS, <|eot_id|>, which is also its end-of-turn token
     r = run("prepare-chat", src, "-o", ds, "--tokenizer", folder, "-j", "1", "--val-split", "0.25")
+    assert r.exit_code == 2 and "--allow-pad-as-stop" in r.output and "<|eot_id|>" in r.output
+    assert not ds.exists()
+    r = run("prepare-chat", src, "-o", ds, "--tokenizer", folder, "-j", "1", "--val-split", "0.25",
+            "--allow-pad-as-stop")
     assert r.exit_code == 0, r.output
     return folder, ds
 

@@ -48,7 +48,7 @@ def test_broken_dataset_exits_1_with_file_where_and_fix(ds):
     r = run(ds)
     assert r.exit_code == 1
     out = r.output
-    assert "✗ failed (1)" in out and "FAILED: 4 problem(s)" in out
+    assert "✗ failed (1)" in out and "FAILED: 5 problem(s)" in out  # counts x2, mask_rule, stops, checksums
     assert "✗ [mask_rule] train/shard_00000/mask.bin (episode 0 of train, byte 6 of mask.bin)" in out
     assert "trains 1 token(s) the mask rule leaves untrained (first: token 6, in a <|USER|> span)" in out
     assert "fix: this mask was not made by sftdata's mask rule" in out

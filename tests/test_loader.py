@@ -71,10 +71,13 @@ def test_import_loader_needs_numpy_only():
 def test_a_batch_has_the_same_fields_for_every_dataset(data, kind):
     loader = load(data, kind)
     b = loader.get_batch("train")
-    assert type(b) is Batch and [f.name for f in dataclasses.fields(b)] == list(ALL_FIELDS)
+    # the five array fields (the tuple form), then the count and the packed rows' varlen fields
+    assert type(b) is Batch and [f.name for f in dataclasses.fields(b)] == list(ALL_FIELDS) + [
+        "trained_tokens", "cu_seqlens", "cu_seqlens_padded", "max_seqlen"]
     names = FIELDS[kind]
     assert list(b.as_dict()) == list(names) and len(b) == len(names)
     assert all(getattr(b, f) is None for f in ALL_FIELDS if f not in names)
+    assert isinstance(b.trained_tokens, int) and (b.cu_seqlens is not None) == (kind == "packed")
     assert [id(a) for a in b] == [id(getattr(b, f)) for f in names]  # iteration: the fields that are set, in order
     assert b[0] is b.x and b[1] is b.y and b[-1] is getattr(b, names[-1])
     bs, T = CONFIGS[kind]["batch_size"], CONFIGS[kind]["block_size"]

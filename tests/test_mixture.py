@@ -257,3 +257,24 @@ def test_paths_are_relative_to_the_mixture_file(data, tmp_path):
     make_mixture([(None, str(data / "chat"), 1)], data / "sub" / "m.json")
     assert json.loads((data / "sub" / "m.json").read_text())["members"][0]["path"] == "../chat"
     assert make_loader(CFG, Path(data / "sub" / "m.json"), backend="numpy").num_items("train") > 0
+
+
+def test_packed_rows_keep_their_varlen_inputs(data, tmp_path):
+    make_mixture([(None, str(data / "tools_packed"), 1)], tmp_path / "one.json")
+    ld = make_loader(CFG, tmp_path / "one.json", backend="numpy")
+    own = make_loader(CFG, data / "tools_packed", backend="numpy")
+    for step in range(3):
+        b = ld.batch_at("train", step)
+        member, local = ld.order("train").locate(ld.batch_ids("train", step))
+        ref = own.batch_at("train", 0, ids=local)
+        assert np.array_equal(b.cu_seqlens, ref.cu_seqlens) and b.max_seqlen == ref.max_seqlen
+        assert np.array_equal(b.cu_seqlens_padded, ref.cu_seqlens_padded)
+        assert b.trained_tokens == ref.trained_tokens == ld.trained_tokens_at("train", step)
+
+
+def test_token_budget_batches_and_padded_segments_are_refused_for_a_mixture(data, tmp_path):
+    with pytest.raises(ConfigError, match="batch_tokens is not supported for mixtures"):
+        make_loader(CFG.replace(batch_tokens=4096), data / "mix.json", backend="numpy")
+    make_mixture([(None, str(data / "tools_packed"), 1)], tmp_path / "one.json")
+    with pytest.raises(ConfigError, match="pad_to_multiple_of is not supported for a mixture of packed datasets"):
+        make_loader(CFG.replace(pad_to_multiple_of=8), tmp_path / "one.json", backend="numpy")

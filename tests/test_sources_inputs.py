@@ -72,7 +72,7 @@ def test_every_way_of_giving_the_records_makes_the_same_dataset(tmp_path):
         assert run(tmp_path, *inputs, "-o", tmp_path / name, "--val-split", "0.25") == (0, ""), name
     assert run(tmp_path, "-", "-o", tmp_path / "stdin", "--val-split", "0.25", input=JSONL) == (0, "")
     want = dataset_bytes(tmp_path / "jsonl")
-    assert len(want) == 10  # tokenizer state, rejects, 2 splits x 4 files
+    assert len(want) == 11  # tokenizer state, serving.json, rejects, 2 splits x 4 files
     for name in [*ways, "stdin"]:
         assert dataset_bytes(tmp_path / name) == want, name
     meta = open_dataset(tmp_path / "stdin").metadata["sources"]

@@ -179,12 +179,18 @@ class FakeLoader:
     def __init__(self, vocab=50, b=2, t=8, packed=False):
         self.vocab, self.b, self.t, self.i, self.packed = vocab, b, t, 0, packed
 
-    def get_batch(self, split="train"):
-        rs = np.random.RandomState(self.i + (1000 if split == "val" else 0))
-        self.i += 1
+    def _batch(self, i, split):
+        rs = np.random.RandomState(i + (1000 if split == "val" else 0))
         tok = torch.from_numpy(rs.randint(0, self.vocab, (self.b, self.t + 1)))
         mask = torch.from_numpy((rs.rand(self.b, self.t) > 0.3).astype(np.float32))
-        return Batch(tok[:, :-1], tok[:, 1:], mask)
+        return Batch(tok[:, :-1], tok[:, 1:], mask, trained_tokens=int(mask.sum()))
+
+    def get_batch(self, split="train"):
+        self.i += 1
+        return self._batch(self.i - 1, split)
+
+    def step_trained_tokens(self, accum_steps=1, split="train"):
+        return sum(self._batch(self.i + k, split).trained_tokens for k in range(accum_steps))
 
     def state_dict(self):
         return {"i": np.int64(self.i)}  # numpy on purpose: the checkpoint must store it plainly

@@ -163,8 +163,15 @@ def test_mask_set_on_a_user_token(ds):
     assert prob.file == "train/shard_00000/mask.bin" and (prob.episode, prob.byte) == (0, USER_TOKEN)
     assert prob.message == ("the mask of episode 0 trains 1 token(s) the mask rule leaves untrained "
                             "(first: token 6, in a <|USER|> span)")
-    assert [p.check for p in r.problems] == ["counts", "counts", "mask_rule", "checksums"]  # trained count +1
-    assert verify(ds, quick=True).problems[-1] == prob
+    # trained count +1; the lone trained user token is a trained span that cannot stop
+    assert [p.check for p in r.problems] == ["counts", "counts", "mask_rule", "stops", "checksums"]
+    (stop,) = by_check(r, "stops")
+    assert (stop.code, stop.episode, stop.byte) == ("cannot_stop", 0, USER_TOKEN)
+    assert stop.message.startswith("the trained reply at tokens 6..6 of episode 0 ends with id ")
+    assert stop.message.endswith(", not a trained stop id (<|END|> (id 100282)): the model never learns to stop "
+                                 "after it")
+    assert r.cannot_stop == {"train": {"count": 1, "episodes": [0]}}
+    assert verify(ds, quick=True).problems[-2:] == [prob, stop]
     open_dataset(ds)  # not a structural fault: the loader's cheap checks pass
 
 
@@ -354,7 +361,7 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     assert r.ok and r.layout == "flat"
     status = {c.name: c.status for c in r.checks}
     assert [k for k, v in status.items() if v == "skipped"] == ["metadata_checksum", "eos", "counts", "vocab", "ranges",
-                                                                 "mask_rule", "checksums"]
+                                                                 "mask_rule", "stops", "serving", "checksums"]
     assert any("counts, file sizes and checksums cannot be checked" in n for n in r.notes)
     assert any("token ids, EOS endings and the loss mask cannot be checked" in n for n in r.notes)
     idx = read_idx(flat / "train" / "episodes.idx")
@@ -388,8 +395,10 @@ def test_flat_layout_with_a_tokenizer_and_a_float32_mask(ds, tmp_path):
     m[3] = 0.5  # any non-zero value counts as trained for the mask rule
     m.tofile(flat / "train" / "mask.bin")
     r = verify(flat, tokenizer="cl100k_base")
-    assert [p.check for p in r.problems] == ["mask_values", "mask_rule"]
+    assert [p.check for p in r.problems] == ["mask_values", "mask_rule", "stops"]
     assert r.problems[0].message == "token 3 of episode 0 has mask value 0.5, not 0 or 1"
+    assert r.problems[2].code == "cannot_stop" and r.problems[2].message.startswith(
+        "the trained reply at tokens 3..3 of episode 0 ends with id ")
     assert r.problems[1].byte == 3 * 4 and r.problems[1].message == (
         "the mask of episode 0 trains 2 token(s) the mask rule leaves untrained (first: token 3, in a <|SYSTEM|> span)")
 

@@ -112,6 +112,8 @@ def draw_overview(ov: Overview) -> Group:
         if ov.packed_from:
             head.append(f"\npacked from {ov.packed_from.get('path')} (its metadata sha256 "
                         f"{ov.packed_from.get('metadata_sha256')})")
+    if ov.serving:
+        head.append("\n" + serving_line(ov.serving))
     head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
     parts.append(head)
     if ov.packing:
@@ -120,6 +122,21 @@ def draw_overview(ov: Overview) -> Group:
         parts += _episode_tables(ov)
     _tail(ov, parts)
     return Group(*parts)
+
+
+def serving_line(sv: dict) -> str:
+    """serving.json in one line: what an inference config must say."""
+    def named(ids, strings) -> str:
+        return ", ".join(f"{s} ({i})" for i, s in zip(ids, strings))
+
+    bos = sv.get("bos") or {}
+    tpl = sv.get("template")
+    fmt = (f"chat template {tpl.get('name')} (sha256 {tpl.get('sha256')})" if tpl else "sftdata's chat markers")
+    line = (f"serving: stop {named(sv.get('stop_ids') or [], sv.get('stop_strings') or [])} · pad "
+            f"{sv.get('pad_string')} ({sv.get('pad_id')})" + (" = a stop id (accepted)" if sv.get("pad_is_stop") else "")
+            + f" · BOS {bos.get('policy')}" + (f" {bos.get('string')} ({bos.get('id')})" if bos.get("id") is not None
+                                               else "") + f" · {fmt} · add_special_tokens false")
+    return line
 
 
 def _packed_tables(ov: Overview) -> list:

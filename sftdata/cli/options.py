@@ -53,6 +53,10 @@ ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="
 TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "
                                          "those the record marks weight 0 or train false), or last (the last of those "
                                          "only); the others stay in the episode as untrained context.")]
+AllowPadAsStopOpt = Annotated[bool, typer.Option(
+    "--allow-pad-as-stop", metavar="", help="With a model's own tokenizer: accept a pad token that is also the "
+    "end-of-turn token the model learns to stop with (refused by default: a trainer that masks labels equal to "
+    "the pad id never trains the stop token). Only for trainers that use sftdata's loss mask.")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json "
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
@@ -74,3 +78,9 @@ DecontaminateOpt = Annotated[list[str] | None, typer.Option(
 DecontaminateNgramOpt = Annotated[int, typer.Option("--decontaminate-ngram", metavar="N", help="Words in the shared "
                                                     "sequence that makes a record contaminated (13: GPT-3's "
                                                     "contamination study).")]
+TokenizerEngineOpt = Annotated[str, typer.Option(
+    "--tokenizer-engine", metavar="ENGINE", help="With a model's own tokenizer: what encodes the text. auto = "
+    "tiktoken's BPE core when the tokenizer.json is byte-level BPE with one split regex (Llama 3, Qwen2/2.5/3) "
+    "and a self-check at load gives the tokenizers library's ids, else the tokenizers library; tiktoken = insist "
+    "(an error says why it cannot); hf = always the tokenizers library. The ids are the same either way; the "
+    "summary says which engine ran and why.")]

@@ -16,6 +16,7 @@ from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
+    AllowPadAsStopOpt,
     ChatTemplateOpt,
     DecontaminateNgramOpt,
     DecontaminateOpt,
@@ -26,6 +27,7 @@ from .options import (
     OverwriteOpt,
     QuietOpt,
     ReasoningOpt,
+    TokenizerEngineOpt,
     TrainOnOpt,
     WaitOpt,
 )
@@ -71,6 +73,10 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"tokens ({split})", f"{s.tokens[split]:,}")
     t.add_row("trained-token share", f"{s.trained_share:.1%}")
     t.add_row("record size limit", f"{s.max_record_bytes:,} bytes")
+    if s.tokenizer_engine:
+        e = s.tokenizer_engine
+        t.add_row("tokenizer engine", e["engine"] if e["engine"] == "tiktoken" and e["requested"] == "auto"
+                  and "tiktoken encoding" in e["reason"] else f"{e['engine']} ({e['reason']})")
     t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
     rej = sum(s.rejected.values())
     t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
@@ -112,8 +118,8 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, dedup="off", dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(),
-                decontaminate_ngram=DEFAULT_NGRAM) -> None:
+                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, dedup="off",
+                dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(), decontaminate_ngram=DEFAULT_NGRAM) -> None:
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -123,7 +129,8 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           shard_tokens=shard_tokens, tokenizer=tokenizer,
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template, dedup=dedup,
+                          reasoning=reasoning, train_on=train_on, chat_template=chat_template,
+                          tokenizer_engine=tokenizer_engine, allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
                           dedup_threshold=dedup_threshold, decontaminate=tuple(decontaminate or ()),
                           decontaminate_ngram=decontaminate_ngram)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
@@ -176,6 +183,8 @@ def _prepare_command(mode: str, doc: str):
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
+        tokenizer_engine: TokenizerEngineOpt = "auto",
+        allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
         strict: StrictOpt = False,
         reasoning: ReasoningOpt = "keep",
@@ -192,7 +201,8 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, dedup, dedup_threshold, decontaminate, decontaminate_ngram)
+                    chat_template, tokenizer_engine, allow_pad_as_stop, dedup, dedup_threshold, decontaminate,
+                    decontaminate_ngram)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc

@@ -24,12 +24,14 @@ TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
 
 
-def _config(config: Path | None, seed, batch_size, min_tokens, shuffle, drop_last) -> LoaderConfig:
+def _config(config: Path | None, seed, batch_size, min_tokens, shuffle, drop_last, batch_tokens=None,
+            block_size=None) -> LoaderConfig:
     # the run's own file may hold the training script's settings too (tags this command does not use)
     cfg = LoaderConfig.from_file(config, other_tags="keep") if config is not None else LoaderConfig()
     changes = {k: v for k, v in (("epoch_seed", seed), ("batch_size", batch_size),
                                  ("episode_min_tokens", min_tokens), ("epoch_shuffle", shuffle),
-                                 ("epoch_drop_last", drop_last)) if v is not None}
+                                 ("epoch_drop_last", drop_last), ("batch_tokens", batch_tokens),
+                                 ("block_size", block_size)) if v is not None}
     return cfg.replace(**changes) if changes else cfg
 
 
@@ -53,10 +55,11 @@ def _table(r: Replay) -> Group:
         title = f"epoch {r.epoch} of split {r.split}"
     seed = f"seed {r.seed} + epoch {r.epoch} = {r.seed + r.epoch}" if r.sampling == "epoch" and r.shuffle \
         else f"seed {r.seed}" if r.sampling == "random" else "no shuffle"
+    batch = f"batch {r.batch_size}" if r.batch_tokens is None else f"batches of up to {r.batch_tokens:,} tokens"
     held = (f"mixture of {', '.join(r.dataset_names)}: {r.num_eligible:,} items in epoch {r.epoch} (min "
             f"{r.episode_min_tokens} tokens)" if r.dataset_names else
             f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens)")
-    caption = f"{held}; {seed}; batch {r.batch_size} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}"
+    caption = f"{held}; {seed}; {batch} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}"
     shown = len(r.columns["episode"])
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
@@ -85,6 +88,11 @@ def replay_order_cmd(
     split: Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")] = "train",
     batch_size: Annotated[int | None, typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
                           "(overrides --config; default 8).")] = None,
+    batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", metavar="T", help="Token-budget batches: "
+                            "each rank's batch holds up to T tokens (rows x longest row) instead of --batch-size "
+                            "rows (overrides --config's batch_tokens).")] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size", metavar="N", help="block_size (overrides "
+                          "--config; only --batch-tokens depends on it: rows are cut at N + 1 tokens).")] = None,
     world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
                                             "used.")] = 1,
     rank: Annotated[int | None, typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
@@ -116,6 +124,7 @@ def replay_order_cmd(
     * `sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10`
     * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --csv > epoch0.csv`
     * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
+    * `sftdata replay-order data/chat_sft --batch-tokens 16384 --block-size 2048 --step 100`
     * `sftdata replay-order data/mix.json --config cfg.json --csv` (a mixture: a dataset column names the member)
     """
     if as_json and as_csv:
@@ -126,7 +135,7 @@ def replay_order_cmd(
                          f"mixture with `sftdata mix --seed N` to train with another)")
     if not mixture:
         dataset_dir(dataset)
-    cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last)
+    cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last, batch_tokens, block_size)
     if check_audit is not None:
         check = check_mixture_audit if mixture else check_audit_log
         res = check(dataset, cfg, check_audit, split=split, world_size=world_size)

@@ -24,6 +24,10 @@ QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the ch
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
                                           "records (path, bytes, sha256) and say whether the dataset can be "
                                           "reproduced from them. Without it no input file is read.")]
+RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, help="A dataset made with a "
+                                            "model's own tokenizer.json: decode N sampled episodes (the same sample "
+                                            "every run) and re-encode them with the tokenizers library; any episode "
+                                            "whose ids differ is a problem, named by episode. 0 (default): none.")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
@@ -53,6 +57,11 @@ def draw_report(r: VerifyReport) -> Group:
         parts.append(block)
     if r.sources:
         parts.append(draw_sources(r))
+    if r.retokenized and not r.retokenized.get("skipped"):
+        k, d = r.retokenized["episodes"], r.retokenized["differ"]
+        parts.append(Text(f"retokenize: {k:,} sampled episode(s) re-encoded by the tokenizers library, "
+                          f"{'all equal to the stored ids' if not d else f'{d:,} differ'}",
+                          style="green" if not d else "bold red"))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
     mb = r.bytes_read / 1e6
@@ -120,6 +129,7 @@ def verify_cmd(
     token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
+    retokenize: RetokenizeOpt = 0,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -135,12 +145,15 @@ def verify_cmd(
     * `sftdata verify data/chat_sft`
     * `sftdata verify data/chat_sft --quick` (no checksums)
     * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
+    * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
     """
     mixture = is_mixture_file(path)
     if mixture and (token_dtype is not None or tokenizer is not None):
         raise UsageError("--token-dtype and --tokenizer are for older flat layouts, not for a mixture")
+    if mixture and retokenize:
+        raise UsageError("--retokenize applies to one dataset: give a member folder of the mixture")
     if not mixture:
         dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
@@ -152,7 +165,7 @@ def verify_cmd(
             report = verify_mixture(path, quick=quick, sources=sources, progress=step)
         else:
             report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
-                            progress=step)
+                            retokenize_episodes=retokenize, progress=step)
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:

@@ -60,6 +60,9 @@ class SFTSampler:
         self.world_size = world_size
         self.rank = rank
         what = f"split {dataset.split_name!r} of {dataset.path}"
+        if getattr(cfg, "batch_tokens", None) is not None:
+            raise ConfigError("batch_tokens sizes the batches of sftdata's own Loader; this sampler yields "
+                              "batch_size indices per step: leave batch_tokens null here")
         if dataset.kind == "packed":
             self.order: BatchOrder = row_order(cfg, len(dataset), world_size, what=what)
         else:

@@ -8,8 +8,10 @@ Every row is one episode, cut or padded to ``L = block_size + 1`` tokens, then s
     mask episode m:                     m0 m1 m2 m3 m4
     mask (aligned with y) = m[1:L]      m1 m2 m3 m4  0  0  0
 
-An episode longer than ``L`` keeps its first ``L`` tokens. Which episodes fill step
-``N`` is decided by ``sftdata.order.episode_order`` (the order ``sftdata replay-order``
+An episode longer than ``L`` keeps its first ``L`` tokens. With ``batch_tokens`` a batch's
+rows are as wide as its longest (``min(length, block_size)``), not ``block_size``. Which
+episodes fill step ``N`` is decided by ``sftdata.budget_order.episode_batch_order``
+(``order.episode_order``, or token-budget batches; the order ``sftdata replay-order``
 replays).
 
 A dataset made with a model's chat template has no EOS that ends every episode (Llama 3's
@@ -24,10 +26,11 @@ import logging
 import numpy as np
 
 from ..audit import format_value
+from ..budget_order import episode_batch_order
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
 from ..hf_tokenizer import HF_KIND
-from ..order import BatchOrder, episode_order
+from ..order import BatchOrder
 from ..store import Dataset, Split
 from .batch import Batch
 
@@ -35,19 +38,23 @@ log = logging.getLogger("sftdata.loader")
 
 
 def episode_batch(split: Split, ids: np.ndarray, block_size: int, pad_id: int, with_mask: bool,
-                  real_mask: bool = False) -> Batch:
+                  real_mask: bool = False, fit: bool = False) -> Batch:
     """The numpy ``Batch`` of the global episode ``ids`` of ``split``: x, y int64 and,
     ``with_mask``, a float32 mask, each ``(len(ids), block_size)`` (layout in the module
-    docstring); ``real_mask`` (and not ``with_mask``): a mask of 1 on every real target."""
+    docstring); ``real_mask`` (and not ``with_mask``): a mask of 1 on every real target.
+    ``fit`` (token-budget batches): as wide as the longest row, ``max(min(length,
+    block_size))``, instead of ``block_size``."""
     ids = np.asarray(ids, dtype=np.int64)
     b, T = ids.shape[0], int(block_size)
     L = T + 1
+    if fit and b:
+        T = int(np.minimum(split.lengths[ids], T).max())  # rows are cut at block_size + 1 tokens as always
     x = np.empty((b, T), dtype=np.int64)
     y = np.empty((b, T), dtype=np.int64)
     m = np.zeros((b, T), dtype=np.float32) if with_mask or real_mask else None
     shard_idx = split.shard_of(ids)
     starts = split.starts[ids]
-    keep = np.minimum(split.lengths[ids], L)
+    keep = np.minimum(split.lengths[ids], L)  # a row of ``fit`` width T: keep - 1 <= T targets still fit
     for i in range(b):
         sh = split.shards[shard_idx[i]]
         s, k = int(starts[i]), int(keep[i])
@@ -114,6 +121,9 @@ class EpisodeSource:
     def __init__(self, cfg: LoaderConfig, ds: Dataset, world_size: int = 1):
         if "train" not in ds.splits:
             raise DatasetError(f"{ds.root} has no train split with an episode index")
+        if cfg.pad_to_multiple_of not in (None, 1):
+            raise ConfigError(f"pad_to_multiple_of is for packed rows (cu_seqlens of several sequences per row); "
+                              f"{ds.root} holds one episode per row: leave it null, or pack the dataset")
         self.cfg = cfg
         self.ds = ds
         self.world_size = world_size
@@ -131,8 +141,8 @@ class EpisodeSource:
     def order(self, split: str) -> BatchOrder:
         o = self._orders.get(split)
         if o is None:
-            o = self._orders[split] = episode_order(self.cfg, self.ds.split(split).lengths, self.world_size,
-                                                    what=f"split {split!r} of {self.ds.root}")
+            o = self._orders[split] = episode_batch_order(self.cfg, self.ds.split(split).lengths, self.world_size,
+                                                          what=f"split {split!r} of {self.ds.root}")
         return o
 
     def size(self, split: str) -> int:
@@ -148,7 +158,8 @@ class EpisodeSource:
             self._warned.add(split)
             log.warning("[%s] use_loss_mask=true but split=%s of %s has no mask file; batches are (x, y) and "
                         "every target is trained", self.tag, split, self.ds.root)
-        return episode_batch(sp, ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split), self.real_mask)
+        return episode_batch(sp, ids, self.cfg.block_size, self.pad_id, self.mask_enabled(split), self.real_mask,
+                             fit=self.cfg.batch_tokens is not None)
 
     # -- what the loader logs, audits and fingerprints --------------------------------
     def _eligible(self, sp: Split) -> int:
@@ -170,9 +181,11 @@ class EpisodeSource:
                 **{f"num_{s}_skipped_short": self.ds.splits[s].num_episodes - n for s, n in ok.items()}}
 
     def fingerprint(self) -> dict:
+        budget = {} if self.cfg.batch_tokens is None else {"batch_tokens": self.cfg.batch_tokens,
+                                                           "block_size": self.cfg.block_size}
         return {"batch_sampling_mode": self.sampling, "epoch_shuffle": self.cfg.epoch_shuffle,
                 "epoch_drop_last": self.cfg.epoch_drop_last, "episode_min_tokens": self.cfg.episode_min_tokens,
-                "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+                "num_episodes": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}, **budget}
 
     def notes(self) -> list[tuple[int, str]]:
         return []

@@ -30,10 +30,12 @@ BATCH_BYTES_PER_CELL = {"sft_episode": 24, "packed": 64, "token_stream": 20}
 def check_batch_fits(cfg: LoaderConfig, mode: str, device: str = "cpu") -> None:
     """``batch_size x block_size`` cells against the memory available (a CUDA device
     doubles it: the batch is copied into pinned memory on its way)."""
-    cells = cfg.batch_size * cfg.block_size
+    cells = cfg.batch_size * cfg.block_size if cfg.batch_tokens is None else cfg.batch_tokens
     need = cells * BATCH_BYTES_PER_CELL[mode] * (2 if str(device).startswith("cuda") else 1)
+    what = (f"batch_size {cfg.batch_size:,} x block_size {cfg.block_size:,}" if cfg.batch_tokens is None
+            else f"batch_tokens {cfg.batch_tokens:,}")
     try:
-        check_fits(need, f"a batch of batch_size {cfg.batch_size:,} x block_size {cfg.block_size:,} ({mode})",
+        check_fits(need, f"a batch of {what} ({mode})",
                    "lower batch_size or block_size in the config (gradient accumulation gives a larger "
                    "effective batch)")
     except UsageError as e:

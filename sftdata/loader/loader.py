@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -31,11 +32,12 @@ from ..order import BatchOrder
 from ..store import METADATA_FILE, Dataset, dumps_json, read_json
 from ..store.mixture import OpenedMixture
 from .backend import BatchIterable, to_backend, torch_iterable
-from .batch import Batch
+from .batch import Batch, trained_count
 from .episodes import EpisodeSource
 from .guards import check_batch_fits, check_trains_something, check_value_ranges
 from .mixture import MixtureSource, mixture_config
 from .packed import PackedSource
+from .trained import item_trained
 from .windows import WindowSource
 
 log = logging.getLogger("sftdata.loader")
@@ -133,6 +135,7 @@ class Loader:
         self.identity = dataset_identity(self.source.root)
         self._steps = {name: 0 for name in self.source.splits}
         self.last_ids: dict[str, np.ndarray] = {}  # the ids of the batch get_batch returned last, per split
+        self._trained: dict[str, np.ndarray | None] = {}  # trained targets per item, per split (lazily)
         self._log_init()
         self.order("train")  # fail now, not at the first batch, when train cannot be batched
 
@@ -191,7 +194,39 @@ class Loader:
         unless ``events`` (the iterable form logs the epochs it reaches)."""
         if events:
             self._emit_events(split, step)
-        return self.source.batch(split, self.batch_ids(split, step) if ids is None else ids)
+        return self._counted(self.source.batch(split, self.batch_ids(split, step) if ids is None else ids))
+
+    def _counted(self, batch: Batch) -> Batch:
+        return replace(batch, trained_tokens=trained_count(batch.x, batch.mask, self.end_id))
+
+    # -- loss normalisation -----------------------------------------------------------
+    def trained_tokens_at(self, split: str, step: int, rank: int | None = None) -> int:
+        """Trained targets of global batch ``step`` for ``rank`` (None: every rank's
+        micro-batch together): ``get_batch(...).trained_tokens`` before it is built, a pure
+        function of the order (no data of other ranks is read when the per-item counts
+        are known; they are computed once per split)."""
+        ids = self.order(split).step_ids(step, rank)
+        if split not in self._trained:
+            self._trained[split] = item_trained(self.source, split)
+        per_item = self._trained[split]
+        if per_item is not None:
+            return int(per_item[ids[ids >= 0]].sum())
+        if isinstance(self.source, WindowSource):
+            return int(ids.size) * self.cfg.block_size
+        return self._counted(self.source.batch(split, ids)).trained_tokens  # another source: build it
+
+    def step_trained_tokens(self, accum_steps: int = 1, split: str = "train", start: int | None = None) -> int:
+        """Trained targets of one optimizer step: the ``accum_steps`` global batches from
+        ``start`` (default: the next one ``get_batch`` returns), over every rank. Divide the
+        summed token losses of this rank's micro-batches by it (and sum the gradients over
+        ranks): the loss is then the mean over the step's trained tokens, however the step
+        is split into micro-batches and ranks. Steps past a one-pass order's end count 0."""
+        if int(accum_steps) < 1:
+            raise ConfigError(f"accum_steps must be at least 1, got {accum_steps}")
+        start = self.step(split) if start is None else int(start)
+        total = self.steps_total(split)
+        end = start + int(accum_steps) if total is None else min(start + int(accum_steps), total)
+        return sum(self.trained_tokens_at(split, s) for s in range(start, end))
 
     def get_batch(self, split: str = "train") -> Batch:
         step = self._steps.get(split, 0)
@@ -201,7 +236,7 @@ class Loader:
                                 f"(training ends when the loader ends)")
         self._emit_events(split, step)
         ids = self.batch_ids(split, step)
-        batch = self.source.batch(split, ids)
+        batch = self._counted(self.source.batch(split, ids))
         self.last_ids[split] = ids
         self._steps[split] = step + 1
         if total is not None and step + 1 == total and self.rank == 0:

@@ -13,7 +13,9 @@ import logging
 import numpy as np
 
 from ..config import LoaderConfig
+from ..errors import ConfigError
 from ..mixture_order import MixtureOrder
+from ..packing import PAD_SEQ_ID, varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
 from .batch import FIELDS, Batch
 from .episodes import EpisodeSource
@@ -49,6 +51,9 @@ class MixtureSource:
         packed = om.kind == "packed"
         self.mode = "packed" if packed else "sft_episode"
         self.items = "rows" if packed else "episodes"
+        if packed and (getattr(cfg, "pad_to_multiple_of", None) or 1) > 1:
+            raise ConfigError(f"the mixture {om.path}: pad_to_multiple_of is not supported for a mixture of packed "
+                              f"datasets (its rows keep block_size); remove it from the config")
         for ds in om.datasets:  # refused now, not after hours of loss 0
             check_trains_something(ds, cfg)
             check_value_ranges(ds.root, ds.metadata, ds.tokenizer_state)
@@ -86,6 +91,9 @@ class MixtureSource:
             for sel, b in parts.values():
                 a[sel] = getattr(b, f)
             out[f] = a
+        if self.mode == "packed":  # the varlen inputs of the rows as they now lie in the batch
+            lay = varlen_layout(*_segments_of(out["seq_ids"]), out["x"].shape[1])
+            out.update(cu_seqlens=lay.cu_seqlens, cu_seqlens_padded=lay.cu_seqlens_padded, max_seqlen=lay.max_seqlen)
         return Batch(**out)
 
     # -- what the loader logs, audits and fingerprints --------------------------------
@@ -108,3 +116,17 @@ class MixtureSource:
 
     def notes(self) -> list[tuple[int, str]]:
         return []
+
+
+def _segments_of(seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(batch row, offset, length) of every run of one seq_id in the rows of ``seq_ids``
+    (padding, -1, is no segment), sorted by row then offset; and the number of rows."""
+    q = np.asarray(seq_ids)
+    b, T = q.shape
+    change = np.ones((b, T), dtype=bool)
+    change[:, 1:] = q[:, 1:] != q[:, :-1]
+    real = change & (q != PAD_SEQ_ID)
+    bounds = np.union1d(np.flatnonzero(change.ravel()), np.arange(b + 1, dtype=np.int64) * T)
+    starts = np.flatnonzero(real.ravel())
+    ends = bounds[np.searchsorted(bounds, starts, side="right")]
+    return starts // T, starts % T, ends - starts, b

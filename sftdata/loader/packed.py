@@ -27,17 +27,20 @@ import numpy as np
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
 from ..order import BatchOrder, row_order
-from ..packing import PAD_SEQ_ID, row_layout
+from ..packing import PAD_SEQ_ID, row_layout, varlen_layout, varlen_width
 from ..store import Dataset, Segments, Split, split_segments
 from .batch import Batch
 
 
 def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pad_id: int,
-                 use_loss_mask: bool = True) -> Batch:
-    """The numpy ``Batch`` of the given global row ids (-1 = a padding row).
+                 use_loss_mask: bool = True, pad_to_multiple_of: int = 1, width: int | None = None) -> Batch:
+    """The numpy ``Batch`` of the given global row ids (-1 = a padding row), with its
+    ``cu_seqlens``, ``cu_seqlens_padded`` and ``max_seqlen`` (``packing.varlen``).
 
     Without ``use_loss_mask`` every target inside a segment is trained (never one that
-    crosses into the next segment or into padding)."""
+    crosses into the next segment or into padding). ``pad_to_multiple_of`` N > 1 moves
+    each segment to start at a multiple of N in rows ``width`` wide (``varlen_width``),
+    the gaps padding (pad id, mask 0, seq_id -1, position 0)."""
     rows = np.asarray(rows, dtype=np.int64)
     b, L = rows.size, int(row_len)
     toks = np.full((b, L), pad_id, dtype=np.int64)
@@ -55,8 +58,20 @@ def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pa
     seq, pos = row_layout(where, s.offset, s.length, b, L)
     if not use_loss_mask:
         mask[:, 1:] = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] != PAD_SEQ_ID)
-    return Batch(toks[:, :-1], toks[:, 1:].copy(), np.ascontiguousarray(mask[:, 1:]), pos[:, :-1].copy(),
-                 seq[:, :-1].copy())
+    T = L - 1
+    lay = varlen_layout(where, s.offset, s.length, b, T, pad_to_multiple_of, width)
+    x, y, m, p, q = toks[:, :-1], toks[:, 1:], mask[:, 1:], pos[:, :-1], seq[:, :-1]
+    if lay.width == T:
+        x, y, m, p, q = x, y.copy(), np.ascontiguousarray(m), p.copy(), q.copy()
+    else:
+        out = []
+        for a, fill in ((x, pad_id), (y, pad_id), (m, 0), (p, 0), (q, PAD_SEQ_ID)):
+            o = np.full((b, lay.width), fill, dtype=a.dtype)
+            o.reshape(-1)[lay.dst] = np.ascontiguousarray(a).reshape(-1)[lay.src]
+            out.append(o)
+        x, y, m, p, q = out
+    return Batch(x, y, m, p, q, cu_seqlens=lay.cu_seqlens, cu_seqlens_padded=lay.cu_seqlens_padded,
+                 max_seqlen=lay.max_seqlen)
 
 
 class PackedSource:
@@ -72,6 +87,9 @@ class PackedSource:
         if "train" not in ds.splits:
             raise DatasetError(f"{ds.root} has no train split")
         packing = ds.packing or {}
+        if cfg.batch_tokens is not None:
+            raise ConfigError(f"{ds.root} is packed: every row already holds block_size + 1 tokens, so a batch of "
+                              f"B rows is B x block_size tokens; leave batch_tokens null and set batch_size")
         if cfg.block_size != packing.get("block_size"):
             raise ConfigError(f"{ds.root} was packed with block_size {packing.get('block_size')}, but the config "
                               f"says block_size {cfg.block_size}; set block_size {packing.get('block_size')} or "
@@ -107,9 +125,19 @@ class PackedSource:
             s = self._segments[split] = split_segments(self.ds.split(split))
         return s
 
+    def width(self, split: str) -> int:
+        """The width of this split's batches: block_size, or with ``pad_to_multiple_of`` N
+        room for every segment of the fullest row padded to a multiple of N."""
+        n = self.cfg.pad_to_multiple_of or 1
+        if n <= 1:
+            return self.row_len - 1
+        seg = self.segments(split)
+        most = int(np.bincount(seg.row).max()) if seg.row.size else 1
+        return varlen_width(self.row_len - 1, n, most)
+
     def batch(self, split: str, ids: np.ndarray) -> Batch:
         return packed_batch(self.ds.split(split), self.segments(split), ids, self.row_len, self.pad_id,
-                            self.cfg.use_loss_mask)
+                            self.cfg.use_loss_mask, self.cfg.pad_to_multiple_of or 1, self.width(split))
 
     # -- what the loader logs, audits and fingerprints --------------------------------
     def describe(self, split: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from ..config import LoaderConfig
-from ..errors import DatasetError, UsageError
+from ..errors import ConfigError, DatasetError, UsageError
 from ..order import BatchOrder
 from .batch import Batch
 
@@ -95,6 +95,10 @@ class WindowSource:
 
     def __init__(self, cfg: LoaderConfig, splits: Mapping[str, Sequence[np.ndarray]], world_size: int = 1,
                  root=None, tokenizer_state: dict | None = None):
+        if cfg.batch_tokens is not None or cfg.pad_to_multiple_of not in (None, 1):
+            name = "batch_tokens" if cfg.batch_tokens is not None else "pad_to_multiple_of"
+            raise ConfigError(f"{name} does not apply to token windows (every window is block_size tokens); "
+                              f"leave it null")
         self.cfg = cfg
         self.world_size = world_size
         self.root = root

@@ -8,7 +8,9 @@ and writes). One module per job:
 * ``stream``: ``plan_stream``, episodes in order cut into rows, a row starting inside a
   user span rewritten (``stream_prefix``);
 * ``block_size``: ``trained_spans`` and ``min_block_size``, the smallest block size that
-  keeps 99% of the trained tokens.
+  keeps 99% of the trained tokens;
+* ``varlen``: ``cu_seqlens`` (unpadded and padded) of a batch of rows for varlen attention
+  kernels, each sequence padded to a multiple of N.
 
 See docs/PACKING.md for the layout of a row and the rules of each strategy.
 """
@@ -36,10 +38,12 @@ from .segments import (
     segment_masks,
 )
 from .stream import plan_stream, stream_prefix
+from .varlen import VarlenLayout, varlen_layout, varlen_width
 
 __all__ = [
     "DEFAULT_OVERLONG", "KEEP_PERCENT", "MIN_BLOCK_SIZE", "OVERLONG_POLICIES", "PAD_SEQ_ID", "STRATEGIES",
     "PackPlan", "Rows", "Segments", "TrainedSpans", "assemble_rows", "check_lengths", "episode_positions",
     "marker_positions", "min_block_size", "padding_baseline", "plan_bfd", "plan_stream", "row_layout", "row_mask",
-    "segment_masks", "smallest_row_len", "stream_prefix", "trained_spans",
+    "segment_masks", "smallest_row_len", "stream_prefix", "trained_spans", "VarlenLayout", "varlen_layout",
+    "varlen_width",
 ]

@@ -24,7 +24,7 @@ from ..errors import DatasetError, UsageError
 from ..loss_rule import is_template_state
 from ..packing import Segments
 from ..ranges import trained_per_episode
-from ..store import REJECTS_FILE, Dataset, Split, open_dataset, split_segments
+from ..store import REJECTS_FILE, SERVING_FILE, Dataset, Split, open_dataset, read_serving, split_segments
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 
@@ -104,6 +104,7 @@ class Overview:
     packing: dict | None = None  # packed: block_size, row_len, strategy, overlong, pad_token_id, seed
     packed_from: dict | None = None  # packed: the source dataset's path and metadata sha256
     notes: list[str] = field(default_factory=list)
+    serving: dict | None = None  # serving.json (stop ids, pad id, BOS policy, template); None: an older dataset
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -255,6 +256,9 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
     if src and not Path(str(src.get("path", ""))).is_dir():
         notes.append(f"the source dataset {src.get('path')} is not there any more")
     total = sum(p.stat().st_size for p in ds.root.rglob("*") if p.is_file())
+    serving = read_serving(ds.root)
+    if serving is None and ds.metadata is not None:
+        notes.append(f"no {SERVING_FILE}: written by an older version of sftdata (re-create the dataset to get one)")
     return Overview(
         path=str(ds.root), layout=ds.layout, kind=ds.kind, format_version=meta.get("format_version"),
         created_by=meta.get("created_by"), token_dtype=ds.token_dtype.name, tokenizer=meta.get("tokenizer"),
@@ -262,4 +266,4 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
         options=dict(meta.get("options") or {}), rejected=rejected, rejected_total=sum(rejected.values()),
         rejects_file=str(rejects) if rejects.is_file() else None, counts=counts, packing=packing,
         packed_from=None if src is None else {"path": src.get("path"), "metadata_sha256": src.get("metadata_sha256")},
-        notes=notes)
+        notes=notes, serving=serving)

@@ -6,6 +6,7 @@
     ├── dataset_metadata.json      written last; counts, options, sha256 of every file
     ├── tokenizer_state.json
     ├── rejects.jsonl              (prepare) rejected records and why
+    ├── serving.json               stop ids, pad id, BOS policy, template (``serving``)
     ├── train/shard_00000/{tokens.bin, mask.bin, episodes.idx, sources.idx}
     └── val/shard_00000/...
 
@@ -38,6 +39,7 @@ from .format import (
     REJECTS_FILE,
     SEGMENT_FIELDS,
     SEGMENTS_FILE,
+    SERVING_FILE,
     SOURCES_FILE,
     SPLITS,
     TOKEN_DTYPES,
@@ -55,15 +57,18 @@ from .format import (
 from .packed import Segments, split_segments
 from .problems import RECREATE, REPACK, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
+from .serving_file import episode_first_ids, read_serving, write_serving
 from .shard import Shard
 from .split import Split
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [
     "DEFAULT_SHARD_TOKENS", "EPISODES_FILE", "FORMAT_NAME", "FORMAT_VERSION", "IDX_DTYPE", "MASK_FILE",
-    "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "SOURCES_FILE", "SPLITS",
+    "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "SERVING_FILE", "SOURCES_FILE",
+    "SPLITS",
     "TOKEN_DTYPES", "TOKENIZER_FILE", "TOKENS_FILE", "detect_layout", "dumps_json", "iter_files", "list_shards",
     "read_json", "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Problem", "RECREATE",
     "REPACK", "Dataset", "Scan", "Shard", "Split", "has_episode_index", "open_dataset", "open_token_stream",
-    "scan_dataset", "DatasetWriter", "PackedSplitWriter", "ShardInfo", "SplitWriter",
+    "scan_dataset", "episode_first_ids", "read_serving", "write_serving", "DatasetWriter", "PackedSplitWriter",
+    "ShardInfo", "SplitWriter",
 ]

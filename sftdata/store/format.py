@@ -22,6 +22,7 @@ FORMAT_VERSION = 1
 METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
 REJECTS_FILE = "rejects.jsonl"
+SERVING_FILE = "serving.json"  # what an inference config needs (stop ids, pad id, BOS, template); see serving
 TOKENS_FILE = "tokens.bin"
 MASK_FILE = "mask.bin"
 EPISODES_FILE = "episodes.idx"

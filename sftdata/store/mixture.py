@@ -115,6 +115,9 @@ def mixture_order(cfg: LoaderConfig, om: OpenedMixture, split: str, world_size: 
     ``inspect``'s (the mixture's seed; the config's batch size, shuffle, drop_last and
     ``episode_min_tokens``)."""
     sampling = cfg.batch_sampling_mode or "epoch"
+    if getattr(cfg, "batch_tokens", None) is not None:
+        raise ConfigError(f"a mixture ({om.path}) is batched by batch_size rows; batch_tokens is not supported for "
+                          f"mixtures: remove it from the config (or train one dataset with token-budget batches)")
     if sampling != "epoch":
         raise ConfigError(f"a mixture ({om.path}) is read in epochs whose shares are its weights; "
                           f"batch_sampling_mode={sampling!r} is not supported, leave it null or set it to epoch")

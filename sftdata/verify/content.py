@@ -21,6 +21,7 @@ from ..store.problems import more_like_it
 from ..store.structure import EpisodeBounds
 from ..tokenizer import MarkerIds
 from .description import Vocab
+from .stops import StopFindings
 
 # tokens checked at once (whole episodes): about 5 MB of tokens + mask. Small enough that
 # the temporaries are reused by the allocator instead of mapped afresh (page faults cost
@@ -40,9 +41,9 @@ def rule_per_episode(ids: np.ndarray, lengths: np.ndarray, rule: LossRule | Mark
 
 
 def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
-                  tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+                  tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None) -> list[Problem]:
     """Token ids, mask values and the mask rule of the usable episodes (``bounds``), one
-    chunk of whole episodes at a time."""
+    chunk of whole episodes at a time; ``stops`` also sees each chunk (the stops check)."""
     if shard.tokens is None:
         return []
     use = np.flatnonzero(bounds.usable)
@@ -92,8 +93,10 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                     k = int(eps[0])
                     a, b = int(off[k]), int(off[k + 1])
                     first["mask_rule"] = (use[i + k], ids[a:b], stored[a:b], derived[a:b], cs[k])
+        if stops is not None and m is not None:
+            stops.add(shard, ids, m if binary else (m != 0).astype(np.uint8), off, use[i:j], cs)
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-    return _content_problems(shard, vocab, first, counts)
+    return _content_problems(shard, vocab, first, counts) + ([] if stops is None else stops.shard_problems(shard))
 
 
 def _content_problems(shard: Shard, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:

@@ -33,10 +33,12 @@ from ..store.problems import more_like_it
 from ..store.structure import readable_rows
 from .content import CHUNK_TOKENS, span_at
 from .description import Vocab
+from .stops import StopFindings
 
 
 def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len: int, segments_ok: bool,
-                         tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+                         tick: Callable[[int], None] = lambda n: None,
+                         stops: StopFindings | None = None) -> list[Problem]:
     """Token ids, mask values, the per-segment mask rule and the padding, a chunk of rows
     at a time. The mask rule and the padding need sound segments (``segments_ok``: the
     reader's segments check passed on this shard)."""
@@ -87,8 +89,13 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
                         in_row = np.flatnonzero(exp[r * L:(r + 1) * L] != stored[r * L:(r + 1) * L])
                         first["mask_rule"] = (r0 + r, in_row, ids[r * L:(r + 1) * L], exp[r * L:(r + 1) * L],
                                               s[s.row == r], int(ends[r]))
+        if stops is not None and m is not None:
+            rows_ = np.arange(r0, r1, dtype=np.int64)
+            stops.add(shard, ids, m if binary else (m != 0).astype(np.uint8),
+                      np.arange(r1 - r0 + 1, dtype=np.int64) * L, rows_, rows_ * L)
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-    return _packed_problems(shard, vocab, pad_id, row_len, first, counts)
+    return _packed_problems(shard, vocab, pad_id, row_len, first, counts) + \
+        ([] if stops is None else stops.shard_problems(shard))
 
 
 def _packed_problems(shard: Shard, vocab, pad_id, L: int, first: dict, counts: dict) -> list[Problem]:

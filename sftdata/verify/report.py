@@ -21,6 +21,10 @@ _COMMON_TAIL = {
     "mask_values": "mask values are 0 or 1",
     "ranges": "recorded token id and mask value ranges possible and equal to the data",
 }
+_STOPS = {
+    "stops": "every trained reply ends with a trained stop id; the pad id is never trained and no stop id",
+    "serving": "serving.json matches the tokenizer state and the data (stop ids, pad id, BOS, template)",
+}
 # run only when asked (``verify(sources=True)``, ``verify --sources``): it reads the input files
 SOURCES_CHECK = {"sources": "input files recorded in the metadata present and unchanged"}
 # ordered so that the most specific problem comes first (counts are often a consequence)
@@ -31,6 +35,7 @@ CHECKS: dict[str, str] = {
     "counts": "episode, token, trained-token counts equal the metadata",
     **_COMMON_TAIL,
     "mask_rule": "the mask is the mask rule's, re-derived from the tokens",
+    **_STOPS,
     "checksums": "sha256 of every file equals the metadata",
 }
 PACKED_CHECKS: dict[str, str] = {
@@ -42,6 +47,7 @@ PACKED_CHECKS: dict[str, str] = {
     **_COMMON_TAIL,
     "mask_rule": "the mask is the rule's per segment; 0 on injected tokens",
     "padding": "each row's tail after its segments is the padding id",
+    **_STOPS,
     "checksums": "sha256 of every file equals the metadata",
 }
 
@@ -76,6 +82,8 @@ class VerifyReport:
     seconds: float = 0.0
     sources: list[SourceCheck] | None = None  # the recorded input files, when asked (--sources)
     reproducible: bool | None = None  # every input file matches (None: not asked, or none recorded)
+    retokenized: dict | None = None  # --retokenize N: episodes re-encoded by the tokenizers library, how many differ
+    cannot_stop: dict = field(default_factory=dict)  # split -> {"count", "episodes" (packed: "rows"): first ids}
 
     @property
     def ok(self) -> bool:
@@ -87,7 +95,7 @@ class VerifyReport:
                 "notes": self.notes, "splits": self.splits, "bytes_read": self.bytes_read,
                 "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3),
                 "sources": None if self.sources is None else [c.as_dict() for c in self.sources],
-                "reproducible": self.reproducible}
+                "reproducible": self.reproducible, "cannot_stop": self.cannot_stop, "retokenized": self.retokenized}
 
 
 def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str], extra: dict | None = None

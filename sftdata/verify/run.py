@@ -14,8 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
-from ..store import EPISODES_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE, scan_dataset, sha256_file
+from ..errors import DatasetError, UsageError
+from ..serving import token_strings
+from ..store import (
+    EPISODES_FILE,
+    METADATA_FILE,
+    SERVING_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    read_serving,
+    scan_dataset,
+    sha256_file,
+)
 from ..store.structure import check_counts, check_eos, episode_bounds
 from .checksums import checksum_jobs, checksum_problems
 from .content import check_content
@@ -33,18 +44,24 @@ from .metadata import (
 from .packed import check_packed_content
 from .references import check_references
 from .report import SOURCES_CHECK, ProgressFn, VerifyReport, check_results
+from .retokenize import RETOKENIZE_CHECK, retokenize
+from .serving import ABSENT, serving_findings
 from .sources import check_source, recorded_sources, reproducible, source_bytes, source_problems
+from .stops import StopFindings
 
 
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
-           progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False) -> VerifyReport:
+           progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
+           retokenize_episodes: int = 0) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
     ``quick`` skips the checksums (and the comparison of the recorded value ranges with
     the data). ``sources`` also re-hashes the input files the metadata records
     (``report.sources``, ``report.reproducible``); without it no input file is read.
     ``token_dtype`` and ``tokenizer`` matter only for the older flat layout, which
-    records neither. Raises ``DatasetError`` only when ``path`` holds no dataset at all.
+    records neither. ``retokenize_episodes``: decode that many sampled episodes and
+    re-encode them with the tokenizers library (a model's own tokenizer.json; the
+    ``retokenize`` check). Raises ``DatasetError`` only when ``path`` holds no dataset at all.
     """
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
@@ -109,18 +126,31 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
 
     report = VerifyReport(str(root), ds.layout, ds.kind, quick)
     pad_id = ((meta or {}).get("packing") or {}).get("pad_token_id")
+    pad_id = pad_id if isinstance(pad_id, int) and not isinstance(pad_id, bool) else None
+    serving, serving_error = _read_serving(root)
+    stops = None
+    if tc.vocab is not None:
+        data_pad = pad_id if packed else tc.vocab.rule.pad_id
+        accepted = bool((serving or {}).get("pad_is_stop")) and (serving or {}).get("pad_id") == data_pad
+        stops = StopFindings(tc.vocab.rule, data_pad, token_strings(ds.tokenizer_state or {}), accepted,
+                             "rows" if packed else "episodes")
+        rule_found, stop_notes = stops.rule_problems()
+        found += rule_found
+        notes += stop_notes
+    else:
+        skip(("stops", "serving"), "tokenizer unknown")
     with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
         futures = [(j, pool.submit(sha256_file, j[1])) for j in jobs]  # runs beside the checks below
         src_futures = [pool.submit(check_source, rec) for rec in in_sources]
         for sh in shards:
             if rows:
-                found += check_packed_content(sh, vocab, pad_id if isinstance(pad_id, int) else None, row_len,
-                                              sh.rel not in scan.bad_segments, tick)
+                found += check_packed_content(sh, vocab, pad_id, row_len, sh.rel not in scan.bad_segments, tick,
+                                              stops)
             elif not packed:
                 bounds = episode_bounds(sh)
                 if tokenizer is not None:  # the reader knew no tokenizer to check the EOS endings with
                     found += check_eos(sh, bounds, vocab.markers)
-                found += check_content(sh, bounds, vocab, tick)
+                found += check_content(sh, bounds, vocab, tick, stops)
         if meta is not None:  # the reader's counts, with the trained tokens measured here
             trained = [None if sh.mask is None else int(np.count_nonzero(sh.mask)) for sh in shards]
             found += check_counts(meta, shards, packed=packed, trained=trained)
@@ -150,11 +180,33 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
         data = None if quick else {sh.rel: data_ranges(sh) for sh in shards if sh.rel not in proven}
         found += check_ranges(meta, shards, None if vocab is None else vocab.size, data)
     if not any(sh.mask is not None for sh in shards):
-        skip(("mask_values", "mask_rule"), "no mask.bin")
+        skip(("mask_values", "mask_rule", "stops"), "no mask.bin")
+    if stops is not None:
+        report.cannot_stop = stops.cannot_stop
+        served, why = serving_findings(root, serving_error, serving, ds.tokenizer_state, tc.vocab.rule,
+                                       stops.pad_id, [sh for sh in shards if sh.rel not in scan.bad_segments],
+                                       ds.token_dtype, packed, row_len)
+        found += served
+        if why:
+            skip(("serving",), why)
+            if why == ABSENT:
+                notes.append(f"{SERVING_FILE}: {ABSENT} of sftdata (re-create the dataset to get one)")
+    if retokenize_episodes > 0:
+        if packed:
+            retok = None
+            skip(("retokenize",), "a packed dataset: retokenize its source dataset")
+        else:
+            retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
+                               retokenize_episodes)
+            found += retok.problems
+            report.retokenized = retok.as_dict()
+            if retok.skipped:
+                skip(("retokenize",), retok.skipped)
     # within a check, the problems keep the order they were found in: top-level file sizes
     # before the shards' sizes, the shards' missing files before the top-level ones
     problems = top_resized + [p for p in scan.problems if p.check != "counts"] + tc.problems + top_missing + found
-    report.problems, report.checks = check_results(ds.kind, problems, skipped, SOURCES_CHECK if sources else None)
+    extra = {**(SOURCES_CHECK if sources else {}), **(RETOKENIZE_CHECK if retokenize_episodes > 0 else {})}
+    report.problems, report.checks = check_results(ds.kind, problems, skipped, extra or None)
     report.notes = notes
     for split in SPLITS:
         mine = [sh for sh in shards if sh.split == split]
@@ -164,6 +216,13 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     report.bytes_read = done[0]
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _read_serving(root) -> tuple[dict | None, DatasetError | None]:
+    try:
+        return read_serving(root), None
+    except DatasetError as e:
+        return None, e
 
 
 def _no_sources_note(meta: dict | None, kind: str | None) -> str:

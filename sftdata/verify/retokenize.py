@@ -1,0 +1,83 @@
+"""``verify --retokenize N``: the ids of N sampled episodes, decoded to text and encoded again
+by the ``tokenizers`` library (the reference engine, whatever engine prepared them), must
+be the stored ids. Proves on the user's own data that the fast engine gave the library's
+ids (an episode is the tokens of one rendered text, encoded once, so decode then encode
+gives them back).
+
+The sample is deterministic: ``RandomState(seed).choice(total, N, replace=False)`` over
+the episodes of every shard in order (train, then val), sorted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SftDataError
+from ..hf_tokenizer import HF_KIND, hf_tokenizer_from_state
+from ..store import TOKENIZER_FILE, TOKENS_FILE, Problem
+
+RETOKENIZE_CHECK = {"retokenize": "sampled episodes decoded and re-encoded by the tokenizers library give the "
+                                  "stored ids (--retokenize)"}
+FIX = ("re-prepare the dataset with --tokenizer-engine hf, and report the tokenizer.json to sftdata: the engines "
+       "must never differ")
+
+
+@dataclass
+class Retokenized:
+    """What ``--retokenize`` checked: episodes re-encoded, how many differ, the problems, or why it could not run."""
+
+    episodes: int = 0
+    differ: int = 0
+    seed: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    skipped: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"episodes": self.episodes, "differ": self.differ, "seed": self.seed, "skipped": self.skipped}
+
+
+def sample_positions(total: int, n: int, seed: int = 0) -> np.ndarray:
+    """``min(n, total)`` distinct positions in ``range(total)``, sorted; the same for the same arguments."""
+    k = min(max(int(n), 0), int(total))
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    return np.sort(np.random.RandomState(seed).choice(int(total), size=k, replace=False)).astype(np.int64)
+
+
+def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0) -> Retokenized:
+    """Re-encode ``n`` sampled episodes of ``shards`` (an episodes dataset's, in order) with
+    the tokenizers library; a ``Problem`` for each episode whose ids differ."""
+    out = Retokenized(seed=seed)
+    if not isinstance(state, dict) or state.get("kind") != HF_KIND:
+        out.skipped = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
+        return out
+    try:
+        tok = hf_tokenizer_from_state(state, TOKENIZER_FILE, engine="hf")
+    except SftDataError as e:
+        out.skipped = f"the tokenizer could not be loaded: {e}"
+        return out
+    counts = np.array([sh.num_episodes for sh in shards], dtype=np.int64)
+    ends = np.cumsum(counts)
+    for pos in sample_positions(int(ends[-1]) if counts.size else 0, n, seed).tolist():
+        i = int(np.searchsorted(ends, pos, side="right"))
+        sh = shards[i]
+        local = pos - (int(ends[i - 1]) if i else 0)
+        start, length = (int(v) for v in sh.episodes[local])
+        stored = np.asarray(sh.tokens[start:start + length], dtype=np.int64)
+        again = tok.encode_rendered_by_library(tok.decode(stored.tolist()))
+        out.episodes += 1
+        if np.array_equal(stored, again):
+            continue
+        out.differ += 1
+        m = min(stored.size, again.size)
+        j = int(np.flatnonzero(stored[:m] != again[:m])[0]) if np.any(stored[:m] != again[:m]) else m
+        gid = sh.first_gid + local
+        out.problems.append(Problem(
+            "retokenize", f"{sh.rel}/{TOKENS_FILE}", f"episode {gid}",
+            f"decoded and re-encoded by the tokenizers library, episode {gid} ({sh.split}) gives other ids from "
+            f"token {j}: stored {stored[j:j + 4].tolist()}, re-encoded {again[j:j + 4].tolist()} ({stored.size} "
+            f"vs {again.size} tokens)", FIX, split=sh.split, episode=gid, code="differs"))
+    return out
