@@ -92,7 +92,7 @@ def summary_table(s: PrepareSummary) -> Table:
     if s.per_reply_records:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
     d = s.dedup
-    if d:
+    if d and (d["exact_duplicates"] or d["mode"] != "off"):
         dropped = d["mode"] != "off"
         t.add_row("exact duplicates" + (" (dropped)" if dropped else " (kept)"), f"{d['exact_duplicates']:,}",
                   style="yellow" if d["exact_duplicates"] and not dropped else None)
