@@ -16,6 +16,7 @@ from sftdata.cli import app
 from sftdata.errors import UsageError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import METADATA_FILE
+from sftdata.verify import verify
 
 runner = CliRunner()
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -70,6 +71,7 @@ def test_exact_drops_repeats_naming_the_first(src, tmp_path):
     meta = json.loads((tmp_path / "e" / METADATA_FILE).read_text())
     assert meta["dedup"] == {"mode": "exact", "exact_duplicates": 2} and meta["options"]["dedup"] == "exact"
     assert meta["counts"]["rejected"] == {"duplicate": 2}
+    assert verify(tmp_path / "e").ok  # the recorded options and counts are a valid dataset's
 
 
 def test_near_drops_the_near_copy_too(src, tmp_path):
