@@ -88,6 +88,15 @@ def test_resume_is_exact_and_another_mixture_is_refused(data, tmp_path):
         c.load_state_dict(state)
 
 
+def test_a_resume_on_another_layout_is_refused_by_name(data):
+    a = make_loader(CFG, data / "mix.json", backend="numpy")
+    a.get_batch("train")
+    b = make_loader(CFG.replace(batch_size=2), data / "mix.json", backend="numpy", rank=0, world_size=2)
+    with pytest.raises(ConfigError, match="batch_size 4 x world_size 1, and a mixture's batches cannot change their "
+                                          "layout on resume"):
+        b.load_state_dict(a.state_dict())
+
+
 def test_ranks_split_each_global_batch(data):
     whole = make_loader(CFG.replace(batch_size=6), data / "mix.json", backend="numpy", rank=0, world_size=1)
     ranks = [make_loader(CFG.replace(batch_size=3), data / "mix.json", backend="numpy", rank=r, world_size=2)

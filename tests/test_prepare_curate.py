@@ -158,3 +158,9 @@ def test_the_cli_flags_and_the_hint_to_drop_duplicates(src, tmp_path):
     assert r.exit_code == 0 and orjson.loads(r.stdout)["dedup"] == {"mode": "exact", "exact_duplicates": 2}
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "c"), "--dedup", "some"])
     assert r.exit_code == 2 and "--dedup must be one of off, exact, near, not 'some'" in r.stderr
+
+
+def test_another_engine_is_refused_with_curation(src, tmp_path):
+    never = lambda *a: iter(())  # noqa: E731  (an engine that is not asked to run)
+    with pytest.raises(UsageError, match="--dedup and --decontaminate run with --engine local"):
+        prepare([src], tmp_path / "x", PrepareOptions(dedup="exact"), executor=never)

@@ -365,7 +365,7 @@ def inspect_cmd(
         ov = mixture_overview(path, split=split, epochs=epochs)
         print_json(ov.as_dict()) if as_json else out_console.print(draw_mixture(ov))
         return
-    dataset_dir(path)
+    path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     if episode or row or record is not None or sample is not None:
         if block_size is not None:

@@ -10,6 +10,8 @@ import typer
 from rich.table import Table
 
 from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
+from ..engine import check_engine, ray_prepare_executor
+from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
@@ -22,10 +24,12 @@ from .options import (
     DecontaminateOpt,
     DedupOpt,
     DedupThresholdOpt,
+    EngineOpt,
     JsonOpt,
     MaxRecordBytesOpt,
     OverwriteOpt,
     QuietOpt,
+    RayAddressOpt,
     ReasoningOpt,
     TokenizerEngineOpt,
     TrainOnOpt,
@@ -118,8 +122,12 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, dedup="off",
-                dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(), decontaminate_ngram=DEFAULT_NGRAM) -> None:
+                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, engine: str = "local",
+                ray_address: str | None = None, dedup="off", dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(),
+                decontaminate_ngram=DEFAULT_NGRAM) -> None:
+    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -139,7 +147,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
             bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
                        tokens=p.tokens)
 
-        summary = prepare(inputs, output_dir, opts, progress=on_progress)
+        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:
@@ -192,6 +200,8 @@ def _prepare_command(mode: str, doc: str):
         overwrite: OverwriteOpt = False,
         wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+        engine: EngineOpt = "local",
+        ray_address: RayAddressOpt = None,
         dedup: DedupOpt = "off",
         dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
         decontaminate: DecontaminateOpt = None,
@@ -201,8 +211,8 @@ def _prepare_command(mode: str, doc: str):
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, tokenizer_engine, allow_pad_as_stop, dedup, dedup_threshold, decontaminate,
-                    decontaminate_ngram)
+                    chat_template, tokenizer_engine, allow_pad_as_stop, engine, ray_address, dedup, dedup_threshold,
+                    decontaminate, decontaminate_ngram)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -232,6 +242,7 @@ Examples:
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)
 * `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`
+* `sftdata prepare-chat big/ -o /shared/sft --engine ray --val-split 0.01` (tasks on a Ray cluster; docs/SCALE.md)
 """
 
 TOOL_HELP = """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or

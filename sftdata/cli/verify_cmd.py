@@ -155,7 +155,7 @@ def verify_cmd(
     if mixture and retokenize:
         raise UsageError("--retokenize applies to one dataset: give a member folder of the mixture")
     if not mixture:
-        dataset_dir(path)
+        path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)

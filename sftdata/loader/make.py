@@ -7,7 +7,15 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..store import METADATA_FILE, TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
+from ..store import (
+    METADATA_FILE,
+    TOKENIZER_FILE,
+    has_episode_index,
+    local_path,
+    open_dataset,
+    open_token_stream,
+    read_json,
+)
 from ..store.mixture import is_mixture_file, open_mixture
 from .backend import resolve_backend, resolve_rank
 from .guards import check_value_ranges
@@ -40,13 +48,13 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         cfg = LoaderConfig.from_dict(cfg)
     if not isinstance(cfg, LoaderConfig):
         raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
-    root = Path(dataset_dir)
-    if is_mixture_file(root):
+    if is_mixture_file(dataset_dir):
         rank, world_size = resolve_rank(rank, world_size)
         adir = audit_dir if audit_dir is not None else cfg.audit_dir
         audit = AuditLog(adir) if adir is not None and rank == 0 else None
-        return Loader(cfg, open_mixture(root, token_dtype=cfg.token_dtype), backend=resolve_backend(backend),
+        return Loader(cfg, open_mixture(dataset_dir, token_dtype=cfg.token_dtype), backend=resolve_backend(backend),
                       device=device, rank=rank, world_size=world_size, audit=audit)
+    root = local_path(dataset_dir)  # a path, or a file:// URL
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} does not exist; create it with "
                            f"`sftdata prepare-chat ... --output-dir {root}`")
