@@ -682,7 +682,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                        "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
-        summary.dedup = dedup.counts() if executor is None else {}  # an engine's tasks compute no keys
+        summary.dedup = dedup.counts()
         if evals is not None:
             summary.decontamination = {"ngram": evals.n, "files": [
                 {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}

@@ -68,3 +68,12 @@ def chunk_keys(items: Sequence[RawRecord], sources: np.ndarray, ids: np.ndarray,
         flat, offsets = shingle_hashes(ids, ends[first] - np.asarray(lengths)[first], ends[last], settings.shingle)
         sigs = signatures(flat, offsets, settings.num_perm, settings.seed)
     return RecordKeys(records, wheres, exact, sigs, contaminated)
+
+
+def concat_keys(a: RecordKeys | None, b: RecordKeys | None) -> RecordKeys | None:
+    """The keys of ``a``'s records, then ``b``'s (records in input order in both)."""
+    if a is None or b is None:
+        return b if a is None else a
+    sig = None if a.signatures is None or b.signatures is None else np.concatenate([a.signatures, b.signatures])
+    return RecordKeys(np.concatenate([a.records, b.records]), a.wheres + b.wheres, a.exact + b.exact, sig,
+                      a.contaminated + b.contaminated)
