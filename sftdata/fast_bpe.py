@@ -310,6 +310,22 @@ class FastBPE:
         return np.stack([char[starts], char[ends] + ~lead[ends]], axis=1).astype(np.int64)
 
 
+    def joined_offsets(self, texts: list[str], ranks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """``offsets`` of many texts in one pass, as character positions in ``"".join(texts)``:
+        ``(starts, ends)`` of every token, the texts' tokens one after another (each text's
+        own offsets plus the characters of the texts before it)."""
+        lengths = self._lengths[np.concatenate(ranks)] if ranks else np.empty(0, np.int64)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        joined = "".join(texts)
+        if joined.isascii():
+            return starts, ends
+        raw = np.frombuffer(joined.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+        lead = np.append((raw & 0xC0) != 0x80, True)
+        char = np.append(np.cumsum(lead[:-1]) - 1, len(joined))
+        return char[starts], (char[ends] + ~lead[ends]).astype(np.int64)
+
+
 def load_fast_bpe(doc: dict, file_sha256: str, name: str = "hf") -> tuple[FastBPE | None, str | None, Entry]:
     """``(FastBPE, None, entry)`` for an eligible ``tokenizer.json``, else ``(None, why not,
     entry)``; the conversion (the cache ``entry``) comes from the user's cache after the first load."""

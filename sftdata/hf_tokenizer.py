@@ -109,11 +109,12 @@ class Encoded:
     (``offsets``, int64, shape (n, 2): token i covers characters ``offsets[i, 0] :
     offsets[i, 1]``; built on first use, ``token_ranges`` needs only a few lookups)."""
 
-    __slots__ = ("ids", "_encoding", "_offsets", "_text_len", "_make_offsets")
+    __slots__ = ("ids", "_encoding", "_offsets", "_text_len", "_make_offsets", "ranks")
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray | None = None, encoding=None, text_len: int = 0,
-                 make_offsets=None):
+                 make_offsets=None, ranks: np.ndarray | None = None):
         self.ids = ids
+        self.ranks = ranks  # the fast engine's ranks (None: the library encoded it)
         self._offsets = offsets
         self._encoding = encoding  # the tokenizers library's Encoding, when offsets are not built yet
         self._text_len = text_len
@@ -272,9 +273,36 @@ class HFTokenizer:
             except UnicodeEncodeError:  # a lone surrogate: the library's error or result
                 pass
             else:
-                return Encoded(ids, text_len=len(text), make_offsets=lambda: fast.offsets(text, ranks))
+                return Encoded(ids, text_len=len(text), make_offsets=lambda: fast.offsets(text, ranks), ranks=ranks)
         enc = self._tok.encode(text, add_special_tokens=False)
         return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
+
+    def token_ranges_many(self, texts: Sequence[str], encoded: Sequence[Encoded],
+                          spans: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
+        """``encoded[i].token_ranges(spans[i])`` of every text, concatenated: the fast
+        engine's texts in one pass over their joined offsets (a span of one text never
+        reaches another's tokens: each token covers at least one character of its own text)."""
+        counts = np.fromiter((len(s) for s in spans), dtype=np.int64, count=len(spans))
+        lo = np.zeros(int(counts.sum()), dtype=np.int64)
+        hi = np.zeros_like(lo)
+        first = np.concatenate([[0], np.cumsum(counts)])
+        fast = [i for i, e in enumerate(encoded) if e.ranks is not None and counts[i]]
+        for i, e in enumerate(encoded):
+            if e.ranks is None and counts[i]:
+                lo[first[i]:first[i + 1]], hi[first[i]:first[i + 1]] = e.token_ranges(spans[i])
+        if fast:
+            starts, ends = self._fast.joined_offsets([texts[i] for i in fast], [encoded[i].ranks for i in fast])
+            n_char = np.fromiter((len(texts[i]) for i in fast), dtype=np.int64, count=len(fast))
+            n_tok = np.fromiter((encoded[i].ids.shape[0] for i in fast), dtype=np.int64, count=len(fast))
+            n_span = counts[fast]
+            bounds = np.asarray([b for i in fast for b in spans[i]], dtype=np.int64).reshape(-1, 2)
+            bounds += np.repeat(np.cumsum(n_char) - n_char, n_span)[:, None]
+            tok_base = np.repeat(np.cumsum(n_tok) - n_tok, n_span)
+            lo_ = np.searchsorted(ends, bounds[:, 0], side="right") - tok_base
+            hi_ = np.maximum(np.searchsorted(starts, bounds[:, 1], side="left") - tok_base, lo_)
+            where = np.concatenate([np.arange(first[i], first[i + 1]) for i in fast])
+            lo[where], hi[where] = lo_, hi_
+        return lo, hi
 
     def encode_rendered_by_library(self, text: str) -> np.ndarray:
         """``encode_rendered``'s ids from the tokenizers library, whatever the engine (the

@@ -77,14 +77,25 @@ def _strings(value, path: str):
             yield from _strings(v, f"{path}[{i}]")
 
 
+@lru_cache(maxsize=8)
+def _suspect_re(specials: tuple[str, ...]) -> re.Pattern:
+    """A reserved character or a special-token string: one scan finds either."""
+    return re.compile("|".join([*RESERVED_CHARS, *(re.escape(s) for s in specials)]))
+
+
 def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
     """Refuse message text holding a special-token string or a character sftdata reserves."""
-    pattern = _special_re(tuple(tok.special_tokens))
-    texts = [(path, text) for i, m in enumerate(messages)
-             for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
-    joined = "\x00".join(t for _, t in texts)  # one scan of the record; the strings only when it finds something
-    if not any(c in joined for c in RESERVED_CHARS) and (pattern is None or pattern.search(joined) is None):
-        texts = []
+    specials = tuple(tok.special_tokens)
+    pattern = _special_re(specials)
+    if all(len(m) == 2 and "role" in m and type(m.get("content")) is str for m in messages):  # plain chat
+        joined = "\x00".join([m["content"] for m in messages])
+    else:
+        joined = "\x00".join(t for i, m in enumerate(messages)
+                             for _, t in _strings({k: v for k, v in m.items() if k != "role"}, ""))
+    # one scan of the record; each string by its path only when the scan finds something
+    texts = [] if _suspect_re(specials).search(joined) is None else \
+        [(path, text) for i, m in enumerate(messages)
+         for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
     for path, text in texts:
         bad = next((c for c in RESERVED_CHARS if c in text), None)
         if bad is not None:
