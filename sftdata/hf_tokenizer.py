@@ -277,30 +277,61 @@ class HFTokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
 
+    def encode_rendered_many(self, texts: Sequence[str]) -> list[Encoded]:
+        """``encode_rendered`` of each text; the fast engine's in one call (what the core
+        costs per call, mostly taking in the set of special tokens, is paid once)."""
+        fast = self._fast
+        if fast is None:
+            return [self.encode_rendered(t) for t in texts]
+        mine = [i for i, t in enumerate(texts) if fast.handles(t)]
+        got = fast.encode_rendered_many([texts[i] for i in mine])
+        if got is None:
+            return [self.encode_rendered(t) for t in texts]
+        out: list = [None] * len(texts)
+        for i, (ids, ranks) in zip(mine, got):
+            out[i] = Encoded(ids, text_len=len(texts[i]), ranks=ranks,
+                             make_offsets=lambda text=texts[i], ranks=ranks: fast.offsets(text, ranks))
+        return [e if e is not None else self.encode_rendered(t) for e, t in zip(out, texts)]
+
     def token_ranges_many(self, texts: Sequence[str], encoded: Sequence[Encoded],
                           spans: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
-        """``encoded[i].token_ranges(spans[i])`` of every text, concatenated: the fast
-        engine's texts in one pass over their joined offsets (a span of one text never
-        reaches another's tokens: each token covers at least one character of its own text)."""
-        counts = np.fromiter((len(s) for s in spans), dtype=np.int64, count=len(spans))
-        lo = np.zeros(int(counts.sum()), dtype=np.int64)
+        """``encoded[i].token_ranges(spans[i])`` of every text, concatenated; the fast
+        engine's texts in one pass over their joined tokens, in UTF-8 bytes: as ``offsets``
+        reports characters, a token ends at or before character ``a`` exactly when its
+        bytes end at or before ``a``'s first byte, and starts before character ``b`` exactly
+        when its first byte is before ``b``'s; a span of one text never reaches another's
+        tokens (each token holds at least one byte of its own text)."""
+        counts = [len(s) for s in spans]
+        first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        lo = np.zeros(int(first[-1]), dtype=np.int64)
         hi = np.zeros_like(lo)
-        first = np.concatenate([[0], np.cumsum(counts)])
         fast = [i for i, e in enumerate(encoded) if e.ranks is not None and counts[i]]
         for i, e in enumerate(encoded):
             if e.ranks is None and counts[i]:
                 lo[first[i]:first[i + 1]], hi[first[i]:first[i + 1]] = e.token_ranges(spans[i])
         if fast:
-            starts, ends = self._fast.joined_offsets([texts[i] for i in fast], [encoded[i].ranks for i in fast])
-            n_char = np.fromiter((len(texts[i]) for i in fast), dtype=np.int64, count=len(fast))
+            ends = self._fast.byte_ends(np.concatenate([encoded[i].ranks for i in fast]))
             n_tok = np.fromiter((encoded[i].ids.shape[0] for i in fast), dtype=np.int64, count=len(fast))
-            n_span = counts[fast]
-            bounds = np.asarray([b for i in fast for b in spans[i]], dtype=np.int64).reshape(-1, 2)
-            bounds += np.repeat(np.cumsum(n_char) - n_char, n_span)[:, None]
-            tok_base = np.repeat(np.cumsum(n_tok) - n_tok, n_span)
-            lo_ = np.searchsorted(ends, bounds[:, 0], side="right") - tok_base
-            hi_ = np.maximum(np.searchsorted(starts, bounds[:, 1], side="left") - tok_base, lo_)
-            where = np.concatenate([np.arange(first[i], first[i + 1]) for i in fast])
+            tok_base = np.cumsum(n_tok) - n_tok
+            byte_base = np.concatenate([[0], ends])[tok_base]
+            bounds = []
+            for i in fast:
+                text = texts[i]
+                if text.isascii():
+                    bounds.extend(spans[i])
+                else:  # characters to UTF-8 bytes, at the bounds only
+                    bounds.extend((len(text[:a].encode("utf-8", "surrogatepass")),
+                                   len(text[:b].encode("utf-8", "surrogatepass"))) for a, b in spans[i])
+            bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
+            n_span = np.asarray([counts[i] for i in fast], dtype=np.int64)
+            bounds += np.repeat(byte_base, n_span)[:, None]
+            base = np.repeat(tok_base, n_span)
+            lo_ = np.searchsorted(ends, bounds[:, 0], side="right") - base
+            starts = np.concatenate([[0], ends[:-1]])  # the joined texts' bytes are contiguous
+            hi_ = np.maximum(np.searchsorted(starts, bounds[:, 1], side="left") - base, lo_)
+            is_fast = np.zeros(len(encoded), dtype=bool)
+            is_fast[fast] = True
+            where = np.flatnonzero(np.repeat(is_fast, counts))  # the fast texts' spans, in order
             lo[where], hi[where] = lo_, hi_
         return lo, hi
 

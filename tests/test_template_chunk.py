@@ -232,3 +232,30 @@ def test_a_chunk_of_same_shaped_records_renders_one_sentinel_copy(toks):
     items = items_of([chat(f"Hi {i}", f"Hello {i}!") for i in range(20)])
     records_episodes(items, profile, tok, None)
     assert len(profile.renders) == 1
+
+
+def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path):
+    """Joined by a special token none of them holds, cut where it lies: the same ids and
+    offsets as one call per text, for random Unicode with the added tokens mixed in, texts
+    holding the first separator (the next is taken), and a lone surrogate (one by one)."""
+    specials, bos, eos, extra = TOKENS["chatml"]
+    tok = load_hf_tokenizer(train_tokenizer(tmp_path / "chatml", specials, bos, eos, extra, vocab_size=800))
+    assert tok.engine == "tiktoken"
+    fast = tok._fast
+    first = fast._separators[0]
+    texts = random_texts(9, 300) + ["", "Hi", f"a{first}b", "\n\n", "<|im_start|>user\nHi<|im_end|>\n"]
+    cases = [texts, [f"x{s}y" for s in fast._separators], ["only one"]]
+    for case in cases:
+        many = tok.encode_rendered_many(case)
+        assert [e.ids.tolist() for e in many] == [tok.encode_rendered(t).ids.tolist() for t in case]
+        assert [e.offsets.tolist() for e in many] == [tok.encode_rendered(t).offsets.tolist() for t in case]
+    assert fast.encode_rendered_many(texts) is not None  # one call, with the next separator
+    assert fast.encode_rendered_many([f"x{s}y" for s in fast._separators]) is None  # every separator held: one by one
+    assert fast.encode_rendered_many(["a", "b\ud800c"]) is None  # then the library says what it says of it
+    with pytest.raises(TypeError):
+        tok.encode_rendered("b\ud800c")
+    with pytest.raises(TypeError):
+        tok.encode_rendered_many(["a", "b\ud800c"])
+    hf = load_hf_tokenizer(tmp_path / "chatml", engine="hf")
+    assert [e.ids.tolist() for e in hf.encode_rendered_many(texts)] == \
+        [e.ids.tolist() for e in tok.encode_rendered_many(texts)]

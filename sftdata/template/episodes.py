@@ -77,6 +77,21 @@ def _strings(value, path: str):
             yield from _strings(v, f"{path}[{i}]")
 
 
+_PATTERNS: dict[int, tuple] = {}
+
+
+def _patterns(tok: HFTokenizer) -> tuple[re.Pattern | None, re.Pattern]:
+    """The tokenizer's special-token pattern and the one-scan suspect pattern, once per
+    tokenizer (Llama 3 has 256 special tokens: hashing them per record cost more than the scan)."""
+    held = _PATTERNS.get(id(tok))
+    if held is None or held[0] is not tok:
+        if len(_PATTERNS) >= 8:
+            _PATTERNS.clear()
+        specials = tuple(tok.special_tokens)
+        held = _PATTERNS[id(tok)] = (tok, _special_re(specials), _suspect_re(specials))
+    return held[1], held[2]
+
+
 @lru_cache(maxsize=8)
 def _suspect_re(specials: tuple[str, ...]) -> re.Pattern:
     """A reserved character or a special-token string: one scan finds either."""
@@ -85,15 +100,14 @@ def _suspect_re(specials: tuple[str, ...]) -> re.Pattern:
 
 def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
     """Refuse message text holding a special-token string or a character sftdata reserves."""
-    specials = tuple(tok.special_tokens)
-    pattern = _special_re(specials)
+    pattern, suspect = _patterns(tok)
     if all(len(m) == 2 and "role" in m and type(m.get("content")) is str for m in messages):  # plain chat
         joined = "\x00".join([m["content"] for m in messages])
     else:
         joined = "\x00".join(t for i, m in enumerate(messages)
                              for _, t in _strings({k: v for k, v in m.items() if k != "role"}, ""))
     # one scan of the record; each string by its path only when the scan finds something
-    texts = [] if _suspect_re(specials).search(joined) is None else \
+    texts = [] if suspect.search(joined) is None else \
         [(path, text) for i, m in enumerate(messages)
          for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
     for path, text in texts:
