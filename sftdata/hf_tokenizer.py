@@ -156,6 +156,26 @@ class Encoded:
         return lo_, np.maximum(hi_, lo_)
 
 
+def default_pad(named: int | None, special: dict[str, int], eos_id: int | None, bos_id: int | None
+                ) -> tuple[int | None, str]:
+    """The pad id and where it comes from. The config's ``pad_token`` when it names one;
+    else a special token named for padding (Llama 3.1's ``<|finetune_right_pad_id|>``,
+    ``<pad>``, ``[PAD]``); else the first reserved special token (Llama 3's
+    ``<|reserved_special_token_0|>``): tokens a chat template never writes, so the pad id
+    is not the end-of-turn token the model must learn to stop with. Else EOS (prepare then
+    refuses it where EOS ends a turn: ``serving.check_pad_not_stop``)."""
+    if named is not None:
+        return named, "pad_token"
+    free = sorted((i, t) for t, i in special.items() if i not in (eos_id, bos_id))
+    for i, t in free:
+        if "pad" in t.lower():
+            return i, "named for padding"
+    for i, t in free:
+        if "reserved" in t.lower():
+            return i, "reserved"
+    return eos_id, "eos"
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` with its config. Build it with ``load_hf_tokenizer``."""
 
@@ -193,7 +213,8 @@ class HFTokenizer:
                                      f"the vocabulary of {path.name}")
         self.bos_id: int | None = ids.get("bos_token")
         self.eos_id: int | None = ids.get("eos_token")
-        self.pad_id: int | None = ids.get("pad_token", self.eos_id)
+        self.pad_id, self.pad_source = default_pad(ids.get("pad_token"), self.special_tokens, self.eos_id,
+                                                   self.bos_id)
         self.chat_templates: dict[str, str] = _templates_of(config, path.parent / "tokenizer_config.json")
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)

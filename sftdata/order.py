@@ -37,6 +37,21 @@ Only epoch 0 is trained: ``steps_total`` is ``batches_in_epoch(0)``, a step past
 an error, and with ``drop_last=False`` the slots of the last batch beyond the epoch
 hold ``-1`` (a padding row) instead of the first items of epoch 1.
 
+Resume on another layout (``origin``)
+-------------------------------------
+A run resumed with another ``world_size`` or ``batch_size`` continues from the position
+its saved step had reached: ``BatchOrder(..., origin=old.origin_at(step))`` makes global
+batch ``step`` start at that (epoch, position) and later batches consecutive slices of
+the same epoch orders, ``G_new`` items each, so no item is repeated or skipped. With
+the same global batch ``G`` this is exactly the uninterrupted order. With drop_last the
+epoch of the origin keeps ``(n - position) // G_new`` batches (its tail shorter than one
+batch is dropped as always)::
+
+    n = 10, G = 4 for steps 0..1, then G = 3 from step 2 (drop_last=false)
+    epoch 0: a b c d e f g h i j    step 0:[a b c d] 1:[e f g h] | 2:[i j A] 3:[B C D] ...
+
+Steps before the origin belong to the earlier layout: this order refuses them.
+
 Random mode (``sampling="random"``)
 -----------------------------------
 Uniform with replacement: step ``N`` draws ``G`` indices with
@@ -89,6 +104,27 @@ class OrderSettings(Protocol):
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where an order taken over after a resize starts: global batch ``step`` begins at
+    ``position`` of epoch ``epoch``'s order (random mode: ``epoch`` = ``position`` = 0)."""
+
+    step: int
+    epoch: int
+    position: int
+
+    def as_list(self) -> list[int]:
+        return [self.step, self.epoch, self.position]
+
+    @classmethod
+    def from_value(cls, value, what: str) -> Origin:
+        """From the ``[step, epoch, position]`` a loader state holds."""
+        if (not isinstance(value, (list, tuple)) or len(value) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+            raise ConfigError(f"{what}: a resume origin is [step, epoch, position], integers >= 0, got {value!r}")
+        return cls(*value)
+
+
+@dataclass(frozen=True)
 class StepEvent:
     """An epoch boundary reached by a global batch: ``kind`` is "epoch_start" or
     "epoch_complete"; ``items_seen`` counts the items of that epoch that were trained."""
@@ -112,7 +148,9 @@ class BatchOrder:
 
     def __init__(self, ids: np.ndarray | int, *, batch_size: int, world_size: int = 1, seed: int = DEFAULT_SEED,
                  shuffle: bool = True, drop_last: bool = True, sampling: str = "epoch", one_pass: bool = False,
-                 what: str = "split", items: str = "items"):
+                 what: str = "split", items: str = "items", origin: Origin | None = None):
+        self._args = dict(ids=ids, batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle,
+                          drop_last=drop_last, sampling=sampling, one_pass=one_pass, what=what, items=items)
         if isinstance(ids, (int, np.integer)):
             self._ids, self._n = None, int(ids)
         else:
@@ -147,6 +185,44 @@ class BatchOrder:
                 f"an epoch has no batch; set epoch_drop_last=false (a batch then continues into the next "
                 f"epoch) or lower batch_size")
         self._cache: dict[int, np.ndarray] = {}
+        self.origin = self._check_origin(origin)
+        s0, e0, p0 = (self.origin.step, self.origin.epoch, self.origin.position) if self.origin else (0, 0, 0)
+        if sampling == "epoch" and self.drop_last and self.n - p0 < self.global_batch:
+            e0, p0 = e0 + 1, 0  # the rest of that epoch is shorter than one batch: dropped
+        self._s0, self._e0, self._p0 = s0, e0, p0
+
+    def _check_origin(self, origin: Origin | None) -> Origin | None:
+        if origin is None:
+            return None
+        if not isinstance(origin, Origin) or min(origin.step, origin.epoch, origin.position) < 0:
+            raise ConfigError(f"{self.what}: a resume origin needs step, epoch and position >= 0, got {origin!r}")
+        if origin.position >= self.n:
+            raise ConfigError(f"{self.what}: resume position {origin.position} is outside the {self.n} "
+                              f"eligible {self.items} of an epoch; the state belongs to another dataset")
+        return origin
+
+    def relayout(self, *, batch_size: int | None = None, world_size: int | None = None,
+                 origin: Origin | None = None) -> BatchOrder:
+        """The same order of the same items with another layout and origin."""
+        args = dict(self._args)
+        if batch_size is not None:
+            args["batch_size"] = batch_size
+        if world_size is not None:
+            args["world_size"] = world_size
+        return BatchOrder(**args, origin=origin)
+
+    def origin_at(self, step: int) -> Origin:
+        """Where global batch ``step`` of this order starts: the origin of an order that
+        takes over at ``step`` with another layout (``step`` may be the end of a pass)."""
+        _check_step(step)
+        self._check_started(step)
+        if self.sampling != "epoch":
+            return Origin(int(step), 0, 0)
+        total = self.steps_total
+        if total is not None and step >= total:
+            return Origin(int(step), 1, 0)  # the one pass is over: nothing is left for any layout
+        epochs, pos = self.step_positions(step, 0)
+        return Origin(int(step), int(epochs[0]), int(pos[0]))
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -165,32 +241,43 @@ class BatchOrder:
     @property
     def steps_total(self) -> int | None:
         """Global batches of a one-pass order; None for an endless one."""
-        return self.batches_in_epoch(0) if self.one_pass else None
+        if not self.one_pass:
+            return None
+        return self.first_step_of_epoch(1) if self._e0 == 0 else self._s0
 
     def _check_epoch_mode(self, what: str) -> None:
         if self.sampling != "epoch":
             raise UsageError(f"{what} needs batch_sampling_mode=epoch; random sampling has no epochs")
 
     def batches_in_epoch(self, epoch: int) -> int:
-        """Global batches that start in ``epoch`` (constant with drop_last; with
-        drop_last=false ``ceil(n/G)`` or one less, depending on the epoch)."""
+        """Global batches of this order that start in ``epoch`` (constant with drop_last;
+        with drop_last=false ``ceil(n/G)`` or one less, depending on the epoch). After a
+        resume the epoch of the origin counts only the batches from the origin on."""
         self._check_epoch_mode("batches_in_epoch")
-        g, n = self.global_batch, self.n
-        if self.drop_last:
-            return n // g
-        return -(-(epoch + 1) * n // g) - -(-epoch * n // g)
+        return self.first_step_of_epoch(epoch + 1) - self.first_step_of_epoch(epoch)
 
     def first_step_of_epoch(self, epoch: int) -> int:
+        """The first step of this order whose first item is in ``epoch``."""
         self._check_epoch_mode("first_step_of_epoch")
-        g, n = self.global_batch, self.n
-        return epoch * (n // g) if self.drop_last else -(-epoch * n // g)
+        g, n, s0, e0, p0 = self.global_batch, self.n, self._s0, self._e0, self._p0
+        if epoch < e0:
+            raise UsageError(f"epoch {epoch} was trained before the resume at step {s0} (with another layout)")
+        if self.drop_last:
+            if epoch == e0:
+                return s0
+            return s0 + (n - p0) // g + (epoch - e0 - 1) * (n // g)
+        return s0 + max(0, -(-(epoch * n - (e0 * n + p0)) // g))
 
     def epoch_of_step(self, step: int) -> int:
         """Epoch of the first item of global batch ``step``."""
         self._check_epoch_mode("epoch_of_step")
         _check_step(step)
-        g, n = self.global_batch, self.n
-        return step // (n // g) if self.drop_last else step * g // n
+        self._check_started(step)
+        g, n, k = self.global_batch, self.n, step - self._s0
+        if self.drop_last:
+            first = (n - self._p0) // g
+            return self._e0 if k < first else self._e0 + 1 + (k - first) // (n // g)
+        return (self._e0 * n + self._p0 + k * g) // n
 
     # -- the order --------------------------------------------------------------------
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -228,18 +315,45 @@ class BatchOrder:
         self._check_pass(step)
         g, n = self.global_batch, self.n
         slots = self.slots(rank)
+        k = step - self._s0
         if self.drop_last:
-            per = n // g
-            epoch = np.full(slots.shape, step // per, dtype=np.int64)
-            return epoch, (step % per) * g + slots
-        p = step * g + slots
+            first = (n - self._p0) // g
+            if k < first:
+                return np.full(slots.shape, self._e0, dtype=np.int64), self._p0 + k * g + slots
+            e, j = divmod(k - first, n // g)
+            return np.full(slots.shape, self._e0 + 1 + e, dtype=np.int64), j * g + slots
+        p = self._e0 * n + self._p0 + k * g + slots
         return p // n, p % n
+
+    def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(step, slot of the global batch) that trains each position of ``epoch``'s
+        order; -1 where this order does not train it (a tail dropped by drop_last, or a
+        position before the origin of a resumed order)."""
+        self._check_epoch_mode("locate")
+        g, n, s0, e0, p0 = self.global_batch, self.n, self._s0, self._e0, self._p0
+        p = np.asarray(positions, dtype=np.int64)
+        if self.drop_last:
+            if epoch < e0:
+                rel = np.full(p.shape, -1, dtype=np.int64)
+            elif epoch == e0:
+                rel = np.where((p >= p0) & (p - p0 < (n - p0) // g * g), p - p0, -1)
+            else:
+                rel = np.where(p < n // g * g, p, -1)
+            first = self.first_step_of_epoch(epoch) if epoch >= e0 else 0
+            ok = rel >= 0
+            return np.where(ok, first + rel // g, -1), np.where(ok, rel % g, -1)
+        rel = epoch * n + p - (e0 * n + p0)
+        ok = rel >= 0
+        if self.one_pass:
+            ok &= epoch == 0
+        return np.where(ok, s0 + rel // g, -1), np.where(ok, rel % g, -1)
 
     def step_ids(self, step: int, rank: int | None = None) -> np.ndarray:
         """The item ids of global batch ``step`` for ``rank`` (None = all ranks); in a
         one-pass order, -1 for a slot past the end of the pass."""
         if self.sampling == "random":
             _check_step(step)
+            self._check_started(step)
             draws = random_draws(self.seed, step, self.n, self.global_batch)[self.slots(rank)]
             return draws if self._ids is None else self._ids[draws]
         epochs, pos = self.step_positions(step, rank)
@@ -259,14 +373,16 @@ class BatchOrder:
         g, n = self.global_batch, self.n
         events: list[StepEvent] = []
         if self.drop_last:
-            per = n // g
-            e, k = divmod(step, per)
-            if k == 0:
+            e = self.epoch_of_step(step)
+            first = self.first_step_of_epoch(e)
+            count = self.first_step_of_epoch(e + 1) - first
+            if step == first and (e > self._e0 or self._p0 == 0):
                 events.append(StepEvent("epoch_start", e))
-            if k == per - 1:
-                events.append(StepEvent("epoch_complete", e, per * g))
+            if step == first + count - 1:
+                events.append(StepEvent("epoch_complete", e, (self._p0 if e == self._e0 else 0) + count * g))
             return events
-        lo, hi = step * g, (step + 1) * g  # global positions [lo, hi)
+        lo = self._e0 * n + self._p0 + (step - self._s0) * g
+        hi = lo + g  # global positions [lo, hi)
         for e in range(lo // n, (hi - 1) // n + 1):
             start, end = e * n, (e + 1) * n
             if lo <= start < hi:
@@ -275,8 +391,14 @@ class BatchOrder:
                 events.append(StepEvent("epoch_complete", e, n))
         return [ev for ev in events if ev.epoch == 0] if self.one_pass else events
 
+    def _check_started(self, step: int) -> None:
+        if step < self._s0:
+            raise UsageError(f"step {step} was trained before the resume at step {self._s0} (with another layout); "
+                             f"this order starts there")
+
     def _check_pass(self, step: int) -> None:
         _check_step(step)
+        self._check_started(step)
         total = self.steps_total
         if total is not None and step >= total:
             raise UsageError(f"step {step} is outside the one pass over the {self.items} (steps 0..{total - 1})")

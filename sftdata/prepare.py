@@ -25,8 +25,10 @@ import signal
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -54,6 +56,7 @@ from .store import (
     DatasetWriter,
     Shard,
     SplitWriter,
+    local_path,
     token_dtype_for,
     write_serving,
 )
@@ -65,6 +68,7 @@ from .turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
+PARTS_DIR = "_parts"  # where an engine's tasks write their episodes (removed before the commit)
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
 
@@ -199,6 +203,29 @@ class ChunkResult:
     per_reply_records: int = 0
     per_reply_episodes: int = 0
     mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
+    staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """Episodes an engine's task wrote to a shard folder of its own, in input order; its
+    ``sources`` are numbered from the start of their input: ``record_offset`` is added."""
+
+    path: str
+    episodes: int
+    tokens: int
+    record_offset: int = 0
+
+
+class Executor(Protocol):
+    """What runs ``process_chunk`` over the inputs (``--engine``): yields the chunk
+    results in input order with the input bytes read so far, and leaves in ``infos``
+    each input's ``first_record``, ``records``, ``sha256`` and ``bytes``. It may write
+    the episodes itself (``ChunkResult.staged``), in folders under ``stage_dir``."""
+
+    def __call__(self, infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
+                 profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
+                 ) -> Iterator[tuple[ChunkResult, int]]: ...
 
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
@@ -389,6 +416,13 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
+                  profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
+                  ) -> Iterator[tuple[ChunkResult, int]]:
+    """The local engine: this process reads, ``--workers`` processes render."""
+    return _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile)
+
+
 def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     """Boolean array: True where episode ``i`` (input order) goes to val.
 
@@ -402,7 +436,7 @@ def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter]) -> None:
+def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter], record_offset: int = 0) -> None:
     """Stream the staging shard into train/val writers in windows of about COPY_TOKENS
     tokens, keeping input order within each split (boolean selection, no index arrays)."""
     lengths = src.episodes[:, 1].astype(np.int64)
@@ -415,7 +449,7 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         j = min(j, n)
         stop = int(ends[j - 1])
         toks, mask = src.read_range(base, stop)
-        lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64), is_val[i:j]
+        lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64) + record_offset, is_val[i:j]
         tok_val = np.repeat(val, lens)
         for flag, w in writers.items():
             if w is None:
@@ -452,12 +486,15 @@ def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir
 
 
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
-            progress: Callable[[Progress], None] | None = None) -> PrepareSummary:
+            progress: Callable[[Progress], None] | None = None, executor: Executor | None = None) -> PrepareSummary:
     """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s.
+    ``executor`` runs the rendering (default ``local_results``; ``sftdata.engine`` has Ray's):
+    the dataset is the same whichever runs it.
 
     When every record is rejected, nothing is created at ``output_dir`` and the reasons go
     to a file beside it that the error names (``AllRecordsRejectedError.rejects_path``)."""
     opts.validate()
+    output_dir = local_path(output_dir)  # a path, or a file:// URL
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()
@@ -476,9 +513,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
         staging = w.split("_staging", dtype, shard_tokens=1 << 62)
         records = tokens = 0
+        parts: list[StagedPart] = []
         rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as rej:
-            for res, pos in _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile):
+        run = (executor or local_results)(infos, opts, tok, profile, dtype, w.path / PARTS_DIR)
+        with open(rejects, "wb") as rej, closing(run):  # an engine's tasks stop before the staging is removed
+            for res, pos in run:
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
@@ -499,11 +538,13 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                 if lines:
                     with writing(rejects, output_dir):
                         rej.write(b"\n".join(lines) + b"\n")
-                if res.lengths.size:
+                if res.staged is not None:
+                    parts.append(res.staged)
+                elif res.lengths.size:
                     with writing(w.path / "_staging", output_dir):
                         staging.add_many(res.ids, res.mask, res.lengths, res.sources)
                 records += res.records
-                tokens += int(res.ids.shape[0])
+                tokens += int(res.ids.shape[0]) if res.staged is None else res.staged.tokens
                 if progress:
                     progress(Progress(pos, total_bytes, records, tokens))
             with writing(rejects, output_dir):
@@ -515,7 +556,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.turns = {name: turns[name] for name in TURN_COUNTS}
         with writing(w.path / "_staging", output_dir):
             staged = staging.close()
-        n = staged["episodes"]
+        n = staged["episodes"] + sum(p.episodes for p in parts)
         if n == 0:
             raise _all_rejected(inputs, records, rejected, rejects, output_dir)
         is_val = split_assignment(n, opts.val_split, opts.seed)
@@ -523,14 +564,20 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
                              f"lower --val-split")
         with writing(w.path, output_dir):
-            src = Shard(w.path / "_staging" / "shard_00000", dtype)
+            pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
+            pieces += [(Path(p.path), p.record_offset) for p in parts]
             writers = {False: w.split("train", dtype, opts.shard_tokens),
                        True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
-            _split_staging(src, is_val, writers)
+            first = 0
+            for path, offset in pieces:  # in input order
+                src = Shard(path, dtype)
+                _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
+                first += src.num_episodes
+                del src
             splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
                            if wr is not None}
-            del src
             shutil.rmtree(w.path / "_staging")
+            shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:

@@ -19,7 +19,7 @@ from .budget_order import TokenBudgetOrder, episode_batch_order
 from .config import LoaderConfig
 from .errors import DatasetError, UsageError
 from .order import BatchOrder, row_order
-from .store import Dataset, Split, has_episode_index, open_dataset, split_segments
+from .store import Dataset, Split, has_episode_index, local_path, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
@@ -49,6 +49,9 @@ class Replay:
     columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard = index
     shard_names: list = field(default_factory=list)
     batch_tokens: int | None = None  # the token budget of each rank's batch, when batches are sized by it
+    resume_from: int | None = None  # the step a resized run resumed at (batch_size x world_size from it on)
+    from_batch_size: int | None = None  # the layout of the steps before it
+    from_world_size: int | None = None
 
     def column_lists(self, start: int = 0, stop: int | None = None) -> dict[str, list]:
         """Rows ``start:stop`` as Python lists per column: -1 -> None, shard -> its name."""
@@ -79,14 +82,15 @@ class Replay:
     def as_dict(self) -> dict:
         meta = {k: getattr(self, k) for k in ("dataset", "split", "sampling", "seed", "shuffle", "drop_last",
                                               "batch_size", "world_size", "episode_min_tokens", "num_episodes",
-                                              "num_eligible", "epoch", "step", "rank", "total_rows")}
+                                              "num_eligible", "epoch", "step", "rank", "total_rows", "resume_from",
+                                              "from_batch_size", "from_world_size")}
         if self.batch_tokens is not None:
             meta["batch_tokens"] = self.batch_tokens
         return {**meta, "rows": self.rows()}
 
 
 def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
-    root = Path(dataset_dir)
+    root = local_path(dataset_dir)
     if root.is_dir() and not has_episode_index(root, "train"):
         raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
                            f"a token-stream dataset has no episode order to replay")
@@ -104,30 +108,83 @@ def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1)
     return episode_batch_order(cfg, sp.lengths, world_size, what=what)
 
 
+@dataclass(frozen=True)
+class Layouts:
+    """The order before a resize (``before``, steps < ``resume_from``) and after it
+    (``after``); without a resize ``before`` is None and ``after`` the only order."""
+
+    after: BatchOrder
+    before: BatchOrder | None = None
+    resume_from: int = 0
+
+    def at(self, step: int) -> BatchOrder:
+        return self.before if self.before is not None and step < self.resume_from else self.after
+
+    def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(step, rank, slot) that trained each position of ``epoch``, -1 where none."""
+        step, slot = self.after.locate(epoch, positions)
+        bs = np.full(step.shape, self.after.batch_size, dtype=np.int64)
+        if self.before is not None and epoch <= self.after.origin.epoch:
+            b_step, b_slot = self.before.locate(epoch, positions)
+            old = (step < 0) & (b_step >= 0) & (b_step < self.resume_from)
+            step, slot = np.where(old, b_step, step), np.where(old, b_slot, slot)
+            bs[old] = self.before.batch_size
+        ok = slot >= 0
+        return step, np.where(ok, slot // bs, -1), np.where(ok, slot % bs, -1)
+
+
+def layouts(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int, resume_from: int | None = None,
+            from_world_size: int | None = None, from_batch_size: int | None = None) -> Layouts:
+    """The order of ``split``; with ``resume_from``, the orders of a run that trained
+    steps < ``resume_from`` on ``from_world_size`` x ``from_batch_size`` and resumed
+    there on ``world_size`` x ``cfg.batch_size`` (``Loader.load_state_dict``)."""
+    o = split_order(ds, cfg, split, world_size)
+    if resume_from is None:
+        return Layouts(o)
+    if not isinstance(o, BatchOrder):
+        raise UsageError("--resume-from: batches sized by --batch-tokens cannot be replayed across a resize (the "
+                         "loader refuses such a resume too)")
+    if resume_from < 0:
+        raise UsageError(f"--resume-from must be >= 0 (the step the resized run resumed at), got {resume_from}")
+    if from_world_size is None:
+        raise UsageError("--resume-from needs --from-world-size (the number of ranks before the resume); "
+                         "--world-size is the number after it")
+    if from_world_size < 1 or (from_batch_size is not None and from_batch_size < 1):
+        raise UsageError(f"--from-world-size ({from_world_size}) and --from-batch-size ({from_batch_size}) must be >= 1")
+    before = o.relayout(batch_size=from_batch_size or cfg.batch_size, world_size=from_world_size)
+    return Layouts(o.relayout(origin=before.origin_at(resume_from)), before, resume_from)
+
+
 def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "train", epoch: int | None = None,
                  step: int | None = None, rank: int | None = None, world_size: int = 1,
-                 head: int | None = None) -> Replay:
+                 head: int | None = None, resume_from: int | None = None, from_world_size: int | None = None,
+                 from_batch_size: int | None = None) -> Replay:
     """The episodes of global batch ``step`` (all ranks, or ``rank``), or else the full
     order of ``epoch`` (default 0) with the step and rank that train each position.
-    With both, ``epoch`` must be an epoch the step's batch reaches."""
+    With both, ``epoch`` must be an epoch the step's batch reaches. With ``resume_from``
+    the run changed its layout at that step (see ``layouts``)."""
     if head is not None and head < 0:
         raise UsageError(f"--head must be >= 0, got {head}")
     if world_size < 1:
         raise UsageError(f"--world-size must be >= 1, got {world_size}")
-    if rank is not None and not 0 <= rank < world_size:
-        raise UsageError(f"--rank {rank} is outside 0..{world_size - 1} (--world-size {world_size})")
     ds = _open(dataset_dir, cfg)
     sp = ds.split(split)
-    o = split_order(ds, cfg, split, world_size)
+    lay = layouts(ds, cfg, split, world_size, resume_from, from_world_size, from_batch_size)
+    o = lay.after if step is None else lay.at(step)
+    if rank is not None and not 0 <= rank < o.world_size:
+        flag = "--world-size" if o is lay.after else "--from-world-size"
+        raise UsageError(f"--rank {rank} is outside 0..{o.world_size - 1} ({flag} {o.world_size})")
+    resize = dict(resume_from=resume_from, from_batch_size=lay.before.batch_size if lay.before else None,
+                  from_world_size=from_world_size if lay.before else None)
     if ds.kind == "packed":
-        return _packed_replay(ds, cfg, o, split=split, epoch=epoch, step=step, rank=rank, head=head)
+        return _packed_replay(ds, cfg, lay, split=split, epoch=epoch, step=step, rank=rank, head=head, resize=resize)
     if isinstance(o, TokenBudgetOrder):
         return _budget_replay(ds, cfg, o, split=split, epoch=epoch, step=step, rank=rank, head=head)
     if o.sampling == "random" and step is None:
         raise UsageError("batch_sampling_mode=random has no epochs: give --step N to see the episodes of step N")
     if o.sampling == "random" and epoch is not None:
         raise UsageError("batch_sampling_mode=random has no epochs; drop --epoch (give --step only)")
-    g, bs = o.global_batch, o.batch_size
+    bs = o.batch_size
     cols: dict[str, np.ndarray] = {}
     if step is not None:
         if step < 0:
@@ -156,22 +213,14 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         total = order.shape[0]
         k = total if head is None else min(head, total)
         p = np.arange(k, dtype=np.int64)
-        if o.drop_last:
-            per = o.n // g
-            trained = p < per * g
-            stp = np.where(trained, epoch * per + p // g, -1)
-            slot = np.where(trained, p % g, -1)
-        else:
-            gp = epoch * o.n + p
-            stp, slot = gp // g, gp % g
-        cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp,
-                "rank": np.where(slot >= 0, slot // bs, -1), "slot": np.where(slot >= 0, slot % bs, -1),
+        stp, rk, slot = lay.locate(epoch, p)
+        cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp, "rank": rk, "slot": slot,
                 "episode": np.asarray(order[:k], dtype=np.int64)}
-    return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total)
+    return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total, resize)
 
 
 def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
-                    total: int) -> Replay:
+                    total: int, resize: dict | None = None) -> Replay:
     ids = cols["episode"]
     shard = sp.shard_of(ids)
     cols["shard"] = shard  # an index into shard_names (names are looked up when rows are drawn)
@@ -180,7 +229,7 @@ def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, sp
     cols = {c: cols[c] for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS)}
     return Replay(str(ds.root), split, o.sampling, o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
                   cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols,
-                  [sh.name for sh in sp.shards], getattr(o, "budget", None))
+                  [sh.name for sh in sp.shards], getattr(o, "budget", None), **(resize or {}))
 
 
 def _budget_replay(ds: Dataset, cfg: LoaderConfig, o: TokenBudgetOrder, *, split: str, epoch: int | None,
@@ -224,40 +273,39 @@ def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
     return out
 
 
-def _packed_replay(ds: Dataset, cfg: LoaderConfig, o: BatchOrder, *, split: str, epoch: int | None,
-                   step: int | None, rank: int | None, head: int | None) -> Replay:
+def _packed_replay(ds: Dataset, cfg: LoaderConfig, lay: Layouts, *, split: str, epoch: int | None,
+                   step: int | None, rank: int | None, head: int | None, resize: dict) -> Replay:
     """One line per segment of every row of global batch ``step`` (or of the whole
     pass), with the source episode and input record."""
     if epoch not in (None, 0):
         raise UsageError(f"a packed dataset is read in one pass (epoch 0); there is no epoch {epoch}")
     sp = ds.split(split)
-    g, bs = o.global_batch, o.batch_size
+    o = lay.after if step is None else lay.at(step)
     if step is not None:
         rows = o.step_ids(step, rank)  # -1: a padding row completing the last batch
         slot = o.slots(rank)
-        position = np.where(rows >= 0, step * g + slot, -1)
+        ep, pos = o.step_positions(step, rank)
+        position = np.where(rows >= 0, pos, -1)
         stp = np.full(rows.shape, step, dtype=np.int64)
+        rk, slot = slot // o.batch_size, slot % o.batch_size
     else:
         rows = np.asarray(o.epoch_order(0), dtype=np.int64)
         position = np.arange(rows.size, dtype=np.int64)
-        trained = position < o.steps_total * g
-        stp = np.where(trained, position // g, -1)
-        slot = np.where(trained, position % g, -1)
+        stp, rk, slot = lay.locate(0, position)
     all_segments = split_segments(sp)
     seg = all_segments.of_rows(rows)  # in the order of rows; none for a padding row
     per_row = np.searchsorted(all_segments.row, rows, "right") - np.searchsorted(all_segments.row, rows, "left")
     where = np.repeat(np.arange(rows.size), per_row)  # the index in rows of each segment
     first = np.searchsorted(where, where, side="left")
-    cols = {"step": stp[where], "rank": np.where(slot[where] >= 0, slot[where] // bs, -1),
-            "slot": np.where(slot[where] >= 0, slot[where] % bs, -1), "position": position[where],
+    cols = {"step": stp[where], "rank": rk[where], "slot": slot[where], "position": position[where],
             "row": rows[where], "segment": np.arange(where.size) - first, "episode": seg.episode,
             "episode_start": seg.episode_start, "length": seg.length, "prefix": seg.prefix, "record": seg.source}
     total = where.size
     k = total if head is None else min(int(head), total)
     names = PACKED_STEP_COLUMNS if step is not None else PACKED_EPOCH_COLUMNS
     cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
-    return Replay(str(ds.root), split, "epoch", o.seed, o.shuffle, o.drop_last, bs, o.world_size,
-                  cfg.episode_min_tokens, sp.num_episodes, o.n, 0, step, rank, total, cols, [])
+    return Replay(str(ds.root), split, "epoch", o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
+                  cfg.episode_min_tokens, sp.num_episodes, o.n, 0, step, rank, total, cols, [], **resize)
 
 
 def check_audit_log(dataset_dir: str | Path, cfg: LoaderConfig, log_path: str | Path, *, split: str = "train",

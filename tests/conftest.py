@@ -24,6 +24,17 @@ def tok():
     return load_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """ONE local Ray cluster of 2 CPUs for the whole test session (starting one costs
+    seconds): the Ray engine's tests share it."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
 def write_jsonl(path: Path, records) -> Path:
     """Write records (dicts, or raw strings written as they are) one per line."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]

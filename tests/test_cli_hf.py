@@ -120,14 +120,27 @@ def llama(tmp_path_factory):
         "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": PRESETS["llama3"]})
     src = write_jsonl(tmp_path_factory.mktemp("in") / "chats.jsonl", RECORDS)
     ds = tmp_path_factory.mktemp("ds") / "llama"
-    # Llama 3 names no pad token: its pad id is its EOS, <|eot_id|>, which is also its end-of-turn token
+    # Llama 3 names no pad token: its first reserved special token pads, never its EOS <|eot_id|>
     r = run("prepare-chat", src, "-o", ds, "--tokenizer", folder, "-j", "1", "--val-split", "0.25")
-    assert r.exit_code == 2 and "--allow-pad-as-stop" in r.output and "<|eot_id|>" in r.output
-    assert not ds.exists()
-    r = run("prepare-chat", src, "-o", ds, "--tokenizer", folder, "-j", "1", "--val-split", "0.25",
-            "--allow-pad-as-stop")
     assert r.exit_code == 0, r.output
     return folder, ds
+
+
+def test_llama3_pads_with_a_reserved_token_and_a_pad_named_as_its_terminator_is_refused(llama, tmp_path):
+    folder, ds = llama
+    state = orjson.loads((ds / "tokenizer_state.json").read_bytes())
+    serving = orjson.loads((ds / "serving.json").read_bytes())
+    assert (state["pad_id"], serving["pad_id"], serving["pad_string"], serving["stop_ids"]) == (
+        128002, 128002, "<|reserved_special_token_0|>", [128009])
+    cfg = orjson.loads((folder / "tokenizer_config.json").read_bytes())
+    eot = llama3_folder(tmp_path / "eot-pad", {**cfg, "pad_token": "<|eot_id|>"})
+    src = write_jsonl(tmp_path / "in.jsonl", RECORDS)
+    r = run("prepare-chat", src, "-o", tmp_path / "refused", "--tokenizer", eot, "-j", "1")
+    assert r.exit_code == 2 and "the pad id 128009 (<|eot_id|>) is also the end-of-turn token" in r.output
+    assert "--allow-pad-as-stop" in r.output and not (tmp_path / "refused").exists()
+    r = run("prepare-chat", src, "-o", tmp_path / "accepted", "--tokenizer", eot, "-j", "1", "--allow-pad-as-stop")
+    assert r.exit_code == 0, r.output
+    assert orjson.loads((tmp_path / "accepted" / "serving.json").read_bytes())["pad_is_stop"] is True
 
 
 def test_llama3_folder_uses_its_own_template_one_bos_uint32(llama):
@@ -182,7 +195,7 @@ def test_a_template_dataset_without_the_mask_trains_real_targets_only(llama):
     the real targets instead of relying on an end id."""
     _, ds = llama
     loader = make_loader(LoaderConfig(batch_size=2, block_size=64, use_loss_mask=False), ds, backend="numpy")
-    assert loader.end_id is None and loader.pad_id == 128009
+    assert loader.end_id is None and loader.pad_id == 128002
     b = loader.get_batch("train")
     lengths = open_dataset(ds).split("train").lengths
     ids = loader.batch_ids("train", 0)

@@ -85,8 +85,8 @@ def test_more_workers_than_cores_are_capped_with_a_warning(tmp_path, monkeypatch
     monkeypatch.setattr(prepare_cmd, "default_workers", lambda: 1)
     seen = []
     real = prepare_cmd.prepare
-    monkeypatch.setattr(prepare_cmd, "prepare", lambda i, o, opts, progress=None: seen.append(opts.workers)
-                        or real(i, o, opts, progress=progress))
+    monkeypatch.setattr(prepare_cmd, "prepare", lambda i, o, opts, progress=None, **kw: seen.append(opts.workers)
+                        or real(i, o, opts, progress=progress, **kw))
     src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--workers", "1000", "--json"])
     assert r.exit_code == 0 and seen == [1]

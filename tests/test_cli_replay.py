@@ -260,3 +260,46 @@ def test_audit_log_of_a_packed_run_checks_against_the_replay(packed, tmp_path):
     assert "num_episodes=92 " in text and "episodes_seen=92 " in text  # the documented keys, counting rows
     res = cli(packed, "--seed", 7, "--batch-size", 4, "--check-audit", log)
     assert res.exit_code == 0 and "match the replay" in flat(res)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_resume_from_lists_what_a_loader_resumed_on_another_layout_trains(ds, tmp_path, drop_last):
+    cfg = LoaderConfig(batch_size=2, block_size=8, epoch_seed=3, epoch_drop_last=drop_last)
+    before = [make_loader(cfg, ds, backend="numpy", rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):
+        for lo in before:
+            lo.get_batch("train")
+    state = before[0].state_dict()
+    after = [make_loader(cfg.replace(batch_size=1), ds, backend="numpy", rank=r, world_size=3) for r in range(3)]
+    flags = ["--seed", 3, "--batch-size", 1, "--world-size", 3, "--resume-from", 3, "--from-world-size", 2,
+             "--from-batch-size", 2, "--drop-last" if drop_last else "--no-drop-last"]
+    for lo in after:
+        lo.load_state_dict(state)
+    trained = {}
+    for step in range(3, 12):
+        used = []
+        for lo in after:
+            lo.get_batch("train")
+            used += lo.last_ids["train"].tolist()
+        got = rows(cli(ds, *flags, "--step", step, "--json"))
+        assert [r["episode"] for r in got] == used and [r["rank"] for r in got] == [0, 1, 2]
+        for r in got:
+            trained[(r["epoch"], r["position"])] = (step, r["rank"])
+    early = json.loads(cli(ds, *flags, "--step", 2, "--json").stdout)  # before the resume: the old layout
+    assert (early["batch_size"], early["world_size"], early["resume_from"], early["from_world_size"]) == (2, 2, 3, 2)
+    assert [r["rank"] for r in early["rows"]] == [0, 0, 1, 1]
+    epoch0 = rows(cli(ds, *flags, "--epoch", 0, "--json"))
+    assert [(r["step"], r["rank"]) for r in epoch0[:12]] == [(s, k) for s in range(3) for k in (0, 0, 1, 1)]
+    assert all((r["step"], r["rank"]) == trained[(0, r["position"])] for r in epoch0[12:] if r["step"] is not None)
+    # 13 eligible: with drop_last the 13th is epoch 0's dropped tail, else the resume continues with it
+    assert epoch0[12]["step"] == (None if drop_last else 3)
+    table = cli(ds, *flags, "--step", 5)
+    assert "resumed at step 3 after batch 2 x 2 rank(s)" in flat(table)
+
+
+def test_resume_from_needs_the_earlier_layout(ds):
+    r = cli(ds, "--batch-size", 2, "--resume-from", 3, "--world-size", 2, "--step", 4)
+    assert r.exit_code == 2 and "--resume-from needs --from-world-size (the number of ranks before the resume)" \
+        in flat(r)
+    r = cli(ds, "--batch-size", 2, "--resume-from", 3, "--world-size", 2, "--from-world-size", 1, "--step", 1, "--rank", 1)
+    assert r.exit_code == 2 and "--rank 1 is outside 0..0 (--from-world-size 1)" in flat(r)

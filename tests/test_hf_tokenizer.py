@@ -12,7 +12,7 @@ import pytest
 from test_template_fixtures import TOKENS, llama3_file, llama3_folder, train_tokenizer
 
 from sftdata.errors import TokenizerError
-from sftdata.hf_tokenizer import hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from sftdata.hf_tokenizer import default_pad, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
 from sftdata.tokenizer import load_tokenizer
 
 
@@ -64,7 +64,7 @@ def test_named_templates_and_special_tokens_map(tmp_path):
         {"bos_token": {"content": "<bos>", "special": True}, "eos_token": "<eos>"}))
     tok = load_hf_tokenizer(folder)
     assert tok.chat_templates == {"default": "A", "tool_use": "B"}
-    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (2, 1, 1)
+    assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.pad_source) == (2, 1, 0, "named for padding")  # <pad>, not EOS
     assert tok.token_strings == {"bos_token": "<bos>", "eos_token": "<eos>"}
 
 
@@ -168,3 +168,14 @@ def test_real_llama3_tokenizer(tmp_path):
     for text in ["Hello, world! 12345 ", "def f(x):\n    return x**2\n", "  spaces\t\ttabs\n\n"]:
         assert tok.encode(text) == cl100k.encode(text)
     assert tok.encode_rendered("<|begin_of_text|>Hi<|eot_id|>").ids.tolist() == [128000, 13347, 128009]
+
+
+def test_default_pad_prefers_the_config_then_a_pad_token_then_a_reserved_one_never_eos_when_avoidable():
+    llama31 = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|reserved_special_token_0|>": 128002,
+               "<|finetune_right_pad_id|>": 128004, "<|eot_id|>": 128009}
+    assert default_pad(7, llama31, 128009, 128000) == (7, "pad_token")
+    assert default_pad(None, llama31, 128009, 128000) == (128004, "named for padding")
+    llama3 = {k: v for k, v in llama31.items() if "pad" not in k}
+    assert default_pad(None, llama3, 128009, 128000) == (128002, "reserved")
+    assert default_pad(None, {"<s>": 1, "</s>": 2}, 2, 1) == (2, "eos")
+    assert default_pad(None, {}, None, None) == (None, "eos")

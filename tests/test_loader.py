@@ -148,7 +148,7 @@ def test_resume_mid_way_equals_uninterrupted(data, kind, kw):
 
 
 @pytest.mark.parametrize("kind, saved, now, match", [
-    ("episodes", dict(batch_size=2), dict(batch_size=3), r"cannot resume: .*batch_size: saved 2, now 3"),
+    ("episodes", dict(), dict(epoch_shuffle=False), r"cannot resume: .*epoch_shuffle: saved True, now False"),
     ("episodes", dict(batch_size=2), dict(batch_size=2, epoch_seed=1), r"epoch_seed: saved 1337, now 1"),
     ("episodes", dict(), dict(episode_min_tokens=3), r"episode_min_tokens: saved 2, now 3"),
     ("packed", dict(), dict(epoch_seed=8), r"cannot resume: .*epoch_seed: saved 7, now 8"),

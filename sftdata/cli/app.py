@@ -28,7 +28,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DatasetError, SftDataError, UsageError
-from ..store import TOKEN_DTYPES
+from ..store import TOKEN_DTYPES, local_path
 
 HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
 and replay the training order.
@@ -45,7 +45,7 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
 only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, LOADER.md,
-TRAINING.md, INTEROP.md."""
+TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(
     name="sftdata",
@@ -177,7 +177,9 @@ def handle_errors(fn: Callable) -> Callable:
 
 def dataset_dir(path: Path) -> Path:
     """A command's dataset argument, checked before the library opens it, so that a file
-    (often the input given by mistake) or a wrong path says what to give instead."""
+    (often the input given by mistake) or a wrong path says what to give instead. A
+    ``file://`` URL is the folder it names."""
+    path = local_path(path)
     if path.is_file():
         raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
                            f"`prepare-tool` wrote (its --output-dir); to make one from this file: "

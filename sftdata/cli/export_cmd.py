@@ -55,7 +55,7 @@ def export_command(
     * `sftdata export data/chat_sft -o exports/chat_sft`
     * `sftdata export data/chat_sft_packed -o exports/packed_jsonl --format jsonl --split train`
     """
-    dataset_dir(dataset)
+    dataset = dataset_dir(dataset)
     opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite)
     bar, on_progress = rows_bar("export", quiet or as_json)
     with bar:

@@ -351,7 +351,7 @@ def inspect_cmd(
     * `sftdata inspect data/chat_sft --record 17` (the episode made from input record 17)
     * `sftdata inspect data/chat_sft_packed --row 3`
     """
-    dataset_dir(path)
+    path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     if episode or row or record is not None or sample is not None:
         if block_size is not None:

@@ -65,3 +65,10 @@ TokenizerEngineOpt = Annotated[str, typer.Option(
     "and a self-check at load gives the tokenizers library's ids, else the tokenizers library; tiktoken = insist "
     "(an error says why it cannot); hf = always the tokenizers library. The ids are the same either way; the "
     "summary says which engine ran and why.")]
+# prepare-chat / prepare-tool (and pack, verify): where the work runs (docs/SCALE.md)
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this machine: --workers "
+                                        "processes) or ray (tasks on a Ray cluster; needs the ray extra). The "
+                                        "result is byte-identical either way.")]
+RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", metavar="ADDRESS", help="With --engine ray: "
+                                                   "the cluster to use (default: RAY_ADDRESS, else a local cluster "
+                                                   "started for the run).")]

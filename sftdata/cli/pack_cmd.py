@@ -106,7 +106,7 @@ def pack_command(
     * `sftdata pack data/chat_sft -o data/chat_sft_packed -b 1024 --overlong split --json`
     * `sftdata pack data/tool_sft -o data/tool_sft_packed -b 2048 --overlong keep_end` (long system prompts)
     """
-    dataset_dir(dataset)
+    dataset = dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
     bar, on_progress = rows_bar("pack", quiet or as_json)

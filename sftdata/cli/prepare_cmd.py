@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..engine import check_engine, ray_prepare_executor
+from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
@@ -17,10 +19,12 @@ from .app import LazyProgress, app, err_console, handle_errors, make_progress, p
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
+    EngineOpt,
     JsonOpt,
     MaxRecordBytesOpt,
     OverwriteOpt,
     QuietOpt,
+    RayAddressOpt,
     ReasoningOpt,
     TokenizerEngineOpt,
     TrainOnOpt,
@@ -104,7 +108,11 @@ def min_val_split(n: int) -> float:
 def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False) -> None:
+                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, engine: str = "local",
+                ray_address: str | None = None) -> None:
+    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     cores = default_workers()
     if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
@@ -122,7 +130,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
             bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
                        tokens=p.tokens)
 
-        summary = prepare(inputs, output_dir, opts, progress=on_progress)
+        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:
@@ -167,12 +175,14 @@ def _prepare_command(mode: str, doc: str):
         overwrite: OverwriteOpt = False,
         wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+        engine: EngineOpt = "local",
+        ray_address: RayAddressOpt = None,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, tokenizer_engine, allow_pad_as_stop)
+                    chat_template, tokenizer_engine, allow_pad_as_stop, engine, ray_address)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -200,6 +210,7 @@ Examples:
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)
 * `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`
+* `sftdata prepare-chat big/ -o /shared/sft --engine ray --val-split 0.01` (tasks on a Ray cluster; docs/SCALE.md)
 """
 
 TOOL_HELP = """Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + `role: tool`, or

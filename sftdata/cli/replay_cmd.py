@@ -56,6 +56,9 @@ def _table(r: Replay) -> Group:
     batch = f"batch {r.batch_size}" if r.batch_tokens is None else f"batches of up to {r.batch_tokens:,} tokens"
     caption = (f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens); "
                f"{seed}; {batch} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}")
+    if r.resume_from is not None:
+        caption += (f"; resumed at step {r.resume_from:,} after batch {r.from_batch_size} x {r.from_world_size} "
+                    f"rank(s)")
     shown = len(r.columns["episode"])
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
@@ -89,7 +92,14 @@ def replay_order_cmd(
     block_size: Annotated[int | None, typer.Option("--block-size", metavar="N", help="block_size (overrides "
                           "--config; only --batch-tokens depends on it: rows are cut at N + 1 tokens).")] = None,
     world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
-                                            "used.")] = 1,
+                                            "used (after --resume-from: the ranks it resumed on).")] = 1,
+    resume_from: Annotated[int | None, typer.Option("--resume-from", metavar="STEP", help="The run was resumed at "
+                           "this step on another layout (load_state_dict): steps from it on use --world-size and "
+                           "--batch-size, earlier ones --from-world-size and --from-batch-size.")] = None,
+    from_world_size: Annotated[int | None, typer.Option("--from-world-size", metavar="W", help="Ranks before "
+                               "--resume-from.")] = None,
+    from_batch_size: Annotated[int | None, typer.Option("--from-batch-size", metavar="B", help="Per-rank batch "
+                               "size before --resume-from (default: the batch size).")] = None,
     rank: Annotated[int | None, typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
                                                 "ranks).")] = None,
     head: Annotated[int | None, typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
@@ -119,11 +129,12 @@ def replay_order_cmd(
     * `sftdata replay-order data/chat_sft --seed 42 --epoch 3 --head 10`
     * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --csv > epoch0.csv`
     * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
+    * `sftdata replay-order data/chat_sft --config cfg.json --resume-from 1200 --world-size 16 --from-world-size 32 --step 1300`
     * `sftdata replay-order data/chat_sft --batch-tokens 16384 --block-size 2048 --step 100`
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
-    dataset_dir(dataset)
+    dataset = dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last, batch_tokens, block_size)
     if check_audit is not None:
         res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
@@ -145,7 +156,8 @@ def replay_order_cmd(
             raise typer.Exit(1)
         return
     r = replay_order(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
-                     head=head if (head is not None or as_json or as_csv) else TABLE_ROWS)
+                     head=head if (head is not None or as_json or as_csv) else TABLE_ROWS, resume_from=resume_from,
+                     from_world_size=from_world_size, from_batch_size=from_batch_size)
     if as_json:
         print_json(r.as_dict())
     elif as_csv:

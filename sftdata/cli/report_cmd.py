@@ -73,9 +73,9 @@ def report_cmd(
     * `sftdata report data/chat_sft_packed -o packed.html` (rows, segments, fill)
     * `sftdata report data/a --compare data/b -o diff.html` (two datasets side by side)
     """
-    dataset_dir(path)
+    path = dataset_dir(path)
     if compare is not None:
-        dataset_dir(compare)
+        compare = dataset_dir(compare)
     token_dtype = flat_token_dtype(token_dtype)
     given = {k: v for k, v in (("compare", compare), ("split", None if split == "train" else split),
                                ("sample", None if sample == 8 else sample), ("seed", seed or None),

@@ -123,7 +123,7 @@ def verify_cmd(
     * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     """
-    dataset_dir(path)
+    path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)

@@ -28,7 +28,7 @@ import numpy as np
 from ..audit import FIRST_IDS, AuditLog, format_value
 from ..config import LoaderConfig
 from ..errors import ConfigError
-from ..order import BatchOrder
+from ..order import BatchOrder, Origin
 from ..store import METADATA_FILE, Dataset, dumps_json, read_json
 from .backend import BatchIterable, to_backend, torch_iterable
 from .batch import Batch, trained_count
@@ -41,6 +41,11 @@ from .windows import WindowSource
 log = logging.getLogger("sftdata.loader")
 STATE_FORMAT = "sftdata-loader-state"
 STATE_VERSION = 1
+# a state that holds resume origins (the run changed world size or batch size) is version 2, so an
+# sftdata that cannot honour them refuses it; a state without any stays version 1
+STATE_VERSION_ORIGINS = 2
+# the layout may change between save and resume: the order continues from the saved position
+LAYOUT_KEYS = ("batch_size", "world_size")
 # fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
 OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
 SOURCES = (EpisodeSource, PackedSource, WindowSource)
@@ -126,6 +131,8 @@ class Loader:
         self.audit = audit if rank == 0 else None
         self.identity = dataset_identity(self.source.root)
         self._steps = {name: 0 for name in self.source.splits}
+        self._origins: dict[str, Origin] = {}  # where each split's order continues after a resize
+        self._resumed: dict[str, BatchOrder] = {}
         self.last_ids: dict[str, np.ndarray] = {}  # the ids of the batch get_batch returned last, per split
         self._trained: dict[str, np.ndarray | None] = {}  # trained targets per item, per split (lazily)
         self._log_init()
@@ -163,7 +170,15 @@ class Loader:
         return int(v) if v is not None else None
 
     def order(self, split: str) -> BatchOrder:
-        return self.source.order(split)
+        """The order of ``split``; after a resume on another layout, the one that continues
+        from the saved position (``BatchOrder.origin``)."""
+        origin = self._origins.get(split)
+        if origin is None:
+            return self.source.order(split)
+        o = self._resumed.get(split)
+        if o is None:
+            o = self._resumed[split] = self.source.order(split).relayout(origin=origin)
+        return o
 
     def num_items(self, split: str) -> int:
         """Items (eligible episodes, rows, windows) the order of ``split`` draws from; 0
@@ -259,20 +274,30 @@ class Loader:
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The step of each split and the settings that decide the order (JSON-able)."""
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
-                "order": self._fingerprint()}
+        """The step of each split and the settings that decide the order (JSON-able);
+        after a resume on another layout, also where each order continues from."""
+        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": dict(self._steps),
+                 "order": self._fingerprint()}
+        if self._origins:
+            state["version"] = STATE_VERSION_ORIGINS
+            state["origins"] = {k: o.as_list() for k, o in self._origins.items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue where ``state`` was saved; refused when the order would differ."""
+        """Continue where ``state`` was saved; refused when the order would differ.
+
+        Elastic: the world size and batch size may differ from the saved ones. With the
+        same global batch (batch_size x world_size) the batches are those of the
+        uninterrupted run; otherwise the order continues from the saved position of the
+        epoch order, nothing repeated or skipped (``BatchOrder`` with an origin)."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError("not a loader state (expected the dict returned by loader.state_dict())")
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in (STATE_VERSION, STATE_VERSION_ORIGINS):
             raise ConfigError(f"loader state version {state.get('version')!r} is not supported (this sftdata "
-                              f"reads {STATE_VERSION})")
+                              f"reads {STATE_VERSION} and {STATE_VERSION_ORIGINS})")
         saved = state.get("order") or {}
         diff = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self._fingerprint().items()
-                if saved.get(k) != v
+                if saved.get(k) != v and k not in LAYOUT_KEYS
                 and not (k in OPTIONAL_FINGERPRINT and (k not in saved or v is None or saved[k] is None))]
         if diff:
             raise ConfigError("cannot resume: the loader state was saved with other order settings or another "
@@ -282,10 +307,38 @@ class Loader:
         for split, v in steps.items():
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"loader state: step of split {split!r} must be an integer >= 0, got {v!r}")
+        origins = self._saved_origins(state, saved, steps)
+        resumed = {k: self.source.order(k).relayout(origin=o) for k, o in origins.items()}  # checked before any change
         self._steps.update({k: int(v) for k, v in steps.items()})
+        self._origins, self._resumed = origins, resumed
         for split, step in self._steps.items():
             if self.audit is not None and step:
                 self.audit.event("loader_resume", split=split, step=step, epoch=self._epoch_of(split, step))
+
+    def _saved_origins(self, state: dict, saved: dict, steps: dict) -> dict[str, Origin]:
+        """The origin of each split's order after loading ``state``: the saved ones when the
+        layout is the same, else where the saved layout had reached at the saved step."""
+        raw = state.get("origins") or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"loader state: origins must be a dict of split -> [step, epoch, position], got {raw!r}")
+        origins = {k: Origin.from_value(v, f"loader state, split {k!r}") for k, v in raw.items()}
+        layout = {k: saved.get(k) for k in LAYOUT_KEYS}
+        if layout == {"batch_size": self.cfg.batch_size, "world_size": self.world_size}:
+            return {k: o for k, o in origins.items() if k in self.source.splits and self.source.size(k)}
+        for k, v in layout.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"loader state: {k} must be an integer >= 1, got {v!r}")
+        out = {}
+        for split, step in steps.items():
+            if split not in self.source.splits or not self.source.size(split) or (not step and split not in origins):
+                continue
+            now = self.source.order(split)
+            if not isinstance(now, BatchOrder):
+                raise ConfigError(f"cannot resume: the state was saved with batch_size {layout['batch_size']} x "
+                                  f"world_size {layout['world_size']}, and batches sized by batch_tokens cannot change "
+                                  f"their layout on resume; resume with world_size {layout['world_size']}")
+            out[split] = now.relayout(origin=origins.get(split), **layout).origin_at(int(step))
+        return out
 
     def _fingerprint(self) -> dict:
         return {"dataset_mode": self.mode, "epoch_seed": self.cfg.epoch_seed, "batch_size": self.cfg.batch_size,

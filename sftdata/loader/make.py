@@ -7,7 +7,15 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..store import METADATA_FILE, TOKENIZER_FILE, has_episode_index, open_dataset, open_token_stream, read_json
+from ..store import (
+    METADATA_FILE,
+    TOKENIZER_FILE,
+    has_episode_index,
+    local_path,
+    open_dataset,
+    open_token_stream,
+    read_json,
+)
 from .backend import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader
@@ -38,7 +46,7 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         cfg = LoaderConfig.from_dict(cfg)
     if not isinstance(cfg, LoaderConfig):
         raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
-    root = Path(dataset_dir)
+    root = local_path(dataset_dir)  # a path, or a file:// URL
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} does not exist; create it with "
                            f"`sftdata prepare-chat ... --output-dir {root}`")

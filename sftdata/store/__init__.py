@@ -54,6 +54,7 @@ from .format import (
     shard_name,
     token_dtype_for,
 )
+from .location import local_path
 from .packed import Segments, split_segments
 from .problems import RECREATE, REPACK, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
@@ -70,5 +71,5 @@ __all__ = [
     "read_json", "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Problem", "RECREATE",
     "REPACK", "Dataset", "Scan", "Shard", "Split", "has_episode_index", "open_dataset", "open_token_stream",
     "scan_dataset", "episode_first_ids", "read_serving", "write_serving", "DatasetWriter", "PackedSplitWriter",
-    "ShardInfo", "SplitWriter",
+    "ShardInfo", "SplitWriter", "local_path",
 ]

@@ -34,6 +34,7 @@ from .format import (
     sha256_file,
     shard_name,
 )
+from .location import local_path
 from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
 
@@ -190,7 +191,7 @@ class DatasetWriter:
     """
 
     def __init__(self, target: str | Path, *, overwrite: bool = False, wait: bool = False):
-        self.target = Path(target)
+        self.target = local_path(target)  # a path, or a file:// URL
         self.overwrite = overwrite
         self.wait = wait
         self.tmp: Path | None = None

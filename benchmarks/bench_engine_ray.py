@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Benchmark: the overhead of ``--engine ray`` over ``--engine local`` on the same data.
+
+    python benchmarks/bench_engine_ray.py [--mb 200] [--cpus 2] [--rounds 2]
+
+On a generated corpus (benchmarks/corpus.py, 200 MB by default) it runs ``prepare``
+(val split 1%) alternately with the local engine (``--workers CPUS`` processes) and the
+Ray engine on a local Ray cluster of ``CPUS`` CPUs, started once before timing (as a
+user's ``ray start --head`` would be), ``--rounds`` times each, and reports:
+
+* throughput (input MB/s) of each run and the ratio ray / local of the best runs (ratios
+  measured within one run: this machine's cores are shared, absolute times are noisy);
+* Ray's fixed costs: starting the cluster, and a run on a tiny input (task start-up,
+  the tokenizer sent to each worker);
+* the driver's own share of a Ray run: copying the staged episodes into the train/val
+  shards (seconds and MB/s of token + mask bytes), the step that bounds a cluster;
+* that both datasets are byte-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from corpus import write_corpus  # noqa: E402
+
+import sftdata.prepare as prepare_module  # noqa: E402
+from sftdata.engine import ray_prepare_executor  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+
+WORK = HERE / "_work"
+
+
+def corpus(mb: float) -> Path:
+    WORK.mkdir(exist_ok=True)
+    path = WORK / f"corpus_{mb:g}mb.jsonl"
+    if not path.exists():
+        write_corpus(path, int(mb * 1e6), seed=0)
+    return path
+
+
+def identical(a: Path, b: Path) -> bool:
+    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return fa == fb and all(filecmp.cmp(a / f, b / f, shallow=False) for f in fa)
+
+
+COPY = {"s": 0.0, "bytes": 0}
+_split = prepare_module._split_staging
+
+
+def _timed_split(src, *args, **kw):
+    t = time.perf_counter()
+    _split(src, *args, **kw)
+    COPY["s"] += time.perf_counter() - t
+    COPY["bytes"] += src.num_tokens * (src.token_dtype.itemsize + 1)
+
+
+def timed(src: Path, out: Path, opts: PrepareOptions, executor=None) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    prepare([src], out, opts, executor=executor)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=float, default=200)
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    import ray
+
+    src = corpus(args.mb)
+    mb = src.stat().st_size / 1e6
+    tiny = corpus(0.05)
+    t = time.perf_counter()
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_s = time.perf_counter() - t
+    opts = PrepareOptions(workers=args.cpus, val_split=0.01)
+    executor = ray_prepare_executor()
+    out = WORK / "engine"
+    tiny_local = timed(tiny, out / "tiny_local", opts)
+    tiny_ray = timed(tiny, out / "tiny_ray", opts, executor)
+    runs: dict[str, list[float]] = {"local": [], "ray": []}
+    prepare_module._split_staging = _timed_split
+    for _ in range(args.rounds):
+        runs["local"].append(timed(src, out / "local", opts))
+        COPY.update(s=0.0, bytes=0)
+        runs["ray"].append(timed(src, out / "ray", opts, executor))
+    same = identical(out / "local", out / "ray")
+    best = {k: min(v) for k, v in runs.items()}
+    result = {
+        "input_mb": round(mb, 1), "cpus": args.cpus,
+        "local_mb_per_s": [round(mb / s, 2) for s in runs["local"]],
+        "ray_mb_per_s": [round(mb / s, 2) for s in runs["ray"]],
+        "ray_over_local": round(best["local"] / best["ray"], 3),
+        "ray_per_worker_mb_per_s": round(mb / best["ray"] / args.cpus, 2),
+        "ray_cluster_start_s": round(init_s, 2),
+        "tiny_input_s": {"local": round(tiny_local, 2), "ray": round(tiny_ray, 2)},
+        "driver_copy_s": round(COPY["s"], 2),
+        "driver_copy_mb_per_s": round(COPY["bytes"] / 1e6 / max(COPY["s"], 1e-9), 1),
+        "byte_identical": same,
+    }
+    print(json.dumps(result, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

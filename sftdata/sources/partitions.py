@@ -1,0 +1,160 @@
+"""Inputs cut into partitions that separate tasks read on their own (``--engine ray``).
+
+A partition is a whole input, or a byte range of a plain (uncompressed, UTF-8) local
+JSON Lines file that starts at a line start::
+
+    chats.jsonl   |line 0 .. line 9,812|line 9,813 .. line 19,540|line 19,541 .. EOF|
+                   ^ byte 0             ^ first "\\n" after 64 MiB  ^ ... after 128 MiB
+
+Records are numbered from the start of their input (``first_record`` 0), so a task
+needs nothing but its own partition and the number of lines before it
+(``line_counts``; ``file_digest`` gives the input's sha256 and size); the driver adds the input's first record number, which the
+record counts of the inputs before it decide. ``where`` strings (``file:line N``) are
+relative to the input, so they are exactly those of a sequential read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import InputError
+from .lines import LineReader
+from .records import RawRecord, SourceInfo, _record, iter_records
+from .streams import READ_BYTES, unreadable
+
+PART_BYTES = 64 << 20  # the size a JSONL input is cut into (the last piece of an input may be smaller)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Input ``source`` (its index among the inputs), bytes ``[start, end)``; ``end`` is
+    None for a whole input read as ``iter_records`` reads it."""
+
+    index: int
+    source: int
+    info: SourceInfo
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.end is None
+
+
+def splittable(info: SourceInfo) -> bool:
+    """A plain local JSONL file: its lines can be read from any line start."""
+    return (info.kind == "file" and info.container == "jsonl" and not info.compressed
+            and info.encoding in ("utf-8", "utf-8-sig") and info.size_known)
+
+
+def _next_line_start(f, offset: int, size: int) -> int:
+    """The first line start at or after ``offset`` (``size`` at the end of the file)."""
+    if offset <= 0:
+        return 0
+    f.seek(offset - 1)
+    pos = offset - 1
+    while pos < size:
+        block = f.read(READ_BYTES)
+        if not block:
+            return size
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(block)
+    return size
+
+
+def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES) -> list[Partition]:
+    """The partitions of ``infos`` in input order: byte ranges of about ``part_bytes``
+    for each plain local JSONL file, each other input whole."""
+    out: list[Partition] = []
+    for si, info in enumerate(infos):
+        plain = dataclasses.replace(info, first_record=0, records=0, _opened=None)
+        if not splittable(info) or info.bytes <= part_bytes:
+            out.append(Partition(len(out), si, plain))
+            continue
+        size = info.bytes
+        try:
+            with open(info.path, "rb") as f:
+                cuts = sorted({_next_line_start(f, k, size) for k in range(part_bytes, size, part_bytes)} - {0, size})
+        except OSError as e:
+            raise unreadable(info.path, e) from None
+        starts = [0, *cuts]
+        for a, b in zip(starts, [*cuts, size]):
+            out.append(Partition(len(out), si, plain, a, b))
+    return out
+
+
+def line_counts(path: str, cuts: list[int]) -> list[int]:
+    """The number of lines before each cut (newlines counted: ~GB/s, so the tasks of the
+    ranges wait for it only briefly)."""
+    counts, lines, pos, k = [], 0, 0, 0
+    cuts = sorted(cuts)
+    try:
+        with open(path, "rb") as f:
+            while k < len(cuts) and (block := f.read(8 << 20)):
+                end = pos + len(block)
+                while k < len(cuts) and cuts[k] <= end:
+                    counts.append(lines + block.count(b"\n", 0, cuts[k] - pos))
+                    k += 1
+                lines += block.count(b"\n")
+                pos = end
+    except OSError as e:
+        raise unreadable(path, e) from None
+    return counts + [lines] * (len(cuts) - k)
+
+
+def file_digest(path: str) -> tuple[str, int]:
+    """(sha256, size) of a file: what a sequential read records of an input."""
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(8 << 20):
+                h.update(block)
+                size += len(block)
+    except OSError as e:
+        raise unreadable(path, e) from None
+    return h.hexdigest(), size
+
+
+class _Range:
+    """Bytes ``[start, end)`` of a file, read like a stream."""
+
+    def __init__(self, f, start: int, end: int):
+        f.seek(start)
+        self._f, self._left = f, end - start
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        data = self._f.read(self._left if n is None or n < 0 else min(n, self._left))
+        self._left -= len(data)
+        return data
+
+
+def iter_partition(part: Partition, lines_before: int, max_record_bytes: int
+                   ) -> Iterator[tuple[RawRecord | None, int]]:
+    """(record, bytes of the partition read) for each record of ``part``, numbered from
+    the start of its input, then ``(None, record numbers the partition used)`` (lines,
+    blank ones too; for a whole input also left in ``part.info.records`` with its
+    ``sha256`` and ``bytes``)."""
+    if part.whole:
+        yield from iter_records(part.info, max_record_bytes)
+        yield None, part.info.records
+        return
+    info, start = part.info, part.start
+    if start == 0 and info.encoding == "utf-8-sig":
+        start = 3  # the byte order mark: not part of the first line
+    try:
+        with open(info.path, "rb") as f:
+            reader = LineReader(_Range(f, start, part.end), max_record_bytes)
+            for index, item in reader:
+                yield _record(info, lines_before + index, item, "line", max_record_bytes), part.end - part.start
+    except FileNotFoundError:
+        raise InputError(f"input file {info.path} does not exist (it was there when the run started)") from None
+    except OSError as e:
+        raise unreadable(info.path, e) from None
+    yield None, reader.lines
