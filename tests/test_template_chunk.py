@@ -6,6 +6,7 @@ byte-identical to one prepared record by record."""
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from sftdata.template import (
     render_messages,
     render_within,
 )
+from sftdata.template.episodes import _trie
 from sftdata.template.records import _check_trained, _proven
 from sftdata.template.spans import locate_replies, plain_structure
 
@@ -259,3 +261,14 @@ def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path):
     hf = load_hf_tokenizer(tmp_path / "chatml", engine="hf")
     assert [e.ids.tolist() for e in hf.encode_rendered_many(texts)] == \
         [e.ids.tolist() for e in tok.encode_rendered_many(texts)]
+
+
+def test_the_special_token_scan_matches_exactly_the_special_tokens():
+    """The prefix-tree regex check_texts scans a record with: every word, nothing shorter
+    or merely sharing a prefix, words that are prefixes of others included."""
+    words = sorted(["<|a|>", "<|ab|>", "<|a", "<|b|>", "x", "xy", "[INST]", "[/INST]", "a.b"])
+    pattern = re.compile(_trie(words))
+    assert all(pattern.fullmatch(w) for w in words)
+    for text in ["<|", "<|c|>", "<|ab", "y", "[INST", "[/INST", "aXb", "<|b"]:
+        assert pattern.fullmatch(text) is None, text
+    assert _trie([]) == ""

@@ -80,7 +80,7 @@ def _strings(value, path: str):
 _PATTERNS: dict[int, tuple] = {}
 
 
-def _patterns(tok: HFTokenizer) -> tuple[re.Pattern | None, re.Pattern]:
+def _patterns(tok: HFTokenizer) -> tuple[re.Pattern | None, re.Pattern | None]:
     """The tokenizer's special-token pattern and the one-scan suspect pattern, once per
     tokenizer (Llama 3 has 256 special tokens: hashing them per record cost more than the scan)."""
     held = _PATTERNS.get(id(tok))
@@ -92,10 +92,25 @@ def _patterns(tok: HFTokenizer) -> tuple[re.Pattern | None, re.Pattern]:
     return held[1], held[2]
 
 
-@lru_cache(maxsize=8)
-def _suspect_re(specials: tuple[str, ...]) -> re.Pattern:
-    """A reserved character or a special-token string: one scan finds either."""
-    return re.compile("|".join([*RESERVED_CHARS, *(re.escape(s) for s in specials)]))
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly ``words`` (sorted), as a prefix tree: Python's ``re`` tries
+    the alternatives of a flat alternation one by one at every position, and the tree
+    starts with the specials' common prefix (``<|``), which it finds with a fast scan."""
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        if w:
+            groups.setdefault(w[0], []).append(w[1:])
+    alts = [re.escape(c) + _trie(rest) for c, rest in groups.items()]
+    optional = "" in words
+    if not alts:
+        return ""
+    body = alts[0] if len(alts) == 1 and not optional else "(?:" + "|".join(alts) + ")"
+    return body + ("?" if optional else "")
+
+
+def _suspect_re(specials: tuple[str, ...]) -> re.Pattern | None:
+    """A special-token string anywhere: one scan finds whether a record holds any."""
+    return re.compile(_trie(sorted(specials))) if specials else None
 
 
 def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
@@ -107,7 +122,8 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
         joined = "\x00".join(t for i, m in enumerate(messages)
                              for _, t in _strings({k: v for k, v in m.items() if k != "role"}, ""))
     # one scan of the record; each string by its path only when the scan finds something
-    texts = [] if suspect.search(joined) is None else \
+    clean = not any(c in joined for c in RESERVED_CHARS) and (suspect is None or suspect.search(joined) is None)
+    texts = [] if clean else \
         [(path, text) for i, m in enumerate(messages)
          for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
     for path, text in texts:
