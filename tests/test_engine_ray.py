@@ -10,14 +10,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine import ray_prepare_executor
-from sftdata.errors import InputError, RecordError, UsageError
+from sftdata.engine import connect, ray_prepare_executor
+from sftdata.errors import ConfigError, InputError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,3 +136,22 @@ def test_without_ray_the_engine_is_a_one_line_error_naming_the_extra(tmp_path, m
     assert r.exit_code == 2 and "--engine must be one of local, ray, not 'spark'" in r.output
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--ray-address", "auto"])
     assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output
+
+
+def test_connect_starts_a_local_cluster_at_normal_priority_or_names_the_unreachable_one(monkeypatch):
+    calls = []
+
+    def init(**kw):
+        calls.append((kw.get("address"), os.environ.get("RAY_worker_niceness")))
+        if kw.get("address") == "10.0.0.9:6379":
+            raise ConnectionError("no cluster there")
+
+    fake = SimpleNamespace(is_initialized=lambda: False, init=init, cluster_resources=lambda: {"CPU": 3.0})
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(os, "environ", {})
+    assert connect().cpus == 3 and calls == [(None, "0")]  # Ray would start the workers at nice 15
+    os.environ.clear()
+    with pytest.raises(ConfigError, match=r"cannot reach the Ray cluster at 10.0.0.9:6379: no cluster there\. Start "
+                                          r"it \(`ray start --head`\)"):
+        connect("10.0.0.9:6379")
+    assert calls[-1] == ("10.0.0.9:6379", None)  # a cluster of the user's: its settings are its own

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, UsageError
 
 ENGINES = ("local", "ray")
+NICENESS_ENV = "RAY_worker_niceness"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ def connect(address: str | None = None) -> RayCluster:
     ray = import_ray()
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
+        if address is None:  # a local cluster for this run: its workers are this run, not background work
+            os.environ.setdefault(NICENESS_ENV, "0")  # Ray starts workers at nice 15; local workers run at 0
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
                      include_dashboard=False, configure_logging=False)
