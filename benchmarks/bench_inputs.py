@@ -2,7 +2,7 @@
 """Benchmark: reading inputs. Speed of each reader, peak memory per input format, and the
 hostile inputs of tests/test_adversarial.py at full size.
 
-    python benchmarks/bench_inputs.py [--mb 256] [--bomb-gib 2] [--skip-formats]
+    python benchmarks/bench_inputs.py [--mb 256] [--bomb-gib 2] [--skip-formats] [--skip-hostile]
 
 1. **Readers** (in-process, no tokenising): MB/s of text read into records for JSONL,
    JSONL.gz, a JSON array, Parquet, and a gzip of blank lines (decompressed MB/s).
@@ -55,24 +55,38 @@ def records(target: int, seed: int = 0):
         yield rec
 
 
-def write_formats(folder: Path, mb: int) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+FORMATS = ("jsonl", "jsonl.gz", "json array", "parquet")
 
+
+def write_formats(folder: Path, mb: int, formats=FORMATS) -> dict[str, Path]:
+    """The same ``mb`` MB of records in each of ``formats`` (JSONL always)."""
     jsonl = folder / "c.jsonl"
     with open(jsonl, "w") as f:
         for r in records(mb << 20):
             f.write(json.dumps(r) + "\n")
-    gz = folder / "c.jsonl.gz"
-    with open(jsonl, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    arr = folder / "c.json"
-    with open(jsonl, "rb") as src, open(arr, "wb") as dst:
-        dst.write(b"[")
-        for k, line in enumerate(src):
-            dst.write((b",\n" if k else b"") + line.rstrip(b"\n"))
-        dst.write(b"]")
-    pqf = folder / "c.parquet"
+    out = {"jsonl": jsonl}
+    if "jsonl.gz" in formats:
+        out["jsonl.gz"] = gz = folder / "c.jsonl.gz"
+        with open(jsonl, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    if "json array" in formats:
+        out["json array"] = arr = folder / "c.json"
+        with open(jsonl, "rb") as src, open(arr, "wb") as dst:
+            dst.write(b"[")
+            for k, line in enumerate(src):
+                dst.write((b",\n" if k else b"") + line.rstrip(b"\n"))
+            dst.write(b"]")
+    if "parquet" in formats:
+        out["parquet"] = write_parquet(jsonl, folder / "c.parquet")
+    return out
+
+
+def write_parquet(jsonl: Path, pqf: Path) -> Path:
+    """The records of ``jsonl`` as a Parquet file (a ``messages`` column of structs, row
+    groups of 2,000 rows, pyarrow's defaults otherwise)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     writer = None
     batch = []
     with open(jsonl, "rb") as src:
@@ -88,7 +102,7 @@ def write_formats(folder: Path, mb: int) -> dict[str, Path]:
         writer = writer or pq.ParquetWriter(pqf, t.schema)
         writer.write_table(t)
     writer.close()
-    return {"jsonl": jsonl, "jsonl.gz": gz, "json array": arr, "parquet": pqf}
+    return pqf
 
 
 def read_speed(path: Path) -> tuple[float, int]:
@@ -132,6 +146,17 @@ def hostile(folder: Path, bomb_gib: int) -> list[tuple[str, Path, list[str], str
     return out
 
 
+def format_peaks(files: dict[str, Path], folder: Path) -> dict[str, dict]:
+    """``prepare-chat -j 1`` of each file in a child: peak RSS (MiB), seconds, outcome."""
+    out = {}
+    for name, path in files.items():
+        dest = folder / f"out_{name.replace(' ', '_')}"
+        res = run_measured(["prepare-chat", str(path), "-o", str(dest), "-j", "1", "-q", "--json"])
+        out[name] = {"peak_mib": res["peak_mib"], "seconds": res["seconds"], "outcome": outcome(res)}
+        shutil.rmtree(dest, ignore_errors=True)
+    return out
+
+
 def outcome(res: dict) -> str:
     if res["code"]:
         return res["stderr"].strip().splitlines()[-1][:110]
@@ -145,6 +170,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=256, help="size of the format comparison corpus (default 256)")
     ap.add_argument("--bomb-gib", type=int, default=2, help="decompressed size of the gzip bomb (default 2)")
     ap.add_argument("--skip-formats", action="store_true", help="only the hostile inputs")
+    ap.add_argument("--skip-hostile", action="store_true", help="only the readers and the formats")
     a = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench_inputs_"))
     try:
@@ -161,14 +187,12 @@ def main() -> None:
             print(f"   {'blank lines':12s} {(1 << 30) / secs / 1e6:8.1f} MB/s of decompressed text (1 GiB of "
                   f"newlines in a {blank.stat().st_size >> 10:,} KiB gzip)")
             print(f"2. formats: prepare-chat -j 1, {a.mb} MB of records (2% kept and tokenised)")
-            base = None
-            for name, path in files.items():
-                out = folder / f"out_{name.replace(' ', '_')}"
-                res = run_measured(["prepare-chat", str(path), "-o", str(out), "-j", "1", "-q", "--json"])
-                base = base or res["peak_mib"]
-                print(f"   {name:12s} peak {res['peak_mib']:7.0f} MiB ({res['peak_mib'] / base:.2f}x JSONL)  "
-                      f"{res['seconds']:6.1f} s  {outcome(res)}")
-                shutil.rmtree(out, ignore_errors=True)
+            peaks = format_peaks(files, folder)
+            for name, res in peaks.items():
+                print(f"   {name:12s} peak {res['peak_mib']:7.0f} MiB ({res['peak_mib'] / peaks['jsonl']['peak_mib']:.2f}x "
+                      f"JSONL)  {res['seconds']:6.1f} s  {res['outcome']}")
+        if a.skip_hostile:
+            return
         print("3. hostile inputs: prepare-chat -j 1 (peak RSS of the whole run)")
         for name, path, extra, want in hostile(folder, a.bomb_gib):
             out = folder / "out_h"

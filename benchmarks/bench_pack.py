@@ -1,10 +1,21 @@
-"""Benchmark: bfd packing time and fill against the lower bound, and against a reference
-measured in the same run (a pure-Python best-fit over a segment tree, as popular
-trainers ship it).
+"""Benchmark: bfd packing time and fill against the lower bound, and against peers
+measured in the same run: TRL's ``pack_dataset(..., strategy="bfd")`` (the packer users
+of Hugging Face trainers run; ``benchmarks/install_peers.sh`` installs it) and a
+pure-Python best-fit over a segment tree.
 
     python benchmarks/bench_pack.py              # 1M lognormal lengths, rows of 2049
+    python benchmarks/bench_pack.py --n 10000000 --no-reference
     python benchmarks/bench_pack.py --quick      # 100k lengths (reference too)
     python benchmarks/bench_pack.py --no-reference --pipeline
+
+TRL is timed two ways on the same lengths. ``pack_dataset`` itself, on a
+``datasets.Dataset`` whose ``input_ids`` lists have those lengths and hold no bytes (Arrow
+``null`` values): over the whole dataset at once (its best rows) and with ``map``'s default
+batches of 1,000 examples (what it does unless told otherwise: each batch packed on its
+own). It needs about 12 KB of memory per episode even so (20 bytes per token), so from
+``--trl-max`` episodes (default 300,000) only its planning is timed: its own
+``_SegmentTree`` and the placement loop of its ``_pack_bfd``, unchanged, which give the
+same rows. sftdata's time is ``plan_bfd``, best of ``--repeat``.
 
 Real lengths: when /work/shared/data (or --data DIR) holds conversation files, they are
 prepared with sftdata into a temporary folder and their episode lengths packed too.
@@ -19,6 +30,7 @@ import math
 import sys
 import tempfile
 import time
+from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -94,17 +106,113 @@ def best_of(fn, repeat: int):
     return best, out
 
 
+def ours_bfd(lengths: np.ndarray, row_len: int, repeat: int = 3) -> dict:
+    """sftdata's plan: rows, fill, seconds and CPU seconds (best of ``repeat`` each; CPU
+    time is steadier on a loaded machine, and planning is one thread), the lower bound."""
+    cpu = math.inf
+    for _ in range(repeat):
+        c = time.process_time()
+        plan_bfd(lengths, row_len, "truncate", seed=0)
+        cpu = min(cpu, time.process_time() - c)
+    secs, plan = best_of(lambda: plan_bfd(lengths, row_len, "truncate", seed=0), repeat)
+    return {"rows": plan.num_rows, "fill": plan.fill, "seconds": secs, "cpu_seconds": cpu,
+            "bound": plan.lower_bound_rows}
+
+
+def trl_bfd(lengths: np.ndarray, row_len: int, batch_size: int | None = None) -> dict | None:
+    """TRL's ``pack_dataset(strategy="bfd")`` on a dataset of lists of these lengths: rows,
+    fill, seconds; ``batch_size`` None packs the whole dataset at once (``map``'s
+    ``batch_size=None``), else batches of that many examples. None if TRL is missing."""
+    try:
+        import datasets
+        import pyarrow as pa
+        from trl import pack_dataset
+    except ImportError:
+        return None
+    datasets.disable_progress_bars()
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.nulls(int(offsets[-1])))
+    ds = datasets.Dataset(datasets.table.InMemoryTable(pa.table({"input_ids": column})))
+    t = time.perf_counter()
+    packed = pack_dataset(ds, row_len, "bfd", map_kwargs={"batch_size": batch_size, "keep_in_memory": True})
+    secs = time.perf_counter() - t
+    rows = len(packed)
+    return {"rows": rows, "fill": int(np.minimum(lengths, row_len).sum()) / (rows * row_len), "seconds": secs}
+
+
+def trl_plan(lengths: np.ndarray, row_len: int) -> dict | None:
+    """TRL's bfd planning alone: its ``_SegmentTree`` and the placement loop of its
+    ``_pack_bfd`` (the same statements, over the same numpy values), without moving any
+    token. Rows, fill, seconds; None if TRL is missing."""
+    try:
+        from trl.data_utils import _SegmentTree
+    except ImportError:
+        return None
+    clipped = np.minimum(lengths[lengths > 0], row_len)
+    t, c = time.perf_counter(), time.process_time()
+    order = np.argsort(-clipped, kind="stable")  # TRL: sort("descending") of (length, id), ties by id
+    segment_tree = _SegmentTree(row_len)
+    segment_tree.add(row_len)
+    space_to_bin = defaultdict(deque)
+    bins: list[dict] = []
+    for length, idx in zip(clipped[order], order):
+        space = segment_tree.search(length)
+        if space < row_len:
+            bin = space_to_bin[space].popleft()
+        else:
+            bin = {"ids": [], "length": 0}
+            bins.append(bin)
+        bin["ids"].append(idx)
+        bin["length"] += length
+        if space < row_len and not space_to_bin[space]:
+            segment_tree.remove(space)
+        space = space - length
+        space_to_bin[space].append(bin)
+        if space > 0:
+            segment_tree.add(space)
+    secs, cpu = time.perf_counter() - t, time.process_time() - c
+    return {"rows": len(bins), "fill": int(clipped.sum()) / (len(bins) * row_len), "seconds": secs, "cpu_seconds": cpu}
+
+
+def compare_lengths(lengths: np.ndarray, row_len: int, repeat: int = 3, trl: bool = True,
+                    trl_max: int = 300_000) -> dict:
+    """sftdata's bfd and TRL's on the same lengths: {"ours", "trl", "trl_batched",
+    "trl_how"}. Below ``trl_max`` episodes ``trl`` is ``pack_dataset`` over the whole
+    dataset and ``trl_batched`` in its default batches of 1,000 (``trl_how`` "pack_dataset");
+    from there ``trl`` is its planning loop alone and ``trl_batched`` None ("planning").
+    The TRL ones are None when not run or not installed."""
+    out = {"episodes": int(lengths.size), "row_len": row_len, "ours": ours_bfd(lengths, row_len, repeat),
+           "trl": None, "trl_batched": None, "trl_how": None}
+    if trl and lengths.size < trl_max:
+        out["trl"] = trl_bfd(lengths, row_len)
+        if out["trl"] is not None:
+            out["trl_batched"] = trl_bfd(lengths, row_len, 1000)
+            out["trl_how"] = "pack_dataset"
+    elif trl:
+        out["trl"] = trl_plan(lengths, row_len)
+        out["trl_how"] = "planning" if out["trl"] is not None else None
+    return out
+
+
 def line(name: str, rows: int, bound: int, seconds: float | None, fill: float) -> str:
     t = f"{seconds:8.3f} s" if seconds is not None else " " * 10
     return f"  {name:<34} {t}  rows {rows:>9,}  bound/rows {bound / rows:.5f}  fill {fill:.4%}"
 
 
-def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool, repeat: int) -> None:
+def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool, repeat: int,
+                  trl: bool = True, trl_max: int = 300_000) -> None:
     print(f"{label}: {lengths.size:,} episodes, median {int(np.median(lengths))}, mean {lengths.mean():.0f}, "
           f"rows of {row_len}, {int((lengths > row_len).sum()):,} longer than a row")
-    secs, plan = best_of(lambda: plan_bfd(lengths, row_len, "truncate", seed=0), repeat)
-    bound = plan.lower_bound_rows
-    print(line("sftdata bfd (histogram)", plan.num_rows, bound, secs, plan.fill))
+    res = compare_lengths(lengths, row_len, repeat, trl, trl_max)
+    ours, bound = res["ours"], res["ours"]["bound"]
+    secs = ours["seconds"]
+    print(line("sftdata bfd (histogram)", ours["rows"], bound, secs, ours["fill"]))
+    whole = "TRL pack_dataset bfd (whole)" if res["trl_how"] == "pack_dataset" else "TRL bfd planning loop"
+    for key, name in (("trl", whole), ("trl_batched", "TRL pack_dataset bfd (batches)")):
+        if res[key] is not None:
+            r = res[key]
+            print(line(name, r["rows"], bound, r["seconds"], r["fill"]))
+            print(f"  -> {r['seconds'] / secs:.1f}x faster than {name}, rows {ours['rows'] / r['rows']:.5f}x its rows")
     pad_rows, pad_fill = padding_baseline(lengths, row_len)
     print(line("padding baseline (1 episode/row)", pad_rows, bound, None, pad_fill))
     if reference:
@@ -114,7 +222,7 @@ def bench_lengths(label: str, lengths: np.ndarray, row_len: int, reference: bool
         ref_secs = time.perf_counter() - t
         print(line("reference: Python segment-tree BFD", ref_rows, bound, ref_secs,
                    int(clipped.sum()) / (ref_rows * row_len)))
-        print(f"  -> {ref_secs / secs:.1f}x faster than the reference, same rows: {ref_rows == plan.num_rows}")
+        print(f"  -> {ref_secs / secs:.1f}x faster than the reference, same rows: {ref_rows == ours['rows']}")
 
 
 def real_lengths(data: Path, tmp: Path) -> np.ndarray | None:
@@ -162,21 +270,26 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--quick", action="store_true", help="100k lengths")
     ap.add_argument("--row-len", type=int, default=2049)
-    ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--no-reference", action="store_true", help="skip the Python segment-tree reference")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL")
+    ap.add_argument("--trl-max", type=int, default=300_000,
+                    help="from this many episodes, time TRL's planning loop alone (pack_dataset needs ~12 KB each)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
     ap.add_argument("--pipeline", action="store_true", help="time the whole pack on a synthetic dataset")
     ap.add_argument("--pipeline-episodes", type=int, default=100_000)
     args = ap.parse_args()
     n = 100_000 if args.quick else args.n
-    bench_lengths("lognormal lengths", lognormal_lengths(n), args.row_len, not args.no_reference, args.repeat)
+    bench_lengths("lognormal lengths", lognormal_lengths(n), args.row_len, not args.no_reference, args.repeat,
+                  not args.no_trl, args.trl_max)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.data.is_dir():
             lengths = real_lengths(args.data, tmp)
             if lengths is not None:
                 for row_len in (513, 1025, 2049):
-                    bench_lengths(f"real lengths ({args.data})", lengths, row_len, not args.no_reference, 1)
+                    bench_lengths(f"real lengths ({args.data})", lengths, row_len, not args.no_reference, 1,
+                                  not args.no_trl)
         if args.pipeline:
             synthetic_dataset(tmp / "syn", args.pipeline_episodes)
             for strategy in ("bfd", "stream"):

@@ -168,6 +168,23 @@ def test_bfd_fill_is_near_the_lower_bound_on_a_realistic_distribution():
     assert plan.lower_bound_rows == -(-int(np.minimum(lengths, 2049).sum()) // 2049)
 
 
+def test_bfd_golden_layout_rows_in_seeded_order_segments_in_placement_order():
+    # the exact plan (pinned: the planner lays rows out by counting, and a faster layout
+    # must give these same bytes, or every packed dataset of a user changes)
+    p = plan_bfd(np.array([6, 3, 5, 4, 2, 7, 9, 1, 3]), row_len=9, seed=3)
+    s = p.segments
+    assert p.num_rows == 5
+    assert s.row.tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert s.offset.tolist() == [0, 0, 6, 0, 5, 0, 3, 0, 7]
+    assert s.length.tolist() == [9, 6, 3, 5, 4, 3, 1, 7, 2]
+    assert s.episode.tolist() == [6, 0, 1, 2, 3, 8, 7, 5, 4]
+    p = plan_bfd(np.array([12, 3, 5, 20, 2]), row_len=9, overlong="split", seed=1)
+    s = p.segments
+    assert (s.row.tolist(), s.offset.tolist(), s.length.tolist()) == (
+        [0, 0, 0, 1, 2, 3, 4, 4], [0, 3, 5, 0, 0, 0, 0, 5], [3, 2, 2, 9, 9, 9, 5, 3])
+    assert (s.episode.tolist(), s.episode_start.tolist()) == ([0, 4, 3, 3, 0, 3, 2, 1], [9, 0, 18, 9, 0, 0, 0, 0])
+
+
 def test_bfd_docstring_example():
     p = plan_bfd(np.array([6, 3, 5, 4]), row_len=9)
     assert p.num_rows == 2

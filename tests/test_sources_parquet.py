@@ -10,6 +10,7 @@ import pytest
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
+import sftdata.sources.parquet as pqsrc
 from sftdata.cli import app
 from sftdata.errors import InputError
 from sftdata.prepare import PrepareOptions, prepare
@@ -211,3 +212,44 @@ def test_prepare_tool_reads_tool_columns(tmp_path):
     b = prepare([tmp_path / "t.parquet"], tmp_path / "b", PrepareOptions(mode="tool", workers=1))
     assert a.episodes == b.episodes == {"train": 2} and a.rejected == b.rejected == {}
     assert dataset_bytes(tmp_path / "a") == dataset_bytes(tmp_path / "b")
+
+
+class FakeLibc:
+    """Records the allocator calls the reader makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, param, value):
+        self.calls.append(("mallopt", param, value))
+        return 1
+
+    def malloc_trim(self, pad):
+        self.calls.append(("malloc_trim", pad))
+        return 1
+
+
+def test_the_reader_fixes_the_mmap_threshold_once_and_returns_free_pages_per_row_groups(tmp_path, monkeypatch):
+    fake = FakeLibc()
+    monkeypatch.setattr(pqsrc, "_glibc", lambda: fake)
+    monkeypatch.setattr(pqsrc, "_TUNED", False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet", row_group_size=7)  # 5 row groups
+    size = pq.ParquetFile(tmp_path / "a.parquet").metadata.row_group(0).total_byte_size
+    monkeypatch.setattr(pqsrc, "TRIM_BYTES", 2 * size)  # about every second row group
+    for _ in range(2):
+        rows = [row for row, _ in pqsrc.ParquetReader(str(tmp_path / "a.parquet"), "a.parquet", 1 << 20)]
+        assert rows == list(range(30))
+    trims = fake.calls.count(("malloc_trim", 0))
+    assert fake.calls[0] == ("mallopt", -3, 256 << 10) and fake.calls.count(fake.calls[0]) == 1  # once a process
+    assert 2 * 2 <= trims <= 2 * 3
+
+
+def test_a_users_mmap_threshold_is_left_alone(tmp_path, monkeypatch):
+    fake = FakeLibc()
+    monkeypatch.setattr(pqsrc, "_glibc", lambda: fake)
+    monkeypatch.setattr(pqsrc, "_TUNED", False)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet")
+    assert len(list(pqsrc.ParquetReader(str(tmp_path / "a.parquet"), "a.parquet", 1 << 20))) == 30
+    assert not [c for c in fake.calls if c[0] == "mallopt"]

@@ -34,14 +34,17 @@ def _pieces(lengths: np.ndarray, row_len: int, overlong: str):
     """(episode, start, length) of every piece to place under the overlong policy."""
     if overlong not in OVERLONG_POLICIES:
         raise UsageError(f"overlong must be one of {', '.join(OVERLONG_POLICIES)}, not {overlong!r}")
-    ep = np.flatnonzero(lengths > 0)
-    ln = lengths[ep]
+    if lengths.size and lengths.min() > 0:  # the usual case: no empty episode to leave out
+        ep, ln = np.arange(lengths.size, dtype=np.int64), lengths
+    else:
+        ep = np.flatnonzero(lengths > 0)
+        ln = lengths[ep]
     if overlong == "drop":
         keep = ln <= row_len
         ep, ln = ep[keep], ln[keep]
-        return ep, np.zeros_like(ep), ln
+        return ep, np.zeros(ep.size, dtype=np.int64), ln
     if overlong == "truncate":
-        return ep, np.zeros_like(ep), np.minimum(ln, row_len)
+        return ep, np.zeros(ep.size, dtype=np.int64), np.minimum(ln, row_len)
     if overlong == "keep_end":
         return ep, np.maximum(ln - row_len, 0), np.minimum(ln, row_len)
     k = -(-ln // row_len)  # pieces per episode
@@ -52,21 +55,24 @@ def _pieces(lengths: np.ndarray, row_len: int, overlong: str):
     return pe, start, np.minimum(row_len, np.repeat(ln, k) - start)
 
 
-def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> tuple[np.ndarray, int]:
-    """Bin of every item (placed in ``order``, which must sort ``sizes`` decreasing).
+def _best_fit_decreasing(sizes: np.ndarray, counts: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Bin of every item and its rank in that bin, items placed by decreasing size:
+    ``counts[k]`` items of size ``sizes[k]`` (``sizes`` decreasing), in that order.
 
     Equal to placing items one at a time into the open bin with the least room that
     fits (opening a bin when none fits), done per distinct size: a bin with room ``r``
     takes ``r // s`` items of size ``s`` in a row (after the first, it is the best fit
-    again), so each (size, room level) is one bulk step.
+    again), so each (size, room level) is one bulk step. ``rank`` counts the items a bin
+    held before (0 for the first), so the rows can be laid out without sorting.
     """
-    s_sorted = sizes[order]
-    bins = np.empty(sizes.size, dtype=np.int64)  # bin of the item at each position of ``order``
-    if sizes.size == 0:
-        return bins, 0
-    change = np.flatnonzero(np.diff(s_sorted)) + 1
-    group_start = np.concatenate([[0], change])
-    group_end = np.concatenate([change, [s_sorted.size]])
+    total = int(counts.sum())
+    idx = np.int32 if total < 1 << 31 else np.int64  # half the memory traffic for the usual sizes
+    bins = np.empty(total, dtype=idx)  # bin of the item at each placement position
+    rank = np.empty(total, dtype=idx)  # items already in that bin when it was placed
+    if total == 0:
+        return bins, rank, 0
+    fill = np.zeros(total, dtype=idx)  # items per bin so far (at most one bin per item)
+    tiles: dict[int, np.ndarray] = {}
     # open bins by room left; a dict, not a list of row_len + 1, so a huge row costs nothing
     levels: dict[int, list[int]] = {}
     nonempty: list[int] = []  # sorted room levels holding bins
@@ -81,9 +87,18 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
             insort(nonempty, level)
         here.extend(ids)
 
-    for g0, g1 in zip(group_start.tolist(), group_end.tolist()):
-        s = int(s_sorted[g0])
-        c = g1 - g0
+    def place(ids: np.ndarray, q: int) -> None:
+        """``q`` items of the current size into each bin of ``ids``, bin after bin."""
+        nonlocal pos
+        k = ids.size * q
+        bins[pos:pos + k] = np.repeat(ids, q)
+        if q not in tiles:
+            tiles[q] = np.arange(q, dtype=idx)
+        rank[pos:pos + k] = (fill[ids][:, None] + tiles[q]).ravel()
+        fill[ids] += q
+        pos += k
+
+    for s, c in zip(sizes.tolist(), counts.tolist()):
         while c:
             i = bisect_left(nonempty, s)
             if i < len(nonempty):
@@ -94,48 +109,57 @@ def _best_fit_decreasing(sizes: np.ndarray, row_len: int, order: np.ndarray) -> 
                 if kf:
                     take = here[len(here) - kf:]
                     del here[len(here) - kf:]
-                    bins[pos:pos + kf * q] = np.repeat(np.asarray(take, dtype=np.int64), q)
-                    pos += kf * q
+                    place(np.asarray(take, dtype=idx), q)
                     c -= kf * q
                     put(r - q * s, take)
                 if c and c < q and here:
                     b = here.pop()
-                    bins[pos:pos + c] = b
-                    pos += c
+                    place(np.full(1, b, dtype=idx), c)
                     put(r - c * s, [b])
                     c = 0
                 if not here:
-                    nonempty.remove(r)
+                    del nonempty[bisect_left(nonempty, r)]
                     del levels[r]
             else:
                 q = row_len // s
                 kf = c // q
                 if kf:
-                    new = list(range(nbins, nbins + kf))
+                    new = np.arange(nbins, nbins + kf, dtype=idx)
                     nbins += kf
-                    bins[pos:pos + kf * q] = np.repeat(np.asarray(new, dtype=np.int64), q)
-                    pos += kf * q
+                    place(new, q)
                     c -= kf * q
-                    put(row_len - q * s, new)
+                    put(row_len - q * s, new.tolist())
                 if c:
-                    bins[pos:pos + c] = nbins
-                    pos += c
+                    place(np.full(1, nbins, dtype=idx), c)
                     put(row_len - c * s, [nbins])
                     nbins += 1
                     c = 0
-    return bins, nbins
+    return bins, rank, nbins
 
 
-def _sorted_by_row(row, ep, start, take) -> Segments:
-    """Segments sorted by (row, placement order) with their offsets in the row."""
-    # (row, placement) keys are unique, so an unstable sort is deterministic (and 3x faster)
-    o = np.argsort(row * max(row.size, 1) + np.arange(row.size, dtype=np.int64))
-    row, ep, start, take = row[o], ep[o], start[o], take[o]
-    csum = np.cumsum(take) - take
-    offset = csum - csum[np.searchsorted(row, row, side="left")]
-    zeros = np.zeros_like(take)
-    return Segments(row=row, offset=offset, length=take, prefix=zeros, episode=ep, episode_start=start,
-                    source=np.full_like(take, -1))
+def _repeat(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``np.repeat(values, counts)`` for positive ``counts``, by a cumulative sum of the
+    steps (several times faster than ``np.repeat`` when the runs are short)."""
+    out = np.zeros(int(counts.sum()), dtype=np.int64)
+    if out.size:
+        out[np.cumsum(counts[:-1])] = np.diff(values)
+        out[0] = values[0]
+        np.cumsum(out, out=out)
+    return out
+
+
+def _size_histogram(take: np.ndarray, order: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct sizes, decreasing, and how many items have each."""
+    if row_len <= 1 << 24:  # a count per possible size: no sort, no gather
+        counts = np.bincount(take, minlength=row_len + 1)
+        sizes = np.flatnonzero(counts)[::-1]
+        return sizes, counts[sizes]
+    s_sorted = take[order]
+    if s_sorted.size == 0:
+        return s_sorted, np.zeros(0, dtype=np.int64)
+    change = np.flatnonzero(np.diff(s_sorted)) + 1
+    starts = np.concatenate([[0], change]).astype(np.int64)
+    return s_sorted[starts], np.diff(np.concatenate([starts, [s_sorted.size]]))
 
 
 def plan_bfd(lengths, row_len: int, overlong: str = DEFAULT_OVERLONG, seed: int = 0) -> PackPlan:
@@ -154,14 +178,31 @@ def plan_bfd(lengths, row_len: int, overlong: str = DEFAULT_OVERLONG, seed: int 
     tie = rng.permutation(take.size)
     # decreasing length, seeded among equals (a 16-bit key sorts by radix)
     key = (row_len - take).astype(np.uint16 if row_len < 65536 else np.int64)
-    order = tie[np.argsort(key[tie], kind="stable")]
-    bins_in_order, nbins = _best_fit_decreasing(take, row_len, order)
-    seg_bin = np.empty(take.size, dtype=np.int64)
-    seg_bin[order] = bins_in_order
+    order = tie[np.argsort(key[tie], kind="stable")]  # placement order
+    sizes, counts = _size_histogram(take, order, row_len)
+    bins, rank, nbins = _best_fit_decreasing(sizes, counts, row_len)
     perm = rng.permutation(nbins).astype(np.int64)  # rows in a seeded order, not longest first
-    # placement order inside a row: the order items were placed (longest first)
-    ep, start, take, seg_bin = ep[order], start[order], take[order], seg_bin[order]
+    # segments sorted by (row, placement order), laid out by counting, not by sorting
+    per_row = np.empty(nbins, dtype=np.int64)
+    per_row[perm] = np.bincount(bins, minlength=nbins)
+    first = np.cumsum(per_row) - per_row
+    dest = first[perm][bins] + rank  # output position of the item at each placement position
+    src = np.empty(take.size, dtype=np.int64)  # piece at each output position
+    src[dest] = order
+    out_take = np.empty_like(take)
+    out_take[dest] = _repeat(sizes, counts)
+    # offset = tokens before a segment in its row: a running sum restarted at each row
+    step = out_take.copy()
+    if nbins:
+        step[first[1:]] -= np.add.reduceat(out_take, first)[:-1]
+    offset = np.cumsum(step) - out_take
+    n = take.size
     over = int((lengths > row_len).sum())
-    return PackPlan(row_len=row_len, num_rows=int(nbins), lengths=lengths,
-                    segments=_sorted_by_row(perm[seg_bin], ep, start, take), prefix_tokens=np.zeros(0, np.int64),
-                    overlong_episodes=over, dropped_episodes=over if overlong == "drop" else 0)
+    segments = Segments(row=_repeat(np.arange(nbins, dtype=np.int64), per_row), offset=offset, length=out_take,
+                        prefix=np.zeros(n, dtype=np.int64),
+                        episode=src if ep.size == lengths.size and overlong != "split" else ep[src],
+                        episode_start=start[src] if overlong in ("split", "keep_end") else np.zeros(n, dtype=np.int64),
+                        source=np.full(n, -1, dtype=np.int64))
+    return PackPlan(row_len=row_len, num_rows=int(nbins), lengths=lengths, segments=segments,
+                    prefix_tokens=np.zeros(0, np.int64), overlong_episodes=over,
+                    dropped_episodes=over if overlong == "drop" else 0)
