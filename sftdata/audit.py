@@ -219,7 +219,7 @@ def _check_epoch_start(res: AuditCheck, e: AuditEntry, order: BatchOrder) -> Non
     res.checked += 1
     res.epochs.append(epoch)
     _compare(res, e, epoch, "seed", e.fields.get("seed"), str(order.seed + epoch))
-    _compare(res, e, epoch, "num_episodes", e.fields.get("num_episodes"), str(order.n))
+    _compare(res, e, epoch, "num_episodes", e.fields.get("num_episodes"), str(order.epoch_size(epoch)))
     expected = order.epoch_order(epoch)[:FIRST_IDS].tolist()
     if logged_ids != expected:
         k = next((i for i, (a, b) in enumerate(zip(logged_ids, expected)) if a != b),

@@ -100,6 +100,10 @@ class TokenBudgetOrder:
     def ids(self) -> np.ndarray:
         return self._ids
 
+    def epoch_size(self, epoch: int) -> int:
+        """Items of ``epoch``: every eligible episode, each epoch."""
+        return self.n
+
     @property
     def global_batch(self) -> int | None:
         return None

@@ -274,6 +274,10 @@ class FastBPE:
         self._core = self._enc._core_bpe
         self._all = set(specials)
         self._plain = {c for c, (_, _, special) in specials.items() if not special}  # the library matches these
+        self._special_rank = {c: r for c, (r, _, _) in specials.items()}
+        # separators for ``encode_rendered_many``: special tokens with no border, the longest first
+        self._separators = sorted((c for c in self._all if not any(c[:k] == c[-k:] for k in range(1, len(c)))),
+                                  key=lambda c: (-len(c), c))[:8]
         self._rank_to_id = np.asarray(arrays["rank_to_id"])
         self._lengths = np.asarray(arrays["byte_lengths"]).astype(np.int64)
 
@@ -292,6 +296,31 @@ class FastBPE:
         ranks = self._ranks(text, self._all)
         return self._ids(ranks), ranks
 
+    def encode_rendered_many(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """``encode_rendered`` of many texts in one call of the core: the texts joined by a
+        special token none of them holds, the result cut where it lies. The core encodes
+        the text between special tokens piece by piece, so each text's tokens are its own;
+        a separator with no border (no prefix that is also a suffix) cannot begin inside a
+        text, and a special token reaching into one would leave fewer separators than
+        joins, which sends the texts one by one. None: no separator, or a lone surrogate."""
+        if len(texts) < 2:
+            return None
+        plain = "\x00".join(texts)
+        sep = next((c for c in self._separators if c not in plain), None)
+        if sep is None:
+            return None
+        try:
+            ranks = self._ranks(sep.join(texts), self._all)
+        except UnicodeEncodeError:
+            return None
+        cuts = np.flatnonzero(ranks == self._special_rank[sep])
+        if cuts.size != len(texts) - 1:
+            return None
+        ids = self._ids(ranks)
+        starts = [0, *(cuts + 1).tolist()]
+        ends = [*cuts.tolist(), ranks.shape[0]]
+        return [(ids[a:b], ranks[a:b]) for a, b in zip(starts, ends)]
+
     def encode(self, text: str) -> np.ndarray:
         """Message text as the library encodes it with ``encode_special_tokens``: special
         tokens' strings are text, other added tokens are still recognised."""
@@ -308,6 +337,12 @@ class FastBPE:
         lead = np.append((raw & 0xC0) != 0x80, True)
         char = np.append(np.cumsum(lead[:-1]) - 1, len(text))
         return np.stack([char[starts], char[ends] + ~lead[ends]], axis=1).astype(np.int64)
+
+
+    def byte_ends(self, ranks: np.ndarray) -> np.ndarray:
+        """The UTF-8 byte position where each token of ``ranks`` ends (its text's bytes
+        from 0; the tokens of several texts one after another: theirs joined)."""
+        return np.cumsum(self._lengths[ranks])
 
 
 def load_fast_bpe(doc: dict, file_sha256: str, name: str = "hf") -> tuple[FastBPE | None, str | None, Entry]:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import orjson
 
+from .encoded import Encoded, token_ranges_many
 from .errors import TokenizerError
 from .tokenizer_engine import EngineChoice, choose_engine
 
@@ -102,57 +102,6 @@ def _check_ids(doc: dict, path: Path) -> int:
         raise TokenizerError(f"{path}: token id {top} is beyond uint32 (max {MAX_TOKEN_ID}); sftdata stores "
                              f"tokens as uint32 and cannot hold this vocabulary")
     return top
-
-
-class Encoded:
-    """A rendered text's tokens: ``ids`` (uint32), and where each token lies in the text
-    (``offsets``, int64, shape (n, 2): token i covers characters ``offsets[i, 0] :
-    offsets[i, 1]``; built on first use, ``token_ranges`` needs only a few lookups)."""
-
-    __slots__ = ("ids", "_encoding", "_offsets", "_text_len", "_make_offsets")
-
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None = None, encoding=None, text_len: int = 0,
-                 make_offsets=None):
-        self.ids = ids
-        self._offsets = offsets
-        self._encoding = encoding  # the tokenizers library's Encoding, when offsets are not built yet
-        self._text_len = text_len
-        self._make_offsets = make_offsets  # the fast engine's: offsets from the tokens' byte lengths
-
-    @property
-    def offsets(self) -> np.ndarray:
-        if self._offsets is None and self._make_offsets is not None:
-            self._offsets = self._make_offsets()
-        if self._offsets is None:
-            pairs = self._encoding.offsets
-            # fromiter over the flattened pairs: 3x faster than converting a list of tuples
-            self._offsets = np.fromiter(chain.from_iterable(pairs), dtype=np.int64,
-                                        count=2 * len(pairs)).reshape(-1, 2)
-        return self._offsets
-
-    def token_ranges(self, spans) -> tuple[np.ndarray, np.ndarray]:
-        """For each character span ``(start, end)``, the tokens ``lo:hi`` that overlap it
-        (from the token holding ``start`` through the one holding ``end - 1``, as
-        ``return_assistant_tokens_mask`` maps them)."""
-        spans = [(int(a), int(b)) for a, b in spans]
-        enc, n = self._encoding, int(self.ids.shape[0])
-        if enc is not None and self._offsets is None:
-            lo, hi = [], []
-            for a, b in spans:
-                first = enc.char_to_token(a) if b > a else None
-                after = enc.char_to_token(b)
-                if first is None or (after is None and b < self._text_len):
-                    break  # a character no token covers (a normaliser dropped it): use the offsets
-                lo.append(first)
-                hi.append(n if after is None else after + (enc.token_to_chars(after)[0] < b))
-            else:
-                return np.asarray(lo, dtype=np.int64), np.maximum(np.asarray(hi, dtype=np.int64),
-                                                                   np.asarray(lo, dtype=np.int64))
-        offsets = self.offsets
-        bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-        lo_ = np.searchsorted(offsets[:, 1], bounds[:, 0], side="right")
-        hi_ = np.searchsorted(offsets[:, 0], bounds[:, 1], side="left")
-        return lo_, np.maximum(hi_, lo_)
 
 
 def default_pad(named: int | None, special: dict[str, int], eos_id: int | None, bos_id: int | None
@@ -293,9 +242,30 @@ class HFTokenizer:
             except UnicodeEncodeError:  # a lone surrogate: the library's error or result
                 pass
             else:
-                return Encoded(ids, text_len=len(text), make_offsets=lambda: fast.offsets(text, ranks))
+                return Encoded(ids, text_len=len(text), make_offsets=lambda: fast.offsets(text, ranks), ranks=ranks)
         enc = self._tok.encode(text, add_special_tokens=False)
         return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
+
+    def encode_rendered_many(self, texts: Sequence[str]) -> list[Encoded]:
+        """``encode_rendered`` of each text; the fast engine's in one call (what the core
+        costs per call, mostly taking in the set of special tokens, is paid once)."""
+        fast = self._fast
+        if fast is None:
+            return [self.encode_rendered(t) for t in texts]
+        mine = [i for i, t in enumerate(texts) if fast.handles(t)]
+        got = fast.encode_rendered_many([texts[i] for i in mine])
+        if got is None:
+            return [self.encode_rendered(t) for t in texts]
+        out: list = [None] * len(texts)
+        for i, (ids, ranks) in zip(mine, got):
+            out[i] = Encoded(ids, text_len=len(texts[i]), ranks=ranks,
+                             make_offsets=lambda text=texts[i], ranks=ranks: fast.offsets(text, ranks))
+        return [e if e is not None else self.encode_rendered(t) for e, t in zip(out, texts)]
+
+    def token_ranges_many(self, texts: Sequence[str], encoded: Sequence[Encoded],
+                          spans: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
+        """``encoded[i].token_ranges(spans[i])`` of every text, concatenated (``encoded.token_ranges_many``)."""
+        return token_ranges_many(self._fast, texts, encoded, spans)
 
     def encode_rendered_by_library(self, text: str) -> np.ndarray:
         """``encode_rendered``'s ids from the tokenizers library, whatever the engine (the

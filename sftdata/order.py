@@ -238,6 +238,10 @@ class BatchOrder:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
+    def epoch_size(self, epoch: int) -> int:
+        """Items of ``epoch`` (every epoch holds all of them; a mixture's epochs may differ)."""
+        return self.n
+
     @property
     def steps_total(self) -> int | None:
         """Global batches of a one-pass order; None for an endless one."""

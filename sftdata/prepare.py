@@ -18,6 +18,7 @@ each at most ``CHUNK_BYTES`` plus one record, and no record longer than
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -35,6 +36,16 @@ import orjson
 
 from . import __version__
 from .conversation import parse_record
+from .curate import (
+    DEDUP_MODES,
+    DEFAULT_NGRAM,
+    DEFAULT_THRESHOLD,
+    CurateSettings,
+    Deduplicator,
+    RecordKeys,
+    chunk_keys,
+    load_evals,
+)
 from .errors import (
     AllRecordsRejectedError,
     NothingToTrainError,
@@ -91,6 +102,10 @@ class PrepareOptions:
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
     tokenizer_engine: str = "auto"  # auto | tiktoken | hf (a model's own tokenizer; the ids are the same)
     allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
+    dedup: str = "off"  # off | exact | near (docs/CURATION.md)
+    dedup_threshold: float = DEFAULT_THRESHOLD  # near: estimated Jaccard similarity of token shingles
+    decontaminate: tuple[str, ...] = ()  # evaluation files
+    decontaminate_ngram: int = DEFAULT_NGRAM
     memo_mb: float = DEFAULT_MEMO_MB  # memory for the memo of encoded texts, all workers together; 0 = off
     memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
 
@@ -117,6 +132,12 @@ class PrepareOptions:
             raise UsageError(f"--memo-mb must be 0 (no memo) or a positive number of megabytes, got {self.memo_mb}")
         if self.memo_policy not in POLICIES:
             raise UsageError(f"memo_policy must be one of {', '.join(POLICIES)}, not {self.memo_policy!r}")
+        if self.dedup not in DEDUP_MODES:
+            raise UsageError(f"--dedup must be one of {', '.join(DEDUP_MODES)}, not {self.dedup!r}")
+        if not 0.0 < self.dedup_threshold <= 1.0 or math.isnan(self.dedup_threshold):
+            raise UsageError(f"--dedup-threshold must be a Jaccard similarity in (0, 1], got {self.dedup_threshold}")
+        if self.decontaminate_ngram < 1:
+            raise UsageError(f"--decontaminate-ngram must be at least 1, got {self.decontaminate_ngram}")
         if self.max_record_bytes < 1:
             raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
         check_engine(self.tokenizer_engine)
@@ -149,6 +170,12 @@ class PrepareOptions:
             out["chat_template"] = self.chat_template
         if self.allow_pad_as_stop:
             out["allow_pad_as_stop"] = True
+        if self.dedup != "off":  # recorded only when used: the default output stays byte-identical
+            out["dedup"] = self.dedup
+            if self.dedup == "near":
+                out["dedup_threshold"] = self.dedup_threshold
+        if self.decontaminate:
+            out.update(decontaminate=[str(p) for p in self.decontaminate], decontaminate_ngram=self.decontaminate_ngram)
         return out
 
 
@@ -180,6 +207,8 @@ class PrepareSummary:
     per_reply_episodes: int = 0
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
     tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
+    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
+    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
     memo_mb: float = 0.0  # --memo-mb (0: no memo)
 
@@ -201,8 +230,8 @@ class PrepareSummary:
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
                 "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
-                "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine,
-                "memo": self.memo_dict()}
+                "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
+                "decontamination": self.decontamination, "memo": self.memo_dict()}
 
     def memo_dict(self) -> dict:
         m = self.memo
@@ -229,6 +258,7 @@ class ChunkResult:
     per_reply_records: int = 0
     per_reply_episodes: int = 0
     mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
+    keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
     staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
     memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
 
@@ -365,7 +395,8 @@ _WORKER: dict = {}
 
 
 def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
-                 policy: TurnPolicy, opts: PrepareOptions) -> None:
+                 policy: TurnPolicy, curate: CurateSettings = CurateSettings(),
+                 opts: PrepareOptions | None = None) -> None:
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
@@ -377,12 +408,22 @@ def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: st
     _WORKER["mode"] = mode
     _WORKER["max_tokens"] = max_tokens
     _WORKER["policy"] = policy
-    _WORKER["memo"] = opts.new_memo(_WORKER["tok"])  # one per worker, kept across its chunks
+    _WORKER["curate"] = curate
+    _WORKER["memo"] = opts.new_memo(_WORKER["tok"]) if opts is not None else None  # one per worker, kept
 
 
 def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
-    return process_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["policy"],
-                         _WORKER["profile"], _WORKER["memo"])
+    return curated_chunk(items, _WORKER["tok"], _WORKER["mode"], _WORKER["max_tokens"], _WORKER["policy"],
+                         _WORKER["profile"], _WORKER["curate"], _WORKER["memo"])
+
+
+def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
+                  profile: TemplateProfile | None, curate: CurateSettings,
+                  memo: SegmentMemo | None = None) -> ChunkResult:
+    """``process_chunk``, then the keys of its accepted records (``curate.chunk_keys``)."""
+    res = process_chunk(items, tok, mode, max_tokens, policy, profile, memo)
+    res.keys = chunk_keys(items, res.sources, res.ids, res.lengths, mode, policy, curate)
+    return res
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -400,8 +441,8 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
 
 
 def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
-             tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None = None
-             ) -> Iterator[tuple[ChunkResult, int]]:
+             tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None = None,
+             curate: CurateSettings = CurateSettings()) -> Iterator[tuple[ChunkResult, int]]:
     """Chunk results in input order; with workers, at most 2 x workers chunks in flight.
 
     Workers run in a ``ProcessPoolExecutor``: a worker that dies (killed by the system,
@@ -410,15 +451,18 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
     if opts.workers <= 1:
         memo = opts.new_memo(tok)
         for items, pos in chunks:
-            yield process_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, memo), pos
+            yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # rensa (--dedup near) runs a thread pool: a process forked from one that has used it
+    # waits forever for its threads, so near-dedup workers start from a new interpreter
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and curate.dedup != "near" else "spawn")
     pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, opts))
+                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
+                                         opts))
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -442,11 +486,41 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
+    """The driver's decision on a chunk result, in input order: contaminated records, then
+    duplicates of records kept before them, are dropped from ``res`` (in place); returns
+    their rejects (record, where, reason, message) and counts the contaminated ones per
+    evaluation file in ``contaminated``."""
+    keys = res.keys
+    if keys is None:
+        return []
+    out, drop = [], set()
+    for record, where, item, shared in keys.contaminated:
+        fi, number, ewhere = evals.items[item]
+        contaminated[fi] += 1
+        drop.add(record)
+        out.append((record, where, "contaminated", f"shares the {evals.n}-word sequence \"{shared}\" with item "
+                    f"{number} of the evaluation file {evals.files[fi]} ({ewhere}); dropped so that the evaluation "
+                    f"stays unseen"))
+    if drop:
+        keys = keys.subset(~np.isin(keys.records, list(drop)))
+    for d in dedup.decide(keys):
+        drop.add(d.record)
+        out.append((d.record, d.where, "duplicate", d.message()))
+    if drop:
+        keep = ~np.isin(res.sources, list(drop))
+        tokens = np.repeat(keep, res.lengths)
+        res.ids, res.mask = res.ids[tokens], res.mask[tokens]
+        res.lengths, res.sources = res.lengths[keep], res.sources[keep]
+    return out
+
+
 def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
-                  profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
-                  ) -> Iterator[tuple[ChunkResult, int]]:
-    """The local engine: this process reads, ``--workers`` processes render."""
-    return _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile)
+                  profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path,
+                  curate: CurateSettings = CurateSettings()) -> Iterator[tuple[ChunkResult, int]]:
+    """The local engine: this process reads, ``--workers`` processes render (and compute
+    the records' duplicate keys and contamination, ``curate``)."""
+    return _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile, curate)
 
 
 def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
@@ -527,6 +601,14 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine)
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
+    if executor is not None and (opts.dedup != "off" or opts.decontaminate):
+        raise UsageError("--dedup and --decontaminate run with --engine local (one decision in input order in this "
+                         "process); drop them, or prepare with --engine local")
+    evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
+        if opts.decontaminate else None
+    curate = CurateSettings(opts.dedup, evals)
+    dedup = Deduplicator(opts.dedup, opts.dedup_threshold)
+    contaminated: Counter = Counter()  # per evaluation file
     infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
@@ -541,7 +623,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         records = tokens = 0
         parts: list[StagedPart] = []
         rejects = w.path / REJECTS_FILE
-        run = (executor or local_results)(infos, opts, tok, profile, dtype, w.path / PARTS_DIR)
+        run = (executor or functools.partial(local_results, curate=curate))(infos, opts, tok, profile, dtype,
+                                                                          w.path / PARTS_DIR)
         with open(rejects, "wb") as rej, closing(run):  # an engine's tasks stop before the staging is removed
             for res, pos in run:
                 if res.rejects and opts.strict:
@@ -549,6 +632,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                     raise RecordError(reason, message + " (--strict stops at the first bad record; "
                                       "drop --strict to skip and count bad records)", where, record)
                 lines = []
+                res.rejects = sorted(res.rejects + curate_result(res, dedup, evals, contaminated))
                 for record, where, reason, message in res.rejects:
                     rejected[reason] += 1
                     src = where.rsplit(":", 1)[0]
@@ -628,6 +712,13 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                        "records_truncated": summary.records_truncated,
                        "pairs_dropped": summary.pairs_dropped},
         }
+        summary.dedup = dedup.counts()
+        if evals is not None:
+            summary.decontamination = {"ngram": evals.n, "files": [
+                {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}
+            metadata["decontamination"] = summary.decontamination
+        if opts.dedup != "off":
+            metadata["dedup"] = summary.dedup
         if profile is not None:
             metadata["counts"].update(per_reply_records=summary.per_reply_records,
                                       per_reply_episodes=summary.per_reply_episodes)

@@ -46,20 +46,25 @@ class Replay:
     step: int | None
     rank: int | None
     total_rows: int  # rows before --head
-    columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard = index
+    columns: dict = field(default_factory=dict)  # name -> int64 array (-1 = none); shard, dataset = index
     shard_names: list = field(default_factory=list)
     batch_tokens: int | None = None  # the token budget of each rank's batch, when batches are sized by it
     resume_from: int | None = None  # the step a resized run resumed at (batch_size x world_size from it on)
     from_batch_size: int | None = None  # the layout of the steps before it
     from_world_size: int | None = None
+    dataset_names: list = field(default_factory=list)  # a mixture's members (the dataset column)
+
+    def _names(self, column: str) -> list | None:
+        return {"shard": self.shard_names, "dataset": self.dataset_names}.get(column)
 
     def column_lists(self, start: int = 0, stop: int | None = None) -> dict[str, list]:
-        """Rows ``start:stop`` as Python lists per column: -1 -> None, shard -> its name."""
+        """Rows ``start:stop`` as Python lists per column: -1 -> None, shard (dataset) -> its name."""
         out = {}
         for k, a in self.columns.items():
             part = a[start:stop]
-            if k == "shard":
-                out[k] = [self.shard_names[i] for i in part.tolist()]
+            names = self._names(k)
+            if names is not None:
+                out[k] = [names[i] for i in part.tolist()]
             elif part.size and part.min() < 0:
                 out[k] = [None if v < 0 else v for v in part.tolist()]
             else:
@@ -71,8 +76,8 @@ class Replay:
         yield (",".join(self.columns) + "\n").encode()
         n = len(self.columns["episode"])
         for a in range(0, n, rows_per_chunk):
-            yield csv_bytes([(c[a:a + rows_per_chunk], self.shard_names) if k == "shard" else c[a:a + rows_per_chunk]
-                             for k, c in self.columns.items()])
+            yield csv_bytes([(c[a:a + rows_per_chunk], self._names(k)) if self._names(k) is not None
+                             else c[a:a + rows_per_chunk] for k, c in self.columns.items()])
 
     def rows(self, start: int = 0, stop: int | None = None) -> list[dict]:
         cols = self.column_lists(start, stop)

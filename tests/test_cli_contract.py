@@ -22,7 +22,7 @@ from sftdata.store.lock import OWNER_FILE, owner_record
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "report", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
 runner = CliRunner()
 
 
@@ -100,6 +100,11 @@ def test_json_keys_are_unchanged(tmp_path):
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",
                                 "--json"],
+        "mix": ["mix", f"{chat}:0.8", f"{tool}:0.2", "-o", tmp_path / "mix.json", "--json"],
+        "inspect mixture": ["inspect", tmp_path / "mix.json", "--json"],
+        "verify mixture": ["verify", tmp_path / "mix.json", "--quick", "--json"],
+        "replay-order mixture": ["replay-order", tmp_path / "mix.json", "--config", ROOT / "configs/sft/tiny.json",
+                                 "--step", "1", "--json"],
     }
     # a stale staging folder (its owner pid has ended) for clean to list
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 
 runner = CliRunner()
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "export", "inspect", "report", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
 EXAMPLE = re.compile(r"`(sftdata [^`]+)`")
 
 

@@ -8,6 +8,7 @@ from .app import app, main
 from . import prepare_cmd  # noqa: F401  (registers prepare-chat / prepare-tool)
 from . import replay_cmd  # noqa: F401  (registers replay-order)
 from . import pack_cmd  # noqa: F401  (registers pack)
+from . import mix_cmd  # noqa: F401  (registers mix)
 from . import export_cmd  # noqa: F401  (registers export)
 from . import inspect_cmd  # noqa: F401  (registers inspect)
 from . import report_cmd  # noqa: F401  (registers report)

@@ -38,14 +38,15 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 * `sftdata prepare-chat chats.jsonl --output-dir data/chat_sft --val-split 0.1` (or `prepare-tool`)
 * `sftdata inspect data/chat_sft --episode 0` shows what is trained, `sftdata verify data/chat_sft` checks it
 * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed` (optional: several conversations per row)
+* `sftdata mix data/chat_sft:0.8 data/tools_sft:0.2 -o data/mix.json` (optional: several datasets at weights)
 * `python scripts/train.py --dataset data/chat_sft --config configs/sft/tiny.json`
 * `sftdata replay-order data/chat_sft --config configs/sft/tiny.json --step 39` lists what step 39 trained on
 * `sftdata report data/chat_sft -o report.html` draws the dataset on one page
 * `sftdata export data/chat_sft -o exports/chat_sft` writes it as Parquet for Hugging Face datasets or pyarrow
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
-only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, LOADER.md,
-TRAINING.md, INTEROP.md, SCALE.md."""
+only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, MIXTURES.md,
+LOADER.md, TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(
     name="sftdata",

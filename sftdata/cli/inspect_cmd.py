@@ -18,8 +18,11 @@ from rich.text import Text
 
 from ..errors import UsageError
 from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
+from ..report.mixture import mixture_overview
+from ..store.mixture import is_mixture_file
 from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
-from .options import DatasetArg, JsonOpt, TokenDtypeOpt
+from .mix_cmd import draw_mixture
+from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
@@ -45,6 +48,8 @@ TokensOpt = Annotated[bool, typer.Option(
 BlockOpt = Annotated[int | None, typer.Option(
     "--block-size", metavar="B", help="Overview: what truncating every episode to one training row (B + 1 "
                                       "tokens) would drop.")]
+EpochsOpt = Annotated[int, typer.Option(
+    "--epochs", metavar="N", help="Mixture files: the epochs whose realized rows and tokens per member are shown.")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only: tokenizer to decode with (default "
                                              "cl100k_base). A dataset made with a model's tokenizer.json that "
@@ -323,7 +328,7 @@ def draw_episode(v: EpisodeView, tokens: bool) -> Group:
 @app.command("inspect")
 @handle_errors
 def inspect_cmd(
-    path: DatasetArg,
+    path: DatasetOrMixtureArg,
     split: SplitOpt = "train",
     episode: EpisodeOpt = None,
     row: RowOpt = None,
@@ -334,6 +339,7 @@ def inspect_cmd(
     block_size: BlockOpt = None,
     token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
+    epochs: EpochsOpt = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """Show what a dataset holds, or episodes (packed: rows) with their trained tokens.
@@ -350,7 +356,15 @@ def inspect_cmd(
     * `sftdata inspect data/chat_sft --episode 0 --tokens` (one episode, one line per token)
     * `sftdata inspect data/chat_sft --record 17` (the episode made from input record 17)
     * `sftdata inspect data/chat_sft_packed --row 3`
+    * `sftdata inspect data/mix.json --epochs 5` (a mixture: each member's rows and tokens per epoch)
     """
+    if is_mixture_file(path):
+        if episode or row or record is not None or sample is not None or tokens or block_size is not None:
+            raise UsageError(f"{path} is a mixture: inspect one of its member folders for --episode, --row, "
+                             f"--record, --sample, --tokens or --block-size")
+        ov = mixture_overview(path, split=split, epochs=epochs)
+        print_json(ov.as_dict()) if as_json else out_console.print(draw_mixture(ov))
+        return
     path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     if episode or row or record is not None or sample is not None:

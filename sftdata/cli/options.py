@@ -34,6 +34,9 @@ WaitOpt = Annotated[bool, typer.Option("--wait", metavar="", help="When another 
                                        "--overwrite decides whether its result may be replaced).")]
 DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
                                            "--output-dir of prepare-chat, prepare-tool or pack).")]
+DatasetOrMixtureArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder (the "
+                                                     "--output-dir of prepare-chat, prepare-tool or pack), or a "
+                                                     "mixture file (`sftdata mix`).")]
 TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTYPE", help="Older flat layout only: "
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
 MaxRecordBytesOpt = Annotated[int, typer.Option(
@@ -59,6 +62,22 @@ ChatTemplateOpt = Annotated[str | None, typer.Option(
     "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
     "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
     "Default: the folder's own template; a tokenizer that ships none needs this option.")]
+# prepare-chat / prepare-tool: duplicates and evaluation contamination (docs/CURATION.md)
+DedupOpt = Annotated[str, typer.Option("--dedup", metavar="MODE", help="Drop duplicate records, keeping the first in "
+                                       "input order: exact (the same conversation, whitespace aside), near (MinHash "
+                                       "of token shingles at --dedup-threshold; needs the dedup extra) or off. "
+                                       "Exact duplicates are counted either way. Each drop is in rejects.jsonl as "
+                                       "duplicate, naming the record kept.")]
+DedupThresholdOpt = Annotated[float, typer.Option("--dedup-threshold", metavar="J", help="--dedup near: the "
+                                                  "estimated Jaccard similarity of token 5-gram sets at which a "
+                                                  "record is a duplicate of an earlier one.")]
+DecontaminateOpt = Annotated[list[str] | None, typer.Option(
+    "--decontaminate", metavar="EVAL", help="Evaluation file (JSONL, JSON or Parquet; prompts, with or without "
+                                            "answers); drop training records sharing a --decontaminate-ngram word "
+                                            "sequence with any item, as contaminated. Repeatable.")]
+DecontaminateNgramOpt = Annotated[int, typer.Option("--decontaminate-ngram", metavar="N", help="Words in the shared "
+                                                    "sequence that makes a record contaminated (13: GPT-3's "
+                                                    "contamination study).")]
 TokenizerEngineOpt = Annotated[str, typer.Option(
     "--tokenizer-engine", metavar="ENGINE", help="With a model's own tokenizer: what encodes the text. auto = "
     "tiktoken's BPE core when the tokenizer.json is byte-level BPE with one split regex (Llama 3, Qwen2/2.5/3) "

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..engine import check_engine, ray_prepare_executor
 from ..errors import UsageError
 from ..memo import DEFAULT_MEMO_MB
@@ -20,6 +21,10 @@ from .app import LazyProgress, app, err_console, handle_errors, make_progress, p
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
+    DecontaminateNgramOpt,
+    DecontaminateOpt,
+    DedupOpt,
+    DedupThresholdOpt,
     EngineOpt,
     JsonOpt,
     MaxRecordBytesOpt,
@@ -95,6 +100,15 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     if s.per_reply_records:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
+    d = s.dedup
+    if d and (d["exact_duplicates"] or d["mode"] != "off"):
+        dropped = d["mode"] != "off"
+        t.add_row("exact duplicates" + (" (dropped)" if dropped else " (kept)"), f"{d['exact_duplicates']:,}",
+                  style="yellow" if d["exact_duplicates"] and not dropped else None)
+        if d["mode"] == "near":
+            t.add_row(f"near duplicates (dropped, Jaccard >= {d['threshold']})", f"{d['near_duplicates']:,}")
+    for f in (s.decontamination or {}).get("files", []):
+        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
     if s.memo_mb and s.memo.lookups:
         m = s.memo
         t.add_row("memo of encoded texts", f"{m.hit_rate:.1%} hits, {m.tokens_reused:,} tokens not re-encoded "
@@ -118,7 +132,8 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                 workers, strict, overwrite, as_json, quiet, wait: bool = False,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
                 chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, engine: str = "local",
-                ray_address: str | None = None, memo_mb: float = DEFAULT_MEMO_MB) -> None:
+                ray_address: str | None = None, dedup="off", dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(),
+                decontaminate_ngram=DEFAULT_NGRAM, memo_mb: float = DEFAULT_MEMO_MB) -> None:
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
@@ -132,7 +147,9 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
                           workers=workers if workers is not None else cores,
                           strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
                           reasoning=reasoning, train_on=train_on, chat_template=chat_template,
-                          tokenizer_engine=tokenizer_engine, allow_pad_as_stop=allow_pad_as_stop, memo_mb=memo_mb)
+                          tokenizer_engine=tokenizer_engine, allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
+                          dedup_threshold=dedup_threshold, decontaminate=tuple(decontaminate or ()),
+                          decontaminate_ngram=decontaminate_ngram, memo_mb=memo_mb)
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -146,6 +163,14 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
         err_console.print(summary_table(summary))
         if summary.rejected:
             err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+        exact = summary.dedup.get("exact_duplicates", 0)
+        if exact and summary.dedup.get("mode") == "off":
+            warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
+                 f"--dedup exact to drop them (or --dedup near for near duplicates too)")
+        for f in (summary.decontamination or {}).get("files", []):
+            if f["too_short"]:
+                warn(f"{f['too_short']:,} item(s) of {f['path']} are shorter than {summary.decontamination['ngram']} "
+                     f"words, so no record can share that many with them: a smaller --decontaminate-ngram checks them")
         if summary.per_reply_records:
             err_console.print(f"note: the chat template rewrites replies so that {summary.per_reply_records:,} "
                               f"record(s) could not be located in one render: each of their assistant replies became "
@@ -187,12 +212,17 @@ def _prepare_command(mode: str, doc: str):
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
         engine: EngineOpt = "local",
         ray_address: RayAddressOpt = None,
+        dedup: DedupOpt = "off",
+        dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
+        decontaminate: DecontaminateOpt = None,
+        decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
                     workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, tokenizer_engine, allow_pad_as_stop, engine, ray_address, memo_mb)
+                    chat_template, tokenizer_engine, allow_pad_as_stop, engine, ray_address, dedup, dedup_threshold,
+                    decontaminate, decontaminate_ngram, memo_mb)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc
@@ -217,6 +247,8 @@ Examples:
 * `sftdata prepare-chat data/ hf://datasets/ORG/NAME/train.parquet -o data/chat_sft` (a folder and a URL)
 * `zcat chats.jsonl.gz | sftdata prepare-chat - -o data/chat_sft` (stdin)
 * `sftdata prepare-chat chats.jsonl -o data/chat_sft --json --quiet` (a JSON summary for scripts)
+* `sftdata prepare-chat chats.jsonl -o data/chat_sft --dedup near --decontaminate evals/gsm8k_test.jsonl`
+  (duplicates and evaluation items out; docs/CURATION.md)
 * `sftdata prepare-chat chats.jsonl -o data/llama --tokenizer path/to/Llama-3-8B-Instruct/` (the model's
   tokenizer and chat template)
 * `sftdata prepare-chat chats.jsonl -o data/qwen --tokenizer qwen/tokenizer.json --chat-template chatml`

@@ -15,6 +15,8 @@ from ..config import LoaderConfig
 from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..replay import Replay, check_audit_log, replay_order
+from ..replay_mixture import check_mixture_audit, replay_mixture
+from ..store.mixture import is_mixture_file
 from .app import app, dataset_dir, err_console, handle_errors, out_console, print_json
 from .options import JsonOpt
 
@@ -54,8 +56,10 @@ def _table(r: Replay) -> Group:
     seed = f"seed {r.seed} + epoch {r.epoch} = {r.seed + r.epoch}" if r.sampling == "epoch" and r.shuffle \
         else f"seed {r.seed}" if r.sampling == "random" else "no shuffle"
     batch = f"batch {r.batch_size}" if r.batch_tokens is None else f"batches of up to {r.batch_tokens:,} tokens"
-    caption = (f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens); "
-               f"{seed}; {batch} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}")
+    held = (f"mixture of {', '.join(r.dataset_names)}: {r.num_eligible:,} items in epoch {r.epoch} (min "
+            f"{r.episode_min_tokens} tokens)" if r.dataset_names else
+            f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens)")
+    caption = f"{held}; {seed}; {batch} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}"
     if r.resume_from is not None:
         caption += (f"; resumed at step {r.resume_from:,} after batch {r.from_batch_size} x {r.from_world_size} "
                     f"rank(s)")
@@ -64,7 +68,7 @@ def _table(r: Replay) -> Group:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
     t = Table(header_style="bold", show_edge=False, pad_edge=False)  # no edges: 9 columns fit 80 characters
     for name in r.columns:
-        t.add_column(name, justify="left" if name == "shard" else "right", no_wrap=True)
+        t.add_column(name, justify="left" if name in ("shard", "dataset") else "right", no_wrap=True)
     for row in r.rows():
         t.add_row(*("-" if v is None else str(v) for v in row.values()))
     return Group(Text(title, style="bold"), t, Text(caption, style="dim"))
@@ -74,7 +78,8 @@ def _table(r: Replay) -> Group:
 @handle_errors
 def replay_order_cmd(
     dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
-                                            "trained on (episodes, or packed rows).")],
+                                            "trained on (episodes, or packed rows), or its mixture file "
+                                            "(`sftdata mix`).")],
     config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
                       "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
@@ -131,13 +136,23 @@ def replay_order_cmd(
     * `sftdata replay-order data/chat_sft --config cfg.json --check-audit out/train/logs/audit/audit_x.log`
     * `sftdata replay-order data/chat_sft --config cfg.json --resume-from 1200 --world-size 16 --from-world-size 32 --step 1300`
     * `sftdata replay-order data/chat_sft --batch-tokens 16384 --block-size 2048 --step 100`
+    * `sftdata replay-order data/mix.json --config cfg.json --csv` (a mixture: a dataset column names the member)
     """
     if as_json and as_csv:
         raise UsageError("give --json or --csv, not both")
-    dataset = dataset_dir(dataset)
+    mixture = is_mixture_file(dataset)
+    if mixture and seed is not None:
+        raise UsageError(f"{dataset} is a mixture: its own seed orders it, so --seed does not apply (make the "
+                         f"mixture with `sftdata mix --seed N` to train with another)")
+    if mixture and resume_from is not None:
+        raise UsageError(f"{dataset} is a mixture: --resume-from (a run resized mid-way) is not supported for a "
+                         f"mixture; replay with the layout of the steps asked for")
+    if not mixture:
+        dataset = dataset_dir(dataset)
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last, batch_tokens, block_size)
     if check_audit is not None:
-        res = check_audit_log(dataset, cfg, check_audit, split=split, world_size=world_size)
+        check = check_mixture_audit if mixture else check_audit_log
+        res = check(dataset, cfg, check_audit, split=split, world_size=world_size)
         if as_json:
             print_json(res.as_dict())
         elif res.ok:
@@ -155,9 +170,13 @@ def replay_order_cmd(
         if not res.ok:
             raise typer.Exit(1)
         return
-    r = replay_order(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
-                     head=head if (head is not None or as_json or as_csv) else TABLE_ROWS, resume_from=resume_from,
-                     from_world_size=from_world_size, from_batch_size=from_batch_size)
+    if mixture:
+        r = replay_mixture(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
+                           head=head if (head is not None or as_json or as_csv) else TABLE_ROWS)
+    else:
+        r = replay_order(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
+                         head=head if (head is not None or as_json or as_csv) else TABLE_ROWS, resume_from=resume_from,
+                         from_world_size=from_world_size, from_batch_size=from_batch_size)
     if as_json:
         print_json(r.as_dict())
     elif as_csv:

@@ -10,9 +10,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import UsageError
+from ..store.mixture import is_mixture_file
 from ..verify import VerifyReport, verify
+from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
-from .options import DatasetArg, JsonOpt, QuietOpt, TokenDtypeOpt
+from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -96,10 +99,32 @@ def draw_sources(r: VerifyReport) -> Group:
     return Group(t, line)
 
 
+def draw_mixture_report(r: MixtureVerifyReport) -> Group:
+    """Each member's report, then the mixture's own checks and the verdict."""
+    parts: list = []
+    for name, rep in r.members:
+        parts += [Text(f"member {name}", style="bold"), draw_report(rep)]
+    t = Table(title=f"mixture {r.path} (sha256 {r.sha256})", title_justify="left", header_style="bold")
+    for col in ("check", "result", "what it checks"):
+        t.add_column(col, style="dim" if col == "what it checks" else None)
+    for name, desc, n in r.checks():
+        label, style = STATUS["failed" if n else "ok"]
+        t.add_row(name, Text(label + (f" ({n})" if n else ""), style=style), desc)
+    parts.append(t)
+    for p in r.problems:
+        parts.append(Text("✗ ", style="bold red") + Text(f"[{p.check}] {p.file} ({p.where})\n    {p.message}\n",
+                                                          style="red") + Text(f"    fix: {p.fix}", style="cyan"))
+    bad = sum(not rep.ok for _, rep in r.members)
+    verdict = (Text(f"OK: the mixture and its {len(r.members)} member(s) are intact", style="bold green") if r.ok else
+               Text(f"FAILED: {len(r.problems)} mixture problem(s), {bad} member(s) with problems", style="bold red"))
+    parts.append(verdict)
+    return Group(*parts)
+
+
 @app.command("verify")
 @handle_errors
 def verify_cmd(
-    path: DatasetArg,
+    path: DatasetOrMixtureArg,
     quick: QuickOpt = False,
     token_dtype: TokenDtypeOpt = None,
     tokenizer: TokenizerOpt = None,
@@ -122,17 +147,27 @@ def verify_cmd(
     * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
     * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
+    * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
     """
-    path = dataset_dir(path)
+    mixture = is_mixture_file(path)
+    if mixture and (token_dtype is not None or tokenizer is not None):
+        raise UsageError("--token-dtype and --tokenizer are for older flat layouts, not for a mixture")
+    if mixture and retokenize:
+        raise UsageError("--retokenize applies to one dataset: give a member folder of the mixture")
+    if not mixture:
+        path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
     bar = Progress(TextColumn("[bold]verify"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
-        report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
-                        retokenize_episodes=retokenize,
-                        progress=lambda done, total: lazy.update("verify", completed=done, total=total))
+        step = lambda done, total: lazy.update("verify", completed=done, total=total)
+        if mixture:
+            report = verify_mixture(path, quick=quick, sources=sources, progress=step)
+        else:
+            report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
+                            retokenize_episodes=retokenize, progress=step)
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:
-        out_console.print(draw_report(report))
+        out_console.print(draw_mixture_report(report) if mixture else draw_report(report))
     raise typer.Exit(0 if report.ok else 1)

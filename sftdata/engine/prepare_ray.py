@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..curate import CurateSettings, chunk_keys, concat_keys
 from ..errors import SftDataError, UsageError
 from ..prepare import ChunkResult, Executor, PrepareOptions, StagedPart, _chunks, process_chunk
 from ..sources import SourceInfo
@@ -79,7 +80,8 @@ def _merge(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
         return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
                            np.empty(0, np.int64), list(res.rejects), Counter(res.repairs), Counter(res.turns),
                            res.truncated, res.pairs_dropped, res.records, res.per_reply_records,
-                           res.per_reply_episodes, list(res.mismatches))
+                           res.per_reply_episodes, list(res.mismatches), keys=res.keys)
+    acc.keys = concat_keys(acc.keys, res.keys)
     acc.rejects += res.rejects
     acc.repairs.update(res.repairs)
     acc.turns.update(res.turns)
@@ -139,6 +141,9 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes, setting
             writer.close()
             return PartSummary(part.index, _merge(None, _empty()), 0, None)
         res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile)
+        # the exact-duplicate keys the driver counts (prepare's summary, whatever the engine)
+        res.keys = chunk_keys(items, res.sources, res.ids, res.lengths, settings["mode"], settings["policy"],
+                              CurateSettings())
         if res.lengths.size:
             writer.add_many(res.ids, res.mask, res.lengths, res.sources)
         acc = _merge(acc, res)
@@ -158,6 +163,8 @@ def _shifted(res: ChunkResult, first: int) -> ChunkResult:
     if first:
         res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
         res.mismatches = [(r + first, where) for r, where in res.mismatches]
+        if res.keys is not None:
+            res.keys.records = res.keys.records + first
     return res
 
 

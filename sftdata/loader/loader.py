@@ -30,10 +30,12 @@ from ..config import LoaderConfig
 from ..errors import ConfigError
 from ..order import BatchOrder, Origin
 from ..store import METADATA_FILE, Dataset, dumps_json, read_json
+from ..store.mixture import OpenedMixture
 from .backend import BatchIterable, to_backend, torch_iterable
 from .batch import Batch, trained_count
 from .episodes import EpisodeSource
 from .guards import check_batch_fits, check_trains_something, check_value_ranges
+from .mixture import MixtureSource, mixture_config
 from .packed import PackedSource
 from .trained import item_trained
 from .windows import WindowSource
@@ -48,7 +50,7 @@ STATE_VERSION_ORIGINS = 2
 LAYOUT_KEYS = ("batch_size", "world_size")
 # fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
 OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
-SOURCES = (EpisodeSource, PackedSource, WindowSource)
+SOURCES = (EpisodeSource, PackedSource, WindowSource, MixtureSource)
 
 
 class Source(Protocol):
@@ -88,14 +90,17 @@ def dataset_identity(root) -> str | None:
 
 
 def open_source(cfg: LoaderConfig, data, world_size: int = 1, root=None) -> Source:
-    """The source of ``data``: an opened ``Dataset`` (episodes or packed rows), a mapping
-    ``{split: [token arrays]}`` (token windows), or a source itself."""
+    """The source of ``data``: an opened ``Dataset`` (episodes or packed rows), an
+    ``OpenedMixture`` (several datasets at weights), a mapping ``{split: [token arrays]}``
+    (token windows), or a source itself."""
     if isinstance(data, SOURCES):
         if data.world_size != world_size:
             raise ConfigError(f"the source was made for world_size {data.world_size}, the loader has {world_size}")
         return data
     if isinstance(data, Dataset):
         return (PackedSource if data.kind == "packed" else EpisodeSource)(cfg, data, world_size)
+    if isinstance(data, OpenedMixture):
+        return MixtureSource(cfg, data, world_size)
     if isinstance(data, Mapping):
         return WindowSource(cfg, data, world_size, root=root)
     raise ConfigError(f"a loader reads an opened Dataset or {{split: [token arrays]}}, got {type(data).__name__}")
@@ -105,7 +110,8 @@ class Loader:
     """Fixed-shape batches of one dataset; ``make_loader`` builds it from a folder.
 
     ``Loader(cfg, data)`` also builds it directly: ``data`` is an opened
-    ``sftdata.store.Dataset`` or ``{"train": [token array, ...], ...}`` (token windows).
+    ``sftdata.store.Dataset``, an opened mixture (``sftdata.store.mixture.open_mixture``)
+    or ``{"train": [token array, ...], ...}`` (token windows).
 
     ``get_batch(split)`` returns a ``Batch`` and advances ``step(split)``, the number of
     batches already returned: the ``--step`` of ``sftdata replay-order`` for the next
@@ -117,6 +123,8 @@ class Loader:
                  world_size: int = 1, audit: AuditLog | None = None, root=None):
         if not isinstance(cfg, LoaderConfig):
             raise ConfigError(f"a loader needs a LoaderConfig, got {type(cfg).__name__}")
+        if isinstance(data, OpenedMixture):
+            cfg = mixture_config(cfg, data)  # the mixture file fixes the seed
         self.cfg = cfg
         self.source = open_source(cfg, data, world_size, root)
         check_batch_fits(cfg, self.source.mode, device)
@@ -334,8 +342,9 @@ class Loader:
                 continue
             now = self.source.order(split)
             if not isinstance(now, BatchOrder):
+                what = "a mixture's batches" if isinstance(self.source, MixtureSource) else "batches sized by batch_tokens"
                 raise ConfigError(f"cannot resume: the state was saved with batch_size {layout['batch_size']} x "
-                                  f"world_size {layout['world_size']}, and batches sized by batch_tokens cannot change "
+                                  f"world_size {layout['world_size']}, and {what} cannot change "
                                   f"their layout on resume; resume with world_size {layout['world_size']}")
             out[split] = now.relayout(origin=origins.get(split), **layout).origin_at(int(step))
         return out
@@ -377,11 +386,13 @@ class Loader:
             seed = o.seed + ev.epoch
             if ev.kind == "epoch_start":
                 log.info("[%s] split=%s epoch=%d %s=%d batches=%d shuffle=%s drop_last=%s %s", self.source.tag, split,
-                         ev.epoch, self.source.items, o.n, o.batches_in_epoch(ev.epoch), format_value(o.shuffle),
+                         ev.epoch, self.source.items, o.epoch_size(ev.epoch), o.batches_in_epoch(ev.epoch), format_value(o.shuffle),
                          format_value(o.drop_last), self.source.epoch_note(split))
                 if self.audit is not None:
-                    self.audit.event("epoch_start", split=split, epoch=ev.epoch, seed=seed, num_episodes=o.n,
+                    self.audit.event("epoch_start", split=split, epoch=ev.epoch, seed=seed,
+                                     num_episodes=o.epoch_size(ev.epoch),
                                      first_episode_ids=o.epoch_order(ev.epoch)[:FIRST_IDS].tolist(), step=step)
             elif self.audit is not None:
                 self.audit.event("epoch_complete", split=split, epoch=ev.epoch, seed_used=seed,
-                                 episodes_seen=ev.items_seen, episodes_dropped=o.n - ev.items_seen, step=step)
+                                 episodes_seen=ev.items_seen, episodes_dropped=o.epoch_size(ev.epoch) - ev.items_seen,
+                                 step=step)

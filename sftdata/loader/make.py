@@ -16,6 +16,7 @@ from ..store import (
     open_token_stream,
     read_json,
 )
+from ..store.mixture import is_mixture_file, open_mixture
 from .backend import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader
@@ -33,7 +34,8 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
                 rank: int | None = None, world_size: int | None = None,
                 audit_dir: str | Path | None = None) -> Loader:
     """The ``Loader`` of ``dataset_dir``: ``dataset_mode`` from ``cfg``, else detected;
-    a packed dataset gives packed rows.
+    a packed dataset gives packed rows; a mixture file (``sftdata mix``) its members at
+    their weights (docs/MIXTURES.md).
 
     ``backend``: ``auto`` (torch tensors on ``device`` if torch is installed, else numpy),
     ``numpy`` or ``torch``. ``rank`` / ``world_size`` default from torch.distributed (when
@@ -46,6 +48,12 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         cfg = LoaderConfig.from_dict(cfg)
     if not isinstance(cfg, LoaderConfig):
         raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
+    if is_mixture_file(dataset_dir):
+        rank, world_size = resolve_rank(rank, world_size)
+        adir = audit_dir if audit_dir is not None else cfg.audit_dir
+        audit = AuditLog(adir) if adir is not None and rank == 0 else None
+        return Loader(cfg, open_mixture(dataset_dir, token_dtype=cfg.token_dtype), backend=resolve_backend(backend),
+                      device=device, rank=rank, world_size=world_size, audit=audit)
     root = local_path(dataset_dir)  # a path, or a file:// URL
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} does not exist; create it with "

@@ -1,13 +1,24 @@
 """A model's own chat template: sandboxed Jinja rendering (``environment``), built-in
 presets (``presets``), assistant-span finding in the whole render (``spans``), the mask
 rule re-derivable from token ids (``rule``), learned once per template (``profile``) and
-applied per conversation (``episodes``), under the length filter (``fit``), and what
-prepare asks per record (``records``). Needs the ``hf`` extra (jinja2, tokenizers).
+applied per conversation (``episodes``) or to a chunk of them at once (``chunk``), under
+the length filter (``fit``), and what prepare asks per record (``records``). Needs the ``hf`` extra (jinja2, tokenizers).
 """
 
 from .chat_template import ChatTemplate, load_chat_template
+from .chunk import chunk_episodes
 from .environment import Rendered, compile_template, has_generation_blocks, render
-from .episodes import Episode, TemplateRender, check_texts, render_conversation, render_messages, tokenizer_state
+from .episodes import (
+    Episode,
+    Planned,
+    TemplateRender,
+    check_texts,
+    episodes_of,
+    plan_conversation,
+    render_conversation,
+    render_messages,
+    tokenizer_state,
+)
 from .fit import render_within
 from .messages import ArgumentsStyle, arguments_style, conversation_messages, tool_schemas
 from .presets import PRESET_TOKENS, PRESETS
@@ -18,7 +29,8 @@ from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_
 
 __all__ = [
     "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule", "NotLocated",
-    "RecordEpisodes", "Rendered", "TemplateProfile", "TemplateRender", "arguments_style", "check_texts",
+    "Planned", "RecordEpisodes", "Rendered", "TemplateProfile", "TemplateRender", "arguments_style", "check_texts",
+    "chunk_episodes", "episodes_of", "plan_conversation",
     "compile_template", "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template",
     "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",
     "render_conversation", "render_messages", "render_within", "rule_mask", "rule_spans", "segment_rule_mask",

@@ -77,14 +77,55 @@ def _strings(value, path: str):
             yield from _strings(v, f"{path}[{i}]")
 
 
+_PATTERNS: dict[int, tuple] = {}
+
+
+def _patterns(tok: HFTokenizer) -> tuple[re.Pattern | None, re.Pattern | None]:
+    """The tokenizer's special-token pattern and the one-scan suspect pattern, once per
+    tokenizer (Llama 3 has 256 special tokens: hashing them per record cost more than the scan)."""
+    held = _PATTERNS.get(id(tok))
+    if held is None or held[0] is not tok:
+        if len(_PATTERNS) >= 8:
+            _PATTERNS.clear()
+        specials = tuple(tok.special_tokens)
+        held = _PATTERNS[id(tok)] = (tok, _special_re(specials), _suspect_re(specials))
+    return held[1], held[2]
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly ``words`` (sorted), as a prefix tree: Python's ``re`` tries
+    the alternatives of a flat alternation one by one at every position, and the tree
+    starts with the specials' common prefix (``<|``), which it finds with a fast scan."""
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        if w:
+            groups.setdefault(w[0], []).append(w[1:])
+    alts = [re.escape(c) + _trie(rest) for c, rest in groups.items()]
+    optional = "" in words
+    if not alts:
+        return ""
+    body = alts[0] if len(alts) == 1 and not optional else "(?:" + "|".join(alts) + ")"
+    return body + ("?" if optional else "")
+
+
+def _suspect_re(specials: tuple[str, ...]) -> re.Pattern | None:
+    """A special-token string anywhere: one scan finds whether a record holds any."""
+    return re.compile(_trie(sorted(specials))) if specials else None
+
+
 def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") -> None:
     """Refuse message text holding a special-token string or a character sftdata reserves."""
-    pattern = _special_re(tuple(tok.special_tokens))
-    texts = [(path, text) for i, m in enumerate(messages)
-             for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
-    joined = "\x00".join(t for _, t in texts)  # one scan of the record; the strings only when it finds something
-    if not any(c in joined for c in RESERVED_CHARS) and (pattern is None or pattern.search(joined) is None):
-        texts = []
+    pattern, suspect = _patterns(tok)
+    if all(len(m) == 2 and "role" in m and type(m.get("content")) is str for m in messages):  # plain chat
+        joined = "\x00".join([m["content"] for m in messages])
+    else:
+        joined = "\x00".join(t for i, m in enumerate(messages)
+                             for _, t in _strings({k: v for k, v in m.items() if k != "role"}, ""))
+    # one scan of the record; each string by its path only when the scan finds something
+    clean = not any(c in joined for c in RESERVED_CHARS) and (suspect is None or suspect.search(joined) is None)
+    texts = [] if clean else \
+        [(path, text) for i, m in enumerate(messages)
+         for path, text in _strings({k: v for k, v in m.items() if k != "role"}, f"message {i}")]
     for path, text in texts:
         bad = next((c for c in RESERVED_CHARS if c in text), None)
         if bad is not None:

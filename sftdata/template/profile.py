@@ -82,14 +82,17 @@ class TemplateProfile:
         plain = self.render_fn(tools)
         tools_key = repr(tools)
 
-        def fn(messages, add_generation_prompt=False):
-            key = (repr(messages), tools_key, add_generation_prompt)
+        def fn(messages, add_generation_prompt=False, key=None):
+            """``key``: the messages' ``plain_structure`` (they are then looked up by it)."""
+            key = (repr(messages) if key is None else key, tools_key, add_generation_prompt)
             text = self.renders.get(key)
             if text is None:
                 if len(self.renders) >= MAX_CACHED_RENDERS:
                     self.renders.clear()
                 text = self.renders[key] = plain(messages, add_generation_prompt)
             return text
+
+        fn.cached = lambda key: self.renders.get((key, tools_key, False))  # None: not rendered yet
         return fn
 
     def __getstate__(self):

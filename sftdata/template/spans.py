@@ -25,6 +25,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -78,28 +79,102 @@ def sentinel_messages(messages: list[dict]) -> tuple[list[dict], dict[tuple[str,
     return out, originals
 
 
+def plain_structure(messages: list[dict]) -> tuple | None:
+    """What the sentinel copy of ``messages`` depends on, when every message is a plain
+    ``{"role", "content": str}`` with no inline reasoning (the sentinel copy is then the
+    same for every conversation of that structure); None otherwise."""
+    key = []
+    for m in messages:
+        role, content = m.get("role"), m.get("content")
+        if len(m) != 2 or not isinstance(content, str) or (role == "assistant" and THINK_END in content):
+            return None
+        key.append((role, True) if content and role in ("user", "assistant", "tool") else (role, content))
+    return tuple(key)
+
+
+def _plain_originals(messages: list[dict]) -> dict[tuple[str, int], str]:
+    """``sentinel_messages(messages)[1]`` of messages ``plain_structure`` accepts."""
+    return {("c", i): m["content"] for i, m in enumerate(messages)
+            if m["content"] and m["role"] in ("user", "assistant", "tool")}
+
+
 def _verbatim(r: str, pos: int, orig: str, piece: str, last: bool) -> int | None:
     """Where the template's next ``piece`` starts in ``r`` when the message text at ``pos``
     is ``orig`` as written, or as Jinja's ``trim`` (or one-sided strip) left it: most
     templates trim message text, and the piece after it (an end-of-turn and the next
     header) recurs, so it cannot be searched for."""
-    for text in dict.fromkeys((orig, orig.strip(), orig.rstrip(), orig.lstrip())):
+    end = pos + len(orig)  # as written first: the common case, without building the stripped copies
+    if r.startswith(orig, pos) and r.startswith(piece, end) and (not last or end + len(piece) == len(r)):
+        return end
+    for text in dict.fromkeys((orig.strip(), orig.rstrip(), orig.lstrip())):
         end = pos + len(text)
-        if r.startswith(text, pos) and r.startswith(piece, end) and (not last or end + len(piece) == len(r)):
+        if text != orig and r.startswith(text, pos) and r.startswith(piece, end) and \
+                (not last or end + len(piece) == len(r)):
             return end
     return None
 
 
-def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]:
-    """Sentinels of S (``(kind, index, start, end)`` in S), and each piece's start in S and in R."""
+@dataclass(frozen=True)
+class SentinelPlan:
+    """What the sentinel render S alone decides (cached by S): the sentinels' keys, the
+    template's pieces between them, and each target reply's start and end as ``(piece,
+    offset in it)``; ``error``/``target_error``: S cannot be aligned / a target not located."""
+
+    keys: tuple[tuple[str, int], ...]
+    pieces: tuple[str, ...]
+    error: NotLocated | None
+    ends: tuple[tuple[int, int, int, int, int], ...]  # (message index, head piece, head offset, end piece, end offset)
+    target_error: NotLocated | None
+
+
+@lru_cache(maxsize=256)
+def sentinel_plan(s: str, layout: Layout, targets: tuple[int, ...]) -> SentinelPlan:
     found = [(m.group(1), int(m.group(2)), m.start(), m.end()) for m in _SENT_RE.finditer(s)]
-    keys = [(k, i) for k, i, _, _ in found]
-    if len(set(keys)) != len(keys):
-        raise NotLocated(None, "the template renders a message's text more than once")
-    if any(b[1] < a[1] for a, b in zip(found, found[1:])):
-        raise NotLocated(None, "the template renders messages out of order")
+    keys = tuple((k, i) for k, i, _, _ in found)
     s_starts = [0] + [e for _, _, _, e in found]
-    pieces = [s[a: (found[j][2] if j < len(found) else len(s))] for j, a in enumerate(s_starts)]
+    pieces = tuple(s[a: (found[j][2] if j < len(found) else len(s))] for j, a in enumerate(s_starts))
+    error = None
+    if len(set(keys)) != len(keys):
+        error = NotLocated(None, "the template renders a message's text more than once")
+    elif any(b[1] < a[1] for a, b in zip(found, found[1:])):
+        error = NotLocated(None, "the template renders messages out of order")
+
+    def at(x: int) -> tuple[int, int]:
+        j = bisect_right(s_starts, x) - 1
+        return j, x - s_starts[j]
+
+    ends: list[tuple[int, int, int, int, int]] = []
+    floor = 0
+    try:
+        for i in targets:
+            mine = [f for f in found if f[1] == i]
+            if not mine:
+                raise NotLocated(i, "its text is not in the render")
+            a0, a1 = mine[0][2], mine[-1][3]
+            before = [f[3] for f in found if f[1] != i and f[3] <= a0]
+            lo = max([floor, *before[-1:]])
+            head = max((s.rfind(h, lo, a0) + len(h) for h in layout.header_texts if s.rfind(h, lo, a0) >= 0),
+                       default=-1)
+            if head < 0:
+                raise NotLocated(i, "no assistant header precedes it in the render")
+            after = [f[2] for f in found if f[1] != i and f[2] >= a1]
+            hi = after[0] if after else len(s)
+            found_ends = [s.find(t, a1, hi) + len(t) for t in layout.end_texts if s.find(t, a1, hi) >= 0]
+            if not found_ends:
+                raise NotLocated(i, "no end-of-turn token follows it before the next message")
+            end = min(found_ends)
+            ends.append((i, *at(head), *at(end)))
+            floor = end
+    except NotLocated as e:
+        return SentinelPlan(keys, pieces, error, (), e)
+    return SentinelPlan(keys, pieces, error, tuple(ends), None)
+
+
+def _align(r: str, plan: SentinelPlan, originals: dict) -> list[int]:
+    """Each of S's pieces' start in R."""
+    if plan.error is not None:
+        raise plan.error
+    pieces, keys = plan.pieces, plan.keys
     if not r.startswith(pieces[0]):
         raise NotLocated(None, "the render differs from the template's text before the first message")
     r_starts = [0]
@@ -121,45 +196,29 @@ def _align(r: str, s: str, originals: dict) -> tuple[list, list[int], list[int]]
                                  "told from the text around it")
         r_starts.append(at)
         pos = at + len(piece)
-    return found, s_starts, r_starts
+    return r_starts
 
 
 def locate_replies(render_fn: RenderFn, messages: list[dict], layout: Layout,
                    only: int | None = None, sentinel_fn: RenderFn | None = None) -> tuple[str, list[tuple[int, int, int]]]:
     """The whole render and each reply's ``(message index, start, end)`` character span.
     ``only``: locate that reply alone. ``sentinel_fn`` renders the sentinel copy (default
-    ``render_fn``; a cached one saves a render per record). Raises ``NotLocated``."""
+    ``render_fn``; a cached one, with ``cached(key)`` for a ``plain_structure`` key,
+    saves a render per record). Raises ``NotLocated``."""
     r = render_fn(messages)
-    sent, originals = sentinel_messages(messages)
-    s = (sentinel_fn or render_fn)(sent)
-    found, s_starts, r_starts = _align(r, s, originals)
-
-    def to_r(x: int) -> int:
-        j = bisect_right(s_starts, x) - 1
-        return r_starts[j] + (x - s_starts[j])
-
-    spans: list[tuple[int, int, int]] = []
-    floor = 0
-    targets = [only] if only is not None else [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    for i in targets:
-        mine = [f for f in found if f[1] == i]
-        if not mine:
-            raise NotLocated(i, "its text is not in the render")
-        a0, a1 = mine[0][2], mine[-1][3]
-        before = [f[3] for f in found if f[1] != i and f[3] <= a0]
-        lo = max([floor, *before[-1:]])
-        head = max((s.rfind(h, lo, a0) + len(h) for h in layout.header_texts if s.rfind(h, lo, a0) >= 0), default=-1)
-        if head < 0:
-            raise NotLocated(i, "no assistant header precedes it in the render")
-        after = [f[2] for f in found if f[1] != i and f[2] >= a1]
-        hi = after[0] if after else len(s)
-        ends = [s.find(t, a1, hi) + len(t) for t in layout.end_texts if s.find(t, a1, hi) >= 0]
-        if not ends:
-            raise NotLocated(i, "no end-of-turn token follows it before the next message")
-        end = min(ends)
-        spans.append((i, to_r(head), to_r(end)))
-        floor = end
-    return r, spans
+    key = plain_structure(messages) if getattr(sentinel_fn, "cached", None) is not None else None
+    s = sentinel_fn.cached(key) if key is not None else None
+    if s is not None:
+        originals = _plain_originals(messages)
+    else:
+        sent, originals = sentinel_messages(messages)
+        s = sentinel_fn(sent, key=key) if key is not None else (sentinel_fn or render_fn)(sent)
+    targets = (only,) if only is not None else tuple(i for i, m in enumerate(messages) if m.get("role") == "assistant")
+    plan = sentinel_plan(s, layout, targets)
+    r_starts = _align(r, plan, originals)
+    if plan.target_error is not None:
+        raise plan.target_error
+    return r, [(i, r_starts[hj] + hd, r_starts[ej] + ed) for i, hj, hd, ej, ed in plan.ends]
 
 
 def locate_last_reply(render_fn: RenderFn, messages: list[dict], layout: Layout,

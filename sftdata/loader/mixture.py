@@ -1,0 +1,132 @@
+"""The mixture source: several datasets trained together at the weights of a mixture file.
+
+Each member is read by its own ``EpisodeSource`` or ``PackedSource`` (same config, same
+rows); the order is ``sftdata.mixture_order.MixtureOrder`` (what ``replay-order`` replays
+on the mixture file), whose ids say the member and its item. A batch is built member by
+member and its rows put back in the order's slots.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..config import LoaderConfig
+from ..errors import ConfigError
+from ..mixture_order import MixtureOrder
+from ..packing import PAD_SEQ_ID, varlen_layout
+from ..store.mixture import OpenedMixture, mixture_order
+from .batch import FIELDS, Batch
+from .episodes import EpisodeSource
+from .guards import check_trains_something, check_value_ranges
+from .packed import PackedSource
+
+log = logging.getLogger("sftdata.loader")
+
+
+def mixture_config(cfg: LoaderConfig, om: OpenedMixture) -> LoaderConfig:
+    """``cfg`` with the mixture's seed as ``epoch_seed``: the mixture file fixes the order
+    (a config's other seed is named in a warning, never used silently)."""
+    seed = om.mixture.seed
+    if cfg.epoch_seed != seed:
+        log.warning("[MixtureLoader] epoch_seed %d of the config is not used: the mixture %s orders its epochs with "
+                    "its own seed %d (make the mixture with `sftdata mix --seed N` to train with another)",
+                    cfg.epoch_seed, om.path, seed)
+        cfg = cfg.replace(epoch_seed=seed)
+    return cfg
+
+
+class MixtureSource:
+    """Which (member, item) pairs are in step N of a split, and their batch."""
+
+    tag = "MixtureLoader"  # the log lines' prefix
+    sampling = "epoch"
+
+    def __init__(self, cfg: LoaderConfig, om: OpenedMixture, world_size: int = 1):
+        self.cfg = cfg
+        self.om = om
+        self.world_size = world_size
+        self.root = om.path
+        packed = om.kind == "packed"
+        self.mode = "packed" if packed else "sft_episode"
+        self.items = "rows" if packed else "episodes"
+        if packed and (getattr(cfg, "pad_to_multiple_of", None) or 1) > 1:
+            raise ConfigError(f"the mixture {om.path}: pad_to_multiple_of is not supported for a mixture of packed "
+                              f"datasets (its rows keep block_size); remove it from the config")
+        for ds in om.datasets:  # refused now, not after hours of loss 0
+            check_trains_something(ds, cfg)
+            check_value_ranges(ds.root, ds.metadata, ds.tokenizer_state)
+        self.members = [(PackedSource if packed else EpisodeSource)(cfg, ds, world_size) for ds in om.datasets]
+        self.splits = om.splits
+        self.tokenizer_state = om.datasets[0].tokenizer_state
+        self.pad_id = self.members[0].pad_id
+        self.end_id = self.members[0].end_id
+        self._orders: dict[str, MixtureOrder] = {}
+
+    def order(self, split: str) -> MixtureOrder:
+        o = self._orders.get(split)
+        if o is None:
+            o = self._orders[split] = mixture_order(self.cfg, self.om, split, self.world_size)
+        return o
+
+    def size(self, split: str) -> int:
+        """Items of the first epoch (0 when a member has nothing eligible in ``split``)."""
+        items = self.om.items(split, self.cfg.episode_min_tokens)
+        return 0 if any(m.ids.shape[0] == 0 for m in items) else self.order(split).epoch_size(0)
+
+    def batch(self, split: str, ids: np.ndarray) -> Batch:
+        member, local = self.order(split).locate(ids)
+        parts = {}
+        for i in np.unique(member[member >= 0]).tolist():
+            sel = np.flatnonzero(member == i)
+            parts[i] = (sel, self.members[i].batch(split, local[sel]))
+        first = next(iter(parts.values()))[1]
+        out = {}
+        for f in FIELDS:
+            v = getattr(first, f)
+            if v is None:
+                continue
+            a = np.empty((ids.shape[0],) + v.shape[1:], dtype=v.dtype)
+            for sel, b in parts.values():
+                a[sel] = getattr(b, f)
+            out[f] = a
+        if self.mode == "packed":  # the varlen inputs of the rows as they now lie in the batch
+            lay = varlen_layout(*_segments_of(out["seq_ids"]), out["x"].shape[1])
+            out.update(cu_seqlens=lay.cu_seqlens, cu_seqlens_padded=lay.cu_seqlens_padded, max_seqlen=lay.max_seqlen)
+        return Batch(**out)
+
+    # -- what the loader logs, audits and fingerprints --------------------------------
+    def describe(self, split: str) -> str:
+        sizes = " ".join(f"{n}={m.size(split)}" for n, m in zip(self.om.names, self.members))
+        return f"mixture={self.om.path} by={self.om.mixture.by} seed={self.om.mixture.seed} {self.items}: {sizes}"
+
+    def epoch_note(self, split: str) -> str:
+        return f"mixture_sha256={self.om.sha256}"
+
+    def audit_fields(self) -> dict:
+        return {"mixture": str(self.om.path), "mixture_sha256": self.om.sha256, "mixture_by": self.om.mixture.by,
+                "mixture_seed": self.om.mixture.seed,
+                "mixture_members": ",".join(f"{m.name}:{m.weight}" for m in self.om.mixture.members)}
+
+    def fingerprint(self) -> dict:
+        return {"batch_sampling_mode": self.sampling, "epoch_shuffle": self.cfg.epoch_shuffle,
+                "epoch_drop_last": self.cfg.epoch_drop_last, "episode_min_tokens": self.cfg.episode_min_tokens,
+                "mixture_sha256": self.om.sha256}
+
+    def notes(self) -> list[tuple[int, str]]:
+        return []
+
+
+def _segments_of(seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(batch row, offset, length) of every run of one seq_id in the rows of ``seq_ids``
+    (padding, -1, is no segment), sorted by row then offset; and the number of rows."""
+    q = np.asarray(seq_ids)
+    b, T = q.shape
+    change = np.ones((b, T), dtype=bool)
+    change[:, 1:] = q[:, 1:] != q[:, :-1]
+    real = change & (q != PAD_SEQ_ID)
+    bounds = np.union1d(np.flatnonzero(change.ravel()), np.arange(b + 1, dtype=np.int64) * T)
+    starts = np.flatnonzero(real.ravel())
+    ends = bounds[np.searchsorted(bounds, starts, side="right")]
+    return starts // T, starts % T, ends - starts, b
