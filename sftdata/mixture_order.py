@@ -51,7 +51,7 @@ from fractions import Fraction
 import numpy as np
 
 from .errors import ConfigError, UsageError
-from .order import MAX_SEED, StepEvent, epoch_permutation
+from .order import MAX_SEED, StepEvent, check_step, epoch_permutation, rank_slots
 
 PASS_CACHE = 8  # member passes kept (a batch spans at most two epochs of each member)
 
@@ -199,7 +199,7 @@ class MixtureOrder:
 
     def epoch_of_step(self, step: int) -> int:
         """Epoch of the first item of global batch ``step``."""
-        _check_step(step)
+        check_step(step)
         if self.drop_last:
             e = 0
             while self.first_step_of_epoch(e + 1) <= step:
@@ -250,15 +250,11 @@ class MixtureOrder:
         return member, np.where(ids >= 0, ids - self.offsets[np.maximum(member, 0)], -1)
 
     def slots(self, rank: int | None) -> np.ndarray:
-        if rank is None:
-            return np.arange(self.global_batch, dtype=np.int64)
-        if not 0 <= rank < self.world_size:
-            raise UsageError(f"rank {rank} is outside 0..{self.world_size - 1} (world_size {self.world_size})")
-        return rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+        return rank_slots(rank, self.batch_size, self.world_size)
 
     def step_positions(self, step: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(epoch, position within that epoch's order) of every slot of ``step``."""
-        _check_step(step)
+        check_step(step)
         slots = self.slots(rank)
         if self.drop_last:
             e = self.epoch_of_step(step)
@@ -279,7 +275,7 @@ class MixtureOrder:
 
     def step_events(self, step: int) -> list[StepEvent]:
         """Epoch boundaries reached by global batch ``step``, in order."""
-        _check_step(step)
+        check_step(step)
         g = self.global_batch
         if self.drop_last:
             e = self.epoch_of_step(step)
@@ -306,8 +302,3 @@ class MixtureOrder:
             tokens = int(np.asarray(m.tokens, dtype=np.int64)[self._local_index(i, local)].sum())
             out.append((int(local.shape[0]), tokens))
         return out
-
-
-def _check_step(step: int) -> None:
-    if int(step) < 0:
-        raise UsageError(f"step must be >= 0 (0 = the first batch of training), got {step}")

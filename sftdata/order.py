@@ -214,7 +214,7 @@ class BatchOrder:
     def origin_at(self, step: int) -> Origin:
         """Where global batch ``step`` of this order starts: the origin of an order that
         takes over at ``step`` with another layout (``step`` may be the end of a pass)."""
-        _check_step(step)
+        check_step(step)
         self._check_started(step)
         if self.sampling != "epoch":
             return Origin(int(step), 0, 0)
@@ -275,7 +275,7 @@ class BatchOrder:
     def epoch_of_step(self, step: int) -> int:
         """Epoch of the first item of global batch ``step``."""
         self._check_epoch_mode("epoch_of_step")
-        _check_step(step)
+        check_step(step)
         self._check_started(step)
         g, n, k = self.global_batch, self.n, step - self._s0
         if self.drop_last:
@@ -306,11 +306,7 @@ class BatchOrder:
 
     def slots(self, rank: int | None) -> np.ndarray:
         """Slots of the global batch that ``rank`` trains (None = all, in rank order)."""
-        if rank is None:
-            return np.arange(self.global_batch, dtype=np.int64)
-        if not 0 <= rank < self.world_size:
-            raise UsageError(f"rank {rank} is outside 0..{self.world_size - 1} (world_size {self.world_size})")
-        return rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+        return rank_slots(rank, self.batch_size, self.world_size)
 
     def step_positions(self, step: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(epoch, position within that epoch's order) of every slot of ``step`` for
@@ -356,7 +352,7 @@ class BatchOrder:
         """The item ids of global batch ``step`` for ``rank`` (None = all ranks); in a
         one-pass order, -1 for a slot past the end of the pass."""
         if self.sampling == "random":
-            _check_step(step)
+            check_step(step)
             self._check_started(step)
             draws = random_draws(self.seed, step, self.n, self.global_batch)[self.slots(rank)]
             return draws if self._ids is None else self._ids[draws]
@@ -401,7 +397,7 @@ class BatchOrder:
                              f"this order starts there")
 
     def _check_pass(self, step: int) -> None:
-        _check_step(step)
+        check_step(step)
         self._check_started(step)
         total = self.steps_total
         if total is not None and step >= total:
@@ -429,6 +425,16 @@ def row_order(cfg: OrderSettings, num_rows: int, world_size: int = 1, what: str 
                       items="rows")
 
 
-def _check_step(step: int) -> None:
+def check_step(step: int) -> None:
     if int(step) < 0:
         raise UsageError(f"step must be >= 0 (0 = the first batch of training), got {step}")
+
+
+def rank_slots(rank: int | None, batch_size: int, world_size: int) -> np.ndarray:
+    """Slots of a global batch of ``batch_size x world_size`` that ``rank`` trains (None =
+    all, in rank order): rank r holds slots ``r*batch_size .. (r+1)*batch_size - 1``."""
+    if rank is None:
+        return np.arange(batch_size * world_size, dtype=np.int64)
+    if not 0 <= rank < world_size:
+        raise UsageError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+    return rank * batch_size + np.arange(batch_size, dtype=np.int64)

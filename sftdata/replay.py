@@ -199,10 +199,7 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         if o.sampling == "epoch":
             ep, pos = o.step_positions(step, rank)
             if epoch is not None and epoch not in set(ep.tolist()):
-                first, count = o.epoch_of_step(step), o.batches_in_epoch(epoch)
-                raise UsageError(f"step {step} is in epoch {first}, not epoch {epoch} (epoch {epoch} is steps "
-                                 f"{o.first_step_of_epoch(epoch)}..{o.first_step_of_epoch(epoch) + count - 1}); "
-                                 f"--step counts batches from the start of training; drop --epoch")
+                raise _not_in_epoch(o, step, epoch)
             epoch = o.epoch_of_step(step)
         else:
             ep = pos = np.full(ids.shape, -1, dtype=np.int64)
@@ -222,6 +219,13 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp, "rank": rk, "slot": slot,
                 "episode": np.asarray(order[:k], dtype=np.int64)}
     return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total, resize)
+
+
+def _not_in_epoch(o, step: int, epoch: int) -> UsageError:
+    """--step and --epoch that disagree: where the step is, and which steps the epoch holds."""
+    a, count = o.first_step_of_epoch(epoch), o.batches_in_epoch(epoch)
+    return UsageError(f"step {step} is in epoch {o.epoch_of_step(step)}, not epoch {epoch} (epoch {epoch} is steps "
+                      f"{a}..{a + count - 1}); --step counts batches from the start of training; drop --epoch")
 
 
 def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
@@ -247,9 +251,7 @@ def _budget_replay(ds: Dataset, cfg: LoaderConfig, o: TokenBudgetOrder, *, split
         ids, rk, slot, ep, pos = o.step_table(step, rank)
         first = o.epoch_of_step(step)
         if epoch is not None and epoch != first:
-            a, count = o.first_step_of_epoch(epoch), o.batches_in_epoch(epoch)
-            raise UsageError(f"step {step} is in epoch {first}, not epoch {epoch} (epoch {epoch} is steps "
-                             f"{a}..{a + count - 1}); --step counts batches from the start of training; drop --epoch")
+            raise _not_in_epoch(o, step, epoch)
         epoch = first
         k = ids.size if head is None else min(head, ids.size)
         cols = {"step": np.full(k, step, dtype=np.int64), "rank": rk[:k], "slot": slot[:k], "epoch": ep[:k],
