@@ -35,21 +35,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from corpus import write_corpus  # noqa: E402
+from corpus import WORK, generated_corpus  # noqa: E402
 
 import sftdata.prepare as prepare_module  # noqa: E402
 from sftdata.engine import ray_prepare_executor  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-
-WORK = HERE / "_work"
-
-
-def corpus(mb: float) -> Path:
-    WORK.mkdir(exist_ok=True)
-    path = WORK / f"corpus_{mb:g}mb.jsonl"
-    if not path.exists():
-        write_corpus(path, int(mb * 1e6), seed=0)
-    return path
 
 
 def identical(a: Path, b: Path) -> bool:
@@ -84,9 +74,9 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    src = corpus(args.mb)
+    src = generated_corpus(args.mb)
     mb = src.stat().st_size / 1e6
-    tiny = corpus(0.05)
+    tiny = generated_corpus(0.05)
     os.environ.setdefault("RAY_worker_niceness", "0")  # as sftdata's own local cluster: workers not niced
     t = time.perf_counter()
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)

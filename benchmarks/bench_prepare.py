@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from corpus import message_texts, write_agent_corpus, write_corpus, write_real_corpus  # noqa: E402
+from corpus import WORK, generated_corpus, message_texts, write_agent_corpus, write_real_corpus  # noqa: E402
 
 from sftdata import prepare as prep  # noqa: E402
 from sftdata.conversation import parse_record  # noqa: E402
@@ -57,7 +57,6 @@ from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.render import _plan  # noqa: E402
 from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
-WORK = HERE / "_work"
 POLICY_CAPS_MIB = [0.02, 0.05, 0.1, 0.25]  # below and around the working set of the corpora here
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork+exec from the (large) parent.
@@ -69,13 +68,6 @@ prepare([{src!r}], {out!r}, PrepareOptions(workers=1, overwrite=True, val_split=
 print([l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")][0])
 """
 
-
-def corpus(mb: float) -> Path:
-    WORK.mkdir(exist_ok=True)
-    path = WORK / f"corpus_{mb:g}mb.jsonl"
-    if not path.exists():
-        write_corpus(path, int(mb * 1e6), seed=0)
-    return path
 
 
 def agent_corpus(mb: float, text_scale: float = 1.0) -> Path:
@@ -188,7 +180,7 @@ def policy_sweep(per_record: list[list[str]], tok, caps_mib: list[float]) -> dic
 
 
 def case_generated(mb: float, workers: int, peaks: bool = True) -> dict:
-    src = corpus(mb)
+    src = generated_corpus(mb)
     texts = message_texts(src)
     tok = load_tokenizer()
     enc = tok._enc
@@ -206,7 +198,7 @@ def case_generated(mb: float, workers: int, peaks: bool = True) -> dict:
         "cores": len(os.sched_getaffinity(0)),
     }
     if peaks:
-        small = corpus(mb / 10)
+        small = generated_corpus(mb / 10)
         peak_small, peak_big = peak_rss_mb(small), peak_rss_mb(src)
         report["peak_rss_mb"] = {f"{small.stat().st_size / 1e6:.0f}MB": round(peak_small, 1),
                                  f"{mb_real:.0f}MB": round(peak_big, 1)}

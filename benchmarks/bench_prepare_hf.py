@@ -53,15 +53,13 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from corpus import write_corpus  # noqa: E402
+from corpus import WORK, generated_corpus  # noqa: E402
 
 from sftdata.conversation import parse_record  # noqa: E402
 from sftdata.hf_tokenizer import load_hf_tokenizer  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.store import open_dataset  # noqa: E402
 from sftdata.template import PRESETS, conversation_messages, model_profile  # noqa: E402
-
-WORK = HERE / "_work"
 
 
 def package_dir(name: str) -> Path:
@@ -108,10 +106,7 @@ def read_records(paths: list[Path]) -> list[list[dict]]:
 def write_input(a) -> Path:
     WORK.mkdir(exist_ok=True)
     if not a.data:
-        src = WORK / f"corpus_{a.mb:g}mb.jsonl"
-        if not src.exists():
-            write_corpus(src, int(a.mb * 1e6), seed=0)
-        return src
+        return generated_corpus(a.mb)
     records = read_records([Path(p) for p in a.data])
     if not records:
         sys.exit(f"no chat records in {a.data}")

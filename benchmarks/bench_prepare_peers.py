@@ -40,7 +40,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-WORK = HERE / "_work"
+from corpus import WORK, generated_corpus  # noqa: E402
 
 # the Llama 3 chat template as published, with the assistant output (through <|eot_id|>,
 # which the model must learn to emit) in a generation block, as transformers needs for
@@ -58,15 +58,6 @@ LLAMA3_GENERATION = (
     "{%- endfor %}"
 )
 
-
-def corpus(mb: float) -> Path:
-    from corpus import write_corpus
-
-    WORK.mkdir(exist_ok=True)
-    path = WORK / f"corpus_{mb:g}mb.jsonl"
-    if not path.exists():
-        write_corpus(path, int(mb * 1e6), seed=0)
-    return path
 
 
 def llama3_folder() -> Path | None:
@@ -224,7 +215,7 @@ def compare(path: str, mb: float, workers: int) -> dict | None:
         folder = llama3_folder()
         if folder is None:
             return None
-    src = corpus(mb)
+    src = generated_corpus(mb)
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         tmp = Path(tmp)
         ours = run_ours(src, tmp / "ours", workers, folder)

@@ -54,6 +54,18 @@ def conversation(rng: random.Random) -> dict:
     return {"messages": msgs}
 
 
+WORK = Path(__file__).resolve().parent / "_work"  # generated inputs, kept between runs
+
+
+def generated_corpus(mb: float) -> Path:
+    """``_work/corpus_{mb}mb.jsonl``, the generated chat corpus (seed 0), written once."""
+    WORK.mkdir(exist_ok=True)
+    path = WORK / f"corpus_{mb:g}mb.jsonl"
+    if not path.exists():
+        write_corpus(path, int(mb * 1e6), seed=0)
+    return path
+
+
 def write_corpus(path: Path, target_bytes: int, seed: int = 0) -> int:
     """Write JSONL conversations until ``target_bytes``; return the record count."""
     rng = random.Random(seed)
