@@ -199,7 +199,7 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         if o.sampling == "epoch":
             ep, pos = o.step_positions(step, rank)
             if epoch is not None and epoch not in set(ep.tolist()):
-                raise _not_in_epoch(o, step, epoch)
+                raise not_in_epoch(o, step, epoch)
             epoch = o.epoch_of_step(step)
         else:
             ep = pos = np.full(ids.shape, -1, dtype=np.int64)
@@ -208,12 +208,7 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
         cols = {"step": np.full(k, step, dtype=np.int64), "rank": slots[:k] // bs, "slot": slots[:k] % bs,
                 "epoch": ep[:k], "position": pos[:k], "episode": ids[:k]}
     else:
-        epoch = 0 if epoch is None else epoch
-        if epoch < 0:
-            raise UsageError(f"--epoch must be >= 0, got {epoch}")
-        order = o.epoch_order(epoch)
-        total = order.shape[0]
-        k = total if head is None else min(head, total)
+        epoch, order, total, k = epoch_head(o, epoch, head)
         p = np.arange(k, dtype=np.int64)
         stp, rk, slot = lay.locate(epoch, p)
         cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": p, "step": stp, "rank": rk, "slot": slot,
@@ -221,7 +216,17 @@ def replay_order(dataset_dir: str | Path, cfg: LoaderConfig, *, split: str = "tr
     return _episode_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total, resize)
 
 
-def _not_in_epoch(o, step: int, epoch: int) -> UsageError:
+def epoch_head(o, epoch: int | None, head: int | None) -> tuple[int, np.ndarray, int, int]:
+    """--epoch (default 0) checked, its order, the order's length and how many rows to show."""
+    epoch = 0 if epoch is None else epoch
+    if epoch < 0:
+        raise UsageError(f"--epoch must be >= 0, got {epoch}")
+    order = o.epoch_order(epoch)
+    total = order.shape[0]
+    return epoch, order, total, total if head is None else min(head, total)
+
+
+def not_in_epoch(o, step: int, epoch: int) -> UsageError:
     """--step and --epoch that disagree: where the step is, and which steps the epoch holds."""
     a, count = o.first_step_of_epoch(epoch), o.batches_in_epoch(epoch)
     return UsageError(f"step {step} is in epoch {o.epoch_of_step(step)}, not epoch {epoch} (epoch {epoch} is steps "
@@ -251,19 +256,14 @@ def _budget_replay(ds: Dataset, cfg: LoaderConfig, o: TokenBudgetOrder, *, split
         ids, rk, slot, ep, pos = o.step_table(step, rank)
         first = o.epoch_of_step(step)
         if epoch is not None and epoch != first:
-            raise _not_in_epoch(o, step, epoch)
+            raise not_in_epoch(o, step, epoch)
         epoch = first
         k = ids.size if head is None else min(head, ids.size)
         cols = {"step": np.full(k, step, dtype=np.int64), "rank": rk[:k], "slot": slot[:k], "epoch": ep[:k],
                 "position": pos[:k], "episode": ids[:k]}
         total = ids.size
     else:
-        epoch = 0 if epoch is None else epoch
-        if epoch < 0:
-            raise UsageError(f"--epoch must be >= 0, got {epoch}")
-        order = o.epoch_order(epoch)
-        total = order.shape[0]
-        k = total if head is None else min(head, total)
+        epoch, order, total, k = epoch_head(o, epoch, head)
         stp, rk, slot = o.epoch_table(epoch)
         cols = {"epoch": np.full(k, epoch, dtype=np.int64), "position": np.arange(k, dtype=np.int64),
                 "step": stp[:k], "rank": rk[:k], "slot": slot[:k], "episode": np.asarray(order[:k], dtype=np.int64)}

@@ -16,7 +16,7 @@ from .audit import AuditCheck, check_audit
 from .config import LoaderConfig
 from .errors import UsageError
 from .mixture_order import MixtureOrder
-from .replay import Replay
+from .replay import Replay, epoch_head, not_in_epoch
 from .store import split_segments
 from .store.mixture import OpenedMixture, mixture_order, open_mixture
 
@@ -50,18 +50,13 @@ def replay_mixture(path: str | Path, cfg: LoaderConfig, *, split: str = "train",
         slots = o.slots(rank)
         ep, pos = o.step_positions(step, rank)
         if epoch is not None and epoch not in set(ep.tolist()):
-            first = o.first_step_of_epoch(epoch)
-            raise UsageError(f"step {step} is in epoch {o.epoch_of_step(step)}, not epoch {epoch} (epoch {epoch} is "
-                             f"steps {first}..{first + o.batches_in_epoch(epoch) - 1}); --step counts batches from "
-                             f"the start of training; drop --epoch")
+            raise not_in_epoch(o, step, epoch)
         epoch = o.epoch_of_step(step)
         cols = {"step": np.full(ids.shape, step, dtype=np.int64), "rank": slots // bs, "slot": slots % bs,
                 "epoch": ep, "position": pos}
     else:
-        epoch = 0 if epoch is None else epoch
-        if epoch < 0:
-            raise UsageError(f"--epoch must be >= 0, got {epoch}")
-        ids = np.asarray(o.epoch_order(epoch), dtype=np.int64)
+        epoch, order, _, _ = epoch_head(o, epoch, None)
+        ids = np.asarray(order, dtype=np.int64)
         p = np.arange(ids.shape[0], dtype=np.int64)
         if o.drop_last:
             trained = p < o.batches_in_epoch(epoch) * g
