@@ -244,37 +244,94 @@ def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
     return plan_stream(split.lengths, lambda i: split.episode(i)[0], m, opts.row_len)
 
 
-def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
-               progress: Callable[[PackProgress], None] | None = None) -> SplitReport:
-    """Plan and write one split's rows, a bounded number of tokens at a time; returns its report."""
-    plan = _plan(split, opts, m)
+@dataclass
+class RowsBuilt:
+    """What building a range of rows gives back (small: no tokens): the trained tokens in
+    the rows, those of the segments of episodes placed whole, and the trained tokens (by
+    the rule) of the episodes it was asked to count (``extra``)."""
+
+    trained: int = 0
+    trained_whole: int = 0
+    trained_extra: int = 0
+
+
+# builds every row of a plan into a split writer's shards (``--engine``; None: this process)
+RowsExecutor = Callable[..., RowsBuilt]
+
+
+def episode_sources(split: Split, episodes: np.ndarray) -> np.ndarray | None:
+    """Input record number of each of ``episodes`` (global ids), read from their shards
+    only; None when a shard stores none."""
+    if not split.shards or any(s.sources is None for s in split.shards):
+        return None
+    episodes = np.asarray(episodes, dtype=np.int64)
+    shard = split.shard_of(episodes)
+    out = np.empty(episodes.size, dtype=np.int64)
+    for si in np.unique(shard).tolist():
+        sel = shard == si
+        out[sel] = np.asarray(split.shards[si].sources)[episodes[sel] - split.episode_offsets[si]]
+    return out
+
+
+def build_rows(split: Split, plan: PackPlan, seg_whole: np.ndarray, writer, m: LossRule, pad_id: int,
+               extra: np.ndarray | None = None, on_rows: Callable[[int], None] | None = None,
+               stopped: Callable[[], bool] | None = None) -> RowsBuilt:
+    """Build every row of ``plan`` (rows 0 .. num_rows-1, segments of ``split``'s
+    episodes) and append them to ``writer``, a bounded number of tokens at a time.
+    ``seg_whole``: per segment, its episode is placed whole (its trained tokens then count
+    for the episode too); ``extra``: episodes whose trained tokens (by the rule) to count
+    as well. The one function both engines run: this process over a whole split, a Ray
+    task over a range of whole shards of it. ``on_rows(r1)`` after rows up to ``r1``;
+    ``stopped()`` True ends the work early (the run stopped)."""
     L = plan.row_len
-    sources = split.sources
-    seg_trained = np.zeros(plan.num_segments, dtype=np.int64)
+    out = RowsBuilt()
     for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
+        if stopped is not None and stopped():
+            return out
         a, b = plan.segments.row_range(r0, r1)
         s = plan.segments[a:b]
         toks = gather_segments(split, s.episode, s.episode_start, s.take)
         rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
-        seg = replace(rows.segments, source=sources[s.episode] if sources is not None else s.source)
+        sources = episode_sources(split, s.episode)
+        seg = replace(rows.segments, source=sources if sources is not None else s.source)
         writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
         if b > a:
-            seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
-        if progress:
-            progress(PackProgress(split.name, r1, plan.num_rows))
+            trained = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
+            out.trained += int(trained.sum())
+            out.trained_whole += int(trained[seg_whole[a:b]].sum())
+        if on_rows:
+            on_rows(r1)
+    if extra is not None and extra.size:
+        out.trained_extra = _trained_of_episodes(split, extra, m)
+    return out
+
+
+def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
+               progress: Callable[[PackProgress], None] | None = None,
+               executor: RowsExecutor | None = None) -> SplitReport:
+    """Plan and write one split's rows; returns its report. ``executor`` builds the rows
+    elsewhere (``--engine ray``: tasks write whole shards that the writer adopts); the
+    plan, the report and the bytes are the same."""
+    plan = _plan(split, opts, m)
+    L = plan.row_len
     # trained tokens lost: only episodes not placed whole can differ from their rule mask
     whole = plan.whole_episodes()
     nonwhole = np.flatnonzero(~whole & (plan.lengths > 0))
-    trained_whole = int(seg_trained[whole[plan.segments.episode]].sum())
-    trained_in = trained_whole + _trained_of_episodes(split, nonwhole, m)
+    seg_whole = whole[plan.segments.episode]
+    if executor is None or plan.num_rows == 0:
+        def on_rows(r1: int) -> None:
+            progress(PackProgress(split.name, r1, plan.num_rows))
+        built = build_rows(split, plan, seg_whole, writer, m, pad_id, nonwhole, on_rows if progress else None)
+    else:
+        built = executor(split, plan, seg_whole, writer, m, pad_id, nonwhole, progress)
     pad_rows, pad_fill = padding_baseline(plan.lengths, L)
     return SplitReport(
         episodes=plan.episodes, rows=plan.num_rows, row_len=L, tokens_in=plan.tokens_in,
         tokens_packed=plan.tokens_placed, tokens_injected=plan.tokens_injected,
         tokens_lost=plan.tokens_lost, lower_bound_rows=plan.lower_bound_rows, padding_rows=pad_rows,
         padding_fill=pad_fill, overlong_episodes=plan.overlong_episodes, dropped_episodes=plan.dropped_episodes,
-        stopped_conversations=plan.stopped_conversations, trained_in=trained_in,
-        trained_packed=int(seg_trained.sum()), segments=plan.num_segments)
+        stopped_conversations=plan.stopped_conversations, trained_in=built.trained_whole + built.trained_extra,
+        trained_packed=built.trained, segments=plan.num_segments)
 
 
 def _split_spans(split: Split, m: LossRule) -> TrainedSpans:
@@ -358,12 +415,15 @@ def _refuse_result(r: SplitReport, opts: PackOptions, output_dir) -> None:
 
 
 def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
-         progress: Callable[[PackProgress], None] | None = None) -> PackReport:
+         progress: Callable[[PackProgress], None] | None = None, executor: RowsExecutor | None = None
+         ) -> PackReport:
     """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``.
 
     Refuses (``NothingToTrainError``, nothing written) a train split that would hold 0
     rows or 0 trained tokens; warns (``sftdata.pack`` logger, ``report.warnings``, the
-    metadata) when a split loses more than 1% of its trained tokens."""
+    metadata) when a split loses more than 1% of its trained tokens. ``executor``: where
+    the rows are built (``sftdata.engine.ray_pack_executor``; default this process); the
+    output is byte-identical either way."""
     opts.validate()
     t0 = time.perf_counter()
     source = Path(source)
@@ -398,7 +458,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
         for name in sorted(ds.splits, key=lambda s: s != "train"):  # train first: refused before the rest
             split = ds.splits[name]
             sw = w.packed_split(name, ds.token_dtype, opts.row_len, opts.shard_tokens)
-            r = report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress)
+            r = report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress, executor)
             if r.lossy or (name == "train" and not (r.rows and r.trained_packed)):
                 suggest_block_size(split, r, opts, m)
             if name == "train":
