@@ -15,7 +15,12 @@ from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import app, dataset_dir, handle_errors, print_result, rows_bar
-from .options import EngineOpt, JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt
+from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt
+
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
+                                        "is made here; Ray tasks build the rows, a range of whole shards each, "
+                                        "straight into the output; needs the ray extra). The packed dataset is "
+                                        "byte-identical either way.")]
 
 
 def report_table(r: PackReport) -> Table:
