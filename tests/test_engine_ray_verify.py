@@ -11,13 +11,18 @@ import sys
 import numpy as np
 import orjson
 import pytest
+from conftest import write_jsonl
 from test_engine_ray_pack import conversation
+from test_fast_bpe import RECORDS, edited
+from test_fast_bpe import trained as trained  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine import ray_verify_executor
+from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.template import PRESETS
 from sftdata.verify import verify
 
 runner = CliRunner()
@@ -118,3 +123,40 @@ def test_without_ray_pack_and_verify_say_which_extra_to_install(datasets, tmp_pa
         r = runner.invoke(app, [*args, "--engine", "spark"])
         assert (r.exit_code, r.output.strip()) == (2, "error: --engine must be one of local, ray, not 'spark'")
     assert list(tmp_path.iterdir()) == []
+
+
+def unmerged(tok, ids: np.ndarray) -> np.ndarray:
+    """``ids`` with the user's "What is" written as the tokens "h" and "e", which the
+    library never gives (it merges them into "he")."""
+    out = ids.copy()
+    i = next(k for k in range(ids.size) if tok.decode([int(ids[k])]) == "What")
+    assert tok.token_id("he") is not None
+    out[i], out[i + 1] = tok.token_id("h"), tok.token_id("e")
+    return out
+
+
+def test_retokenize_on_ray_gives_the_local_result(ray_cluster, trained, tmp_path):
+    """--retokenize: each shard's sampled episodes re-encoded by a task; an episode whose
+    ids the library would not give is the same problem either way."""
+    folder = edited(trained, tmp_path / "chatml", lambda d: None)
+    (folder / "tokenizer_config.json").write_text(orjson.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": PRESETS["chatml"]}).decode())
+    src = write_jsonl(tmp_path / "in.jsonl", RECORDS * 4)
+    ds = tmp_path / "ds"
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(ds), "--tokenizer", str(folder), "--shard-tokens",
+                            "200"])
+    assert r.exit_code == 0, r.output
+    assert len(list((ds / "train").iterdir())) >= 3
+    local = verify(ds, retokenize_episodes=1000)
+    ray = verify(ds, retokenize_episodes=1000, executor=ray_verify_executor())
+    assert as_dict(ray) == as_dict(local) and local.ok and local.retokenized["differ"] == 0
+    tokens = ds / "train" / "shard_00001" / "tokens.bin"
+    dtype = orjson.loads((ds / "dataset_metadata.json").read_bytes())["token_dtype"]
+    ids = np.fromfile(tokens, dtype=dtype)
+    tok = load_hf_tokenizer(folder, engine="hf")
+    ids[:] = unmerged(tok, ids)
+    ids.tofile(tokens)
+    local = verify(ds, quick=True, retokenize_episodes=1000)
+    ray = verify(ds, quick=True, retokenize_episodes=1000, executor=ray_verify_executor())
+    assert as_dict(ray) == as_dict(local) and local.retokenized["differ"] >= 1
+    assert [p.file for p in local.problems if p.check == "retokenize"][0] == "train/shard_00001/tokens.bin"

@@ -5,7 +5,8 @@
     driver: scan the dataset (the reader's structural checks: indexes, sizes, metadata),
             the tokenizer ──► one task per shard: content checks (ids, mask values, the
                               mask rule, stops; packed: per segment, padding), trained
-                              tokens, sha256 of its files, value ranges (``verify.shards``)
+                              tokens, sha256 of its files, value ranges (``verify.shards``);
+                              --retokenize: one task per shard holding sampled episodes
             merge in shard order ◄── problems and small figures; then counts, checksums,
             ranges, references, serving, as --engine local
 
@@ -18,9 +19,14 @@ those of ``--engine local``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
-from ..store import Shard
+import orjson
+
+from ..hf_tokenizer import hf_tokenizer_from_state
+from ..store import TOKENIZER_FILE, Shard
+from ..verify.retokenize import Retokenized, retokenize_shard
 from ..verify.shards import ShardChecks, shard_checks
 from .cluster import RayCluster, connect, import_ray
 from .prepare_ray import TASK_RETRIES, _get
@@ -50,13 +56,41 @@ def run_shards(cluster: RayCluster, shards, ctx, stops, jobs, meta, meta_sealed:
         yield _get(ray, refs[i])
 
 
-def ray_verify_executor(address: str | None = None):
-    """A shard executor for ``sftdata.verify.verify`` that checks each shard as a task on
-    the Ray cluster at ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray
-    installed, a ``UsageError`` now, before anything is read."""
-    import_ray()
+_TOKENIZERS: dict = {}  # per worker process: the tokenizer of --retokenize, built once per state
 
-    def run(shards, ctx, stops, jobs, meta, meta_sealed, quick):
-        return run_shards(connect(address), shards, ctx, stops, jobs, meta, meta_sealed, quick)
 
-    return run
+def retokenize_remote(where: dict, state: dict, local) -> Retokenized:
+    """One task of ``--retokenize``: re-encode episodes ``local`` of the shard at ``where``
+    with the tokenizers library (built once per worker from the dataset's state)."""
+    key = hashlib.sha256(orjson.dumps(state, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = hf_tokenizer_from_state(state, TOKENIZER_FILE, engine="hf")
+    return retokenize_shard(_TOKENIZERS[key], Shard(**where), local)
+
+
+class RayVerifyExecutor:
+    """``verify``'s per-shard work as tasks on the Ray cluster at ``address``."""
+
+    def __init__(self, address: str | None = None):
+        import_ray()  # without Ray: a UsageError now, before anything is read
+        self.address = address
+
+    def check(self, shards, ctx, stops, jobs, meta, meta_sealed, quick) -> Iterator[ShardChecks]:
+        return run_shards(connect(self.address), shards, ctx, stops, jobs, meta, meta_sealed, quick)
+
+    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
+        ray = connect(self.address).ray
+        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(retokenize_remote)
+        state_ref = ray.put(state)
+        refs = [task.remote(_where(sh), state_ref, local) for sh, local in picks]
+        for ref in refs:
+            yield _get(ray, ref)
+
+
+def ray_verify_executor(address: str | None = None) -> RayVerifyExecutor:
+    """A shard executor for ``sftdata.verify.verify`` that checks each shard (and
+    re-encodes each shard's ``--retokenize`` sample) as a task on the Ray cluster at
+    ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray installed, a
+    ``UsageError`` now, before anything is read."""
+    return RayVerifyExecutor(address)

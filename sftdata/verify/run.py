@@ -9,9 +9,10 @@ of every shard), the trained-token counts, the packed references and the checksu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -43,15 +44,25 @@ from .metadata import (
 )
 from .references import check_references
 from .report import SOURCES_CHECK, ProgressFn, VerifyReport, check_results
-from .retokenize import RETOKENIZE_CHECK, retokenize
+from .retokenize import RETOKENIZE_CHECK, Retokenized, retokenize
 from .serving import ABSENT, serving_findings
 from .shards import ShardChecks, ShardContext, check_shard
 from .sources import check_source, recorded_sources, reproducible, source_bytes, source_problems
 from .stops import StopFindings
 
-# runs ``shards.shard_checks`` on every shard elsewhere (``--engine ray``), yielding in shard order:
-# (shards, context, stops, jobs per shard, metadata, metadata sealed, quick) -> ShardChecks, ...
-ShardExecutor = Callable[..., Iterator[ShardChecks]]
+
+class ShardExecutor(Protocol):
+    """Runs the per-shard work of ``verify`` elsewhere (``--engine ray``), yielding the
+    results in shard order."""
+
+    def check(self, shards: list, ctx: ShardContext, stops: StopFindings | None, jobs: list, meta: dict | None,
+              meta_sealed: bool, quick: bool) -> Iterator[ShardChecks]:
+        """``shards.shard_checks`` of every shard (``jobs``: the files of each to hash)."""
+        ...
+
+    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
+        """``retokenize.retokenize_shard`` of each (shard, sampled local episode ids)."""
+        ...
 
 
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
@@ -159,7 +170,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
                 if meta is not None else []
         else:
             remote = []
-            for r in executor(shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards], meta,
+            for r in executor.check(shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards], meta,
                               meta_sealed, quick):
                 remote.append(r)
                 found += r.problems
@@ -215,7 +226,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             skip(("retokenize",), "a packed dataset: retokenize its source dataset")
         else:
             retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
-                               retokenize_episodes)
+                               retokenize_episodes, run=None if executor is None else executor.retokenize)
             found += retok.problems
             report.retokenized = retok.as_dict()
             if retok.skipped:
