@@ -18,8 +18,9 @@ from .app import app, dataset_dir, handle_errors, print_result, rows_bar
 from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt
 
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
-                                        "is made here; Ray tasks build the rows, a range of whole shards each, "
-                                        "straight into the output; needs the ray extra). The packed dataset is "
+                                        "is made here; Ray tasks build the rows, each a range of whole output "
+                                        "shards written straight into the output (a smaller --shard-tokens gives more "
+                                        "tasks); needs the ray extra). The packed dataset is "
                                         "byte-identical either way.")]
 
 
