@@ -42,7 +42,7 @@ def test_an_episodes_split_names_its_items_episodes_and_refuses_row_names(tmp_pa
     assert shard.num_items == shard.num_episodes == 1 and shard.index.tolist() == shard.episodes.tolist() == [[0, 4]]
     with pytest.raises(DatasetError, match=r"split 'train' holds episodes, not packed rows: use Split.num_episodes "
                        r"/ Split.episode\(i\) \(or num_items / item\(i\)\) instead of Split.num_rows"):
-        split.num_rows
+        _ = split.num_rows
     with pytest.raises(DatasetError, match=r"instead of Split.row\(i\)"):
         split.row(0)
 

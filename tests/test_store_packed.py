@@ -8,7 +8,6 @@ import pytest
 from audit_data import make_packed, read_segments, shard
 
 from sftdata.errors import DatasetError
-
 from sftdata.packing import Segments
 from sftdata.store import NO_SOURCE, SEGMENT_FIELDS, open_dataset, split_segments
 from sftdata.store.packed import decode_segments, encode_segments
