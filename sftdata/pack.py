@@ -269,7 +269,7 @@ def episode_sources(split: Split, episodes: np.ndarray) -> np.ndarray | None:
     out = np.empty(episodes.size, dtype=np.int64)
     for si in np.unique(shard).tolist():
         sel = shard == si
-        out[sel] = np.asarray(split.shards[si].sources)[episodes[sel] - split.episode_offsets[si]]
+        out[sel] = np.asarray(split.shards[si].sources)[episodes[sel] - split.item_offsets[si]]
     return out
 
 
