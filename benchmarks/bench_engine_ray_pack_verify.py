@@ -16,8 +16,10 @@ alternately, ``--rounds`` times each:
 Both engines' parallelism is per shard, so the dataset and the pack are written with
 ``--shard-tokens`` (default 2M tokens: ~25 shards per split here). Figures: throughput in
 MB of dataset bytes (tokens + mask) per second, the ratio ray / local of the best runs
-and of the medians (ratios within one run: this machine's cores are shared), the driver's own
-CPU seconds (for ray: all the work that does not spread over the cluster),
+and of the medians (ratios within one run: this machine's cores are shared), the CPU seconds
+of each run (this process, plus for ray every process of the cluster it started: tasks, raylet,
+GCS; read from /proc) and their ratio, the Ray driver's own CPU seconds (the work that does
+not spread over the cluster),
 the fixed cost of a run on a tiny dataset, and that both packs are byte-identical and
 both verify reports equal.
 """
@@ -57,11 +59,35 @@ def data_bytes(ds: Path) -> int:
     return sum(p.stat().st_size for p in ds.rglob("*.bin"))
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def descendants_cpu() -> float:
+    """CPU seconds (user + system) of every live descendant of this process: the local
+    Ray cluster this benchmark started (its raylet, GCS and worker processes), never
+    another user's processes."""
+    parent, cpu = {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)] = int(f[1])
+        cpu[int(d.name)] = (int(f[11]) + int(f[12])) / TICK
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - mine
+        mine |= frontier
+    return sum(cpu[p] for p in mine)
+
+
 def timed(fn) -> tuple[float, float, object]:
-    """(wall seconds, this process's CPU seconds, result)."""
-    t, c = time.perf_counter(), time.process_time()
+    """(wall seconds, CPU seconds of this process and of the Ray cluster it started, result)."""
+    t, c, r = time.perf_counter(), time.process_time(), descendants_cpu()
     out = fn()
-    return time.perf_counter() - t, time.process_time() - c, out
+    return time.perf_counter() - t, time.process_time() - c + descendants_cpu() - r, out
 
 
 def report_dict(r) -> dict:
@@ -103,16 +129,21 @@ def main() -> None:
             "verify_ray_s": timed(lambda: verify(out / "tiny", executor=checker))[0]}
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("pack_local", "pack_ray", "verify_local",
                                                                    "verify_ray")}
+    drivers: dict[str, list[tuple[float, float]]] = {"pack_ray": [], "verify_ray": []}  # this process alone
     same_reports = True
     for _ in range(args.rounds):
         w, c, _r = timed(lambda: pack(out / "ds", out / "p_local", kopts))
         runs["pack_local"].append((w, c))
+        d = time.process_time()
         w, c, _r = timed(lambda: pack(out / "ds", out / "p_ray", kopts, executor=packer))
         runs["pack_ray"].append((w, c))
+        drivers["pack_ray"].append((w, time.process_time() - d))
         w, c, a = timed(lambda: verify(out / "ds"))
         runs["verify_local"].append((w, c))
+        d = time.process_time()
         w, c, b = timed(lambda: verify(out / "ds", executor=checker))
         runs["verify_ray"].append((w, c))
+        drivers["verify_ray"].append((w, time.process_time() - d))
         same_reports &= report_dict(a) == report_dict(b) and a.ok
     best = {k: min(w for w, _ in v) for k, v in runs.items()}
     median = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
@@ -121,7 +152,12 @@ def main() -> None:
         "input_mb": round(src.stat().st_size / 1e6, 1), "dataset_mb": round(mb, 1), "cpus": args.cpus,
         "shards": {"dataset_train": shards, "pack_train": len(list((out / "p_ray" / "train").iterdir()))},
         **{f"{k}_mb_per_s": [round(mb / w, 1) for w, _ in v] for k, v in runs.items()},
-        **{f"{k}_driver_cpu_s": round(min(c for _, c in v), 2) for k, v in runs.items()},
+        **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
+        "pack_cpu_ray_over_local": round(statistics.median(c for _, c in runs["pack_local"])
+                                         / statistics.median(c for _, c in runs["pack_ray"]), 3),
+        "verify_cpu_ray_over_local": round(statistics.median(c for _, c in runs["verify_local"])
+                                           / statistics.median(c for _, c in runs["verify_ray"]), 3),
+        **{f"{k}_driver_cpu_s": round(min(c for _, c in v), 2) for k, v in drivers.items()},
         "pack_ray_over_local": round(best["pack_local"] / best["pack_ray"], 3),
         "verify_ray_over_local": round(best["verify_local"] / best["verify_ray"], 3),
         "pack_ray_over_local_median": round(median["pack_local"] / median["pack_ray"], 3),

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..pack import PackProgress, RowsBuilt, RowsExecutor, build_rows
+from ..pack import PackProgress
+from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
 from ..packing import PackPlan
 from ..prepare import PARTS_DIR
 from ..store import PackedSplitWriter, shard_name

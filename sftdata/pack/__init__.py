@@ -6,6 +6,10 @@
         ──► rows, a chunk at a time: gather segment tokens, mask per segment (the rule),
             pad ──► PackedSplitWriter (shards, sha256) ──► metadata last ──► atomic rename
 
+``build_rows`` builds the rows of a plan; ``--engine local`` runs it over each whole split
+here, ``--engine ray`` (``sftdata.engine.ray_pack_executor``) over ranges of whole output
+shards as Ray tasks, whose shards the split writer adopts: the same bytes either way.
+
 The output keeps the source's tokenizer and records the packing options and the
 source's identity (path and sha256 of its ``dataset_metadata.json``). Same source and
 options give a byte-identical output.
@@ -23,17 +27,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import DatasetError, NothingToTrainError, UsageError
-from .loss_rule import LossRule, rule_from_state
-from .memory import check_fits
-from .order import DEFAULT_SEED
-from .packing import (
+from .. import __version__
+from ..errors import DatasetError, NothingToTrainError, UsageError
+from ..loss_rule import LossRule, rule_from_state
+from ..memory import check_fits
+from ..order import DEFAULT_SEED
+from ..packing import (
     DEFAULT_OVERLONG,
     KEEP_PERCENT,
     MIN_BLOCK_SIZE,
@@ -42,17 +46,15 @@ from .packing import (
     STRATEGIES,
     PackPlan,
     TrainedSpans,
-    assemble_rows,
     min_block_size,
     padding_baseline,
     plan_bfd,
     plan_stream,
-    segment_masks,
     trained_spans,
 )
-from .ranges import CHUNK_TOKENS, gather_ranges, range_index, whole_runs
-from .stops import rule_stop_ids
-from .store import (
+from ..ranges import CHUNK_TOKENS, whole_runs
+from ..stops import rule_stop_ids
+from ..store import (
     DEFAULT_SHARD_TOKENS,
     METADATA_FILE,
     SEGMENT_FIELDS,
@@ -63,7 +65,7 @@ from .store import (
     sha256_file,
     write_serving,
 )
-from .store.packed import encode_segments
+from .rows import RowsExecutor, build_rows, gather_segments
 
 log = logging.getLogger("sftdata.pack")
 # peak bytes per row token while a chunk of rows is built: the tokens, the mask, their
@@ -208,102 +210,10 @@ def _check_cuts(split: Split, opts: PackOptions, rule: LossRule) -> None:
                          f"--overlong drop, or a --block-size of at least {int(split.lengths.max()) - 1}")
 
 
-def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:
-    """Concatenated tokens ``episode[start:start+take]`` of each segment (global episode ids)."""
-    episodes = np.asarray(episodes, dtype=np.int64)
-    takes = np.asarray(takes, dtype=np.int64)
-    total = int(takes.sum())
-    dtype = split.shards[0].tokens.dtype if split.shards else np.uint32
-    out = np.empty(total, dtype=dtype)
-    if total == 0:
-        return out
-    shard = split.shard_of(episodes)
-    src = split.starts[episodes] + np.asarray(starts, dtype=np.int64)
-    if len(split.shards) == 1:
-        return gather_ranges(split.shards[0].tokens, src, takes)
-    out_start = np.cumsum(takes) - takes
-    for si in np.unique(shard).tolist():
-        sel = shard == si
-        out[range_index(out_start[sel], takes[sel])] = gather_ranges(split.shards[si].tokens, src[sel], takes[sel])
-    return out
-
-
-def _trained_of_episodes(split: Split, ids: np.ndarray, m: LossRule) -> int:
-    """Trained tokens of whole episodes by the rule, a bounded number of tokens at a time."""
-    total = 0
-    lengths = split.lengths[ids]
-    for i, j in whole_runs(np.cumsum(lengths)):
-        toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
-        total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m)))
-    return total
-
-
 def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
     if opts.strategy == "bfd":
         return plan_bfd(split.lengths, opts.row_len, opts.overlong, opts.seed)
     return plan_stream(split.lengths, lambda i: split.episode(i)[0], m, opts.row_len)
-
-
-@dataclass
-class RowsBuilt:
-    """What building a range of rows gives back (small: no tokens): the trained tokens in
-    the rows, those of the segments of episodes placed whole, and the trained tokens (by
-    the rule) of the episodes it was asked to count (``extra``)."""
-
-    trained: int = 0
-    trained_whole: int = 0
-    trained_extra: int = 0
-
-
-# builds every row of a plan into a split writer's shards (``--engine``; None: this process)
-RowsExecutor = Callable[..., RowsBuilt]
-
-
-def episode_sources(split: Split, episodes: np.ndarray) -> np.ndarray | None:
-    """Input record number of each of ``episodes`` (global ids), read from their shards
-    only; None when a shard stores none."""
-    if not split.shards or any(s.sources is None for s in split.shards):
-        return None
-    episodes = np.asarray(episodes, dtype=np.int64)
-    shard = split.shard_of(episodes)
-    out = np.empty(episodes.size, dtype=np.int64)
-    for si in np.unique(shard).tolist():
-        sel = shard == si
-        out[sel] = np.asarray(split.shards[si].sources)[episodes[sel] - split.item_offsets[si]]
-    return out
-
-
-def build_rows(split: Split, plan: PackPlan, seg_whole: np.ndarray, writer, m: LossRule, pad_id: int,
-               extra: np.ndarray | None = None, on_rows: Callable[[int], None] | None = None,
-               stopped: Callable[[], bool] | None = None) -> RowsBuilt:
-    """Build every row of ``plan`` (rows 0 .. num_rows-1, segments of ``split``'s
-    episodes) and append them to ``writer``, a bounded number of tokens at a time.
-    ``seg_whole``: per segment, its episode is placed whole (its trained tokens then count
-    for the episode too); ``extra``: episodes whose trained tokens (by the rule) to count
-    as well. The one function both engines run: this process over a whole split, a Ray
-    task over a range of whole shards of it. ``on_rows(r1)`` after rows up to ``r1``;
-    ``stopped()`` True ends the work early (the run stopped)."""
-    L = plan.row_len
-    out = RowsBuilt()
-    for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
-        if stopped is not None and stopped():
-            return out
-        a, b = plan.segments.row_range(r0, r1)
-        s = plan.segments[a:b]
-        toks = gather_segments(split, s.episode, s.episode_start, s.take)
-        rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
-        sources = episode_sources(split, s.episode)
-        seg = replace(rows.segments, source=sources if sources is not None else s.source)
-        writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
-        if b > a:
-            trained = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
-            out.trained += int(trained.sum())
-            out.trained_whole += int(trained[seg_whole[a:b]].sum())
-        if on_rows:
-            on_rows(r1)
-    if extra is not None and extra.size:
-        out.trained_extra = _trained_of_episodes(split, extra, m)
-    return out
 
 
 def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
