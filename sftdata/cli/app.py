@@ -3,6 +3,7 @@ its help), error mapping, output helpers and progress drawing (shared options: `
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import importlib
@@ -67,6 +68,21 @@ COMMANDS = {
 _LISTING = "sftdata.listing"  # ctx.meta key, set while the root --help lists the commands
 
 
+class _HelpTakesNoValue:
+    """``--help`` / ``-h`` drawn without a value type (Typer would show ``<bool>``), like
+    every other flag (metavar "")."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpTakesNoValue, TyperCommand):
+    """A command of ``COMMANDS``."""
+
+
 class _LoadedCommands(Mapping):
     """``COMMANDS`` as click commands: every name is a key, a command's module is imported
     on first access. (Typer suggests a misspelt command from the keys.)"""
@@ -80,7 +96,8 @@ class _LoadedCommands(Mapping):
             raise KeyError(name)
         if name not in self._loaded:
             importlib.import_module(f"{__package__}.{COMMANDS[name].module}")  # its decorator registers it on app
-            info = next(c for c in app.registered_commands if c.name == name)
+            info = copy.copy(next(c for c in app.registered_commands if c.name == name))
+            info.cls = _Command
             self._loaded[name] = get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
                                                        rich_markup_mode=self._markup_mode)
         return self._loaded[name]
@@ -92,7 +109,7 @@ class _LoadedCommands(Mapping):
         return len(COMMANDS)
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(_HelpTakesNoValue, TyperGroup):
     """The root command (click's lazy group): ``COMMANDS`` as its commands, its --help
     lists them from the registry alone."""
 
