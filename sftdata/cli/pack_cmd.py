@@ -14,8 +14,8 @@ from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import app, dataset_dir, handle_errors, print_result, rows_bar
-from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt
+from .app import app, handle_errors, print_result, rows_bar
+from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
 
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
                                         "is made here; Ray tasks build the rows, each a range of whole output "
