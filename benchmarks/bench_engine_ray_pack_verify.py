@@ -43,7 +43,8 @@ sys.path.insert(0, str(HERE))
 from corpus import WORK, generated_corpus  # noqa: E402
 
 from sftdata.cli.options import parse_size  # noqa: E402
-from sftdata.engine import ray_pack_executor, ray_verify_executor  # noqa: E402
+from sftdata.engine.pack_ray import ray_pack_executor  # noqa: E402
+from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.verify import verify  # noqa: E402

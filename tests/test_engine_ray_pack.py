@@ -16,8 +16,7 @@ from test_engine_ray import same_dataset
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine import ray_pack_executor
-from sftdata.engine.pack_ray import plan_slice, shard_ranges
+from sftdata.engine.pack_ray import plan_slice, ray_pack_executor, shard_ranges
 from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.packing import plan_bfd

@@ -12,13 +12,14 @@ import numpy as np
 import orjson
 import pytest
 from conftest import write_jsonl
+from test_cli_help import _modules_after
 from test_engine_ray_pack import conversation
 from test_fast_bpe import RECORDS, edited
 from test_fast_bpe import trained as trained  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine import ray_verify_executor
+from sftdata.engine.verify_ray import ray_verify_executor
 from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
@@ -160,3 +161,10 @@ def test_retokenize_on_ray_gives_the_local_result(ray_cluster, trained, tmp_path
     ray = verify(ds, quick=True, retokenize_episodes=1000, executor=ray_verify_executor())
     assert as_dict(ray) == as_dict(local) and local.retokenized["differ"] >= 1
     assert [p.file for p in local.problems if p.check == "retokenize"][0] == "train/shard_00001/tokens.bin"
+
+
+def test_verify_with_its_engine_imports_no_other_pipeline():
+    mods = _modules_after("verify", "--help")
+    assert {"sftdata.cli.verify_cmd", "sftdata.engine.verify_ray", "sftdata.verify"} <= mods
+    assert not {"sftdata.prepare", "sftdata.pack", "sftdata.engine.pack_ray", "sftdata.engine.prepare_ray",
+                "sftdata.report", "sftdata.loader"} & mods

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..engine import check_engine, ray_pack_executor
+from ..engine import check_engine
+from ..engine.pack_ray import ray_pack_executor
 from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup

@@ -10,7 +10,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 from rich.text import Text
 
-from ..engine import check_engine, ray_verify_executor
+from ..engine import check_engine
+from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
 from ..store.mixture import is_mixture_file
 from ..verify import VerifyReport, verify

@@ -36,10 +36,9 @@ import numpy as np
 from ..pack import PackProgress
 from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
 from ..packing import PackPlan
-from ..prepare import PARTS_DIR
 from ..store import PackedSplitWriter, shard_name
 from .cluster import RayCluster, connect, import_ray
-from .prepare_ray import STOP_FILE, TASK_RETRIES, _get, _stop
+from .tasks import PARTS_DIR, STOP_FILE, TASK_RETRIES, get_result, stop_tasks
 
 TASKS_PER_CPU = 4  # row ranges per CPU: enough for the last ones to balance, few enough to start cheaply
 
@@ -118,7 +117,7 @@ def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, 
     writer.dir.mkdir(parents=True, exist_ok=True)
     try:
         for (k0, k1), ref in zip(ranges, refs):
-            part: RowsPart = _get(ray, ref)
+            part: RowsPart = get_result(ray, ref, "packing")
             got += 1
             for i, rec in enumerate(part.shards):  # the task's shard i is the split's shard k0 + i
                 name = shard_name(k0 + i)
@@ -131,7 +130,7 @@ def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, 
                 progress(PackProgress(split.name, min(plan.num_rows, k1 * per), plan.num_rows))
     finally:
         if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
-            _stop(ray, refs[got:], stage_dir)
+            stop_tasks(ray, refs[got:], stage_dir)
     shutil.rmtree(stage_dir, ignore_errors=True)
     return out
 

@@ -29,7 +29,7 @@ from ..store import TOKENIZER_FILE, Shard
 from ..verify.retokenize import Retokenized, retokenize_shard
 from ..verify.shards import ShardChecks, shard_checks
 from .cluster import RayCluster, connect, import_ray
-from .prepare_ray import TASK_RETRIES, _get
+from .tasks import TASK_RETRIES, get_result
 
 
 def check_remote(where: dict, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool) -> ShardChecks:
@@ -53,7 +53,7 @@ def run_shards(cluster: RayCluster, shards, ctx, stops, jobs, meta, meta_sealed:
     order = sorted(range(len(shards)), key=lambda i: -shards[i].data_bytes)
     refs = {i: task.remote(_where(shards[i]), ctx_ref, stops_ref, jobs[i], meta_ref, meta_sealed, quick) for i in order}
     for i in range(len(shards)):
-        yield _get(ray, refs[i])
+        yield get_result(ray, refs[i], "verifying")
 
 
 _TOKENIZERS: dict = {}  # per worker process: the tokenizer of --retokenize, built once per state
@@ -85,7 +85,7 @@ class RayVerifyExecutor:
         state_ref = ray.put(state)
         refs = [task.remote(_where(sh), state_ref, local) for sh, local in picks]
         for ref in refs:
-            yield _get(ray, ref)
+            yield get_result(ray, ref, "verifying")
 
 
 def ray_verify_executor(address: str | None = None) -> RayVerifyExecutor:

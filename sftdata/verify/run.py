@@ -77,7 +77,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     records neither. ``retokenize_episodes``: decode that many sampled episodes and
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
     ``retokenize`` check). ``executor``: where each shard's data is read and checked
-    (``sftdata.engine.ray_verify_executor``; default this process); the report is the same.
+    (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
     Raises ``DatasetError`` only when ``path`` holds no dataset at all.
     """
     t0 = time.perf_counter()
