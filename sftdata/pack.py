@@ -60,6 +60,7 @@ from .store import (
     DatasetWriter,
     Split,
     open_dataset,
+    remote_url,
     sha256_file,
     write_serving,
 )
@@ -366,6 +367,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     metadata) when a split loses more than 1% of its trained tokens."""
     opts.validate()
     t0 = time.perf_counter()
+    output_dir = remote_url(output_dir) or output_dir  # s3:/b/x (a URL through Path) -> s3://b/x
     source = Path(source)
     ds = open_dataset(source)
     if ds.kind != "episodes":

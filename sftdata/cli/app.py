@@ -28,7 +28,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DatasetError, SftDataError, UsageError
-from ..store import TOKEN_DTYPES, local_path
+from ..store import TOKEN_DTYPES, dataset_path
 
 HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
 and replay the training order.
@@ -179,8 +179,9 @@ def handle_errors(fn: Callable) -> Callable:
 def dataset_dir(path: Path) -> Path:
     """A command's dataset argument, checked before the library opens it, so that a file
     (often the input given by mistake) or a wrong path says what to give instead. A
-    ``file://`` URL is the folder it names."""
-    path = local_path(path)
+    ``file://`` URL is the folder it names; an object-store URL (``s3://bucket/sft``) its
+    copy in the local cache, fetched first when needed."""
+    path = dataset_path(path)
     if path.is_file():
         raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
                            f"`prepare-tool` wrote (its --output-dir); to make one from this file: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InputError
+from ..errors import InputError, SftDataError
 
 EXTRA = "cloud"  # pip install 'sftdata[cloud]'
 BLOCK_BYTES = 8 << 20  # bytes fetched per request, and the read-ahead held in memory
@@ -25,30 +25,31 @@ def url_protocol(text: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def _fsspec(url: str):
+def _fsspec(url: str, verb: str, error: type[SftDataError]):
     try:
         import fsspec
     except ImportError:
-        raise InputError(f"{url}: reading URLs needs fsspec: pip install 'sftdata[{EXTRA}]' (or pip install "
-                         f"fsspec)") from None
+        raise error(f"{url}: {verb} URLs needs fsspec: pip install 'sftdata[{EXTRA}]' (or pip install "
+                    f"fsspec)") from None
     return fsspec
 
 
-def filesystem(url: str):
-    """(fsspec file system, path inside it) for a URL."""
-    fsspec = _fsspec(url)
+def filesystem(url: str, verb: str = "reading", error: type[SftDataError] = InputError):
+    """(fsspec file system, path inside it) for a URL. A missing package is one ``error``
+    line: ``URL: {verb} s3:// URLs needs s3fs: pip install 'sftdata[cloud]' ...``."""
+    fsspec = _fsspec(url, verb, error)
     protocol = url_protocol(url) or "file"
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError:
         package = PACKAGES.get(protocol, f"the fsspec implementation of {protocol}://")
-        raise InputError(f"{url}: reading {protocol}:// URLs needs {package}: pip install 'sftdata[{EXTRA}]' "
-                         f"(or pip install {package})") from None
+        raise error(f"{url}: {verb} {protocol}:// URLs needs {package}: pip install 'sftdata[{EXTRA}]' "
+                    f"(or pip install {package})") from None
     except ValueError as e:
-        raise InputError(f"{url}: {protocol}:// is not a protocol fsspec knows ({e}); give a local path or an "
-                         f"s3://, gs://, hf://, https:// or file:// URL") from None
+        raise error(f"{url}: {protocol}:// is not a protocol fsspec knows ({e}); give a local path or an "
+                    f"s3://, gs://, hf://, https:// or file:// URL") from None
     except Exception as e:  # a protocol's own errors (credentials, configuration)
-        raise InputError(f"{url} cannot be opened ({type(e).__name__}: {e})") from None
+        raise error(f"{url} cannot be opened ({type(e).__name__}: {e})") from None
 
 
 def remote_error(url: str, e: BaseException) -> InputError:
