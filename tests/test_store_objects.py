@@ -170,7 +170,10 @@ def test_pack_from_s3_to_s3_equals_local(s3, both, tmp_path):
     assert {k: v for k, v in got.items() if k != METADATA_FILE} == {k: v for k, v in want.items() if k != METADATA_FILE}
     a, b = orjson.loads(want[METADATA_FILE]), orjson.loads(got[METADATA_FILE])
     assert _strip(a, ("path", "metadata_checksum")) == _strip(b, ("path", "metadata_checksum"))
-    assert cli("verify", r.output_dir).exit_code == 0
+    assert b["source"]["path"] == url and a["source"]["path"] == str(local.resolve())
+    v = cli("verify", r.output_dir, "--json")
+    assert v.exit_code == 0, v.output
+    assert "not there" not in v.stdout and "cannot be read" not in v.stdout  # compared with the source episodes
 
 
 def test_cli_prepare_to_s3(s3, source):
@@ -326,7 +329,7 @@ def test_a_failed_overwrite_leaves_no_dataset_and_says_so(s3, source, monkeypatc
                                            (["verify", "s3://b/sft"], "reading"),
                                            (["pack", "s3://b/sft", "-o", "out", "--block-size", "64"], "reading")])
 def test_without_s3fs_a_url_is_one_line_naming_the_extra(monkeypatch, source, command, verb):
-    fsspec = pytest.importorskip("fsspec")
+    pytest.importorskip("fsspec")
     monkeypatch.setitem(sys.modules, "s3fs", None)
     monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, "s3", raising=False)  # its class, once imported
     r = cli(*[str(source) if a == "{src}" else a for a in command])

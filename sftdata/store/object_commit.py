@@ -65,6 +65,8 @@ class ObjectLock:
         said = False
         while not self._create():
             holder = self._read()
+            if holder == {}:  # released meanwhile: try again
+                continue
             if holder is not None and not owner_alive(holder):
                 self.fs.rm_file(self.key)  # its owner is dead: ours now (if no one else is faster)
                 self.taken_over = holder
