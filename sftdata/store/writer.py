@@ -209,11 +209,6 @@ class DatasetWriter:
         self._lock: WriterLock | None = None
         self._before: tuple | None = None
 
-    @property
-    def location(self) -> str:
-        """Where the dataset goes, for messages: the URL, or the local folder."""
-        return self.url or str(self.target)
-
     def __enter__(self) -> DatasetWriter:
         if self.remote is None:
             return self._enter()
