@@ -4,7 +4,7 @@ under its prefix, and the names sftdata gives beside it.
 A dataset at ``s3://bucket/sft/v3`` is the objects ``bucket/sft/v3/...``; its writer's
 lock object is ``bucket/sft/.v3.sftdata-lock`` beside it (as a local target's lock file
 is beside the folder), so a prefix holds nothing but the dataset. fsspec is imported
-only here, lazily (``sources.remote``): ``sftdata.loader`` imports numpy alone.
+only here, lazily (``sftdata.fsspec_urls``): ``sftdata.loader`` imports numpy alone.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..cache import cache_dir
 from ..errors import SftDataError
-from ..sources.remote import filesystem
+from ..fsspec_urls import filesystem
 from .lock import LOCK_SUFFIX
 
 
