@@ -237,6 +237,41 @@ def test_a_killed_writer_leaves_no_readable_dataset_and_the_next_run_clears_it(s
             f"train/shard_00000/mask.bin (and 14 more)") in caplog.messages
 
 
+KILLED_WRITER = """
+import sys, time
+from sftdata.prepare import PrepareOptions, prepare
+from sftdata.store import object_commit as oc
+def hang(*args):
+    print("uploaded", flush=True)
+    time.sleep(600)
+oc.put_commit = hang
+prepare([sys.argv[1]], sys.argv[2], PrepareOptions(val_split=0.2, shard_tokens=400))
+"""
+
+
+def test_a_writer_killed_with_sigkill_before_its_commit(s3, both, source, caplog):
+    url = f"s3://{BUCKET}/sft/sigkill"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(source), url], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert proc.stdout.readline() == "uploaded\n"  # every file is up; the metadata is not
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(objects(s3, url)) == sorted(k for k in objects(s3, f"s3://{BUCKET}/sft/both") if k != METADATA_FILE)
+    with pytest.raises(DatasetError, match=rf"^{url} is not a committed sftdata dataset: it has no "
+                                           rf"dataset_metadata.json, the object a writer puts last, yet holds 19 "):
+        make_loader(LoaderConfig(batch_size=2, block_size=8), url, backend="numpy")
+    with caplog.at_level(logging.WARNING, logger="sftdata.store"):
+        prepare([source], url, PrepareOptions(**OPTS))  # its lock names a dead pid: taken over, its objects removed
+    assert objects(s3, url) == objects(s3, f"s3://{BUCKET}/sft/both")
+    assert [m for m in caplog.messages if m.startswith("removed 19 object(s)")] == [
+        f"removed 19 object(s) of {url} left by a run that died before its commit (pid {proc.pid}): rejects.jsonl, "
+        f"serving.json, tokenizer_state.json, train/shard_00000/episodes.idx, train/shard_00000/mask.bin "
+        f"(and 14 more)"]
+
+
 def test_another_hosts_lock_is_never_taken(s3, source):
     url = f"s3://{BUCKET}/sft/busy"
     lock = f"{BUCKET}/sft/.busy.sftdata-lock"
