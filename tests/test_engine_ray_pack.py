@@ -142,3 +142,4 @@ def test_errors_of_a_ray_pack_are_those_of_a_local_one(ray_cluster, source, tmp_
     assert str(ray.value) == str(local.value) == (f"{tmp_path / 'taken'} already exists; pass --overwrite to "
                                                   f"replace it, or choose another --output-dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
