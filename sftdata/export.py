@@ -99,7 +99,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
     names = list(options.splits) if options.splits else list(ds.splits)
     for name in names:
         ds.split(name)  # an unknown split: the reader's message names the ones there are
-        if ds.split(name).num_episodes and not ds.split(name).has_mask:
+        if ds.split(name).num_items and not ds.split(name).has_mask:
             raise DatasetError(f"split {name!r} of {source} has no mask.bin, so labels cannot say which tokens are "
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
     sink_cls = _parquet_sink() if options.format == "parquet" else JsonlSink
@@ -120,7 +120,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
                     out.tokens += int(chunk.attention.sum())
                     out.trained_tokens += int(np.count_nonzero(chunk.labels != IGNORE_INDEX))
                     if progress is not None:
-                        progress(ExportProgress(name, out.rows, sp.num_episodes))
+                        progress(ExportProgress(name, out.rows, sp.num_items))
             out.bytes = (w.path / out.file).stat().st_size
         w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
             **provenance, "format": options.format, "columns": columns,
@@ -168,9 +168,9 @@ def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
     """The episodes of ``sp`` in global id order, whole episodes of up to ``budget`` tokens."""
     sources = sp.sources
     for si, sh in enumerate(sp.shards):
-        starts = sh.episodes[:, 0].astype(np.int64)
-        lengths = sh.episodes[:, 1].astype(np.int64)
-        first = int(sp.episode_offsets[si])
+        starts = sh.index[:, 0].astype(np.int64)
+        lengths = sh.index[:, 1].astype(np.int64)
+        first = int(sp.item_offsets[si])
         for i, j in whole_runs(starts + lengths, budget, starts=starts):
             st, ln = starts[i:j], lengths[i:j]
             lo, hi = int(st.min()), int((st + ln).max())
@@ -191,9 +191,9 @@ def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
     seg = split_segments(sp)
     per = max(1, budget // L)
     for si, sh in enumerate(sp.shards):
-        first = int(sp.episode_offsets[si])
-        for a in range(0, sh.num_episodes, per):
-            b = min(sh.num_episodes, a + per)
+        first = int(sp.item_offsets[si])
+        for a in range(0, sh.num_items, per):
+            b = min(sh.num_items, a + per)
             toks, mask = sh.read_range(a * L, b * L)
             rows = np.arange(first + a, first + b, dtype=np.int64)
             s = seg.of_rows(rows)

@@ -223,10 +223,10 @@ def _open_splits(scan: Scan, packed: bool) -> None:
             shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
             scan.problems += missing_files(shard, shard_files(packed) + listed)
-            first += shard.num_episodes
+            first += shard.num_items
             shards.append(shard)
         if shards:
-            ds.splits[split] = Split(split, shards)
+            ds.splits[split] = Split(split, shards, packed)
 
 
 def open_dataset(root: str | Path, *, token_dtype=None) -> Dataset:
