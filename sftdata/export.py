@@ -32,7 +32,16 @@ from .errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from .loader import IGNORE_INDEX, dataset_identity
 from .packing import PAD_SEQ_ID, row_layout
 from .ranges import range_index, whole_runs
-from .store import METADATA_FILE, DatasetWriter, Split, open_dataset, read_json, split_segments
+from .store import (
+    METADATA_FILE,
+    DatasetWriter,
+    Split,
+    open_dataset,
+    read_json,
+    remote_metadata,
+    remote_url,
+    split_segments,
+)
 
 FORMATS = ("parquet", "jsonl")
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few ms to decode
@@ -93,9 +102,12 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
     if options.row_group_tokens < 1:
         raise UsageError(f"row_group_tokens must be >= 1, got {options.row_group_tokens}")
     t0 = time.perf_counter()
-    source, target = Path(dataset_dir), Path(output_dir)
+    source, target, url = Path(dataset_dir), Path(output_dir), remote_url(output_dir)
     ds = open_dataset(source)
-    _check_target(source, target, options.overwrite)
+    if url is None:
+        _check_target(source, target, options.overwrite)
+    elif options.overwrite:
+        _check_kind(url, remote_metadata(url))
     names = list(options.splits) if options.splits else list(ds.splits)
     for name in names:
         ds.split(name)  # an unknown split: the reader's message names the ones there are
@@ -104,10 +116,10 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
     sink_cls = _parquet_sink() if options.format == "parquet" else JsonlSink
     columns = PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
-    report = ExportReport(str(source), str(target), options.format, ds.kind, columns)
+    report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns)
     provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
                   "sftdata_version": __version__}
-    with DatasetWriter(target, overwrite=options.overwrite) as w:
+    with DatasetWriter(url or target, overwrite=options.overwrite) as w:
         for name in names:
             sp = ds.split(name)
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
@@ -139,10 +151,15 @@ def _check_target(source: Path, target: Path, overwrite: bool) -> None:
     if not target.exists() or not overwrite:
         return  # the writer refuses an existing target without --overwrite
     if target.is_dir() and any(target.iterdir()):
-        meta = read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {}
-        if meta.get("kind") != EXPORT_KIND:
-            raise OutputExistsError(f"{target} is not an earlier export of sftdata: --overwrite replaces only an export "
-                                    f"(never a dataset or other files); choose another --output-dir")
+        _check_kind(target, read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {})
+
+
+def _check_kind(target, meta: dict | None) -> None:
+    """``--overwrite`` replaces only an earlier export (an object-store target without
+    metadata is left to the writer's checks: empty, or refused)."""
+    if meta is not None and meta.get("kind") != EXPORT_KIND:
+        raise OutputExistsError(f"{target} is not an earlier export of sftdata: --overwrite replaces only an export "
+                                f"(never a dataset or other files); choose another --output-dir")
 
 
 # -------------------------------------------------------------------------- chunks of rows

@@ -19,7 +19,7 @@ from .budget_order import TokenBudgetOrder, episode_batch_order
 from .config import LoaderConfig
 from .errors import DatasetError, UsageError
 from .order import BatchOrder, row_order
-from .store import Dataset, Split, has_episode_index, local_path, open_dataset, split_segments
+from .store import Dataset, Split, dataset_path, has_episode_index, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
@@ -95,7 +95,7 @@ class Replay:
 
 
 def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
-    root = local_path(dataset_dir)
+    root = dataset_path(dataset_dir)
     if root.is_dir() and not has_episode_index(root, "train"):
         raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
                            f"a token-stream dataset has no episode order to replay")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import DatasetError, UsageError
-from ..store import TOKEN_DTYPES, local_path
+from ..store import TOKEN_DTYPES, dataset_path
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -28,8 +28,9 @@ def parse_size(text: str) -> int:
 def dataset_dir(path: Path) -> Path:
     """A command's dataset argument, checked before the library opens it, so that a file
     (often the input given by mistake) or a wrong path says what to give instead. A
-    ``file://`` URL is the folder it names."""
-    path = local_path(path)
+    ``file://`` URL is the folder it names; an object-store URL (``s3://bucket/sft``) its
+    copy in the local cache, fetched first when needed."""
+    path = dataset_path(path)
     if path.is_file():
         raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
                            f"`prepare-tool` wrote (its --output-dir); to make one from this file: "
