@@ -43,7 +43,7 @@ from .curate import (
     CurateSettings,
     Deduplicator,
     RecordKeys,
-    chunk_keys,
+    conversation_keys,
     load_evals,
 )
 from .errors import (
@@ -287,12 +287,14 @@ class Executor(Protocol):
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
-                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None) -> ChunkResult:
+                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None,
+                  curate: CurateSettings = CurateSettings()) -> ChunkResult:
     """Parse, validate and render one chunk of records (pure but for the tokenizer and
-    the worker's ``memo`` of encoded texts, which changes no id). With a ``profile`` (a
-    model's chat template), ``template_chunk`` renders them."""
+    the worker's ``memo`` of encoded texts, which changes no id), and compute the keys of
+    its accepted records (``curate``: the exact-duplicate key always) from the same parse.
+    With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
     if profile is not None:
-        return template_chunk(items, tok, profile, mode, max_tokens, policy)
+        return template_chunk(items, tok, profile, mode, max_tokens, policy, curate)
     convs, kept, rejects = [], [], []
     repairs: Counter = Counter()
     turns: Counter = Counter()
@@ -311,6 +313,7 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         kept.append(rec)
     chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
     sources = []
+    accepted = {}  # record -> (where, conversation), for the keys
     truncated = dropped = 0
     for rec, conv, r in zip(kept, convs, chunk.results):
         if isinstance(r, RecordError):
@@ -319,13 +322,16 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         if conv.turn_counts:
             turns.update(conv.turn_counts)
         sources.append(rec.record)
+        accepted[rec.record] = (rec.where, conv)
         if r:
             truncated += 1
             dropped += r
     rejects.sort()
+    sources = np.asarray(sources, dtype=np.int64)
     return ChunkResult(
-        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=np.asarray(sources, dtype=np.int64),
+        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=sources,
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items),
+        keys=conversation_keys(accepted, sources, chunk.ids, chunk.lengths, curate),
         memo=memo.take_stats() if memo is not None else None)
 
 
@@ -342,7 +348,8 @@ def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str 
 
 
 def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
-                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy()) -> ChunkResult:
+                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                   curate: CurateSettings = CurateSettings()) -> ChunkResult:
     """``process_chunk`` with a model's chat template: each record becomes the episodes the
     template renders (one per reply where it must), each episode's mask the rendered one,
     which its stored rule re-derives (a record where it does not is rejected by name)."""
@@ -350,7 +357,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
     repairs: Counter = Counter()
     turns: Counter = Counter()
     truncated = dropped = per_reply = per_reply_eps = 0
-    convs, kept = [], []
+    convs, kept, accepted = [], [], {}
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
@@ -370,6 +377,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
         for r in set(conv.repairs):
             repairs[r] += 1
         turns.update(conv.turn_counts)
+        accepted[rec.record] = (rec.where, conv)
         for ep in out.episodes:
             ids.append(ep.ids)
             masks.append(ep.mask)
@@ -382,12 +390,13 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             truncated += 1
             dropped += out.pairs_dropped
     rejects.sort()
+    all_ids = np.concatenate(ids) if ids else np.empty(0, np.uint32)
+    lengths, sources = np.asarray(lengths, dtype=np.int64), np.asarray(sources, dtype=np.int64)
     return ChunkResult(
-        ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
-        mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
-        lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
+        ids=all_ids, mask=np.concatenate(masks) if masks else np.empty(0, np.uint8), lengths=lengths, sources=sources,
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped,
-        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches)
+        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches,
+        keys=conversation_keys(accepted, sources, all_ids, lengths, curate))
 
 
 # -- worker processes ---------------------------------------------------------------
@@ -420,10 +429,8 @@ def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
 def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
                   profile: TemplateProfile | None, curate: CurateSettings,
                   memo: SegmentMemo | None = None) -> ChunkResult:
-    """``process_chunk``, then the keys of its accepted records (``curate.chunk_keys``)."""
-    res = process_chunk(items, tok, mode, max_tokens, policy, profile, memo)
-    res.keys = chunk_keys(items, res.sources, res.ids, res.lengths, mode, policy, curate)
-    return res
+    """``process_chunk`` with the keys ``curate`` asks for."""
+    return process_chunk(items, tok, mode, max_tokens, policy, profile, memo, curate)
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
