@@ -118,9 +118,10 @@ class SegmentMemo:
         out.peak_bytes = self.peak_bytes
         return out
 
-    def encode(self, texts: Sequence[str], tok) -> tuple[list[array], list[int]]:
-        """Each text's ids as a uint32 array, and its token count; texts not in the memo are
-        encoded with one ``tok.encode_batch`` call, each distinct text once."""
+    def encode(self, texts: Sequence[str], tok) -> tuple[list, list[int]]:
+        """Each text's ids as a uint32 array (``array`` or numpy), and its token count; texts
+        not in the memo are encoded together (``tok.joined``, else ``tok.encode_batch``), each
+        distinct text once."""
         if tokenizer_identity(tok) != self.identity:
             raise ValueError("this memo holds the ids of another tokenizer; make one memo per tokenizer")
         out: list = [None] * len(texts)
@@ -156,8 +157,11 @@ class SegmentMemo:
             where.append([i])
             todo_keep.append(True)
         if todo:
-            for text, text_ids, places, keep in zip(todo, tok.encode_batch(todo), where, todo_keep):
-                data = id_array(text_ids)
+            joined = getattr(tok, "joined", None)  # one call of the core for them all, where it can
+            encoded = joined.encode_many(todo) if joined is not None else None
+            if encoded is None:
+                encoded = [id_array(e) for e in tok.encode_batch(todo)]
+            for text, data, places, keep in zip(todo, encoded, where, todo_keep):
                 n = len(data)
                 st.tokens_encoded += n
                 st.tokens_reused += n * (len(places) - 1)
@@ -167,7 +171,9 @@ class SegmentMemo:
                     self._admit(text, data, len(places))
         return out, [len(a) for a in out]
 
-    def _admit(self, text: str, data: array, uses: int) -> None:
+    def _admit(self, text: str, data, uses: int) -> None:
+        if not isinstance(data, array):  # a view into a chunk's ids: a compact copy of its own
+            data = array(ID_TYPECODE, data.tobytes())
         cost = sys.getsizeof(text) + sys.getsizeof(data) + ENTRY_BYTES
         if cost > self.cap_bytes * (1 - _KEEP_AFTER_EVICTION):
             return  # one text would take a tenth of the memo: encode it each time instead

@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from .errors import RecordError, TokenizerError
+from .joined_encode import JoinedEncoder
 from .masking import loss_mask
 from .memo import SegmentMemo, id_array
 from .tokenizer import ChatTokenizer
@@ -202,6 +203,11 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     texts: list[str] = []
     split = memo is not None and splits_at_newlines(tok)
     plans = [_plan(c, tok, texts, split) for c in convs]
+    joined = getattr(tok, "joined", None)
+    if memo is None and num_threads == 1 and joined is not None:
+        chunk = _render_joined(plans, texts, joined, tok, max_tokens, wheres)
+        if chunk is not None:
+            return chunk
     encoded, text_len = encode_texts(texts, tok, memo, num_threads)
     markers = {~i: id_array([i]) for i in tok.special_tokens.values()}  # item -> its one-id array
     parts: list = []  # uint32 arrays, joined once
@@ -231,6 +237,59 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
         results.append(dropped)
     ids = np.frombuffer(bytearray().join(parts), dtype=np.uint32)  # writable, one copy
     return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes, dtype=np.int64), results)
+
+
+def _render_joined(plans: list, texts: list[str], joined: JoinedEncoder, tok: ChatTokenizer,
+                   max_tokens: int | None, wheres: Sequence[str] | None) -> RenderedChunk | None:
+    """``render_chunk`` by one call of the core over the chunk's rendered text (message
+    texts between the markers' strings: ``joined_encode``); None when a text holds a marker
+    string or a lone surrogate (then the texts are encoded one by one)."""
+    marker = joined.text
+    pieces: list[str] = []
+    add = pieces.append
+    eos = marker[tok.eos_id]
+    for spans in plans:
+        for _, items, _ in spans:
+            for v in items:
+                add(texts[v] if v >= 0 else marker[~v])
+        add(eos)
+    ids = joined.encode("".join(pieces), len(pieces) - len(texts))  # each text is one piece
+    if ids is None:
+        return None
+    eos_at = np.flatnonzero(ids == tok.eos_id)
+    if max_tokens is None:
+        sizes = np.diff(eos_at, prepend=-1)
+        return RenderedChunk(ids, loss_mask(ids, tok.ids), sizes.astype(np.int64), [0] * len(plans))
+    # the length filter: a span's tokens run from its opener through its <|END|>, spans back to back
+    marks = np.flatnonzero(ids >= joined.floor)
+    ends = marks[ids[marks] == tok.ids.end].tolist()
+    results: list[int | RecordError] = []
+    sizes_: list[int] = []
+    cut: list[tuple[int, int]] = []  # token ranges to remove
+    start = e = 0
+    for ci, (spans, stop) in enumerate(zip(plans, eos_at.tolist())):
+        mine = ends[e:e + len(spans)]
+        e += len(spans)
+        lengths = [b - a for a, b in zip([start - 1, *mine[:-1]], mine)]
+        try:
+            keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
+        except RecordError as err:
+            results.append(err)
+            cut.append((start, stop + 1))
+        else:
+            results.append(dropped)
+            if keep < len(spans):
+                cut.append((mine[keep - 1] + 1, stop))  # the dropped pairs; EOS stays
+                sizes_.append(mine[keep - 1] + 2 - start)
+            else:
+                sizes_.append(stop + 1 - start)
+        start = stop + 1
+    if cut:
+        kept = np.ones(ids.shape[0], dtype=bool)
+        for a, b in cut:
+            kept[a:b] = False
+        ids = ids[kept]
+    return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes_, dtype=np.int64), results)
 
 
 def render_batch(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,
