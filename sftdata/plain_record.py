@@ -26,13 +26,6 @@ from .turns import CHAT_ROLES, Conversation, Turn
 _OTHER = {"user": "assistant", "assistant": "user"}
 
 
-def _role(value: Any) -> str | None:
-    if type(value) is not str:
-        return None
-    role = CHAT_ROLES.get(value)
-    return CHAT_ROLES.get(value.lower()) if role is None else role
-
-
 def plain_conversation(obj: Any) -> Conversation | None:
     """The conversation of a plain record (module docstring), or None."""
     if type(obj) is not dict or "tools" in obj or "functions" in obj:
@@ -54,9 +47,11 @@ def plain_conversation(obj: Any) -> Conversation | None:
     for m in msgs:
         if type(m) is not dict or len(m) != 2:
             return None
-        text = m.get(text_key)
-        role = _role(m.get(role_key))
-        if type(text) is not str or role is None:
+        text, role = m.get(text_key), m.get(role_key)
+        if type(text) is not str or type(role) is not str:
+            return None
+        role = CHAT_ROLES.get(role) or CHAT_ROLES.get(role.lower())
+        if role is None:
             return None
         if role == "system":
             if turns:  # after the conversation started: the general parser rejects it

@@ -148,6 +148,46 @@ def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str], split_system
     return spans
 
 
+def _pieces(conv: Conversation, tok: ChatTokenizer, marker: dict[int, str], out: list[str]) -> int:
+    """Append the rendered text of ``conv`` to ``out``, the markers as their strings (the
+    layout ``_plan`` gives, whole system span, then EOS); return how many markers."""
+    ids = tok.ids
+    end = marker[ids.end]
+    n = len(out)
+    texts = 0
+    parts = system_parts(conv)
+    if parts is not None:
+        out += (marker[ids.system], "".join(parts), end)
+        texts += 1
+    user, tool = marker[ids.user], marker[ids.tool]
+    for turn in conv.turns:
+        role = turn.role
+        if role == "system":
+            continue
+        if role == "user":
+            out += (user, turn.text, end)
+        elif role == "tool":
+            out += (tool, turn.text, end)
+        else:
+            opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
+            out.append(marker[opener])
+            if turn.reasoning:
+                out += (marker[_marker(ids.think, "<|THINK|>", tok)], turn.reasoning,
+                        marker[_marker(ids.end_think, "<|END_THINK|>", tok)])
+                texts += 1
+            if turn.text:
+                out.append(turn.text)
+                texts += 1
+            for call in turn.tool_calls:
+                out += (marker[ids.tool_call], tool_call_text(call))
+                texts += 1
+            out.append(end)
+            continue
+        texts += 1
+    out.append(marker[tok.eos_id])
+    return len(out) - n - texts
+
+
 def _cut(spans: list[tuple[bool, list, bool]], lengths: list[int], max_tokens: int | None, where: str):
     """How many spans to keep under the length filter, and how many pairs it drops."""
     if max_tokens is None:
@@ -200,11 +240,20 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     With a ``memo``, texts seen before are not encoded again, and when the tokenizer
     allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
     schema shared by many records is one entry. The ids are the same either way."""
+    joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None
+    if joined is not None and max_tokens is None:  # the rendered text straight from the conversations
+        pieces: list[str] = []
+        placed = 0
+        for c in convs:
+            placed += _pieces(c, tok, joined.text, pieces)
+        ids = joined.encode("".join(pieces), placed)
+        if ids is not None:
+            return _joined_chunk(ids, convs, joined, tok, None, wheres)
+        joined = None  # a typed marker or a lone surrogate: text by text
     texts: list[str] = []
     split = memo is not None and splits_at_newlines(tok)
     plans = [_plan(c, tok, texts, split) for c in convs]
-    joined = getattr(tok, "joined", None)
-    if memo is None and num_threads == 1 and joined is not None:
+    if joined is not None:  # the length filter needs each span: from the plans
         chunk = _render_joined(plans, texts, joined, tok, max_tokens, wheres)
         if chunk is not None:
             return chunk
@@ -256,6 +305,13 @@ def _render_joined(plans: list, texts: list[str], joined: JoinedEncoder, tok: Ch
     ids = joined.encode("".join(pieces), len(pieces) - len(texts))  # each text is one piece
     if ids is None:
         return None
+    return _joined_chunk(ids, plans, joined, tok, max_tokens, wheres)
+
+
+def _joined_chunk(ids: np.ndarray, plans: list, joined: JoinedEncoder, tok: ChatTokenizer, max_tokens: int | None,
+                  wheres: Sequence[str] | None) -> RenderedChunk:
+    """The chunk of the rendered ids ``ids`` of ``plans`` (``_plan``'s spans per
+    conversation; only their count without ``max_tokens``), the length filter applied."""
     eos_at = np.flatnonzero(ids == tok.eos_id)
     if max_tokens is None:
         sizes = np.diff(eos_at, prepend=-1)
