@@ -568,6 +568,27 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         i = j
 
 
+def _split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val: np.ndarray, dtype: np.dtype,
+                 opts: PrepareOptions) -> dict:
+    """The staging shard (``staged``: its metadata), then the engine's parts, into train and
+    val in input order; returns each split's metadata and removes what was staged."""
+    pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
+    pieces += [(Path(p.path), p.record_offset) for p in parts]
+    writers = {False: w.split("train", dtype, opts.shard_tokens),
+               True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
+    first = 0
+    for path, offset in pieces:  # in input order
+        src = Shard(path, dtype)
+        _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
+        first += src.num_episodes
+        del src
+    splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
+                   if wr is not None}
+    shutil.rmtree(w.path / "_staging")
+    shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
+    return splits_meta
+
+
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir) -> SftDataError:
     if records == 0:
         names = ", ".join(str(p) for p in inputs)
@@ -626,7 +647,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     repaired: Counter = Counter()
     turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
-        staging = w.split("_staging", dtype, shard_tokens=1 << 62)
+        # no val split to draw (and no engine writing parts of its own): the episodes go straight to
+        # train in input order, the shards train's own, with no staging copy to split afterwards
+        direct = opts.val_split == 0 and executor is None
+        stage_name = "train" if direct else "_staging"
+        staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split("_staging", dtype, 1 << 62)
         records = tokens = 0
         parts: list[StagedPart] = []
         rejects = w.path / REJECTS_FILE
@@ -660,7 +685,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                 if res.staged is not None:
                     parts.append(res.staged)
                 elif res.lengths.size:
-                    with writing(w.path / "_staging", output_dir):
+                    with writing(w.path / stage_name, output_dir):
                         staging.add_many(res.ids, res.mask, res.lengths, res.sources)
                 records += res.records
                 tokens += int(res.ids.shape[0]) if res.staged is None else res.staged.tokens
@@ -673,7 +698,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
         summary.turns = {name: turns[name] for name in TURN_COUNTS}
-        with writing(w.path / "_staging", output_dir):
+        with writing(w.path / stage_name, output_dir):
             staged = staging.close()
         n = staged["episodes"] + sum(p.episodes for p in parts)
         if n == 0:
@@ -683,20 +708,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
                              f"lower --val-split")
         with writing(w.path, output_dir):
-            pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
-            pieces += [(Path(p.path), p.record_offset) for p in parts]
-            writers = {False: w.split("train", dtype, opts.shard_tokens),
-                       True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
-            first = 0
-            for path, offset in pieces:  # in input order
-                src = Shard(path, dtype)
-                _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
-                first += src.num_episodes
-                del src
-            splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
-                           if wr is not None}
-            shutil.rmtree(w.path / "_staging")
-            shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
+            if direct:
+                splits_meta = {"train": staged}
+            else:
+                splits_meta = _split_parts(w, staged, parts, is_val, dtype, opts)
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:

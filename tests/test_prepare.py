@@ -243,15 +243,16 @@ def _disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")  # what write() raises: no file name
 
 
-def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("val_split,folder", [(0.0, "train"), (0.5, "_staging")])  # no val: straight to train
+def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch, val_split, folder):
     from sftdata.store import writer
 
     src = write_jsonl(tmp_path / "in.jsonl", records(3))
     monkeypatch.setattr(writer._HashedFile, "write", _disk_full)
     with pytest.raises(OSError) as e:
-        prepare([src], tmp_path / "ds", PrepareOptions())
+        prepare([src], tmp_path / "ds", PrepareOptions(val_split=val_split))
     assert e.value.errno == errno.ENOSPC
-    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.ds\.tmp-\d+-[0-9a-f]{8}/_staging", e.value.filename)
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.ds\.tmp-\d+-[0-9a-f]{8}/" + folder, e.value.filename)
     assert e.value.strerror == f"No space left on device (while preparing {tmp_path / 'ds'})"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
