@@ -42,6 +42,7 @@ ENTRY_BYTES = 260  # per stored entry beyond its text and ids (their sizes as Py
 SEEN_BYTES = 160  # per text seen once and remembered: its hash, a count, its dict slot with the table's slack
 DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal share
 POLICIES = ("frequency", "lru")
+_EMPTY_ARRAY_BYTES = sys.getsizeof(array(ID_TYPECODE))
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches
 
 
@@ -172,9 +173,9 @@ class SegmentMemo:
         return out, [len(a) for a in out]
 
     def _admit(self, text: str, data, uses: int) -> None:
-        if not isinstance(data, array):  # a view into a chunk's ids: a compact copy of its own
-            data = array(ID_TYPECODE, data.tobytes())
-        cost = sys.getsizeof(text) + sys.getsizeof(data) + ENTRY_BYTES
+        # a view into a chunk's ids is copied (exactly sized) only if it is stored
+        size = sys.getsizeof(data) if isinstance(data, array) else _EMPTY_ARRAY_BYTES + 4 * len(data)
+        cost = sys.getsizeof(text) + size + ENTRY_BYTES
         if cost > self.cap_bytes * (1 - _KEEP_AFTER_EVICTION):
             return  # one text would take a tenth of the memo: encode it each time instead
         if self.policy == "frequency":
@@ -188,6 +189,10 @@ class SegmentMemo:
                 self._grow(SEEN_BYTES)
                 return
             uses += seen
+        if not isinstance(data, array):
+            stored = array(ID_TYPECODE, [0]) * len(data)  # 80 + 4 bytes an id, as built from a list
+            memoryview(stored).cast("B")[:] = memoryview(data).cast("B")
+            data = stored
         self._make_room(cost)
         self._entries[text] = [data, uses, cost]
         self._grow(cost)
