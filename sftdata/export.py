@@ -32,7 +32,16 @@ from .errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from .loader import IGNORE_INDEX, dataset_identity
 from .packing import PAD_SEQ_ID, row_layout
 from .ranges import range_index, whole_runs
-from .store import METADATA_FILE, DatasetWriter, Split, open_dataset, read_json, split_segments
+from .store import (
+    METADATA_FILE,
+    DatasetWriter,
+    Split,
+    open_dataset,
+    read_json,
+    remote_metadata,
+    remote_url,
+    split_segments,
+)
 
 FORMATS = ("parquet", "jsonl")
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few ms to decode
@@ -93,21 +102,24 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
     if options.row_group_tokens < 1:
         raise UsageError(f"row_group_tokens must be >= 1, got {options.row_group_tokens}")
     t0 = time.perf_counter()
-    source, target = Path(dataset_dir), Path(output_dir)
+    source, target, url = Path(dataset_dir), Path(output_dir), remote_url(output_dir)
     ds = open_dataset(source)
-    _check_target(source, target, options.overwrite)
+    if url is None:
+        _check_target(source, target, options.overwrite)
+    elif options.overwrite:
+        _check_kind(url, remote_metadata(url))
     names = list(options.splits) if options.splits else list(ds.splits)
     for name in names:
         ds.split(name)  # an unknown split: the reader's message names the ones there are
-        if ds.split(name).num_episodes and not ds.split(name).has_mask:
+        if ds.split(name).num_items and not ds.split(name).has_mask:
             raise DatasetError(f"split {name!r} of {source} has no mask.bin, so labels cannot say which tokens are "
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
     sink_cls = _parquet_sink() if options.format == "parquet" else JsonlSink
     columns = PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
-    report = ExportReport(str(source), str(target), options.format, ds.kind, columns)
+    report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns)
     provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
                   "sftdata_version": __version__}
-    with DatasetWriter(target, overwrite=options.overwrite) as w:
+    with DatasetWriter(url or target, overwrite=options.overwrite) as w:
         for name in names:
             sp = ds.split(name)
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
@@ -120,7 +132,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
                     out.tokens += int(chunk.attention.sum())
                     out.trained_tokens += int(np.count_nonzero(chunk.labels != IGNORE_INDEX))
                     if progress is not None:
-                        progress(ExportProgress(name, out.rows, sp.num_episodes))
+                        progress(ExportProgress(name, out.rows, sp.num_items))
             out.bytes = (w.path / out.file).stat().st_size
         w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
             **provenance, "format": options.format, "columns": columns,
@@ -139,10 +151,15 @@ def _check_target(source: Path, target: Path, overwrite: bool) -> None:
     if not target.exists() or not overwrite:
         return  # the writer refuses an existing target without --overwrite
     if target.is_dir() and any(target.iterdir()):
-        meta = read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {}
-        if meta.get("kind") != EXPORT_KIND:
-            raise OutputExistsError(f"{target} is not an earlier export of sftdata: --overwrite replaces only an export "
-                                    f"(never a dataset or other files); choose another --output-dir")
+        _check_kind(target, read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {})
+
+
+def _check_kind(target, meta: dict | None) -> None:
+    """``--overwrite`` replaces only an earlier export (an object-store target without
+    metadata is left to the writer's checks: empty, or refused)."""
+    if meta is not None and meta.get("kind") != EXPORT_KIND:
+        raise OutputExistsError(f"{target} is not an earlier export of sftdata: --overwrite replaces only an export "
+                                f"(never a dataset or other files); choose another --output-dir")
 
 
 # -------------------------------------------------------------------------- chunks of rows
@@ -168,9 +185,9 @@ def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
     """The episodes of ``sp`` in global id order, whole episodes of up to ``budget`` tokens."""
     sources = sp.sources
     for si, sh in enumerate(sp.shards):
-        starts = sh.episodes[:, 0].astype(np.int64)
-        lengths = sh.episodes[:, 1].astype(np.int64)
-        first = int(sp.episode_offsets[si])
+        starts = sh.index[:, 0].astype(np.int64)
+        lengths = sh.index[:, 1].astype(np.int64)
+        first = int(sp.item_offsets[si])
         for i, j in whole_runs(starts + lengths, budget, starts=starts):
             st, ln = starts[i:j], lengths[i:j]
             lo, hi = int(st.min()), int((st + ln).max())
@@ -191,9 +208,9 @@ def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
     seg = split_segments(sp)
     per = max(1, budget // L)
     for si, sh in enumerate(sp.shards):
-        first = int(sp.episode_offsets[si])
-        for a in range(0, sh.num_episodes, per):
-            b = min(sh.num_episodes, a + per)
+        first = int(sp.item_offsets[si])
+        for a in range(0, sh.num_items, per):
+            b = min(sh.num_items, a + per)
             toks, mask = sh.read_range(a * L, b * L)
             rows = np.arange(first + a, first + b, dtype=np.int64)
             s = seg.of_rows(rows)

@@ -60,6 +60,7 @@ from .store import (
     DatasetWriter,
     Split,
     open_dataset,
+    remote_url,
     sha256_file,
     write_serving,
 )
@@ -366,6 +367,8 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     metadata) when a split loses more than 1% of its trained tokens."""
     opts.validate()
     t0 = time.perf_counter()
+    output_dir = remote_url(output_dir) or output_dir  # s3:/b/x (a URL through Path) -> s3://b/x
+    source_url = remote_url(source)
     source = Path(source)
     ds = open_dataset(source)
     if ds.kind != "episodes":
@@ -390,7 +393,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
         raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
     _refuse_source(ds, source)
     _check_memory(ds, opts)
-    report = PackReport(str(output_dir), str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
+    report = PackReport(str(output_dir), source_url or str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
                         opts.seed)
     lossy: list[str] = []  # one warning per split losing more than 1% of its trained tokens
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
@@ -423,7 +426,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
                         "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
                         "shard_tokens": opts.shard_tokens, "pad_seq_id": PAD_SEQ_ID,
                         "segment_fields": list(SEGMENT_FIELDS)},
-            "source": {"path": str(source.resolve()), "metadata_sha256": sha256_file(src_meta),
+            "source": {"path": source_url or str(source.resolve()), "metadata_sha256": sha256_file(src_meta),
                        "kind": ds.kind, "counts": ds.metadata.get("counts")},
             "splits": splits_meta,
             "report": report.as_dict(timing=False)["splits"],

@@ -69,6 +69,7 @@ from .store import (
     Shard,
     SplitWriter,
     local_path,
+    remote_url,
     token_dtype_for,
     write_serving,
 )
@@ -589,13 +590,13 @@ def _split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val
     return splits_meta
 
 
-def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir) -> SftDataError:
+def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:
     if records == 0:
         names = ", ".join(str(p) for p in inputs)
         return NoUsableRecordsError(f"no records in {names} (an empty file, only blank lines, or []); nothing "
                                     f"to write. Give JSONL (one conversation per line) or a JSON array of "
                                     f"conversations")
-    kept = keep_rejects(rejects, output_dir)
+    kept = keep_rejects(rejects, beside)
     top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5))
     hint = (". The records hold tool calls or results: prepare them with `sftdata prepare-tool`"
             if rejected.get("tool_conversation", 0) * 2 > records else "")
@@ -604,9 +605,9 @@ def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output
                                    str(kept), dict(rejected))
 
 
-def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir) -> SftDataError:
+def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:
     """The train split's mask trains no token: a dataset that would train nothing."""
-    kept = f"; the records rejected are listed in {keep_rejects(rejects, output_dir)}" if rejected else ""
+    kept = f"; the records rejected are listed in {keep_rejects(rejects, beside)}" if rejected else ""
     return NothingToTrainError(f"the {episodes:,} train episodes hold 0 trained tokens (the mask trains no assistant "
                                f"reply), so a model would learn nothing from them; nothing was written to "
                                f"{output_dir}{kept}. Check that the records hold assistant replies after user or "
@@ -622,7 +623,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     When every record is rejected, nothing is created at ``output_dir`` and the reasons go
     to a file beside it that the error names (``AllRecordsRejectedError.rejects_path``)."""
     opts.validate()
-    output_dir = local_path(output_dir)  # a path, or a file:// URL
+    output_dir = remote_url(output_dir) or local_path(output_dir)  # a path, a file:// URL or an object-store URL
     if not inputs:
         raise UsageError("no input files given")
     t0 = time.perf_counter()
@@ -702,7 +703,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             staged = staging.close()
         n = staged["episodes"] + sum(p.episodes for p in parts)
         if n == 0:
-            raise _all_rejected(inputs, records, rejected, rejects, output_dir)
+            raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)
         is_val = split_assignment(n, opts.val_split, opts.seed)
         if n - int(is_val.sum()) == 0:
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
@@ -715,7 +716,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:
-            raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir)
+            raise _nothing_trained(splits_meta["train"]["episodes"], rejected, rejects, output_dir, w.target)
         for split, m in splits_meta.items():
             summary.episodes[split] = m["episodes"]
             summary.tokens[split] = m["tokens"]

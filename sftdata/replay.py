@@ -19,7 +19,7 @@ from .budget_order import TokenBudgetOrder, episode_batch_order
 from .config import LoaderConfig
 from .errors import DatasetError, UsageError
 from .order import BatchOrder, row_order
-from .store import Dataset, Split, has_episode_index, local_path, open_dataset, split_segments
+from .store import Dataset, Split, dataset_path, has_episode_index, open_dataset, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "episode", "shard", "length", "record", "step", "rank", "slot")
@@ -95,7 +95,7 @@ class Replay:
 
 
 def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
-    root = local_path(dataset_dir)
+    root = dataset_path(dataset_dir)
     if root.is_dir() and not has_episode_index(root, "train"):
         raise DatasetError(f"{root} has no episode index (train/shard_*/episodes.idx or train/episodes.idx): "
                            f"a token-stream dataset has no episode order to replay")
@@ -109,7 +109,7 @@ def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1)
         if cfg.batch_tokens is not None:
             raise UsageError(f"{ds.root} is packed: its batches are batch_size rows; --batch-tokens is for "
                              f"episodes datasets")
-        return row_order(cfg, sp.num_episodes, world_size, what=what)
+        return row_order(cfg, sp.num_rows, world_size, what=what)
     return episode_batch_order(cfg, sp.lengths, world_size, what=what)
 
 
@@ -276,7 +276,7 @@ def _records(sp: Split, ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
     for si, s in enumerate(sp.shards):
         if s.sources is not None:
             sel = shard == si
-            out[sel] = np.asarray(s.sources, dtype=np.int64)[ids[sel] - sp.episode_offsets[si]]
+            out[sel] = np.asarray(s.sources, dtype=np.int64)[ids[sel] - sp.item_offsets[si]]
     return out
 
 
@@ -312,7 +312,7 @@ def _packed_replay(ds: Dataset, cfg: LoaderConfig, lay: Layouts, *, split: str, 
     names = PACKED_STEP_COLUMNS if step is not None else PACKED_EPOCH_COLUMNS
     cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
     return Replay(str(ds.root), split, "epoch", o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
-                  cfg.episode_min_tokens, sp.num_episodes, o.n, 0, step, rank, total, cols, [], **resize)
+                  cfg.episode_min_tokens, sp.num_rows, o.n, 0, step, rank, total, cols, [], **resize)
 
 
 def check_audit_log(dataset_dir: str | Path, cfg: LoaderConfig, log_path: str | Path, *, split: str = "train",

@@ -78,9 +78,9 @@ def replay_mixture(path: str | Path, cfg: LoaderConfig, *, split: str = "train",
     total = cols["dataset"].shape[0]
     k = total if head is None else min(int(head), total)
     cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
-    num_episodes = sum(ds.split(split).num_episodes for ds in om.datasets)
+    num_items = sum(ds.split(split).num_items for ds in om.datasets)
     return Replay(str(path), split, "epoch", o.seed, o.shuffle, o.drop_last, bs, world_size, cfg.episode_min_tokens,
-                  num_episodes, o.epoch_size(epoch), epoch, step, rank, total, cols, shard_names,
+                  num_items, o.epoch_size(epoch), epoch, step, rank, total, cols, shard_names,
                   dataset_names=om.names)
 
 
@@ -100,7 +100,7 @@ def _episode_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarr
         for si, s in enumerate(sp.shards):
             if s.sources is not None:
                 here = sh == si
-                rec[here] = np.asarray(s.sources, dtype=np.int64)[ids[here] - sp.episode_offsets[si]]
+                rec[here] = np.asarray(s.sources, dtype=np.int64)[ids[here] - sp.item_offsets[si]]
         record[sel] = rec
         shard_names += [s.name for s in sp.shards]
     cols.update(episode=local, shard=shard, length=length, record=record)

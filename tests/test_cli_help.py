@@ -1,14 +1,19 @@
 """`--help` teaches: every command explains itself, shows examples that parse, and no
 flag is drawn as if it took a value."""
 
+import inspect
 import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from sftdata.cli import app
+from sftdata.cli.app import COMMANDS as REGISTRY
 
 runner = CliRunner()
 COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
@@ -50,12 +55,12 @@ def test_every_command_has_examples_that_parse(name):
         command.make_context(name, words[1:])
 
 
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", [None, *COMMANDS])
 def test_flags_show_no_value(name):
-    r = runner.invoke(app, [name, "-h"])
-    for line in r.output.splitlines():
-        if "<bool>" in line:
-            assert "--help" in line, line  # typer's own --help is the one left
+    r = runner.invoke(app, [name, "-h"] if name else ["-h"])
+    assert r.exit_code == 0
+    assert "<bool>" not in r.output  # not even typer's own --help
+    assert re.search(r"│ +--help +-h +Show this message and exit\. +│", r.output)
 
 
 def test_the_root_examples_parse():
@@ -70,3 +75,39 @@ def test_pack_help_speaks_plainly():
     text = " ".join(r.output.split())
     assert "seed 002" not in text
     assert "bfd or stream." in text and "truncate, keep_end, split or drop." in text
+
+
+def test_the_registry_lists_each_command_with_the_first_paragraph_of_its_help():
+    group = typer.main.get_command(app)
+    assert sorted(REGISTRY) == sorted(COMMANDS)
+    for name, entry in REGISTRY.items():
+        assert entry.help == inspect.cleandoc(group.commands[name].help).split("\n\n")[0], name
+    with pytest.raises(KeyError):
+        group.commands["nope"]
+
+
+def test_a_misspelt_command_is_named_with_its_likely_spelling():
+    r = runner.invoke(app, ["pak"])
+    assert r.exit_code == 2
+    assert "No such command 'pak'. Did you mean 'pack'?" in r.output
+
+
+def _modules_after(*args: str) -> set[str]:
+    """The sftdata modules a fresh interpreter holds after running ``sftdata ARGS``."""
+    code = ("import sys; from sftdata.cli import app\n"
+            "try:\n    app(sys.argv[1:], prog_name='sftdata')\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('sftdata')), file=sys.stderr)")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
+                       env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return set(r.stderr.split())
+
+
+def test_a_command_imports_only_its_own_module_and_the_root_help_none():
+    light = {"sftdata", "sftdata.errors", "sftdata.cli", "sftdata.cli.app"}
+    assert _modules_after("--help") == light
+    pack = _modules_after("pack", "--help")
+    assert {"sftdata.cli.pack_cmd", "sftdata.pack"} <= pack
+    assert {m for m in pack if m.startswith("sftdata.cli.")} == {"sftdata.cli.app", "sftdata.cli.options",
+                                                                 "sftdata.cli.pack_cmd"}
+    assert not {"sftdata.prepare", "sftdata.report", "sftdata.curate", "sftdata.verify", "sftdata.loader"} & pack

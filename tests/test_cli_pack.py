@@ -20,7 +20,7 @@ def test_pack_json_prints_only_the_report(source, tmp_path):  # noqa: F811
     assert rep["strategy"] == "bfd" and rep["row_len"] == 256 and rep["pad_id"] == 100257
     train = rep["splits"]["train"]
     ds = open_dataset(tmp_path / "p")
-    assert train["rows"] == ds.split("train").num_episodes
+    assert train["rows"] == ds.split("train").num_rows
     assert set(train) >= {"fill", "padding_fill", "lower_bound_rows", "bound_ratio", "overlong_episodes",
                           "trained_lost", "tokens_lost", "padding_rows"}
     assert train["fill"] > train["padding_fill"]

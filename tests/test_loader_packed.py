@@ -71,7 +71,7 @@ def test_make_loader_recognises_packed_datasets_and_batches_are_exact(packed):
 def test_loader_ends_after_one_pass(packed, caplog):
     with caplog.at_level(logging.INFO, logger="sftdata.loader"):
         loader = make_loader(cfg(epoch_drop_last=False, batch_size=5), packed, backend="numpy")
-        n = open_dataset(packed).split("train").num_episodes
+        n = open_dataset(packed).split("train").num_rows
         total = -(-n // 5)
         assert loader.steps_total() == total
         batches = list(loader)

@@ -64,7 +64,7 @@ def check_rebuild(src_path, out_path):
         seg = split_segments(split)
         rows_tok = np.concatenate([np.asarray(sh.tokens) for sh in split.shards]).reshape(-1, L)
         rows_mask = np.concatenate([np.asarray(sh.mask) for sh in split.shards]).reshape(-1, L)
-        assert rows_tok.shape[0] == split.num_episodes
+        assert rows_tok.shape[0] == split.num_rows
         for j in range(seg.row.size):
             r, o, n, p = (int(v[j]) for v in (seg.row, seg.offset, seg.length, seg.prefix))
             ep_toks, _ = s_split.episode(int(seg.episode[j]))
@@ -93,7 +93,7 @@ def test_bfd_output_layout_metadata_and_rebuild(source, tmp_path):
     src = open_dataset(source)
     for name, r in rep.splits.items():
         assert r.episodes == src.split(name).num_episodes
-        assert meta["splits"][name]["rows"] == r.rows == out.split(name).num_episodes
+        assert meta["splits"][name]["rows"] == r.rows == out.split(name).num_rows
         # every episode placed whole exactly once (none is longer than a row here)
         seg = split_segments(out.split(name))
         assert sorted(seg.episode.tolist()) == list(range(r.episodes))
@@ -176,10 +176,10 @@ def test_packed_rows_read_back_as_fixed_length_items(source, tmp_path):
     pack(source, tmp_path / "p", PackOptions(block_size=127, shard_tokens=1000))
     split = open_dataset(tmp_path / "p").split("train")
     assert (split.lengths == 128).all() and len(split.shards) > 1
-    toks, mask = split.episode(split.num_episodes - 1)
+    toks, mask = split.row(split.num_rows - 1)
     assert toks.shape == (128,) and mask.shape == (128,)
     seg = split_segments(split)
-    assert seg.row[-1] == split.num_episodes - 1
+    assert seg.row[-1] == split.num_rows - 1
     sub = seg.of_rows([3, 0])
     assert sub.row.tolist() == [3] * int((seg.row == 3).sum()) + [0] * int((seg.row == 0).sum())
 

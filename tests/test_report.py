@@ -275,7 +275,7 @@ def test_record_sample_and_selection_errors(built):
         report.views(built / "bfd_src", rows=[0])
     with pytest.raises(DatasetError, match="input record 99 is in no row"):
         report.views(built / "bfd", record=99)
-    with pytest.raises(DatasetError, match="episode 4 does not exist in split 'train', which has 4 episodes"):
+    with pytest.raises(DatasetError, match="row 4 does not exist in split 'train', which has 4 rows"):
         report.views(built / "bfd", rows=[4])
 
 

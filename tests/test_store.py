@@ -31,6 +31,22 @@ def test_round_trip_and_shard_layout(tmp_path):
         split.episode(3)
 
 
+def test_an_episodes_split_names_its_items_episodes_and_refuses_row_names(tmp_path):
+    write(tmp_path / "ds", [[1, 2, 3], [4, 5], [6, 7, 8, 9]], shard_tokens=5)
+    split = open_dataset(tmp_path / "ds").split("train")
+    assert not split.packed and split.what == "episode"
+    assert split.num_items == split.num_episodes == 3 and split.item_offsets.tolist() == [0, 2, 3]
+    assert split.item(2, limit=3)[0].tolist() == split.episode(2, limit=3)[0].tolist() == [6, 7, 8]
+    assert split.episode_offsets.tolist() == [0, 2, 3]
+    shard = split.shards[1]
+    assert shard.num_items == shard.num_episodes == 1 and shard.index.tolist() == shard.episodes.tolist() == [[0, 4]]
+    with pytest.raises(DatasetError, match=r"split 'train' holds episodes, not packed rows: use Split.num_episodes "
+                       r"/ Split.episode\(i\) \(or num_items / item\(i\)\) instead of Split.num_rows"):
+        _ = split.num_rows
+    with pytest.raises(DatasetError, match=r"instead of Split.row\(i\)"):
+        split.row(0)
+
+
 def test_writer_leaves_nothing_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         with DatasetWriter(tmp_path / "ds") as w:

@@ -1,5 +1,5 @@
 """file:// URLs name datasets wherever a path does: prepare's output, the loader,
-inspect, verify and replay-order; other URLs are one line."""
+inspect, verify and replay-order; object-store URLs are tests/test_store_objects.py."""
 
 import json
 from pathlib import Path
@@ -12,9 +12,17 @@ from sftdata.cli import app
 from sftdata.errors import DatasetError
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import local_path, open_dataset
+from sftdata.store import local_path, open_dataset, remote_url
 
 runner = CliRunner()
+
+
+@pytest.mark.parametrize("given, want", [
+    ("s3://b/sft", "s3://b/sft"), (Path("s3://b/sft/"), "s3://b/sft"), ("S3://b/sft", "s3://b/sft"),
+    ("memory://x/ds", "memory://x/ds"), ("file:///data/sft", None), ("data/sft", None), ("C:/data", None),
+])
+def test_remote_url(given, want):
+    assert remote_url(given) == want
 
 
 @pytest.mark.parametrize("given, want", [
@@ -26,8 +34,9 @@ def test_local_path(given, want):
 
 
 def test_other_urls_are_one_line():
-    with pytest.raises(DatasetError, match=r"^s3://b/sft: datasets are read from a local or shared file system "
-                                           r"\(s3:// is not supported\); copy it"):
+    with pytest.raises(DatasetError, match=r"^s3://b/sft: this needs a local path or a file:// URL \(s3:// is not "
+                                           r"supported here\); copy it to a folder \(or mount the bucket\) and give "
+                                           r"its path$"):
         local_path("s3://b/sft")
     with pytest.raises(DatasetError, match=r"host 'other' is not this machine"):
         local_path("file://other/data")
@@ -47,5 +56,5 @@ def test_file_urls_everywhere(tmp_path):
         json.loads(r.stdout)
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", (tmp_path / "cli").as_uri(), "-q"])
     assert r.exit_code == 0 and (tmp_path / "cli" / "dataset_metadata.json").is_file()
-    r = runner.invoke(app, ["verify", "s3://bucket/sft"])
-    assert r.exit_code == 1 and "s3:// is not supported" in r.output
+    r = runner.invoke(app, ["verify", "nosuch://bucket/sft"])
+    assert r.exit_code == 1 and "nosuch://bucket/sft: nosuch:// is not a protocol fsspec knows (" in r.output

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from audit_data import make_packed, read_segments, shard
 
+from sftdata.errors import DatasetError
 from sftdata.packing import Segments
 from sftdata.store import NO_SOURCE, SEGMENT_FIELDS, open_dataset, split_segments
 from sftdata.store.packed import decode_segments, encode_segments
@@ -44,3 +45,26 @@ def test_split_segments_are_the_stored_records_with_global_rows(tmp_path):
     raw[:, 0] += np.repeat([0, 2], [read_segments(shard(packed, "train", i) / "segments.idx").shape[0]
                                     for i in range(2)])
     assert encode_segments(seg).tolist() == raw.tolist()
+
+
+def test_a_packed_split_names_its_items_rows_and_warns_on_the_older_episode_names(tmp_path):
+    packed = make_packed(tmp_path, "bfd", block_size=63, shard_tokens=128)  # 2 rows per shard
+    sp = open_dataset(packed).split("train")
+    assert sp.packed and sp.what == "row" and sp.num_rows == sp.num_items == 4
+    toks, mask = sp.row(3)
+    assert toks.shape == mask.shape == (64,) and toks.tolist() == sp.item(3)[0].tolist()
+    with pytest.raises(DatasetError, match=r"row 4 does not exist in split 'train', which has 4 rows \(ids 0..3\)"):
+        sp.row(4)
+    old = r"split 'train' is packed: its items are rows; Split.{} is the older name, use Split.{}"
+    with pytest.warns(DeprecationWarning, match=old.format("num_episodes", "num_rows")):
+        assert sp.num_episodes == 4
+    with pytest.warns(DeprecationWarning, match=old.format(r"episode\(i\)", r"row\(i\)")):
+        assert sp.episode(3)[0].tolist() == toks.tolist()
+    with pytest.warns(DeprecationWarning, match=old.format("episode_offsets", "item_offsets")):
+        assert sp.episode_offsets.tolist() == sp.item_offsets.tolist() == [0, 2, 4]
+    sh = sp.shards[1]
+    with pytest.warns(DeprecationWarning, match=r"shard train/shard_00001 is packed: its items are rows; "
+                      r"Shard.num_episodes is the older name, use Shard.num_items"):
+        assert sh.num_episodes == sh.num_items == 2
+    with pytest.warns(DeprecationWarning, match=r"Shard.episodes is the older name, use Shard.index"):
+        assert sh.episodes.tolist() == sh.index.tolist() == [[0, 64], [64, 64]]

@@ -1,16 +1,19 @@
-"""The Typer app, error mapping, output helpers and progress drawing (shared options: ``options``)."""
+"""The Typer app and its one registry of commands (each imported only when it runs or shows
+its help), error mapping, output helpers and progress drawing (shared options: ``options``)."""
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
+import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import orjson
 import typer
@@ -25,10 +28,110 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
+from typer.main import get_command_from_info
 
 from .. import __version__
-from ..errors import DatasetError, SftDataError, UsageError
-from ..store import TOKEN_DTYPES, local_path
+from ..errors import SftDataError
+
+
+class Command(NamedTuple):
+    module: str  # the module of sftdata.cli that defines the command
+    help: str  # the first paragraph of the command's own help: its line in `sftdata --help`
+
+
+# Every command, in the order `sftdata --help` lists them. A command's module (and the
+# library it calls) is imported only when that command runs or shows its own help:
+# `sftdata --help` imports no pipeline, `sftdata pack` only pack's. tests/test_cli_help.py
+# checks that each ``help`` is the first paragraph of the command's own.
+COMMANDS = {
+    "prepare-chat": Command("prepare_cmd", "Prepare chat conversations (OpenAI `messages` or ShareGPT "
+                                           "`conversations`) into a dataset."),
+    "prepare-tool": Command("prepare_cmd", "Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + "
+                                           "`role: tool`, or\nShareGPT/glaive `function_call` / `observation` "
+                                           "turns) into a dataset."),
+    "replay-order": Command("replay_cmd", "Print the episodes a training step (or a whole epoch) trained on, with "
+                                          "their shard,\nlength and input record number, exactly as the loader "
+                                          "ordered them."),
+    "pack": Command("pack_cmd", "Pack episodes into fixed-length rows (several conversations per row) for faster "
+                                "training."),
+    "mix": Command("mix_cmd", "Mix prepared datasets at weights into one mixture file."),
+    "export": Command("export_cmd", "Export a dataset as Parquet or JSONL for Hugging Face `datasets`, pyarrow and "
+                                    "other trainers."),
+    "inspect": Command("inspect_cmd", "Show what a dataset holds, or episodes (packed: rows) with their trained "
+                                      "tokens."),
+    "report": Command("report_cmd", "Write one HTML page that shows a dataset: open it in a browser, send it as "
+                                    "one file."),
+    "verify": Command("verify_cmd", "Check a dataset is intact and consistent; exit code 0 when clean, 1 when not."),
+    "clean": Command("clean_cmd", "List what sftdata runs that died left below DIR, and remove it with --yes."),
+}
+_LISTING = "sftdata.listing"  # ctx.meta key, set while the root --help lists the commands
+
+
+class _HelpTakesNoValue:
+    """``--help`` / ``-h`` drawn without a value type (Typer would show ``<bool>``), like
+    every other flag (metavar "")."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpTakesNoValue, TyperCommand):
+    """A command of ``COMMANDS``."""
+
+
+class _LoadedCommands(Mapping):
+    """``COMMANDS`` as click commands: every name is a key, a command's module is imported
+    on first access. (Typer suggests a misspelt command from the keys.)"""
+
+    def __init__(self, markup_mode):
+        self._markup_mode = markup_mode
+        self._loaded: dict = {}
+
+    def __getitem__(self, name: str):
+        if name not in COMMANDS:
+            raise KeyError(name)
+        if name not in self._loaded:
+            importlib.import_module(f"{__package__}.{COMMANDS[name].module}")  # its decorator registers it on app
+            info = copy.copy(next(c for c in app.registered_commands if c.name == name))
+            info.cls = _Command
+            self._loaded[name] = get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                                       rich_markup_mode=self._markup_mode)
+        return self._loaded[name]
+
+    def __iter__(self):
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
+
+
+class LazyGroup(_HelpTakesNoValue, TyperGroup):
+    """The root command (click's lazy group): ``COMMANDS`` as its commands, its --help
+    lists them from the registry alone."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.commands = _LoadedCommands(self.rich_markup_mode)
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        if name in COMMANDS and ctx.meta.get(_LISTING):
+            return TyperCommand(name, help=COMMANDS[name].help)
+        return super().get_command(ctx, name)
+
+    def format_help(self, ctx, formatter) -> None:
+        ctx.meta[_LISTING] = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            del ctx.meta[_LISTING]
+
 
 HELP = """Turn chat and tool-calling conversations into training-ready SFT datasets, audit them, pack them,
 and replay the training order.
@@ -50,6 +153,7 @@ LOADER.md, TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(
     name="sftdata",
+    cls=LazyGroup,
     help=HELP,
     no_args_is_help=True,
     context_settings={"help_option_names": ["--help", "-h"]},
@@ -174,29 +278,6 @@ def handle_errors(fn: Callable) -> Callable:
                        f"is wrong with it. SFTDATA_DEBUG=1 shows the traceback", 1) from None
 
     return wrapper
-
-
-def dataset_dir(path: Path) -> Path:
-    """A command's dataset argument, checked before the library opens it, so that a file
-    (often the input given by mistake) or a wrong path says what to give instead. A
-    ``file://`` URL is the folder it names."""
-    path = local_path(path)
-    if path.is_file():
-        raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
-                           f"`prepare-tool` wrote (its --output-dir); to make one from this file: "
-                           f"sftdata prepare-chat {path} --output-dir DIR")
-    if not path.exists():
-        raise DatasetError(f"dataset folder {path} does not exist; check the path, or make the dataset with "
-                           f"`sftdata prepare-chat INPUT --output-dir {path}`")
-    return path
-
-
-def flat_token_dtype(value: str | None) -> str | None:
-    """``--token-dtype`` of the older flat layout: uint16 or uint32 (numpy would take
-    any dtype name, or fail with its own TypeError)."""
-    if value is not None and value not in TOKEN_DTYPES:
-        raise UsageError(f"--token-dtype must be {' or '.join(TOKEN_DTYPES)}, got {value!r}")
-    return value
 
 
 def print_json(obj) -> None:

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from ..export import ExportOptions, ExportReport, export
-from .app import app, dataset_dir, handle_errors, print_result, rows_bar
-from .options import DatasetArg, JsonOpt, QuietOpt
+from .app import app, handle_errors, print_result, rows_bar
+from .options import DatasetArg, JsonOpt, QuietOpt, dataset_dir
 
 
 def report_table(r: ExportReport) -> Table:

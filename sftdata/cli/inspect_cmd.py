@@ -20,9 +20,9 @@ from ..errors import UsageError
 from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
 from ..report.mixture import mixture_overview
 from ..store.mixture import is_mixture_file
-from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
+from .app import app, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
-from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt
+from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"

@@ -1,5 +1,5 @@
 """Options shared by several commands, as ``Annotated`` aliases defined once (the help
-text is part of the CLI's contract: tests/contract/)."""
+text is part of the CLI's contract: tests/contract/), and the checks of shared arguments."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from ..errors import DatasetError, UsageError
+from ..store import TOKEN_DTYPES, dataset_path
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -20,6 +23,30 @@ def parse_size(text: str) -> int:
         raise typer.BadParameter(f"{text!r} is not a size: give bytes (67108864) or a number with K, M or G "
                                  f"(64M, 1G; powers of 1024)")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def dataset_dir(path: Path) -> Path:
+    """A command's dataset argument, checked before the library opens it, so that a file
+    (often the input given by mistake) or a wrong path says what to give instead. A
+    ``file://`` URL is the folder it names; an object-store URL (``s3://bucket/sft``) its
+    copy in the local cache, fetched first when needed."""
+    path = dataset_path(path)
+    if path.is_file():
+        raise DatasetError(f"{path} is a file, not a dataset folder: give the folder that `sftdata prepare-chat` / "
+                           f"`prepare-tool` wrote (its --output-dir); to make one from this file: "
+                           f"sftdata prepare-chat {path} --output-dir DIR")
+    if not path.exists():
+        raise DatasetError(f"dataset folder {path} does not exist; check the path, or make the dataset with "
+                           f"`sftdata prepare-chat INPUT --output-dir {path}`")
+    return path
+
+
+def flat_token_dtype(value: str | None) -> str | None:
+    """``--token-dtype`` of the older flat layout: uint16 or uint32 (numpy would take
+    any dtype name, or fail with its own TypeError)."""
+    if value is not None and value not in TOKEN_DTYPES:
+        raise UsageError(f"--token-dtype must be {' or '.join(TOKEN_DTYPES)}, got {value!r}")
+    return value
 
 
 # metavar "": a flag takes no value, so help shows none (typer would show <bool>)

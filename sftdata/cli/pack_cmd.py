@@ -12,8 +12,8 @@ from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
-from .app import app, dataset_dir, handle_errors, print_result, rows_bar
-from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt
+from .app import app, handle_errors, print_result, rows_bar
+from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt, dataset_dir
 
 
 def report_table(r: PackReport) -> Table:

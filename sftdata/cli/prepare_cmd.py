@@ -162,7 +162,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
     elif not quiet:
         err_console.print(summary_table(summary))
         if summary.rejected:
-            err_console.print(f"[yellow]rejected records and their reasons: {output_dir}/rejects.jsonl[/]")
+            err_console.print(f"[yellow]rejected records and their reasons: {summary.output_dir}/rejects.jsonl[/]")
         exact = summary.dedup.get("exact_duplicates", 0)
         if exact and summary.dedup.get("mode") == "off":
             warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
@@ -180,7 +180,7 @@ def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shar
             more = summary.rejected.get("rule_mismatch", 0) - min(5, len(summary.rule_mismatch))
             warn(f"{summary.rejected.get('rule_mismatch', 0):,} record(s) rejected as rule_mismatch (the template's "
                  f"mask is not the one its stored rule re-derives, so verify could not prove it): {named}"
-                 + (f" and {more:,} more" if more > 0 else "") + f"; see {output_dir}/rejects.jsonl")
+                 + (f" and {more:,} more" if more > 0 else "") + f"; see {summary.output_dir}/rejects.jsonl")
     n = sum(summary.episodes.values())
     if val_split > 0 and not summary.episodes.get("val") and not quiet and n > 1:
         warn(f"--val-split {val_split} of {n:,} episodes rounds to 0: the val split is empty; use --val-split "

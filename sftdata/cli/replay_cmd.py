@@ -17,8 +17,8 @@ from ..order import DEFAULT_SEED
 from ..replay import Replay, check_audit_log, replay_order
 from ..replay_mixture import check_mixture_audit, replay_mixture
 from ..store.mixture import is_mixture_file
-from .app import app, dataset_dir, err_console, handle_errors, out_console, print_json
-from .options import JsonOpt
+from .app import app, err_console, handle_errors, out_console, print_json
+from .options import JsonOpt, dataset_dir
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)

@@ -10,8 +10,8 @@ import typer
 from rich.text import Text
 
 from ..report import write_report
-from .app import app, dataset_dir, flat_token_dtype, handle_errors, out_console, print_json
-from .options import DatasetArg, JsonOpt, TokenDtypeOpt
+from .app import app, handle_errors, out_console, print_json
+from .options import DatasetArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", metavar="FILE", show_default=False, help="The HTML file "
                                          "to write (replaced when it is a report sftdata wrote; never another file).")]

@@ -14,8 +14,8 @@ from ..errors import UsageError
 from ..store.mixture import is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
-from .app import LazyProgress, app, dataset_dir, err_console, flat_token_dtype, handle_errors, out_console, print_json
-from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt
+from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json
+from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 

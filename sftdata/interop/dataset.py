@@ -81,7 +81,7 @@ class SFTDataset:
             self.row_len = None
             self.block_size = self._block_size
             self.pad_id = recorded_pad_id(ds.tokenizer_state)  # a model tokenizer's pad token, else EOS
-        if self.use_loss_mask and self.split.num_episodes and not self.split.has_mask:
+        if self.use_loss_mask and self.split.num_items and not self.split.has_mask:
             raise DatasetError(f"split {self.split_name!r} of {self.path} has no mask.bin, so the labels cannot say which "
                                f"tokens are trained; re-create the dataset with `sftdata prepare-chat`, or pass "
                                f"use_loss_mask=False to train every token")
@@ -101,7 +101,7 @@ class SFTDataset:
 
     # -- sizes ------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.split.num_episodes
+        return self.split.num_items
 
     @property
     def lengths(self) -> np.ndarray:
@@ -170,7 +170,7 @@ class SFTDataset:
         for si in np.unique(shard).tolist():  # one gather per shard
             sel = np.flatnonzero(shard == si)
             sh = self.split.shards[si]
-            local = rows[sel] - int(self.split.episode_offsets[si])
+            local = rows[sel] - int(self.split.item_offsets[si])
             toks[sel] = np.asarray(sh.tokens).reshape(-1, L)[local]
             mask[sel] = np.asarray(sh.mask).reshape(-1, L)[local]
         seg = self.segments

@@ -48,7 +48,7 @@ def check_trains_something(ds: Dataset, cfg: LoaderConfig) -> None:
     train = ds.split("train")
     packed = ds.kind == "packed"
     items = "rows" if packed else "episodes"
-    if train.num_episodes == 0:
+    if train.num_items == 0:
         make = "`sftdata pack`" if packed else "`sftdata prepare-chat` / `prepare-tool`"
         raise NothingToTrainError(f"{ds.root}: its train split holds 0 {items}, so there is nothing to train on; "
                                   f"re-create it with {make}")

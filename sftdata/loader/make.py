@@ -10,8 +10,8 @@ from ..errors import ConfigError, DatasetError
 from ..store import (
     METADATA_FILE,
     TOKENIZER_FILE,
+    dataset_path,
     has_episode_index,
-    local_path,
     open_dataset,
     open_token_stream,
     read_json,
@@ -54,7 +54,7 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         audit = AuditLog(adir) if adir is not None and rank == 0 else None
         return Loader(cfg, open_mixture(dataset_dir, token_dtype=cfg.token_dtype), backend=resolve_backend(backend),
                       device=device, rank=rank, world_size=world_size, audit=audit)
-    root = local_path(dataset_dir)  # a path, or a file:// URL
+    root = dataset_path(dataset_dir)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} does not exist; create it with "
                            f"`sftdata prepare-chat ... --output-dir {root}`")

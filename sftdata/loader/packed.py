@@ -50,7 +50,7 @@ def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pa
     for si in np.unique(shard).tolist():
         sel = real[shard == si]
         sh = split.shards[si]
-        local = rows[sel] - int(split.episode_offsets[si])
+        local = rows[sel] - int(split.item_offsets[si])
         toks[sel] = np.asarray(sh.tokens).reshape(-1, L)[local]
         mask[sel] = np.asarray(sh.mask).reshape(-1, L)[local]
     s = seg.of_rows(rows)  # none for a padding row
@@ -112,12 +112,12 @@ class PackedSource:
     def order(self, split: str) -> BatchOrder:
         o = self._orders.get(split)
         if o is None:
-            o = self._orders[split] = row_order(self.cfg, self.ds.split(split).num_episodes, self.world_size,
+            o = self._orders[split] = row_order(self.cfg, self.ds.split(split).num_rows, self.world_size,
                                                 what=f"split {split!r} of {self.ds.root}")
         return o
 
     def size(self, split: str) -> int:
-        return self.ds.split(split).num_episodes  # rows
+        return self.ds.split(split).num_rows
 
     def segments(self, split: str) -> Segments:
         s = self._segments.get(split)
@@ -141,19 +141,19 @@ class PackedSource:
 
     # -- what the loader logs, audits and fingerprints --------------------------------
     def describe(self, split: str) -> str:
-        return f"rows={self.ds.split(split).num_episodes} row_len={self.row_len} strategy={self.strategy}"
+        return f"rows={self.ds.split(split).num_rows} row_len={self.row_len} strategy={self.strategy}"
 
     def epoch_note(self, split: str) -> str:
         o = self.order(split)
         return f"rows_not_trained={o.n % o.global_batch if o.drop_last else 0}"
 
     def audit_fields(self) -> dict:
-        return {"packing_strategy": self.strategy, **{f"num_{s}_rows": sp.num_episodes for s, sp in self.ds.splits.items()}}
+        return {"packing_strategy": self.strategy, **{f"num_{s}_rows": sp.num_rows for s, sp in self.ds.splits.items()}}
 
     def fingerprint(self) -> dict:
         return {"batch_sampling_mode": self.sampling, "epoch_shuffle": self.cfg.epoch_shuffle,
                 "epoch_drop_last": self.cfg.epoch_drop_last,
-                "num_rows": {s: self.ds.splits[s].num_episodes for s in sorted(self.ds.splits)}}
+                "num_rows": {s: self.ds.splits[s].num_rows for s in sorted(self.ds.splits)}}
 
     def notes(self) -> list[tuple[int, str]]:
         return []

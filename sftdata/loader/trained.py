@@ -40,8 +40,8 @@ def _episode_trained(src: EpisodeSource, split: str) -> np.ndarray:
         return np.maximum(keep - 1, 0)  # row targets 1 .. keep-1: up to and with the episode's EOS
     out = np.zeros(sp.num_episodes, np.int64)
     for si, sh in enumerate(sp.shards):
-        a, b = int(sp.episode_offsets[si]), int(sp.episode_offsets[si + 1])
-        starts = sh.episodes[:, 0].astype(np.int64)
+        a, b = int(sp.item_offsets[si]), int(sp.item_offsets[si + 1])
+        starts = sh.index[:, 0].astype(np.int64)
         k = keep[a:b]
         ok = np.flatnonzero(k > 1)
         if ok.size:
@@ -55,10 +55,10 @@ def _row_trained(src: PackedSource, split: str) -> np.ndarray:
     L = src.row_len
     if not src.cfg.use_loss_mask:  # every target inside a segment: a segment of l tokens has l - 1
         seg = split_segments(sp)
-        return np.bincount(seg.row, weights=seg.length - 1, minlength=sp.num_episodes).astype(np.int64)
-    out = np.zeros(sp.num_episodes, np.int64)
+        return np.bincount(seg.row, weights=seg.length - 1, minlength=sp.num_rows).astype(np.int64)
+    out = np.zeros(sp.num_rows, np.int64)
     for si, sh in enumerate(sp.shards):
-        a, b = int(sp.episode_offsets[si]), int(sp.episode_offsets[si + 1])
+        a, b = int(sp.item_offsets[si]), int(sp.item_offsets[si + 1])
         if b > a:
             starts = np.arange(b - a, dtype=np.int64) * L
             out[a:b], _ = trained_per_episode(sh.mask, starts + 1, starts + L)

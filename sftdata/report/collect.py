@@ -94,7 +94,7 @@ def _episode_figures(sp: Split, rule: LossRule, block_size: int | None) -> tuple
 
 def _packed_figures(sp: Split, row_len: int) -> SplitFigures:
     seg = split_segments(sp)
-    rows = sp.num_episodes
+    rows = sp.num_rows
     real = np.bincount(seg.row, weights=seg.length, minlength=rows) if rows else np.zeros(0)
     fig = SplitFigures(sp.name, "row", rows, int(seg.length.sum()), log_histogram(seg.length), fill=unit_histogram(real / row_len),
                        segments_per_row=count_histogram(np.bincount(seg.row, minlength=rows)))

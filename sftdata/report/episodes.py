@@ -103,7 +103,7 @@ def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: Lo
     sources = shard.sources
     return EpisodeView(split=split, episode=int(episode),
                        record=None if sources is None or local >= sources.shape[0] else int(sources[local]),
-                       shard=shard.name, start=int(shard.episodes[local, 0]), length=int(ids.shape[0]),
+                       shard=shard.name, start=int(shard.index[local, 0]), length=int(ids.shape[0]),
                        trained_tokens=None if mask is None else int(trained.sum()),
                        pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs)
 

@@ -130,12 +130,12 @@ def episode_bounds(sp: Split) -> list[tuple[np.ndarray, np.ndarray, int]]:
     which the per-episode sums cannot take."""
     out = []
     for i, sh in enumerate(sp.shards):
-        s = sh.episodes[:, 0].astype(np.int64)
-        e = s + sh.episodes[:, 1].astype(np.int64)
+        s = sh.index[:, 0].astype(np.int64)
+        e = s + sh.index[:, 1].astype(np.int64)
         if e.size and np.any(s[1:] < e[:-1]):
             raise DatasetError(f"{sh.path}: episodes.idx is not sorted (an older flat layout may be); the "
                                f"overview needs sorted episodes. Run `sftdata verify` for details")
-        out.append((s, e, int(sp.episode_offsets[i])))
+        out.append((s, e, int(sp.item_offsets[i])))
     return out
 
 
@@ -184,8 +184,8 @@ def _split_overview(sp: Split, block_size: int | None, row_len: int | None = Non
     packed = real_per_row = None
     if row_len is not None:
         seg = split_segments(sp)
-        packed = packed_info(seg, sp.num_episodes, row_len)  # a packed split's "episodes" are its rows
-        real_per_row = np.bincount(seg.row, weights=seg.length, minlength=sp.num_episodes)
+        packed = packed_info(seg, sp.num_rows, row_len)
+        real_per_row = np.bincount(seg.row, weights=seg.length, minlength=sp.num_rows)
         lengths = seg.length
     keep = None if block_size is None else block_size + 1  # one training row: x and y
     trained = late = None
@@ -201,11 +201,11 @@ def _split_overview(sp: Split, block_size: int | None, row_len: int | None = Non
         long_ = lengths > keep
         n_long = int(long_.sum())
         dropped = None if late is None else int(late.sum())
-        block = TruncationCost(block_size, n_long, n_long / max(1, sp.num_episodes),
+        block = TruncationCost(block_size, n_long, n_long / max(1, sp.num_items),
                                int((lengths[long_] - keep).sum()), dropped,
                                None if dropped is None else dropped / max(1, ttot))
     return SplitOverview(
-        name=sp.name, episodes=sp.num_episodes, tokens=sp.num_tokens, trained_tokens=ttot,
+        name=sp.name, episodes=sp.num_items, tokens=sp.num_tokens, trained_tokens=ttot,
         trained_share=None if ttot is None else ttot / max(1, real), shards=len(sp.shards),
         bytes_on_disk=sum(p.stat().st_size for sh in sp.shards for p in sh.path.iterdir() if p.is_file()),
         length_percentiles=_percentiles(lengths, 2), length_histogram=length_histogram(lengths),

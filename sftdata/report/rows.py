@@ -71,8 +71,8 @@ def read_row(ds: Dataset, split: str, row: int):
     """Row ``row`` of a packed split: (shard, ids int64, stored mask or None, trained bool,
     its segments with rows numbered local to this one row). An id out of range says so."""
     sp = ds.split(split)
-    shard, _ = sp.locate(row)  # the store numbers a packed split's rows as its episodes
-    ids, mask = sp.episode(row)
+    shard, _ = sp.locate(row)
+    ids, mask = sp.row(row)
     ids = np.asarray(ids, dtype=np.int64)
     trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
     seg = split_segments(sp).of_rows([row])
@@ -133,5 +133,5 @@ def select_rows(ds: Dataset, split: str, *, rows=None, episodes=None, record=Non
                                f"by pack --overlong drop)")
         return found
     if sample is not None:
-        return [(split, r) for r in sample_ids(ds.split(split).num_episodes, sample, seed)]
+        return [(split, r) for r in sample_ids(ds.split(split).num_rows, sample, seed)]
     return [(split, int(r)) for r in rows]

@@ -132,7 +132,7 @@ def samples(ds: Dataset, split: str, tok: Tokenizer, *, sample: int, seed: int, 
         raise UsageError("a packed dataset holds rows: use --row R to choose the rows the report shows")
     if rows and not packed:
         raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
-    n = ds.split(split).num_episodes
+    n = ds.split(split).num_items
     chosen = pick(n, rows if packed else episodes, sample, seed)
     limit = budget(len(chosen), token_budget)
     if packed:

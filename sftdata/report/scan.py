@@ -69,7 +69,7 @@ def scan_split(sp: Split, keeps: list[int], openers: list[int] | None = None, ch
                ) -> SplitScan:
     """Trained tokens per episode, trained tokens past each ``keep`` (all episodes
     together), and with ``openers`` (marker ids) the count of those ids per episode."""
-    n = sp.num_episodes
+    n = sp.num_items
     trained = np.zeros(n, np.int64) if sp.has_mask else None
     past = np.zeros(len(keeps), np.int64) if sp.has_mask else None
     turns = np.zeros(n, np.int64) if openers else None

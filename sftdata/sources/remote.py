@@ -7,48 +7,12 @@ optional: a missing one is a one-line error naming the pip extra that adds it.
 
 from __future__ import annotations
 
-import re
-
 from ..errors import InputError
+from ..fsspec_urls import EXTRA, PACKAGES, filesystem, url_protocol
 
-EXTRA = "cloud"  # pip install 'sftdata[cloud]'
+__all__ = ["BLOCK_BYTES", "EXTRA", "PACKAGES", "filesystem", "open_url", "remote_error", "url_listing", "url_protocol"]
+
 BLOCK_BYTES = 8 << 20  # bytes fetched per request, and the read-ahead held in memory
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
-# protocol -> the package fsspec needs for it (fsspec itself does file://, memory://)
-PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "hf": "huggingface_hub",
-            "http": "aiohttp", "https": "aiohttp", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
-
-
-def url_protocol(text: str) -> str | None:
-    """The protocol of a URL (``s3``), or None for a local path (``C:\\data`` included)."""
-    m = _URL.match(text)
-    return m.group(1).lower() if m else None
-
-
-def _fsspec(url: str):
-    try:
-        import fsspec
-    except ImportError:
-        raise InputError(f"{url}: reading URLs needs fsspec: pip install 'sftdata[{EXTRA}]' (or pip install "
-                         f"fsspec)") from None
-    return fsspec
-
-
-def filesystem(url: str):
-    """(fsspec file system, path inside it) for a URL."""
-    fsspec = _fsspec(url)
-    protocol = url_protocol(url) or "file"
-    try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError:
-        package = PACKAGES.get(protocol, f"the fsspec implementation of {protocol}://")
-        raise InputError(f"{url}: reading {protocol}:// URLs needs {package}: pip install 'sftdata[{EXTRA}]' "
-                         f"(or pip install {package})") from None
-    except ValueError as e:
-        raise InputError(f"{url}: {protocol}:// is not a protocol fsspec knows ({e}); give a local path or an "
-                         f"s3://, gs://, hf://, https:// or file:// URL") from None
-    except Exception as e:  # a protocol's own errors (credentials, configuration)
-        raise InputError(f"{url} cannot be opened ({type(e).__name__}: {e})") from None
 
 
 def remote_error(url: str, e: BaseException) -> InputError:

@@ -54,7 +54,8 @@ from .format import (
     shard_name,
     token_dtype_for,
 )
-from .location import local_path
+from .location import local_path, remote_url
+from .object_cache import dataset_path, fetch_dataset, remote_metadata
 from .packed import Segments, split_segments
 from .problems import RECREATE, REPACK, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
@@ -71,5 +72,5 @@ __all__ = [
     "read_json", "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Problem", "RECREATE",
     "REPACK", "Dataset", "Scan", "Shard", "Split", "has_episode_index", "open_dataset", "open_token_stream",
     "scan_dataset", "episode_first_ids", "read_serving", "write_serving", "DatasetWriter", "PackedSplitWriter",
-    "ShardInfo", "SplitWriter", "local_path",
+    "ShardInfo", "SplitWriter", "local_path", "remote_url", "dataset_path", "fetch_dataset", "remote_metadata",
 ]

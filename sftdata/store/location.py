@@ -1,9 +1,12 @@
-"""Where a dataset is: a local path, or a ``file://`` URL naming one.
+"""Where a dataset is: a local path, a ``file://`` URL naming one, or an object-store URL.
 
 ``file:///data/sft``, ``file://localhost/data/sft`` and the ``file:/data/sft`` that
 ``pathlib.Path`` makes of such a URL (a command-line argument typed as a path) are
-``/data/sft``. Other URLs (``s3://``, ``gs://`` ...) are refused in one line: datasets
-are read memory-mapped, from a local or shared file system.
+``/data/sft``. Other URLs (``s3://bucket/sft``, ``gs://``, any fsspec protocol; also the
+``s3:/bucket/sft`` that ``pathlib.Path`` makes of one) name a dataset in object storage:
+``remote_url`` gives the URL, and the readers fetch it into a local cache
+(``object_cache``), the writer uploads it (``object_commit``). ``local_path`` is for what
+must be local, and refuses them in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from ..errors import DatasetError
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 
 
+def remote_url(location: str | os.PathLike) -> str | None:
+    """The URL of a dataset in object storage (``s3://bucket/sft``), else None (a local
+    path, or a ``file://`` URL). ``s3:/bucket/sft`` (a URL passed through ``pathlib.Path``)
+    is ``s3://bucket/sft``; a trailing ``/`` is dropped."""
+    text = os.fspath(location)
+    m = _SCHEME.match(text)
+    if m is None or m.group(1).lower() == "file":
+        return None
+    return f"{m.group(1).lower()}://{text[m.end():].lstrip('/')}".rstrip("/")
+
+
 def local_path(location: str | os.PathLike) -> Path:
     """The local path of ``location`` (a path, or a ``file://`` URL)."""
     text = os.fspath(location)
@@ -30,6 +44,6 @@ def local_path(location: str | os.PathLike) -> Path:
         return Path(unquote(url.path))
     m = _SCHEME.match(text)
     if m:
-        raise DatasetError(f"{text}: datasets are read from a local or shared file system ({m.group(1)}:// is not "
-                           f"supported); copy it to a folder (or mount the bucket) and give its path or a file:// URL")
+        raise DatasetError(f"{text}: this needs a local path or a file:// URL ({m.group(1)}:// is not supported "
+                           f"here); copy it to a folder (or mount the bucket) and give its path")
     return Path(location)

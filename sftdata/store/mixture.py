@@ -102,8 +102,8 @@ class OpenedMixture:
             sp = ds.split(split)
             if ds.kind == "packed":
                 seg = split_segments(sp)
-                real = np.bincount(seg.row, weights=seg.length, minlength=sp.num_episodes).astype(np.int64)
-                out.append(MemberItems(np.arange(sp.num_episodes, dtype=np.int64), real, sp.num_episodes))
+                real = np.bincount(seg.row, weights=seg.length, minlength=sp.num_rows).astype(np.int64)
+                out.append(MemberItems(np.arange(sp.num_rows, dtype=np.int64), real, sp.num_rows))
             else:
                 ids = eligible_ids(sp.lengths, min_tokens)
                 out.append(MemberItems(ids, sp.lengths[ids], sp.num_episodes))

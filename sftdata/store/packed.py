@@ -45,5 +45,5 @@ def split_segments(split: Split) -> Segments:
             raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
                                f"Re-create it with `sftdata pack`")
         seg = decode_segments(sh.segments)
-        parts.append(replace(seg, row=seg.row + int(split.episode_offsets[si])))
+        parts.append(replace(seg, row=seg.row + int(split.item_offsets[si])))
     return Segments.concat(parts)

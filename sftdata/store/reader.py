@@ -31,7 +31,7 @@ from .format import (
     shard_files,
     shard_record,
 )
-from .location import local_path
+from .object_cache import dataset_path
 from .problems import RECREATE, Problem, in_check_order
 from .shard import Shard, map_values, missing_files, size_problems
 from .split import Split
@@ -166,7 +166,7 @@ def scan_dataset(root: str | Path, *, token_dtype=None) -> Scan:
     packed: the rows and segments; counts). Raises ``DatasetError`` only when ``root``
     holds no dataset. ``token_dtype`` is for an older flat layout whose tokens are not
     uint32."""
-    root = local_path(root)
+    root = dataset_path(root)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
     layout = _dataset_root(root)
     meta, problems = _read_metadata(root, layout)
     kind = (meta or {}).get("kind", "episodes")
@@ -223,10 +223,10 @@ def _open_splits(scan: Scan, packed: bool) -> None:
             shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
             scan.problems += missing_files(shard, shard_files(packed) + listed)
-            first += shard.num_episodes
+            first += shard.num_items
             shards.append(shard)
         if shards:
-            ds.splits[split] = Split(split, shards)
+            ds.splits[split] = Split(split, shards, packed)
 
 
 def open_dataset(root: str | Path, *, token_dtype=None) -> Dataset:
@@ -246,7 +246,7 @@ def open_dataset(root: str | Path, *, token_dtype=None) -> Dataset:
 def has_episode_index(root: str | Path, split: str = "train") -> bool:
     """True when ``split`` has ``shard_*/episodes.idx`` or a flat ``episodes.idx``: the
     dataset is episode-indexed (the loader's ``sft_episode`` mode)."""
-    root = local_path(root)
+    root = dataset_path(root)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
     d = root / split
     return (d / EPISODES_FILE).is_file() or any((p / EPISODES_FILE).is_file() for p in list_shards(root, split))
 
@@ -255,7 +255,7 @@ def open_token_stream(root: str | Path, split: str, *, token_dtype=None) -> list
     """The token arrays (memmaps, one per shard in name order) of ``split``, ignoring
     any episode index: what a token-stream (nanoGPT-style) loader samples windows from.
     The dtype comes from dataset_metadata.json, else ``token_dtype``, else uint32."""
-    root = local_path(root)
+    root = dataset_path(root)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} does not exist")
     meta = read_json(root / METADATA_FILE) if (root / METADATA_FILE).is_file() else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,11 @@ class Shard:
     """One shard folder (or an older flat layout's split folder), memory-mapped.
 
     Mapping never fails on a damaged shard: a missing file leaves its array None
-    (``episodes`` empty), a partial value at a file's end is left out; the reader's
-    checks say what is wrong. ``split``, ``first_gid`` (global id of its first episode
-    or row) and ``rel`` (folder relative to the dataset) place it in its dataset.
+    (``index`` empty), a partial value at a file's end is left out; the reader's
+    checks say what is wrong. ``index`` holds the (start, length) pairs of
+    ``episodes.idx``: one per item, an episode or (``packed``) a row. ``split``,
+    ``first_gid`` (global id of its first item) and ``rel`` (folder relative to the
+    dataset) place it in its dataset.
     Pickles by path (cheap to send to workers) and reopens strictly.
     """
 
@@ -62,7 +65,7 @@ class Shard:
         self.rel = self.path.relative_to(self.root).as_posix()
         self.tokens = map_values(p / TOKENS_FILE, self.token_dtype)
         idx = map_values(p / EPISODES_FILE, IDX_DTYPE)
-        self.episodes = np.empty((0, 2), IDX_DTYPE) if idx is None else idx[:idx.shape[0] // 2 * 2].reshape(-1, 2)
+        self.index = np.empty((0, 2), IDX_DTYPE) if idx is None else idx[:idx.shape[0] // 2 * 2].reshape(-1, 2)
         mp = p / MASK_FILE
         self.mask = map_values(mp, mask_dtype_for(mp.stat().st_size, self.num_tokens)) if mp.is_file() else None
         self.sources = map_values(p / SOURCES_FILE, IDX_DTYPE)
@@ -70,8 +73,26 @@ class Shard:
         self.segments = None if seg is None else seg[:seg.shape[0] // k * k].reshape(-1, k)
 
     @property
+    def num_items(self) -> int:
+        """Episodes, or rows of a packed shard."""
+        return int(self.index.shape[0])
+
+    @property
+    def episodes(self) -> np.ndarray:
+        """Older name of ``index`` (a packed shard's items are rows)."""
+        self._older_name("episodes", "index")
+        return self.index
+
+    @property
     def num_episodes(self) -> int:
-        return int(self.episodes.shape[0])
+        """Older name of ``num_items`` (a packed shard's items are rows)."""
+        self._older_name("num_episodes", "num_items")
+        return self.num_items
+
+    def _older_name(self, old: str, new: str) -> None:
+        if self.packed:
+            warnings.warn(f"shard {self.rel} is packed: its items are rows; Shard.{old} is the older name, "
+                          f"use Shard.{new}", DeprecationWarning, stacklevel=3)
 
     @property
     def num_tokens(self) -> int:
@@ -168,9 +189,9 @@ def size_problems(shard: Shard, record: dict | None = None) -> list[Problem]:
         out.append(Problem("sizes", shard.file(SEGMENTS_FILE), "", f"{gs:,} bytes is not a multiple of "
                            f"{SEGMENT_RECORD_BYTES} ({k} uint64 per segment): the index is truncated", REPACK,
                            shard.split, byte=gs - gs % SEGMENT_RECORD_BYTES))
-    if shard.sources is not None and shard.sources.shape[0] != shard.num_episodes:
+    if shard.sources is not None and shard.sources.shape[0] != shard.num_items:
         out.append(Problem("sizes", shard.file(SOURCES_FILE), "", f"{shard.sources.shape[0]:,} record numbers for "
-                           f"{shard.num_episodes:,} episodes: there must be exactly one per episode", fix,
+                           f"{shard.num_items:,} episodes: there must be exactly one per episode", fix,
                            shard.split))
     recorded = (record or {}).get("files") or {}
     off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()

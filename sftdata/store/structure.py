@@ -59,7 +59,7 @@ class EpisodeBounds:
 
 
 def episode_bounds(shard: Shard) -> EpisodeBounds:
-    ep, ntok = np.asarray(shard.episodes), shard.num_tokens  # a plain view: memmap indexing costs more
+    ep, ntok = np.asarray(shard.index), shard.num_tokens  # a plain view: memmap indexing costs more
     if shard.mask is not None:
         ntok = min(ntok, int(shard.mask.shape[0]))  # episodes past the mask's end cannot be checked
     cap = np.uint64(ntok + 1)  # clip first: uint64 sums must not wrap around
@@ -73,7 +73,7 @@ def check_index(shard: Shard, b: EpisodeBounds) -> list[Problem]:
 
     Each problem has a ``code``: out_of_bounds, empty, overlap (these break training),
     unsorted, gap, leading_gap, trailing_tokens (these only waste or reorder tokens)."""
-    ep, n, ntok = shard.episodes, shard.num_episodes, b.tokens
+    ep, n, ntok = shard.index, shard.num_items, b.tokens
     s, ln = b.starts, b.lengths
     e = s + ln
     oob = e > ntok
@@ -155,14 +155,14 @@ def readable_rows(shard: Shard, row_len: int) -> int:
     rows = shard.num_tokens // row_len
     if shard.mask is not None:
         rows = min(rows, int(shard.mask.shape[0]) // row_len)
-    return min(rows, shard.num_episodes)
+    return min(rows, shard.num_items)
 
 
 def check_rows(shard: Shard, row_len: int) -> list[Problem]:
     """Whole rows of ``row_len`` tokens, one record (r * row_len, row_len) per row in
     ``episodes.idx``."""
     out = []
-    n, ntok = shard.num_episodes, shard.num_tokens
+    n, ntok = shard.num_items, shard.num_tokens
     if ntok % row_len:
         out.append(Problem("rows", shard.file(TOKENS_FILE), "", f"{ntok:,} tokens are not whole rows of {row_len} "
                            "(packing.row_len): the file is truncated or from another packing", REPACK, shard.split,
@@ -170,7 +170,7 @@ def check_rows(shard: Shard, row_len: int) -> list[Problem]:
     if n != ntok // row_len:
         out.append(Problem("rows", shard.file(EPISODES_FILE), "", f"{n:,} row records for the {ntok // row_len:,} "
                            f"rows of {TOKENS_FILE}: there must be one per row", REPACK, shard.split))
-    ep = shard.episodes
+    ep = shard.index
     want = np.arange(n, dtype=np.uint64) * np.uint64(row_len)
     bad = np.flatnonzero((ep[:, 0] != want) | (ep[:, 1] != row_len))
     if bad.size:
@@ -189,7 +189,7 @@ def check_segments(shard: Shard, row_len: int) -> list[Problem]:
     seg = decode_segments(shard.segments)
     out = []
     f = shard.file(SEGMENTS_FILE)
-    nrows = shard.num_episodes
+    nrows = shard.num_items
     row, off, length, pre = seg.row, seg.offset, seg.length, seg.prefix
 
     def add(i: int, message: str, n: int, code: str) -> None:
@@ -251,12 +251,12 @@ def check_segments(shard: Shard, row_len: int) -> list[Problem]:
 # ------------------------------------------------------------------------- counts
 def _measure(shard: Shard, trained: int | None, packed: bool) -> dict:
     if packed:
-        have = {"rows": shard.num_episodes}
+        have = {"rows": shard.num_items}
         if shard.segments is not None:
             have["segments"] = int(shard.segments.shape[0])
             have["tokens"] = int(np.asarray(shard.segments[:, 2]).sum())  # real tokens, padding excluded
     else:
-        have = {"episodes": shard.num_episodes, "tokens": shard.num_tokens}
+        have = {"episodes": shard.num_items, "tokens": shard.num_tokens}
     if trained is not None:
         have["trained_tokens"] = trained
     return have

@@ -34,9 +34,11 @@ from .format import (
     sha256_file,
     shard_name,
 )
-from .location import local_path
+from .location import local_path, remote_url
 from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
+from .object_commit import ObjectCommit
+from .object_fs import upload_home
 
 log = logging.getLogger("sftdata.store")
 
@@ -188,10 +190,17 @@ class DatasetWriter:
       finished dataset is kept beside it, in a folder the error names;
     - stale staging folders of this target (their owner process is dead) are removed,
       and said so in ``notes``.
+
+    An object-store target (``s3://bucket/sft``, any fsspec URL but ``file://``) is built
+    the same way in a local staging folder (``object_fs.upload_home``), then uploaded with
+    its metadata last (:mod:`.object_commit`: lock object, checks, commit order).
     """
 
     def __init__(self, target: str | Path, *, overwrite: bool = False, wait: bool = False):
-        self.target = local_path(target)  # a path, or a file:// URL
+        self.url = remote_url(target)
+        self.remote = ObjectCommit(self.url, overwrite=overwrite, wait=wait) if self.url else None
+        # a local target; for a URL, the local place its staging folder is made beside
+        self.target = local_path(target) if self.url is None else upload_home(self.url)
         self.overwrite = overwrite
         self.wait = wait
         self.tmp: Path | None = None
@@ -201,6 +210,18 @@ class DatasetWriter:
         self._before: tuple | None = None
 
     def __enter__(self) -> DatasetWriter:
+        if self.remote is None:
+            return self._enter()
+        self.remote.begin()  # the lock object, and the target's checks
+        for note in self.remote.notes:
+            self._note(note)
+        try:
+            return self._enter()
+        except BaseException:
+            self.remote.abort()
+            raise
+
+    def _enter(self) -> DatasetWriter:
         if self.target.exists() and not self.target.is_dir():
             raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
                                     f"another --output-dir")
@@ -228,7 +249,11 @@ class DatasetWriter:
             if not self._committed and self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
         finally:
-            self._release()
+            try:
+                if self.remote is not None:
+                    self.remote.abort()
+            finally:
+                self._release()
 
     def _note(self, message: str) -> None:
         """Something done beside the dataset: kept for the caller, and logged (the CLI
@@ -269,6 +294,11 @@ class DatasetWriter:
         meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
         meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
         (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
+        if self.remote is not None:
+            self.remote.upload(self.path)  # every file, then the metadata: the commit
+            shutil.rmtree(self.path, ignore_errors=True)
+            self._committed = True
+            return self.target
         if signature(self.target) != self._before:
             kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(self.path, kept)

@@ -15,7 +15,18 @@ from ..errors import DatasetError, SftDataError
 from ..loss_rule import LossRule, rule_from_state
 from ..packing import Segments, stream_prefix
 from ..ranges import gather_ranges, range_index, whole_runs
-from ..store import METADATA_FILE, REPACK, SEGMENTS_FILE, Dataset, Problem, Shard, open_dataset, sha256_file
+from ..store import (
+    METADATA_FILE,
+    REPACK,
+    SEGMENTS_FILE,
+    Dataset,
+    Problem,
+    Shard,
+    dataset_path,
+    open_dataset,
+    remote_url,
+    sha256_file,
+)
 from ..store.packed import decode_segments
 from ..store.problems import more_like_it
 from ..store.structure import marker_name, readable_rows
@@ -29,6 +40,12 @@ def _source(meta: dict) -> tuple[Dataset | None, LossRule | None, list[str]]:
     src_path = Path(str(src_info.get("path", "")))
     if not src_info.get("path"):
         return None, None, []
+    if remote_url(src_path):  # packed from an object-store URL: its copy in the cache
+        try:
+            src_path = dataset_path(src_path)
+        except DatasetError as e:
+            return None, None, [f"the source dataset {src_info['path']} cannot be read ({e}): segments checked "
+                                "for consistency only"]
     if not (src_path / METADATA_FILE).is_file():
         return None, None, [f"the source dataset {src_path} is not there: segments checked for consistency only, "
                             "not against the source episodes"]

@@ -211,7 +211,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     for split in SPLITS:
         mine = [sh for sh in shards if sh.split == split]
         if mine:
-            report.splits[split] = {"rows" if rows else "episodes": sum(sh.num_episodes for sh in mine),
+            report.splits[split] = {"rows" if rows else "episodes": sum(sh.num_items for sh in mine),
                                     "tokens": sum(sh.num_tokens for sh in mine), "shards": len(mine)}
     report.bytes_read = done[0]
     report.seconds = time.perf_counter() - t0
