@@ -17,7 +17,8 @@ from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine import connect, ray_prepare_executor
+from sftdata.engine import connect
+from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.errors import ConfigError, InputError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, prepare
 

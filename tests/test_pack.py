@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 import pytest
 
-from sftdata import pack as pack_mod
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
 from sftdata.masking import loss_mask
 from sftdata.pack import PackOptions, pack
+from sftdata.pack import rows as pack_rows
 from sftdata.packing import row_layout
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import (
@@ -233,7 +233,7 @@ def test_a_failure_midway_leaves_nothing(source, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(pack_mod, "assemble_rows", boom)
+    monkeypatch.setattr(pack_rows, "assemble_rows", boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         pack(source, tmp_path / "p", PackOptions())
     assert list(tmp_path.iterdir()) == []

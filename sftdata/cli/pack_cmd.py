@@ -8,12 +8,21 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..engine import check_engine
+from ..engine.pack_ray import ray_pack_executor
+from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
 from ..store import DEFAULT_SHARD_TOKENS
 from .app import app, handle_errors, print_result, rows_bar
-from .options import JsonOpt, OverwriteOpt, QuietOpt, WaitOpt, dataset_dir
+from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
+
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
+                                        "is made here; Ray tasks build the rows, each a range of whole output "
+                                        "shards written straight into the output (a smaller --shard-tokens gives more "
+                                        "tasks); needs the ray extra). The packed dataset is "
+                                        "byte-identical either way.")]
 
 
 def report_table(r: PackReport) -> Table:
@@ -87,6 +96,8 @@ def pack_command(
                                               "(whole rows).")] = DEFAULT_SHARD_TOKENS,
     overwrite: OverwriteOpt = False,
     wait: WaitOpt = False,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -98,18 +109,23 @@ def pack_command(
     with one-episode-per-row padding and counts every token lost (docs/PACKING.md).
     `scripts/train.py` and the loader read the packed folder as they read an episodes one.
     A pack whose train rows would train nothing (0 rows, or 0 trained tokens) is an
-    error and writes nothing.
+    error and writes nothing. With --engine ray the plan is made here and Ray tasks build
+    the rows, each a range of whole shards written straight into the output (docs/SCALE.md).
 
     Examples:
 
     * `sftdata pack data/chat_sft --output-dir data/chat_sft_packed --block-size 2048`
     * `sftdata pack data/chat_sft -o data/chat_sft_packed -b 1024 --overlong split --json`
     * `sftdata pack data/tool_sft -o data/tool_sft_packed -b 2048 --overlong keep_end` (long system prompts)
+    * `sftdata pack /shared/sft -o /shared/sft_packed -b 8192 --engine ray` (tasks on a Ray cluster; docs/SCALE.md)
     """
+    executor = ray_pack_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     dataset = dataset_dir(dataset)
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
     bar, on_progress = rows_bar("pack", quiet or as_json)
     with bar:
-        report = pack(dataset, output_dir, opts, progress=on_progress)
+        report = pack(dataset, output_dir, opts, progress=on_progress, executor=executor)
     print_result(report, report_table, as_json, quiet)

@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
-from ..engine import check_engine, ray_prepare_executor
+from ..engine import check_engine
+from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..memo import DEFAULT_MEMO_MB
 from ..order import DEFAULT_SEED

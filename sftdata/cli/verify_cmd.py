@@ -10,12 +10,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 from rich.text import Text
 
+from ..engine import check_engine
+from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
 from ..store.mixture import is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json
-from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
+from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, RayAddressOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -28,6 +30,10 @@ RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, 
                                             "model's own tokenizer.json: decode N sampled episodes (the same sample "
                                             "every run) and re-encode them with the tokenizers library; any episode "
                                             "whose ids differ is a problem, named by episode. 0 (default): none.")]
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (one "
+                                        "task per shard on a Ray cluster reads and checks it: ids, mask, mask rule, "
+                                        "checksums; needs the ray extra). The report and exit code are the same "
+                                        "either way.")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="Older flat layout only (it records no tokenizer): check ids, "
                                              "EOS endings and the mask rule with this tokenizer.")]
@@ -130,6 +136,8 @@ def verify_cmd(
     tokenizer: TokenizerOpt = None,
     sources: SourcesOpt = False,
     retokenize: RetokenizeOpt = 0,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -148,7 +156,11 @@ def verify_cmd(
     * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
+    * `sftdata verify /shared/sft --engine ray` (one task per shard on a Ray cluster; docs/SCALE.md)
     """
+    executor = ray_verify_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     mixture = is_mixture_file(path)
     if mixture and (token_dtype is not None or tokenizer is not None):
         raise UsageError("--token-dtype and --tokenizer are for older flat layouts, not for a mixture")
@@ -162,10 +174,10 @@ def verify_cmd(
     with LazyProgress(bar) as lazy:
         step = lambda done, total: lazy.update("verify", completed=done, total=total)
         if mixture:
-            report = verify_mixture(path, quick=quick, sources=sources, progress=step)
+            report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
             report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
-                            retokenize_episodes=retokenize, progress=step)
+                            retokenize_episodes=retokenize, progress=step, executor=executor)
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:

@@ -35,18 +35,16 @@ from pathlib import Path
 import numpy as np
 
 from ..curate import CurateSettings, chunk_keys, concat_keys
-from ..errors import SftDataError, UsageError
+from ..errors import UsageError
 from ..prepare import ChunkResult, Executor, PrepareOptions, StagedPart, _chunks, process_chunk
 from ..sources import SourceInfo
 from ..sources.partitions import PART_BYTES, Partition, file_digest, iter_partition, line_counts, plan_partitions
 from ..store import SplitWriter
 from .cluster import RayCluster, connect, import_ray
+from .tasks import STOP_FILE, TASK_RETRIES, get_result, stop_tasks
 
 MIN_PART_BYTES = 1 << 20
 PARTS_PER_CPU = 16  # partitions per CPU of the cluster: the last ones to finish leave CPUs idle briefly
-TASK_RETRIES = 3  # a task whose worker died is run again this many times
-STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
-STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
 
 
 @dataclass
@@ -168,20 +166,6 @@ def _shifted(res: ChunkResult, first: int) -> ChunkResult:
     return res
 
 
-def _get(ray, ref):
-    """``ray.get``, with a task's own sftdata error raised as it is (no Ray traceback)."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, SftDataError):
-            raise cause from None
-        raise SftDataError(f"a Ray task failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    except ray.exceptions.RayError as e:
-        raise SftDataError(f"the Ray cluster failed while preparing ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); nothing was written") from None
-
-
 def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOptions, tok, profile,
                    token_dtype: np.dtype, stage_dir: Path, part_bytes: int | None = None
                    ) -> Iterator[tuple[ChunkResult, int]]:
@@ -215,7 +199,7 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
     got = 0
     try:
         for p, ref in zip(parts, refs):
-            s: PartSummary = _get(ray, ref)
+            s: PartSummary = get_result(ray, ref)
             got += 1
             info = infos[p.source]
             records_of[p.source] += s.records
@@ -228,26 +212,12 @@ def run_partitions(cluster: RayCluster, infos: list[SourceInfo], opts: PrepareOp
             if last[p.source] == p.index:  # the input is complete: its numbers are known
                 info.first_record, info.records = first_record, records_of[p.source]
                 if p.source in digests:
-                    info.sha256, info.bytes = _get(ray, digests[p.source])
+                    info.sha256, info.bytes = get_result(ray, digests[p.source])
                 first_record += info.records
             yield res, done
     finally:
         if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
-            _stop(ray, refs[got:] + list(scans.values()) + list(digests.values()), stage_dir)
-
-
-def _stop(ray, refs, stage_dir: Path) -> None:
-    """Tell the tasks still to come to stop (``STOP_FILE``: each checks it before every
-    chunk) and wait until none runs. Not ``ray.cancel``: cancelling a task as it
-    completes can abort the driver inside Ray."""
-    try:
-        (stage_dir / STOP_FILE).touch()
-    except OSError:  # the staging area is gone already: a task can create nothing in it
-        return
-    try:
-        ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
-    except Exception:  # noqa: BLE001  (the cluster is gone: nothing runs on it)
-        pass
+            stop_tasks(ray, refs[got:] + list(scans.values()) + list(digests.values()), stage_dir)
 
 
 def ray_prepare_executor(address: str | None = None, part_bytes: int | None = None) -> Executor:

@@ -11,7 +11,7 @@ from ..errors import DatasetError
 from ..store import Problem, open_dataset
 from ..store.mixture import check_compatible, member_root, metadata_checksum, read_mixture
 from .report import ProgressFn, VerifyReport
-from .run import verify
+from .run import ShardExecutor, verify
 
 MIXTURE_CHECKS = {
     "members": "every member folder exists",
@@ -45,9 +45,10 @@ class MixtureVerifyReport:
 
 
 def verify_mixture(path: str | Path, *, quick: bool = False, sources: bool = False,
-                   progress: ProgressFn | None = None) -> MixtureVerifyReport:
-    """Every member verified (``verify``), then the mixture's checks; never stops at the
-    first problem. Raises ``DatasetError`` only when ``path`` is not a readable mixture."""
+                   progress: ProgressFn | None = None, executor: ShardExecutor | None = None) -> MixtureVerifyReport:
+    """Every member verified (``verify``, its shards checked by ``executor`` when given),
+    then the mixture's checks; never stops at the first problem.
+    Raises ``DatasetError`` only when ``path`` is not a readable mixture."""
     mixture, sha = read_mixture(path)
     rep = MixtureVerifyReport(str(path), sha)
     names, datasets = [], []
@@ -67,7 +68,7 @@ def verify_mixture(path: str | Path, *, quick: bool = False, sources: bool = Fal
                                         f"it hashes to {got}, the mixture recorded {m.metadata_sha256}: the dataset "
                                         f"changed since the mixture was made, so the mixture's order would differ",
                                         REMIX))
-        report = verify(root, quick=quick, sources=sources, progress=progress)
+        report = verify(root, quick=quick, sources=sources, progress=progress, executor=executor)
         rep.members.append((m.name, report))
         if report.ok:
             names.append(m.name)

@@ -10,7 +10,7 @@ the episodes of every shard in order (train, then val), sorted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,9 +47,11 @@ def sample_positions(total: int, n: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.RandomState(seed).choice(int(total), size=k, replace=False)).astype(np.int64)
 
 
-def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0) -> Retokenized:
+def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0,
+               run: Callable[[dict, list], Iterable[Retokenized]] | None = None) -> Retokenized:
     """Re-encode ``n`` sampled episodes of ``shards`` (an episodes dataset's, in order) with
-    the tokenizers library; a ``Problem`` for each episode whose ids differ."""
+    the tokenizers library; a ``Problem`` for each episode whose ids differ. ``run``:
+    re-encodes each shard's sample elsewhere (``--engine ray``), results in shard order."""
     out = Retokenized(seed=seed)
     if not isinstance(state, dict) or state.get("kind") != HF_KIND:
         out.skipped = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
@@ -59,13 +61,31 @@ def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0) -> R
     except SftDataError as e:
         out.skipped = f"the tokenizer could not be loaded: {e}"
         return out
+    parts = (retokenize_shard(tok, sh, local) for sh, local in sample_by_shard(shards, n, seed)) if run is None \
+        else run(state, sample_by_shard(shards, n, seed))
+    for part in parts:
+        out.episodes += part.episodes
+        out.differ += part.differ
+        out.problems += part.problems
+    return out
+
+
+def sample_by_shard(shards: Sequence, n: int, seed: int = 0) -> list[tuple]:
+    """The sample of ``retokenize``: (shard, its sampled local episode ids) for each shard
+    holding some, in shard order."""
     counts = np.array([sh.num_episodes for sh in shards], dtype=np.int64)
     ends = np.cumsum(counts)
-    for pos in sample_positions(int(ends[-1]) if counts.size else 0, n, seed).tolist():
-        i = int(np.searchsorted(ends, pos, side="right"))
-        sh = shards[i]
-        local = pos - (int(ends[i - 1]) if i else 0)
-        start, length = (int(v) for v in sh.episodes[local])
+    pos = sample_positions(int(ends[-1]) if counts.size else 0, n, seed)
+    which = np.searchsorted(ends, pos, side="right")
+    return [(shards[i], pos[which == i] - (int(ends[i - 1]) if i else 0)) for i in np.unique(which).tolist()]
+
+
+def retokenize_shard(tok, sh, local: np.ndarray) -> Retokenized:
+    """Re-encode episodes ``local`` of shard ``sh`` with ``tok`` (the library's engine):
+    the episodes re-encoded, those that differ, a ``Problem`` for each."""
+    out = Retokenized()
+    for loc in np.asarray(local, dtype=np.int64).tolist():
+        start, length = (int(v) for v in sh.episodes[loc])
         stored = np.asarray(sh.tokens[start:start + length], dtype=np.int64)
         again = tok.encode_rendered_by_library(tok.decode(stored.tolist()))
         out.episodes += 1
@@ -74,7 +94,7 @@ def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0) -> R
         out.differ += 1
         m = min(stored.size, again.size)
         j = int(np.flatnonzero(stored[:m] != again[:m])[0]) if np.any(stored[:m] != again[:m]) else m
-        gid = sh.first_gid + local
+        gid = sh.first_gid + loc
         out.problems.append(Problem(
             "retokenize", f"{sh.rel}/{TOKENS_FILE}", f"episode {gid}",
             f"decoded and re-encoded by the tokenizers library, episode {gid} ({sh.split}) gives other ids from "

@@ -9,8 +9,10 @@ of every shard), the trained-token counts, the packed references and the checksu
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -27,9 +29,8 @@ from ..store import (
     scan_dataset,
     sha256_file,
 )
-from ..store.structure import check_counts, check_eos, episode_bounds
+from ..store.structure import check_counts
 from .checksums import checksum_jobs, checksum_problems
-from .content import check_content
 from .description import check_tokenizer
 from .metadata import (
     NOT_RECORDED,
@@ -41,18 +42,32 @@ from .metadata import (
     proven_shards,
     recorded_vocab,
 )
-from .packed import check_packed_content
 from .references import check_references
 from .report import SOURCES_CHECK, ProgressFn, VerifyReport, check_results
-from .retokenize import RETOKENIZE_CHECK, retokenize
+from .retokenize import RETOKENIZE_CHECK, Retokenized, retokenize
 from .serving import ABSENT, serving_findings
+from .shards import ShardChecks, ShardContext, check_shard
 from .sources import check_source, recorded_sources, reproducible, source_bytes, source_problems
 from .stops import StopFindings
 
 
+class ShardExecutor(Protocol):
+    """Runs the per-shard work of ``verify`` elsewhere (``--engine ray``), yielding the
+    results in shard order."""
+
+    def check(self, shards: list, ctx: ShardContext, stops: StopFindings | None, jobs: list, meta: dict | None,
+              meta_sealed: bool, quick: bool) -> Iterator[ShardChecks]:
+        """``shards.shard_checks`` of every shard (``jobs``: the files of each to hash)."""
+        ...
+
+    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
+        """``retokenize.retokenize_shard`` of each (shard, sampled local episode ids)."""
+        ...
+
+
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
            progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
-           retokenize_episodes: int = 0) -> VerifyReport:
+           retokenize_episodes: int = 0, executor: ShardExecutor | None = None) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
     ``quick`` skips the checksums (and the comparison of the recorded value ranges with
@@ -61,7 +76,9 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     ``token_dtype`` and ``tokenizer`` matter only for the older flat layout, which
     records neither. ``retokenize_episodes``: decode that many sampled episodes and
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
-    ``retokenize`` check). Raises ``DatasetError`` only when ``path`` holds no dataset at all.
+    ``retokenize`` check). ``executor``: where each shard's data is read and checked
+    (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
+    Raises ``DatasetError`` only when ``path`` holds no dataset at all.
     """
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
@@ -139,20 +156,29 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
         notes += stop_notes
     else:
         skip(("stops", "serving"), "tokenizer unknown")
+    ctx = ShardContext(packed, row_len, vocab, pad_id, tokenizer is not None, frozenset(scan.bad_segments))
+    meta_sealed = meta is not None and meta_sealed
+    remote: list[ShardChecks] | None = None
     with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
-        futures = [(j, pool.submit(sha256_file, j[1])) for j in jobs]  # runs beside the checks below
+        here = jobs if executor is None else [j for j in jobs if j[3] is None]  # a task hashes its shard's files
+        futures = {j[0]: pool.submit(sha256_file, j[1]) for j in here}  # runs beside the checks below
         src_futures = [pool.submit(check_source, rec) for rec in in_sources]
-        for sh in shards:
-            if rows:
-                found += check_packed_content(sh, vocab, pad_id, row_len, sh.rel not in scan.bad_segments, tick,
-                                              stops)
-            elif not packed:
-                bounds = episode_bounds(sh)
-                if tokenizer is not None:  # the reader knew no tokenizer to check the EOS endings with
-                    found += check_eos(sh, bounds, vocab.markers)
-                found += check_content(sh, bounds, vocab, tick, stops)
+        if executor is None:
+            for sh in shards:
+                found += check_shard(sh, ctx, tick, stops)
+            trained = [None if sh.mask is None else int(np.count_nonzero(sh.mask)) for sh in shards] \
+                if meta is not None else []
+        else:
+            remote = []
+            for r in executor.check(shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards], meta,
+                              meta_sealed, quick):
+                remote.append(r)
+                found += r.problems
+                if stops is not None:
+                    stops.absorb(r.cannot_stop)
+                tick(r.bytes_read)
+            trained = [r.trained for r in remote]
         if meta is not None:  # the reader's counts, with the trained tokens measured here
-            trained = [None if sh.mask is None else int(np.count_nonzero(sh.mask)) for sh in shards]
             found += check_counts(meta, shards, packed=packed, trained=trained)
         if rows:
             refs, ref_notes = check_references([sh for sh in shards if sh.rel not in scan.bad_segments], meta,
@@ -160,8 +186,9 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             found += refs
             notes += ref_notes
         results = []
-        for (fn, p, rec, shard), fut in futures:
-            results.append((fn, fut.result(), rec.get("sha256"), shard))
+        hashed = {fn: h for r in remote or [] for fn, h in r.sha256.items()}
+        for fn, p, rec, shard in jobs:
+            results.append((fn, futures[fn].result() if fn in futures else hashed[fn], rec.get("sha256"), shard))
             report.bytes_hashed += p.stat().st_size
             tick(p.stat().st_size)
         if sources:
@@ -177,7 +204,9 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
         # the recorded value ranges against the vocabulary, and (not --quick) the data's,
         # measured where no checksum already proves them equal
         proven = proven_shards(meta, shards, results, meta_sealed)
-        data = None if quick else {sh.rel: data_ranges(sh) for sh in shards if sh.rel not in proven}
+        measured = {sh.rel: r.ranges for sh, r in zip(shards, remote or []) if r.ranges is not None}
+        data = None if quick else {sh.rel: measured[sh.rel] if sh.rel in measured else data_ranges(sh)
+                                   for sh in shards if sh.rel not in proven}
         found += check_ranges(meta, shards, None if vocab is None else vocab.size, data)
     if not any(sh.mask is not None for sh in shards):
         skip(("mask_values", "mask_rule", "stops"), "no mask.bin")
@@ -197,7 +226,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             skip(("retokenize",), "a packed dataset: retokenize its source dataset")
         else:
             retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
-                               retokenize_episodes)
+                               retokenize_episodes, run=None if executor is None else executor.retokenize)
             found += retok.problems
             report.retokenized = retok.as_dict()
             if retok.skipped:

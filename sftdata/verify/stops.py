@@ -68,6 +68,15 @@ class StopFindings:
             self._counts["pad"] += int(np.unique(k).size)
             self._first.setdefault("pad", (int(local[int(k[0])]), int(p[0]), int(starts[int(k[0])])))
 
+    def absorb(self, cannot_stop: dict[str, dict]) -> None:
+        """Add the ``cannot_stop`` of shards checked elsewhere (an engine's task), in shard
+        order: the same record as adding their chunks here."""
+        for split, rec in cannot_stop.items():
+            mine = self.cannot_stop.setdefault(split, {"count": 0, self.items: []})
+            mine["count"] += rec["count"]
+            room = LISTED - len(mine[self.items])
+            mine[self.items] += rec[self.items][:max(room, 0)]
+
     def shard_problems(self, shard: Shard) -> list[Problem]:
         """The problems of the shard whose chunks were added since the last call."""
         out = []

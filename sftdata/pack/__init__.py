@@ -6,6 +6,10 @@
         ──► rows, a chunk at a time: gather segment tokens, mask per segment (the rule),
             pad ──► PackedSplitWriter (shards, sha256) ──► metadata last ──► atomic rename
 
+``build_rows`` builds the rows of a plan; ``--engine local`` runs it over each whole split
+here, ``--engine ray`` (``sftdata.engine.pack_ray.ray_pack_executor``) over ranges of whole output
+shards as Ray tasks, whose shards the split writer adopts: the same bytes either way.
+
 The output keeps the source's tokenizer and records the packing options and the
 source's identity (path and sha256 of its ``dataset_metadata.json``). Same source and
 options give a byte-identical output.
@@ -23,17 +27,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import DatasetError, NothingToTrainError, UsageError
-from .loss_rule import LossRule, rule_from_state
-from .memory import check_fits
-from .order import DEFAULT_SEED
-from .packing import (
+from .. import __version__
+from ..errors import DatasetError, NothingToTrainError, UsageError
+from ..loss_rule import LossRule, rule_from_state
+from ..memory import check_fits
+from ..order import DEFAULT_SEED
+from ..packing import (
     DEFAULT_OVERLONG,
     KEEP_PERCENT,
     MIN_BLOCK_SIZE,
@@ -42,17 +46,15 @@ from .packing import (
     STRATEGIES,
     PackPlan,
     TrainedSpans,
-    assemble_rows,
     min_block_size,
     padding_baseline,
     plan_bfd,
     plan_stream,
-    segment_masks,
     trained_spans,
 )
-from .ranges import CHUNK_TOKENS, gather_ranges, range_index, whole_runs
-from .stops import rule_stop_ids
-from .store import (
+from ..ranges import CHUNK_TOKENS, whole_runs
+from ..stops import rule_stop_ids
+from ..store import (
     DEFAULT_SHARD_TOKENS,
     METADATA_FILE,
     SEGMENT_FIELDS,
@@ -64,7 +66,7 @@ from .store import (
     sha256_file,
     write_serving,
 )
-from .store.packed import encode_segments
+from .rows import RowsExecutor, build_rows, gather_segments
 
 log = logging.getLogger("sftdata.pack")
 # peak bytes per row token while a chunk of rows is built: the tokens, the mask, their
@@ -209,36 +211,6 @@ def _check_cuts(split: Split, opts: PackOptions, rule: LossRule) -> None:
                          f"--overlong drop, or a --block-size of at least {int(split.lengths.max()) - 1}")
 
 
-def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:
-    """Concatenated tokens ``episode[start:start+take]`` of each segment (global episode ids)."""
-    episodes = np.asarray(episodes, dtype=np.int64)
-    takes = np.asarray(takes, dtype=np.int64)
-    total = int(takes.sum())
-    dtype = split.shards[0].tokens.dtype if split.shards else np.uint32
-    out = np.empty(total, dtype=dtype)
-    if total == 0:
-        return out
-    shard = split.shard_of(episodes)
-    src = split.starts[episodes] + np.asarray(starts, dtype=np.int64)
-    if len(split.shards) == 1:
-        return gather_ranges(split.shards[0].tokens, src, takes)
-    out_start = np.cumsum(takes) - takes
-    for si in np.unique(shard).tolist():
-        sel = shard == si
-        out[range_index(out_start[sel], takes[sel])] = gather_ranges(split.shards[si].tokens, src[sel], takes[sel])
-    return out
-
-
-def _trained_of_episodes(split: Split, ids: np.ndarray, m: LossRule) -> int:
-    """Trained tokens of whole episodes by the rule, a bounded number of tokens at a time."""
-    total = 0
-    lengths = split.lengths[ids]
-    for i, j in whole_runs(np.cumsum(lengths)):
-        toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
-        total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m)))
-    return total
-
-
 def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
     if opts.strategy == "bfd":
         return plan_bfd(split.lengths, opts.row_len, opts.overlong, opts.seed)
@@ -246,36 +218,31 @@ def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
 
 
 def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
-               progress: Callable[[PackProgress], None] | None = None) -> SplitReport:
-    """Plan and write one split's rows, a bounded number of tokens at a time; returns its report."""
+               progress: Callable[[PackProgress], None] | None = None,
+               executor: RowsExecutor | None = None) -> SplitReport:
+    """Plan and write one split's rows; returns its report. ``executor`` builds the rows
+    elsewhere (``--engine ray``: tasks write whole shards that the writer adopts); the
+    plan, the report and the bytes are the same."""
     plan = _plan(split, opts, m)
     L = plan.row_len
-    sources = split.sources
-    seg_trained = np.zeros(plan.num_segments, dtype=np.int64)
-    for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
-        a, b = plan.segments.row_range(r0, r1)
-        s = plan.segments[a:b]
-        toks = gather_segments(split, s.episode, s.episode_start, s.take)
-        rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
-        seg = replace(rows.segments, source=sources[s.episode] if sources is not None else s.source)
-        writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
-        if b > a:
-            seg_trained[a:b] = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
-        if progress:
-            progress(PackProgress(split.name, r1, plan.num_rows))
     # trained tokens lost: only episodes not placed whole can differ from their rule mask
     whole = plan.whole_episodes()
     nonwhole = np.flatnonzero(~whole & (plan.lengths > 0))
-    trained_whole = int(seg_trained[whole[plan.segments.episode]].sum())
-    trained_in = trained_whole + _trained_of_episodes(split, nonwhole, m)
+    seg_whole = whole[plan.segments.episode]
+    if executor is None or plan.num_rows == 0:
+        def on_rows(r1: int) -> None:
+            progress(PackProgress(split.name, r1, plan.num_rows))
+        built = build_rows(split, plan, seg_whole, writer, m, pad_id, nonwhole, on_rows if progress else None)
+    else:
+        built = executor(split, plan, seg_whole, writer, m, pad_id, nonwhole, progress)
     pad_rows, pad_fill = padding_baseline(plan.lengths, L)
     return SplitReport(
         episodes=plan.episodes, rows=plan.num_rows, row_len=L, tokens_in=plan.tokens_in,
         tokens_packed=plan.tokens_placed, tokens_injected=plan.tokens_injected,
         tokens_lost=plan.tokens_lost, lower_bound_rows=plan.lower_bound_rows, padding_rows=pad_rows,
         padding_fill=pad_fill, overlong_episodes=plan.overlong_episodes, dropped_episodes=plan.dropped_episodes,
-        stopped_conversations=plan.stopped_conversations, trained_in=trained_in,
-        trained_packed=int(seg_trained.sum()), segments=plan.num_segments)
+        stopped_conversations=plan.stopped_conversations, trained_in=built.trained_whole + built.trained_extra,
+        trained_packed=built.trained, segments=plan.num_segments)
 
 
 def _split_spans(split: Split, m: LossRule) -> TrainedSpans:
@@ -359,12 +326,15 @@ def _refuse_result(r: SplitReport, opts: PackOptions, output_dir) -> None:
 
 
 def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
-         progress: Callable[[PackProgress], None] | None = None) -> PackReport:
+         progress: Callable[[PackProgress], None] | None = None, executor: RowsExecutor | None = None
+         ) -> PackReport:
     """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``.
 
     Refuses (``NothingToTrainError``, nothing written) a train split that would hold 0
     rows or 0 trained tokens; warns (``sftdata.pack`` logger, ``report.warnings``, the
-    metadata) when a split loses more than 1% of its trained tokens."""
+    metadata) when a split loses more than 1% of its trained tokens. ``executor``: where
+    the rows are built (``sftdata.engine.pack_ray.ray_pack_executor``; default this process); the
+    output is byte-identical either way."""
     opts.validate()
     t0 = time.perf_counter()
     output_dir = remote_url(output_dir) or output_dir  # s3:/b/x (a URL through Path) -> s3://b/x
@@ -401,7 +371,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
         for name in sorted(ds.splits, key=lambda s: s != "train"):  # train first: refused before the rest
             split = ds.splits[name]
             sw = w.packed_split(name, ds.token_dtype, opts.row_len, opts.shard_tokens)
-            r = report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress)
+            r = report.splits[name] = pack_split(split, sw, opts, m, pad_id, progress, executor)
             if r.lossy or (name == "train" and not (r.rows and r.trained_packed)):
                 suggest_block_size(split, r, opts, m)
             if name == "train":

@@ -1,0 +1,148 @@
+"""``pack`` on a Ray cluster (``--engine ray``).
+
+::
+
+    driver: open the source, plan ──► one task per range of whole output shards ──► adopt each
+            every split (bfd/stream:     builds its rows (``pack.build_rows``, the      task's shards
+            lengths only, small)         function --engine local runs) from the source  in order, commit
+                                         shards, writes them to _parts/SPLIT_K.tmp-PID,
+                                         renamed to _parts/SPLIT_K when complete
+
+Shards hold ``shard_tokens // row_len`` rows each, so the rows of every shard are known
+from the plan: a task that starts at a shard boundary writes exactly the shards
+``--engine local`` writes there, byte for byte. The driver renames them into the split's
+folder (no copy), and the split's metadata is the writer's own summary of them.
+
+What crosses the network: to a task, its slice of the plan (the segments of its rows:
+56 bytes each) and the source split's index (one object for all tasks); back, its
+shards' records (sizes, sha256, counts) and three trained-token counts. Tokens go from
+the source shards to the output's staging area without passing through the driver.
+
+A task whose worker dies is retried by Ray; the dead attempt's ``.tmp-PID`` folder is
+never renamed, so its partial files are never adopted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..pack import PackProgress
+from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
+from ..packing import PackPlan
+from ..store import PackedSplitWriter, shard_name
+from .cluster import RayCluster, connect, import_ray
+from .tasks import PARTS_DIR, STOP_FILE, TASK_RETRIES, get_result, stop_tasks
+
+TASKS_PER_CPU = 4  # row ranges per CPU: enough for the last ones to balance, few enough to start cheaply
+
+
+@dataclass
+class RowsPart:
+    """What a rows task sends back (small: no tokens)."""
+
+    first_shard: int
+    path: str | None  # the folder holding its shards (None: the run stopped)
+    shards: list[dict]
+    built: RowsBuilt
+
+
+def plan_slice(plan: PackPlan, r0: int, r1: int) -> PackPlan:
+    """Rows ``r0 .. r1-1`` of ``plan`` as a plan of their own (rows 0 .. r1-r0-1)."""
+    a, b = plan.segments.row_range(r0, r1)
+    seg = plan.segments[a:b]
+    seg.row = seg.row - r0
+    p0 = int(plan.segments.prefix[:a].sum())
+    prefix = plan.prefix_tokens[p0:p0 + int(seg.prefix.sum())] if plan.prefix_tokens.size else plan.prefix_tokens
+    return PackPlan(plan.row_len, r1 - r0, np.empty(0, np.int64), seg, prefix)
+
+
+def shard_ranges(num_rows: int, rows_per_shard: int, cpus: int, shards_per_task: int | None = None
+                 ) -> list[tuple[int, int]]:
+    """Ranges ``[k0, k1)`` of output shards, one per task: about ``TASKS_PER_CPU`` per CPU."""
+    shards = -(-num_rows // rows_per_shard)
+    per = shards_per_task or max(1, -(-shards // (TASKS_PER_CPU * cpus)))
+    return [(k, min(shards, k + per)) for k in range(0, shards, per)]
+
+
+def build_shards(split, plan: PackPlan, seg_whole: np.ndarray, extra: np.ndarray, rule, pad_id: int,
+                 token_dtype: str, row_len: int, shard_tokens: int, first_shard: int, stage_dir: str) -> RowsPart:
+    """One task: the rows of ``plan`` (a slice starting at output shard ``first_shard``)
+    into shard folders of its own under ``stage_dir``."""
+    stop = Path(stage_dir) / STOP_FILE
+    if stop.exists():
+        return RowsPart(first_shard, None, [], RowsBuilt())
+    name = f"{split.name}_{first_shard:06d}"
+    final = Path(stage_dir) / name
+    tmp = Path(stage_dir) / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    writer = PackedSplitWriter(tmp, "s", np.dtype(token_dtype), row_len, shard_tokens)
+    built = build_rows(split, plan, seg_whole, writer, rule, pad_id, extra, stopped=stop.exists)
+    shards = writer.close()["shards"]
+    if stop.exists():
+        return RowsPart(first_shard, None, [], RowsBuilt())
+    if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    return RowsPart(first_shard, str(final / "s"), shards, built)
+
+
+def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, writer: PackedSplitWriter, rule,
+             pad_id: int, extra: np.ndarray, progress: Callable[[PackProgress], None] | None = None,
+             shards_per_task: int | None = None) -> RowsBuilt:
+    """The Ray executor's body for one split: submit a task per range of shards, then
+    adopt their shards into ``writer``'s split folder in order."""
+    ray = cluster.ray
+    per = writer.rows_per_shard
+    ranges = shard_ranges(plan.num_rows, per, cluster.cpus, shards_per_task)
+    stage_dir = writer.dir.parent / PARTS_DIR
+    stage_dir.mkdir(exist_ok=True)
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(build_shards)
+    split_ref, rule_ref = ray.put(split), ray.put(rule)
+    extras = np.array_split(np.asarray(extra, np.int64), len(ranges))  # the episodes each task counts
+    shard_tokens = per * plan.row_len
+    refs = []
+    for (k0, k1), ex in zip(ranges, extras):
+        r0, r1 = k0 * per, min(plan.num_rows, k1 * per)
+        a, b = plan.segments.row_range(r0, r1)
+        refs.append(task.remote(split_ref, plan_slice(plan, r0, r1), seg_whole[a:b], ex, rule_ref, pad_id,
+                                writer.token_dtype.name, plan.row_len, shard_tokens, k0, str(stage_dir)))
+    out, got = RowsBuilt(), 0
+    writer.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for (k0, k1), ref in zip(ranges, refs):
+            part: RowsPart = get_result(ray, ref, "packing")
+            got += 1
+            for i, rec in enumerate(part.shards):  # the task's shard i is the split's shard k0 + i
+                name = shard_name(k0 + i)
+                os.rename(Path(part.path) / rec["name"], writer.dir / name)
+                writer.shards.append({**rec, "name": name})
+            out.trained += part.built.trained
+            out.trained_whole += part.built.trained_whole
+            out.trained_extra += part.built.trained_extra
+            if progress:
+                progress(PackProgress(split.name, min(plan.num_rows, k1 * per), plan.num_rows))
+    finally:
+        if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
+            stop_tasks(ray, refs[got:], stage_dir)
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    return out
+
+
+def ray_pack_executor(address: str | None = None, shards_per_task: int | None = None) -> RowsExecutor:
+    """A rows executor for ``sftdata.pack.pack`` that builds the rows as tasks on the Ray
+    cluster at ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray
+    installed, a ``UsageError`` now, before anything is read or written."""
+    import_ray()
+
+    def run(split, plan, seg_whole, writer, rule, pad_id, extra, progress=None):
+        return run_rows(connect(address), split, plan, seg_whole, writer, rule, pad_id, extra, progress,
+                        shards_per_task)
+
+    return run

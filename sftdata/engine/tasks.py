@@ -1,0 +1,47 @@
+"""What every Ray engine shares: retries, a task's answer (its own error raised as it is),
+and stopping the tasks of a run that ends early.
+
+A run's tasks write into a staging area; when the run stops early (an error, Ctrl-C)
+the driver writes ``STOP_FILE`` there, which every task checks before each chunk of its
+work, and waits for them before the staging area is removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SftDataError
+
+TASK_RETRIES = 3  # a task whose worker died is run again this many times
+STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
+STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
+PARTS_DIR = "_parts"  # in the staging area: where tasks write (removed before the commit)
+
+
+def get_result(ray, ref, doing: str = "preparing"):
+    """``ray.get``, with a task's own sftdata error raised as it is (no Ray traceback);
+    ``doing``: what the run was doing, for a failure of the cluster itself."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, SftDataError):
+            raise cause from None
+        raise SftDataError(f"a Ray task failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except ray.exceptions.RayError as e:
+        raise SftDataError(f"the Ray cluster failed while {doing} ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); nothing was written") from None
+
+
+def stop_tasks(ray, refs, stage_dir: Path) -> None:
+    """Tell the tasks still to come to stop (``STOP_FILE``: each checks it before every
+    chunk) and wait until none runs. Not ``ray.cancel``: cancelling a task as it
+    completes can abort the driver inside Ray."""
+    try:
+        (stage_dir / STOP_FILE).touch()
+    except OSError:  # the staging area is gone already: a task can create nothing in it
+        return
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
+    except Exception:  # noqa: BLE001  (the cluster is gone: nothing runs on it)
+        pass

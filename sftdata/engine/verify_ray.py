@@ -1,0 +1,96 @@
+"""``verify`` on a Ray cluster (``--engine ray``): one task per shard reads it and checks it.
+
+::
+
+    driver: scan the dataset (the reader's structural checks: indexes, sizes, metadata),
+            the tokenizer ──► one task per shard: content checks (ids, mask values, the
+                              mask rule, stops; packed: per segment, padding), trained
+                              tokens, sha256 of its files, value ranges (``verify.shards``);
+                              --retokenize: one task per shard holding sampled episodes
+            merge in shard order ◄── problems and small figures; then counts, checksums,
+            ranges, references, serving, as --engine local
+
+What crosses the network: to a task, where its shard is (paths) and the dataset's
+context (the mask rule, the vocabulary size, the metadata: one object for all tasks);
+back, its problems, a few counts and the sha256 of its files. The data is read where the
+task runs, from storage every node sees. The report, ``--json`` and the exit code are
+those of ``--engine local``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import orjson
+
+from ..hf_tokenizer import hf_tokenizer_from_state
+from ..store import TOKENIZER_FILE, Shard
+from ..verify.retokenize import Retokenized, retokenize_shard
+from ..verify.shards import ShardChecks, shard_checks
+from .cluster import RayCluster, connect, import_ray
+from .tasks import TASK_RETRIES, get_result
+
+
+def check_remote(where: dict, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool) -> ShardChecks:
+    """One task: the shard at ``where`` mapped as the reader maps it (tolerantly: a damaged
+    shard is checked, not refused), then ``shard_checks``."""
+    return shard_checks(Shard(**where), ctx, stops, jobs, meta, meta_sealed, quick)
+
+
+def _where(sh: Shard) -> dict:
+    return {"path": sh.path, "token_dtype": sh.token_dtype.str, "name": sh.name, "root": sh.root, "split": sh.split,
+            "first_gid": sh.first_gid, "packed": sh.packed}
+
+
+def run_shards(cluster: RayCluster, shards, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool
+               ) -> Iterator[ShardChecks]:
+    """Submit a task per shard (the largest first: they finish last otherwise), then yield
+    their results in shard order."""
+    ray = cluster.ray
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(check_remote)
+    ctx_ref, stops_ref, meta_ref = ray.put(ctx), ray.put(stops), ray.put(meta)
+    order = sorted(range(len(shards)), key=lambda i: -shards[i].data_bytes)
+    refs = {i: task.remote(_where(shards[i]), ctx_ref, stops_ref, jobs[i], meta_ref, meta_sealed, quick) for i in order}
+    for i in range(len(shards)):
+        yield get_result(ray, refs[i], "verifying")
+
+
+_TOKENIZERS: dict = {}  # per worker process: the tokenizer of --retokenize, built once per state
+
+
+def retokenize_remote(where: dict, state: dict, local) -> Retokenized:
+    """One task of ``--retokenize``: re-encode episodes ``local`` of the shard at ``where``
+    with the tokenizers library (built once per worker from the dataset's state)."""
+    key = hashlib.sha256(orjson.dumps(state, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = hf_tokenizer_from_state(state, TOKENIZER_FILE, engine="hf")
+    return retokenize_shard(_TOKENIZERS[key], Shard(**where), local)
+
+
+class RayVerifyExecutor:
+    """``verify``'s per-shard work as tasks on the Ray cluster at ``address``."""
+
+    def __init__(self, address: str | None = None):
+        import_ray()  # without Ray: a UsageError now, before anything is read
+        self.address = address
+
+    def check(self, shards, ctx, stops, jobs, meta, meta_sealed, quick) -> Iterator[ShardChecks]:
+        return run_shards(connect(self.address), shards, ctx, stops, jobs, meta, meta_sealed, quick)
+
+    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
+        ray = connect(self.address).ray
+        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(retokenize_remote)
+        state_ref = ray.put(state)
+        refs = [task.remote(_where(sh), state_ref, local) for sh, local in picks]
+        for ref in refs:
+            yield get_result(ray, ref, "verifying")
+
+
+def ray_verify_executor(address: str | None = None) -> RayVerifyExecutor:
+    """A shard executor for ``sftdata.verify.verify`` that checks each shard (and
+    re-encodes each shard's ``--retokenize`` sample) as a task on the Ray cluster at
+    ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray installed, a
+    ``UsageError`` now, before anything is read."""
+    return RayVerifyExecutor(address)
