@@ -2,7 +2,7 @@
 """Benchmark: prepare against tiktoken's BPE core on the same texts, and the memo.
 
     python benchmarks/bench_prepare.py [--mb 50] [--workers N] [--case generated,agent,real] [--json]
-    python benchmarks/bench_prepare.py --case real --real ../shared/data --real-mb 50
+    python benchmarks/bench_prepare.py --case real,real_distinct --real ../shared/data --real-mb 50 --repeat 2
 
 Cases, each measured within one run (ratios; absolute times are noisy on a shared machine):
 
