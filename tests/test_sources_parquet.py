@@ -3,8 +3,11 @@ pages, and the errors (no usable column, a damaged file, pyarrow missing)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 import sys
+import types
 
 import pytest
 from conftest import chat, write_jsonl
@@ -179,7 +182,8 @@ def test_a_cut_parquet_file_is_refused_before_any_input_is_read(tmp_path):
 def test_without_pyarrow_a_parquet_input_names_the_extra(tmp_path, monkeypatch):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_pylist(RECORDS), path)
-    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import pyarrow.parquet raises ImportError
+    for name in ("pyarrow._parquet", "pyarrow.parquet"):  # importing either raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
     r = runner.invoke(app, ["prepare-chat", str(path), "-o", str(tmp_path / "ds"), "-q"])
     assert (r.exit_code, r.output) == (1, f"error: {path} is a Parquet file; reading it needs pyarrow: pip install "
                                           f"'sftdata[parquet]' (or pip install pyarrow)\n")
@@ -253,3 +257,47 @@ def test_a_users_mmap_threshold_is_left_alone(tmp_path, monkeypatch):
     pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet")
     assert len(list(pqsrc.ParquetReader(str(tmp_path / "a.parquet"), "a.parquet", 1 << 20))) == 30
     assert not [c for c in fake.calls if c[0] == "mallopt"]
+
+
+def test_only_pyarrows_reader_is_imported_not_pyarrow_parquet_and_its_filesystems(tmp_path):
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet")
+    code = ("import sys; from sftdata.sources.parquet import ParquetReader; "
+            f"n = len(list(ParquetReader({str(tmp_path / 'a.parquet')!r}, 'a.parquet', 1 << 20))); "
+            "print(n, sorted(m for m in ('pyarrow.parquet', 'pyarrow.fs', 'pyarrow._s3fs') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "30 []\n"
+
+
+class ReaderOfAnotherRelease:
+    """A pyarrow reader class whose ``open`` takes other arguments."""
+
+    def open(self, source):
+        raise AssertionError("not called: open_file passes keywords this class does not take")
+
+
+def test_a_pyarrow_whose_reader_class_differs_is_read_through_parquet_file(tmp_path, monkeypatch):
+    rows = [{**r, "id": i, "system": f"system {i}" if i % 3 else None} for i, r in enumerate(RECORDS)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet", row_group_size=7)
+    direct = pqsrc.ParquetReader(str(tmp_path / "a.parquet"), "a.parquet", 1 << 20)
+    assert direct._leaves == [0, 1, 3]  # messages' role and content, system; never id
+    monkeypatch.setattr(pqsrc, "pyarrow_parquet", lambda name: types.SimpleNamespace(ParquetReader=ReaderOfAnotherRelease))
+    wrapped = pqsrc.ParquetReader(str(tmp_path / "a.parquet"), "a.parquet", 1 << 20)
+    assert isinstance(wrapped._file, pq.ParquetFile) and wrapped._leaves is None
+    records = list(direct)
+    assert records == list(wrapped) and len(records) == 30
+    assert records[1] == (1, json.dumps({"messages": RECORDS[1]["messages"], "system": "system 1"},
+                                        separators=(",", ":")).encode())
+
+
+def test_a_parquet_sources_sha256_is_of_its_bytes_read_a_buffer_at_a_time(tmp_path, monkeypatch):
+    import sftdata.sources.records as records
+
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet")
+    data = (tmp_path / "a.parquet").read_bytes()
+    monkeypatch.setattr(records, "READ_BYTES", 1000)  # many reads, the last one short
+    assert len(data) % 1000 and records.sha256_file(str(tmp_path / "a.parquet")) == hashlib.sha256(data).hexdigest()
+    (tmp_path / "empty").write_bytes(b"")
+    assert records.sha256_file(str(tmp_path / "empty")) == hashlib.sha256(b"").hexdigest()
+    s = prepare([tmp_path / "a.parquet"], tmp_path / "ds", PrepareOptions(workers=1))
+    assert s.episodes == {"train": 30}
+    assert open_dataset(tmp_path / "ds").metadata["sources"][0]["sha256"] == hashlib.sha256(data).hexdigest()

@@ -1,3 +1,4 @@
+import hashlib
 import pickle
 
 import numpy as np
@@ -5,7 +6,7 @@ import pytest
 
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
 from sftdata.store import DatasetWriter, open_dataset, open_token_stream, scan_dataset
-from sftdata.store.format import choose_token_dtype
+from sftdata.store.format import choose_token_dtype, sha256_file
 
 
 def write(root, episodes, shard_tokens=1000, dtype=np.uint16):
@@ -235,3 +236,11 @@ def test_token_stream_errors(tmp_path):
         open_token_stream(tmp_path / "stream", "train", token_dtype="float64")
     with pytest.raises(DatasetError, match="has no tokens for split 'val'"):
         open_token_stream(tmp_path / "stream", "val")
+
+
+def test_sha256_file_reads_through_one_buffer_and_hashes_every_byte(tmp_path):
+    data = bytes(range(256)) * 41  # 10,496 bytes: ten full reads of 1,000 and a short one
+    (tmp_path / "f").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert sha256_file(tmp_path / "f", chunk=1000) == sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    assert sha256_file(tmp_path / "empty", chunk=1000) == hashlib.sha256(b"").hexdigest()

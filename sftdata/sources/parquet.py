@@ -13,10 +13,16 @@ The record of a row is a JSON object made of the columns the record parsers read
 * a file whose only column is text: each cell is one whole record as JSON text.
 
 Record numbers are row numbers (0-based, as pyarrow and pandas count them). Memory is
-bounded: a batch holds about ``BATCH_BYTES`` of rows, and before a row group is read the
-headers of its pages are checked (``parquet_pages``): a page that would expand beyond
-twice the record bound is refused, as no cell in it could be measured without holding
-it whole. A cell (the record built from a row) longer than the bound is a ``TooLarge``.
+bounded: a batch holds about ``BATCH_BYTES`` of rows, a column chunk is streamed page by
+page (``BUFFER_BYTES``), and before a row group is read the headers of its pages are
+checked (``parquet_pages``): a page that would expand beyond twice the record bound is
+refused, as no cell in it could be measured without holding it whole. A cell (the record
+built from a row) longer than the bound is a ``TooLarge``.
+
+The reader is pyarrow's own (``pyarrow._parquet.ParquetReader``, the class that
+``pyarrow.parquet.ParquetFile`` wraps), imported alone: ``pyarrow.parquet`` also imports
+``pyarrow.fs`` and its S3, GCS, HDFS and Azure modules, about 5 MiB of resident memory a
+run never uses. A pyarrow whose reader class opens differently gets ``ParquetFile``.
 
 Memory given back: Arrow allocates through the C allocator (``ARROW_DEFAULT_MEMORY_POOL=
 system`` unless the user chose a pool) and frees each decompressed page once its rows
@@ -25,8 +31,10 @@ threshold to that size, so later pages come from the heap and stay there. When a
 file is opened, the threshold is fixed at 256 KiB (``mallopt``, unless the user set
 ``MALLOC_MMAP_THRESHOLD_``), so every page is its own mapping, returned when freed; and
 after every ``TRIM_BYTES`` of row groups the heap's free pages are returned
-(``malloc_trim``). Together: about 25 MiB less peak than before on pyarrow's default
-pages (docs/BENCHMARKS.md says what remains and why).
+(``malloc_trim``). Batches of 128 KiB stay below that threshold and in the caches: against
+1 MiB batches they took 2-3 MiB off the peak and a third off the reading time. What
+remains over a JSONL run is pyarrow's shared libraries (about 27 MiB of mapped pages) and
+the pages it holds decompressed (docs/BENCHMARKS.md has the figures).
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ from .parquet_pages import PageHeaderError, largest_page
 
 MESSAGE_COLUMNS = ("messages", "conversations")
 RECORD_COLUMNS = ("messages", "conversations", "system", "tools", "functions")
-BATCH_BYTES = 1 << 20  # uncompressed bytes of rows converted to records at once
+BATCH_BYTES = 128 << 10  # uncompressed bytes of rows converted to records at once
+BUFFER_BYTES = 64 << 10  # read buffer of a column chunk (a page larger than this is read whole, as it must)
 MAX_BATCH_ROWS = 4096
 PAGE_FLOOR = 16 << 20  # pages up to this size are always read (writers make them ~1 MiB)
 MMAP_THRESHOLD = 256 << 10  # blocks from this size up are mappings of their own (given back when freed)
@@ -89,15 +98,30 @@ class BadValue:
 
 
 def pyarrow_parquet(name: str):
-    """``pyarrow.parquet``, or an error naming the extra that installs it."""
+    """``pyarrow._parquet`` (see the module's docstring), or an error naming the extra
+    that installs pyarrow."""
     if "pyarrow" not in sys.modules:  # unless told otherwise: Arrow's default allocator (mimalloc) keeps what a
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # stream of small batches frees (~30 MiB)
     try:
-        import pyarrow.parquet as pq
+        import pyarrow._parquet as pqlib
     except ImportError:
         raise InputError(f"{name} is a Parquet file; reading it needs pyarrow: pip install 'sftdata[parquet]' "
                          f"(or pip install pyarrow)") from None
-    return pq
+    return pqlib
+
+
+def open_file(pqlib, source):
+    """(reader, the path of each leaf column): pyarrow's reader class opened on ``source``;
+    where that class is missing or opens differently, ``pyarrow.parquet.ParquetFile`` and
+    None. Either way a column chunk is streamed page by page and nothing is read ahead."""
+    try:
+        reader = pqlib.ParquetReader()
+        reader.open(source, buffer_size=BUFFER_BYTES, pre_buffer=False)
+        return reader, list(reader.column_paths)
+    except (AttributeError, TypeError):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(source, buffer_size=BUFFER_BYTES, pre_buffer=False), None
 
 
 def _is_text(t) -> bool:
@@ -175,7 +199,7 @@ class ParquetReader:
     ``source`` is a path or a seekable binary file object (a URL's)."""
 
     def __init__(self, source, name: str, max_bytes: int):
-        pq = pyarrow_parquet(name)
+        pqlib = pyarrow_parquet(name)
         import pyarrow as pa
 
         self._name = name
@@ -183,11 +207,13 @@ class ParquetReader:
         self._source = source
         self._errors = (pa.ArrowException, OSError, ValueError)
         try:
-            self._file = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
+            self._file, paths = open_file(pqlib, source)
             self.cols, self.whole = record_columns(self._file.schema_arrow, name)
         except self._errors as e:
             raise InputError(f"{name} is not a readable Parquet file ({e}); re-create or re-download it") from None
         self.rows = self._file.metadata.num_rows
+        names = {c for c, _ in self.cols}
+        self._leaves = None if paths is None else [i for i, path in enumerate(paths) if path[0] in names]
         self._headers = None  # the file object page headers are read through
         self._libc = _tune_malloc()
 
@@ -237,8 +263,10 @@ class ParquetReader:
             group = meta.row_group(index)
             self._check_pages(index, group)
             try:
-                batches = self._file.iter_batches(batch_size=self._batch_rows(group), row_groups=[index],
-                                                  columns=names, use_threads=False)
+                rows = self._batch_rows(group)
+                batches = (self._file.iter_batches(batch_size=rows, row_groups=[index], columns=names,
+                                                   use_threads=False) if self._leaves is None else
+                           self._file.iter_batches(rows, [index], self._leaves, use_threads=False))
                 for batch in batches:
                     columns = [batch.column(c).to_pylist() for c in names]
                     del batch  # its Arrow buffers go now, not when the next batch replaces it

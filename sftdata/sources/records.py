@@ -175,10 +175,14 @@ def _record(info: SourceInfo, index: int, item, unit: str, max_bytes: int) -> Ra
 
 
 def sha256_file(path: str) -> str:
+    """The sha256 of a file, read through one buffer of ``READ_BYTES`` (a new bytes object
+    per read would hold two reads at once: the next is made before the last is dropped)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(8 << 20):
-            h.update(b)
+    buf = bytearray(READ_BYTES)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 
