@@ -68,12 +68,6 @@ def system_parts(conv: Conversation) -> list[str] | None:
     return [(text + "\n\n" if text else "") + TOOLS_HEADER, *(s + "\n" for s in schemas[:-1]), schemas[-1]]
 
 
-def system_text(conv: Conversation) -> str | None:
-    """The system span's text: the system message, then the tool schemas, one per line."""
-    parts = system_parts(conv)
-    return None if parts is None else "".join(parts)
-
-
 def splits_at_newlines(tok) -> bool:
     """True when ``tok`` provably encodes ``a + b`` as ``encode(a) + encode(b)`` whenever
     ``a`` ends with a newline and ``b`` starts with a character that is not whitespace, so

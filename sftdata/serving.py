@@ -33,9 +33,6 @@ SERVING_FORMAT = "sftdata-serving"
 SERVING_VERSION = 1
 BOS_POLICIES = ("template", "none")
 ALLOW_PAD_FLAG = "--allow-pad-as-stop"
-# the keys ``verify`` compares with what the tokenizer state and the pad id say
-DERIVED_KEYS = ("chat_format", "template", "marker_rule", "generation_prompt", "stop_ids", "stop_strings",
-                "pad_id", "pad_string", "pad_is_stop", "add_special_tokens", "tokenizer")
 
 
 def token_strings(state: dict) -> dict[int, str]:

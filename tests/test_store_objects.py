@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,9 @@ def s3():
            "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    # moto's backends are one per process, shared by every server started in it (another test module
+    # imports these fixtures and starts its own): begin empty
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()
     fs.mkdir(BUCKET)

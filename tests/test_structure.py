@@ -1,6 +1,7 @@
 """The structure cannot silently decay: the layers of ARCHITECTURE.md §5 (import-linter),
 ruff's rule set, no function-level imports of sftdata modules (a cycle or a layer break
-hiding), every module placed in a layer, and no specification-section names in the tree."""
+hiding), every module placed in a layer and given its line in the README's map, and no
+specification-section names in the tree."""
 
 from __future__ import annotations
 
@@ -71,3 +72,30 @@ def test_no_specification_section_names_in_code_or_docs():
             for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".py", ".md")
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def _readme_map() -> list[str]:
+    """The module paths of the README's map: ``sftdata/`` then lines indented two spaces
+    per level, a package ending in ``/`` and holding the lines indented below it."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("```\nsftdata/\n") + 4:]
+    block = block[:block.index("\nscripts/")]
+    out, stack = [], []
+    for line in block.splitlines()[1:]:
+        name = line.split()[0]
+        if name == "#":
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        stack = stack[:depth - 1]
+        if name.endswith("/"):
+            stack.append(name)
+        else:
+            out.append("".join(stack) + name)
+    return out
+
+
+def test_the_readme_map_has_one_line_per_module():
+    listed = _readme_map()
+    present = sorted(p.relative_to(ROOT / "sftdata").as_posix() for p in (ROOT / "sftdata").rglob("*.py"))
+    assert sorted(set(listed)) == sorted(listed), "a module listed twice"
+    assert sorted(listed) == present

@@ -136,6 +136,7 @@ def test_mask_on_a_user_token_of_a_segment(bfd):
     edit(shard(bfd) / "mask.bin", np.uint8, lambda m: m.__setitem__(29, 1))  # row 0, segment 1, user text
     (prob,) = problems(bfd, "mask_rule")
     assert (prob.episode, prob.byte, prob.file) == (0, 29, "train/shard_00000/mask.bin")
+    assert prob.where == "row 0 of train, byte 29 of mask.bin"  # a packed split's items are rows
     assert prob.message == ("the mask of row 0 differs from the mask rule at 1 token(s): it trains token 29, in "
                             "segment 1 (episode 5), a <|USER|> span")
     open_dataset(bfd)

@@ -125,10 +125,12 @@ class Shard:
         return f"{self.rel}/{fn}"
 
     def at(self, i: int, fn: str = EPISODES_FILE, byte: int | None = None) -> dict:
-        """Problem location fields for local episode ``i`` (byte: of its index record)."""
+        """Problem location fields for local item ``i``, an episode or (packed) a row (byte: of
+        its index record unless given). The ``episode`` field holds the global id of either."""
         gid = self.first_gid + int(i)
         byte = EPISODE_RECORD_BYTES * int(i) if byte is None else int(byte)
-        return {"where": f"episode {gid} of {self.split}, byte {byte:,} of {fn}", "split": self.split,
+        what = "row" if self.packed else "episode"
+        return {"where": f"{what} {gid} of {self.split}, byte {byte:,} of {fn}", "split": self.split,
                 "episode": gid, "byte": byte}
 
     def at_row(self, r: int, seg: int | None = None) -> dict:
