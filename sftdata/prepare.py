@@ -18,12 +18,16 @@ each at most ``CHUNK_BYTES`` plus one record, and no record longer than
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import math
 import os
+import pickle
 import shutil
 import signal
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
@@ -43,6 +47,7 @@ from .curate import (
     CurateSettings,
     Deduplicator,
     RecordKeys,
+    concat_keys,
     conversation_keys,
     load_evals,
 )
@@ -61,6 +66,7 @@ from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_chunk
 from .serving import check_state_stops
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
+from .sources.partitions import Partition, file_digest, iter_partition, line_counts, plan_partitions, splittable
 from .store import (
     DEFAULT_SHARD_TOKENS,
     REJECTS_FILE,
@@ -82,6 +88,10 @@ CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
 PARTS_DIR = "_parts"  # where an engine's tasks write their episodes (removed before the commit)
+STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped, partition tasks write nothing more
+MIN_PART_BYTES = 1 << 20  # --workers > 1 on plain JSONL: the input cut into ranges of this size or more ...
+MAX_PART_BYTES = 16 << 20  # ... and at most this (the progress bar moves once per range)
+PARTS_PER_WORKER = 16  # ranges per worker (the last ones to finish leave a worker idle briefly)
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
 
@@ -448,6 +458,21 @@ def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[Raw
         yield buf, pos
 
 
+def _pool(opts: PrepareOptions, tok, profile: TemplateProfile | None, curate: CurateSettings):
+    """``opts.workers`` worker processes (``_worker_init``) in a ``ProcessPoolExecutor``: a
+    worker that dies (killed by the system, out of memory) breaks the pool and ends the run
+    with an error. A ``multiprocessing.Pool`` would wait forever for the task it held."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # rensa (--dedup near) runs a thread pool: a process forked from one that has used it
+    # waits forever for its threads, so near-dedup workers start from a new interpreter
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and curate.dedup != "near" else "spawn")
+    return ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
+                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
+                                         opts))
+
+
 def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
              tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None = None,
              curate: CurateSettings = CurateSettings()) -> Iterator[tuple[ChunkResult, int]]:
@@ -461,16 +486,9 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
         for items, pos in chunks:
             yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # rensa (--dedup near) runs a thread pool: a process forked from one that has used it
-    # waits forever for its threads, so near-dedup workers start from a new interpreter
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and curate.dedup != "near" else "spawn")
-    pool = ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
-                                         opts))
+    pool = _pool(opts, tok, profile, curate)
     pending: deque = deque()
 
     def next_result() -> tuple[ChunkResult, int]:
@@ -478,10 +496,7 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
         try:
             return fut.result(), pos
         except BrokenProcessPool:
-            raise SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
-                               f"memory) while the records from {where} on were being prepared; nothing was "
-                               f"written. Free memory, or rerun with fewer --workers (--workers 1 uses no "
-                               f"worker process)") from None
+            raise _broken(where) from None
 
     try:
         for items, pos in chunks:
@@ -492,6 +507,248 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
             yield next_result()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- partitions: each task reads its own byte range of the input --------------------
+@dataclass
+class PartSummary:
+    """What a partition task sends back (small: no tokens)."""
+
+    index: int
+    result: ChunkResult  # ids and mask empty; records numbered from the start of the input
+    records: int  # record numbers the partition used (lines, or the whole input's records)
+    path: str | None  # the shard folder holding its episodes
+    episodes: int = 0
+    tokens: int = 0
+    sha256: str | None = None  # a whole input: what reading it found
+    bytes: int = 0
+
+
+def _empty() -> ChunkResult:
+    return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
+                       [], Counter(), Counter(), 0, 0, 0)
+
+
+def _merge(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
+    """``res``'s counts, rejects and keys added to ``acc`` (tokens are not kept)."""
+    if acc is None:
+        return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
+                           np.empty(0, np.int64), list(res.rejects), Counter(res.repairs), Counter(res.turns),
+                           res.truncated, res.pairs_dropped, res.records, res.per_reply_records,
+                           res.per_reply_episodes, list(res.mismatches), keys=res.keys,
+                           memo=dataclasses.replace(res.memo) if res.memo is not None else None)
+    acc.keys = concat_keys(acc.keys, res.keys)
+    acc.rejects += res.rejects
+    acc.repairs.update(res.repairs)
+    acc.turns.update(res.turns)
+    acc.truncated += res.truncated
+    acc.pairs_dropped += res.pairs_dropped
+    acc.records += res.records
+    acc.per_reply_records += res.per_reply_records
+    acc.per_reply_episodes += res.per_reply_episodes
+    acc.mismatches += res.mismatches
+    if res.memo is not None:
+        if acc.memo is None:
+            acc.memo = MemoStats()
+        acc.memo.add(res.memo)
+    return acc
+
+
+_TOKENIZERS: dict = {}  # per worker process: tokenizers rebuilt once, not once per task or per run
+_KEEP_TOKENIZERS = 4
+
+
+def _tokenizer(pickled: bytes | None):
+    """The (tokenizer, profile) pickled in ``pickled`` (a few hundred bytes: a tokenizer
+    pickles as what rebuilds it), rebuilt on a worker's first task and kept for later
+    tasks and runs (rebuilding takes seconds: the ranks are read and checked). None: the
+    local worker's own (``_worker_init``)."""
+    if pickled is None:
+        return _WORKER["tok"], _WORKER["profile"]
+    key = hashlib.sha256(pickled).hexdigest()
+    got = _TOKENIZERS.get(key)
+    if got is None:
+        if len(_TOKENIZERS) >= _KEEP_TOKENIZERS:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        got = _TOKENIZERS[key] = pickle.loads(pickled)  # noqa: S301  (made by this run's driver)
+    return got
+
+
+def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, settings: dict, stage_dir: str
+                      ) -> PartSummary:
+    """One task (a Ray task, or a ``--workers`` process): read, render and mask the records
+    of ``part`` into a shard folder of its own under ``stage_dir`` (``scan``:
+    ``line_counts`` of its input, ``cut`` its index there; ``tokenizer``: the pickled
+    (tokenizer, profile) of the run, None in a local worker, which also keeps its memo)."""
+    stop = Path(stage_dir) / STOP_FILE
+    if stop.exists():
+        return PartSummary(part.index, _merge(None, _empty()), 0, None)
+    tok, profile = _tokenizer(tokenizer)
+    memo = _WORKER.get("memo") if tokenizer is None else None
+    lines_before = scan[cut] if scan is not None and cut >= 0 else 0
+    dtype = np.dtype(settings["token_dtype"])
+    final = Path(stage_dir) / f"part_{part.index:06d}"
+    tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    writer = SplitWriter(tmp, "s", dtype, 1 << 62)
+    lines = [0]
+
+    def records():
+        for rec, pos in iter_partition(part, lines_before, settings["max_record_bytes"]):
+            if rec is None:
+                lines[0] = pos
+            else:
+                yield rec, pos
+
+    acc = None
+    for items, _ in _chunks(records()):
+        if stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
+            writer.close()
+            return PartSummary(part.index, _merge(None, _empty()), 0, None)
+        # with the exact-duplicate keys the driver counts (prepare's summary, whatever the engine), from
+        # the same parse as the tokens
+        res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile, memo,
+                            CurateSettings())
+        if res.lengths.size:
+            writer.add_many(res.ids, res.mask, res.lengths, res.sources)
+        acc = _merge(acc, res)
+    meta = writer.close()
+    if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    if acc is None:
+        acc = _merge(None, _empty())
+    whole = part.whole
+    return PartSummary(part.index, acc, lines[0],
+                       str(final / "s" / "shard_00000") if meta["episodes"] else None, meta["episodes"],
+                       meta["tokens"], part.info.sha256 if whole else None, part.info.bytes if whole else 0)
+
+
+def partition_settings(opts: PrepareOptions, token_dtype: np.dtype) -> dict:
+    """What every partition task needs of the options."""
+    return {"mode": opts.mode, "max_tokens": opts.max_tokens, "policy": opts.policy,
+            "max_record_bytes": opts.max_record_bytes, "token_dtype": np.dtype(token_dtype).name}
+
+
+def range_cuts(parts: list[Partition]) -> tuple[dict[int, list[int]], dict[tuple[int, int], int]]:
+    """Per input, the starts of its ranges after the first (``line_counts`` counts the lines
+    before them), and each (input, start)'s index there."""
+    cuts: dict[int, list[int]] = {}
+    for p in parts:
+        if not p.whole and p.start > 0:
+            cuts.setdefault(p.source, []).append(p.start)
+    return cuts, {(si, c): k for si, cs in cuts.items() for k, c in enumerate(cs)}
+
+
+class PartNumbering:
+    """Partition summaries, taken in input order, made into chunk results with global
+    record numbers; fills in each input's ``first_record``, ``records``, ``sha256`` and
+    ``bytes`` as it completes."""
+
+    def __init__(self, parts: list[Partition], infos: list[SourceInfo]):
+        self.infos, self.last = infos, {p.source: p.index for p in parts}
+        self.first_record, self.records_of, self.done = 0, Counter(), 0
+
+    def place(self, p: Partition, s: PartSummary, digest: Callable[[], tuple[str, int]] | None
+              ) -> tuple[ChunkResult, int]:
+        """``digest``: the input's (sha256, size), asked once its last range is placed."""
+        info = self.infos[p.source]
+        self.records_of[p.source] += s.records
+        if p.whole:
+            info.sha256, info.bytes = s.sha256, s.bytes
+        res = _shifted(s.result, self.first_record)
+        if s.path is not None:
+            res.staged = StagedPart(s.path, s.episodes, s.tokens, self.first_record)
+        self.done += (p.end - p.start) if not p.whole else s.bytes
+        if self.last[p.source] == p.index:  # the input is complete: its numbers are known
+            info.first_record, info.records = self.first_record, self.records_of[p.source]
+            if digest is not None:
+                info.sha256, info.bytes = digest()
+            self.first_record += info.records
+        return res, self.done
+
+
+def _shifted(res: ChunkResult, first: int) -> ChunkResult:
+    if first:
+        res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
+        res.mismatches = [(r + first, where) for r, where in res.mismatches]
+        if res.keys is not None:
+            res.keys.records = res.keys.records + first
+    return res
+
+
+def can_partition(infos: list[SourceInfo], opts: PrepareOptions, curate: CurateSettings) -> bool:
+    """``--workers`` > 1 with every input a plain local JSONL file (byte ranges on line
+    starts) and no --dedup / --decontaminate (decided on tokens in this process): the
+    workers read the input themselves. Otherwise this process reads it and sends records."""
+    return (opts.workers > 1 and curate.dedup == "off" and curate.evals is None
+            and all(splittable(i) for i in infos))
+
+
+def local_part_bytes(infos: list[SourceInfo], workers: int) -> int:
+    total = sum(i.bytes for i in infos)
+    return int(min(MAX_PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_WORKER * workers))))
+
+
+def _broken(where: str) -> SftDataError:
+    return SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
+                        f"memory) while the records from {where} on were being prepared; nothing was "
+                        f"written. Free memory, or rerun with fewer --workers (--workers 1 uses no "
+                        f"worker process)")
+
+
+def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
+                      profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
+                      ) -> Iterator[tuple[ChunkResult, int]]:
+    """The local engine with ``--workers`` > 1 on plain JSONL: each worker process reads
+    its own byte range of the input (``prepare_partition``, as a Ray task does) and stages
+    its episodes; this process numbers the results in input order, at most 2 x workers
+    ranges in flight."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    parts = plan_partitions(infos, local_part_bytes(infos, opts.workers))
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    pool = _pool(opts, tok, profile, CurateSettings())
+    cuts, cut_of = range_cuts(parts)
+    settings = partition_settings(opts, token_dtype)
+    numbering = PartNumbering(parts, infos)
+    pending: deque = deque()
+    finished = False
+
+    def where(p: Partition, scan) -> str:
+        return f"{infos[p.source].path}:line {(scan[cut_of[(p.source, p.start)]] if p.start else 0) + 1}"
+
+    def next_result() -> tuple[ChunkResult, int]:
+        p, fut, at = pending.popleft()
+        try:
+            s = fut.result()
+            digest = (lambda: digests[p.source].result()) if p.source in digests else None
+            return numbering.place(p, s, digest)
+        except BrokenProcessPool:
+            raise _broken(at) from None
+
+    try:
+        try:
+            scans = {si: pool.submit(line_counts, infos[si].path, c) for si, c in cuts.items()}
+            digests = {si: pool.submit(file_digest, infos[si].path) for si in cuts}
+            for p in parts:
+                scan = scans[p.source].result() if p.start else None  # the first range starts at line 0
+                pending.append((p, pool.submit(prepare_partition, p, scan, cut_of.get((p.source, p.start), -1), None,
+                                               settings, str(stage_dir)), where(p, scan)))
+                if len(pending) >= 2 * opts.workers:
+                    yield next_result()
+        except BrokenProcessPool:
+            raise _broken(f"{infos[parts[0].source].path}") from None
+        while pending:
+            yield next_result()
+        finished = True
+    finally:
+        if not finished:  # stopped early (an error, Ctrl-C): no worker may write on into the staging area
+            try:
+                (stage_dir / STOP_FILE).touch()
+            except OSError:
+                pass
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
@@ -527,7 +784,10 @@ def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokeni
                   profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path,
                   curate: CurateSettings = CurateSettings()) -> Iterator[tuple[ChunkResult, int]]:
     """The local engine: this process reads, ``--workers`` processes render (and compute
-    the records' duplicate keys and contamination, ``curate``)."""
+    the records' duplicate keys and contamination, ``curate``). With ``--workers`` > 1 on
+    plain JSONL the workers read their own byte ranges instead (``partition_results``)."""
+    if can_partition(infos, opts, curate):
+        return partition_results(infos, opts, tok, profile, token_dtype, stage_dir)
     return _results(_chunks(iter_all(infos, opts.max_record_bytes)), opts, tok, profile, curate)
 
 
@@ -648,9 +908,9 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     repaired: Counter = Counter()
     turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
-        # no val split to draw (and no engine writing parts of its own): the episodes go straight to
+        # no val split to draw (and no engine or worker writing parts of its own): the episodes go straight to
         # train in input order, the shards train's own, with no staging copy to split afterwards
-        direct = opts.val_split == 0 and executor is None
+        direct = opts.val_split == 0 and executor is None and not can_partition(infos, opts, curate)
         stage_name = "train" if direct else "_staging"
         staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split("_staging", dtype, 1 << 62)
         records = tokens = 0
