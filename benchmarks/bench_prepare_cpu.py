@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def child(src: Path, mode: str, texts_file: Path, scaling: bool) -> dict:
+def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = (0, 256)) -> dict:
     """Runs inside one tree (its sftdata first on sys.path)."""
     from sftdata import prepare as prep
     from sftdata.prepare import PrepareOptions, prepare
@@ -62,26 +62,24 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool) -> dict:
         return c
 
     report = {}
-    for memo in (0, 256):
+    for memo in memos:
         before = core_cpu()
         cpu = run(1, memo)
         ref = min(before, core_cpu())
-        report[f"memo{memo}"] = {"core_cpu": ref, "prepare_cpu": cpu, "ratio": ref / cpu}
+        report[f"memo{memo:g}"] = {"core_cpu": ref, "prepare_cpu": cpu, "ratio": ref / cpu}
     if scaling:
         marks: dict = {}
-        real_chunks, real_curate = prep._chunks, prep.curate_result
+        real_results, real_curate = prep.local_results, prep.curate_result
 
-        def chunks(records):
-            for i, x in enumerate(real_chunks(records)):
-                if i == 0:
-                    marks["first"] = time.process_time()
-                yield x
+        def results(*a, **k):  # the engine starts: what came before (tokenizer, inputs) is serial
+            marks["first"] = time.process_time()
+            return real_results(*a, **k)
 
         def curate(*a):
             marks["last"] = time.process_time()
             return real_curate(*a)
 
-        prep._chunks, prep.curate_result = chunks, curate
+        prep.local_results, prep.curate_result = results, curate
         c0 = time.process_time()
         parent = run(2, 0)
         while multiprocessing.active_children():  # the pool's processes, reaped: their CPU is counted
@@ -90,7 +88,11 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool) -> dict:
         serial = (marks["first"] - c0) + (c0 + parent - marks["last"])
         workers = kids.ru_utime + kids.ru_stime
         one = report["memo0"]["prepare_cpu"]
+        mb = src.stat().st_size / 1e6
         report["two_workers"] = {"workers_cpu": workers, "parent_cpu": parent, "serial_cpu": serial,
+                                 "parent_ms_per_mb": 1000 * parent / mb,
+                                 "parent_while_ms_per_mb": 1000 * (parent - serial) / mb,
+                                 "parent_share": parent / (parent + workers),
                                  "extra_cpu": (workers + parent) / one - 1,
                                  "model_speedup": one / (serial + (workers + parent - serial) / 2)}
     return report
@@ -122,10 +124,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-scaling", action="store_true", help="skip the 2-worker CPU model")
     ap.add_argument("--spin", action="store_true", help="only measure how two plain Python processes scale here")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--memos", default="0,256", help="--memo-mb values of the 1-worker runs (0 first: the "
+                    "2-worker model compares with it)")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1")))
+        print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1",
+                               tuple(float(m) for m in a.child[4].split(",")))))
         return
     if a.spin:
         print(f"two plain Python processes: {spin_scaling():.2f}x one (load {os.getloadavg()[0]:.1f})")
@@ -151,7 +156,7 @@ def main() -> None:
         for _ in range(a.repeat):
             for tree in trees:
                 res = subprocess.run([sys.executable, __file__, "--child", str(src), mode, str(texts_file),
-                                      "0" if a.no_scaling else "1"], capture_output=True, text=True,
+                                      "0" if a.no_scaling else "1", a.memos], capture_output=True, text=True,
                                      env={**os.environ, "PYTHONPATH": str(tree)})
                 if res.returncode:
                     raise SystemExit(res.stderr[-2000:])
@@ -160,7 +165,10 @@ def main() -> None:
                                  for k, v in r.items() if k.startswith("memo"))
                 if "two_workers" in r:
                     t = r["two_workers"]
-                    line += (f"; 2 workers: {t['extra_cpu']:+.1%} CPU, serial {t['serial_cpu']:.2f} s, model "
+                    line += (f"; 2 workers: {t['extra_cpu']:+.1%} CPU, serial {t['serial_cpu']:.2f} s, parent "
+                             f"{t['parent_cpu']:.2f} s ({t['parent_ms_per_mb']:.0f} ms/MB, "
+                             f"{t['parent_while_ms_per_mb']:.0f} ms/MB while the workers run, "
+                             f"{t['parent_share']:.1%} of the CPU), workers {t['workers_cpu']:.2f} s, model "
                              f"{t['model_speedup']:.2f}x")
                 print(f"{src.name} [{tree}] {line} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for k, v in r.items():

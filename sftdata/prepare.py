@@ -90,7 +90,7 @@ COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (b
 PARTS_DIR = "_parts"  # where an engine's tasks write their episodes (removed before the commit)
 STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped, partition tasks write nothing more
 MIN_PART_BYTES = 1 << 20  # --workers > 1 on plain JSONL: the input cut into ranges of this size or more ...
-MAX_PART_BYTES = 16 << 20  # ... and at most this (the progress bar moves once per range)
+MAX_PART_BYTES = 4 << 20  # ... and at most this (its tokens come back whole; the progress bar moves once per range)
 PARTS_PER_WORKER = 16  # ranges per worker (the last ones to finish leave a worker idle briefly)
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
@@ -574,23 +574,25 @@ def _tokenizer(pickled: bytes | None):
     return got
 
 
-def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, settings: dict, stage_dir: str
-                      ) -> PartSummary:
+def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, settings: dict,
+                      stage_dir: str | None) -> PartSummary:
     """One task (a Ray task, or a ``--workers`` process): read, render and mask the records
-    of ``part`` into a shard folder of its own under ``stage_dir`` (``scan``:
-    ``line_counts`` of its input, ``cut`` its index there; ``tokenizer``: the pickled
-    (tokenizer, profile) of the run, None in a local worker, which also keeps its memo)."""
-    stop = Path(stage_dir) / STOP_FILE
-    if stop.exists():
+    of ``part`` into a shard folder of its own under ``stage_dir``, or with ``stage_dir``
+    None (a local worker, whose range is a few MiB) return its tokens in the summary.
+    ``scan``: ``line_counts`` of its input, ``cut`` its index there; ``tokenizer``: the
+    pickled (tokenizer, profile) of the run, None in a local worker, which keeps its memo."""
+    stop = Path(stage_dir) / STOP_FILE if stage_dir is not None else None
+    if stop is not None and stop.exists():
         return PartSummary(part.index, _merge(None, _empty()), 0, None)
     tok, profile = _tokenizer(tokenizer)
     memo = _WORKER.get("memo") if tokenizer is None else None
     lines_before = scan[cut] if scan is not None and cut >= 0 else 0
-    dtype = np.dtype(settings["token_dtype"])
-    final = Path(stage_dir) / f"part_{part.index:06d}"
-    tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
-    writer = SplitWriter(tmp, "s", dtype, 1 << 62)
+    writer = tmp = final = None
+    if stage_dir is not None:
+        final = Path(stage_dir) / f"part_{part.index:06d}"
+        tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+        writer = SplitWriter(tmp, "s", np.dtype(settings["token_dtype"]), 1 << 62)
     lines = [0]
 
     def records():
@@ -600,9 +602,9 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, 
             else:
                 yield rec, pos
 
-    acc = None
+    acc, kept = None, []
     for items, _ in _chunks(records()):
-        if stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
+        if stop is not None and stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
             writer.close()
             return PartSummary(part.index, _merge(None, _empty()), 0, None)
         # with the exact-duplicate keys the driver counts (prepare's summary, whatever the engine), from
@@ -610,18 +612,27 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, 
         res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile, memo,
                             CurateSettings())
         if res.lengths.size:
-            writer.add_many(res.ids, res.mask, res.lengths, res.sources)
+            if writer is not None:
+                writer.add_many(res.ids, res.mask, res.lengths, res.sources)
+            else:
+                kept.append(res)
         acc = _merge(acc, res)
+    if acc is None:
+        acc = _merge(None, _empty())
+    whole = part.whole
+    sha, size = (part.info.sha256, part.info.bytes) if whole else (None, 0)
+    if writer is None:
+        if kept:
+            acc.ids, acc.mask, acc.lengths, acc.sources = (np.concatenate([getattr(r, k) for r in kept])
+                                                           for k in ("ids", "mask", "lengths", "sources"))
+        return PartSummary(part.index, acc, lines[0], None, int(acc.lengths.size), int(acc.ids.size), sha, size)
     meta = writer.close()
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)
     os.rename(tmp, final)
-    if acc is None:
-        acc = _merge(None, _empty())
-    whole = part.whole
     return PartSummary(part.index, acc, lines[0],
                        str(final / "s" / "shard_00000") if meta["episodes"] else None, meta["episodes"],
-                       meta["tokens"], part.info.sha256 if whole else None, part.info.bytes if whole else 0)
+                       meta["tokens"], sha, size)
 
 
 def partition_settings(opts: PrepareOptions, token_dtype: np.dtype) -> dict:
@@ -670,6 +681,7 @@ class PartNumbering:
 
 def _shifted(res: ChunkResult, first: int) -> ChunkResult:
     if first:
+        res.sources = res.sources + first  # tokens returned with the result (staged ones: record_offset)
         res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
         res.mismatches = [(r + first, where) for r, where in res.mismatches]
         if res.keys is not None:
@@ -701,19 +713,17 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
                       profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
                       ) -> Iterator[tuple[ChunkResult, int]]:
     """The local engine with ``--workers`` > 1 on plain JSONL: each worker process reads
-    its own byte range of the input (``prepare_partition``, as a Ray task does) and stages
-    its episodes; this process numbers the results in input order, at most 2 x workers
-    ranges in flight."""
+    its own byte range of the input (``prepare_partition``, as a Ray task does) and sends
+    back its episodes' tokens; this process numbers the results in input order and writes
+    them, at most 2 x workers ranges in flight."""
     from concurrent.futures.process import BrokenProcessPool
 
     parts = plan_partitions(infos, local_part_bytes(infos, opts.workers))
-    stage_dir.mkdir(parents=True, exist_ok=True)
     pool = _pool(opts, tok, profile, CurateSettings())
     cuts, cut_of = range_cuts(parts)
     settings = partition_settings(opts, token_dtype)
     numbering = PartNumbering(parts, infos)
     pending: deque = deque()
-    finished = False
 
     def where(p: Partition, scan) -> str:
         return f"{infos[p.source].path}:line {(scan[cut_of[(p.source, p.start)]] if p.start else 0) + 1}"
@@ -734,21 +744,15 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
             for p in parts:
                 scan = scans[p.source].result() if p.start else None  # the first range starts at line 0
                 pending.append((p, pool.submit(prepare_partition, p, scan, cut_of.get((p.source, p.start), -1), None,
-                                               settings, str(stage_dir)), where(p, scan)))
+                                               settings, None), where(p, scan)))
                 if len(pending) >= 2 * opts.workers:
                     yield next_result()
         except BrokenProcessPool:
             raise _broken(f"{infos[parts[0].source].path}") from None
         while pending:
             yield next_result()
-        finished = True
     finally:
-        if not finished:  # stopped early (an error, Ctrl-C): no worker may write on into the staging area
-            try:
-                (stage_dir / STOP_FILE).touch()
-            except OSError:
-                pass
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
@@ -908,9 +912,9 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     repaired: Counter = Counter()
     turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
-        # no val split to draw (and no engine or worker writing parts of its own): the episodes go straight to
+        # no val split to draw (and no engine writing parts of its own): the episodes go straight to
         # train in input order, the shards train's own, with no staging copy to split afterwards
-        direct = opts.val_split == 0 and executor is None and not can_partition(infos, opts, curate)
+        direct = opts.val_split == 0 and executor is None
         stage_name = "train" if direct else "_staging"
         staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split("_staging", dtype, 1 << 62)
         records = tokens = 0
