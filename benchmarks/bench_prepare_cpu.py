@@ -98,6 +98,23 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = 
     return report
 
 
+def wall_child(src: Path, mode: str, workers: int) -> dict:
+    """One ``prepare`` at ``workers`` (memo off): wall time, this process's CPU and its workers'."""
+    from sftdata.prepare import PrepareOptions, prepare
+
+    out = Path(f"/tmp/bench_prepare_wall_{os.getpid()}")
+    load = os.getloadavg()[0]
+    t, c = time.perf_counter(), time.process_time()
+    prepare([src], out, PrepareOptions(mode=mode, workers=workers, memo_mb=0, overwrite=True,
+                                       val_split=0.1 if mode == "chat" else 0.0))
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    while multiprocessing.active_children():
+        time.sleep(0.02)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"wall": wall, "parent_cpu": cpu, "workers_cpu": kids.ru_utime + kids.ru_stime, "load": load}
+
+
 def spin(n: int = 15_000_000) -> None:
     x = 0
     for i in range(n):
@@ -126,11 +143,34 @@ def main() -> None:
     ap.add_argument("--spin", action="store_true", help="only measure how two plain Python processes scale here")
     ap.add_argument("--memos", default="0,256", help="--memo-mb values of the 1-worker runs (0 first: the "
                     "2-worker model compares with it)")
+    ap.add_argument("--wall", action="store_true", help="instead: wall time of 1 and 2 workers per tree, "
+                    "alternated --repeat times, with the load average (memo off)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--wall-child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1",
                                tuple(float(m) for m in a.child[4].split(",")))))
+        return
+    if a.wall_child:
+        print(json.dumps(wall_child(Path(a.wall_child[0]), a.wall_child[1], int(a.wall_child[2]))))
+        return
+    if a.wall:
+        for spec in a.corpora:
+            path, _, mode = spec.partition(":")
+            for run in range(a.repeat):
+                for tree in ([t.resolve() for t in a.tree] if a.tree else [HERE.parent]):
+                    got = []
+                    for w in (1, 2):
+                        res = subprocess.run([sys.executable, __file__, "--wall-child", path, mode or "tool", str(w)],
+                                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+                        if res.returncode:
+                            raise SystemExit(res.stderr[-2000:])
+                        got.append(json.loads(res.stdout))
+                    one, two = got
+                    print(f"{Path(path).name} run {run + 1} [{tree}] load {one['load']:.1f}-{two['load']:.1f}: "
+                          f"1 worker {one['wall']:.2f} s, 2 workers {two['wall']:.2f} s ({one['wall'] / two['wall']:.2f}x;"
+                          f" parent {two['parent_cpu']:.2f} s CPU, workers {two['workers_cpu']:.2f} s)", flush=True)
         return
     if a.spin:
         print(f"two plain Python processes: {spin_scaling():.2f}x one (load {os.getloadavg()[0]:.1f})")

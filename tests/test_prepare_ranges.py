@@ -124,3 +124,9 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     named = ("dataset_metadata.json", "rejects.jsonl")  # they name the input
     assert all(one[k] == three[k] for k in one if k not in named)
     assert one["rejects.jsonl"].replace(b"in.jsonl.gz", b"in.jsonl") == three["rejects.jsonl"]
+
+
+def test_the_staging_names_agree_with_the_engines():
+    from sftdata.engine import tasks
+
+    assert (prep.STOP_FILE, prep.PARTS_DIR) == (tasks.STOP_FILE, tasks.PARTS_DIR) == ("STOP", "_parts")

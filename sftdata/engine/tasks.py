@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SftDataError
-from ..prepare import PARTS_DIR, STOP_FILE
 
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
 STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
-__all__ = ["PARTS_DIR", "STOP_FILE", "TASK_RETRIES", "get_result", "stop_tasks"]
+STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
+PARTS_DIR = "_parts"  # in the staging area: where tasks write (removed before the commit)
 
 
 def get_result(ray, ref, doing: str = "preparing"):
