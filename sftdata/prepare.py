@@ -512,10 +512,11 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
 # -- partitions: each task reads its own byte range of the input --------------------
 @dataclass
 class PartSummary:
-    """What a partition task sends back (small: no tokens)."""
+    """What a partition task sends back: counts, rejects and keys, and a staged partition's
+    folder (a Ray task: no tokens), or a local range's tokens in ``result``."""
 
     index: int
-    result: ChunkResult  # ids and mask empty; records numbered from the start of the input
+    result: ChunkResult  # ids and mask empty when staged; records numbered from the start of the input
     records: int  # record numbers the partition used (lines, or the whole input's records)
     path: str | None  # the shard folder holding its episodes
     episodes: int = 0

@@ -100,8 +100,12 @@ def test_the_parent_reads_no_records_when_the_input_is_cut(tmp_path, small_range
         raise AssertionError("the parent read the records itself")
 
     monkeypatch.setattr(prep, "iter_all", no_reading)
-    prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2))
+    seen = []
+    prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2), progress=seen.append)
     assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    done = [p.bytes_done for p in seen]  # the progress bar moves once per range, up to the whole input
+    assert len(done) == 5 and done == sorted(done) and done[-1] == seen[-1].bytes_total == src.stat().st_size
+    assert seen[-1].records == 76  # 80 lines, 4 of them blank
 
 
 def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, monkeypatch):
