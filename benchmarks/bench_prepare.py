@@ -2,7 +2,7 @@
 """Benchmark: prepare against tiktoken's BPE core on the same texts, and the memo.
 
     python benchmarks/bench_prepare.py [--mb 50] [--workers N] [--case generated,agent,real] [--json]
-    python benchmarks/bench_prepare.py --case real --real ../shared/data --real-mb 50
+    python benchmarks/bench_prepare.py --case real,real_distinct --real ../shared/data --real-mb 50 --repeat 2
 
 Cases, each measured within one run (ratios; absolute times are noisy on a shared machine):
 
@@ -21,8 +21,13 @@ Cases, each measured within one run (ratios; absolute times are noisy on a share
 * ``real`` (``--real PATH``, a file or folder of .json/.jsonl records, e.g. ../shared/data):
   a corpus of those records repeated to ``--real-mb`` plus a 10% non-English share;
   ``prepare-tool`` at 1 and 2 workers, memo off and on, against the BPE core on the same
-  texts. The records repeat, so memo-on figures there say little about real data; the
-  memo-off ones are the tokenizer-speed figures.
+  texts (wall and, at 1 worker, CPU time; the 1 -> 2 worker ratio of every run with the
+  load average). The records repeat, so memo-on figures there say little about real
+  data; the memo-off ones are the tokenizer-speed figures.
+* ``real_distinct``: the same, but every copy after the first has its texts tagged
+  (`` (copy N)`` after each message, system string and tool description), so the memo
+  can reuse only what the files repeat themselves, never the benchmark's own repetition.
+* ``real_once``: the files once (no repetition at all; about 3 MB, so start-up weighs in).
 
 ``--repeat N`` runs each timing of the agent and real cases N times, alternated, and keeps
 the fastest (the least disturbed on a shared machine).
@@ -78,11 +83,13 @@ def agent_corpus(mb: float, text_scale: float = 1.0) -> Path:
     return path
 
 
-def real_corpus(source: Path, mb: float) -> Path:
+def real_corpus(source: Path, mb: float, distinct: bool = False) -> Path:
+    """The real records cycled to ``mb`` MB (``distinct``: each copy's texts tagged, so that
+    only what the files repeat themselves repeats; 0 MB: the files once)."""
     WORK.mkdir(exist_ok=True)
-    path = WORK / f"real_{source.name}_{mb:g}mb.jsonl"
+    path = WORK / f"real_{source.name}_{mb:g}mb{'_distinct' if distinct else ''}.jsonl"
     if not path.exists():
-        write_real_corpus(path, source, int(mb * 1e6))
+        write_real_corpus(path, source, int(mb * 1e6), distinct_copies=distinct)
     return path
 
 
@@ -186,8 +193,9 @@ def case_generated(mb: float, workers: int, peaks: bool = True) -> dict:
     enc = tok._enc
     n_tokens = sum(len(x) for x in enc.encode_ordinary_batch(texts[:1000], num_threads=1))
     ref_batch = timed(lambda: enc.encode_ordinary_batch(texts, num_threads=1))
-    ref_core = core_seconds(texts, tok)[0]
-    results = {w: prepare_seconds(src, workers=w, val_split=0.1)[0] for w in sorted({1, workers})}
+    ref_core, ref_core_cpu = core_seconds(texts, tok)
+    runs = {w: prepare_seconds(src, workers=w, val_split=0.1) for w in sorted({1, workers})}
+    results = {w: r[0] for w, r in runs.items()}
     mb_real = src.stat().st_size / 1e6
     report = {
         "corpus_mb": round(mb_real, 1), "messages": len(texts), "sample_tokens": n_tokens,
@@ -195,7 +203,9 @@ def case_generated(mb: float, workers: int, peaks: bool = True) -> dict:
         "prepare_s": {str(k): round(v, 3) for k, v in results.items()},
         "ratio_vs_encode_ordinary_batch": {str(k): round(ref_batch / v, 3) for k, v in results.items()},
         "ratio_vs_core_encode": {str(k): round(ref_core / v, 3) for k, v in results.items()},
-        "cores": len(os.sched_getaffinity(0)),
+        "cpu_s": {"ref_core": round(ref_core_cpu, 3), "1": round(runs[1][1], 3)},  # 1 worker runs in this process
+        "cpu_ratio_vs_core_1_worker": round(ref_core_cpu / runs[1][1], 3),
+        "cores": len(os.sched_getaffinity(0)), "load_average": round(os.getloadavg()[0], 2),
     }
     if peaks:
         small = generated_corpus(mb / 10)
@@ -253,13 +263,14 @@ def case_agent(mb: float, real: Path | None = None, memo_mb: float = DEFAULT_MEM
     return report
 
 
-def case_real(source: Path, mb: float, repeat: int = 1) -> dict:
-    src = real_corpus(source, mb)
+def case_real(source: Path, mb: float, repeat: int = 1, distinct: bool = False) -> dict:
+    src = real_corpus(source, mb, distinct)
     tok = load_tokenizer()
     texts = [t for r in plan_texts(records_of(src), tok) for t in r]
-    refs, runs = [], {}
+    refs, runs, loads = [], {}, []
     for _ in range(max(1, repeat)):  # alternated, so that each sees the same machine
         refs.append(core_seconds(texts, tok))
+        loads.append(round(os.getloadavg()[0], 2))
         for workers in (1, 2):
             for memo_mb in (0, DEFAULT_MEMO_MB):
                 runs.setdefault(f"{workers}w_memo{memo_mb:g}", []).append(
@@ -268,13 +279,18 @@ def case_real(source: Path, mb: float, repeat: int = 1) -> dict:
     ref, ref_cpu = min(r[0] for r in refs), min(r[1] for r in refs)
     secs = {k: round(min(r[0] for r in v), 3) for k, v in runs.items()}
     cpu = {k: round(min(r[1] for r in v), 3) for k, v in runs.items() if k.startswith("1w")}  # workers: elsewhere
-    return {"corpus_mb": round(src.stat().st_size / 1e6, 1), "texts": len(texts), "ref_core_encode_s": round(ref, 3),
-            "prepare_s": secs, "ratio_vs_core": {k: round(ref / v, 3) for k, v in secs.items()},
+    scaling_runs = {f"memo{m:g}": [round(a[0] / b[0], 3) for a, b in zip(runs[f"1w_memo{m:g}"], runs[f"2w_memo{m:g}"])]
+                    for m in (0, DEFAULT_MEMO_MB)}
+    return {"corpus_mb": round(src.stat().st_size / 1e6, 1), "distinct_copies": distinct, "texts": len(texts),
+            "ref_core_encode_s": round(ref, 3), "prepare_s": secs, "ratio_vs_core": {k: round(ref / v, 3)
+                                                                                      for k, v in secs.items()},
             "cpu_s": {"ref_core": round(ref_cpu, 3), **cpu},
             "cpu_ratio_vs_core": {k: round(ref_cpu / v, 3) for k, v in cpu.items()},
             "scaling_1_to_2_workers": {m: round(secs[f"1w_memo{m:g}"] / secs[f"2w_memo{m:g}"], 3)
                                        for m in (0, DEFAULT_MEMO_MB)},
-            "memo_hit_rate": round(runs[f"1w_memo{DEFAULT_MEMO_MB:g}"][0][2].memo.hit_rate, 4)}
+            "scaling_per_run": scaling_runs, "load_average_per_run": loads,
+            "memo_hit_rate": round(runs[f"1w_memo{DEFAULT_MEMO_MB:g}"][0][2].memo.hit_rate, 4),
+            "memo_reused_share": round(runs[f"1w_memo{DEFAULT_MEMO_MB:g}"][0][2].memo.reused_share, 4)}
 
 
 def run(cases=("generated",), mb: float = 50.0, workers: int | None = None, agent_mb: float = 20.0,
@@ -289,10 +305,11 @@ def run(cases=("generated",), mb: float = 50.0, workers: int | None = None, agen
         report.update(case_generated(mb, workers, peaks))
     if "agent" in cases:
         report["agent"] = case_agent(agent_mb, real, repeat=repeat, text_scale=agent_text_scale)
-    if "real" in cases:
-        if real is None:
-            raise SystemExit("--case real needs --real PATH (a file or folder of .json/.jsonl records)")
-        report["real"] = case_real(real, real_mb, repeat)
+    for case in ("real", "real_distinct", "real_once"):
+        if case in cases:
+            if real is None:
+                raise SystemExit(f"--case {case} needs --real PATH (a file or folder of .json/.jsonl records)")
+            report[case] = case_real(real, 0 if case == "real_once" else real_mb, repeat, case != "real")
     return report
 
 
@@ -305,6 +322,7 @@ def print_report(r: dict) -> None:
         for w, secs in r["prepare_s"].items():
             print(f"  prepare-chat --workers {w}: {secs:6.2f} s  ratio vs A {r['ratio_vs_encode_ordinary_batch'][w]:4.2f}"
                   f"  vs B {r['ratio_vs_core_encode'][w]:4.2f}")
+        print(f"  by CPU time, 1 worker: {r['cpu_ratio_vs_core_1_worker']:4.2f}x the core (load {r['load_average']})")
         if "peak_rss_mb" in r:
             print(f"  peak RSS: {r['peak_rss_mb']} (x{r['peak_growth_10x_input']} for 10x the input)")
     if "agent" in r:
@@ -324,20 +342,27 @@ def print_report(r: dict) -> None:
             for k, v in sweep.items():
                 print(f"  policy {corpus_name:5} {k:16} hit rate {v['hit_rate']:.3f}  not re-encoded "
                       f"{v['reused_share']:.3f}  peak {v['peak_mib']} MiB")
-    if "real" in r:
-        x = r["real"]
-        print(f"real conversations: {x['corpus_mb']} MB, {x['texts']:,} texts; BPE core {x['ref_core_encode_s']:.2f} s")
+    for case, what in (("real", "cycled"), ("real_distinct", "cycled, each copy's texts tagged"),
+                       ("real_once", "the files once")):
+        if case not in r:
+            continue
+        x = r[case]
+        print(f"real conversations ({what}): {x['corpus_mb']} MB, {x['texts']:,} texts; BPE core "
+              f"{x['ref_core_encode_s']:.2f} s; memo: {x['memo_hit_rate']:.1%} hits, {x['memo_reused_share']:.1%} of "
+              f"tokens not re-encoded")
         for k, secs in x["prepare_s"].items():
             print(f"  prepare-tool {k:12} {secs:6.2f} s  {x['ratio_vs_core'][k]:4.2f}x the core")
         print(f"  by CPU time (1 worker): {x['cpu_ratio_vs_core']}")
-        print(f"  1 -> 2 workers: {x['scaling_1_to_2_workers']}")
+        print(f"  1 -> 2 workers: {x['scaling_1_to_2_workers']} (fastest of each); per run {x['scaling_per_run']} "
+              f"at load averages {x['load_average_per_run']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=50.0, help="generated chat corpus size in MB (default 50)")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--case", default="generated", help="comma-separated: generated, agent, real (default: generated)")
+    ap.add_argument("--case", default="generated", help="comma-separated: generated, agent, real, real_distinct, "
+                                                        "real_once (default: generated)")
     ap.add_argument("--agent-mb", type=float, default=20.0, help="agent corpus size in MB (default 20)")
     ap.add_argument("--agent-text-scale", type=float, default=1.0,
                     help="user turns, tool results and answers this many times longer (a smaller repeated share)")

@@ -124,17 +124,72 @@ def _records_of(path: Path) -> list[bytes]:
     return [line for line in data.splitlines() if line.strip()]
 
 
+TEXT_ROLES = {"system", "developer", "user", "human", "assistant", "gpt", "tool", "observation", "function"}
+
+
+def _tag_tools(tools, tag: str):
+    """Tool schemas with ``tag`` after each description (a list, or its JSON text)."""
+    if isinstance(tools, str):
+        try:
+            return orjson.dumps(_tag_tools(orjson.loads(tools), tag)).decode() if tools.strip() else tools
+        except orjson.JSONDecodeError:
+            return tools
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for t in tools:
+        if isinstance(t, dict):
+            t = dict(t)
+            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            if fn is not t:
+                fn = t["function"] = dict(fn)
+            if isinstance(fn.get("description"), str):
+                fn["description"] += tag
+        out.append(t)
+    return out
+
+
+def tag_record(line: bytes, copy: int) -> bytes:
+    """The record with `` (copy N)`` after every message text, system string and tool
+    description, so that no text of one copy of the files equals a text of another: a memo
+    then reuses only what repeats within the files themselves (calls and their arguments,
+    which hold JSON, are left as they are)."""
+    tag = f" (copy {copy})"
+    obj = orjson.loads(line)
+    if not isinstance(obj, dict):
+        return line
+    if isinstance(obj.get("system"), str):
+        obj["system"] += tag
+    for key in ("tools", "functions"):
+        if key in obj:
+            obj[key] = _tag_tools(obj[key], tag)
+    for key, role_key, text_key in (("messages", "role", "content"), ("conversations", "from", "value")):
+        msgs = obj.get(key)
+        if not isinstance(msgs, list):
+            continue
+        for m in msgs:
+            if isinstance(m, dict) and str(m.get(role_key, m.get("role"))).lower() in TEXT_ROLES:
+                for k in (text_key, "content"):
+                    if isinstance(m.get(k), str) and m[k].strip():
+                        m[k] += tag
+                        break
+    return orjson.dumps(obj)
+
+
 def write_real_corpus(path: Path, source: Path, target_bytes: int, foreign_share: float = 0.1,
-                      seed: int = 0) -> int:
+                      seed: int = 0, distinct_copies: bool = False) -> int:
     """JSONL of the records of ``source`` (a file, or a folder of .json/.jsonl files), cycled
     until ``target_bytes``, plus about ``foreign_share`` of the bytes as non-English
-    conversations; return the record count. Deterministic for a seed."""
+    conversations; return the record count. Deterministic for a seed. ``distinct_copies``:
+    every copy after the first has its texts tagged (``tag_record``), so the corpus repeats
+    only what the files repeat themselves; ``target_bytes`` 0: the files once."""
     files = sorted(p for p in source.iterdir() if p.suffix in (".json", ".jsonl")) if source.is_dir() else [source]
     records = [r for f in files for r in _records_of(f)]
     if not records:
         raise SystemExit(f"no records in {source}")
+    target_bytes = target_bytes or int(sum(len(r) + 1 for r in records) / (1 - foreign_share))
     rng = random.Random(seed)
-    n = size = foreign = 0
+    n = size = foreign = taken = 0
     with open(path, "wb") as f:
         while size < target_bytes:
             if foreign < foreign_share * size:
@@ -145,7 +200,12 @@ def write_real_corpus(path: Path, source: Path, target_bytes: int, foreign_share
                 line = orjson.dumps({"messages": msgs})
                 foreign += len(line) + 1
             else:
-                line = records[n % len(records)]
+                if distinct_copies:  # each record once per copy, in order
+                    copy, i = divmod(taken, len(records))
+                    line = tag_record(records[i], copy) if copy else records[i]
+                    taken += 1
+                else:
+                    line = records[n % len(records)]
             f.write(line + b"\n")
             size += len(line) + 1
             n += 1

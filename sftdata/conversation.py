@@ -48,6 +48,7 @@ import orjson
 from .errors import RecordError
 from .exact_json import InexactJSON, loads
 from .message_content import json_kind, read_assistant
+from .plain_record import plain_conversation
 from .tool_format import parse_tool
 from .turns import (
     CHAT_ROLES,
@@ -155,6 +156,10 @@ def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = 
     """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``;
     ``policy`` applies ``--reasoning`` and ``--train-on``."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+    if mode in ("chat", "tool"):
+        conv = plain_conversation(obj)  # the common shape, in one pass (the same conversation)
+        if conv is not None:  # no reasoning and nothing untrained: only --train-on last changes it
+            return apply_policy(conv, policy, where) if policy.train_on == "last" else conv
     if mode == "chat":
         if is_tool_record(obj):
             raise RecordError("tool_conversation", "the record has tool schemas, calls or results; "

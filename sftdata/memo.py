@@ -42,6 +42,7 @@ ENTRY_BYTES = 260  # per stored entry beyond its text and ids (their sizes as Py
 SEEN_BYTES = 160  # per text seen once and remembered: its hash, a count, its dict slot with the table's slack
 DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal share
 POLICIES = ("frequency", "lru")
+_EMPTY_ARRAY_BYTES = sys.getsizeof(array(ID_TYPECODE))
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches
 
 
@@ -118,9 +119,10 @@ class SegmentMemo:
         out.peak_bytes = self.peak_bytes
         return out
 
-    def encode(self, texts: Sequence[str], tok) -> tuple[list[array], list[int]]:
-        """Each text's ids as a uint32 array, and its token count; texts not in the memo are
-        encoded with one ``tok.encode_batch`` call, each distinct text once."""
+    def encode(self, texts: Sequence[str], tok) -> tuple[list, list[int]]:
+        """Each text's ids as a uint32 array (``array`` or numpy), and its token count; texts
+        not in the memo are encoded together (``tok.joined``, else ``tok.encode_batch``), each
+        distinct text once."""
         if tokenizer_identity(tok) != self.identity:
             raise ValueError("this memo holds the ids of another tokenizer; make one memo per tokenizer")
         out: list = [None] * len(texts)
@@ -156,8 +158,11 @@ class SegmentMemo:
             where.append([i])
             todo_keep.append(True)
         if todo:
-            for text, text_ids, places, keep in zip(todo, tok.encode_batch(todo), where, todo_keep):
-                data = id_array(text_ids)
+            joined = getattr(tok, "joined", None)  # one call of the core for them all, where it can
+            encoded = joined.encode_many(todo) if joined is not None else None
+            if encoded is None:
+                encoded = [id_array(e) for e in tok.encode_batch(todo)]
+            for text, data, places, keep in zip(todo, encoded, where, todo_keep):
                 n = len(data)
                 st.tokens_encoded += n
                 st.tokens_reused += n * (len(places) - 1)
@@ -167,8 +172,10 @@ class SegmentMemo:
                     self._admit(text, data, len(places))
         return out, [len(a) for a in out]
 
-    def _admit(self, text: str, data: array, uses: int) -> None:
-        cost = sys.getsizeof(text) + sys.getsizeof(data) + ENTRY_BYTES
+    def _admit(self, text: str, data, uses: int) -> None:
+        # a view into a chunk's ids is copied (exactly sized) only if it is stored
+        size = sys.getsizeof(data) if isinstance(data, array) else _EMPTY_ARRAY_BYTES + 4 * len(data)
+        cost = sys.getsizeof(text) + size + ENTRY_BYTES
         if cost > self.cap_bytes * (1 - _KEEP_AFTER_EVICTION):
             return  # one text would take a tenth of the memo: encode it each time instead
         if self.policy == "frequency":
@@ -182,6 +189,10 @@ class SegmentMemo:
                 self._grow(SEEN_BYTES)
                 return
             uses += seen
+        if not isinstance(data, array):
+            stored = array(ID_TYPECODE, [0]) * len(data)  # 80 + 4 bytes an id, as built from a list
+            memoryview(stored).cast("B")[:] = memoryview(data).cast("B")
+            data = stored
         self._make_room(cost)
         self._entries[text] = [data, uses, cost]
         self._grow(cost)

@@ -43,7 +43,7 @@ from .curate import (
     CurateSettings,
     Deduplicator,
     RecordKeys,
-    chunk_keys,
+    conversation_keys,
     load_evals,
 )
 from .errors import (
@@ -288,12 +288,14 @@ class Executor(Protocol):
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
-                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None) -> ChunkResult:
+                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None,
+                  curate: CurateSettings = CurateSettings()) -> ChunkResult:
     """Parse, validate and render one chunk of records (pure but for the tokenizer and
-    the worker's ``memo`` of encoded texts, which changes no id). With a ``profile`` (a
-    model's chat template), ``template_chunk`` renders them."""
+    the worker's ``memo`` of encoded texts, which changes no id), and compute the keys of
+    its accepted records (``curate``: the exact-duplicate key always) from the same parse.
+    With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
     if profile is not None:
-        return template_chunk(items, tok, profile, mode, max_tokens, policy)
+        return template_chunk(items, tok, profile, mode, max_tokens, policy, curate)
     convs, kept, rejects = [], [], []
     repairs: Counter = Counter()
     turns: Counter = Counter()
@@ -312,6 +314,7 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         kept.append(rec)
     chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
     sources = []
+    accepted = {}  # record -> (where, conversation), for the keys
     truncated = dropped = 0
     for rec, conv, r in zip(kept, convs, chunk.results):
         if isinstance(r, RecordError):
@@ -320,13 +323,16 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         if conv.turn_counts:
             turns.update(conv.turn_counts)
         sources.append(rec.record)
+        accepted[rec.record] = (rec.where, conv)
         if r:
             truncated += 1
             dropped += r
     rejects.sort()
+    sources = np.asarray(sources, dtype=np.int64)
     return ChunkResult(
-        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=np.asarray(sources, dtype=np.int64),
+        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=sources,
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items),
+        keys=conversation_keys(accepted, sources, chunk.ids, chunk.lengths, curate),
         memo=memo.take_stats() if memo is not None else None)
 
 
@@ -343,7 +349,8 @@ def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str 
 
 
 def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
-                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy()) -> ChunkResult:
+                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                   curate: CurateSettings = CurateSettings()) -> ChunkResult:
     """``process_chunk`` with a model's chat template: each record becomes the episodes the
     template renders (one per reply where it must), each episode's mask the rendered one,
     which its stored rule re-derives (a record where it does not is rejected by name)."""
@@ -351,7 +358,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
     repairs: Counter = Counter()
     turns: Counter = Counter()
     truncated = dropped = per_reply = per_reply_eps = 0
-    convs, kept = [], []
+    convs, kept, accepted = [], [], {}
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
@@ -371,6 +378,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
         for r in set(conv.repairs):
             repairs[r] += 1
         turns.update(conv.turn_counts)
+        accepted[rec.record] = (rec.where, conv)
         for ep in out.episodes:
             ids.append(ep.ids)
             masks.append(ep.mask)
@@ -383,12 +391,13 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             truncated += 1
             dropped += out.pairs_dropped
     rejects.sort()
+    all_ids = np.concatenate(ids) if ids else np.empty(0, np.uint32)
+    lengths, sources = np.asarray(lengths, dtype=np.int64), np.asarray(sources, dtype=np.int64)
     return ChunkResult(
-        ids=np.concatenate(ids) if ids else np.empty(0, np.uint32),
-        mask=np.concatenate(masks) if masks else np.empty(0, np.uint8),
-        lengths=np.asarray(lengths, dtype=np.int64), sources=np.asarray(sources, dtype=np.int64),
+        ids=all_ids, mask=np.concatenate(masks) if masks else np.empty(0, np.uint8), lengths=lengths, sources=sources,
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped,
-        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches)
+        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches,
+        keys=conversation_keys(accepted, sources, all_ids, lengths, curate))
 
 
 # -- worker processes ---------------------------------------------------------------
@@ -421,10 +430,8 @@ def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
 def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
                   profile: TemplateProfile | None, curate: CurateSettings,
                   memo: SegmentMemo | None = None) -> ChunkResult:
-    """``process_chunk``, then the keys of its accepted records (``curate.chunk_keys``)."""
-    res = process_chunk(items, tok, mode, max_tokens, policy, profile, memo)
-    res.keys = chunk_keys(items, res.sources, res.ids, res.lengths, mode, policy, curate)
-    return res
+    """``process_chunk`` with the keys ``curate`` asks for."""
+    return process_chunk(items, tok, mode, max_tokens, policy, profile, memo, curate)
 
 
 def _chunks(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -562,6 +569,27 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         i = j
 
 
+def _split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val: np.ndarray, dtype: np.dtype,
+                 opts: PrepareOptions) -> dict:
+    """The staging shard (``staged``: its metadata), then the engine's parts, into train and
+    val in input order; returns each split's metadata and removes what was staged."""
+    pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
+    pieces += [(Path(p.path), p.record_offset) for p in parts]
+    writers = {False: w.split("train", dtype, opts.shard_tokens),
+               True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
+    first = 0
+    for path, offset in pieces:  # in input order
+        src = Shard(path, dtype)
+        _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
+        first += src.num_episodes
+        del src
+    splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
+                   if wr is not None}
+    shutil.rmtree(w.path / "_staging")
+    shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
+    return splits_meta
+
+
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:
     if records == 0:
         names = ", ".join(str(p) for p in inputs)
@@ -620,7 +648,11 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     repaired: Counter = Counter()
     turns: Counter = Counter()
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
-        staging = w.split("_staging", dtype, shard_tokens=1 << 62)
+        # no val split to draw (and no engine writing parts of its own): the episodes go straight to
+        # train in input order, the shards train's own, with no staging copy to split afterwards
+        direct = opts.val_split == 0 and executor is None
+        stage_name = "train" if direct else "_staging"
+        staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split("_staging", dtype, 1 << 62)
         records = tokens = 0
         parts: list[StagedPart] = []
         rejects = w.path / REJECTS_FILE
@@ -654,7 +686,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
                 if res.staged is not None:
                     parts.append(res.staged)
                 elif res.lengths.size:
-                    with writing(w.path / "_staging", output_dir):
+                    with writing(w.path / stage_name, output_dir):
                         staging.add_many(res.ids, res.mask, res.lengths, res.sources)
                 records += res.records
                 tokens += int(res.ids.shape[0]) if res.staged is None else res.staged.tokens
@@ -667,7 +699,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         summary.rejected = dict(sorted(rejected.items()))
         summary.repaired = dict(sorted(repaired.items()))
         summary.turns = {name: turns[name] for name in TURN_COUNTS}
-        with writing(w.path / "_staging", output_dir):
+        with writing(w.path / stage_name, output_dir):
             staged = staging.close()
         n = staged["episodes"] + sum(p.episodes for p in parts)
         if n == 0:
@@ -677,20 +709,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             raise UsageError(f"--val-split {opts.val_split} of {n} episodes leaves no training episode; "
                              f"lower --val-split")
         with writing(w.path, output_dir):
-            pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
-            pieces += [(Path(p.path), p.record_offset) for p in parts]
-            writers = {False: w.split("train", dtype, opts.shard_tokens),
-                       True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
-            first = 0
-            for path, offset in pieces:  # in input order
-                src = Shard(path, dtype)
-                _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
-                first += src.num_episodes
-                del src
-            splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
-                           if wr is not None}
-            shutil.rmtree(w.path / "_staging")
-            shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
+            if direct:
+                splits_meta = {"train": staged}
+            else:
+                splits_meta = _split_parts(w, staged, parts, is_val, dtype, opts)
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:

@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from .errors import RecordError, TokenizerError
+from .joined_encode import JoinedEncoder
 from .masking import loss_mask
 from .memo import SegmentMemo, id_array
 from .tokenizer import ChatTokenizer
@@ -141,6 +142,46 @@ def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str], split_system
     return spans
 
 
+def _pieces(conv: Conversation, tok: ChatTokenizer, marker: dict[int, str], out: list[str]) -> int:
+    """Append the rendered text of ``conv`` to ``out``, the markers as their strings (the
+    layout ``_plan`` gives, whole system span, then EOS); return how many markers."""
+    ids = tok.ids
+    end = marker[ids.end]
+    n = len(out)
+    texts = 0
+    parts = system_parts(conv)
+    if parts is not None:
+        out += (marker[ids.system], "".join(parts), end)
+        texts += 1
+    user, tool = marker[ids.user], marker[ids.tool]
+    for turn in conv.turns:
+        role = turn.role
+        if role == "system":
+            continue
+        if role == "user":
+            out += (user, turn.text, end)
+        elif role == "tool":
+            out += (tool, turn.text, end)
+        else:
+            opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
+            out.append(marker[opener])
+            if turn.reasoning:
+                out += (marker[_marker(ids.think, "<|THINK|>", tok)], turn.reasoning,
+                        marker[_marker(ids.end_think, "<|END_THINK|>", tok)])
+                texts += 1
+            if turn.text:
+                out.append(turn.text)
+                texts += 1
+            for call in turn.tool_calls:
+                out += (marker[ids.tool_call], tool_call_text(call))
+                texts += 1
+            out.append(end)
+            continue
+        texts += 1
+    out.append(marker[tok.eos_id])
+    return len(out) - n - texts
+
+
 def _cut(spans: list[tuple[bool, list, bool]], lengths: list[int], max_tokens: int | None, where: str):
     """How many spans to keep under the length filter, and how many pairs it drops."""
     if max_tokens is None:
@@ -193,9 +234,23 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     With a ``memo``, texts seen before are not encoded again, and when the tokenizer
     allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
     schema shared by many records is one entry. The ids are the same either way."""
+    joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None
+    if joined is not None and max_tokens is None:  # the rendered text straight from the conversations
+        pieces: list[str] = []
+        placed = 0
+        for c in convs:
+            placed += _pieces(c, tok, joined.text, pieces)
+        ids = joined.encode("".join(pieces), placed)
+        if ids is not None:
+            return _joined_chunk(ids, convs, joined, tok, None, wheres)
+        joined = None  # a typed marker or a lone surrogate: text by text
     texts: list[str] = []
     split = memo is not None and splits_at_newlines(tok)
     plans = [_plan(c, tok, texts, split) for c in convs]
+    if joined is not None:  # the length filter needs each span: from the plans
+        chunk = _render_joined(plans, texts, joined, tok, max_tokens, wheres)
+        if chunk is not None:
+            return chunk
     encoded, text_len = encode_texts(texts, tok, memo, num_threads)
     markers = {~i: id_array([i]) for i in tok.special_tokens.values()}  # item -> its one-id array
     parts: list = []  # uint32 arrays, joined once
@@ -225,6 +280,66 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
         results.append(dropped)
     ids = np.frombuffer(bytearray().join(parts), dtype=np.uint32)  # writable, one copy
     return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes, dtype=np.int64), results)
+
+
+def _render_joined(plans: list, texts: list[str], joined: JoinedEncoder, tok: ChatTokenizer,
+                   max_tokens: int | None, wheres: Sequence[str] | None) -> RenderedChunk | None:
+    """``render_chunk`` by one call of the core over the chunk's rendered text (message
+    texts between the markers' strings: ``joined_encode``); None when a text holds a marker
+    string or a lone surrogate (then the texts are encoded one by one)."""
+    marker = joined.text
+    pieces: list[str] = []
+    add = pieces.append
+    eos = marker[tok.eos_id]
+    for spans in plans:
+        for _, items, _ in spans:
+            for v in items:
+                add(texts[v] if v >= 0 else marker[~v])
+        add(eos)
+    ids = joined.encode("".join(pieces), len(pieces) - len(texts))  # each text is one piece
+    if ids is None:
+        return None
+    return _joined_chunk(ids, plans, joined, tok, max_tokens, wheres)
+
+
+def _joined_chunk(ids: np.ndarray, plans: list, joined: JoinedEncoder, tok: ChatTokenizer, max_tokens: int | None,
+                  wheres: Sequence[str] | None) -> RenderedChunk:
+    """The chunk of the rendered ids ``ids`` of ``plans`` (``_plan``'s spans per
+    conversation; only their count without ``max_tokens``), the length filter applied."""
+    eos_at = np.flatnonzero(ids == tok.eos_id)
+    if max_tokens is None:
+        sizes = np.diff(eos_at, prepend=-1)
+        return RenderedChunk(ids, loss_mask(ids, tok.ids), sizes.astype(np.int64), [0] * len(plans))
+    # the length filter: a span's tokens run from its opener through its <|END|>, spans back to back
+    marks = np.flatnonzero(ids >= joined.floor)
+    ends = marks[ids[marks] == tok.ids.end].tolist()
+    results: list[int | RecordError] = []
+    sizes_: list[int] = []
+    cut: list[tuple[int, int]] = []  # token ranges to remove
+    start = e = 0
+    for ci, (spans, stop) in enumerate(zip(plans, eos_at.tolist())):
+        mine = ends[e:e + len(spans)]
+        e += len(spans)
+        lengths = [b - a for a, b in zip([start - 1, *mine[:-1]], mine)]
+        try:
+            keep, dropped = _cut(spans, lengths, max_tokens, wheres[ci] if wheres else f"record {ci}")
+        except RecordError as err:
+            results.append(err)
+            cut.append((start, stop + 1))
+        else:
+            results.append(dropped)
+            if keep < len(spans):
+                cut.append((mine[keep - 1] + 1, stop))  # the dropped pairs; EOS stays
+                sizes_.append(mine[keep - 1] + 2 - start)
+            else:
+                sizes_.append(stop + 1 - start)
+        start = stop + 1
+    if cut:
+        kept = np.ones(ids.shape[0], dtype=bool)
+        for a, b in cut:
+            kept[a:b] = False
+        ids = ids[kept]
+    return RenderedChunk(ids, loss_mask(ids, tok.ids), np.asarray(sizes_, dtype=np.int64), results)
 
 
 def render_batch(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None = None,

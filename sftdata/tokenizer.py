@@ -42,6 +42,7 @@ from pathlib import Path
 from .cache import arrays_to_ranks, cached, file_sha256, ranks_to_arrays
 from .errors import TokenizerError
 from .hf_tokenizer import HF_KIND, HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from .joined_encode import JoinedEncoder
 from .model_special_ids import declared_ids, known_ids
 
 CHAT_MARKERS = ("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|TOOL|>", "<|TOOL_CALL|>", "<|END|>")
@@ -220,6 +221,8 @@ class ChatTokenizer:
             special_tokens=encoding_special,
         )
         self._id_to_marker = {i: m for m, i in self.special_tokens.items()}
+        # a chunk of rendered text in one call of the core (None: encode text by text)
+        self.joined = JoinedEncoder.build(self._enc, self.special_tokens.values(), max(rank_ids))
 
     def uses_base_id(self, token_id: int) -> bool:
         """True when the base encoding or its model uses ``token_id`` (a rank, a base

@@ -243,15 +243,16 @@ def _disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")  # what write() raises: no file name
 
 
-def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("val_split,folder", [(0.0, "train"), (0.5, "_staging")])  # no val: straight to train
+def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch, val_split, folder):
     from sftdata.store import writer
 
     src = write_jsonl(tmp_path / "in.jsonl", records(3))
     monkeypatch.setattr(writer._HashedFile, "write", _disk_full)
     with pytest.raises(OSError) as e:
-        prepare([src], tmp_path / "ds", PrepareOptions())
+        prepare([src], tmp_path / "ds", PrepareOptions(val_split=val_split))
     assert e.value.errno == errno.ENOSPC
-    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.ds\.tmp-\d+-[0-9a-f]{8}/_staging", e.value.filename)
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.ds\.tmp-\d+-[0-9a-f]{8}/" + folder, e.value.filename)
     assert e.value.strerror == f"No space left on device (while preparing {tmp_path / 'ds'})"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
@@ -361,3 +362,23 @@ def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):
     assert s.rejected == {"invalid_arguments": 1} and s.episodes == {"train": 1}
     (rej,) = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
     assert rej["record"] == 1 and "the integer 123456789012345678901 does not fit in 64 bits" in rej["message"]
+
+
+def _files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_the_staging_split(tmp_path):
+    import functools
+
+    from sftdata.curate import CurateSettings
+
+    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["nope"])
+    opts = PrepareOptions(shard_tokens=120)  # several train shards
+    direct = prepare([src], tmp_path / "direct", opts)
+    # an executor sends the episodes through the staging shard and the split, as with a val split
+    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(prep.local_results,
+                                                                                   curate=CurateSettings()))
+    assert direct.shards == staged.shards == {"train": direct.shards["train"]} and direct.shards["train"] > 2
+    assert _files(tmp_path / "direct") == _files(tmp_path / "staged")
+    assert not (tmp_path / "direct" / "_staging").exists()

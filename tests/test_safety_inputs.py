@@ -306,7 +306,8 @@ def test_cli_a_full_disk_names_the_path(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "in.jsonl", RECORDS[:3])
     code, out = run_prepare(tmp_path, src)
     assert code == 1
-    assert re.fullmatch(rf"error: {re.escape(str(tmp_path))}/\.ds\.tmp-\d+-[0-9a-f]{{8}}/_staging: No space left on "
+    # no --val-split: the episodes go straight to train/, the folder being written
+    assert re.fullmatch(rf"error: {re.escape(str(tmp_path))}/\.ds\.tmp-\d+-[0-9a-f]{{8}}/train: No space left on "
                         rf"device \(while preparing {re.escape(str(tmp_path / 'ds'))}\); the disk is full: free some "
                         rf"space, or choose another path\n", out), out
 

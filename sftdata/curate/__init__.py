@@ -15,9 +15,10 @@ is byte-identical for any number of workers (docs/CURATION.md).
 from __future__ import annotations
 
 from .canonical import canonical_text, exact_key
-from .chunk import CurateSettings, RecordKeys, chunk_keys, concat_keys
+from .chunk import CurateSettings, RecordKeys, chunk_keys, concat_keys, conversation_keys
 from .decontaminate import DEFAULT_NGRAM, EvalIndex, build_eval_index, load_evals
 from .dedup import DEDUP_MODES, DEFAULT_THRESHOLD, Deduplicator, Drop
 
-__all__ = ["canonical_text", "exact_key", "CurateSettings", "RecordKeys", "chunk_keys", "concat_keys", "DEFAULT_NGRAM", "EvalIndex",
+__all__ = ["canonical_text", "exact_key", "CurateSettings", "RecordKeys", "chunk_keys", "concat_keys",
+           "conversation_keys", "DEFAULT_NGRAM", "EvalIndex",
            "build_eval_index", "load_evals", "DEDUP_MODES", "DEFAULT_THRESHOLD", "Deduplicator", "Drop"]

@@ -28,7 +28,11 @@ def canonical_text(conv: Conversation) -> str:
     for t in conv.tools:
         parts.append("tool_schema" + SEP_FIELD + orjson.dumps(t, option=orjson.OPT_SORT_KEYS).decode())
     for t in conv.turns:
-        fields = [str(t.role), _ws(t.text)]
+        head = t.role + SEP_FIELD + " ".join(t.text.split())  # _ws, inline: one call less per turn
+        if not t.reasoning and not t.tool_calls:
+            parts.append(head)
+            continue
+        fields = [head]
         if t.reasoning:
             fields.append("reasoning:" + _ws(t.reasoning))
         for c in t.tool_calls:

@@ -3,14 +3,14 @@ duplicate decision needs, and the contamination check (independent of other reco
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..conversation import parse_record
 from ..sources import RawRecord
-from ..turns import TurnPolicy
+from ..turns import Conversation, TurnPolicy
 from .canonical import canonical_text, exact_key
 from .decontaminate import EvalIndex
 from .minhash import MINHASH_SEED, NUM_PERM, SHINGLE, shingle_hashes, signatures
@@ -47,20 +47,34 @@ class RecordKeys:
 def chunk_keys(items: Sequence[RawRecord], sources: np.ndarray, ids: np.ndarray, lengths: np.ndarray, mode: str,
                policy: TurnPolicy, settings: CurateSettings) -> RecordKeys:
     """Keys of the records behind the episodes ``sources`` (record per episode, in input
-    order) of a chunk result whose tokens are ``ids`` cut by ``lengths``."""
+    order) of a chunk result whose tokens are ``ids`` cut by ``lengths``, parsing the
+    accepted records again (``conversation_keys`` takes the conversations already parsed)."""
+    by_number = {r.record: r for r in items}
+    convs = {}
+    for rec in np.unique(np.asarray(sources, dtype=np.int64)).tolist():
+        raw = by_number[rec]
+        convs[rec] = (raw.where, parse_record(raw.raw, raw.where, mode, policy))
+    return conversation_keys(convs, sources, ids, lengths, settings)
+
+
+def conversation_keys(convs: Mapping[int, tuple[str, Conversation]], sources: np.ndarray, ids: np.ndarray,
+                      lengths: np.ndarray, settings: CurateSettings) -> RecordKeys:
+    """Keys of the records behind the episodes ``sources`` (as ``chunk_keys``), from each
+    accepted record's conversation as the chunk parsed it: ``convs[record] = (where,
+    conversation)``, so a record is parsed once for its tokens and its keys."""
     sources = np.asarray(sources, dtype=np.int64)
     records, first = np.unique(sources, return_index=True)  # a record may give several episodes
-    by_number = {r.record: r for r in items}
     wheres, exact, contaminated = [], [], []
+    evals = settings.evals
     for rec in records.tolist():
-        raw = by_number[rec]
-        text = canonical_text(parse_record(raw.raw, raw.where, mode, policy))  # accepted once: parses again
-        wheres.append(raw.where)
+        where, conv = convs[rec]
+        text = canonical_text(conv)
+        wheres.append(where)
         exact.append(exact_key(text))
-        if settings.evals is not None:
-            hit = settings.evals.first_hit(text)
+        if evals is not None:
+            hit = evals.first_hit(text)
             if hit is not None:
-                contaminated.append((rec, raw.where, hit[0], hit[1]))
+                contaminated.append((rec, where, hit[0], hit[1]))
     sigs = None
     if settings.dedup == "near":
         ends = np.cumsum(np.asarray(lengths, dtype=np.int64))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..curate import CurateSettings, chunk_keys, concat_keys
+from ..curate import CurateSettings, concat_keys
 from ..errors import UsageError
 from ..prepare import ChunkResult, Executor, PrepareOptions, StagedPart, _chunks, process_chunk
 from ..sources import SourceInfo
@@ -138,10 +138,10 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes, setting
         if stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
             writer.close()
             return PartSummary(part.index, _merge(None, _empty()), 0, None)
-        res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile)
-        # the exact-duplicate keys the driver counts (prepare's summary, whatever the engine)
-        res.keys = chunk_keys(items, res.sources, res.ids, res.lengths, settings["mode"], settings["policy"],
-                              CurateSettings())
+        # with the exact-duplicate keys the driver counts (prepare's summary, whatever the engine), from
+        # the same parse as the tokens
+        res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile,
+                            curate=CurateSettings())
         if res.lengths.size:
             writer.add_many(res.ids, res.mask, res.lengths, res.sources)
         acc = _merge(acc, res)

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Benchmark: prepare against tiktoken's BPE core by CPU time, for one or more source trees.
+
+    python benchmarks/bench_prepare_cpu.py CORPUS[:chat|tool] ... [--tree DIR ...] [--repeat N]
+
+For each corpus and each tree (default: this checkout; give an older checkout as another
+``--tree`` to compare before and after), alternated ``--repeat`` times, in a child process:
+
+* the CPU time of ``prepare`` at ``--workers 1`` (in-process) with ``--memo-mb 0`` and with
+  the default memo, against the CPU time of the BPE core's ``encode_ordinary`` on exactly the
+  texts prepare encodes (each record's whole system span, each message, each call), measured
+  before and after each run in the same process (the better of the two);
+* a model of the 1 -> 2 worker speed-up on two idle cores, from CPU times (wall times on a
+  shared machine say little: run ``--spin`` to see how much two plain Python processes gain
+  there): ``--workers 2`` costs the workers' CPU, the parent's CPU while they run and the
+  parent's CPU before the first chunk and after the last (serial); on two idle cores it takes
+  about ``serial + (workers + parent while they run) / 2`` against the 1-worker CPU time.
+
+Prints one line per run and the best CPU ratio of each (corpus, memo, tree). Corpora:
+``benchmarks/_work/real_data_50mb_distinct.jsonl`` and the others ``bench_prepare.py`` writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pickle
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def child(src: Path, mode: str, texts_file: Path, scaling: bool) -> dict:
+    """Runs inside one tree (its sftdata first on sys.path)."""
+    from sftdata import prepare as prep
+    from sftdata.prepare import PrepareOptions, prepare
+    from sftdata.tokenizer import load_tokenizer
+
+    texts = pickle.loads(texts_file.read_bytes())
+    core = load_tokenizer()._enc._core_bpe.encode_ordinary
+    val = 0.1 if mode == "chat" else 0.0
+
+    def core_cpu() -> float:
+        c = time.process_time()
+        for t in texts:
+            core(t)
+        return time.process_time() - c
+
+    def run(workers: int, memo: float) -> float:
+        out = Path(f"/tmp/bench_prepare_cpu_{os.getpid()}")
+        c = time.process_time()
+        prepare([src], out, PrepareOptions(mode=mode, workers=workers, memo_mb=memo, overwrite=True, val_split=val))
+        c = time.process_time() - c
+        shutil.rmtree(out, ignore_errors=True)
+        return c
+
+    report = {}
+    for memo in (0, 256):
+        before = core_cpu()
+        cpu = run(1, memo)
+        ref = min(before, core_cpu())
+        report[f"memo{memo}"] = {"core_cpu": ref, "prepare_cpu": cpu, "ratio": ref / cpu}
+    if scaling:
+        marks: dict = {}
+        real_chunks, real_curate = prep._chunks, prep.curate_result
+
+        def chunks(records):
+            for i, x in enumerate(real_chunks(records)):
+                if i == 0:
+                    marks["first"] = time.process_time()
+                yield x
+
+        def curate(*a):
+            marks["last"] = time.process_time()
+            return real_curate(*a)
+
+        prep._chunks, prep.curate_result = chunks, curate
+        c0 = time.process_time()
+        parent = run(2, 0)
+        while multiprocessing.active_children():  # the pool's processes, reaped: their CPU is counted
+            time.sleep(0.02)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        serial = (marks["first"] - c0) + (c0 + parent - marks["last"])
+        workers = kids.ru_utime + kids.ru_stime
+        one = report["memo0"]["prepare_cpu"]
+        report["two_workers"] = {"workers_cpu": workers, "parent_cpu": parent, "serial_cpu": serial,
+                                 "extra_cpu": (workers + parent) / one - 1,
+                                 "model_speedup": one / (serial + (workers + parent - serial) / 2)}
+    return report
+
+
+def spin(n: int = 15_000_000) -> None:
+    x = 0
+    for i in range(n):
+        x += i
+
+
+def spin_scaling() -> float:
+    """Throughput of two processes of plain Python against one (2.0 on two idle cores)."""
+    def run(k: int) -> float:
+        ps = [multiprocessing.Process(target=spin) for _ in range(k)]
+        t = time.perf_counter()
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        return time.perf_counter() - t
+    return 2 * run(1) / run(2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("corpora", nargs="*", help="CORPUS.jsonl[:chat|tool] (default mode: tool)")
+    ap.add_argument("--tree", action="append", type=Path, help="a source tree (default: this checkout)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-scaling", action="store_true", help="skip the 2-worker CPU model")
+    ap.add_argument("--spin", action="store_true", help="only measure how two plain Python processes scale here")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1")))
+        return
+    if a.spin:
+        print(f"two plain Python processes: {spin_scaling():.2f}x one (load {os.getloadavg()[0]:.1f})")
+        return
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE))
+    from bench_prepare import plan_texts, records_of
+    from corpus import WORK, message_texts
+
+    from sftdata.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    trees = [t.resolve() for t in a.tree] if a.tree else [HERE.parent]
+    best: dict = {}
+    for spec in a.corpora:
+        path, _, mode = spec.partition(":")
+        src, mode = Path(path), mode or "tool"
+        texts_file = WORK / f"texts_{src.stem}.pkl"
+        if not texts_file.exists():
+            texts = message_texts(src) if mode == "chat" else [t for r in plan_texts(records_of(src), tok, mode)
+                                                                for t in r]
+            texts_file.write_bytes(pickle.dumps(texts))
+        for _ in range(a.repeat):
+            for tree in trees:
+                res = subprocess.run([sys.executable, __file__, "--child", str(src), mode, str(texts_file),
+                                      "0" if a.no_scaling else "1"], capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(tree)})
+                if res.returncode:
+                    raise SystemExit(res.stderr[-2000:])
+                r = json.loads(res.stdout)
+                line = "  ".join(f"{k} {v['ratio']:.3f}x the core ({v['prepare_cpu']:.2f} s CPU)"
+                                 for k, v in r.items() if k.startswith("memo"))
+                if "two_workers" in r:
+                    t = r["two_workers"]
+                    line += (f"; 2 workers: {t['extra_cpu']:+.1%} CPU, serial {t['serial_cpu']:.2f} s, model "
+                             f"{t['model_speedup']:.2f}x")
+                print(f"{src.name} [{tree}] {line} (load {os.getloadavg()[0]:.1f})", flush=True)
+                for k, v in r.items():
+                    if k.startswith("memo"):
+                        best.setdefault((src.name, k, str(tree)), []).append(v["ratio"])
+    print("best CPU ratio (BPE core / prepare) per corpus, memo, tree:")
+    for (name, memo, tree), v in sorted(best.items()):
+        print(f"  {name:36} {memo:8} {max(v):.3f}  runs {[round(x, 3) for x in v]}  {tree}")
+
+
+if __name__ == "__main__":
+    main()
