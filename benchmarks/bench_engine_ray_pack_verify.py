@@ -10,8 +10,9 @@ alternately, ``--rounds`` times each:
 
 * ``pack`` (bfd, ``--block-size 4096``): local (one process: pack has no worker processes)
   against ray (tasks building ranges of whole output shards);
-* ``verify`` (every check, checksums included): local (this process, one hashing thread
-  beside the content checks, as the CLI runs it) against ray (one task per shard).
+* ``verify`` (every check, checksums included) of the dataset and of the pack: local (this
+  process, one hashing thread beside the content checks, as the CLI runs it) against ray
+  (one task per shard; for the pack, the comparison with the source episodes too).
 
 Both engines' parallelism is per shard, so the dataset and the pack are written with
 ``--shard-tokens`` (default 2M tokens: ~25 shards per split here). Figures: throughput in
@@ -129,8 +130,9 @@ def main() -> None:
             "verify_local_s": timed(lambda: verify(out / "tiny"))[0],
             "verify_ray_s": timed(lambda: verify(out / "tiny", executor=checker))[0]}
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("pack_local", "pack_ray", "verify_local",
-                                                                   "verify_ray")}
-    drivers: dict[str, list[tuple[float, float]]] = {"pack_ray": [], "verify_ray": []}  # this process alone
+                                                                   "verify_ray", "verify_packed_local",
+                                                                   "verify_packed_ray")}
+    drivers: dict[str, list[tuple[float, float]]] = {"pack_ray": [], "verify_ray": [], "verify_packed_ray": []}
     same_reports = True
     for _ in range(args.rounds):
         w, c, _r = timed(lambda: pack(out / "ds", out / "p_local", kopts))
@@ -146,23 +148,37 @@ def main() -> None:
         runs["verify_ray"].append((w, c))
         drivers["verify_ray"].append((w, time.process_time() - d))
         same_reports &= report_dict(a) == report_dict(b) and a.ok
+        w, c, a = timed(lambda: verify(out / "p_local"))
+        runs["verify_packed_local"].append((w, c))
+        d = time.process_time()
+        w, c, b = timed(lambda: verify(out / "p_local", executor=checker))
+        runs["verify_packed_ray"].append((w, c))
+        drivers["verify_packed_ray"].append((w, time.process_time() - d))
+        same_reports &= report_dict(a) == report_dict(b) and a.ok
     best = {k: min(w for w, _ in v) for k, v in runs.items()}
     median = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     shards = len(list((out / "ds" / "train").iterdir()))
+    pmb = data_bytes(out / "p_local") / 1e6
     result = {
         "input_mb": round(src.stat().st_size / 1e6, 1), "dataset_mb": round(mb, 1), "cpus": args.cpus,
         "shards": {"dataset_train": shards, "pack_train": len(list((out / "p_ray" / "train").iterdir()))},
-        **{f"{k}_mb_per_s": [round(mb / w, 1) for w, _ in v] for k, v in runs.items()},
+        "packed_mb": round(pmb, 1),
+        **{f"{k}_mb_per_s": [round((pmb if "packed" in k else mb) / w, 1) for w, _ in v] for k, v in runs.items()},
         **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
         "pack_cpu_ray_over_local": round(statistics.median(c for _, c in runs["pack_local"])
                                          / statistics.median(c for _, c in runs["pack_ray"]), 3),
         "verify_cpu_ray_over_local": round(statistics.median(c for _, c in runs["verify_local"])
                                            / statistics.median(c for _, c in runs["verify_ray"]), 3),
+        "verify_packed_cpu_ray_over_local": round(statistics.median(c for _, c in runs["verify_packed_local"])
+                                                  / statistics.median(c for _, c in runs["verify_packed_ray"]), 3),
         **{f"{k}_driver_cpu_s": round(min(c for _, c in v), 2) for k, v in drivers.items()},
         "pack_ray_over_local": round(best["pack_local"] / best["pack_ray"], 3),
         "verify_ray_over_local": round(best["verify_local"] / best["verify_ray"], 3),
         "pack_ray_over_local_median": round(median["pack_local"] / median["pack_ray"], 3),
         "verify_ray_over_local_median": round(median["verify_local"] / median["verify_ray"], 3),
+        "verify_packed_ray_over_local": round(best["verify_packed_local"] / best["verify_packed_ray"], 3),
+        "verify_packed_ray_over_local_median": round(median["verify_packed_local"] / median["verify_packed_ray"],
+                                                     3),
         "ray_cluster_start_s": round(init_s, 2),
         "tiny_dataset_s": {k: round(v, 2) for k, v in tiny.items()},
         "pack_byte_identical": identical(out / "p_local", out / "p_ray"),

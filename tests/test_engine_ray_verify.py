@@ -78,6 +78,8 @@ def test_ray_verify_reports_what_local_reports(ray_cluster, datasets, tmp_path, 
         assert {"vocab", "mask_rule", "stops"} <= failed and ("checksums" in failed) is not quick
         assert [(p.check, p.file) for p in local.problems if p.check in ("mask_rule", "vocab")] == [
             ("vocab", "train/shard_00002/tokens.bin"), ("mask_rule", "train/shard_00000/mask.bin")]
+        refs = [(p.code, p.file) for p in local.problems if p.check == "references"]  # compared by a task per shard
+        assert refs == ([("tokens_differ", "train/shard_00002/segments.idx")] if kind == "packed" else [])
 
 
 def _without_timing(text: str) -> str:

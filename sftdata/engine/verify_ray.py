@@ -8,10 +8,13 @@
                               tokens, sha256 of its files, value ranges (``verify.shards``);
                               --retokenize: one task per shard holding sampled episodes
             merge in shard order ◄── problems and small figures; then counts, checksums,
-            ranges, references, serving, as --engine local
+            ranges, references, serving, as --engine local; the references' token
+            comparison (packed: every segment against its source episode) again one task
+            per shard, once the segments are found consistent here
 
 What crosses the network: to a task, where its shard is (paths) and the dataset's
-context (the mask rule, the vocabulary size, the metadata: one object for all tasks);
+context (the mask rule, the vocabulary size, the metadata; for the references, the
+source split's index: one object for all tasks);
 back, its problems, a few counts and the sha256 of its files. The data is read where the
 task runs, from storage every node sees. The report, ``--json`` and the exit code are
 those of ``--engine local``.
@@ -26,6 +29,7 @@ import orjson
 
 from ..hf_tokenizer import hf_tokenizer_from_state
 from ..store import TOKENIZER_FILE, Shard
+from ..verify.references import compare_shard_tokens
 from ..verify.retokenize import Retokenized, retokenize_shard
 from ..verify.shards import ShardChecks, shard_checks
 from .cluster import RayCluster, connect, import_ray
@@ -69,6 +73,12 @@ def retokenize_remote(where: dict, state: dict, local) -> Retokenized:
     return retokenize_shard(_TOKENIZERS[key], Shard(**where), local)
 
 
+def compare_remote(where: dict, sp, row_len: int) -> list:
+    """One task of the references check: the tokens of the packed shard at ``where``
+    against source split ``sp`` (``references.compare_shard_tokens``)."""
+    return compare_shard_tokens(Shard(**where), sp, row_len)
+
+
 class RayVerifyExecutor:
     """``verify``'s per-shard work as tasks on the Ray cluster at ``address``."""
 
@@ -78,6 +88,14 @@ class RayVerifyExecutor:
 
     def check(self, shards, ctx, stops, jobs, meta, meta_sealed, quick) -> Iterator[ShardChecks]:
         return run_shards(connect(self.address), shards, ctx, stops, jobs, meta, meta_sealed, quick)
+
+    def compare_tokens(self, shards, sp, row_len: int) -> Iterator[list]:
+        ray = connect(self.address).ray
+        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(compare_remote)
+        sp_ref = ray.put(sp)
+        refs = [task.remote(_where(sh), sp_ref, row_len) for sh in shards]
+        for ref in refs:
+            yield get_result(ray, ref, "verifying")
 
     def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
         ray = connect(self.address).ray

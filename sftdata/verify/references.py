@@ -7,6 +7,7 @@ injects for that episode there.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from ..store import (
     Dataset,
     Problem,
     Shard,
+    Split,
     dataset_path,
     open_dataset,
     remote_url,
@@ -31,6 +33,10 @@ from ..store.packed import decode_segments
 from ..store.problems import more_like_it
 from ..store.structure import marker_name, readable_rows
 from .content import CHUNK_TOKENS
+
+# compares the tokens of each of ``shards`` (one split's) with source split ``sp`` elsewhere, yielding
+# ``compare_shard_tokens``'s problems shard by shard: (shards, sp, row_len) -> [Problem], ...
+Compare = Callable[[list[Shard], Split, int], Iterable[list[Problem]]]
 
 
 def _source(meta: dict) -> tuple[Dataset | None, LossRule | None, list[str]]:
@@ -63,10 +69,13 @@ def _source(meta: dict) -> tuple[Dataset | None, LossRule | None, list[str]]:
         return src, None, [f"the source dataset {src_path} records no mask rule: injected context not checked"]
 
 
-def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[list[Problem], list[str]]:
+def check_references(shards: list[Shard], meta: dict, row_len: int, compare: Compare | None = None
+                     ) -> tuple[list[Problem], list[str]]:
     """Segments' episode references of the packed ``shards`` whose segments are sound:
     consistent among themselves and, when the source dataset is at its recorded path and
-    unchanged, equal to the source episodes. Returns the problems and notes."""
+    unchanged, equal to the source episodes. Returns the problems and notes. ``compare``
+    compares each shard's tokens with the source elsewhere (``compare_shard_tokens`` per
+    shard, in shard order: an engine's tasks); the problems are the same."""
     out: list[Problem] = []
     src_ds, markers, notes = _source(meta)
     for split in dict.fromkeys(sh.split for sh in shards):
@@ -117,10 +126,24 @@ def check_references(shards: list[Shard], meta: dict, row_len: int) -> tuple[lis
         sel = seg.row < np.array([readable_rows(sh, row_len) for sh in mine])[owner]
         seg, owner, local = seg[sel], owner[sel], local[sel]
         add = _reporter(out, mine, seg, owner, local)
-        _compare_tokens(mine, seg, owner, local, sp, row_len, add)
+        if compare is None:
+            _compare_tokens(mine, seg, owner, local, sp, row_len, add)
+        else:  # the first shard whose tokens differ holds the split's first differing segment
+            out += next((found for found in compare(mine, sp, row_len) if found), [])
         if markers is not None:
             _compare_prefixes(mine, seg, owner, local, sp, markers, row_len, add)
     return out, notes
+
+
+def compare_shard_tokens(sh: Shard, sp: Split, row_len: int) -> list[Problem]:
+    """The tokens check of one packed shard whose segments are sound, against split ``sp``
+    of the source: a problem at its first segment whose tokens differ from its source
+    episode's, or none."""
+    seg = decode_segments(sh.segments)
+    local = np.flatnonzero(seg.row < readable_rows(sh, row_len))
+    seg, owner, out = seg[local], np.zeros(local.size, np.int64), []
+    _compare_tokens([sh], seg, owner, local, sp, row_len, _reporter(out, [sh], seg, owner, local))
+    return out
 
 
 def _reporter(out: list[Problem], mine: list[Shard], seg: Segments, owner, local):

@@ -60,6 +60,10 @@ class ShardExecutor(Protocol):
         """``shards.shard_checks`` of every shard (``jobs``: the files of each to hash)."""
         ...
 
+    def compare_tokens(self, shards: list, sp, row_len: int) -> Iterator[list]:
+        """``references.compare_shard_tokens`` of each packed shard against source split ``sp``."""
+        ...
+
     def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
         """``retokenize.retokenize_shard`` of each (shard, sampled local episode ids)."""
         ...
@@ -182,7 +186,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
             found += check_counts(meta, shards, packed=packed, trained=trained)
         if rows:
             refs, ref_notes = check_references([sh for sh in shards if sh.rel not in scan.bad_segments], meta,
-                                               row_len)
+                                               row_len, None if executor is None else executor.compare_tokens)
             found += refs
             notes += ref_notes
         results = []
