@@ -23,7 +23,6 @@ sftdata's own local cluster, and this benchmark's, start them at 0 like ``--engi
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
 import os
 import shutil
@@ -35,18 +34,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from corpus import WORK, generated_corpus  # noqa: E402
+from corpus import WORK, generated_corpus, identical  # noqa: E402
 
 import sftdata.prepare as prepare_module  # noqa: E402
 from sftdata.engine.prepare_ray import ray_prepare_executor  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-
-
-def identical(a: Path, b: Path) -> bool:
-    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    return fa == fb and all(filecmp.cmp(a / f, b / f, shallow=False) for f in fa)
-
 
 COPY = {"s": 0.0, "bytes": 0}
 _split = prepare_module._split_staging

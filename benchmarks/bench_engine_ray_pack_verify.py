@@ -28,7 +28,6 @@ both verify reports equal.
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from corpus import WORK, generated_corpus  # noqa: E402
+from corpus import WORK, generated_corpus, identical  # noqa: E402
 
 from sftdata.cli.options import parse_size  # noqa: E402
 from sftdata.engine.pack_ray import ray_pack_executor  # noqa: E402
@@ -49,12 +48,6 @@ from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
-
-
-def identical(a: Path, b: Path) -> bool:
-    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    return fa == fb and all(filecmp.cmp(a / f, b / f, shallow=False) for f in fa)
 
 
 def data_bytes(ds: Path) -> int:

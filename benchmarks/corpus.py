@@ -258,3 +258,12 @@ def write_agent_corpus(path: Path, target_bytes: int, seed: int = 0, system_word
             size += len(line)
             n += 1
     return n
+
+
+def identical(a: Path, b: Path) -> bool:
+    """The two folders hold the same files with the same bytes."""
+    import filecmp
+
+    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return fa == fb and all(filecmp.cmp(a / f, b / f, shallow=False) for f in fa)

@@ -11,13 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
 from conftest import chat, write_jsonl
+from moto_s3 import moto_s3, objects
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -36,32 +36,8 @@ BUCKET = "sftdata-test"
 @pytest.fixture(scope="module")
 def s3():
     """An S3 endpoint (moto's server on a free port) and an s3fs file system on it."""
-    pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    server = ThreadedMotoServer(port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    # moto's backends are one per process, shared by every server started in it (another test module
-    # imports these fixtures and starts its own): begin empty
-    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(BUCKET)
-    yield fs
-    s3fs.S3FileSystem.clear_instance_cache()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    server.stop()
+    with moto_s3(BUCKET) as fs:
+        yield fs
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +48,6 @@ def source(tmp_path_factory):
 
 
 OPTS = dict(val_split=0.2, shard_tokens=400)  # several shards per split
-
-
-def objects(fs, url: str) -> dict[str, bytes]:
-    """{path relative to url: bytes} of every object under url."""
-    root = url.removeprefix("s3://")
-    fs.invalidate_cache()
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root + "/")}
 
 
 def files(folder: Path) -> dict[str, bytes]:

@@ -4,12 +4,10 @@ A bucket of its own, removed at the end (moto's state outlives its server in thi
 
 from __future__ import annotations
 
-import logging
-import os
-
 import orjson
 import pytest
 from conftest import chat, write_jsonl
+from moto_s3 import moto_s3, objects
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -23,36 +21,8 @@ BUCKET = "sftdata-ray-test"
 
 @pytest.fixture(scope="module")
 def s3():
-    pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(BUCKET)
-    yield fs
-    fs.rm(BUCKET, recursive=True)
-    s3fs.S3FileSystem.clear_instance_cache()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    server.stop()
-
-
-def objects(fs, url: str) -> dict[str, bytes]:
-    root = url.removeprefix("s3://")
-    fs.invalidate_cache()
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root + "/")}
+    with moto_s3(BUCKET) as fs:
+        yield fs
 
 
 def test_ray_pack_and_verify_of_an_object_store_dataset_equal_local(ray_cluster, s3, tmp_path):
