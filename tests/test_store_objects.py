@@ -149,6 +149,17 @@ def test_pack_from_s3_to_s3_equals_local(s3, both, tmp_path):
     assert "not there" not in v.stdout and "cannot be read" not in v.stdout  # compared with the source episodes
 
 
+def test_cli_pack_of_an_s3_dataset_records_its_url_as_the_source(s3, both, tmp_path):
+    """The command fetches the URL's copy to check it, but the packed dataset names the URL
+    (not this machine's cache folder) as its source, as pack() called from Python does."""
+    _, url = both
+    r = cli("pack", url, "-o", str(tmp_path / "packed"), "--block-size", "64", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["source"] == url
+    meta = orjson.loads((tmp_path / "packed" / METADATA_FILE).read_bytes())
+    assert meta["source"]["path"] == url
+
+
 def test_cli_prepare_to_s3(s3, source):
     url = f"s3://{BUCKET}/sft/cli"
     r = cli("prepare-chat", source, "-o", url, "--json")

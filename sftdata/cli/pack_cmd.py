@@ -14,7 +14,7 @@ from ..errors import UsageError
 from ..order import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
-from ..store import DEFAULT_SHARD_TOKENS
+from ..store import DEFAULT_SHARD_TOKENS, remote_url
 from .app import app, handle_errors, print_result, rows_bar
 from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
 
@@ -122,7 +122,8 @@ def pack_command(
     executor = ray_pack_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
-    dataset = dataset_dir(dataset)
+    checked = dataset_dir(dataset)  # a URL's copy is fetched here; pack records the URL itself as its source
+    dataset = remote_url(dataset) or checked
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
                        shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
     bar, on_progress = rows_bar("pack", quiet or as_json)
