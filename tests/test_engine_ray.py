@@ -1,6 +1,7 @@
 """``--engine ray``: prepare on a local Ray cluster (2 CPUs, one per test session) gives
 the dataset ``--engine local`` gives, byte for byte, and survives a killed worker."""
 
+import contextlib
 import gzip
 import io
 import json
@@ -82,31 +83,39 @@ def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
     assert tool.exit_code == 0, tool.output
 
 
+@contextlib.contextmanager
+def kill_first_writer(root: Path, pattern: str):
+    """While the block runs, SIGKILL the first worker seen writing under ``root`` (a
+    ``NAME.tmp-PID`` folder matching ``pattern``), once; yields the list of killed pids."""
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def killer():
+        while not stop.is_set() and not killed:
+            for tmp in root.glob(pattern):
+                pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+            time.sleep(0.001)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path):
     """A worker process killed (SIGKILL) while its task writes: Ray runs the task again,
     the dead attempt's partial folder is never read, and the dataset is identical."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i} " * 40, f"answer {i} " * 40) for i in range(1500)])
     opts = PrepareOptions(val_split=0.05)
     prepare([src], tmp_path / "local", opts)
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def killer():  # kill the first worker seen writing a partition (its .tmp-PID folder), once
-        while not stop.is_set() and not killed:
-            for tmp in tmp_path.glob(".ray*/_parts/part_*.tmp-*"):
-                pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
-            time.sleep(0.002)
-
-    t = threading.Thread(target=killer)
-    t.start()
-    try:
+    with kill_first_writer(tmp_path, ".ray*/_parts/part_*.tmp-*") as killed:
         prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=200_000))
-    finally:
-        stop.set()
-        t.join()
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
 

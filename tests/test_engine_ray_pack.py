@@ -4,15 +4,10 @@ Ray cluster (2 CPUs, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
-
 import numpy as np
 import orjson
 import pytest
-from test_engine_ray import same_dataset
+from test_engine_ray import kill_first_writer, same_dataset
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -101,25 +96,8 @@ def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster,
     again, the dead attempt's partial shards are never adopted, the dataset is identical."""
     opts = PackOptions(block_size=64, shard_tokens=300)
     pack(source, tmp_path / "local", opts)
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def killer():  # kill the first worker seen writing rows (its .tmp-PID folder), once
-        while not stop.is_set() and not killed:
-            for tmp in tmp_path.glob(".ray*/_parts/train_*.tmp-*"):
-                pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
-            time.sleep(0.001)
-
-    t = threading.Thread(target=killer)
-    t.start()
-    try:
+    with kill_first_writer(tmp_path, ".ray*/_parts/train_*.tmp-*") as killed:
         pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=1))
-    finally:
-        stop.set()
-        t.join()
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
