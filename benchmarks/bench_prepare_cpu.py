@@ -10,7 +10,8 @@ For each corpus and each tree (default: this checkout; give an older checkout as
   the default memo, against the CPU time of the BPE core's ``encode_ordinary`` on exactly the
   texts prepare encodes (each record's whole system span, each message, each call), measured
   before and after each run in the same process (the better of the two);
-* a model of the 1 -> 2 worker speed-up on two idle cores, from CPU times (wall times on a
+* for each ``--memos`` value, a model of the 1 -> 2 worker speed-up on two idle cores (against
+  the 1-worker run with the same memo), from CPU times (wall times on a
   shared machine say little: run ``--spin`` to see how much two plain Python processes gain
   there): ``--workers 2`` costs the workers' CPU, the parent's CPU while they run and the
   parent's CPU before the first chunk and after the last (serial); on two idle cores it takes
@@ -80,32 +81,34 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = 
             return real_curate(*a)
 
         prep.local_results, prep.curate_result = results, curate
-        c0 = time.process_time()
-        parent = run(2, 0)
-        while multiprocessing.active_children():  # the pool's processes, reaped: their CPU is counted
-            time.sleep(0.02)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        serial = (marks["first"] - c0) + (c0 + parent - marks["last"])
-        workers = kids.ru_utime + kids.ru_stime
-        one = report["memo0"]["prepare_cpu"]
         mb = src.stat().st_size / 1e6
-        report["two_workers"] = {"workers_cpu": workers, "parent_cpu": parent, "serial_cpu": serial,
-                                 "parent_ms_per_mb": 1000 * parent / mb,
-                                 "parent_while_ms_per_mb": 1000 * (parent - serial) / mb,
-                                 "parent_share": parent / (parent + workers),
-                                 "extra_cpu": (workers + parent) / one - 1,
-                                 "model_speedup": one / (serial + (workers + parent - serial) / 2)}
+        kids_before = 0.0
+        for memo in memos:  # the 2-worker model of each memo setting, against its own 1-worker run
+            c0 = time.process_time()
+            parent = run(2, memo)
+            while multiprocessing.active_children():  # the pool's processes, reaped: their CPU is counted
+                time.sleep(0.02)
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            serial = (marks["first"] - c0) + (c0 + parent - marks["last"])
+            workers = kids.ru_utime + kids.ru_stime - kids_before
+            kids_before += workers
+            one = report[f"memo{memo:g}"]["prepare_cpu"]
+            report[f"two_workers_memo{memo:g}"] = {
+                "workers_cpu": workers, "parent_cpu": parent, "serial_cpu": serial,
+                "parent_ms_per_mb": 1000 * parent / mb, "parent_while_ms_per_mb": 1000 * (parent - serial) / mb,
+                "parent_share": parent / (parent + workers), "extra_cpu": (workers + parent) / one - 1,
+                "model_speedup": one / (serial + (workers + parent - serial) / 2)}
     return report
 
 
-def wall_child(src: Path, mode: str, workers: int) -> dict:
-    """One ``prepare`` at ``workers`` (memo off): wall time, this process's CPU and its workers'."""
+def wall_child(src: Path, mode: str, workers: int, memo: float = 0) -> dict:
+    """One ``prepare`` at ``workers`` and ``--memo-mb memo``: wall time, this process's CPU and its workers'."""
     from sftdata.prepare import PrepareOptions, prepare
 
     out = Path(f"/tmp/bench_prepare_wall_{os.getpid()}")
     load = os.getloadavg()[0]
     t, c = time.perf_counter(), time.process_time()
-    prepare([src], out, PrepareOptions(mode=mode, workers=workers, memo_mb=0, overwrite=True,
+    prepare([src], out, PrepareOptions(mode=mode, workers=workers, memo_mb=memo, overwrite=True,
                                        val_split=0.1 if mode == "chat" else 0.0))
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     while multiprocessing.active_children():
@@ -122,7 +125,8 @@ def spin(n: int = 15_000_000) -> None:
 
 
 def spin_scaling() -> float:
-    """Throughput of two processes of plain Python against one (2.0 on two idle cores)."""
+    """Throughput of two processes of plain Python against one (2.0 on two idle cores; on
+    this shared virtual machine it varies from run to run: ``--spin`` prints several)."""
     def run(k: int) -> float:
         ps = [multiprocessing.Process(target=spin) for _ in range(k)]
         t = time.perf_counter()
@@ -141,39 +145,48 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-scaling", action="store_true", help="skip the 2-worker CPU model")
     ap.add_argument("--spin", action="store_true", help="only measure how two plain Python processes scale here")
-    ap.add_argument("--memos", default="0,256", help="--memo-mb values of the 1-worker runs (0 first: the "
-                    "2-worker model compares with it)")
-    ap.add_argument("--wall", action="store_true", help="instead: wall time of 1 and 2 workers per tree, "
-                    "alternated --repeat times, with the load average (memo off)")
+    ap.add_argument("--memos", default="0,256", help="--memo-mb values: each has its 1-worker run and its 2-worker "
+                    "model (with --wall: its 1- and 2-worker wall times)")
+    ap.add_argument("--wall", action="store_true", help="instead: wall time of 1 and 2 workers per tree and "
+                    "--memos value, alternated --repeat times, with the load average")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    ap.add_argument("--wall-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--wall-child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1",
                                tuple(float(m) for m in a.child[4].split(",")))))
         return
     if a.wall_child:
-        print(json.dumps(wall_child(Path(a.wall_child[0]), a.wall_child[1], int(a.wall_child[2]))))
+        print(json.dumps(wall_child(Path(a.wall_child[0]), a.wall_child[1], int(a.wall_child[2]),
+                                    float(a.wall_child[3]))))
         return
     if a.wall:
         for spec in a.corpora:
             path, _, mode = spec.partition(":")
             for run in range(a.repeat):
                 for tree in ([t.resolve() for t in a.tree] if a.tree else [HERE.parent]):
-                    got = []
-                    for w in (1, 2):
-                        res = subprocess.run([sys.executable, __file__, "--wall-child", path, mode or "tool", str(w)],
-                                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-                        if res.returncode:
-                            raise SystemExit(res.stderr[-2000:])
-                        got.append(json.loads(res.stdout))
-                    one, two = got
-                    print(f"{Path(path).name} run {run + 1} [{tree}] load {one['load']:.1f}-{two['load']:.1f}: "
-                          f"1 worker {one['wall']:.2f} s, 2 workers {two['wall']:.2f} s ({one['wall'] / two['wall']:.2f}x;"
-                          f" parent {two['parent_cpu']:.2f} s CPU, workers {two['workers_cpu']:.2f} s)", flush=True)
+                    for memo in a.memos.split(","):
+                        got = []
+                        for w in (1, 2):
+                            res = subprocess.run([sys.executable, __file__, "--wall-child", path, mode or "tool", str(w),
+                                                  memo], capture_output=True, text=True,
+                                                 env={**os.environ, "PYTHONPATH": str(tree)})
+                            if res.returncode:
+                                raise SystemExit(res.stderr[-2000:])
+                            got.append(json.loads(res.stdout))
+                        one, two = got
+                        print(f"{Path(path).name} memo {memo} run {run + 1} [{tree}] load {one['load']:.1f}-"
+                              f"{two['load']:.1f}: 1 worker {one['wall']:.2f} s, 2 workers {two['wall']:.2f} s "
+                              f"({one['wall'] / two['wall']:.2f}x; parent {two['parent_cpu']:.2f} s CPU, workers "
+                              f"{two['workers_cpu']:.2f} s)", flush=True)
         return
     if a.spin:
-        print(f"two plain Python processes: {spin_scaling():.2f}x one (load {os.getloadavg()[0]:.1f})")
+        runs = []
+        for _ in range(a.repeat):
+            runs.append(spin_scaling())
+            print(f"two plain Python processes: {runs[-1]:.2f}x one (load {os.getloadavg()[0]:.1f})", flush=True)
+        if len(runs) > 1:
+            print(f"median {sorted(runs)[len(runs) // 2]:.2f}x, range {min(runs):.2f}-{max(runs):.2f}x of {len(runs)} runs")
         return
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE))
@@ -203,18 +216,20 @@ def main() -> None:
                 r = json.loads(res.stdout)
                 line = "  ".join(f"{k} {v['ratio']:.3f}x the core ({v['prepare_cpu']:.2f} s CPU)"
                                  for k, v in r.items() if k.startswith("memo"))
-                if "two_workers" in r:
-                    t = r["two_workers"]
-                    line += (f"; 2 workers: {t['extra_cpu']:+.1%} CPU, serial {t['serial_cpu']:.2f} s, parent "
-                             f"{t['parent_cpu']:.2f} s ({t['parent_ms_per_mb']:.0f} ms/MB, "
-                             f"{t['parent_while_ms_per_mb']:.0f} ms/MB while the workers run, "
-                             f"{t['parent_share']:.1%} of the CPU), workers {t['workers_cpu']:.2f} s, model "
-                             f"{t['model_speedup']:.2f}x")
+                for k, t in r.items():
+                    if k.startswith("two_workers"):
+                        line += (f"; 2 workers {k[len('two_workers_'):]}: {t['extra_cpu']:+.1%} CPU, serial "
+                                 f"{t['serial_cpu']:.2f} s, parent {t['parent_cpu']:.2f} s ({t['parent_ms_per_mb']:.0f} "
+                                 f"ms/MB, {t['parent_while_ms_per_mb']:.0f} ms/MB while the workers run, "
+                                 f"{t['parent_share']:.1%} of the CPU), workers {t['workers_cpu']:.2f} s, model "
+                                 f"{t['model_speedup']:.2f}x")
+                        best.setdefault((src.name, k, str(tree)), []).append(t["model_speedup"])
                 print(f"{src.name} [{tree}] {line} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for k, v in r.items():
                     if k.startswith("memo"):
                         best.setdefault((src.name, k, str(tree)), []).append(v["ratio"])
-    print("best CPU ratio (BPE core / prepare) per corpus, memo, tree:")
+    print("best CPU ratio (BPE core / prepare) per corpus, memo, tree; two_workers_*: the modelled 1 -> 2 worker "
+          "speed-up:")
     for (name, memo, tree), v in sorted(best.items()):
         print(f"  {name:36} {memo:8} {max(v):.3f}  runs {[round(x, 3) for x in v]}  {tree}")
 

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -66,7 +66,7 @@ from .rejects import REJECT_KEYS, keep_rejects, writing
 from .render import render_chunk
 from .serving import check_state_stops
 from .sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
-from .sources.partitions import Partition, file_digest, iter_partition, line_counts, plan_partitions, splittable
+from .sources.partitions import Partition, SequentialScan, iter_partition, plan_partitions, splittable
 from .store import (
     DEFAULT_SHARD_TOKENS,
     REJECTS_FILE,
@@ -89,9 +89,12 @@ CHUNK_BYTES = 1 << 20
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
 PARTS_DIR = "_parts"  # where an engine's tasks write their episodes (removed before the commit)
 STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped, tasks write nothing more (engine.tasks: the same)
-MIN_PART_BYTES = 1 << 20  # --workers > 1 on plain JSONL: the input cut into ranges of this size or more ...
-MAX_PART_BYTES = 4 << 20  # ... and at most this (its tokens come back whole; the progress bar moves once per range)
-PARTS_PER_WORKER = 16  # ranges per worker (the last ones to finish leave a worker idle briefly)
+# --workers > 1 on plain JSONL: the input is cut into ranges of at most MAX_PART_BYTES (a range's tokens come back
+# whole; the progress bar moves once per range), each at most 1/(TAIL_WAYS x workers) of what is left and at least
+# MIN_PART_BYTES, so that the last ranges are small and the workers finish together
+MAX_PART_BYTES = 4 << 20
+MIN_PART_BYTES = 256 << 10
+TAIL_WAYS = 2
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
 
@@ -698,9 +701,10 @@ def can_partition(infos: list[SourceInfo], opts: PrepareOptions, curate: CurateS
             and all(splittable(i) for i in infos))
 
 
-def local_part_bytes(infos: list[SourceInfo], workers: int) -> int:
-    total = sum(i.bytes for i in infos)
-    return int(min(MAX_PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_WORKER * workers))))
+def local_parts(infos: list[SourceInfo], workers: int) -> list[Partition]:
+    """The ranges ``workers`` local workers read, in input order (guided sizes: at most
+    ``MAX_PART_BYTES``, then shrinking to ``MIN_PART_BYTES`` towards the end)."""
+    return plan_partitions(infos, MAX_PART_BYTES, shrink=(TAIL_WAYS * workers, MIN_PART_BYTES))
 
 
 def _broken(where: str) -> SftDataError:
@@ -716,44 +720,42 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
     """The local engine with ``--workers`` > 1 on plain JSONL: each worker process reads
     its own byte range of the input (``prepare_partition``, as a Ray task does) and sends
     back its episodes' tokens; this process numbers the results in input order and writes
-    them, at most 2 x workers ranges in flight."""
+    them, at most 2 x workers ranges in flight. This process counts the lines before each
+    range (and hashes the input) as it hands the ranges out (``SequentialScan``), so the
+    first range starts at once and the workers never wait for a pass over the file."""
     from concurrent.futures.process import BrokenProcessPool
 
-    parts = plan_partitions(infos, local_part_bytes(infos, opts.workers))
+    parts = local_parts(infos, opts.workers)
     pool = _pool(opts, tok, profile, CurateSettings())
-    cuts, cut_of = range_cuts(parts)
     settings = partition_settings(opts, token_dtype)
     numbering = PartNumbering(parts, infos)
     pending: deque = deque()
+    with ExitStack() as scans_open:
+        scans = {si: scans_open.enter_context(SequentialScan(infos[si].path))
+                 for si in sorted({p.source for p in parts if not p.whole and p.start > 0})}
 
-    def where(p: Partition, scan) -> str:
-        return f"{infos[p.source].path}:line {(scan[cut_of[(p.source, p.start)]] if p.start else 0) + 1}"
+        def next_result() -> tuple[ChunkResult, int]:
+            p, fut, at = pending.popleft()
+            try:
+                s = fut.result()
+            except BrokenProcessPool:
+                raise _broken(at) from None
+            return numbering.place(p, s, scans[p.source].digest if p.source in scans else None)
 
-    def next_result() -> tuple[ChunkResult, int]:
-        p, fut, at = pending.popleft()
         try:
-            s = fut.result()
-            digest = (lambda: digests[p.source].result()) if p.source in digests else None
-            return numbering.place(p, s, digest)
-        except BrokenProcessPool:
-            raise _broken(at) from None
-
-    try:
-        try:
-            scans = {si: pool.submit(line_counts, infos[si].path, c) for si, c in cuts.items()}
-            digests = {si: pool.submit(file_digest, infos[si].path) for si in cuts}
             for p in parts:
-                scan = scans[p.source].result() if p.start else None  # the first range starts at line 0
-                pending.append((p, pool.submit(prepare_partition, p, scan, cut_of.get((p.source, p.start), -1), None,
-                                               settings, None), where(p, scan)))
+                before = scans[p.source].lines_before(p.start) if p.start else 0  # the first range: line 0
+                try:
+                    fut = pool.submit(prepare_partition, p, [before], 0, None, settings, None)
+                except BrokenProcessPool:
+                    raise _broken(f"{infos[p.source].path}:line {before + 1}") from None
+                pending.append((p, fut, f"{infos[p.source].path}:line {before + 1}"))
                 if len(pending) >= 2 * opts.workers:
                     yield next_result()
-        except BrokenProcessPool:
-            raise _broken(f"{infos[parts[0].source].path}") from None
-        while pending:
-            yield next_result()
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+            while pending:
+                yield next_result()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:

@@ -82,6 +82,8 @@ def test_off_counts_exact_duplicates_and_drops_nothing():
     d = Deduplicator("off")
     assert d.decide(keys([0, 1, 2, 3], ["a", "a", "b", "a"])) == []
     assert d.counts() == {"mode": "off", "exact_duplicates": 2}
+    assert d.decide(keys([4, 5, 6], ["c", "b", "c"])) == []  # across chunks: b seen before, c twice here
+    assert d.counts() == {"mode": "off", "exact_duplicates": 4}
 
 
 def test_near_duplicates_of_kept_records_only():

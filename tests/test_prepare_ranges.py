@@ -8,9 +8,8 @@ import pytest
 from conftest import chat, write_jsonl
 
 from sftdata import prepare as prep
-from sftdata.prepare import PrepareOptions, local_part_bytes, prepare
+from sftdata.prepare import PrepareOptions, local_parts, prepare
 from sftdata.sources import expand_inputs, inspect_source
-from sftdata.sources.partitions import plan_partitions
 from sftdata.store import open_dataset
 
 BIG = 2**62 + 1  # beyond a float's exact integers, within 64 bits: kept exactly
@@ -65,12 +64,37 @@ def summary_of(s):
     return d
 
 
+@pytest.fixture
+def guided_ranges(monkeypatch):
+    """Ranges of at most 3 KB shrinking to 300 bytes at the end (the default sizes, scaled down)."""
+    monkeypatch.setattr(prep, "MIN_PART_BYTES", 300)
+    monkeypatch.setattr(prep, "MAX_PART_BYTES", 3000)
+    monkeypatch.setattr(prep, "CHUNK_RECORDS", 4)
+
+
+@pytest.mark.parametrize("mode,val", [("tool", 0.2), ("tool", 0.0), ("chat", 0.1)])
+def test_one_two_and_three_workers_give_the_same_bytes_with_guided_ranges(tmp_path, guided_ranges, mode, val):
+    a = write_jsonl(tmp_path / "a.jsonl", mixed_lines(300))
+    b = write_jsonl(tmp_path / "b.jsonl", mixed_lines(90)[::-1])
+    infos = [inspect_source(s) for s in expand_inputs([a, b])]
+    sizes = [p.end - p.start for p in local_parts(infos, 2)]
+    assert len(sizes) > 10 and max(sizes[:3]) >= 3000 and max(sizes[-3:]) < 600  # 3 KB, then down to 300 bytes (and a line)
+    opts = dict(mode=mode, val_split=val, seed=3, shard_tokens=900, memo_mb=1)
+    runs = {w: prepare([a, b], tmp_path / f"w{w}", PrepareOptions(workers=w, **opts)) for w in (1, 2, 3)}
+    trees = {w: tree_bytes(tmp_path / f"w{w}") for w in runs}
+    assert trees[1] == trees[2] == trees[3] and len([k for k in trees[1] if k.endswith("tokens.bin")]) > 2
+    summaries = {w: summary_of(s) for w, s in runs.items()}
+    for s in summaries.values():  # each worker has its own memo: what it saved differs, nothing else
+        s.pop("memo")
+    assert summaries[1] == summaries[2] == summaries[3] and runs[1].records_read == 374  # 390 lines, 16 blank
+
+
 @pytest.mark.parametrize("mode,val", [("tool", 0.2), ("tool", 0.0)])
 def test_one_two_and_three_workers_give_the_same_bytes(tmp_path, small_ranges, mode, val):
     a = write_jsonl(tmp_path / "a.jsonl", mixed_lines(150))
     b = write_jsonl(tmp_path / "b.jsonl", mixed_lines(60)[::-1])
     infos = [inspect_source(s) for s in expand_inputs([a, b])]
-    parts = plan_partitions(infos, local_part_bytes(infos, 2))
+    parts = local_parts(infos, 2)
     assert len(parts) > 8 and all(not p.whole for p in parts)  # really cut into ranges
     opts = dict(mode=mode, val_split=val, seed=5, shard_tokens=700, max_tokens=400)
     runs = {}

@@ -5,8 +5,16 @@ import gzip
 
 import pytest
 
+from sftdata.errors import InputError
 from sftdata.sources import inspect_source, iter_records
-from sftdata.sources.partitions import file_digest, iter_partition, line_counts, plan_partitions, splittable
+from sftdata.sources.partitions import (
+    SequentialScan,
+    file_digest,
+    iter_partition,
+    line_counts,
+    plan_partitions,
+    splittable,
+)
 
 MAX = 1 << 20
 
@@ -75,3 +83,50 @@ def test_only_plain_local_jsonl_is_cut(tmp_path):
     assert [p.source for p in parts].count(0) == 9 and [(p.source, p.whole) for p in parts[-2:]] == [(1, True),
                                                                                                     (2, True)]
     assert all(p.info.first_record == 0 for p in parts) and [p.index for p in parts] == list(range(len(parts)))
+
+
+def test_a_sequential_scan_counts_the_lines_before_each_cut_and_hashes_the_input(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n{"b": 2}\n' + b'{"x": "' + b"y" * 3000 + b'"}\n{"z": 0}')
+    info = inspect_source(path)
+    cuts = [p.start for p in plan_partitions([info], 7) if p.start]
+    with SequentialScan(info.path) as scan:
+        assert [scan.lines_before(c) for c in cuts] == line_counts(info.path, cuts) == [1, 3, 4]
+        assert scan.lines_before(cuts[-1]) == 4  # the same offset again: nothing more read
+        with pytest.raises(ValueError, match=f"offsets must come in ascending order: 3 after {cuts[-1]}"):
+            scan.lines_before(3)
+        read = sequential(path)[1]  # what a sequential read of the input records
+        assert scan.digest() == file_digest(info.path) == (read.sha256, read.bytes)
+    with SequentialScan(info.path) as scan:  # asked for the digest at once
+        assert scan.digest() == (read.sha256, read.bytes)
+    with pytest.raises(InputError, match=f"input file {tmp_path / 'gone.jsonl'} cannot be read"):
+        SequentialScan(str(tmp_path / "gone.jsonl"))
+
+
+def test_guided_ranges_shrink_towards_the_end_and_read_the_records_of_a_sequential_read(tmp_path):
+    lines = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * (i * 37 % 90)) for i in range(900)]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_bytes(b"\n".join(lines) + b"\n")
+    b.write_bytes(b"\n".join(lines[:300]) + b"\n")
+    infos = [inspect_source(p) for p in (a, b)]
+    parts = plan_partitions(infos, 4000, shrink=(4, 500))
+    total = a.stat().st_size + b.stat().st_size
+    sizes = [p.end - p.start for p in parts]
+    assert [p.source for p in parts].count(1) > 1 and all(not p.whole for p in parts)
+    assert max(sizes) <= 4000 + 200 and sizes[0] > 3900  # a line past the size at most
+    done = 0
+    for p, size in zip(parts, sizes):  # each range: a quarter of what is left of both files, 500 bytes or more
+        want = min(4000, max(500, (total - done) // 4))
+        end = infos[p.source].bytes
+        assert want <= size <= want + 200 or p.end == end, (p, size, want)
+        done += size
+    assert sizes[-3] < 600 and sizes.index(max(sizes)) < len(sizes) // 3
+    for info in infos:  # per input: the records of a sequential read, numbered from its start
+        own = [p for p in parts if p.source == infos.index(info)]
+        counts = line_counts(info.path, [p.start for p in own if p.start])
+        got = [(r.record, r.where, r.raw) for k, p in enumerate(own)
+               for r, _ in iter_partition(p, counts[k - 1] if k else 0, MAX) if r is not None]
+        want_records, _ = sequential(info.path)
+        assert got == [(r, w, raw) for r, w, raw, _ in want_records]
+    whole = plan_partitions([inspect_source(b)], 10**6, shrink=(4, 10**6))  # within the first range's size
+    assert len(whole) == 1 and whole[0].whole

@@ -75,6 +75,12 @@ class Deduplicator:
     def decide(self, keys: RecordKeys) -> list[Drop]:
         """The records of ``keys`` to drop (all ``exact``/``near`` duplicates of earlier
         kept records); the others are kept and indexed."""
+        if self.mode == "off":  # only counted: a set of the keys seen, no record kept by name
+            seen = self.exact
+            before = len(seen)
+            seen.update(dict.fromkeys(keys.exact, 0))
+            self.exact_duplicates += len(keys.exact) - (len(seen) - before)
+            return []
         drops: list[Drop] = []
         bands = band_keys(keys.signatures, self.bands, self.rows) if self.mode == "near" else None
         for i, (record, where, key) in enumerate(zip(keys.records.tolist(), keys.wheres, keys.exact)):

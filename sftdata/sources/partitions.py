@@ -8,7 +8,8 @@ JSON Lines file that starts at a line start::
 
 Records are numbered from the start of their input (``first_record`` 0), so a task
 needs nothing but its own partition and the number of lines before it
-(``line_counts``; ``file_digest`` gives the input's sha256 and size); the driver adds the input's first record number, which the
+(``line_counts``, or ``SequentialScan`` as the ranges are handed out in order;
+``file_digest`` gives the input's sha256 and size); the driver adds the input's first record number, which the
 record counts of the inputs before it decide. ``where`` strings (``file:line N``) are
 relative to the input, so they are exactly those of a sequential read.
 """
@@ -67,24 +68,49 @@ def _next_line_start(f, offset: int, size: int) -> int:
     return size
 
 
-def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES) -> list[Partition]:
+def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
+                    shrink: tuple[int, int] | None = None) -> list[Partition]:
     """The partitions of ``infos`` in input order: byte ranges of about ``part_bytes``
-    for each plain local JSONL file, each other input whole."""
+    for each plain local JSONL file, each other input whole.
+
+    ``shrink=(ways, min_bytes)`` (guided sizes, for tasks taken in order by ``ways``-times
+    fewer workers): each range is at most ``part_bytes`` and at most ``1/ways`` of the
+    bytes left in the plain files from its start on, but not under ``min_bytes``; the
+    last ranges are small, so the workers finish together::
+
+        50 MB, part_bytes 4 MB, shrink (4, 256 KB):  4 4 4 4 4 4 4 4 4 3.5 2.6 2.0 ... 0.34 0.26 0.26
+    """
+    left = sum(i.bytes for i in infos if splittable(i))
+
+    def size_at(done: int) -> int:  # the next range's size, ``done`` bytes of the plain files planned
+        if shrink is None:
+            return part_bytes
+        ways, min_bytes = shrink
+        return max(1, min(part_bytes, max(min_bytes, (left - done) // ways)))
+
     out: list[Partition] = []
+    done = 0  # bytes of the plain files planned so far
     for si, info in enumerate(infos):
         plain = dataclasses.replace(info, first_record=0, records=0, _opened=None)
-        if not splittable(info) or info.bytes <= part_bytes:
+        if not splittable(info) or info.bytes <= size_at(done):
             out.append(Partition(len(out), si, plain))
+            done += info.bytes if splittable(info) else 0
             continue
         size = info.bytes
         try:
             with open(info.path, "rb") as f:
-                cuts = sorted({_next_line_start(f, k, size) for k in range(part_bytes, size, part_bytes)} - {0, size})
+                if shrink is None:  # cut near each multiple of part_bytes
+                    cuts = sorted({_next_line_start(f, k, size) for k in range(part_bytes, size, part_bytes)} - {0, size})
+                else:  # each cut one (shrinking) size after the one before
+                    cuts, at = [], 0
+                    while (at := _next_line_start(f, at + size_at(done + at), size)) < size:
+                        cuts.append(at)
         except OSError as e:
             raise unreadable(info.path, e) from None
         starts = [0, *cuts]
         for a, b in zip(starts, [*cuts, size]):
             out.append(Partition(len(out), si, plain, a, b))
+        done += size
     return out
 
 
@@ -118,6 +144,54 @@ def file_digest(path: str) -> tuple[str, int]:
     except OSError as e:
         raise unreadable(path, e) from None
     return h.hexdigest(), size
+
+
+class SequentialScan:
+    """One input read once from its start, as its ranges are handed out: the lines before
+    each range's start (``lines_before``, offsets ascending; newlines counted at a few GB/s)
+    and, at the end, the input's sha256 and size (``digest``), as a sequential read records
+    them. The local workers' driver counts as it goes, so the first range starts at once
+    and no task waits for a pass over the whole file (``line_counts`` does that pass for
+    tasks that cannot be handed out in order). A context manager: the file is closed."""
+
+    def __init__(self, path: str):
+        self.path, self.pos, self.lines, self._hash = path, 0, 0, hashlib.sha256()
+        try:
+            self._f = open(path, "rb")  # closed by close() (a context manager)
+        except OSError as e:
+            raise unreadable(path, e) from None
+
+    def _read(self, n: int) -> bytes:
+        try:
+            block = self._f.read(n)
+        except OSError as e:
+            raise unreadable(self.path, e) from None
+        self._hash.update(block)
+        self.pos += len(block)
+        return block
+
+    def lines_before(self, offset: int) -> int:
+        """The number of lines before byte ``offset`` (at or after the last offset asked)."""
+        if offset < self.pos:
+            raise ValueError(f"offsets must come in ascending order: {offset} after {self.pos}")
+        while self.pos < offset and (block := self._read(min(8 << 20, offset - self.pos))):
+            self.lines += block.count(b"\n")
+        return self.lines
+
+    def digest(self) -> tuple[str, int]:
+        """(sha256, size) of the whole input (``file_digest``'s answer); reads the rest of it."""
+        while self._read(8 << 20):
+            pass
+        return self._hash.hexdigest(), self.pos
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> SequentialScan:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _Range:
