@@ -200,6 +200,22 @@ def _pyarrow_kib(pid: int) -> int:
     return kib
 
 
+# the child that runs the command: it writes the command's pid, then (when it ends) its exit
+# code, peak and CPU. ru_maxrss of a process counts the resident set of the image it was
+# forked from until its exec, so the command is started from this small process, never from
+# the benchmark (which holds the corpora it wrote and read: its own resident set would be the peak)
+_SAMPLED = """
+import json, os, resource, subprocess, sys
+out = os.fdopen(int(sys.argv[1]), "w")
+p = subprocess.Popen(sys.argv[2:])
+out.write(f"{p.pid}\\n")
+out.flush()
+p.wait()
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+out.write(json.dumps({"code": p.returncode, "peak_kib": u.ru_maxrss, "cpu": u.ru_utime + u.ru_stime}) + "\\n")
+"""
+
+
 def run_sampled(args: list[str]) -> dict:
     """``python -m sftdata ARGS`` in a child, sampled every few milliseconds: exit code,
     stdout, stderr, seconds, ``cpu`` (user + system), ``peak_mib`` (its ``ru_maxrss``), and
@@ -207,28 +223,28 @@ def run_sampled(args: list[str]) -> dict:
     pyarrow's files among them, and the largest anonymous MiB sampled."""
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t = time.perf_counter()
-    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
-        child = subprocess.Popen([sys.executable, "-m", "sftdata", *args], stdout=so, stderr=se, env=env)
+    report_r, report_w = os.pipe()
+    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se, os.fdopen(report_r) as report:
+        runner = subprocess.Popen([sys.executable, "-c", _SAMPLED, str(report_w), sys.executable, "-m", "sftdata", *args],
+                                  stdout=so, stderr=se, env=env, pass_fds=(report_w,))
+        os.close(report_w)
+        pid = int(report.readline())
         top, peak, anon_max = 0, {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "pyarrow": 0}, 0
-        while True:
-            # wait4, not poll(): it gives the child's own rusage (not earlier children's)
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                break
+        while runner.poll() is None:
             try:
-                st = _status(child.pid)
+                st = _status(pid)
                 anon_max = max(anon_max, st["RssAnon"])
                 if st["VmRSS"] > top + 512:  # a new high: where its pages are (smaps is slow; not every sample)
                     top = st["VmRSS"]
-                    peak = {**st, "pyarrow": _pyarrow_kib(child.pid)}
-            except (OSError, ValueError, KeyError):  # the child has just ended
+                    peak = {**st, "pyarrow": _pyarrow_kib(pid)}
+            except (OSError, ValueError, KeyError):  # the command has just ended
                 pass
             time.sleep(0.005)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        res = json.loads(report.readline())
         so.seek(0), se.seek(0)
-        return {"code": child.returncode, "stdout": so.read().decode(errors="replace"),
+        return {"code": res["code"], "stdout": so.read().decode(errors="replace"),
                 "stderr": se.read().decode(errors="replace"), "seconds": time.perf_counter() - t,
-                "cpu": usage.ru_utime + usage.ru_stime, "peak_mib": usage.ru_maxrss / 1024,
+                "cpu": res["cpu"], "peak_mib": res["peak_kib"] / 1024,
                 "anon_mib": peak["RssAnon"] / 1024, "file_mib": peak["RssFile"] / 1024,
                 "pyarrow_mib": peak["pyarrow"] / 1024, "anon_max_mib": anon_max / 1024}
 
