@@ -516,7 +516,8 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
 @dataclass
 class PartSummary:
     """What a partition task sends back: counts, rejects and keys, and a staged partition's
-    folder (a Ray task: no tokens), or a local range's tokens in ``result``."""
+    folder (a Ray task: no tokens), or a local range's tokens in ``result``, or in a file
+    ``handoff`` (ids then mask) that this process reads once and removes."""
 
     index: int
     result: ChunkResult  # ids and mask empty when staged; records numbered from the start of the input
@@ -526,6 +527,7 @@ class PartSummary:
     tokens: int = 0
     sha256: str | None = None  # a whole input: what reading it found
     bytes: int = 0
+    handoff: str | None = None  # a local range's ids (the run's token dtype) then mask (uint8), in this file
 
 
 def _empty() -> ChunkResult:
@@ -626,10 +628,16 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, 
     whole = part.whole
     sha, size = (part.info.sha256, part.info.bytes) if whole else (None, 0)
     if writer is None:
+        handoff = None
         if kept:
-            acc.ids, acc.mask, acc.lengths, acc.sources = (np.concatenate([getattr(r, k) for r in kept])
-                                                           for k in ("ids", "mask", "lengths", "sources"))
-        return PartSummary(part.index, acc, lines[0], None, int(acc.lengths.size), int(acc.ids.size), sha, size)
+            acc.lengths, acc.sources = (np.concatenate([getattr(r, k) for r in kept]) for k in ("lengths", "sources"))
+            if settings.get("handoff_dir") is not None:
+                handoff = _hand_off(Path(settings["handoff_dir"]) / f"range_{part.index:06d}.bin", kept,
+                                    np.dtype(settings["token_dtype"]))
+            else:
+                acc.ids, acc.mask = np.concatenate([r.ids for r in kept]), np.concatenate([r.mask for r in kept])
+        return PartSummary(part.index, acc, lines[0], None, int(acc.lengths.size), int(acc.lengths.sum()), sha, size,
+                           handoff)
     meta = writer.close()
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)
@@ -637,6 +645,33 @@ def prepare_partition(part: Partition, scan, cut: int, tokenizer: bytes | None, 
     return PartSummary(part.index, acc, lines[0],
                        str(final / "s" / "shard_00000") if meta["episodes"] else None, meta["episodes"],
                        meta["tokens"], sha, size)
+
+
+def _hand_off(path: Path, kept: list[ChunkResult], dtype: np.dtype) -> str:
+    """A local range's tokens written to ``path`` (ids, then mask): the worker goes on to its
+    next range at once. Sent back through the pool's pipe, a range of a few MiB held the
+    worker until this process had read it all, 64 KiB at a time, with both cores busy."""
+    with writing(path, path.parent.parent), open(path, "wb") as f:
+        for r in kept:
+            f.write(memoryview(np.ascontiguousarray(r.ids, dtype=dtype)).cast("B"))
+        for r in kept:
+            f.write(memoryview(np.ascontiguousarray(r.mask, dtype=np.uint8)).cast("B"))
+    return str(path)
+
+
+def _take_handoff(s: PartSummary, dtype: np.dtype) -> None:
+    """The tokens of ``s``'s handoff file into its result; the file removed."""
+    if s.handoff is None:
+        return
+    with open(s.handoff, "rb") as f:
+        s.result.ids = np.fromfile(f, dtype=dtype, count=s.tokens)
+        s.result.mask = np.fromfile(f, dtype=np.uint8, count=s.tokens)
+    os.unlink(s.handoff)
+    if s.result.ids.size != s.tokens or s.result.mask.size != s.tokens:
+        raise SftDataError(f"the tokens a worker handed over in {s.handoff} were cut short ({s.result.ids.size:,} "
+                           f"ids and {s.result.mask.size:,} mask values of {s.tokens:,}); nothing was written. "
+                           f"Check the free space of the output's file system and run again")
+    s.handoff = None
 
 
 def partition_settings(opts: PrepareOptions, token_dtype: np.dtype) -> dict:
@@ -718,16 +753,18 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
                       profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
                       ) -> Iterator[tuple[ChunkResult, int]]:
     """The local engine with ``--workers`` > 1 on plain JSONL: each worker process reads
-    its own byte range of the input (``prepare_partition``, as a Ray task does) and sends
-    back its episodes' tokens; this process numbers the results in input order and writes
-    them, at most 2 x workers ranges in flight. This process counts the lines before each
-    range (and hashes the input) as it hands the ranges out (``SequentialScan``), so the
-    first range starts at once and the workers never wait for a pass over the file."""
+    its own byte range of the input (``prepare_partition``, as a Ray task does) and hands
+    its episodes' tokens over in a file under ``stage_dir`` (removed when read); this
+    process numbers the results in input order and writes them, at most 2 x workers ranges
+    in flight. This process counts the lines before each range (and hashes the input) as
+    it hands the ranges out (``SequentialScan``), so the first range starts at once and
+    the workers never wait for a pass over the file."""
     from concurrent.futures.process import BrokenProcessPool
 
     parts = local_parts(infos, opts.workers)
+    stage_dir.mkdir(exist_ok=True)
     pool = _pool(opts, tok, profile, CurateSettings())
-    settings = partition_settings(opts, token_dtype)
+    settings = {**partition_settings(opts, token_dtype), "handoff_dir": str(stage_dir)}
     numbering = PartNumbering(parts, infos)
     pending: deque = deque()
     with ExitStack() as scans_open:
@@ -740,6 +777,7 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
                 s = fut.result()
             except BrokenProcessPool:
                 raise _broken(at) from None
+            _take_handoff(s, token_dtype)
             return numbering.place(p, s, scans[p.source].digest if p.source in scans else None)
 
         try:
@@ -756,6 +794,7 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
                 yield next_result()
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            shutil.rmtree(stage_dir, ignore_errors=True)  # empty after a complete run; else what was handed over
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
