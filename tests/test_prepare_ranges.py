@@ -3,12 +3,16 @@ partitions --engine ray uses) and the output is byte-identical to one worker's."
 
 import gzip
 import json
+from collections import Counter
+from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import chat, write_jsonl
 
 from sftdata import prepare as prep
-from sftdata.prepare import PrepareOptions, local_parts, prepare
+from sftdata.errors import SftDataError
+from sftdata.prepare import ChunkResult, PrepareOptions, local_parts, prepare
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
 
@@ -158,3 +162,19 @@ def test_the_staging_names_agree_with_the_engines():
     from sftdata.engine import tasks
 
     assert (prep.STOP_FILE, prep.PARTS_DIR) == (tasks.STOP_FILE, tasks.PARTS_DIR) == ("STOP", "_parts")
+
+
+def test_a_range_hands_its_tokens_over_in_a_file_read_once_and_removed(tmp_path):
+    ids, mask = np.array([5, 70000, 9], np.uint32), np.array([0, 1, 1], np.uint8)
+    res = ChunkResult(ids, mask, np.array([3]), np.array([0]), [], Counter(), Counter(), 0, 0, 1)
+    path = Path(prep._hand_off(tmp_path / "range_000000.bin", [res, res], np.dtype(np.uint32)))
+    assert path.read_bytes() == ids.tobytes() * 2 + mask.tobytes() * 2
+    s = prep.PartSummary(0, prep._empty(), 2, None, 2, 6, handoff=str(path))
+    prep._take_handoff(s, np.dtype(np.uint32))
+    assert s.result.ids.tolist() == [5, 70000, 9] * 2 and s.result.mask.tolist() == [0, 1, 1] * 2
+    assert not path.exists() and s.handoff is None
+    prep._hand_off(path, [res], np.dtype(np.uint32))
+    short = prep.PartSummary(0, prep._empty(), 1, None, 1, 4, handoff=str(path))
+    with pytest.raises(SftDataError, match=rf"the tokens a worker handed over in {path} were cut short \(3 ids and 0 "
+                                           r"mask values of 4\); nothing was written"):
+        prep._take_handoff(short, np.dtype(np.uint32))
