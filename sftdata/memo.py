@@ -19,13 +19,10 @@ tokens before a short question); the memo turns those repeats into a copy of byt
 * ``cap_bytes`` bounds the memory of the stored texts and ids plus a fixed cost per entry
   (``ENTRY_BYTES``) and per remembered sighting (``SEEN_BYTES``, a hash and a count).
 * Policy ``frequency`` (the default, measured better on agent data: benchmarks/
-  bench_prepare.py): while the memo holds less than ``FIRST_SIGHTING_SHARE`` of its cap,
-  a text is stored when first seen (there is room, and with several workers each one
-  sees a repeat fewer times: storing at the second sighting cost them a third of their
-  hits); beyond it, on its second sighting (texts seen once never push out ones seen
-  often). When the memo is full the least often used entries go first (counts are
-  halved at each eviction, so a segment that stopped repeating ages out). Policy
-  ``lru``: every text stored, the least recently used evicted.
+  bench_prepare.py): a text is stored on its second sighting (texts seen once never
+  push out ones seen often), and when the memo is full the least often used entries go
+  first (counts are halved at each eviction, so a segment that stopped repeating ages
+  out). Policy ``lru``: every text stored, the least recently used evicted.
 
 Pure but for its own state: no I/O, no globals. One memo per worker process.
 """
@@ -46,7 +43,6 @@ SEEN_BYTES = 160  # per text seen once and remembered: its hash, a count, its di
 DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal share
 POLICIES = ("frequency", "lru")
 _EMPTY_ARRAY_BYTES = sys.getsizeof(array(ID_TYPECODE))
-FIRST_SIGHTING_SHARE = 0.25  # frequency policy: below this share of the cap, a text is stored when first seen
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches
 
 
@@ -187,7 +183,7 @@ class SegmentMemo:
             seen = self._seen.pop(h, 0)
             if seen:
                 self.bytes -= SEEN_BYTES
-            elif uses < 2 and self.bytes + cost > self.cap_bytes * FIRST_SIGHTING_SHARE:
+            elif uses < 2:
                 self._make_room(SEEN_BYTES)
                 self._seen[h] = 1
                 self._grow(SEEN_BYTES)
