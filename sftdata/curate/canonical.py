@@ -44,3 +44,48 @@ def canonical_text(conv: Conversation) -> str:
 def exact_key(text: str) -> bytes:
     """16 bytes of blake2b over the canonical text (a collision is ~2**-64 per pair)."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+# the whitespace ``str.split()`` cuts at within ASCII, all made spaces (for UTF-8 bytes of ASCII text)
+_ASCII_SPACES = bytes.maketrans(b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f", b" " * 9)
+_HEADS = {r: (r + SEP_FIELD).encode() for r in ("system", "user", "assistant", "tool")}
+_SORT = orjson.OPT_SORT_KEYS
+
+
+def _ws_utf8(text: str) -> bytes:
+    """``_ws(text)`` in UTF-8. ASCII text (most) is collapsed as bytes, which allocates no
+    word: its whitespace made spaces, runs of spaces halved until none is left, the ends
+    stripped."""
+    if not text.isascii():
+        return " ".join(text.split()).encode("utf-8", "surrogatepass")
+    b = text.encode().translate(_ASCII_SPACES)
+    while b"  " in b:
+        b = b.replace(b"  ", b" ")
+    return b.strip(b" ")
+
+
+def conversation_key(conv: Conversation) -> bytes:
+    """``exact_key(canonical_text(conv))``, without building the text: each part is made in
+    UTF-8 (``_ws_utf8``, the JSON as orjson writes it) and hashed once."""
+    parts = [b"tool_schema\x1f" + orjson.dumps(t, option=_SORT) for t in conv.tools]
+    add = parts.append
+    for t in conv.turns:
+        head = _HEADS.get(t.role) or (t.role + SEP_FIELD).encode("utf-8", "surrogatepass")
+        text = t.text
+        if text.isascii():  # _ws_utf8, inline: the common turn
+            b = text.encode().translate(_ASCII_SPACES)
+            while b"  " in b:
+                b = b.replace(b"  ", b" ")
+            head += b.strip(b" ")
+        else:
+            head += " ".join(text.split()).encode("utf-8", "surrogatepass")
+        if not t.reasoning and not t.tool_calls:
+            add(head)
+            continue
+        fields = [head]
+        if t.reasoning:
+            fields.append(b"reasoning:" + _ws_utf8(t.reasoning))
+        for c in t.tool_calls:
+            fields.append(b"call:" + c.name.encode("utf-8", "surrogatepass") + orjson.dumps(c.arguments, option=_SORT))
+        add(b"\x1f".join(fields))
+    return hashlib.blake2b(b"\x1e".join(parts), digest_size=16).digest()
