@@ -284,6 +284,13 @@ def test_segment_masks_an_unclosed_assistant_zeroes_the_rest_of_its_segment_only
     assert got.tolist() == [0] * 11 + [0, 0, 0, 1, 1, 1, 0] + [0, 0] + [0, 0, 0, 1, 1, 1]
 
 
+def test_segment_masks_one_episode_without_eos_does_not_give_the_next_one_its_context():
+    first, second = np.array([U, 5, E]), np.array([A, 6, E, EOS])  # alone, the second trains nothing
+    ids = np.concatenate([first, second]).astype(np.uint32)
+    assert loss_mask(ids, M).sum() == 3  # what one call over both would say
+    assert segment_masks(ids, np.array([3, 4]), M).tolist() == [0] * 7
+
+
 def test_segment_masks_reject_inconsistent_lengths():
     with pytest.raises(ValueError, match="sum to 5, but 4 tokens"):
         segment_masks(np.zeros(4, np.int64), np.array([2, 3]), M)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sftdata.ranges import gather_ranges, range_index, range_sums, read_range, trained_per_episode, whole_runs
+from sftdata.ranges import OnesBefore, gather_ranges, range_index, range_sums, read_range, trained_per_episode, whole_runs
 
 
 def test_range_index_and_gather_ranges():
@@ -45,6 +45,22 @@ def test_whole_runs_cover_every_item_once_within_the_budget(seed):
     for a, b in runs:
         assert b - a == 1 or int(lengths[a:b].sum()) <= budget
         assert b == 200 or int(lengths[a:b + 1].sum()) > budget  # as many items as fit
+
+
+def test_ones_before(tmp_path):
+    mask = np.array([0, 0, 1, 1, 0, 1, 1, 1, 0], np.uint8)
+    at = np.array([9, 0, 2, 5, 7, 8, 9])
+    assert OnesBefore(mask)(at).tolist() == [5, 0, 0, 2, 4, 5, 5]
+    assert OnesBefore(mask.astype(np.float32))(at).tolist() == [5, 0, 0, 2, 4, 5, 5]
+    big = (np.random.default_rng(0).random(1001) < 0.4).astype(np.uint8)
+    x = np.arange(1002)
+    assert OnesBefore(big)(x).tolist() == np.concatenate([[0], np.cumsum(big)]).tolist()
+    big.tofile(tmp_path / "mask.bin")  # a slice of a memory map: [lo, hi) read once
+    m = np.memmap(tmp_path / "mask.bin", np.uint8, "r")
+    for lo, hi in ((0, 1001), (3, 11), (17, 17), (500, 1001)):
+        want = np.concatenate([[0], np.cumsum(big[lo:hi])])
+        assert OnesBefore(m, lo, hi)(np.arange(hi - lo + 1)).tolist() == want.tolist()
+        assert OnesBefore(m.astype(np.float32), lo, hi)(np.arange(hi - lo + 1)).tolist() == want.tolist()
 
 
 def test_range_sums():

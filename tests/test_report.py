@@ -79,6 +79,18 @@ def test_overview_sources_options_and_rejects(pristine, tmp_path):
     assert ov.counts["records_read"] == 10 and ov.counts["episodes"] == 8
 
 
+def test_overview_of_an_older_flat_layout_counts_its_rejects_file(pristine, tmp_path):
+    """No metadata records the counts: the reasons are counted from rejects.jsonl, a line
+    that is not a JSON object as ``unreadable_line``."""
+    flat = to_flat(pristine, tmp_path / "flat")
+    lines = [b'{"reason": "too_long"}', b'{"reason": "invalid_json"}', b"[1, 2]", b"", b"{broken",
+             b'{"reason": "too_long"}', b'{"record": 3}']
+    (flat / "rejects.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    ov = report.overview(flat)
+    assert ov.rejected == {"invalid_json": 1, "too_long": 2, "unknown": 1, "unreadable_line": 2}
+    assert list(ov.rejected) == sorted(ov.rejected) and ov.rejected_total == 6
+
+
 def test_block_size_cost(pristine):
     ov = report.overview(pristine, block_size=20)
     b = ov.splits[0].block

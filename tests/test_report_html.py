@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
 from sftdata.report import dataset_report, overview, write_report
+from sftdata.report.collect import is_opener, scan_split
 from sftdata.report.distributions import (
     count_histogram,
     curve_block_sizes,
@@ -31,7 +32,6 @@ from sftdata.report.html import GENERATOR
 from sftdata.report.plots import ReportExtraMissing, log_ticks
 from sftdata.report.rejects import read_rejects
 from sftdata.report.samples import TOKEN_BUDGET, budget, pick
-from sftdata.report.scan import OnesBefore, is_opener, scan_split
 from sftdata.report.tokens import token_groups, token_runs
 from sftdata.store import open_dataset, split_segments
 
@@ -121,14 +121,7 @@ def test_log_ticks_label_every_tick():
 
 
 # -- the pass over mask and tokens --------------------------------------------------------
-def test_ones_before_and_is_opener():
-    mask = np.array([0, 0, 1, 1, 0, 1, 1, 1, 0], np.uint8)
-    at = np.array([9, 0, 2, 5, 7, 8, 9])
-    assert OnesBefore(mask)(at).tolist() == [5, 0, 0, 2, 4, 5, 5]
-    assert OnesBefore(mask.astype(np.float32))(at).tolist() == [5, 0, 0, 2, 4, 5, 5]
-    big = (np.random.default_rng(0).random(1001) < 0.4).astype(np.uint8)
-    x = np.arange(1002)
-    assert OnesBefore(big)(x).tolist() == np.concatenate([[0], np.cumsum(big)]).tolist()
+def test_is_opener():
     toks = np.array([0, 4, 5, 6, 7, 2**32 - 1, 3], np.uint32)
     assert is_opener(toks.copy(), [4, 5, 6]).tolist() == np.isin(toks, [4, 5, 6]).tolist()
     assert is_opener(toks, [4, 6]).tolist() == [False, True, False, True, False, False, False]

@@ -1,4 +1,4 @@
-"""store.packed: the on-disk encoding of segments (segments.idx) round-trips, keeps
+"""store.format: the on-disk encoding of segments (segments.idx) round-trips, keeps
 unknown records as -1, and tolerates damaged values; a split's segments get global rows."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from audit_data import make_packed, read_segments, shard
 from sftdata.errors import DatasetError
 from sftdata.packing import Segments
 from sftdata.store import NO_SOURCE, SEGMENT_FIELDS, open_dataset, split_segments
-from sftdata.store.packed import decode_segments, encode_segments
+from sftdata.store.format import decode_segments, encode_segments
 
 
 def test_encode_decode_round_trip_with_unknown_records():

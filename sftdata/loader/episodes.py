@@ -31,6 +31,7 @@ from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
 from ..hf_tokenizer import HF_KIND
 from ..order import BatchOrder
+from ..ranges import trained_per_episode
 from ..store import Dataset, Split
 from .batch import Batch
 
@@ -151,6 +152,23 @@ class EpisodeSource:
 
     def mask_enabled(self, split: str) -> bool:
         return self.cfg.use_loss_mask and self.ds.split(split).has_mask
+
+    def trained_per_item(self, split: str) -> np.ndarray:
+        """Trained targets of each episode of ``split`` in its row (int64, by episode id):
+        what ``Batch.trained_tokens`` counts, before any batch is built."""
+        sp = self.ds.split(split)
+        keep = np.minimum(sp.lengths.astype(np.int64), self.cfg.block_size + 1)
+        if not self.mask_enabled(split):
+            return np.maximum(keep - 1, 0)  # row targets 1 .. keep-1: up to and with the episode's EOS
+        out = np.zeros(sp.num_episodes, np.int64)
+        for si, sh in enumerate(sp.shards):
+            a, b = int(sp.item_offsets[si]), int(sp.item_offsets[si + 1])
+            starts = sh.index[:, 0].astype(np.int64)
+            k = keep[a:b]
+            ok = np.flatnonzero(k > 1)
+            if ok.size:
+                out[a + ok], _ = trained_per_episode(sh.mask, starts[ok] + 1, starts[ok] + k[ok])
+        return out
 
     def batch(self, split: str, ids: np.ndarray) -> Batch:
         sp = self.ds.split(split)

@@ -37,7 +37,6 @@ from .episodes import EpisodeSource
 from .guards import check_batch_fits, check_trains_something, check_value_ranges
 from .mixture import MixtureSource, mixture_config
 from .packed import PackedSource
-from .trained import item_trained
 from .windows import WindowSource
 
 log = logging.getLogger("sftdata.loader")
@@ -69,6 +68,7 @@ class Source(Protocol):
 
     def order(self, split: str) -> BatchOrder: ...
     def size(self, split: str) -> int: ...
+    def trained_per_item(self, split: str) -> np.ndarray | int | None: ...  # by item id; int: every item; None: unknown
     def batch(self, split: str, ids: np.ndarray) -> Batch: ...
     def describe(self, split: str) -> str: ...
     def epoch_note(self, split: str) -> str: ...
@@ -142,7 +142,7 @@ class Loader:
         self._origins: dict[str, Origin] = {}  # where each split's order continues after a resize
         self._resumed: dict[str, BatchOrder] = {}
         self.last_ids: dict[str, np.ndarray] = {}  # the ids of the batch get_batch returned last, per split
-        self._trained: dict[str, np.ndarray | None] = {}  # trained targets per item, per split (lazily)
+        self._trained: dict[str, np.ndarray | int | None] = {}  # trained targets per item, per split (lazily)
         self._log_init()
         self.order("train")  # fail now, not at the first batch, when train cannot be batched
 
@@ -215,6 +215,12 @@ class Loader:
         return replace(batch, trained_tokens=trained_count(batch.x, batch.mask, self.end_id))
 
     # -- loss normalisation -----------------------------------------------------------
+    # The trained targets of a whole optimizer step are a pure function of the order: every
+    # rank sums the per-item counts (``source.trained_per_item``) of every rank's
+    # micro-batches itself, before consuming them, without communication:
+    #   optimizer step k, grad_accum A: global batches kA .. kA+A-1 of batch_size x R items
+    #   N = sum(trained[item] for every item of those batches)     (the same on every rank)
+    #   loss = sum over this rank's micro-batches of sum(token losses) / N
     def trained_tokens_at(self, split: str, step: int, rank: int | None = None) -> int:
         """Trained targets of global batch ``step`` for ``rank`` (None: every rank's
         micro-batch together): ``get_batch(...).trained_tokens`` before it is built, a pure
@@ -222,13 +228,13 @@ class Loader:
         are known; they are computed once per split)."""
         ids = self.order(split).step_ids(step, rank)
         if split not in self._trained:
-            self._trained[split] = item_trained(self.source, split)
+            self._trained[split] = self.source.trained_per_item(split)
         per_item = self._trained[split]
+        if isinstance(per_item, int):
+            return int(ids.size) * per_item
         if per_item is not None:
             return int(per_item[ids[ids >= 0]].sum())
-        if isinstance(self.source, WindowSource):
-            return int(ids.size) * self.cfg.block_size
-        return self._counted(self.source.batch(split, ids)).trained_tokens  # another source: build it
+        return self._counted(self.source.batch(split, ids)).trained_tokens  # unknown per item: build it
 
     def step_trained_tokens(self, accum_steps: int = 1, split: str = "train", start: int | None = None) -> int:
         """Trained targets of one optimizer step: the ``accum_steps`` global batches from

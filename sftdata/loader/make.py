@@ -48,25 +48,22 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         cfg = LoaderConfig.from_dict(cfg)
     if not isinstance(cfg, LoaderConfig):
         raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
-    if is_mixture_file(dataset_dir):
-        rank, world_size = resolve_rank(rank, world_size)
-        adir = audit_dir if audit_dir is not None else cfg.audit_dir
-        audit = AuditLog(adir) if adir is not None and rank == 0 else None
-        return Loader(cfg, open_mixture(dataset_dir, token_dtype=cfg.token_dtype), backend=resolve_backend(backend),
-                      device=device, rank=rank, world_size=world_size, audit=audit)
-    root = dataset_path(dataset_dir)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
-    if not root.is_dir():
-        raise DatasetError(f"dataset folder {root} does not exist; create it with "
-                           f"`sftdata prepare-chat ... --output-dir {root}`")
+    mixture = is_mixture_file(dataset_dir)
+    if mixture:
+        data = open_mixture(dataset_dir, token_dtype=cfg.token_dtype)
+    else:
+        root = dataset_path(dataset_dir)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
+        if not root.is_dir():
+            raise DatasetError(f"dataset folder {root} does not exist; create it with "
+                               f"`sftdata prepare-chat ... --output-dir {root}`")
     backend = resolve_backend(backend)
     rank, world_size = resolve_rank(rank, world_size)
-    mode = cfg.dataset_mode or detect_mode(root)
-    if mode == "token_stream":
-        state = _tokenizer_state(root)
+    if not mixture and (cfg.dataset_mode or detect_mode(root)) == "token_stream":
+        state = read_json(root / TOKENIZER_FILE) if (root / TOKENIZER_FILE).is_file() else None
         meta = read_json(root / METADATA_FILE) if (root / METADATA_FILE).is_file() else None
         check_value_ranges(root, meta, state, mask=False)
         data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=state)
-    else:
+    elif not mixture:
         if not has_episode_index(root, "train"):
             raise DatasetError(f"dataset_mode=sft_episode needs an episode index, but {root} has neither "
                                f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
@@ -87,7 +84,3 @@ def _token_arrays(root: Path, cfg: LoaderConfig) -> dict:
             if split == "train":
                 raise
     return splits
-
-
-def _tokenizer_state(root: Path) -> dict | None:
-    return read_json(root / TOKENIZER_FILE) if (root / TOKENIZER_FILE).is_file() else None

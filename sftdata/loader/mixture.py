@@ -97,6 +97,10 @@ class MixtureSource:
         return Batch(**out)
 
     # -- what the loader logs, audits and fingerprints --------------------------------
+    def trained_per_item(self, split: str) -> None:
+        """None: the loader counts a mixture's batches as it builds them."""
+        return None
+
     def describe(self, split: str) -> str:
         sizes = " ".join(f"{n}={m.size(split)}" for n, m in zip(self.om.names, self.members))
         return f"mixture={self.om.path} by={self.om.mixture.by} seed={self.om.mixture.seed} {self.items}: {sizes}"

@@ -28,6 +28,7 @@ from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
 from ..order import BatchOrder, row_order
 from ..packing import PAD_SEQ_ID, row_layout, varlen_layout, varlen_width
+from ..ranges import trained_per_episode
 from ..store import Dataset, Segments, Split, split_segments
 from .batch import Batch
 
@@ -134,6 +135,22 @@ class PackedSource:
         seg = self.segments(split)
         most = int(np.bincount(seg.row).max()) if seg.row.size else 1
         return varlen_width(self.row_len - 1, n, most)
+
+    def trained_per_item(self, split: str) -> np.ndarray:
+        """Trained targets of each row of ``split`` (int64, by row id), before any batch
+        is built; without ``use_loss_mask`` every target inside a segment (l - 1 of a
+        segment of l tokens)."""
+        sp = self.ds.split(split)
+        if not self.cfg.use_loss_mask:
+            seg = self.segments(split)
+            return np.bincount(seg.row, weights=seg.length - 1, minlength=sp.num_rows).astype(np.int64)
+        out = np.zeros(sp.num_rows, np.int64)
+        for si, sh in enumerate(sp.shards):
+            a, b = int(sp.item_offsets[si]), int(sp.item_offsets[si + 1])
+            if b > a:
+                starts = np.arange(b - a, dtype=np.int64) * self.row_len
+                out[a:b], _ = trained_per_episode(sh.mask, starts + 1, starts + self.row_len)
+        return out
 
     def batch(self, split: str, ids: np.ndarray) -> Batch:
         return packed_batch(self.ds.split(split), self.segments(split), ids, self.row_len, self.pad_id,

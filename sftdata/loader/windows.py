@@ -139,6 +139,10 @@ class WindowSource:
         shard = np.searchsorted(cum, ids, side="right") - 1
         return shard, ids - cum[shard]
 
+    def trained_per_item(self, split: str) -> int:
+        """Every window trains its ``block_size`` targets."""
+        return self.cfg.block_size
+
     def batch(self, split: str, ids: np.ndarray) -> Batch:
         shard, start = self.locate(split, ids)
         T = self.cfg.block_size

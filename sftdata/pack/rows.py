@@ -18,7 +18,7 @@ from ..loss_rule import LossRule
 from ..packing import PackPlan, assemble_rows, segment_masks
 from ..ranges import gather_ranges, range_index, whole_runs
 from ..store import Split
-from ..store.packed import encode_segments
+from ..store.format import encode_segments
 
 
 def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:

@@ -2,9 +2,9 @@
 shows, the distributions behind the plots (per split), the input files, the rejected
 records by reason, and the sampled episodes (packed: rows) token by token.
 
-Index-sized work plus one chunked pass over each split's mask and tokens: a dataset of
-a million episodes is collected in seconds, and nothing grows with its size but the
-per-episode arrays (a few numbers per episode).
+Index-sized work plus one chunked pass over each split's mask and tokens (``scan_split``):
+a dataset of a million episodes is collected in seconds, and nothing grows with its size
+but the per-episode arrays (a few numbers per episode).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..loss_rule import LossRule
+from ..ranges import CHUNK_TOKENS, OnesBefore, read_range, whole_runs
 from ..store import Split, split_segments
 from .distributions import (
     Bins,
@@ -28,10 +29,9 @@ from .distributions import (
     truncation_curve,
     unit_histogram,
 )
-from .overview import Overview, TruncationCost, open_checked, overview
+from .overview import Overview, TruncationCost, episode_bounds, open_checked, overview
 from .rejects import Rejects, read_rejects
 from .samples import TOKEN_BUDGET, SampleEpisode, SampleRow, samples
-from .scan import scan_split
 from .views import dataset_tokenizer
 
 
@@ -71,6 +71,56 @@ class DatasetReport:
     @property
     def packed(self) -> bool:
         return self.overview.kind == "packed"
+
+
+@dataclass
+class SplitScan:
+    """What ``scan_split`` measures of one split."""
+
+    trained: np.ndarray | None  # trained tokens per episode (None without mask.bin)
+    trained_past: list[int] | None  # per keep: trained tokens past each episode's first ``keep``
+    turns: np.ndarray | None  # per episode: how many of the ``openers`` ids it holds
+
+
+def is_opener(tokens: np.ndarray, openers: list[int]) -> np.ndarray:
+    """Bool per token: one of ``openers``. Consecutive ids (the chat markers are) take one
+    unsigned subtraction, in place (``tokens`` is overwritten), and one comparison."""
+    lo, hi = min(openers), max(openers)
+    if hi - lo + 1 == len(set(openers)) and tokens.dtype.kind == "u":
+        np.subtract(tokens, tokens.dtype.type(lo), out=tokens)  # ids below lo wrap to large values
+        return tokens <= hi - lo
+    return np.isin(tokens, openers)
+
+
+def scan_split(sp: Split, keeps: list[int], openers: list[int] | None = None, chunk: int = CHUNK_TOKENS
+               ) -> SplitScan:
+    """Trained tokens per episode, trained tokens past each ``keep`` (all episodes
+    together), and with ``openers`` (marker ids) the count of those ids per episode.
+
+    One pass over the mask (and tokens) in chunks of whole episodes (``whole_runs``), so
+    memory stays at a few tens of MB whatever the dataset's size; per chunk the trained
+    tokens before any position come from ``OnesBefore``: an episode's are the ones
+    before its end minus those before its start, past ``keep`` minus those before
+    ``start + keep``."""
+    n = sp.num_items
+    trained = np.zeros(n, np.int64) if sp.has_mask else None
+    past = np.zeros(len(keeps), np.int64) if sp.has_mask else None
+    turns = np.zeros(n, np.int64) if openers else None
+    for sh, (starts, ends, first) in zip(sp.shards, episode_bounds(sp)):
+        for i, j in whole_runs(ends, chunk, starts):
+            lo, hi = int(starts[i]), int(ends[j - 1])
+            s, e = starts[i:j] - lo, ends[i:j] - lo
+            if trained is not None:
+                before = OnesBefore(sh.mask, lo, hi)
+                at_e = before(e)
+                trained[first + i:first + j] = at_e - before(s)
+                for k, keep in enumerate(keeps):
+                    long_ = np.flatnonzero(e - s > keep)
+                    past[k] += int((at_e[long_] - before(s[long_] + keep)).sum())
+            if turns is not None:
+                pos = np.flatnonzero(is_opener(read_range(sh.tokens, lo, hi), openers))
+                turns[first + i:first + j] = np.searchsorted(pos, e) - np.searchsorted(pos, s)
+    return SplitScan(trained, None if past is None else past.tolist(), turns)
 
 
 def _episode_figures(sp: Split, rule: LossRule, block_size: int | None) -> tuple[SplitFigures, np.ndarray | None]:

@@ -148,7 +148,7 @@ def truncation_curve(lengths: np.ndarray, block_sizes: list[int], trained_past: 
                      trained_total: int | None) -> list[TruncationCost]:
     """What truncating every episode to ``block_size + 1`` tokens costs, per block size.
     ``trained_past[i]``: trained tokens past the first ``block_sizes[i] + 1`` of each
-    episode (from ``scan.scan_split``)."""
+    episode (from ``collect.scan_split``)."""
     lengths = np.sort(np.asarray(lengths, dtype=np.int64))
     n = lengths.size
     suffix = np.concatenate([np.cumsum(lengths[::-1])[::-1], [0]])  # suffix[i] = sum(lengths[i:])

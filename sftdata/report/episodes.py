@@ -82,16 +82,25 @@ def is_marker(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
     return np.isin(ids, list(tok.special_tokens.values()))
 
 
-def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: LossRule | None = None, *,
-                 tokens: bool = False) -> EpisodeView:
-    """One episode as pieces of text (and, with ``tokens``, one line per token), decoded
-    with ``tok`` and compared with ``rule`` (default: the chat markers of ``tok``)."""
-    rule = rule or MarkerRule(tok.ids)
+def read_episode(ds: Dataset, split: str, episode: int):
+    """Episode ``episode`` of ``split``: (shard, ids int64, stored mask or None, trained
+    bool, its input record number or None, its start in the shard). An id out of range says so."""
     sp = ds.split(split)
     shard, local = sp.locate(episode)
     ids, mask = sp.episode(episode)
     ids = np.asarray(ids, dtype=np.int64)
     trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
+    src = shard.sources
+    record = None if src is None or local >= src.shape[0] else int(src[local])
+    return shard, ids, mask, trained, record, int(shard.index[local, 0])
+
+
+def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: LossRule | None = None, *,
+                 tokens: bool = False) -> EpisodeView:
+    """One episode as pieces of text (and, with ``tokens``, one line per token), decoded
+    with ``tok`` and compared with ``rule`` (default: the chat markers of ``tok``)."""
+    rule = rule or MarkerRule(tok.ids)
+    shard, ids, mask, trained, record, start = read_episode(ds, split, episode)
     marker = is_marker(ids, tok)
     lines = None
     if tokens:
@@ -100,10 +109,8 @@ def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: Lo
                  for p, t in enumerate(ids)]
     derived = rule.masks(ids, np.array([ids.shape[0]]))
     differs = None if mask is None else np.flatnonzero(derived != trained).tolist()
-    sources = shard.sources
-    return EpisodeView(split=split, episode=int(episode),
-                       record=None if sources is None or local >= sources.shape[0] else int(sources[local]),
-                       shard=shard.name, start=int(shard.index[local, 0]), length=int(ids.shape[0]),
+    return EpisodeView(split=split, episode=int(episode), record=record, shard=shard.name, start=start,
+                       length=int(ids.shape[0]),
                        trained_tokens=None if mask is None else int(trained.sum()),
                        pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs)
 

@@ -13,18 +13,17 @@ a second (no token is read, the mask once).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from ..errors import DatasetError, UsageError
 from ..loss_rule import is_template_state
 from ..packing import Segments
 from ..ranges import trained_per_episode
 from ..store import REJECTS_FILE, SERVING_FILE, Dataset, Split, open_dataset, read_serving, split_segments
+from .rejects import read_rejects
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 
@@ -215,18 +214,6 @@ def _split_overview(sp: Split, block_size: int | None, row_len: int | None = Non
         packed=packed)
 
 
-def _rejects_from_file(path: Path) -> Counter:
-    c: Counter = Counter()
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    c[orjson.loads(line).get("reason", "unknown")] += 1
-                except (orjson.JSONDecodeError, AttributeError):
-                    c["unreadable_line"] += 1
-    return c
-
-
 def overview(path: str | Path, *, block_size: int | None = None, token_dtype=None) -> Overview:
     """Everything ``sftdata inspect PATH`` shows. Raises ``DatasetError`` for a folder that
     is not a dataset or whose index does not fit its tokens."""
@@ -251,7 +238,9 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
     rejected = dict(counts.pop("rejected", {}) or {})
     rejects = ds.root / REJECTS_FILE
     if not rejected and rejects.is_file() and ds.metadata is None:
-        rejected = dict(sorted(_rejects_from_file(rejects).items()))
+        found = read_rejects(rejects, examples=0)  # an older layout records no counts: count the file's
+        unreadable = {"unreadable_line": found.unreadable_lines} if found.unreadable_lines else {}
+        rejected = dict(sorted({**{g.reason: g.count for g in found.groups}, **unreadable}.items()))
     src = meta.get("source") if packing is not None else None
     if src and not Path(str(src.get("path", ""))).is_dir():
         notes.append(f"the source dataset {src.get('path')} is not there any more")

@@ -14,7 +14,7 @@ from ..errors import UsageError
 from ..loss_rule import LossRule, MarkerRule
 from ..packing import row_mask
 from ..store import Dataset
-from .episodes import Tokenizer, sample_ids
+from .episodes import Tokenizer, read_episode, sample_ids
 from .rows import read_row
 from .tokens import Run, token_runs
 
@@ -82,17 +82,11 @@ def budget(count: int, total: int = TOKEN_BUDGET) -> int:
 
 def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, chosen: bool, limit: int,
                    rule: LossRule | None = None) -> SampleEpisode:
-    sp = ds.split(split)
-    shard, local = sp.locate(episode)
-    ids, mask = sp.episode(episode)
-    ids = np.asarray(ids, dtype=np.int64)
-    trained = np.zeros(ids.shape[0], bool) if mask is None else np.asarray(mask) != 0
+    _, ids, mask, trained, record, _ = read_episode(ds, split, episode)
     rule = rule or MarkerRule(tok.ids)
     differs = 0 if mask is None else int((rule.masks(ids, np.array([ids.shape[0]])) != trained).sum())
     shown = min(ids.shape[0], limit)
-    src = shard.sources
-    return SampleEpisode(split=split, episode=int(episode), chosen=chosen,
-                         record=None if src is None or local >= src.shape[0] else int(src[local]),
+    return SampleEpisode(split=split, episode=int(episode), chosen=chosen, record=record,
                          length=int(ids.shape[0]), trained_tokens=None if mask is None else int(trained.sum()),
                          shown=shown, runs=token_runs(ids[:shown], trained[:shown], tok), rule_differs=differs)
 

@@ -27,6 +27,7 @@ is the position in the concatenation of its shards in name order.
 
 from __future__ import annotations
 
+from ..packing import Segments
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -56,12 +57,11 @@ from .format import (
 )
 from .location import local_path, remote_url
 from .object_cache import dataset_path, fetch_dataset, remote_metadata
-from .packed import Segments, split_segments
 from .problems import RECREATE, REPACK, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
 from .serving_file import episode_first_ids, read_serving, write_serving
 from .shard import Shard
-from .split import Split
+from .split import Split, split_segments
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [

@@ -1,5 +1,6 @@
 """The on-disk format in one place: file names, dtypes, format name and version, the
-token-dtype rules, and the small helpers that read and write its description files.
+token-dtype rules, the encoding of ``segments.idx``, and the small helpers that read and
+write its description files.
 
 Nothing else in sftdata spells a file name or picks a dtype for a file (see the
 package docstring for the layout).
@@ -16,6 +17,7 @@ import orjson
 
 from ..config import TOKEN_DTYPES
 from ..errors import DatasetError, UsageError
+from ..packing import Segments
 
 FORMAT_NAME = "sftdata"
 FORMAT_VERSION = 1
@@ -94,6 +96,25 @@ def choose_token_dtype(meta: dict | None, tokenizer_state: dict | None, override
 SEGMENT_FIELDS = ("row", "offset", "length", "prefix", "episode", "episode_start", "source")
 SEGMENT_RECORD_BYTES = len(SEGMENT_FIELDS) * IDX_DTYPE.itemsize
 NO_SOURCE = np.iinfo(np.uint64).max
+_CLIP = np.uint64(2**62)  # damaged values stay large and positive (int64 would wrap them negative)
+
+
+def encode_segments(seg: Segments) -> np.ndarray:
+    """(k, 7) int64 records in ``SEGMENT_FIELDS`` order, the fields of ``packing.Segments``
+    (what ``PackedSplitWriter.add_rows`` takes; it writes ``source`` -1 as ``NO_SOURCE``)."""
+    return np.stack([np.asarray(getattr(seg, f), dtype=np.int64) for f in SEGMENT_FIELDS], axis=1)
+
+
+def decode_segments(records: np.ndarray) -> Segments:
+    """``Segments`` of (k, 7) uint64 records as stored: ``NO_SOURCE`` becomes -1, and a
+    damaged value past 2**62 is clipped to 2**62 (so checks see it out of range)."""
+    a = np.asarray(records)
+    if a.ndim != 2 or a.shape[1] != len(SEGMENT_FIELDS):
+        raise ValueError(f"segment records must be (k, {len(SEGMENT_FIELDS)}), got shape {a.shape}")
+    out = np.minimum(a, _CLIP).astype(np.int64)
+    col = {f: np.ascontiguousarray(out[:, i]) for i, f in enumerate(SEGMENT_FIELDS)}
+    col["source"][a[:, SEGMENT_FIELDS.index("source")] == NO_SOURCE] = -1
+    return Segments(**col)
 
 
 def packed_row_len(meta: dict | None) -> int | None:

@@ -45,9 +45,8 @@ import orjson
 from ..cache import cache_dir
 from ..errors import DatasetError
 from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE, sha256_file
-from .location import local_path, remote_url
+from .location import list_objects, local_path, lock_key, remote_fs, remote_url
 from .manifest import manifest_of, named
-from .object_fs import list_objects, lock_key, remote_fs
 
 RANGE_BYTES = 16 << 20  # one ranged read
 FETCH_THREADS = 8

@@ -1,13 +1,17 @@
 """The shards of one split seen as one sequence of items with global ids: the episodes
-of an episodes dataset, the rows of a packed one (``episodes.idx`` indexes either)."""
+of an episodes dataset, the rows of a packed one (``episodes.idx`` indexes either), and
+the segments of a packed split's rows."""
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import DatasetError
+from ..packing import Segments
+from .format import SEGMENTS_FILE, decode_segments
 from .shard import Shard
 
 
@@ -108,3 +112,15 @@ class Split:
         if self.packed:
             warnings.warn(f"split {self.name!r} is packed: its items are rows; Split.{old} is the older name, "
                           f"use Split.{new}", DeprecationWarning, stacklevel=3)
+
+
+def split_segments(split: Split) -> Segments:
+    """All segments of a packed split, with global row ids."""
+    parts = []
+    for si, sh in enumerate(split.shards):
+        if sh.segments is None:
+            raise DatasetError(f"{sh.path / SEGMENTS_FILE} is missing; the packed dataset is incomplete. "
+                               f"Re-create it with `sftdata pack`")
+        seg = decode_segments(sh.segments)
+        parts.append(replace(seg, row=seg.row + int(split.item_offsets[si])))
+    return Segments.concat(parts)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tokenizer import MarkerIds
-from .format import EPISODES_FILE, METADATA_FILE, SEGMENTS_FILE, TOKENS_FILE, shard_record
-from .packed import decode_segments
+from .format import EPISODES_FILE, METADATA_FILE, SEGMENTS_FILE, TOKENS_FILE, decode_segments, shard_record
 from .problems import RECREATE, REPACK, Problem, more_like_it
 from .shard import Shard
 

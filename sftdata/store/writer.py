@@ -34,11 +34,10 @@ from .format import (
     sha256_file,
     shard_name,
 )
-from .location import local_path, remote_url
+from .location import local_path, remote_url, upload_home
 from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
 from .object_commit import ObjectCommit
-from .object_fs import upload_home
 
 log = logging.getLogger("sftdata.store")
 
@@ -192,7 +191,7 @@ class DatasetWriter:
       and said so in ``notes``.
 
     An object-store target (``s3://bucket/sft``, any fsspec URL but ``file://``) is built
-    the same way in a local staging folder (``object_fs.upload_home``), then uploaded with
+    the same way in a local staging folder (``location.upload_home``), then uploaded with
     its metadata last (:mod:`.object_commit`: lock object, checks, commit order).
     """
 

@@ -14,12 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..loss_rule import LossRule, as_rule
 from ..ranges import gather_ranges, whole_runs
 from ..store import MASK_FILE, RECREATE, TOKENS_FILE, Problem, Shard
 from ..store.problems import more_like_it
 from ..store.structure import EpisodeBounds
-from ..tokenizer import MarkerIds
 from .description import Vocab
 from .stops import StopFindings
 
@@ -27,17 +25,6 @@ from .stops import StopFindings
 # the temporaries are reused by the allocator instead of mapped afresh (page faults cost
 # more than the arithmetic on virtual machines), large enough to amortise the calls.
 CHUNK_TOKENS = 1 << 20
-
-
-def span_at(ids: np.ndarray, p: int, rule: LossRule | MarkerIds) -> str:
-    """Which span token ``p`` of one episode lies in, for messages."""
-    return as_rule(rule).where(ids, p)
-
-
-def rule_per_episode(ids: np.ndarray, lengths: np.ndarray, rule: LossRule | MarkerIds) -> np.ndarray:
-    """``concatenate([mask(ep) for ep in episodes])`` of a chunk of whole episodes, by the
-    dataset's rule (one call; see ``LossRule.masks``)."""
-    return as_rule(rule).masks(ids, lengths)
 
 
 def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
@@ -84,7 +71,7 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                     first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
         if m is not None and vocab is not None:
             stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
-            derived = rule_per_episode(ids, cl, vocab.rule)
+            derived = vocab.rule.masks(ids, cl)  # each episode as if alone
             d = np.flatnonzero(derived != stored)
             if d.size:
                 eps = np.unique(np.searchsorted(off, d, side="right") - 1)
@@ -123,10 +110,10 @@ def _content_problems(shard: Shard, vocab: Vocab | None, first: dict, counts: di
         said = []
         if extra.size:
             said.append(f"trains {extra.size} token(s) the mask rule leaves untrained (first: token {extra[0]}, in "
-                        f"{span_at(ids, int(extra[0]), vocab.rule)})")
+                        f"{vocab.rule.where(ids, int(extra[0]))})")
         if missing.size:
             said.append(f"leaves {missing.size} token(s) untrained that the rule trains (first: token "
-                        f"{missing[0]}, in {span_at(ids, int(missing[0]), vocab.rule)})")
+                        f"{missing[0]}, in {vocab.rule.where(ids, int(missing[0]))})")
         p = int(extra[0] if extra.size else missing[0])
         n = counts["mask_rule"]
         msz = shard.mask.dtype.itemsize

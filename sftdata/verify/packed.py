@@ -28,10 +28,10 @@ import numpy as np
 
 from ..packing import row_mask
 from ..store import MASK_FILE, REPACK, TOKENS_FILE, Problem, Shard
-from ..store.packed import decode_segments
+from ..store.format import decode_segments
 from ..store.problems import more_like_it
 from ..store.structure import readable_rows
-from .content import CHUNK_TOKENS, span_at
+from .content import CHUNK_TOKENS
 from .description import Vocab
 from .stops import StopFindings
 
@@ -129,7 +129,7 @@ def _packed_problems(shard: Shard, vocab, pad_id, L: int, first: dict, counts: d
             where = f"segment {j}'s injected context"
         else:
             a, b = int(segs.offset[j] + segs.prefix[j]), int(segs.offset[j] + segs.length[j])
-            where = f"segment {j} (episode {segs.episode[j]}), {span_at(ids[a:b], p - a, vocab.rule)}"
+            where = f"segment {j} (episode {segs.episode[j]}), {vocab.rule.where(ids[a:b], p - a)}"
         trained = "trains" if exp[p] == 0 else "leaves untrained"
         out.append(Problem("mask_rule", shard.file(MASK_FILE), message=f"the mask of row {shard.first_gid + r} "
                            f"differs from the mask rule at {diff.size} token(s): it {trained} token {p}, in {where}"

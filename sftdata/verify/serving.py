@@ -19,7 +19,7 @@ from ..errors import DatasetError
 from ..loss_rule import LossRule
 from ..serving import SERVING_FORMAT, SERVING_VERSION, bos_policy_of, serving_manifest
 from ..store import SERVING_FILE, Problem, Shard, episode_first_ids
-from ..store.packed import decode_segments
+from ..store.format import decode_segments
 from ..store.structure import readable_rows
 
 ABSENT = "absent, written by an older version"
