@@ -39,7 +39,7 @@ def loads(text: bytes | str) -> Any:
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
     if raw.translate(_ALL_ONES).find(_RUN) >= 0:
         try:
-            return json.loads(text)
+            return json.loads(text if isinstance(text, str) else raw)  # json reads no memoryview
         except RecursionError:
             raise InexactJSON("the JSON is nested too deeply to read its long numbers exactly") from None
     return value
