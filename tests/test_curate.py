@@ -3,14 +3,11 @@ order, and evaluation n-grams."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
-from sftdata.conversation import Conversation, ToolCall, Turn, parse_record
+from sftdata.conversation import parse_record
 from sftdata.curate import Deduplicator, RecordKeys, build_eval_index, canonical_text, exact_key
-from sftdata.curate.canonical import conversation_key
 from sftdata.curate.decontaminate import item_text, ngram_hashes, words
 from sftdata.curate.minhash import band_keys, lsh_params, shingle_hashes, signatures
 from sftdata.errors import UsageError
@@ -120,34 +117,3 @@ def test_eval_ngrams_ignore_case_and_punctuation():
     assert ngram_hashes(["a", "b"], 3).size == 0
     with pytest.raises(UsageError, match="--decontaminate-ngram must be >= 1, got 0"):
         build_eval_index([], n=0)
-
-
-WHITESPACE = [c for c in map(chr, range(0x110000)) if c.isspace()]  # str.split()'s: \x1c-\x1f, \x85, \xa0, ...
-
-
-def random_text(rng: random.Random) -> str:
-    alphabet = rng.choice([" ab\n", " \t\r\x0b\x0c\x1c\x1d\x1e\x1fxy", "".join(WHITESPACE) + "zé",
-                           "a \u3000\xa0\u2028日本\U0001f600", "q\ud800 \udfff"])
-    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
-
-
-def test_the_conversation_key_is_the_key_of_the_canonical_text_on_any_whitespace():
-    rng = random.Random(5)
-    assert {" ", "\x1c", "\x1f", "\x85", "\xa0", "\u3000"} <= set(WHITESPACE)
-    for _ in range(3000):
-        turns = []
-        for _ in range(rng.randint(1, 5)):
-            role = rng.choice(["system", "user", "assistant", "tool"])
-            calls = tuple(ToolCall(rng.choice(["f", "g é", "h\ud800"]), {"b": random_text(rng), "a": [1, 2.5]})
-                          for _ in range(rng.choice([0, 0, 0, 1, 2])))
-            turns.append(Turn(role, random_text(rng), calls, reasoning=rng.choice(["", "", random_text(rng)])))
-        tools = tuple({"name": "f", "description": random_text(rng), "parameters": {"z": 1, "a": {}}}
-                      for _ in range(rng.choice([0, 0, 1, 2])))
-        c = Conversation(tuple(turns), tools)
-        try:
-            want = exact_key(canonical_text(c))
-        except (UnicodeEncodeError, TypeError):  # orjson refuses a lone surrogate in a call or schema
-            with pytest.raises((UnicodeEncodeError, TypeError)):
-                conversation_key(c)
-            continue
-        assert conversation_key(c) == want, c

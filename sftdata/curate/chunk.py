@@ -11,7 +11,7 @@ import numpy as np
 from ..conversation import parse_record
 from ..sources import RawRecord
 from ..turns import Conversation, TurnPolicy
-from .canonical import canonical_text, conversation_key, exact_key
+from .canonical import canonical_text, exact_key
 from .decontaminate import EvalIndex
 from .minhash import MINHASH_SEED, NUM_PERM, SHINGLE, shingle_hashes, signatures
 
@@ -68,15 +68,13 @@ def conversation_keys(convs: Mapping[int, tuple[str, Conversation]], sources: np
     evals = settings.evals
     for rec in records.tolist():
         where, conv = convs[rec]
-        wheres.append(where)
-        if evals is None:  # the key alone: hashed without building the canonical text
-            exact.append(conversation_key(conv))
-            continue
         text = canonical_text(conv)
+        wheres.append(where)
         exact.append(exact_key(text))
-        hit = evals.first_hit(text)
-        if hit is not None:
-            contaminated.append((rec, where, hit[0], hit[1]))
+        if evals is not None:
+            hit = evals.first_hit(text)
+            if hit is not None:
+                contaminated.append((rec, where, hit[0], hit[1]))
     sigs = None
     if settings.dedup == "near":
         ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
