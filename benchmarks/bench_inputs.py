@@ -13,6 +13,13 @@ hostile inputs of tests/test_adversarial.py at full size.
    groups of about 100 MB; only when ``datasets`` is installed). Most records have no
    assistant turn (rejected after parsing, not tokenised), so the run measures reading,
    not the tokenizer; the issue's goal is Parquet within 1.2x of JSONL's peak.
+
+   The peak is the child's ``ru_maxrss`` (Linux: the largest resident set, anonymous +
+   file-backed + shared memory pages, in KiB; what the goal measures). On Linux the
+   child is also sampled (``/proc/PID/status`` and, at each new high, ``smaps``): the
+   line says the resident set at the sampled peak split into anonymous and file-backed
+   pages, how much of it is pages of pyarrow's libraries, and the largest anonymous
+   set (a second measure, never the goal's). CPU is the child's user + system time.
 3. **Hostile inputs** (``prepare-chat -j 1`` in a child): outcome, peak RSS, seconds.
 """
 
@@ -21,8 +28,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -169,13 +178,87 @@ def hostile(folder: Path, bomb_gib: int) -> list[tuple[str, Path, list[str], str
     return out
 
 
+STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile")
+
+
+def _status(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon and RssFile of a process (KiB), from /proc/PID/status."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return {k: int(fields[k].split()[0]) for k in STATUS_KEYS}
+
+
+def _pyarrow_kib(pid: int) -> int:
+    """Resident KiB of the mappings of pyarrow's files (its C++ libraries and modules)."""
+    kib, mine = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                mine = "/pyarrow/" in line
+            elif mine and line.startswith("Rss:"):
+                kib += int(line.split()[1])
+    return kib
+
+
+# the child that runs the command: it writes the command's pid, then (when it ends) its exit
+# code, peak and CPU. ru_maxrss of a process counts the resident set of the image it was
+# forked from until its exec, so the command is started from this small process, never from
+# the benchmark (which holds the corpora it wrote and read: its own resident set would be the peak)
+_SAMPLED = """
+import json, os, resource, subprocess, sys
+out = os.fdopen(int(sys.argv[1]), "w")
+p = subprocess.Popen(sys.argv[2:])
+out.write(f"{p.pid}\\n")
+out.flush()
+p.wait()
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+out.write(json.dumps({"code": p.returncode, "peak_kib": u.ru_maxrss, "cpu": u.ru_utime + u.ru_stime}) + "\\n")
+"""
+
+
+def run_sampled(args: list[str]) -> dict:
+    """``python -m sftdata ARGS`` in a child, sampled every few milliseconds: exit code,
+    stdout, stderr, seconds, ``cpu`` (user + system), ``peak_mib`` (its ``ru_maxrss``), and
+    at the largest sampled resident set its anonymous and file-backed MiB, the MiB of
+    pyarrow's files among them, and the largest anonymous MiB sampled."""
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t = time.perf_counter()
+    report_r, report_w = os.pipe()
+    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se, os.fdopen(report_r) as report:
+        runner = subprocess.Popen([sys.executable, "-c", _SAMPLED, str(report_w), sys.executable, "-m", "sftdata", *args],
+                                  stdout=so, stderr=se, env=env, pass_fds=(report_w,))
+        os.close(report_w)
+        pid = int(report.readline())
+        top, peak, anon_max = 0, {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "pyarrow": 0}, 0
+        while runner.poll() is None:
+            try:
+                st = _status(pid)
+                anon_max = max(anon_max, st["RssAnon"])
+                if st["VmRSS"] > top + 512:  # a new high: where its pages are (smaps is slow; not every sample)
+                    top = st["VmRSS"]
+                    peak = {**st, "pyarrow": _pyarrow_kib(pid)}
+            except (OSError, ValueError, KeyError):  # the command has just ended
+                pass
+            time.sleep(0.005)
+        res = json.loads(report.readline())
+        so.seek(0), se.seek(0)
+        return {"code": res["code"], "stdout": so.read().decode(errors="replace"),
+                "stderr": se.read().decode(errors="replace"), "seconds": time.perf_counter() - t,
+                "cpu": res["cpu"], "peak_mib": res["peak_kib"] / 1024,
+                "anon_mib": peak["RssAnon"] / 1024, "file_mib": peak["RssFile"] / 1024,
+                "pyarrow_mib": peak["pyarrow"] / 1024, "anon_max_mib": anon_max / 1024}
+
+
 def format_peaks(files: dict[str, Path], folder: Path) -> dict[str, dict]:
-    """``prepare-chat -j 1`` of each file in a child: peak RSS (MiB), seconds, outcome."""
+    """``prepare-chat -j 1`` of each file in a child: peak RSS (MiB), seconds, CPU, outcome,
+    and (Linux) the parts of the peak."""
+    sampled = sys.platform.startswith("linux") and Path("/proc/self/smaps").exists()
     out = {}
     for name, path in files.items():
         dest = folder / f"out_{name.replace(' ', '_')}"
-        res = run_measured(["prepare-chat", str(path), "-o", str(dest), "-j", "1", "-q", "--json"])
-        out[name] = {"peak_mib": res["peak_mib"], "seconds": res["seconds"], "outcome": outcome(res)}
+        args = ["prepare-chat", str(path), "-o", str(dest), "-j", "1", "-q", "--json"]
+        res = run_sampled(args) if sampled else run_measured(args)
+        out[name] = {**res, "outcome": outcome(res)}
         shutil.rmtree(dest, ignore_errors=True)
     return out
 
@@ -209,11 +292,18 @@ def main() -> None:
             secs, _ = read_speed(blank)
             print(f"   {'blank lines':12s} {(1 << 30) / secs / 1e6:8.1f} MB/s of decompressed text (1 GiB of "
                   f"newlines in a {blank.stat().st_size >> 10:,} KiB gzip)")
-            print(f"2. formats: prepare-chat -j 1, {a.mb} MB of records (2% kept and tokenised)")
+            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"2. formats: prepare-chat -j 1, {a.mb} MB of records (2% kept and tokenised; load average {load})")
             peaks = format_peaks(files, folder)
+            base = peaks["jsonl"]
             for name, res in peaks.items():
-                print(f"   {name:12s} peak {res['peak_mib']:7.0f} MiB ({res['peak_mib'] / peaks['jsonl']['peak_mib']:.2f}x "
+                print(f"   {name:12s} peak {res['peak_mib']:7.1f} MiB ({res['peak_mib'] / base['peak_mib']:.2f}x "
                       f"JSONL)  {res['seconds']:6.1f} s  {res['outcome']}")
+                if "cpu" in res:
+                    print(f"   {'':12s} CPU {res['cpu']:.2f} s ({res['cpu'] / base['cpu']:.2f}x JSONL); at the peak: "
+                          f"anonymous {res['anon_mib']:.1f} MiB, file-backed {res['file_mib']:.1f} MiB (pyarrow's "
+                          f"files {res['pyarrow_mib']:.1f}); second measure, largest anonymous set "
+                          f"{res['anon_max_mib']:.1f} MiB ({res['anon_max_mib'] / base['anon_max_mib']:.2f}x JSONL's)")
         if a.skip_hostile:
             return
         print("3. hostile inputs: prepare-chat -j 1 (peak RSS of the whole run)")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
+import string
 import subprocess
 import sys
 import types
@@ -301,3 +304,23 @@ def test_a_parquet_sources_sha256_is_of_its_bytes_read_a_buffer_at_a_time(tmp_pa
     s = prepare([tmp_path / "a.parquet"], tmp_path / "ds", PrepareOptions(workers=1))
     assert s.episodes == {"train": 30}
     assert open_dataset(tmp_path / "ds").metadata["sources"][0]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_arrows_memory_while_reading_is_about_a_batch_and_a_page_not_a_column_chunk(tmp_path):
+    # one row group whose text column chunk is ~2.9 MB in pages of 32 KiB: read page by page,
+    # Arrow's pool peaks near a batch of rows and a page; a reader that buffers the whole
+    # column chunk (pre_buffer, or buffer_size=0) peaks above the chunk: 3.3 MB
+    rng = random.Random(0)
+    rows = [{"messages": [{"role": "user", "content": "".join(rng.choices(string.ascii_letters, k=4000))},
+                          {"role": "assistant", "content": "a"}]} for _ in range(600)]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=600, data_page_size=32 << 10, write_batch_size=4,
+                   use_dictionary=False)
+    assert pq.ParquetFile(path).metadata.row_group(0).column(1).total_compressed_size > 2_500_000
+    code = ("from sftdata.sources.parquet import ParquetReader; "  # pyarrow imported by the reader, as in prepare
+            f"n = sum(1 for _ in ParquetReader({str(path)!r}, 'a.parquet', 1 << 20)); import pyarrow as pa; "
+            "print(n, pa.default_memory_pool().backend_name, pa.default_memory_pool().max_memory())")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    n, pool, peak = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                   env=env).stdout.split()
+    assert (n, pool) == ("600", "system") and int(peak) < 1 << 20

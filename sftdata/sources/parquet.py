@@ -33,8 +33,12 @@ file is opened, the threshold is fixed at 256 KiB (``mallopt``, unless the user 
 after every ``TRIM_BYTES`` of row groups the heap's free pages are returned
 (``malloc_trim``). Batches of 128 KiB stay below that threshold and in the caches: against
 1 MiB batches they took 2-3 MiB off the peak and a third off the reading time. What
-remains over a JSONL run is pyarrow's shared libraries (about 27 MiB of mapped pages) and
-the pages it holds decompressed (docs/BENCHMARKS.md has the figures).
+remains over a JSONL run is pyarrow itself: 28.5 MiB of its libraries' pages (19 touched
+by loading them, 3.5 by its modules' set-up, 6 by the decoding code:
+benchmarks/bench_parquet_pages.py), and the pages Arrow holds while it decodes a column
+chunk (its dictionary and one data page, decompressed: about 4 MiB with ``datasets``'
+pages, 26 MiB with pyarrow's default 11 MB pages). Reading with ``pre_buffer`` or
+``memory_map`` would add the row group or the file's pages (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
