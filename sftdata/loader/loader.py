@@ -214,18 +214,12 @@ class Loader:
     def _counted(self, batch: Batch) -> Batch:
         return replace(batch, trained_tokens=trained_count(batch.x, batch.mask, self.end_id))
 
-    # -- loss normalisation -----------------------------------------------------------
-    # The trained targets of a whole optimizer step are a pure function of the order: every
-    # rank sums the per-item counts (``source.trained_per_item``) of every rank's
-    # micro-batches itself, before consuming them, without communication:
-    #   optimizer step k, grad_accum A: global batches kA .. kA+A-1 of batch_size x R items
-    #   N = sum(trained[item] for every item of those batches)     (the same on every rank)
-    #   loss = sum over this rank's micro-batches of sum(token losses) / N
+    # -- loss normalisation: every rank sums the per-item counts of every rank's items itself
     def trained_tokens_at(self, split: str, step: int, rank: int | None = None) -> int:
         """Trained targets of global batch ``step`` for ``rank`` (None: every rank's
         micro-batch together): ``get_batch(...).trained_tokens`` before it is built, a pure
-        function of the order (no data of other ranks is read when the per-item counts
-        are known; they are computed once per split)."""
+        function of the order (no data of other ranks is read when the per-item counts,
+        ``source.trained_per_item``, are known; they are computed once per split)."""
         ids = self.order(split).step_ids(step, rank)
         if split not in self._trained:
             self._trained[split] = self.source.trained_per_item(split)
