@@ -17,7 +17,8 @@ For each corpus and each tree (default: this checkout; give an older checkout as
   parent's CPU before the first chunk and after the last (serial); on two idle cores it takes
   about ``serial + (workers + parent while they run) / 2`` against the 1-worker CPU time.
 
-Prints one line per run and the best CPU ratio of each (corpus, memo, tree). Corpora:
+Prints one line per run and the best CPU ratio of each (corpus, memo, tree). ``--overhead``
+times instead what prepare does beside the core (its answers replayed), in parts. Corpora:
 ``benchmarks/_work/real_data_50mb_distinct.jsonl`` and the others ``bench_prepare.py`` writes.
 """
 
@@ -118,6 +119,52 @@ def wall_child(src: Path, mode: str, workers: int, memo: float = 0) -> dict:
     return {"wall": wall, "parent_cpu": cpu, "workers_cpu": kids.ru_utime + kids.ru_stime, "load": load}
 
 
+def overhead_child(src: Path, mode: str, repeat: int) -> dict:
+    """prepare's CPU at 1 worker, memo off, with the BPE core's answers replayed (each chunk's
+    ids recorded in a first run), so only what prepare does beside the core is timed: the best
+    of ``repeat`` runs, and that run split into parsing, rendering, the duplicate keys and the
+    rest (reading, writing, checksums, the tokenizer's start-up)."""
+    import sftdata.joined_encode as je
+    from sftdata import prepare as prep
+
+    answers: dict = {}
+    init = je.JoinedEncoder.__init__
+
+    def replaying(self, *a, **k):
+        init(self, *a, **k)
+        core = self._encode
+        self._encode = lambda text, allowed: answers.get(text) or answers.setdefault(text, core(text, allowed))
+
+    je.JoinedEncoder.__init__ = replaying
+    stages: dict = {}
+
+    def timed(name: str, key: str) -> None:
+        f = getattr(prep, name)
+
+        def g(*a, **k):
+            c = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                stages[key] = stages.get(key, 0.0) + time.process_time() - c
+        setattr(prep, name, g)
+
+    for name, key in (("parse_record", "parse"), ("render_chunk", "render"), ("conversation_keys", "keys")):
+        timed(name, key)
+    out = Path(f"/tmp/bench_prepare_overhead_{os.getpid()}")
+    best: dict = {}
+    for run in range(repeat + 1):  # the first run records the core's answers
+        stages.clear()
+        c = time.process_time()
+        prep.prepare([src], out, prep.PrepareOptions(mode=mode, workers=1, memo_mb=0, overwrite=True,
+                                                     val_split=0.1 if mode == "chat" else 0.0))
+        cpu = time.process_time() - c
+        if run and (not best or cpu < best["cpu"]):
+            best = {"cpu": cpu, **stages, "rest": cpu - sum(stages.values())}
+    shutil.rmtree(out, ignore_errors=True)
+    return best
+
+
 def spin(n: int = 15_000_000) -> None:
     x = 0
     for i in range(n):
@@ -149,12 +196,34 @@ def main() -> None:
                     "model (with --wall: its 1- and 2-worker wall times)")
     ap.add_argument("--wall", action="store_true", help="instead: wall time of 1 and 2 workers per tree and "
                     "--memos value, alternated --repeat times, with the load average")
+    ap.add_argument("--overhead", action="store_true", help="instead: prepare's CPU beside the core (its answers "
+                    "replayed), 1 worker, memo off, best of --repeat per tree, alternated --repeat times, with its "
+                    "parts (parse, render, keys, rest)")
+    ap.add_argument("--overhead-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--wall-child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(Path(a.child[0]), a.child[1], Path(a.child[2]), a.child[3] == "1",
                                tuple(float(m) for m in a.child[4].split(",")))))
+        return
+    if a.overhead_child:
+        print(json.dumps(overhead_child(Path(a.overhead_child[0]), a.overhead_child[1], int(a.overhead_child[2]))))
+        return
+    if a.overhead:
+        for spec in a.corpora:
+            path, _, mode = spec.partition(":")
+            for run in range(a.repeat):
+                for tree in ([t.resolve() for t in a.tree] if a.tree else [HERE.parent]):
+                    res = subprocess.run([sys.executable, __file__, "--overhead-child", path, mode or "tool",
+                                          str(a.repeat)], capture_output=True, text=True,
+                                         env={**os.environ, "PYTHONPATH": str(tree)})
+                    if res.returncode:
+                        raise SystemExit(res.stderr[-2000:])
+                    r = json.loads(res.stdout)
+                    parts = ", ".join(f"{k} {r[k]:.2f} ({r[k] / r['cpu']:.0%})" for k in r if k != "cpu")
+                    print(f"{Path(path).name} run {run + 1} [{tree}] load {os.getloadavg()[0]:.1f}: beside the core "
+                          f"{r['cpu']:.2f} s CPU: {parts}", flush=True)
         return
     if a.wall_child:
         print(json.dumps(wall_child(Path(a.wall_child[0]), a.wall_child[1], int(a.wall_child[2]),

@@ -49,6 +49,7 @@ from .errors import RecordError
 from .exact_json import InexactJSON, loads
 from .message_content import json_kind, read_assistant
 from .plain_record import plain_conversation
+from .plain_tool_record import plain_tool_conversation
 from .tool_format import parse_tool
 from .turns import (
     CHAT_ROLES,
@@ -157,7 +158,9 @@ def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = 
     ``policy`` applies ``--reasoning`` and ``--train-on``."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
     if mode in ("chat", "tool"):
-        conv = plain_conversation(obj)  # the common shape, in one pass (the same conversation)
+        conv = plain_conversation(obj)  # the common shapes, in one pass (the same conversation)
+        if conv is None and mode == "tool":
+            conv = plain_tool_conversation(obj)
         if conv is not None:  # no reasoning and nothing untrained: only --train-on last changes it
             return apply_policy(conv, policy, where) if policy.train_on == "last" else conv
     if mode == "chat":

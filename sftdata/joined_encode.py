@@ -14,12 +14,15 @@ Two uses, each one call of the core per chunk of records instead of one per text
 * ``JoinedEncoder.encode_many``: texts joined by one marker string, cut where its id lies.
 
 A user who types a marker string must still get those characters as text. So the
-caller says how many marker strings it ``placed``, and the joined text is used only when
-no other occurrence exists: every marker string starts with the same prefix (``<|``)
-found once in it, so one count of the prefix settles the common case, and an exact count
-per marker string the rest; the ids are then checked too (exactly ``placed`` marker ids
-come out). Otherwise (or for text with a lone surrogate, which the core refuses) the
-answer is None and the caller encodes text by text. The construction also needs that no
+caller says how many marker strings it ``placed``, and the joined ids are used only when
+exactly ``placed`` marker ids come out: a typed marker string would add one (no marker
+string borders or holds another, see below, so the core reads every placed one as its
+id). Otherwise (or for text with a lone surrogate, which the core refuses) the answer is
+None and the caller encodes text by text. Once a text held a marker string, the text is
+searched for marker strings before each later call (every marker string starts with the
+same prefix, ``<|``, found once in it: one count of the prefix settles the common case,
+an exact count per marker string the rest), so such data does not pay for a call of the
+core it cannot use; data without them is not searched at all. The construction also needs that no
 match can start inside a text and end inside a marker: no special string of the encoding
 may end with the start of a marker string or start with a marker's end, nor hold one
 (checked once per tokenizer).
@@ -49,6 +52,7 @@ class JoinedEncoder:
         self.floor = min(self.text)  # every id the core returns at or above it is a marker (the ranks lie below)
         self.prefix = os.path.commonprefix(sorted(self.allowed))
         self.separator = self.text[self.floor]
+        self.typed = False  # whether a text held a marker string (then texts are searched first)
         if set(self.text) != ids or max_rank >= self.floor or not self.prefix:
             raise ValueError("the markers are not special tokens of the encoding above its ranks")
         if any(m.count(self.prefix) != 1 for m in self.allowed):
@@ -71,7 +75,7 @@ class JoinedEncoder:
         """The ids of ``text`` in which the caller put ``placed`` marker strings, each read as
         its id and every stretch between them as ordinary text; None when another marker
         string occurs in it (or a lone surrogate): then encode text by text."""
-        if text.count(self.prefix) != placed and sum(text.count(m) for m in self.allowed) != placed:
+        if self.typed and text.count(self.prefix) != placed and sum(text.count(m) for m in self.allowed) != placed:
             return None
         try:
             buf = self._encode(text, self.allowed)
@@ -79,6 +83,7 @@ class JoinedEncoder:
             return None
         ids = np.frombuffer(buf, dtype=np.uint32).copy()  # writable, owned
         if int(np.count_nonzero(ids >= self.floor)) != placed:
+            self.typed = True  # marker strings in the data: search for them before the next call
             return None
         return ids
 

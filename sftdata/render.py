@@ -142,44 +142,49 @@ def _plan(conv: Conversation, tok: ChatTokenizer, texts: list[str], split_system
     return spans
 
 
-def _pieces(conv: Conversation, tok: ChatTokenizer, marker: dict[int, str], out: list[str]) -> int:
-    """Append the rendered text of ``conv`` to ``out``, the markers as their strings (the
-    layout ``_plan`` gives, whole system span, then EOS); return how many markers."""
+def _rendered_text(convs: Sequence[Conversation], tok: ChatTokenizer, marker: dict[int, str]) -> tuple[str, int]:
+    """The rendered text of ``convs`` back to back, the markers as their strings (the layout
+    ``_plan`` gives, whole system span, then EOS each), and how many markers it holds."""
     ids = tok.ids
-    end = marker[ids.end]
-    n = len(out)
-    texts = 0
-    parts = system_parts(conv)
-    if parts is not None:
-        out += (marker[ids.system], "".join(parts), end)
-        texts += 1
-    user, tool = marker[ids.user], marker[ids.tool]
-    for turn in conv.turns:
-        role = turn.role
-        if role == "system":
-            continue
-        if role == "user":
-            out += (user, turn.text, end)
-        elif role == "tool":
-            out += (tool, turn.text, end)
-        else:
-            opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
-            out.append(marker[opener])
-            if turn.reasoning:
-                out += (marker[_marker(ids.think, "<|THINK|>", tok)], turn.reasoning,
-                        marker[_marker(ids.end_think, "<|END_THINK|>", tok)])
-                texts += 1
-            if turn.text:
-                out.append(turn.text)
-                texts += 1
-            for call in turn.tool_calls:
-                out += (marker[ids.tool_call], tool_call_text(call))
-                texts += 1
-            out.append(end)
-            continue
-        texts += 1
-    out.append(marker[tok.eos_id])
-    return len(out) - n - texts
+    end, user, tool, assistant = marker[ids.end], marker[ids.user], marker[ids.tool], marker[ids.assistant]
+    system, call, eos = marker[ids.system], marker[ids.tool_call], marker[tok.eos_id]
+    out: list[str] = []
+    add = out.append
+    placed = 0
+    for conv in convs:
+        turns = conv.turns
+        if conv.tools:
+            out += (system, "".join(system_parts(conv)), end)
+            placed += 2
+        elif turns and turns[0].role == "system":
+            out += (system, turns[0].text, end)
+            placed += 2
+        for turn in turns:
+            role = turn.role
+            if role == "user":
+                out += (user, turn.text, end)
+            elif role == "tool":
+                out += (tool, turn.text, end)
+            elif role == "system":
+                continue
+            elif not turn.untrained and not turn.reasoning and not turn.tool_calls:
+                out += (assistant, turn.text, end)
+            else:
+                opener = _marker(ids.assistant_context, "<|ASSISTANT_CONTEXT|>", tok) if turn.untrained else ids.assistant
+                add(marker[opener])
+                if turn.reasoning:
+                    out += (marker[_marker(ids.think, "<|THINK|>", tok)], turn.reasoning,
+                            marker[_marker(ids.end_think, "<|END_THINK|>", tok)])
+                    placed += 2
+                add(turn.text)
+                for c in turn.tool_calls:
+                    out += (call, tool_call_text(c))
+                placed += len(turn.tool_calls)
+                add(end)
+            placed += 2
+        add(eos)
+        placed += 1
+    return "".join(out), placed
 
 
 def _cut(spans: list[tuple[bool, list, bool]], lengths: list[int], max_tokens: int | None, where: str):
@@ -236,11 +241,7 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     schema shared by many records is one entry. The ids are the same either way."""
     joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None
     if joined is not None and max_tokens is None:  # the rendered text straight from the conversations
-        pieces: list[str] = []
-        placed = 0
-        for c in convs:
-            placed += _pieces(c, tok, joined.text, pieces)
-        ids = joined.encode("".join(pieces), placed)
+        ids = joined.encode(*_rendered_text(convs, tok, joined.text))
         if ids is not None:
             return _joined_chunk(ids, convs, joined, tok, None, wheres)
         joined = None  # a typed marker or a lone surrogate: text by text

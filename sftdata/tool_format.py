@@ -68,7 +68,7 @@ def _loads(text: str) -> Any:
     return value
 
 
-def _str_id(v: Any) -> str | None:
+def str_id(v: Any) -> str | None:
     if isinstance(v, str):
         return v or None
     if isinstance(v, int) and not isinstance(v, bool):
@@ -162,7 +162,7 @@ def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
     return value
 
 
-def _call(fn: Any, call_id: Any, where: str, index: int) -> ToolCall:
+def read_call(fn: Any, call_id: Any, where: str, index: int) -> ToolCall:
     """One ``{"name", "arguments"}`` object as a ToolCall."""
     if not isinstance(fn, dict):
         raise RecordError("invalid_tool_call", f"message {index}: a call is {json_kind(fn)}, "
@@ -173,10 +173,10 @@ def _call(fn: Any, call_id: Any, where: str, index: int) -> ToolCall:
     if "arguments" not in fn:
         raise RecordError("invalid_tool_call", f"message {index}: call {name!r} has no 'arguments' "
                           f"(use {{}} for a call without arguments)", where)
-    return ToolCall(name, parse_arguments(fn["arguments"], name, where, index), _str_id(call_id))
+    return ToolCall(name, parse_arguments(fn["arguments"], name, where, index), str_id(call_id))
 
 
-def _openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
+def openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
     calls = m.get("tool_calls")
     out: list[ToolCall] = []
     if calls is not None:
@@ -188,16 +188,16 @@ def _openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
                 if c.get("type", "function") != "function":
                     raise RecordError("invalid_tool_call", f"message {index}: a call has type "
                                       f"{c.get('type')!r}; only 'function' calls are supported", where)
-                out.append(_call(c["function"], c.get("id"), where, index))
+                out.append(read_call(c["function"], c.get("id"), where, index))
             else:
-                out.append(_call(c, c.get("id") if isinstance(c, dict) else None, where, index))
+                out.append(read_call(c, c.get("id") if isinstance(c, dict) else None, where, index))
     legacy = m.get("function_call")
     if legacy is not None:
-        out.append(_call(legacy, None, where, index))
+        out.append(read_call(legacy, None, where, index))
     return tuple(out)
 
 
-def _sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
+def sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
     if isinstance(value, str):
         try:
             value = loads(value)  # the arguments' numbers are checked by parse_arguments
@@ -212,7 +212,7 @@ def _sharegpt_calls(value: Any, where: str, index: int) -> tuple[ToolCall, ...]:
     if not items:
         raise RecordError("invalid_tool_call", f"message {index}: the function_call value is an empty list",
                           where)
-    return tuple(_call(v, v.get("id") if isinstance(v, dict) else None, where, index) for v in items)
+    return tuple(read_call(v, v.get("id") if isinstance(v, dict) else None, where, index) for v in items)
 
 
 def _unknown_role(role_name: str, where: str, index: int) -> RecordError:
@@ -243,7 +243,7 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
         role_name = message_role(m, fmt)
         content = m.get("content") if fmt == "openai" else m.get("value", m.get("content"))
         if fmt == "sharegpt" and role_name in CALL_FROMS:
-            calls = _sharegpt_calls(content, where, i)
+            calls = sharegpt_calls(content, where, i)
             turn = Turn("assistant", "", calls, untrained="" if read_weight(m, where, i) else "weight_0")
             if prev_function_call:  # consecutive function_call turns: the format's parallel calls
                 j, prev = turns[-1]
@@ -259,14 +259,14 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
             turns.append((i, Turn(role, text_of(content, where, i, role))))
         elif role_name in ASSISTANT_ALIASES:
             a = read_assistant(m, content, where, i)
-            calls = _openai_calls(m, where, i) + tuple(c for v in a.calls for c in _sharegpt_calls(v, where, i))
+            calls = openai_calls(m, where, i) + tuple(c for v in a.calls for c in sharegpt_calls(v, where, i))
             counts += a.notes
             repairs += a.repairs
             turns.append((i, Turn("assistant", a.text if a.text.strip() or not calls else "", calls,
                                   reasoning=a.reasoning, untrained="" if a.trained else "weight_0")))
         elif role_name in RESULT_ROLES:
             turns.append((i, Turn("tool", text_of(content, where, i, "tool"),
-                                  tool_call_id=_str_id(m.get("tool_call_id")))))
+                                  tool_call_id=str_id(m.get("tool_call_id")))))
         else:
             raise _unknown_role(role_name, where, i)
     return turns

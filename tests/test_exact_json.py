@@ -17,6 +17,11 @@ def test_loads_keeps_long_integers_exact_and_everything_else_as_orjson():
     assert orjson.loads(b"123456789012345678901") == 1.2345678901234568e20  # what loads avoids
     with pytest.raises(orjson.JSONDecodeError):
         loads(b'{"a": NaN, "b": 12345678901234567890123}')  # orjson judges validity, not json
+    # JSON text inside a record (str, any script) and the other byte types take the same check
+    assert loads('{"日本": "é", "n": -123456789012345678901}') == {"日本": "é", "n": -123456789012345678901}
+    assert loads('{"n": 1234567890123456789, "m": "١٢٣٤٥٦٧٨٩٠١٢٣٤٥٦٧٨٩٠"}')["n"] == 1234567890123456789
+    for raw in (bytearray(b"[123456789012345678901]"), memoryview(b"[123456789012345678901]")):
+        assert loads(raw) == [123456789012345678901]
 
 
 def test_check_exact_names_the_first_integer_beyond_64_bits():

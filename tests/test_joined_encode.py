@@ -131,3 +131,17 @@ def test_a_chunk_with_a_typed_marker_falls_back_and_keeps_it_text(tok, monkeypat
     first = out.ids[:out.lengths[0]].tolist()
     assert first.count(tok.ids.assistant) == 1
     assert first[1:-5] == tok.encode("type <|ASSISTANT|> here")  # then END, ASSISTANT, "ok", END, EOS
+
+
+def test_texts_are_searched_for_marker_strings_only_once_data_has_held_one(tok):
+    joined = load_tokenizer().joined
+    calls = []
+    real = joined._encode
+    joined._encode = lambda text, allowed: calls.append(text) or real(text, allowed)
+    assert not joined.typed
+    assert joined.encode("<|USER|>hi<|END|>", 2).tolist() == [tok.ids.user, *tok.encode("hi"), tok.ids.end]
+    assert joined.encode("<|USER|>say <|END|><|END|>", 2) is None  # the core was called, its ids refused
+    assert joined.typed and len(calls) == 2
+    assert joined.encode("<|USER|>say <|END|><|END|>", 2) is None  # now found before calling the core
+    assert len(calls) == 2
+    assert joined.encode("<|USER|>hi<|END|>", 2) is not None and len(calls) == 3
