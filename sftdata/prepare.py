@@ -850,19 +850,13 @@ def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter], record_offset: int = 0,
-                   writing_thread=None) -> None:
+def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter], record_offset: int = 0) -> None:
     """Stream the staging shard into train/val writers in windows of about COPY_TOKENS
-    tokens, keeping input order within each split (boolean selection, no index arrays).
-    With ``writing_thread`` (an executor of one thread) each window is written and
-    checksummed there while this thread reads and selects the next one: file writes,
-    sha256 and numpy's selection release the GIL, so the copy after the last range takes
-    two cores where it can (at most two windows in memory)."""
+    tokens, keeping input order within each split (boolean selection, no index arrays)."""
     lengths = src.episodes[:, 1].astype(np.int64)
     ends = np.cumsum(lengths)
     n = len(lengths)
     i = 0
-    pending = None
     while i < n:
         base = int(ends[i - 1]) if i else 0
         j = max(i + 1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
@@ -871,46 +865,30 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         toks, mask = src.read_range(base, stop)
         lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64) + record_offset, is_val[i:j]
         tok_val = np.repeat(val, lens)
-        window = []
         for flag, w in writers.items():
             if w is None:
                 continue
             sel = val if flag else ~val
             if sel.any():
                 tsel = tok_val if flag else ~tok_val
-                window.append((w, toks[tsel], mask[tsel], lens[sel], srcs[sel]))
-        if pending is not None:
-            pending.result()  # the window before, written (in order: one writing thread)
-        pending = writing_thread.submit(_write_window, window) if writing_thread is not None else None
-        if writing_thread is None:
-            _write_window(window)
+                w.add_many(toks[tsel], mask[tsel], lens[sel], srcs[sel])
         i = j
-    if pending is not None:
-        pending.result()
-
-
-def _write_window(window: list) -> None:
-    for w, *arrays in window:
-        w.add_many(*arrays)
 
 
 def _split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val: np.ndarray, dtype: np.dtype,
                  opts: PrepareOptions) -> dict:
     """The staging shard (``staged``: its metadata), then the engine's parts, into train and
     val in input order; returns each split's metadata and removes what was staged."""
-    from concurrent.futures import ThreadPoolExecutor
-
     pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
     pieces += [(Path(p.path), p.record_offset) for p in parts]
     writers = {False: w.split("train", dtype, opts.shard_tokens),
                True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
     first = 0
-    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-split") as writing_thread:
-        for path, offset in pieces:  # in input order
-            src = Shard(path, dtype)
-            _split_staging(src, is_val[first:first + src.num_episodes], writers, offset, writing_thread)
-            first += src.num_episodes
-            del src
+    for path, offset in pieces:  # in input order
+        src = Shard(path, dtype)
+        _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
+        first += src.num_episodes
+        del src
     splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
                    if wr is not None}
     shutil.rmtree(w.path / "_staging")
