@@ -660,17 +660,18 @@ def _hand_off(path: Path, kept: list[ChunkResult], dtype: np.dtype) -> str:
 
 
 def _take_handoff(s: PartSummary, dtype: np.dtype) -> None:
-    """The tokens of ``s``'s handoff file into its result; the file removed."""
+    """The tokens of ``s``'s handoff file into its result; the file removed once read whole."""
     if s.handoff is None:
         return
     with open(s.handoff, "rb") as f:
         s.result.ids = np.fromfile(f, dtype=dtype, count=s.tokens)
         s.result.mask = np.fromfile(f, dtype=np.uint8, count=s.tokens)
-    os.unlink(s.handoff)
-    if s.result.ids.size != s.tokens or s.result.mask.size != s.tokens:
+    if s.result.ids.size != s.tokens or s.result.mask.size != s.tokens:  # the file stays for the message;
+        # the staging folder it lies in is removed with the failed run
         raise SftDataError(f"the tokens a worker handed over in {s.handoff} were cut short ({s.result.ids.size:,} "
                            f"ids and {s.result.mask.size:,} mask values of {s.tokens:,}); nothing was written. "
                            f"Check the free space of the output's file system and run again")
+    os.unlink(s.handoff)
     s.handoff = None
 
 

@@ -178,3 +178,4 @@ def test_a_range_hands_its_tokens_over_in_a_file_read_once_and_removed(tmp_path)
     with pytest.raises(SftDataError, match=rf"the tokens a worker handed over in {path} were cut short \(3 ids and 0 "
                                            r"mask values of 4\); nothing was written"):
         prep._take_handoff(short, np.dtype(np.uint32))
+    assert path.exists()  # named by the message; the failed run's staging folder goes with it

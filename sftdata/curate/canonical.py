@@ -15,7 +15,7 @@ import orjson
 
 from ..turns import Conversation
 
-SEP_TURN, SEP_FIELD = "\x1e", "\x1f"  # never in a collapsed text: they are not whitespace, and rare
+SEP_TURN, SEP_FIELD = "\x1e", "\x1f"  # never in a collapsed text: str.split() treats both as whitespace
 
 
 def _ws(text: str) -> str:
