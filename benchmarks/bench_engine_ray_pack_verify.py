@@ -126,28 +126,24 @@ def main() -> None:
                                                                    "verify_ray", "verify_packed_local",
                                                                    "verify_packed_ray")}
     drivers: dict[str, list[tuple[float, float]]] = {"pack_ray": [], "verify_ray": [], "verify_packed_ray": []}
+    def local_and_ray(name: str, local, ray_run) -> tuple:
+        """Time ``local`` then ``ray_run`` into ``runs`` (and the driver's CPU of the Ray run);
+        their results."""
+        w, c, a = timed(local)
+        runs[f"{name}_local"].append((w, c))
+        d = time.process_time()
+        w, c, b = timed(ray_run)
+        runs[f"{name}_ray"].append((w, c))
+        drivers[f"{name}_ray"].append((w, time.process_time() - d))
+        return a, b
+
     same_reports = True
     for _ in range(args.rounds):
-        w, c, _r = timed(lambda: pack(out / "ds", out / "p_local", kopts))
-        runs["pack_local"].append((w, c))
-        d = time.process_time()
-        w, c, _r = timed(lambda: pack(out / "ds", out / "p_ray", kopts, executor=packer))
-        runs["pack_ray"].append((w, c))
-        drivers["pack_ray"].append((w, time.process_time() - d))
-        w, c, a = timed(lambda: verify(out / "ds"))
-        runs["verify_local"].append((w, c))
-        d = time.process_time()
-        w, c, b = timed(lambda: verify(out / "ds", executor=checker))
-        runs["verify_ray"].append((w, c))
-        drivers["verify_ray"].append((w, time.process_time() - d))
-        same_reports &= report_dict(a) == report_dict(b) and a.ok
-        w, c, a = timed(lambda: verify(out / "p_local"))
-        runs["verify_packed_local"].append((w, c))
-        d = time.process_time()
-        w, c, b = timed(lambda: verify(out / "p_local", executor=checker))
-        runs["verify_packed_ray"].append((w, c))
-        drivers["verify_packed_ray"].append((w, time.process_time() - d))
-        same_reports &= report_dict(a) == report_dict(b) and a.ok
+        local_and_ray("pack", lambda: pack(out / "ds", out / "p_local", kopts),
+                      lambda: pack(out / "ds", out / "p_ray", kopts, executor=packer))
+        for name, ds in (("verify", out / "ds"), ("verify_packed", out / "p_local")):
+            a, b = local_and_ray(name, lambda: verify(ds), lambda: verify(ds, executor=checker))
+            same_reports &= report_dict(a) == report_dict(b) and a.ok
     best = {k: min(w for w, _ in v) for k, v in runs.items()}
     median = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     shards = len(list((out / "ds" / "train").iterdir()))

@@ -489,25 +489,36 @@ def _results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions
         for items, pos in chunks:
             yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
+    jobs = ((_worker_run, (items,), items[0].where, pos) for items, pos in chunks)
+    yield from _in_order(_pool(opts, tok, profile, curate), jobs, 2 * opts.workers)
+
+
+def _in_order(pool, jobs: Iterator[tuple[Callable, tuple, str, object]], depth: int) -> Iterator[tuple[object, object]]:
+    """``(result, tag)`` of each job ``(function, args, where, tag)`` of ``jobs``, run in
+    ``pool``, in the jobs' order with at most ``depth`` in flight; the pool is shut down at
+    the end. A worker that dies breaks the pool: the error names ``where`` of the job
+    waited for (or being submitted)."""
     from concurrent.futures.process import BrokenProcessPool
 
-    pool = _pool(opts, tok, profile, curate)
     pending: deque = deque()
 
-    def next_result() -> tuple[ChunkResult, int]:
-        fut, pos, where = pending.popleft()
+    def take() -> tuple[object, object]:
+        fut, where, tag = pending.popleft()
         try:
-            return fut.result(), pos
+            return fut.result(), tag
         except BrokenProcessPool:
             raise _broken(where) from None
 
     try:
-        for items, pos in chunks:
-            pending.append((pool.submit(_worker_run, items), pos, items[0].where))
-            if len(pending) >= 2 * opts.workers:
-                yield next_result()
+        for fn, args, where, tag in jobs:
+            try:
+                pending.append((pool.submit(fn, *args), where, tag))
+            except BrokenProcessPool:
+                raise _broken(where) from None
+            if len(pending) >= depth:
+                yield take()
         while pending:
-            yield next_result()
+            yield take()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -760,41 +771,27 @@ def partition_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTo
     in flight. This process counts the lines before each range (and hashes the input) as
     it hands the ranges out (``SequentialScan``), so the first range starts at once and
     the workers never wait for a pass over the file."""
-    from concurrent.futures.process import BrokenProcessPool
-
     parts = local_parts(infos, opts.workers)
     stage_dir.mkdir(exist_ok=True)
     pool = _pool(opts, tok, profile, CurateSettings())
     settings = {**partition_settings(opts, token_dtype), "handoff_dir": str(stage_dir)}
     numbering = PartNumbering(parts, infos)
-    pending: deque = deque()
     with ExitStack() as scans_open:
         scans = {si: scans_open.enter_context(SequentialScan(infos[si].path))
                  for si in sorted({p.source for p in parts if not p.whole and p.start > 0})}
 
-        def next_result() -> tuple[ChunkResult, int]:
-            p, fut, at = pending.popleft()
-            try:
-                s = fut.result()
-            except BrokenProcessPool:
-                raise _broken(at) from None
-            _take_handoff(s, token_dtype)
-            return numbering.place(p, s, scans[p.source].digest if p.source in scans else None)
+        def jobs() -> Iterator[tuple[Callable, tuple, str, Partition]]:
+            for p in parts:  # lazily: the scans count lines as the ranges are handed out
+                before = scans[p.source].lines_before(p.start) if p.start else 0  # the first range: line 0
+                yield (prepare_partition, (p, [before], 0, None, settings, None),
+                       f"{infos[p.source].path}:line {before + 1}", p)
 
         try:
-            for p in parts:
-                before = scans[p.source].lines_before(p.start) if p.start else 0  # the first range: line 0
-                try:
-                    fut = pool.submit(prepare_partition, p, [before], 0, None, settings, None)
-                except BrokenProcessPool:
-                    raise _broken(f"{infos[p.source].path}:line {before + 1}") from None
-                pending.append((p, fut, f"{infos[p.source].path}:line {before + 1}"))
-                if len(pending) >= 2 * opts.workers:
-                    yield next_result()
-            while pending:
-                yield next_result()
+            with closing(_in_order(pool, jobs(), 2 * opts.workers)) as results:  # the pool stops before the rmtree
+                for s, p in results:
+                    _take_handoff(s, token_dtype)
+                    yield numbering.place(p, s, scans[p.source].digest if p.source in scans else None)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
             shutil.rmtree(stage_dir, ignore_errors=True)  # empty after a complete run; else what was handed over
 
 
