@@ -60,12 +60,23 @@ def plain_conversation(obj: Any) -> Conversation | None:
             continue
         if role != expect or not text or text.isspace():
             return None
-        if role == "assistant" and (text.startswith(THINK_OPEN) or (text[0].isspace() and
-                                                                      text.lstrip().startswith(THINK_OPEN))):
+        if role == "assistant" and opens_thinking(text):
             return None
         turns.append(Turn(role, text))
         expect = _OTHER[role]
     if expect != "user" or not turns:  # empty, or the last turn is not the assistant's
         return None
+    return with_system(systems, turns)
+
+
+def opens_thinking(text: str) -> bool:
+    """True when an assistant text opens with ``<think>`` (after whitespace): reasoning,
+    which only the general parser reads."""
+    return text.startswith(THINK_OPEN) or (text[:1].isspace() and text.lstrip().startswith(THINK_OPEN))
+
+
+def with_system(systems: list[str], turns: list[Turn], tools: tuple = ()) -> Conversation:
+    """The conversation of ``turns`` after one system turn: the ``systems`` texts that are
+    not blank, joined by a blank line (none when all are blank)."""
     system = "\n\n".join(t for t in systems if t.strip())
-    return Conversation((Turn("system", system), *turns) if system else tuple(turns))
+    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools)

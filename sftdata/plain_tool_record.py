@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import RecordError
-from .message_content import THINK_OPEN
+from .plain_record import opens_thinking, with_system
 from .tool_format import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tools, sharegpt_calls, str_id
 from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
 
@@ -142,12 +142,11 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
             text = ""
         if calls and names and any(c.name not in names for c in calls):
             return None
-        if text.startswith(THINK_OPEN) or (text and text[0].isspace() and text.lstrip().startswith(THINK_OPEN)):
+        if opens_thinking(text):
             return None
         turns.append(Turn("assistant", text, calls))
         pending = [c.id for c in calls]
         last = "call" if calls else "assistant"
     if last not in ("assistant", "call"):
         return None
-    system = "\n\n".join(t for t in systems if t.strip())
-    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools)
+    return with_system(systems, turns, tools)
