@@ -117,33 +117,14 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
 def line_counts(path: str, cuts: list[int]) -> list[int]:
     """The number of lines before each cut (newlines counted: ~GB/s, so the tasks of the
     ranges wait for it only briefly)."""
-    counts, lines, pos, k = [], 0, 0, 0
-    cuts = sorted(cuts)
-    try:
-        with open(path, "rb") as f:
-            while k < len(cuts) and (block := f.read(8 << 20)):
-                end = pos + len(block)
-                while k < len(cuts) and cuts[k] <= end:
-                    counts.append(lines + block.count(b"\n", 0, cuts[k] - pos))
-                    k += 1
-                lines += block.count(b"\n")
-                pos = end
-    except OSError as e:
-        raise unreadable(path, e) from None
-    return counts + [lines] * (len(cuts) - k)
+    with SequentialScan(path, hashed=False) as scan:
+        return [scan.lines_before(c) for c in sorted(cuts)]
 
 
 def file_digest(path: str) -> tuple[str, int]:
     """(sha256, size) of a file: what a sequential read records of an input."""
-    h, size = hashlib.sha256(), 0
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(8 << 20):
-                h.update(block)
-                size += len(block)
-    except OSError as e:
-        raise unreadable(path, e) from None
-    return h.hexdigest(), size
+    with SequentialScan(path) as scan:
+        return scan.digest()
 
 
 class SequentialScan:
@@ -152,10 +133,12 @@ class SequentialScan:
     and, at the end, the input's sha256 and size (``digest``), as a sequential read records
     them. The local workers' driver counts as it goes, so the first range starts at once
     and no task waits for a pass over the whole file (``line_counts`` does that pass for
-    tasks that cannot be handed out in order). A context manager: the file is closed."""
+    tasks that cannot be handed out in order). A context manager: the file is closed.
+    ``hashed=False``: lines only (no ``digest``)."""
 
-    def __init__(self, path: str):
-        self.path, self.pos, self.lines, self._hash = path, 0, 0, hashlib.sha256()
+    def __init__(self, path: str, hashed: bool = True):
+        self.path, self.pos, self.lines = path, 0, 0
+        self._hash = hashlib.sha256() if hashed else None
         try:
             self._f = open(path, "rb")  # closed by close() (a context manager)
         except OSError as e:
@@ -166,7 +149,8 @@ class SequentialScan:
             block = self._f.read(n)
         except OSError as e:
             raise unreadable(self.path, e) from None
-        self._hash.update(block)
+        if self._hash is not None:
+            self._hash.update(block)
         self.pos += len(block)
         return block
 
