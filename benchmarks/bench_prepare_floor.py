@@ -17,7 +17,8 @@ It prints the core's CPU, each part, the ceiling ``core / (core + floor)`` a pre
 nothing else would reach, what 0.9x leaves for the work per record (walking the records,
 the rendered text and mask, the exact-duplicate key, writing), and what prepare spends on
 that now (``prepare - core - floor``, memo off). Texts: the same files
-``bench_prepare_cpu.py`` writes (``benchmarks/_work/texts_<corpus>.pkl``).
+``bench_prepare_cpu.py`` writes (``benchmarks/_work/texts_<corpus>.pkl``). ``--json`` prints
+the figures as JSON (``benchmarks/run_all.py`` reads them).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", nargs="?", help="CORPUS.jsonl[:chat|tool] (default mode: tool)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -120,6 +122,11 @@ def main() -> None:
     r = json.loads(res.stdout)
     floor = r["startup"] + r["parse"] + r["sha256"]
     core = r["core"]
+    if a.json:
+        print(json.dumps({"corpus": src.name, "mb": round(src.stat().st_size / 1e6, 1), "mode": mode, **r,
+                          "floor": floor, "ceiling": core / (core + floor), "left_at_0_9": core / 0.9 - core - floor,
+                          "prepare_ratio": core / r["prepare"], "load_average": load}))
+        return
     print(f"{src.name} ({src.stat().st_size / 1e6:.0f} MB, prepare-{mode}, load {load:.1f}-{os.getloadavg()[0]:.1f}), "
           f"CPU seconds, best of {a.repeat}:")
     print(f"  BPE core on the same texts      {core:6.2f}")

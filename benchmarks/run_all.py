@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 SECTIONS = ("pack", "prepare", "load", "verify", "inputs")
+REAL_DATA = Path("/work/shared/data")  # public conversation files, where this machine has them
 LIBRARIES = ("numpy", "pyarrow", "orjson", "tiktoken", "tokenizers", "torch", "datasets", "transformers", "trl")
 # sizes per mode: lognormal lengths packed, prepare corpus MB (peers / bench_prepare / the HF path),
 # loader episodes and timed batches, verify GB, inputs MB
@@ -138,9 +139,9 @@ def section_pack(sizes: dict) -> list[Row]:
     cases = [(f"{n:,} lognormal lengths", lognormal_lengths(n), f"python benchmarks/bench_pack.py --n {n} --no-reference")
              for n in sizes["pack"]]
     tmp = None
-    if sizes["real"] and Path("/work/shared/data").is_dir():
+    if sizes["real"] and REAL_DATA.is_dir():
         tmp = tempfile.TemporaryDirectory(prefix="run_all_pack_")
-        lengths = real_lengths(Path("/work/shared/data"), Path(tmp.name))
+        lengths = real_lengths(REAL_DATA, Path(tmp.name))
         if lengths is not None:
             cases.append((f"real lengths ({lengths.size:,} episodes)", lengths, "python benchmarks/bench_pack.py --quick"))
     try:
@@ -213,6 +214,7 @@ def section_prepare(sizes: dict) -> list[Row]:
                         "tiktoken's core on the same message texts", cmd))
     except Exception as e:
         rows.append(Row("prepare", "prepare-chat vs the BPE core", "-", "failed", None, "speed", str(e)[:80], cmd))
+    rows += _prepare_goals(sizes, core_mb)
     cmd = f"python benchmarks/bench_prepare_hf.py --mb {hf_mb} --workers 1 --no-peers --json"
     try:
         r = _json_of(["benchmarks/bench_prepare_hf.py", "--mb", str(hf_mb), "--workers", "1", "--repeat", "2",
@@ -231,6 +233,57 @@ def section_prepare(sizes: dict) -> list[Row]:
                             "speed", "same ids", cmd))
     except Exception as e:
         rows.append(Row("prepare", "prepare (Llama 3) vs tokenizers", "-", "failed", None, "speed", str(e)[:80], cmd))
+    return rows
+
+
+def _prepare_goals(sizes: dict, mb: float) -> list[Row]:
+    """Issue 16's prepare goals: the tokenizer's start-up, what a prepare doing nothing else
+    would reach against the BPE core (the floor), and, on real text, one worker against the
+    core by CPU time (memo off and the default memo) and 1 -> 2 workers in wall time."""
+    from bench_prepare_floor import STARTUP
+    from corpus import generated_corpus
+
+    from sftdata.memo import DEFAULT_MEMO_MB
+
+    rows = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = min(float(subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, env=env,
+                                     check=True).stdout) for _ in range(3))
+    rows.append(Row("prepare", "tokenizer start-up (cl100k, warm cache)", f"{start:.3f} s CPU", "goal 0.300 s",
+                    0.3 / start, "speed", "imports not counted", "python benchmarks/bench_prepare_floor.py CORPUS"))
+    corpora = [(generated_corpus(mb), "chat", f"{mb:g} MB generated chat")]
+    if sizes["real"] and REAL_DATA.is_dir():
+        from bench_prepare import real_corpus
+
+        corpora.append((real_corpus(REAL_DATA, mb, distinct=True), "tool", f"{mb:g} MB real text, copies tagged"))
+    for path, mode, label in corpora:
+        cmd = f"python benchmarks/bench_prepare_floor.py {path.relative_to(ROOT)}:{mode}"
+        try:
+            f = _json_of(["benchmarks/bench_prepare_floor.py", f"{path}:{mode}", "--repeat", "2", "--json"])
+        except Exception as e:
+            rows.append(Row("prepare", f"floor, {label}", "-", "failed", None, "speed", str(e)[:80], cmd))
+            continue
+        rows.append(Row("prepare", f"prepare-{mode} floor, {label}: start-up + orjson + sha256 only",
+                        f"{f['core'] + f['floor']:.2f} s CPU", f"BPE core {f['core']:.2f} s CPU", f["ceiling"], "speed",
+                        f"0.9x leaves {f['left_at_0_9']:.2f} s for the records", cmd))
+    if len(corpora) > 1:
+        cmd = f"python benchmarks/bench_prepare.py --case real_distinct --real {REAL_DATA} --real-mb {mb:g} --json"
+        try:
+            r = _json_of(["benchmarks/bench_prepare.py", "--case", "real_distinct", "--real", str(REAL_DATA),
+                          "--real-mb", str(mb), "--json"])["real_distinct"]
+        except Exception as e:
+            return rows + [Row("prepare", "prepare-tool, real text", "-", "failed", None, "speed", str(e)[:80], cmd)]
+        cpu, secs, label = r["cpu_s"], r["prepare_s"], f"prepare-tool, {r['corpus_mb']:g} MB real text, copies tagged"
+        load = f"load {min(r['load_average_per_run']):.1f}"
+        for memo, name in ((0, "memo off"), (DEFAULT_MEMO_MB, "default memo")):
+            one, two = f"1w_memo{memo:g}", f"2w_memo{memo:g}"
+            reused = f"; {r['memo_reused_share']:.0%} of tokens not re-encoded" if memo else ""
+            rows.append(Row("prepare", f"{label}, 1 worker, {name}", f"{cpu[one]:.2f} s CPU",
+                            f"BPE core {cpu['ref_core']:.2f} s CPU", r["cpu_ratio_vs_core"][one], "speed",
+                            "goal 0.9x" + reused, cmd))
+            rows.append(Row("prepare", f"{label}, 2 workers against 1, {name}", _secs(secs[two]),
+                            f"1 worker {_secs(secs[one])}", r["scaling_1_to_2_workers"][f"{memo:g}"], "speed",
+                            f"goal 1.8x; wall time, {load}", cmd))
     return rows
 
 
