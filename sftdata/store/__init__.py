@@ -37,7 +37,9 @@ from .format import (
     MASK_FILE,
     METADATA_FILE,
     NO_SOURCE,
+    RECREATE,
     REJECTS_FILE,
+    REPACK,
     SEGMENT_FIELDS,
     SEGMENTS_FILE,
     SERVING_FILE,
@@ -46,6 +48,7 @@ from .format import (
     TOKEN_DTYPES,
     TOKENIZER_FILE,
     TOKENS_FILE,
+    Problem,
     detect_layout,
     dumps_json,
     iter_files,
@@ -57,11 +60,9 @@ from .format import (
 )
 from .location import local_path, remote_url
 from .object_cache import dataset_path, fetch_dataset, remote_metadata
-from .problems import RECREATE, REPACK, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
 from .serving_file import episode_first_ids, read_serving, write_serving
-from .shard import Shard
-from .split import Split, split_segments
+from .shard import Shard, Split, split_segments
 from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [

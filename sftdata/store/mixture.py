@@ -23,7 +23,7 @@ from ..mixture_order import MemberItems, MixtureOrder
 from ..order import eligible_ids
 from .format import METADATA_FILE, dumps_json, sha256_file
 from .reader import Dataset, open_dataset
-from .split import split_segments
+from .shard import split_segments
 
 MAX_MIXTURE_BYTES = 1 << 20  # a mixture file is small; a larger file is something else
 # tokenizer_state keys that say where a tokenizer was read from, not which one it is

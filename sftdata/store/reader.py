@@ -20,11 +20,14 @@ from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     METADATA_FILE,
+    RECREATE,
     SPLITS,
     TOKENIZER_FILE,
     TOKENS_FILE,
+    Problem,
     choose_token_dtype,
     detect_layout,
+    in_check_order,
     list_shards,
     packed_row_len,
     read_json,
@@ -32,9 +35,7 @@ from .format import (
     shard_record,
 )
 from .object_cache import dataset_path
-from .problems import RECREATE, Problem, in_check_order
-from .shard import Shard, map_values, missing_files, size_problems
-from .split import Split
+from .shard import Shard, Split, map_values, missing_files, size_problems
 from .structure import (
     HARMLESS_IN_FLAT,
     check_counts,

@@ -14,8 +14,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tokenizer import MarkerIds
-from .format import EPISODES_FILE, METADATA_FILE, SEGMENTS_FILE, TOKENS_FILE, decode_segments, shard_record
-from .problems import RECREATE, REPACK, Problem, more_like_it
+from .format import (
+    EPISODES_FILE,
+    METADATA_FILE,
+    RECREATE,
+    REPACK,
+    SEGMENTS_FILE,
+    TOKENS_FILE,
+    Problem,
+    decode_segments,
+    more_like_it,
+    shard_record,
+)
 from .shard import Shard
 
 # index problems an older flat layout may have by design (its specification asks only for

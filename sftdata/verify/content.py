@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ranges import gather_ranges, whole_runs
 from ..store import MASK_FILE, RECREATE, TOKENS_FILE, Problem, Shard
-from ..store.problems import more_like_it
+from ..store.format import more_like_it
 from ..store.structure import EpisodeBounds
 from .description import Vocab
 from .stops import StopFindings

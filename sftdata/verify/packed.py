@@ -28,8 +28,7 @@ import numpy as np
 
 from ..packing import row_mask
 from ..store import MASK_FILE, REPACK, TOKENS_FILE, Problem, Shard
-from ..store.format import decode_segments
-from ..store.problems import more_like_it
+from ..store.format import decode_segments, more_like_it
 from ..store.structure import readable_rows
 from .content import CHUNK_TOKENS
 from .description import Vocab

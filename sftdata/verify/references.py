@@ -29,8 +29,7 @@ from ..store import (
     remote_url,
     sha256_file,
 )
-from ..store.format import decode_segments
-from ..store.problems import more_like_it
+from ..store.format import decode_segments, more_like_it
 from ..store.structure import marker_name, readable_rows
 from .content import CHUNK_TOKENS
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..store import Problem
-from ..store.problems import in_check_order
+from ..store.format import in_check_order
 from .sources import SourceCheck
 
 _COMMON_HEAD = {

@@ -19,7 +19,7 @@ import numpy as np
 from ..loss_rule import LossRule
 from ..stops import rule_stop_ids, rule_trains_stop, scan_stops
 from ..store import MASK_FILE, RECREATE, SERVING_FILE, TOKENIZER_FILE, Problem, Shard
-from ..store.problems import more_like_it
+from ..store.format import more_like_it
 
 LISTED = 100  # episode (row) ids listed per split in ``cannot_stop``
 
