@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from ..loader import IGNORE_INDEX
-from ..loader.episodes import recorded_pad_id
+from ..loader.indexed import recorded_pad_id
 from ..packing import PAD_SEQ_ID, Segments, row_layout
 from ..store import open_dataset, split_segments
 

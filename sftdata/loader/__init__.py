@@ -9,21 +9,29 @@
     x, y, mask = batch                                          # episodes with use_loss_mask
 
 One ``Loader`` (loader.py) over a small source that says which ids are in step N and
-builds their batch: ``EpisodeSource`` (episodes.py, one episode per row),
-``PackedSource`` (packed.py, packed rows), ``WindowSource`` (windows.py, token windows).
-Every batch is a ``Batch`` (batch.py). The order is ``sftdata.order`` (shared with
+builds their batch: ``EpisodeSource`` (indexed.py, one episode per row),
+``PackedSource`` (indexed.py, packed rows), ``WindowSource`` (windows.py, token windows).
+Every batch is a ``Batch`` (batch.py, with its way to numpy or torch). The order is ``sftdata.order`` (shared with
 ``replay-order``). Imports numpy only; torch is imported when a torch backend is used.
 """
 
 from __future__ import annotations
 
 from ..config import LoaderConfig
-from .backend import BatchIterable, as_numpy, resolve_backend, resolve_rank, to_backend, torch_iterable
-from .batch import IGNORE_INDEX, Batch, apply_ignore_index
-from .episodes import EpisodeSource, episode_batch, resolve_pad_id
+from .batch import (
+    IGNORE_INDEX,
+    Batch,
+    BatchIterable,
+    apply_ignore_index,
+    as_numpy,
+    resolve_backend,
+    resolve_rank,
+    to_backend,
+    torch_iterable,
+)
+from .indexed import EpisodeSource, PackedSource, episode_batch, packed_batch, resolve_pad_id
 from .loader import STATE_FORMAT, STATE_VERSION, Loader, dataset_identity, open_source
 from .make import detect_mode, make_loader
-from .packed import PackedSource, packed_batch
 from .windows import WindowDataset, WindowSource, split_corpus
 
 # The names the specification's training scripts use: every loader is a Loader, every

@@ -31,12 +31,10 @@ from ..errors import ConfigError
 from ..order import BatchOrder, Origin
 from ..store import METADATA_FILE, Dataset, dumps_json, read_json
 from ..store.mixture import OpenedMixture
-from .backend import BatchIterable, to_backend, torch_iterable
-from .batch import Batch, trained_count
-from .episodes import EpisodeSource
+from .batch import Batch, BatchIterable, to_backend, torch_iterable, trained_count
 from .guards import check_batch_fits, check_trains_something, check_value_ranges
+from .indexed import EpisodeSource, PackedSource
 from .mixture import MixtureSource, mixture_config
-from .packed import PackedSource
 from .windows import WindowSource
 
 log = logging.getLogger("sftdata.loader")

@@ -17,7 +17,7 @@ from ..store import (
     read_json,
 )
 from ..store.mixture import is_mixture_file, open_mixture
-from .backend import resolve_backend, resolve_rank
+from .batch import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader
 from .windows import WindowSource

@@ -18,9 +18,8 @@ from ..mixture_order import MixtureOrder
 from ..packing import PAD_SEQ_ID, varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
 from .batch import FIELDS, Batch
-from .episodes import EpisodeSource
 from .guards import check_trains_something, check_value_ranges
-from .packed import PackedSource
+from .indexed import EpisodeSource, PackedSource
 
 log = logging.getLogger("sftdata.loader")
 
