@@ -9,15 +9,15 @@ The checks (``CHECKS``; ``PACKED_CHECKS`` for packed datasets) and what each cat
   structural checks (``store.scan_dataset``; ``store.open_dataset`` refuses a dataset
   that fails one), reported here with the rest;
 * tokenizer: the tokenizer rebuilds with the ranks hash recorded at prepare time
-  (``description``);
+  (``content``);
 * vocab, mask_values, mask_rule: ids below the vocabulary size, mask values 0/1, and
   the mask equal to the one ``masking.loss_mask`` derives from the tokens (``content``;
-  packed: per segment, and padding, ``packed``);
+  packed: per segment, and padding);
 * references: packed segments against their source episodes (``references``);
 * metadata_checksum, ranges (and the tokenizer identity): the metadata hashes to the
   sha256 it records, its tokenizer summary is ``tokenizer_state.json``'s, each shard's
   recorded value ranges fit the vocabulary and the data (``metadata``);
-* checksums: sha256 of every file equals the metadata (skipped by ``quick``);
+* checksums: sha256 of every file equals the metadata (skipped by ``quick``; ``shards``);
 * sources (only with ``sources=True``): the input files the metadata records are present
   and unchanged, so the dataset can be reproduced from them (``sources``).
 
@@ -29,7 +29,6 @@ row id, byte offset), what is wrong and what to do.
 from __future__ import annotations
 
 from ..store import Problem
-from .report import CHECKS, PACKED_CHECKS, CheckResult, ProgressFn, VerifyReport, checks_for
-from .run import verify
+from .run import CHECKS, PACKED_CHECKS, CheckResult, ProgressFn, VerifyReport, checks_for, verify
 
 __all__ = ["verify", "VerifyReport", "CheckResult", "Problem", "CHECKS", "PACKED_CHECKS", "checks_for", "ProgressFn"]

@@ -23,8 +23,7 @@ import numpy as np
 
 from ..store import MASK_FILE, METADATA_FILE, RECREATE, REPACK, TOKENIZER_FILE, TOKENS_FILE, Problem, Shard
 from ..store.format import METADATA_CHECKSUM, METADATA_CHECKSUM_VERSION, metadata_sha256, shard_record
-from .content import CHUNK_TOKENS
-from .description import Vocab
+from .content import CHUNK_TOKENS, Vocab
 
 NOT_RECORDED = "not recorded, older dataset"
 RANGE_KEYS = {"token_id_range": (TOKENS_FILE, "token ids"), "mask_value_range": (MASK_FILE, "mask values")}

@@ -10,8 +10,7 @@ from pathlib import Path
 from ..errors import DatasetError
 from ..store import Problem, open_dataset
 from ..store.mixture import check_compatible, member_root, metadata_checksum, read_mixture
-from .report import ProgressFn, VerifyReport
-from .run import ShardExecutor, verify
+from .run import ProgressFn, ShardExecutor, VerifyReport, verify
 
 MIXTURE_CHECKS = {
     "members": "every member folder exists",
