@@ -17,7 +17,7 @@ from sftdata.loader import LoaderConfig, make_loader
 from sftdata.masking import loss_mask
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.report.episodes import episode_view
+from sftdata.report.views import episode_view
 from sftdata.store import open_dataset
 from sftdata.tokenizer import CHAT_MARKERS
 from sftdata.verify import verify

@@ -3,8 +3,8 @@
 * ``overview(path, block_size=None)``: counts, lengths, trained shares, truncation cost,
   sources, options and rejects; packed datasets: rows, segments, fill (``overview``);
 * ``views(path, split, episodes=/rows=/record=/sample=)``: episodes as decoded pieces,
-  trained or not (``episodes``), or packed rows with their segments, positions and
-  padding (``rows``), each with one line per token on request;
+  trained or not, or packed rows with their segments, positions and padding
+  (``views``), each with one line per token on request;
 * ``dataset_report(path, ...)``: everything the HTML page shows (``collect``: the
   distributions behind its plots, input files, rejects, sampled episodes token by token),
   and ``write_report(path, output, compare=...)``: the page itself (``html``, ``plots``;
@@ -12,7 +12,6 @@
 """
 
 from .collect import DatasetReport, SplitFigures, dataset_report
-from .episodes import EpisodeToken, EpisodeView, Piece, episode_view, find_record, pieces_of, sample_ids, spans_of
 from .overview import (
     PERCENTILES,
     Histogram,
@@ -24,8 +23,23 @@ from .overview import (
     overview,
     share_histogram,
 )
-from .rows import RowToken, RowView, SegmentView, row_view, rows_of_record, select_rows
-from .views import views
+from .views import (
+    EpisodeToken,
+    EpisodeView,
+    Piece,
+    RowToken,
+    RowView,
+    SegmentView,
+    episode_view,
+    find_record,
+    pieces_of,
+    row_view,
+    rows_of_record,
+    sample_ids,
+    select_rows,
+    spans_of,
+    views,
+)
 from .write import ReportSummary, write_report
 
 __all__ = [

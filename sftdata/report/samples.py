@@ -14,9 +14,8 @@ from ..errors import UsageError
 from ..loss_rule import LossRule, MarkerRule
 from ..packing import row_mask
 from ..store import Dataset
-from .episodes import Tokenizer, read_episode, sample_ids
-from .rows import read_row
 from .tokens import Run, token_runs
+from .views import Tokenizer, read_episode, read_row, sample_ids
 
 TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
 MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .episodes import Tokenizer, is_marker
+from .views import Tokenizer, is_marker
 
 MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so spans at most 4 tokens
 
