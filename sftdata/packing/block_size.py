@@ -41,8 +41,7 @@ import numpy as np
 from ..loss_rule import LossRule, as_rule
 from ..template.rule import header_spans, rule_spans
 from ..tokenizer import MarkerIds
-from .plan import MIN_BLOCK_SIZE
-from .segments import segment_masks
+from .plan import MIN_BLOCK_SIZE, segment_masks
 
 KEEP_PERCENT = 99  # the share of trained tokens a block size is suggested for
 
