@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from corpus import WORK, generated_corpus, identical  # noqa: E402
 
-import sftdata.prepare as prepare_module  # noqa: E402
+import sftdata.prepare.run as prepare_module  # noqa: E402
 from sftdata.engine.prepare_ray import ray_prepare_executor  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 

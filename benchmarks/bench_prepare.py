@@ -58,7 +58,11 @@ from sftdata import prepare as prep  # noqa: E402
 from sftdata.conversation import parse_record  # noqa: E402
 from sftdata.errors import RecordError  # noqa: E402
 from sftdata.memo import DEFAULT_MEMO_MB, SegmentMemo  # noqa: E402
-from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.prepare import (  # noqa: E402
+    PrepareOptions,
+    pool,  # noqa: E402
+    prepare,
+)
 from sftdata.render import _plan  # noqa: E402
 from sftdata.tokenizer import load_tokenizer  # noqa: E402
 
@@ -170,7 +174,7 @@ def policy_sweep(per_record: list[list[str]], tok, caps_mib: list[float]) -> dic
     for texts in per_record:
         cur.extend(texts)
         size += sum(len(t) for t in texts) + 64
-        if size >= prep.CHUNK_BYTES or len(cur) >= prep.CHUNK_RECORDS:
+        if size >= pool.CHUNK_BYTES or len(cur) >= pool.CHUNK_RECORDS:
             chunks.append(cur)
             cur, size = [], 0
     chunks += [cur] if cur else []

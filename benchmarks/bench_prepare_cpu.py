@@ -39,10 +39,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def _prepare_module(name: str):
+    """``sftdata.prepare.<name>``, or ``sftdata.prepare`` itself in a tree from before it became a package."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"sftdata.prepare.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module("sftdata.prepare")
+
+
 def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = (0, 256)) -> dict:
     """Runs inside one tree (its sftdata first on sys.path)."""
-    from sftdata import prepare as prep
     from sftdata.prepare import PrepareOptions, prepare
+    prep = _prepare_module("run")  # where prepare looks up local_results and curate_result
     from sftdata.tokenizer import load_tokenizer
 
     texts = pickle.loads(texts_file.read_bytes())
@@ -125,7 +135,7 @@ def overhead_child(src: Path, mode: str, repeat: int) -> dict:
     of ``repeat`` runs, and that run split into parsing, rendering, the duplicate keys and the
     rest (reading, writing, checksums, the tokenizer's start-up)."""
     import sftdata.joined_encode as je
-    from sftdata import prepare as prep
+    prep, prep_chunk = _prepare_module("run"), _prepare_module("chunk")
 
     answers: dict = {}
     init = je.JoinedEncoder.__init__
@@ -139,7 +149,7 @@ def overhead_child(src: Path, mode: str, repeat: int) -> dict:
     stages: dict = {}
 
     def timed(name: str, key: str) -> None:
-        f = getattr(prep, name)
+        f = getattr(prep_chunk, name)
 
         def g(*a, **k):
             c = time.process_time()
@@ -147,7 +157,7 @@ def overhead_child(src: Path, mode: str, repeat: int) -> dict:
                 return f(*a, **k)
             finally:
                 stages[key] = stages.get(key, 0.0) + time.process_time() - c
-        setattr(prep, name, g)
+        setattr(prep_chunk, name, g)
 
     for name, key in (("parse_record", "parse"), ("render_chunk", "render"), ("conversation_keys", "keys")):
         timed(name, key)

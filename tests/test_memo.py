@@ -6,10 +6,9 @@ import pytest
 from agent_data import agent_records
 from conftest import chat, write_jsonl
 
-from sftdata import prepare as prep
 from sftdata.errors import UsageError
 from sftdata.memo import ENTRY_BYTES, SEEN_BYTES, SegmentMemo, id_array
-from sftdata.prepare import PrepareOptions, prepare
+from sftdata.prepare import PrepareOptions, pool, prepare
 from sftdata.render import (
     SPLIT_SAFE_PATTERNS,
     TOOLS_HEADER,
@@ -168,7 +167,7 @@ def test_a_chunk_renders_the_same_ids_with_and_without_the_memo(tok):
 
 # -- prepare ---------------------------------------------------------------------------------
 def test_prepare_is_byte_identical_with_the_memo_on_off_and_at_any_worker_count(tmp_path, monkeypatch, tok):
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 16)  # many chunks: the memo carries over between them
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 16)  # many chunks: the memo carries over between them
     src = write_jsonl(tmp_path / "agent.jsonl", agent_records(150, seed=5) + ["not json"])
     trees = {}
     for name, extra in {"off": dict(memo_mb=0), "on": dict(memo_mb=64), "on2": dict(memo_mb=64, workers=2),

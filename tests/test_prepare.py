@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from conftest import chat, write_jsonl
 
-from sftdata import prepare as prep
 from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
-from sftdata.prepare import PrepareOptions, prepare, split_assignment
+from sftdata.prepare import PrepareOptions, partition_task, pool, prepare, run, split_assignment
 from sftdata.store import open_dataset, sha256_file
 
 
@@ -35,7 +34,7 @@ def test_split_is_exact_seeded_and_keeps_input_order(tmp_path):
 
 
 def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)  # many chunks, so workers really share the work
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)  # many chunks, so workers really share the work
     src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["bad line"])
     opts = dict(val_split=0.2, seed=3, shard_tokens=200)
     prepare([src], tmp_path / "a", PrepareOptions(workers=1, **opts))
@@ -52,15 +51,15 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
     import os
     import signal
 
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)
-    real = prep.process_chunk
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
+    real = partition_task.process_chunk  # workers=2 on plain JSONL: each reads its own range
 
     def dying(items, *args):
         if any(r.record == 30 for r in items):
             os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
         return real(items, *args)
 
-    monkeypatch.setattr(prep, "process_chunk", dying)
+    monkeypatch.setattr(partition_task, "process_chunk", dying)
     src = write_jsonl(tmp_path / "in.jsonl", records(60))
 
     def too_slow(*_):
@@ -105,7 +104,7 @@ def test_an_episode_longer_than_a_shard_gets_its_own_shard(tmp_path):
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 2)
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 2)
     src = write_jsonl(tmp_path / "in.jsonl", records(10))
     calls = []
 
@@ -273,7 +272,7 @@ def test_a_full_disk_while_writing_rejects_names_the_rejects_file(tmp_path, monk
 
         write = flush = _disk_full
 
-    monkeypatch.setattr(prep, "open", lambda path, mode="r": Full(real_open(path, mode)), raising=False)
+    monkeypatch.setattr(run, "open", lambda path, mode="r": Full(real_open(path, mode)), raising=False)
     with pytest.raises(OSError) as e:
         prepare([src], tmp_path / "ds", PrepareOptions())
     assert e.value.filename.endswith("/rejects.jsonl") and e.value.errno == errno.ENOSPC
@@ -377,7 +376,7 @@ def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_the_s
     opts = PrepareOptions(shard_tokens=120)  # several train shards
     direct = prepare([src], tmp_path / "direct", opts)
     # an executor sends the episodes through the staging shard and the split, as with a val split
-    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(prep.local_results,
+    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(run.local_results,
                                                                                    curate=CurateSettings()))
     assert direct.shards == staged.shards == {"train": direct.shards["train"]} and direct.shards["train"] > 2
     assert _files(tmp_path / "direct") == _files(tmp_path / "staged")

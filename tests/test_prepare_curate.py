@@ -89,7 +89,7 @@ def test_near_drops_the_near_copy_too(src, tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_byte_identical_for_any_worker_count(src, tmp_path, workers, monkeypatch):
     pytest.importorskip("rensa")
-    import sftdata.prepare as prep
+    import sftdata.prepare.pool as prep
 
     monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)  # several chunks: the decision crosses chunk borders
     ev = write_jsonl(tmp_path / "ev.jsonl", [{"prompt": records()[3]["messages"][1]["content"][:400]}])

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from conftest import chat, write_jsonl
 
-from sftdata import prepare as prep
 from sftdata.errors import SftDataError
-from sftdata.prepare import ChunkResult, PrepareOptions, local_parts, prepare
+from sftdata.prepare import ChunkResult, PrepareOptions, local_parts, partition_task, pool, prepare, run
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
 
@@ -56,9 +55,9 @@ def tree_bytes(root):
 @pytest.fixture
 def small_ranges(monkeypatch):
     """Ranges of about 2 KB, so a small input is cut into many."""
-    monkeypatch.setattr(prep, "MIN_PART_BYTES", 2000)
-    monkeypatch.setattr(prep, "MAX_PART_BYTES", 2000)
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 4)
+    monkeypatch.setattr(partition_task, "MIN_PART_BYTES", 2000)
+    monkeypatch.setattr(partition_task, "MAX_PART_BYTES", 2000)
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
 
 
 def summary_of(s):
@@ -71,9 +70,9 @@ def summary_of(s):
 @pytest.fixture
 def guided_ranges(monkeypatch):
     """Ranges of at most 3 KB shrinking to 300 bytes at the end (the default sizes, scaled down)."""
-    monkeypatch.setattr(prep, "MIN_PART_BYTES", 300)
-    monkeypatch.setattr(prep, "MAX_PART_BYTES", 3000)
-    monkeypatch.setattr(prep, "CHUNK_RECORDS", 4)
+    monkeypatch.setattr(partition_task, "MIN_PART_BYTES", 300)
+    monkeypatch.setattr(partition_task, "MAX_PART_BYTES", 3000)
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
 
 
 @pytest.mark.parametrize("mode,val", [("tool", 0.2), ("tool", 0.0), ("chat", 0.1)])
@@ -127,7 +126,7 @@ def test_the_parent_reads_no_records_when_the_input_is_cut(tmp_path, small_range
     def no_reading(*_):
         raise AssertionError("the parent read the records itself")
 
-    monkeypatch.setattr(prep, "iter_all", no_reading)
+    monkeypatch.setattr(run, "iter_all", no_reading)
     seen = []
     prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2), progress=seen.append)
     assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
@@ -142,8 +141,8 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     packed = tmp_path / "in.jsonl.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     calls = []
-    real = prep.partition_results
-    monkeypatch.setattr(prep, "partition_results", lambda *a: calls.append(1) or real(*a))
+    real = run.partition_results
+    monkeypatch.setattr(run, "partition_results", lambda *a: calls.append(1) or real(*a))
     prepare([packed], tmp_path / "one", PrepareOptions(mode="tool", val_split=0.1))
     prepare([packed], tmp_path / "two", PrepareOptions(mode="tool", val_split=0.1, workers=2))
     prepare([packed], tmp_path / "near", PrepareOptions(mode="tool", workers=2, dedup="exact"))
@@ -158,24 +157,18 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     assert one["rejects.jsonl"].replace(b"in.jsonl.gz", b"in.jsonl") == three["rejects.jsonl"]
 
 
-def test_the_staging_names_agree_with_the_engines():
-    from sftdata.engine import tasks
-
-    assert (prep.STOP_FILE, prep.PARTS_DIR) == (tasks.STOP_FILE, tasks.PARTS_DIR) == ("STOP", "_parts")
-
-
 def test_a_range_hands_its_tokens_over_in_a_file_read_once_and_removed(tmp_path):
     ids, mask = np.array([5, 70000, 9], np.uint32), np.array([0, 1, 1], np.uint8)
     res = ChunkResult(ids, mask, np.array([3]), np.array([0]), [], Counter(), Counter(), 0, 0, 1)
-    path = Path(prep._hand_off(tmp_path / "range_000000.bin", [res, res], np.dtype(np.uint32)))
+    path = Path(partition_task._hand_off(tmp_path / "range_000000.bin", [res, res], np.dtype(np.uint32)))
     assert path.read_bytes() == ids.tobytes() * 2 + mask.tobytes() * 2
-    s = prep.PartSummary(0, prep._empty(), 2, None, 2, 6, handoff=str(path))
-    prep._take_handoff(s, np.dtype(np.uint32))
+    s = partition_task.PartSummary(0, partition_task.empty_result(), 2, None, 2, 6, handoff=str(path))
+    partition_task._take_handoff(s, np.dtype(np.uint32))
     assert s.result.ids.tolist() == [5, 70000, 9] * 2 and s.result.mask.tolist() == [0, 1, 1] * 2
     assert not path.exists() and s.handoff is None
-    prep._hand_off(path, [res], np.dtype(np.uint32))
-    short = prep.PartSummary(0, prep._empty(), 1, None, 1, 4, handoff=str(path))
+    partition_task._hand_off(path, [res], np.dtype(np.uint32))
+    short = partition_task.PartSummary(0, partition_task.empty_result(), 1, None, 1, 4, handoff=str(path))
     with pytest.raises(SftDataError, match=rf"the tokens a worker handed over in {path} were cut short \(3 ids and 0 "
                                            r"mask values of 4\); nothing was written"):
-        prep._take_handoff(short, np.dtype(np.uint32))
+        partition_task._take_handoff(short, np.dtype(np.uint32))
     assert path.exists()  # named by the message; the failed run's staging folder goes with it

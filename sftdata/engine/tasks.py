@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SftDataError
+from ..store import STOP_FILE
 
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
 STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
-STOP_FILE = "STOP"  # in the staging area: the run has stopped, tasks write nothing more
-PARTS_DIR = "_parts"  # in the staging area: where tasks write (removed before the commit)
 
 
 def get_result(ray, ref, doing: str = "preparing"):

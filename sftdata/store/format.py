@@ -36,6 +36,8 @@ EPISODES_FILE = "episodes.idx"
 SOURCES_FILE = "sources.idx"
 SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
 SPLITS = ("train", "val")
+PARTS_DIR = "_parts"  # in a run's staging folder: where an engine's tasks write (removed before the commit)
+STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped early, tasks write nothing more
 DEFAULT_SHARD_TOKENS = 100_000_000
 # dataset_metadata.json cannot list its own sha256 in "files": it records, under this key,
 # {"version": 1, "sha256": sha256 of its canonical JSON without this key} (``metadata_sha256``)

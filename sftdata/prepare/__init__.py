@@ -1,0 +1,26 @@
+"""The prepare pipeline: records -> conversations -> episodes -> split -> dataset.
+
+``prepare(inputs, output_dir, PrepareOptions(...))`` (run.py) is what the CLI and scripts
+call. Its parts, one job a module: ``options`` (what it takes and gives), ``chunk`` (one
+chunk of records rendered and masked), ``pool`` (worker processes, results in input
+order), ``partition_task`` (a worker reading its own byte range of the input: the unit
+the Ray engine runs too), ``run`` (the run itself: curation, the exact split, the commit).
+"""
+
+from .chunk import choose_tokenizer, process_chunk
+from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
+from .partition_task import (
+    PartNumbering,
+    PartSummary,
+    local_parts,
+    partition_settings,
+    prepare_partition,
+    range_cuts,
+)
+from .run import default_workers, local_results, prepare, split_assignment
+
+__all__ = [
+    "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
+    "PrepareSummary", "Progress", "StagedPart", "choose_tokenizer", "default_workers", "local_parts", "local_results",
+    "partition_settings", "prepare", "prepare_partition", "process_chunk", "range_cuts", "split_assignment",
+]

@@ -1,0 +1,189 @@
+"""One chunk of records parsed, validated, rendered and masked (pure but for the tokenizer and
+the worker's memo), and chunk results merged and renumbered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..conversation import parse_record
+from ..curate import (
+    CurateSettings,
+    concat_keys,
+    conversation_keys,
+)
+from ..errors import (
+    RecordError,
+)
+from ..memo import MemoStats, SegmentMemo
+from ..render import render_chunk
+from ..sources import RawRecord
+from ..template import TemplateProfile, model_profile, records_episodes
+from ..tokenizer import ChatTokenizer, HFTokenizer, open_tokenizer
+from ..turns import TurnPolicy
+from .options import ChunkResult
+
+
+def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,
+                  max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                  profile: TemplateProfile | None = None, memo: SegmentMemo | None = None,
+                  curate: CurateSettings = CurateSettings()) -> ChunkResult:
+    """Parse, validate and render one chunk of records (pure but for the tokenizer and
+    the worker's ``memo`` of encoded texts, which changes no id), and compute the keys of
+    its accepted records (``curate``: the exact-duplicate key always) from the same parse.
+    With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
+    if profile is not None:
+        return template_chunk(items, tok, profile, mode, max_tokens, policy, curate)
+    convs, kept, rejects = [], [], []
+    repairs: Counter = Counter()
+    turns: Counter = Counter()
+    for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            rejects.append((rec.record, rec.where, *rec.reject))
+            continue
+        try:
+            conv = parse_record(rec.raw, rec.where, mode, policy)
+        except RecordError as e:
+            rejects.append((rec.record, rec.where, e.reason, e.detail))
+            continue
+        for name in set(conv.repairs):
+            repairs[name] += 1
+        convs.append(conv)
+        kept.append(rec)
+    chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
+    sources = []
+    accepted = {}  # record -> (where, conversation), for the keys
+    truncated = dropped = 0
+    for rec, conv, r in zip(kept, convs, chunk.results):
+        if isinstance(r, RecordError):
+            rejects.append((rec.record, rec.where, r.reason, r.detail))
+            continue
+        if conv.turn_counts:
+            turns.update(conv.turn_counts)
+        sources.append(rec.record)
+        accepted[rec.record] = (rec.where, conv)
+        if r:
+            truncated += 1
+            dropped += r
+    rejects.sort()
+    sources = np.asarray(sources, dtype=np.int64)
+    return ChunkResult(
+        ids=chunk.ids, mask=chunk.mask, lengths=chunk.lengths, sources=sources,
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items),
+        keys=conversation_keys(accepted, sources, chunk.ids, chunk.lengths, curate),
+        memo=memo.take_stats() if memo is not None else None)
+
+
+def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto"
+                     ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
+    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
+    the template ``--chat-template`` names (default: the folder's own), learned once here
+    and sent to the workers. ``--train-on last`` makes its rule train each episode's last
+    reply only. ``engine``: ``--tokenizer-engine``."""
+    tok = open_tokenizer(spec, engine)
+    if isinstance(tok, ChatTokenizer):
+        return tok, None
+    return tok, model_profile(tok, chat_template, last_reply_only=train_on == "last")
+
+
+def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
+                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                   curate: CurateSettings = CurateSettings()) -> ChunkResult:
+    """``process_chunk`` with a model's chat template: each record becomes the episodes the
+    template renders (one per reply where it must), each episode's mask the rendered one,
+    which its stored rule re-derives (a record where it does not is rejected by name)."""
+    ids, masks, lengths, sources, rejects, mismatches = [], [], [], [], [], []
+    repairs: Counter = Counter()
+    turns: Counter = Counter()
+    truncated = dropped = per_reply = per_reply_eps = 0
+    convs, kept, accepted = [], [], {}
+    for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            rejects.append((rec.record, rec.where, *rec.reject))
+            continue
+        try:
+            convs.append(parse_record(rec.raw, rec.where, mode, policy))
+            kept.append(rec)
+        except RecordError as e:
+            rejects.append((rec.record, rec.where, e.reason, e.detail))
+    results = records_episodes([(c, r.where) for c, r in zip(convs, kept)], profile, tok, max_tokens)
+    for rec, conv, out in zip(kept, convs, results):
+        if isinstance(out, RecordError):
+            rejects.append((rec.record, rec.where, out.reason, out.detail))
+            if out.reason == "rule_mismatch":
+                mismatches.append((rec.record, rec.where))
+            continue
+        for r in set(conv.repairs):
+            repairs[r] += 1
+        turns.update(conv.turn_counts)
+        accepted[rec.record] = (rec.where, conv)
+        for ep in out.episodes:
+            ids.append(ep.ids)
+            masks.append(ep.mask)
+            lengths.append(ep.ids.shape[0])
+            sources.append(rec.record)
+        if out.per_reply:
+            per_reply += 1
+            per_reply_eps += len(out.episodes)
+        if out.pairs_dropped:
+            truncated += 1
+            dropped += out.pairs_dropped
+    rejects.sort()
+    all_ids = np.concatenate(ids) if ids else np.empty(0, np.uint32)
+    lengths, sources = np.asarray(lengths, dtype=np.int64), np.asarray(sources, dtype=np.int64)
+    return ChunkResult(
+        ids=all_ids, mask=np.concatenate(masks) if masks else np.empty(0, np.uint8), lengths=lengths, sources=sources,
+        rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped,
+        records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches,
+        keys=conversation_keys(accepted, sources, all_ids, lengths, curate))
+
+
+def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
+                  profile: TemplateProfile | None, curate: CurateSettings,
+                  memo: SegmentMemo | None = None) -> ChunkResult:
+    """``process_chunk`` with the keys ``curate`` asks for."""
+    return process_chunk(items, tok, mode, max_tokens, policy, profile, memo, curate)
+
+
+def empty_result() -> ChunkResult:
+    return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
+                       [], Counter(), Counter(), 0, 0, 0)
+
+
+def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
+    """``res``'s counts, rejects and keys added to ``acc`` (tokens are not kept)."""
+    if acc is None:
+        return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
+                           np.empty(0, np.int64), list(res.rejects), Counter(res.repairs), Counter(res.turns),
+                           res.truncated, res.pairs_dropped, res.records, res.per_reply_records,
+                           res.per_reply_episodes, list(res.mismatches), keys=res.keys,
+                           memo=dataclasses.replace(res.memo) if res.memo is not None else None)
+    acc.keys = concat_keys(acc.keys, res.keys)
+    acc.rejects += res.rejects
+    acc.repairs.update(res.repairs)
+    acc.turns.update(res.turns)
+    acc.truncated += res.truncated
+    acc.pairs_dropped += res.pairs_dropped
+    acc.records += res.records
+    acc.per_reply_records += res.per_reply_records
+    acc.per_reply_episodes += res.per_reply_episodes
+    acc.mismatches += res.mismatches
+    if res.memo is not None:
+        if acc.memo is None:
+            acc.memo = MemoStats()
+        acc.memo.add(res.memo)
+    return acc
+
+
+def shifted(res: ChunkResult, first: int) -> ChunkResult:
+    if first:
+        res.sources = res.sources + first  # tokens returned with the result (staged ones: record_offset)
+        res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
+        res.mismatches = [(r + first, where) for r, where in res.mismatches]
+        if res.keys is not None:
+            res.keys.records = res.keys.records + first
+    return res

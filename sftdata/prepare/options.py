@@ -1,0 +1,233 @@
+"""What prepare takes and gives: its options, its progress and summary, a chunk's result."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..curate import (
+    DEDUP_MODES,
+    DEFAULT_NGRAM,
+    DEFAULT_THRESHOLD,
+    RecordKeys,
+)
+from ..errors import (
+    UsageError,
+)
+from ..memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
+from ..order import DEFAULT_SEED
+from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
+from ..store import (
+    DEFAULT_SHARD_TOKENS,
+)
+from ..template import TemplateProfile
+from ..tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
+from ..tokenizer_engine import check_engine
+from ..turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    mode: str = "chat"  # "chat" | "tool"
+    val_split: float = 0.0
+    seed: int = DEFAULT_SEED
+    max_tokens: int | None = None
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    tokenizer: str | None = None
+    workers: int = 1
+    strict: bool = False
+    overwrite: bool = False
+    wait: bool = False  # wait for another sftdata writing the same output
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    reasoning: str = "keep"  # keep | last | drop
+    train_on: str = "all"  # all | last
+    chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    tokenizer_engine: str = "auto"  # auto | tiktoken | hf (a model's own tokenizer; the ids are the same)
+    allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
+    dedup: str = "off"  # off | exact | near (docs/CURATION.md)
+    dedup_threshold: float = DEFAULT_THRESHOLD  # near: estimated Jaccard similarity of token shingles
+    decontaminate: tuple[str, ...] = ()  # evaluation files
+    decontaminate_ngram: int = DEFAULT_NGRAM
+    memo_mb: float = DEFAULT_MEMO_MB  # memory for the memo of encoded texts, all workers together; 0 = off
+    memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(self.reasoning, self.train_on)
+
+    def validate(self) -> None:
+        if self.mode not in ("chat", "tool"):
+            raise UsageError(f"mode must be 'chat' or 'tool', not {self.mode!r}")
+        if self.reasoning not in REASONING_POLICIES:
+            raise UsageError(f"--reasoning must be one of {', '.join(REASONING_POLICIES)}, not {self.reasoning!r}")
+        if self.train_on not in TRAIN_ON:
+            raise UsageError(f"--train-on must be one of {', '.join(TRAIN_ON)}, not {self.train_on!r}")
+        if not (0.0 <= self.val_split < 1.0) or math.isnan(self.val_split):
+            raise UsageError(f"--val-split must be a fraction in [0, 1), got {self.val_split}")
+        if self.max_tokens is not None and self.max_tokens < 4:
+            raise UsageError(f"--max-tokens must be at least 4, got {self.max_tokens}")
+        if self.shard_tokens < 1:
+            raise UsageError(f"--shard-tokens must be positive, got {self.shard_tokens}")
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if not self.memo_mb >= 0 or math.isinf(self.memo_mb):
+            raise UsageError(f"--memo-mb must be 0 (no memo) or a positive number of megabytes, got {self.memo_mb}")
+        if self.memo_policy not in POLICIES:
+            raise UsageError(f"memo_policy must be one of {', '.join(POLICIES)}, not {self.memo_policy!r}")
+        if self.dedup not in DEDUP_MODES:
+            raise UsageError(f"--dedup must be one of {', '.join(DEDUP_MODES)}, not {self.dedup!r}")
+        if not 0.0 < self.dedup_threshold <= 1.0 or math.isnan(self.dedup_threshold):
+            raise UsageError(f"--dedup-threshold must be a Jaccard similarity in (0, 1], got {self.dedup_threshold}")
+        if self.decontaminate_ngram < 1:
+            raise UsageError(f"--decontaminate-ngram must be at least 1, got {self.decontaminate_ngram}")
+        if self.max_record_bytes < 1:
+            raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
+        check_engine(self.tokenizer_engine)
+        if self.tokenizer_engine == "hf" and not is_model_tokenizer_spec(self.tokenizer):
+            raise UsageError(f"--tokenizer-engine hf needs a model's own tokenizer (a tokenizer.json or its folder); "
+                             f"{'the default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} is a "
+                             f"tiktoken encoding")
+        if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
+            raise UsageError(f"--chat-template {self.chat_template} needs a model's own tokenizer: --tokenizer "
+                             f"path/to/tokenizer.json or the model folder holding it. "
+                             f"{'The default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} uses "
+                             f"sftdata's chat markers, which have no chat template")
+
+    def memo_bytes_per_worker(self) -> int:
+        """Each worker's share of ``--memo-mb`` (MiB, 2^20 bytes)."""
+        return int(self.memo_mb * (1 << 20)) // max(1, self.workers)
+
+    def new_memo(self, tok) -> SegmentMemo | None:
+        """A worker's memo of encoded texts (None when ``--memo-mb 0``)."""
+        cap = self.memo_bytes_per_worker()
+        return SegmentMemo(tok, cap, self.memo_policy) if cap > 0 else None
+
+    def recorded(self) -> dict:
+        """The options that determine the output (workers, overwrite and the memo do not)."""
+        out = {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
+               "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
+               "strict": self.strict, "max_record_bytes": self.max_record_bytes, "reasoning": self.reasoning,
+               "train_on": self.train_on}
+        if self.chat_template is not None:
+            out["chat_template"] = self.chat_template
+        if self.allow_pad_as_stop:
+            out["allow_pad_as_stop"] = True
+        if self.dedup != "off":  # recorded only when used: the default output stays byte-identical
+            out["dedup"] = self.dedup
+            if self.dedup == "near":
+                out["dedup_threshold"] = self.dedup_threshold
+        if self.decontaminate:
+            out.update(decontaminate=[str(p) for p in self.decontaminate], decontaminate_ngram=self.decontaminate_ngram)
+        return out
+
+
+@dataclass
+class Progress:
+    bytes_done: int
+    bytes_total: int | None  # None when an input's size is not known before it is read (stdin)
+    records: int
+    tokens: int
+
+
+@dataclass
+class PrepareSummary:
+    output_dir: str
+    records_read: int = 0
+    episodes: dict = field(default_factory=dict)  # split -> count
+    tokens: dict = field(default_factory=dict)
+    trained_tokens: dict = field(default_factory=dict)
+    shards: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)  # reason -> count
+    repaired: dict = field(default_factory=dict)  # repair -> records
+    turns: dict = field(default_factory=lambda: dict.fromkeys(TURN_COUNTS, 0))  # per assistant turn (TURN_COUNTS)
+    records_truncated: int = 0
+    pairs_dropped: int = 0
+    seconds: float = 0.0
+    input_bytes: int = 0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    per_reply_records: int = 0  # chat template: records served one episode per assistant reply
+    per_reply_episodes: int = 0
+    rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
+    tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
+    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
+    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
+    memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
+    memo_mb: float = 0.0  # --memo-mb (0: no memo)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens.values())
+
+    @property
+    def trained_share(self) -> float:
+        t = self.total_tokens
+        return sum(self.trained_tokens.values()) / t if t else 0.0
+
+    def as_dict(self) -> dict:
+        return {"output_dir": self.output_dir, "records_read": self.records_read,
+                "episodes": self.episodes, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
+                "trained_share": round(self.trained_share, 6), "shards": self.shards,
+                "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
+                "repaired": self.repaired, "turns": self.turns, "records_truncated": self.records_truncated,
+                "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
+                "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
+                "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
+                "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
+                "decontamination": self.decontamination, "memo": self.memo_dict()}
+
+    def memo_dict(self) -> dict:
+        m = self.memo
+        return {"memo_mb": self.memo_mb, "lookups": m.lookups, "hits": m.hits, "hit_rate": round(m.hit_rate, 6),
+                "tokens_reused": m.tokens_reused, "tokens_encoded": m.tokens_encoded,
+                "reused_share": round(m.reused_share, 6), "evictions": m.evictions,
+                "peak_mb_per_worker": round(m.peak_bytes / (1 << 20), 3)}
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk of records became. Picklable (sent back from workers)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    sources: np.ndarray
+    rejects: list  # (record, where, reason, message)
+    repairs: Counter
+    turns: Counter  # per assistant turn of the accepted records (TURN_COUNTS)
+    truncated: int
+    pairs_dropped: int
+    records: int
+    per_reply_records: int = 0
+    per_reply_episodes: int = 0
+    mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
+    keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
+    staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
+    memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """Episodes an engine's task wrote to a shard folder of its own, in input order; its
+    ``sources`` are numbered from the start of their input: ``record_offset`` is added."""
+
+    path: str
+    episodes: int
+    tokens: int
+    record_offset: int = 0
+
+
+class Executor(Protocol):
+    """What runs ``process_chunk`` over the inputs (``--engine``): yields the chunk
+    results in input order with the input bytes read so far, and leaves in ``infos``
+    each input's ``first_record``, ``records``, ``sha256`` and ``bytes``. It may write
+    the episodes itself (``ChunkResult.staged``), in folders under ``stage_dir``."""
+
+    def __call__(self, infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
+                 profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
+                 ) -> Iterator[tuple[ChunkResult, int]]: ...
