@@ -36,9 +36,9 @@ import numpy as np
 from ..pack import PackProgress
 from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
 from ..packing import PackPlan
-from ..store import PackedSplitWriter, shard_name
+from ..store import PARTS_DIR, STOP_FILE, PackedSplitWriter, shard_name
 from .cluster import RayCluster, connect, import_ray
-from .tasks import PARTS_DIR, STOP_FILE, TASK_RETRIES, get_result, stop_tasks
+from .tasks import TASK_RETRIES, get_result, stop_tasks
 
 TASKS_PER_CPU = 4  # row ranges per CPU: enough for the last ones to balance, few enough to start cheaply
 
