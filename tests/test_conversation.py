@@ -189,8 +189,9 @@ def test_too_long_has_its_exact_message(tok):
 def test_every_reason_code_in_the_code_is_tested_above():
     root = Path(__file__).resolve().parents[1] / "sftdata"
     codes = set()
-    for name in ("conversation.py", "turns.py", "message_content.py", "tool_format.py", "render.py", "prepare.py"):
-        codes |= set(re.findall(r'RecordError\(\s*"([a-z0-9_]+)"', (root / name).read_text()))
+    files = [root / n for n in ("conversation.py", "turns.py", "message_content.py", "tool_format.py", "render.py")]
+    for path in files + sorted((root / "prepare").glob("*.py")):
+        codes |= set(re.findall(r'RecordError\(\s*"([a-z0-9_]+)"', path.read_text()))
     assert codes == {r[0] for r in REASONS} | {"too_long"}
 
 
