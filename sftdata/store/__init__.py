@@ -28,6 +28,7 @@ is the position in the concatenation of its shards in name order.
 from __future__ import annotations
 
 from ..packing import Segments
+from ..sources import sha256_file
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -56,7 +57,6 @@ from .format import (
     iter_files,
     list_shards,
     read_json,
-    sha256_file,
     shard_name,
     token_dtype_for,
 )

@@ -148,19 +148,6 @@ def metadata_sha256(meta: dict) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, read through one buffer of ``chunk`` bytes: ``f.read`` would make
-    a new bytes object per read and hold two at once (16 MiB at the 8 MiB reads this did,
-    the peak of a large prepare when it hashed its rejects.jsonl)."""
-    h = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
 def read_json(path: Path) -> dict:
     try:
         obj = orjson.loads(path.read_bytes())

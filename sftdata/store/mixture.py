@@ -21,7 +21,8 @@ from ..errors import ConfigError, DatasetError, OutputExistsError
 from ..mixture import MIXTURE_FORMAT, Mixture, MixtureMember, check_mixture, mixture_from_dict
 from ..mixture_order import MemberItems, MixtureOrder
 from ..order import eligible_ids
-from .format import METADATA_FILE, dumps_json, sha256_file
+from ..sources import sha256_file
+from .format import METADATA_FILE, dumps_json
 from .reader import Dataset, open_dataset
 from .shard import split_segments
 

@@ -44,7 +44,8 @@ import orjson
 
 from ..cache import cache_dir
 from ..errors import DatasetError
-from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE, sha256_file
+from ..sources import sha256_file
+from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE
 from .location import list_objects, local_path, lock_key, remote_fs, remote_url
 from .manifest import manifest_of, named
 

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from ..errors import OutputExistsError
+from ..sources import sha256_file
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -31,7 +32,6 @@ from .format import (
     TOKENS_FILE,
     dumps_json,
     metadata_sha256,
-    sha256_file,
     shard_name,
 )
 from .location import local_path, remote_url, upload_home
