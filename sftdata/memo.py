@@ -18,6 +18,12 @@ tokens before a short question); the memo turns those repeats into a copy of byt
 * Within a call, a text repeated N times is encoded once (always exact, memo or not).
 * ``cap_bytes`` bounds the memory of the stored texts and ids plus a fixed cost per entry
   (``ENTRY_BYTES``) and per remembered sighting (``SEEN_BYTES``, a hash and a count).
+* Idle where it does not pay: the memo judges itself over each window of
+  ``WINDOW_CALLS`` calls (chunks); when one saved less than ``IDLE_SHARE`` of its tokens,
+  it goes idle: ``serves()`` says no for the next chunks, which render as with no memo
+  (one call of the core over the chunk's text, faster than text by text), except every
+  ``PROBE_EVERY``-th, which goes through the memo and wakes it when that one chunk saves
+  the share. Counted, never timed: the same input gives the same decisions.
 * Policy ``frequency`` (the default, measured better on agent data: benchmarks/
   bench_prepare.py): a text is stored on its second sighting (texts seen once never
   push out ones seen often), and when the memo is full the least often used entries go
@@ -44,6 +50,9 @@ DEFAULT_MEMO_MB = 256  # for all workers together; each worker gets an equal sha
 POLICIES = ("frequency", "lru")
 _EMPTY_ARRAY_BYTES = sys.getsizeof(array(ID_TYPECODE))
 _KEEP_AFTER_EVICTION = 0.9  # evict down to this share of the cap, so evictions come in batches
+IDLE_SHARE = 0.10  # a window that saved less than this share of its tokens: the memo goes idle (measured break-even)
+WINDOW_CALLS = 8  # calls (chunks) a memo judges itself over
+PROBE_EVERY = 16  # an idle memo still serves every PROBE_EVERY-th chunk, to notice repeats coming back
 
 
 def id_array(ids) -> array:
@@ -77,6 +86,7 @@ class MemoStats:
     tokens_encoded: int = 0
     evictions: int = 0
     peak_bytes: int = 0  # the most memory one worker's memo held (a maximum, not a sum)
+    chunks_idle: int = 0  # chunks rendered without the memo while it was idle (too few repeats to pay)
 
     def add(self, other: MemoStats) -> None:
         self.lookups += other.lookups
@@ -84,6 +94,7 @@ class MemoStats:
         self.tokens_reused += other.tokens_reused
         self.tokens_encoded += other.tokens_encoded
         self.evictions += other.evictions
+        self.chunks_idle += other.chunks_idle
         self.peak_bytes = max(self.peak_bytes, other.peak_bytes)
 
     @property
@@ -112,6 +123,34 @@ class SegmentMemo:
         self.bytes = 0  # what the entries and sightings cost now
         self.peak_bytes = 0
         self.stats = MemoStats()
+        self.idle = False
+        self._window = [0, 0, 0]  # calls, tokens reused, tokens encoded since the last judgement
+        self._waited = 0  # chunks asked about since the memo went idle
+
+    def serves(self) -> bool:
+        """Whether the next chunk's texts go through the memo (asked once per chunk): always
+        while it pays; while idle, every ``PROBE_EVERY``-th chunk (module docstring)."""
+        if not self.idle:
+            return True
+        self._waited += 1
+        if self._waited % PROBE_EVERY == 0:
+            return True
+        self.stats.chunks_idle += 1
+        return False
+
+    def _judge(self, reused: int, encoded: int) -> None:
+        """After each call: a full window that saved too little makes the memo idle; a probe
+        of an idle memo that saved enough wakes it."""
+        w = self._window
+        w[0] += 1
+        w[1] += reused
+        w[2] += encoded
+        if self.idle or w[0] >= WINDOW_CALLS:
+            pays = w[1] > 0 and w[1] >= IDLE_SHARE * (w[1] + w[2])
+            if pays != (not self.idle):
+                self._waited = 0
+            self.idle = not pays
+            w[:] = [0, 0, 0]
 
     def take_stats(self) -> MemoStats:
         """The stats since the last call (each chunk reports its own)."""
@@ -131,6 +170,7 @@ class SegmentMemo:
         todo_keep: list[bool] = []  # looked up, so a candidate for the memo
         pending: dict[str, int] = {}  # text -> index into todo (a text repeated within this call)
         entries, st, min_chars = self._entries, self.stats, self.min_chars
+        reused0, encoded0 = st.tokens_reused, st.tokens_encoded
         lru = self.policy == "lru"
         for i, text in enumerate(texts):
             if len(text) < min_chars:
@@ -170,6 +210,7 @@ class SegmentMemo:
                     out[i] = data
                 if keep and self.cap_bytes > 0:
                     self._admit(text, data, len(places))
+        self._judge(st.tokens_reused - reused0, st.tokens_encoded - encoded0)
         return out, [len(a) for a in out]
 
     def _admit(self, text: str, data, uses: int) -> None:

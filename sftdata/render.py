@@ -239,6 +239,8 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     With a ``memo``, texts seen before are not encoded again, and when the tokenizer
     allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
     schema shared by many records is one entry. The ids are the same either way."""
+    if memo is not None and not memo.serves():  # idle: its texts seldom repeat, the plain path is faster
+        memo = None
     joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None
     if joined is not None and max_tokens is None:  # the rendered text straight from the conversations
         ids = joined.encode(*_rendered_text(convs, tok, joined.text))

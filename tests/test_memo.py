@@ -7,7 +7,7 @@ from agent_data import agent_records
 from conftest import chat, write_jsonl
 
 from sftdata.errors import UsageError
-from sftdata.memo import ENTRY_BYTES, SEEN_BYTES, SegmentMemo, id_array
+from sftdata.memo import ENTRY_BYTES, PROBE_EVERY, SEEN_BYTES, WINDOW_CALLS, SegmentMemo, id_array
 from sftdata.prepare import PrepareOptions, pool, prepare
 from sftdata.render import (
     SPLIT_SAFE_PATTERNS,
@@ -163,6 +163,61 @@ def test_a_chunk_renders_the_same_ids_with_and_without_the_memo(tok):
     singles = render_batch(convs, tok, max_tokens=700)
     kept = [r for r in singles if not isinstance(r, Exception)]
     assert np.array_equal(np.concatenate([r.ids for r in kept]), plain.ids)
+
+
+def _chunks_served(memo, calls, tok):
+    """Feed ``calls`` (lists of texts) as render_chunk does, one ``serves()`` per chunk: which were served."""
+    served = []
+    for texts in calls:
+        if memo.serves():
+            memo.encode(texts, tok)
+            served.append(True)
+        else:
+            served.append(False)
+    return served
+
+
+def _unique(i: int, n: int = 6) -> list[str]:
+    return [f"text number {i}-{k}, long enough to be looked up by the memo of encoded texts ({i * 7 + k})"
+            for k in range(n)]
+
+
+def test_a_memo_that_saves_nothing_goes_idle_after_one_window_and_probes(tok):
+    memo = SegmentMemo(tok, 1 << 20)
+    served = _chunks_served(memo, [_unique(i) for i in range(WINDOW_CALLS + 2 * PROBE_EVERY)], tok)
+    # a full window served, then only every PROBE_EVERY-th chunk (a probe that finds no repeat)
+    assert served == [True] * WINDOW_CALLS + ([False] * (PROBE_EVERY - 1) + [True]) * 2
+    assert memo.idle and memo.stats.lookups == (WINDOW_CALLS + 2) * 6
+    assert memo.stats.chunks_idle == 2 * (PROBE_EVERY - 1)
+
+
+def test_an_idle_memo_wakes_at_the_probe_that_finds_repeats(tok):
+    memo = SegmentMemo(tok, 1 << 20)
+    _chunks_served(memo, [_unique(i) for i in range(WINDOW_CALLS)], tok)
+    assert memo.idle
+    prompt = "You are a helpful agent with tools. " * 20
+    repeating = [[prompt, f"question {i} about the weather in some city, asked at length, {i}"] * 3
+                 for i in range(PROBE_EVERY + 3)]
+    served = _chunks_served(memo, repeating, tok)
+    assert served == [False] * (PROBE_EVERY - 1) + [True] * 4  # the probe found the prompt 3 times: awake
+    assert not memo.idle
+
+
+def test_a_memo_that_pays_never_goes_idle(tok):
+    memo = SegmentMemo(tok, 1 << 20)
+    prompt = "A long system prompt shared by every record of an agent dataset. " * 10
+    served = _chunks_served(memo, [[prompt, f"user turn {i}"] for i in range(5 * WINDOW_CALLS)], tok)
+    assert all(served) and not memo.idle and memo.stats.chunks_idle == 0
+
+
+def test_an_idle_memo_renders_the_same_ids(tok):
+    convs = [parse_tool(r, f"f:line {i + 1}") for i, r in enumerate(agent_records(20, seed=4))]
+    plain = render_chunk(convs, tok)
+    memo = SegmentMemo(tok, 1 << 20)
+    memo.idle = True  # as after a window that saved too little
+    idle = render_chunk(convs, tok, memo=memo)
+    assert np.array_equal(plain.ids, idle.ids) and np.array_equal(plain.mask, idle.mask)
+    assert memo.stats.lookups == 0 and memo.stats.chunks_idle == 1
 
 
 # -- prepare ---------------------------------------------------------------------------------

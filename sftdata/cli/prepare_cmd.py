@@ -112,8 +112,9 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
     if s.memo_mb and s.memo.lookups:
         m = s.memo
+        idle = f"; idle on {m.chunks_idle:,} chunks, whose texts seldom repeat" if m.chunks_idle else ""
         t.add_row("memo of encoded texts", f"{m.hit_rate:.1%} hits, {m.tokens_reused:,} tokens not re-encoded "
-                                           f"({m.reused_share:.1%})")
+                                           f"({m.reused_share:.1%}){idle}")
     secs = max(s.seconds, 1e-9)
     t.add_row("time", f"{s.seconds:.2f} s")
     t.add_row("speed", f"{s.records_read / secs:,.0f} records/s, {s.total_tokens / secs:,.0f} tokens/s, "
