@@ -86,7 +86,7 @@ class MemoStats:
     tokens_encoded: int = 0
     evictions: int = 0
     peak_bytes: int = 0  # the most memory one worker's memo held (a maximum, not a sum)
-    chunks_idle: int = 0  # chunks rendered without the memo while it was idle (too few repeats to pay)
+    chunks_idle: int = 0  # chunks rendered without the memo while it was idle (their tokens: tokens_encoded)
 
     def add(self, other: MemoStats) -> None:
         self.lookups += other.lookups

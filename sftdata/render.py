@@ -240,7 +240,9 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
     allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
     schema shared by many records is one entry. The ids are the same either way."""
     if memo is not None and not memo.serves():  # idle: its texts seldom repeat, the plain path is faster
-        memo = None
+        chunk = render_chunk(convs, tok, wheres=wheres, max_tokens=max_tokens, num_threads=num_threads)
+        memo.stats.tokens_encoded += int(chunk.ids.size - np.isin(chunk.ids, list(tok.special_tokens.values())).sum())
+        return chunk
     joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None
     if joined is not None and max_tokens is None:  # the rendered text straight from the conversations
         ids = joined.encode(*_rendered_text(convs, tok, joined.text))

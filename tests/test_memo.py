@@ -218,6 +218,8 @@ def test_an_idle_memo_renders_the_same_ids(tok):
     idle = render_chunk(convs, tok, memo=memo)
     assert np.array_equal(plain.ids, idle.ids) and np.array_equal(plain.mask, idle.mask)
     assert memo.stats.lookups == 0 and memo.stats.chunks_idle == 1
+    markers = int(np.isin(plain.ids, list(tok.special_tokens.values())).sum())
+    assert memo.stats.tokens_encoded == plain.ids.size - markers  # the figures still add up
 
 
 # -- prepare ---------------------------------------------------------------------------------
