@@ -9,14 +9,7 @@ the Ray engine runs too), ``run`` (the run itself: curation, the exact split, th
 
 from .chunk import choose_tokenizer, process_chunk
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
-from .partition_task import (
-    PartNumbering,
-    PartSummary,
-    local_parts,
-    partition_settings,
-    prepare_partition,
-    range_cuts,
-)
+from .partition_task import PartNumbering, PartSummary, local_parts, partition_settings, prepare_partition, range_cuts
 from .run import default_workers, local_results, prepare, split_assignment
 
 __all__ = [

@@ -32,11 +32,7 @@ import numpy as np
 import orjson
 
 from .. import __version__
-from ..curate import (
-    CurateSettings,
-    Deduplicator,
-    load_evals,
-)
+from ..curate import CurateSettings, Deduplicator, load_evals
 from ..errors import (
     AllRecordsRejectedError,
     NothingToTrainError,
