@@ -8,7 +8,7 @@ import pytest
 from conftest import chat, write_jsonl
 
 from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
-from sftdata.prepare import PrepareOptions, partition_task, pool, prepare, run, split_assignment
+from sftdata.prepare import PrepareOptions, partition_task, pool, prepare, run
 from sftdata.store import open_dataset, sha256_file
 
 
@@ -18,19 +18,6 @@ def records(n):
 
 def tree_bytes(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def test_split_is_exact_seeded_and_keeps_input_order(tmp_path):
-    src = write_jsonl(tmp_path / "in.jsonl", records(20))
-    prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.25, seed=7))
-    ds = open_dataset(tmp_path / "ds")
-    val = ds.split("val").sources.tolist()
-    train = ds.split("train").sources.tolist()
-    assert val == sorted(np.random.RandomState(7).permutation(20)[:5].tolist())
-    assert train == sorted(set(range(20)) - set(val))
-    assert split_assignment(20, 0.25, 7).sum() == 5
-    assert split_assignment(10, 0.05, 1).sum() == 1  # round half up: 0.5 -> 1
-    assert split_assignment(10, 0.04, 1).sum() == 0
 
 
 def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
@@ -361,23 +348,3 @@ def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):
     assert s.rejected == {"invalid_arguments": 1} and s.episodes == {"train": 1}
     (rej,) = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
     assert rej["record"] == 1 and "the integer 123456789012345678901 does not fit in 64 bits" in rej["message"]
-
-
-def _files(root):
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_the_staging_split(tmp_path):
-    import functools
-
-    from sftdata.curate import CurateSettings
-
-    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["nope"])
-    opts = PrepareOptions(shard_tokens=120)  # several train shards
-    direct = prepare([src], tmp_path / "direct", opts)
-    # an executor sends the episodes through the staging shard and the split, as with a val split
-    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(run.local_results,
-                                                                                   curate=CurateSettings()))
-    assert direct.shards == staged.shards == {"train": direct.shards["train"]} and direct.shards["train"] > 2
-    assert _files(tmp_path / "direct") == _files(tmp_path / "staged")
-    assert not (tmp_path / "direct" / "_staging").exists()
