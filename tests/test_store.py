@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
+from sftdata.sources import sha256_file
 from sftdata.store import DatasetWriter, open_dataset, open_token_stream, scan_dataset
-from sftdata.store.format import choose_token_dtype, sha256_file
+from sftdata.store.format import choose_token_dtype
 
 
 def write(root, episodes, shard_tokens=1000, dtype=np.uint16):
