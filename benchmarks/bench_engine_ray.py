@@ -36,12 +36,12 @@ sys.path.insert(0, str(HERE))
 
 from corpus import WORK, generated_corpus, identical  # noqa: E402
 
-import sftdata.prepare.run as prepare_module  # noqa: E402
+import sftdata.prepare.split as split_module  # noqa: E402
 from sftdata.engine.prepare_ray import ray_prepare_executor  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 COPY = {"s": 0.0, "bytes": 0}
-_split = prepare_module._split_staging
+_split = split_module._split_staging
 
 
 def _timed_split(src, *args, **kw):
@@ -79,7 +79,7 @@ def main() -> None:
     tiny_local = timed(tiny, out / "tiny_local", opts)
     tiny_ray = timed(tiny, out / "tiny_ray", opts, executor)
     runs: dict[str, list[float]] = {"local": [], "ray": []}
-    prepare_module._split_staging = _timed_split
+    split_module._split_staging = _timed_split
     for _ in range(args.rounds):
         runs["local"].append(timed(src, out / "local", opts))
         COPY.update(s=0.0, bytes=0)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import chat, write_jsonl
 
-from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, SftDataError, UsageError
-from sftdata.prepare import PrepareOptions, partition_task, pool, prepare, run, split_assignment
+from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, UsageError
+from sftdata.prepare import PrepareOptions, pool, prepare, run
 from sftdata.store import open_dataset, sha256_file
 
 
@@ -18,64 +18,6 @@ def records(n):
 
 def tree_bytes(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def test_split_is_exact_seeded_and_keeps_input_order(tmp_path):
-    src = write_jsonl(tmp_path / "in.jsonl", records(20))
-    prepare([src], tmp_path / "ds", PrepareOptions(val_split=0.25, seed=7))
-    ds = open_dataset(tmp_path / "ds")
-    val = ds.split("val").sources.tolist()
-    train = ds.split("train").sources.tolist()
-    assert val == sorted(np.random.RandomState(7).permutation(20)[:5].tolist())
-    assert train == sorted(set(range(20)) - set(val))
-    assert split_assignment(20, 0.25, 7).sum() == 5
-    assert split_assignment(10, 0.05, 1).sum() == 1  # round half up: 0.5 -> 1
-    assert split_assignment(10, 0.04, 1).sum() == 0
-
-
-def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
-    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)  # many chunks, so workers really share the work
-    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["bad line"])
-    opts = dict(val_split=0.2, seed=3, shard_tokens=200)
-    prepare([src], tmp_path / "a", PrepareOptions(workers=1, **opts))
-    prepare([src], tmp_path / "b", PrepareOptions(workers=2, **opts))
-    prepare([src], tmp_path / "c", PrepareOptions(workers=1, **opts))
-    a, b, c = tree_bytes(tmp_path / "a"), tree_bytes(tmp_path / "b"), tree_bytes(tmp_path / "c")
-    assert a == b == c
-    assert len([k for k in a if k.endswith("tokens.bin")]) > 2
-
-
-def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
-    """A worker process killed by the system (out of memory) used to leave prepare waiting
-    forever for its chunk; now prepare stops with a message and leaves nothing behind."""
-    import os
-    import signal
-
-    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
-    real = partition_task.process_chunk  # workers=2 on plain JSONL: each reads its own range
-
-    def dying(items, *args):
-        if any(r.record == 30 for r in items):
-            os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
-        return real(items, *args)
-
-    monkeypatch.setattr(partition_task, "process_chunk", dying)
-    src = write_jsonl(tmp_path / "in.jsonl", records(60))
-
-    def too_slow(*_):
-        raise TimeoutError("prepare hangs on a dead worker")
-
-    old = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(60)
-    try:
-        with pytest.raises(SftDataError, match=r"a worker process stopped unexpectedly .* rerun with fewer "
-                                               r"--workers") as e:
-            prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2))
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    assert "in.jsonl:line" in str(e.value)
-    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_multi_shard_output_with_tiny_shard_tokens(tmp_path):
@@ -361,23 +303,3 @@ def test_json_array_inputs_keep_integers_beyond_64_bits_exact(tmp_path):
     assert s.rejected == {"invalid_arguments": 1} and s.episodes == {"train": 1}
     (rej,) = [json.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()]
     assert rej["record"] == 1 and "the integer 123456789012345678901 does not fit in 64 bits" in rej["message"]
-
-
-def _files(root):
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_the_staging_split(tmp_path):
-    import functools
-
-    from sftdata.curate import CurateSettings
-
-    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["nope"])
-    opts = PrepareOptions(shard_tokens=120)  # several train shards
-    direct = prepare([src], tmp_path / "direct", opts)
-    # an executor sends the episodes through the staging shard and the split, as with a val split
-    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(run.local_results,
-                                                                                   curate=CurateSettings()))
-    assert direct.shards == staged.shards == {"train": direct.shards["train"]} and direct.shards["train"] > 2
-    assert _files(tmp_path / "direct") == _files(tmp_path / "staged")
-    assert not (tmp_path / "direct" / "_staging").exists()

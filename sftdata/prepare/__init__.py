@@ -4,20 +4,15 @@
 call. Its parts, one job a module: ``options`` (what it takes and gives), ``chunk`` (one
 chunk of records rendered and masked), ``pool`` (worker processes, results in input
 order), ``partition_task`` (a worker reading its own byte range of the input: the unit
-the Ray engine runs too), ``run`` (the run itself: curation, the exact split, the commit).
+the Ray engine runs too), ``split`` (the exact seeded train/val split), ``run`` (the run
+itself: each chunk's records curated in input order, the split, the commit).
 """
 
 from .chunk import choose_tokenizer, process_chunk
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
-from .partition_task import (
-    PartNumbering,
-    PartSummary,
-    local_parts,
-    partition_settings,
-    prepare_partition,
-    range_cuts,
-)
-from .run import default_workers, local_results, prepare, split_assignment
+from .partition_task import PartNumbering, PartSummary, local_parts, partition_settings, prepare_partition, range_cuts
+from .run import default_workers, local_results, prepare
+from .split import split_assignment
 
 __all__ = [
     "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",

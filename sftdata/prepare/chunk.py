@@ -11,14 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..conversation import parse_record
-from ..curate import (
-    CurateSettings,
-    concat_keys,
-    conversation_keys,
-)
-from ..errors import (
-    RecordError,
-)
+from ..curate import CurateSettings, concat_keys, conversation_keys
+from ..errors import RecordError
 from ..memo import MemoStats, SegmentMemo
 from ..render import render_chunk
 from ..sources import RawRecord

@@ -11,21 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
-from ..curate import (
-    DEDUP_MODES,
-    DEFAULT_NGRAM,
-    DEFAULT_THRESHOLD,
-    RecordKeys,
-)
-from ..errors import (
-    UsageError,
-)
+from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, RecordKeys
+from ..errors import UsageError
 from ..memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
 from ..order import DEFAULT_SEED
 from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
-from ..store import (
-    DEFAULT_SHARD_TOKENS,
-)
+from ..store import DEFAULT_SHARD_TOKENS
 from ..template import TemplateProfile
 from ..tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
 from ..tokenizer_engine import check_engine

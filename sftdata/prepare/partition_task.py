@@ -18,19 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..curate import (
-    CurateSettings,
-)
-from ..errors import (
-    SftDataError,
-)
+from ..curate import CurateSettings
+from ..errors import SftDataError
 from ..rejects import writing
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, SequentialScan, iter_partition, plan_partitions, splittable
-from ..store import (
-    STOP_FILE,
-    SplitWriter,
-)
+from ..store import STOP_FILE, SplitWriter
 from ..template import TemplateProfile
 from ..tokenizer import ChatTokenizer, HFTokenizer
 from .chunk import empty_result, merged, process_chunk, shifted

@@ -7,12 +7,8 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from ..curate import (
-    CurateSettings,
-)
-from ..errors import (
-    SftDataError,
-)
+from ..curate import CurateSettings
+from ..errors import SftDataError
 from ..lifetime import die_with_parent
 from ..sources import RawRecord
 from ..template import TemplateProfile

@@ -7,21 +7,18 @@
         ──► metadata (written last) ──► atomic rename to --output-dir
 
 Chunks are processed by ``workers`` processes but written strictly in input order, so
-the output is byte-identical for any number of workers. The split is exact over the
-accepted episodes: ``round(val_split * n)`` of them, chosen by
-``RandomState(seed).permutation(n)``, each split keeping input order. Memory is bounded
-by options, not by the input (docs/CLI.md has the formula): a few chunks in flight,
-each at most ``CHUNK_BYTES`` plus one record, and no record longer than
-``max_record_bytes`` is ever held (``sources`` reads past it and it is rejected as
-``record_too_large``).
+the output is byte-identical for any number of workers. This process decides on each
+chunk's records in input order (duplicates, contamination: ``curate_result``); the
+exact split over the accepted episodes is split.py's. Memory is bounded by options, not
+by the input (docs/CLI.md has the formula): a few chunks in flight, each at most
+``CHUNK_BYTES`` plus one record, and no record longer than ``max_record_bytes`` is ever
+held (``sources`` reads past it and it is rejected as ``record_too_large``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -32,11 +29,7 @@ import numpy as np
 import orjson
 
 from .. import __version__
-from ..curate import (
-    CurateSettings,
-    Deduplicator,
-    load_evals,
-)
+from ..curate import CurateSettings, Deduplicator, load_evals
 from ..errors import (
     AllRecordsRejectedError,
     NothingToTrainError,
@@ -53,8 +46,6 @@ from ..store import (
     REJECTS_FILE,
     TOKENIZER_FILE,
     DatasetWriter,
-    Shard,
-    SplitWriter,
     local_path,
     remote_url,
     token_dtype_for,
@@ -67,8 +58,8 @@ from .chunk import choose_tokenizer
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
 from .pool import chunk_results, chunks_of
+from .split import split_assignment, split_parts
 
-COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
 
@@ -110,65 +101,6 @@ def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokeni
     if can_partition(infos, opts, curate):
         return partition_results(infos, opts, tok, profile, token_dtype, stage_dir)
     return chunk_results(chunks_of(iter_all(infos, opts.max_record_bytes)), opts, tok, profile, curate)
-
-
-def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
-    """Boolean array: True where episode ``i`` (input order) goes to val.
-
-    Exactly ``floor(val_split * n + 0.5)`` episodes, chosen by
-    ``RandomState(seed).permutation(n)``.
-    """
-    k = int(math.floor(val_split * n + 0.5))
-    is_val = np.zeros(n, dtype=bool)
-    if k:
-        is_val[np.random.RandomState(seed).permutation(n)[:k]] = True
-    return is_val
-
-
-def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWriter], record_offset: int = 0) -> None:
-    """Stream the staging shard into train/val writers in windows of about COPY_TOKENS
-    tokens, keeping input order within each split (boolean selection, no index arrays)."""
-    lengths = src.episodes[:, 1].astype(np.int64)
-    ends = np.cumsum(lengths)
-    n = len(lengths)
-    i = 0
-    while i < n:
-        base = int(ends[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
-        j = min(j, n)
-        stop = int(ends[j - 1])
-        toks, mask = src.read_range(base, stop)
-        lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64) + record_offset, is_val[i:j]
-        tok_val = np.repeat(val, lens)
-        for flag, w in writers.items():
-            if w is None:
-                continue
-            sel = val if flag else ~val
-            if sel.any():
-                tsel = tok_val if flag else ~tok_val
-                w.add_many(toks[tsel], mask[tsel], lens[sel], srcs[sel])
-        i = j
-
-
-def _split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val: np.ndarray, dtype: np.dtype,
-                 opts: PrepareOptions) -> dict:
-    """The staging shard (``staged``: its metadata), then the engine's parts, into train and
-    val in input order; returns each split's metadata and removes what was staged."""
-    pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
-    pieces += [(Path(p.path), p.record_offset) for p in parts]
-    writers = {False: w.split("train", dtype, opts.shard_tokens),
-               True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
-    first = 0
-    for path, offset in pieces:  # in input order
-        src = Shard(path, dtype)
-        _split_staging(src, is_val[first:first + src.num_episodes], writers, offset)
-        first += src.num_episodes
-        del src
-    splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
-                   if wr is not None}
-    shutil.rmtree(w.path / "_staging")
-    shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
-    return splits_meta
 
 
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:
@@ -293,7 +225,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             if direct:
                 splits_meta = {"train": staged}
             else:
-                splits_meta = _split_parts(w, staged, parts, is_val, dtype, opts)
+                splits_meta = split_parts(w, staged, parts, is_val, dtype, opts)
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
         if splits_meta["train"]["trained_tokens"] == 0:
