@@ -280,6 +280,7 @@ def main() -> None:
     for spec in a.corpora:
         path, _, mode = spec.partition(":")
         src, mode = Path(path), mode or "tool"
+        WORK.mkdir(exist_ok=True)  # a fresh checkout has no _work folder yet
         texts_file = WORK / f"texts_{src.stem}.pkl"
         if not texts_file.exists():
             texts = message_texts(src) if mode == "chat" else [t for r in plan_texts(records_of(src), tok, mode)

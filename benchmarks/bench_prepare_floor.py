@@ -108,6 +108,7 @@ def main() -> None:
 
     path, _, mode = a.corpus.partition(":")
     src, mode = Path(path), mode or "tool"
+    WORK.mkdir(exist_ok=True)  # a fresh checkout has no _work folder yet
     texts_file = WORK / f"texts_{src.stem}.pkl"
     if not texts_file.exists():
         tok = load_tokenizer()

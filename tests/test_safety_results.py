@@ -39,8 +39,18 @@ from sftdata.packing import (
     trained_spans,
 )
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import METADATA_FILE, DatasetWriter, open_dataset, split_segments
-from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record
+from sftdata.store import (
+    METADATA_FILE,
+    PARTS_DIR,
+    REJECTS_FILE,
+    SERVING_FILE,
+    STAGING_SPLIT,
+    TOKENIZER_FILE,
+    DatasetWriter,
+    open_dataset,
+    split_segments,
+)
+from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record, staging_state
 from sftdata.tokenizer import MarkerIds
 
 runner = CliRunner()
@@ -533,6 +543,24 @@ def _staging(folder: Path, target: str, pid: int, **owner) -> Path:
     (path / "train" / "tokens.bin").write_bytes(bytes(1000))
     (path / OWNER_FILE).write_bytes(orjson.dumps(owner_record() | {"pid": pid, "start": "0"} | owner))
     return path
+
+
+def test_a_staging_folder_without_owner_record_is_stale_only_if_it_holds_sftdata_names_alone(tmp_path):
+    """Killed between mkdir and the owner record (or written by an older sftdata): the names
+    a run writes at any moment (the staging split, the engines' parts, serving.json ...) make
+    it sftdata's; any other name makes it unknown, and clean keeps it."""
+    dead = _dead_pid()
+    ours = tmp_path / f".ds.tmp-{dead}-0123abcd"
+    for name in (STAGING_SPLIT, PARTS_DIR, "train", "val"):
+        (ours / name).mkdir(parents=True)
+    for name in (REJECTS_FILE, TOKENIZER_FILE, SERVING_FILE):
+        (ours / name).write_text("{}")
+    old = time.time() - 3600
+    os.utime(ours, (old, old))
+    assert staging_state(ours) == ("stale", None)
+    (ours / "notes.txt").write_text("a user's file")
+    os.utime(ours, (old, old))
+    assert staging_state(ours) == ("unknown", None)
 
 
 def test_clean_lists_by_default_and_removes_only_stale_leftovers_with_yes(tmp_path):

@@ -44,6 +44,7 @@ from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
 from ..store import (
     PARTS_DIR,
     REJECTS_FILE,
+    STAGING_SPLIT,
     TOKENIZER_FILE,
     DatasetWriter,
     local_path,
@@ -164,8 +165,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         # no val split to draw (and no engine writing parts of its own): the episodes go straight to
         # train in input order, the shards train's own, with no staging copy to split afterwards
         direct = opts.val_split == 0 and executor is None
-        stage_name = "train" if direct else "_staging"
-        staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split("_staging", dtype, 1 << 62)
+        stage_name = "train" if direct else STAGING_SPLIT
+        staging = w.split("train", dtype, opts.shard_tokens) if direct else w.split(STAGING_SPLIT, dtype, 1 << 62)
         records = tokens = 0
         parts: list[StagedPart] = []
         rejects = w.path / REJECTS_FILE

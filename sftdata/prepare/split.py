@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import PARTS_DIR, DatasetWriter, Shard, SplitWriter
+from ..store import PARTS_DIR, STAGING_SPLIT, DatasetWriter, Shard, SplitWriter
 from .options import PrepareOptions, StagedPart
 
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
@@ -62,7 +62,7 @@ def split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val:
                  opts: PrepareOptions) -> dict:
     """The staging shard (``staged``: its metadata), then the engine's parts, into train and
     val in input order; returns each split's metadata and removes what was staged."""
-    pieces = [(w.path / "_staging" / "shard_00000", 0)] if staged["episodes"] else []
+    pieces = [(w.path / STAGING_SPLIT / "shard_00000", 0)] if staged["episodes"] else []
     pieces += [(Path(p.path), p.record_offset) for p in parts]
     writers = {False: w.split("train", dtype, opts.shard_tokens),
                True: w.split("val", dtype, opts.shard_tokens) if opts.val_split > 0 else None}
@@ -74,6 +74,6 @@ def split_parts(w: DatasetWriter, staged: dict, parts: list[StagedPart], is_val:
         del src
     splits_meta = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True]))
                    if wr is not None}
-    shutil.rmtree(w.path / "_staging")
+    shutil.rmtree(w.path / STAGING_SPLIT)
     shutil.rmtree(w.path / PARTS_DIR, ignore_errors=True)
     return splits_meta

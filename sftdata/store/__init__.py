@@ -47,6 +47,7 @@ from .format import (
     SERVING_FILE,
     SOURCES_FILE,
     SPLITS,
+    STAGING_SPLIT,
     STOP_FILE,
     TOKEN_DTYPES,
     TOKENIZER_FILE,
@@ -69,7 +70,7 @@ from .writer import DatasetWriter, PackedSplitWriter, ShardInfo, SplitWriter
 
 __all__ = [
     "DEFAULT_SHARD_TOKENS", "EPISODES_FILE", "FORMAT_NAME", "FORMAT_VERSION", "IDX_DTYPE", "MASK_FILE",
-    "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "PARTS_DIR", "STOP_FILE",
+    "METADATA_FILE", "NO_SOURCE", "REJECTS_FILE", "SEGMENT_FIELDS", "SEGMENTS_FILE", "PARTS_DIR", "STAGING_SPLIT", "STOP_FILE",
     "SERVING_FILE", "SOURCES_FILE", "SPLITS",
     "TOKEN_DTYPES", "TOKENIZER_FILE", "TOKENS_FILE", "detect_layout", "dumps_json", "iter_files", "list_shards",
     "read_json", "sha256_file", "shard_name", "token_dtype_for", "Segments", "split_segments", "Problem", "RECREATE",

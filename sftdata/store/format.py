@@ -36,6 +36,7 @@ EPISODES_FILE = "episodes.idx"
 SOURCES_FILE = "sources.idx"
 SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
 SPLITS = ("train", "val")
+STAGING_SPLIT = "_staging"  # in a run's staging folder: episodes in input order, before the train/val split
 PARTS_DIR = "_parts"  # in a run's staging folder: where an engine's tasks write (removed before the commit)
 STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped early, tasks write nothing more
 DEFAULT_SHARD_TOKENS = 100_000_000

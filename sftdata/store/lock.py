@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from ..errors import OutputExistsError
-from .format import METADATA_FILE, REJECTS_FILE, SPLITS, TOKENIZER_FILE
+from .format import METADATA_FILE, PARTS_DIR, REJECTS_FILE, SERVING_FILE, SPLITS, STAGING_SPLIT, TOKENIZER_FILE
 
 log = logging.getLogger("sftdata.store")
 
@@ -36,7 +36,8 @@ REPLACED_INFIX = ".old-"  # .NAME.old-RANDOM: the dataset --overwrite is replaci
 LOCK_SUFFIX = ".sftdata-lock"
 NO_OWNER_GRACE_S = 60.0  # a staging folder without an owner file is young for this long
 # what a staging folder holds at its top level, at any moment of a run
-STAGING_NAMES = frozenset({OWNER_FILE, "_staging", *SPLITS, REJECTS_FILE, TOKENIZER_FILE, METADATA_FILE})
+STAGING_NAMES = frozenset({OWNER_FILE, STAGING_SPLIT, PARTS_DIR, *SPLITS, REJECTS_FILE, TOKENIZER_FILE,
+                           SERVING_FILE, METADATA_FILE})
 
 
 def process_start(pid: int) -> str | None:
