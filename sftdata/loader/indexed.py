@@ -133,7 +133,30 @@ def eos_id(tokenizer_state: dict | None) -> int | None:
     return None if eos is None else int(eos)
 
 
-class EpisodeSource:
+class _IndexedSource:
+    """What the two sources over an episode index share: the config, the dataset and its
+    splits, and each split's order, made once (``_new_order``)."""
+
+    def __init__(self, cfg: LoaderConfig, ds: Dataset, world_size: int):
+        self.cfg = cfg
+        self.ds = ds
+        self.world_size = world_size
+        self.root = ds.root
+        self.splits = tuple(ds.splits)
+        self.tokenizer_state = ds.tokenizer_state
+        self._orders: dict[str, BatchOrder] = {}
+
+    def order(self, split: str) -> BatchOrder:
+        o = self._orders.get(split)
+        if o is None:
+            o = self._orders[split] = self._new_order(split, f"split {split!r} of {self.ds.root}")
+        return o
+
+    def _new_order(self, split: str, what: str) -> BatchOrder:
+        raise NotImplementedError
+
+
+class EpisodeSource(_IndexedSource):
     """Which episodes are in step N of a split, and the padded rows of those episodes.
 
     ``pad_id`` pads the rows; ``end_id`` (the tokenizer's EOS, else the pad id) ends an
@@ -150,26 +173,16 @@ class EpisodeSource:
         if cfg.pad_to_multiple_of not in (None, 1):
             raise ConfigError(f"pad_to_multiple_of is for packed rows (cu_seqlens of several sequences per row); "
                               f"{ds.root} holds one episode per row: leave it null, or pack the dataset")
-        self.cfg = cfg
-        self.ds = ds
-        self.world_size = world_size
-        self.root = ds.root
-        self.splits = tuple(ds.splits)
-        self.tokenizer_state = ds.tokenizer_state
+        super().__init__(cfg, ds, world_size)
         self.sampling = cfg.batch_sampling_mode or "epoch"
         self.pad_id = resolve_pad_id(cfg, ds)
         eos = eos_id(ds.tokenizer_state)
         self.real_mask = is_template_dataset(ds.tokenizer_state)  # rows then carry a mask, always
         self.end_id = None if self.real_mask else self.pad_id if eos is None else eos
-        self._orders: dict[str, BatchOrder] = {}
         self._warned: set[str] = set()
 
-    def order(self, split: str) -> BatchOrder:
-        o = self._orders.get(split)
-        if o is None:
-            o = self._orders[split] = episode_batch_order(self.cfg, self.ds.split(split).lengths, self.world_size,
-                                                          what=f"split {split!r} of {self.ds.root}")
-        return o
+    def _new_order(self, split: str, what: str) -> BatchOrder:
+        return episode_batch_order(self.cfg, self.ds.split(split).lengths, self.world_size, what=what)
 
     def size(self, split: str) -> int:
         """Eligible episodes of ``split``."""
@@ -276,7 +289,7 @@ def packed_batch(split: Split, seg: Segments, rows: np.ndarray, row_len: int, pa
                  max_seqlen=lay.max_seqlen)
 
 
-class PackedSource:
+class PackedSource(_IndexedSource):
     """Which rows are in step N of a split (one pass), and the batch of those rows."""
 
     mode = "packed"
@@ -300,23 +313,13 @@ class PackedSource:
         if cfg.pad_token_id is not None and cfg.pad_token_id != self.pad_id:
             raise ConfigError(f"{ds.root} was packed with pad id {self.pad_id}, but the config says pad_token_id "
                               f"{cfg.pad_token_id}; leave pad_token_id null or re-pack with --pad-id")
-        self.cfg = cfg
-        self.ds = ds
-        self.world_size = world_size
-        self.root = ds.root
-        self.splits = tuple(ds.splits)
-        self.tokenizer_state = ds.tokenizer_state
+        super().__init__(cfg, ds, world_size)
         self.row_len = int(packing["row_len"])
         self.strategy = packing.get("strategy")
-        self._orders: dict[str, BatchOrder] = {}
         self._segments: dict[str, Segments] = {}
 
-    def order(self, split: str) -> BatchOrder:
-        o = self._orders.get(split)
-        if o is None:
-            o = self._orders[split] = row_order(self.cfg, self.ds.split(split).num_rows, self.world_size,
-                                                what=f"split {split!r} of {self.ds.root}")
-        return o
+    def _new_order(self, split: str, what: str) -> BatchOrder:
+        return row_order(self.cfg, self.ds.split(split).num_rows, self.world_size, what=what)
 
     def size(self, split: str) -> int:
         return self.ds.split(split).num_rows
