@@ -8,10 +8,10 @@ the Ray engine runs too), ``split`` (the exact seeded train/val split), ``run`` 
 itself: each chunk's records curated in input order, the split, the commit).
 """
 
-from .chunk import choose_tokenizer, process_chunk
+from .chunk import process_chunk
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import PartNumbering, PartSummary, local_parts, partition_settings, prepare_partition, range_cuts
-from .run import default_workers, local_results, prepare
+from .run import choose_tokenizer, default_workers, local_results, prepare
 from .split import split_assignment
 
 __all__ = [

@@ -16,8 +16,8 @@ from ..errors import RecordError
 from ..memo import MemoStats, SegmentMemo
 from ..render import render_chunk
 from ..sources import RawRecord
-from ..template import TemplateProfile, model_profile, records_episodes
-from ..tokenizer import ChatTokenizer, HFTokenizer, open_tokenizer
+from ..template import TemplateProfile, records_episodes
+from ..tokenizer import ChatTokenizer, HFTokenizer
 from ..turns import TurnPolicy
 from .options import ChunkResult
 
@@ -70,18 +70,6 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped, records=len(items),
         keys=conversation_keys(accepted, sources, chunk.ids, chunk.lengths, curate),
         memo=memo.take_stats() if memo is not None else None)
-
-
-def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto"
-                     ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
-    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
-    the template ``--chat-template`` names (default: the folder's own), learned once here
-    and sent to the workers. ``--train-on last`` makes its rule train each episode's last
-    reply only. ``engine``: ``--tokenizer-engine``."""
-    tok = open_tokenizer(spec, engine)
-    if isinstance(tok, ChatTokenizer):
-        return tok, None
-    return tok, model_profile(tok, chat_template, last_reply_only=train_on == "last")
 
 
 def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,

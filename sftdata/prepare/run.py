@@ -52,16 +52,27 @@ from ..store import (
     token_dtype_for,
     write_serving,
 )
-from ..template import TemplateProfile, template_summary, tokenizer_state
-from ..tokenizer import ChatTokenizer, HFTokenizer, engine_record
+from ..template import TemplateProfile, model_profile, template_summary, tokenizer_state
+from ..tokenizer import ChatTokenizer, HFTokenizer, engine_record, open_tokenizer
 from ..turns import TURN_COUNTS
-from .chunk import choose_tokenizer
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
 from .pool import chunk_results, chunks_of
 from .split import split_assignment, split_parts
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
+
+
+def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto"
+                     ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
+    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
+    the template ``--chat-template`` names (default: the folder's own), learned once here
+    and sent to the workers. ``--train-on last`` makes its rule train each episode's last
+    reply only. ``engine``: ``--tokenizer-engine``."""
+    tok = open_tokenizer(spec, engine)
+    if isinstance(tok, ChatTokenizer):
+        return tok, None
+    return tok, model_profile(tok, chat_template, last_reply_only=train_on == "last")
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
