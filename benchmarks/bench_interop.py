@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_pack import synthetic_dataset  # noqa: E402
 
-from sftdata.config import LoaderConfig  # noqa: E402
-from sftdata.export import export  # noqa: E402
+from sftdata.interop.export import export  # noqa: E402
+from sftdata.order.config import LoaderConfig  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.torch import SFTDataset, SFTSampler, collate  # noqa: E402
 

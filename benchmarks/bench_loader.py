@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
-from sftdata.store import TOKENIZER_FILE, DatasetWriter  # noqa: E402
+from sftdata.store import TOKENIZER_FILE  # noqa: E402
+from sftdata.store.writer import DatasetWriter  # noqa: E402
 
 
 def build(path: Path, episodes: int, shard_tokens: int, seed: int = 0) -> tuple[int, int]:
@@ -88,7 +89,7 @@ def compare_with_datasets(episodes: int = 8000, batch: int = 64, block: int = 20
     from bench_interop import _cut_parquet, hf_tokenizer
     from bench_pack import synthetic_dataset
 
-    from sftdata.export import export
+    from sftdata.interop.export import export
     from sftdata.torch import SFTDataset
 
     datasets.disable_progress_bars()

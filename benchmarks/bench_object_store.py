@@ -38,8 +38,8 @@ from corpus import WORK, generated_corpus  # noqa: E402
 
 from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-from sftdata.store import fetch_dataset  # noqa: E402
 from sftdata.store import object_commit as oc  # noqa: E402
+from sftdata.store.object_cache import fetch_dataset  # noqa: E402
 
 BUCKET = "bench"
 

@@ -37,12 +37,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sftdata.masking import loss_mask  # noqa: E402
+from sftdata.chat.masking import loss_mask  # noqa: E402
+from sftdata.chat.tokenizer import load_tokenizer  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
-from sftdata.packing import padding_baseline, plan_bfd  # noqa: E402
+from sftdata.packing.plan import padding_baseline  # noqa: E402
+from sftdata.packing.strategies import plan_bfd  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-from sftdata.store import TOKENIZER_FILE, DatasetWriter, open_dataset  # noqa: E402
-from sftdata.tokenizer import load_tokenizer  # noqa: E402
+from sftdata.store import TOKENIZER_FILE, open_dataset  # noqa: E402
+from sftdata.store.writer import DatasetWriter  # noqa: E402
 
 
 class SegmentTree:

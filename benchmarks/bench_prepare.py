@@ -55,16 +55,16 @@ sys.path.insert(0, str(HERE))
 from corpus import WORK, generated_corpus, message_texts, write_agent_corpus, write_real_corpus  # noqa: E402
 
 from sftdata import prepare as prep  # noqa: E402
-from sftdata.conversation import parse_record  # noqa: E402
+from sftdata.chat.render import _plan  # noqa: E402
+from sftdata.chat.tokenizer import load_tokenizer  # noqa: E402
 from sftdata.errors import RecordError  # noqa: E402
-from sftdata.memo import DEFAULT_MEMO_MB, SegmentMemo  # noqa: E402
 from sftdata.prepare import (  # noqa: E402
     PrepareOptions,
     pool,  # noqa: E402
     prepare,
 )
-from sftdata.render import _plan  # noqa: E402
-from sftdata.tokenizer import load_tokenizer  # noqa: E402
+from sftdata.records.conversation import parse_record  # noqa: E402
+from sftdata.tokenize.memo import DEFAULT_MEMO_MB, SegmentMemo  # noqa: E402
 
 POLICY_CAPS_MIB = [0.02, 0.05, 0.1, 0.25]  # below and around the working set of the corpora here
 

@@ -53,7 +53,7 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = 
     """Runs inside one tree (its sftdata first on sys.path)."""
     from sftdata.prepare import PrepareOptions, prepare
     prep = _prepare_module("run")  # where prepare looks up local_results and curate_result
-    from sftdata.tokenizer import load_tokenizer
+    from sftdata.chat.tokenizer import load_tokenizer
 
     texts = pickle.loads(texts_file.read_bytes())
     core = load_tokenizer()._enc._core_bpe.encode_ordinary
@@ -134,7 +134,7 @@ def overhead_child(src: Path, mode: str, repeat: int) -> dict:
     ids recorded in a first run), so only what prepare does beside the core is timed: the best
     of ``repeat`` runs, and that run split into parsing, rendering, the duplicate keys and the
     rest (reading, writing, checksums, the tokenizer's start-up)."""
-    import sftdata.joined_encode as je
+    import sftdata.tokenize.joined as je
     prep, prep_chunk = _prepare_module("run"), _prepare_module("chunk")
 
     answers: dict = {}
@@ -272,7 +272,7 @@ def main() -> None:
     from bench_prepare import plan_texts, records_of
     from corpus import WORK, message_texts
 
-    from sftdata.tokenizer import load_tokenizer
+    from sftdata.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     trees = [t.resolve() for t in a.tree] if a.tree else [HERE.parent]

@@ -36,7 +36,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-STARTUP = ("import time\nfrom sftdata.tokenizer import load_tokenizer\n"
+STARTUP = ("import time\nfrom sftdata.chat.tokenizer import load_tokenizer\n"
            "c = time.process_time()\nload_tokenizer()\nprint(time.process_time() - c)")
 
 
@@ -49,8 +49,8 @@ def cpu(f) -> float:
 def child(src: Path, mode: str, texts_file: Path, repeat: int) -> dict:
     import orjson
 
+    from sftdata.chat.tokenizer import load_tokenizer
     from sftdata.prepare import PrepareOptions, prepare
-    from sftdata.tokenizer import load_tokenizer
 
     texts = pickle.loads(texts_file.read_bytes())
     core = load_tokenizer()._enc._core_bpe.encode_ordinary
@@ -104,7 +104,7 @@ def main() -> None:
     from bench_prepare import plan_texts, records_of
     from corpus import WORK, message_texts
 
-    from sftdata.tokenizer import load_tokenizer
+    from sftdata.chat.tokenizer import load_tokenizer
 
     path, _, mode = a.corpus.partition(":")
     src, mode = Path(path), mode or "tool"

@@ -55,11 +55,11 @@ sys.path.insert(0, str(HERE))
 
 from corpus import WORK, generated_corpus  # noqa: E402
 
-from sftdata.conversation import parse_record  # noqa: E402
-from sftdata.hf_tokenizer import load_hf_tokenizer  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.records.conversation import parse_record  # noqa: E402
 from sftdata.store import open_dataset  # noqa: E402
 from sftdata.template import PRESETS, conversation_messages, model_profile  # noqa: E402
+from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
 
 
 def package_dir(name: str) -> Path:

@@ -144,7 +144,7 @@ def run_peer(path: str, src: Path, cache: Path, workers: int, folder: Path | Non
 # ---- the peers (run in a child: ``--child tiktoken|hf``) ----
 
 def _tiktoken_map():
-    from sftdata.tokenizer import load_tokenizer
+    from sftdata.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     enc, m = tok._enc, tok.ids

@@ -28,10 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_verify import episodes_block  # noqa: E402
 
-from sftdata.masking import loss_mask  # noqa: E402
+from sftdata.chat.masking import loss_mask  # noqa: E402
+from sftdata.chat.tokenizer import load_tokenizer  # noqa: E402
 from sftdata.report import write_report  # noqa: E402
-from sftdata.store import REJECTS_FILE, DatasetWriter, token_dtype_for  # noqa: E402
-from sftdata.tokenizer import load_tokenizer  # noqa: E402
+from sftdata.store.format import REJECTS_FILE, token_dtype_for  # noqa: E402
+from sftdata.store.writer import DatasetWriter  # noqa: E402
 
 BLOCK = 8_000  # episodes generated at once (four blocks, reused round robin)
 EVERY = 50  # one input record in EVERY is rejected

@@ -32,9 +32,9 @@ from corpus import _text  # noqa: E402
 from gpt import GPT  # noqa: E402
 from trainer import TrainSettings, make_optimizer, step_inputs, train_loop  # noqa: E402
 
-from sftdata.attention import block_causal_mask  # noqa: E402
 from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
+from sftdata.packing.attention import block_causal_mask  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 

@@ -21,11 +21,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sftdata.masking import loss_mask  # noqa: E402
+from sftdata.chat.masking import loss_mask  # noqa: E402
+from sftdata.chat.tokenizer import load_tokenizer  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.report import overview  # noqa: E402
-from sftdata.store import DatasetWriter, iter_files, sha256_file, token_dtype_for  # noqa: E402
-from sftdata.tokenizer import load_tokenizer  # noqa: E402
+from sftdata.store.format import iter_files, token_dtype_for  # noqa: E402
+from sftdata.store.writer import DatasetWriter  # noqa: E402
+from sftdata.util.hashing import sha256_file  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
 
 

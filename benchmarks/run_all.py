@@ -243,7 +243,7 @@ def _prepare_goals(sizes: dict, mb: float) -> list[Row]:
     from bench_prepare_floor import STARTUP
     from corpus import generated_corpus
 
-    from sftdata.memo import DEFAULT_MEMO_MB
+    from sftdata.tokenize.memo import DEFAULT_MEMO_MB
 
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -307,7 +307,7 @@ def section_load(sizes: dict) -> list[Row]:
 def section_verify(sizes: dict) -> list[Row]:
     from bench_verify import generate
 
-    from sftdata.store import iter_files
+    from sftdata.store.format import iter_files
     from sftdata.verify import verify
 
     gb = sizes["verify_gb"]

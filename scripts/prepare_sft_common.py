@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from sftdata.errors import SftDataError  # noqa: E402
-from sftdata.order import DEFAULT_SEED  # noqa: E402
+from sftdata.order.batches import DEFAULT_SEED  # noqa: E402
 from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
 from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
 from sftdata.sources import DEFAULT_MAX_RECORD_BYTES  # noqa: E402

@@ -44,9 +44,9 @@ from trainer import (  # noqa: E402
     training_keys,
 )
 
-from sftdata.attention import block_causal_mask  # noqa: E402
 from sftdata.errors import ConfigError, SftDataError  # noqa: E402
 from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
+from sftdata.packing.attention import block_causal_mask  # noqa: E402
 
 
 # ----------------------------------------------------------------------- the CLI

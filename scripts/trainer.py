@@ -35,7 +35,7 @@ from gpt import GPT, GPTConfig, block_causal_mask
 
 from sftdata.errors import ConfigError
 from sftdata.loader import IGNORE_INDEX, Batch, apply_ignore_index
-from sftdata.order import DEFAULT_SEED
+from sftdata.order.batches import DEFAULT_SEED
 
 CKPT_FORMAT = "sftdata-train-checkpoint"
 CKPT_VERSION = 1

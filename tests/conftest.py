@@ -7,16 +7,53 @@ from pathlib import Path
 
 import pytest
 
-from sftdata.tokenizer import load_tokenizer
+from sftdata.chat.tokenizer import load_tokenizer
 
 
 def pytest_configure(config):
-    """The user's cache of converted tokenizer tables (``sftdata.cache``) goes to a fresh
+    """The user's cache of converted tokenizer tables (``sftdata.util.cache``) goes to a fresh
     temporary folder: tests neither read nor fill the real one."""
     import os
     import tempfile
 
     os.environ["SFTDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="sftdata-test-cache-")
+
+
+# CLI output under test is never wrapped, whatever the terminal (COLUMNS=50 in the shell) or
+# the temp path's length: tests that check a layout at a width pass their own COLUMNS
+TEST_COLUMNS = "1000"
+
+
+@pytest.fixture(autouse=True)
+def _fixed_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", TEST_COLUMNS)
+    monkeypatch.delenv("LINES", raising=False)
+
+
+# the longest temp folder a Unix socket can live under (sun_path holds 107 bytes, and
+# multiprocessing, torch's DataLoader workers and Ray put sockets a few names below it)
+SOCKET_SAFE_TEMP = 60
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _short_socket_folder(tmp_path_factory):
+    """A temp folder too long for a Unix socket (TMPDIR of 150 characters) still holds every
+    test's files (pytest's base temp is fixed first, below it), while the sockets that
+    multiprocessing, torch and Ray make go to a short private folder of this session."""
+    import shutil
+    import tempfile
+
+    tmp_path_factory.getbasetemp()
+    if len(tempfile.gettempdir()) <= SOCKET_SAFE_TEMP:
+        yield
+        return
+    short = tempfile.mkdtemp(prefix="sftdata-sock-", dir="/tmp")
+    saved, tempfile.tempdir = tempfile.tempdir, short
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from sftdata.pack import PackOptions, pack
-from sftdata.store import TOKENIZER_FILE, DatasetWriter
+from sftdata.store import TOKENIZER_FILE
+from sftdata.store.writer import DatasetWriter
 
 EOS = 7
 

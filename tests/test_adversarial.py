@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hostile_inputs import gzip_repeated, record, run_measured
 
+from sftdata.chat.tokenizer import recorded_tokenizer
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
 
@@ -138,5 +139,5 @@ def test_an_escaped_nul_is_text_and_is_kept(tmp_path):
     s = prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
     assert s.episodes == {"train": 1} and s.rejected == {}
     ds = open_dataset(tmp_path / "ds")
-    tok = ds.tokenizer()
+    tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
     assert "q\x00r" in tok.decode(np.asarray(ds.split("train").shards[0].tokens).tolist())

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from test_packing import M, build, random_episode
 
-from sftdata.attention import block_causal_mask, cu_seqlens
-from sftdata.packing import plan_bfd, plan_stream, row_layout
+from sftdata.packing import row_layout
+from sftdata.packing.attention import block_causal_mask, cu_seqlens
+from sftdata.packing.strategies import plan_bfd, plan_stream
 
 NEG = -np.inf
 

@@ -6,9 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from sftdata.audit import AuditLog, check_audit, format_line, format_value, parse_line, read_log
 from sftdata.errors import InputError, UsageError
-from sftdata.order import BatchOrder
+from sftdata.order.audit import AuditLog, check_audit, format_line, format_value, parse_line, read_log
+from sftdata.order.batches import BatchOrder
 
 DOCUMENTED_LINES = [
     "2026-01-03T16:44:19.628Z | TRAINING | INFO | action=dataset_load | epoch_seed=42 | epoch_shuffle=true "

@@ -1,4 +1,4 @@
-"""Token-budget batches (sftdata.budget_order, LoaderConfig.batch_tokens): deterministic from
+"""Token-budget batches (sftdata.order.budget, LoaderConfig.batch_tokens): deterministic from
 the seed, within the budget, one micro-batch per rank per step, replayed by replay-order,
 resumed by state_dict, and refused where they do not apply."""
 
@@ -11,15 +11,15 @@ import pytest
 from conftest import write_jsonl
 from typer.testing import CliRunner
 
-from sftdata.budget_order import TokenBudgetOrder, budget_bounds, episode_batch_order
 from sftdata.cli import app
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, UsageError
 from sftdata.interop import SFTDataset, SFTSampler
 from sftdata.loader import make_loader
+from sftdata.order.budget import TokenBudgetOrder, budget_bounds, episode_batch_order
+from sftdata.order.config import LoaderConfig
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.replay import replay_order
+from sftdata.replay.dataset import replay_order
 
 runner = CliRunner()
 

@@ -10,21 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftdata import cache
-from sftdata import tokenizer as tokenizer_mod
-from sftdata.cache import (
-    CACHE_ENV,
-    arrays_to_ranks,
-    cache_dir,
-    cached,
-    decode_entry,
-    encode_entry,
-    entry_path,
-    ranks_to_arrays,
-    read_entry,
-    write_entry,
-)
-from sftdata.tokenizer import load_tokenizer
+from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.tokenize import ranks as tokenizer_mod
+from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
+from sftdata.util.cache import CACHE_ENV, cache_dir, cached, decode_entry, encode_entry, entry_path, read_entry, write_entry
+from sftdata.util.hashing import sha256_file
 
 KEY = "ab" * 32
 
@@ -134,10 +124,10 @@ def test_a_tiktoken_file_is_cached_by_its_sha256(here, tmp_path):
     first = load_tokenizer(str(path))
     assert any(p.name.startswith("tiktoken-ranks-v1-") for p in here.iterdir())
     second = load_tokenizer(str(path))
-    assert second.ranks_sha256 == first.ranks_sha256 == cache.file_sha256(path)
+    assert second.ranks_sha256 == first.ranks_sha256 == sha256_file(path)
     assert second.encode("hehe") == [256, 256]
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64 !!\n")
     with pytest.raises(Exception, match="is not a valid .tiktoken ranks file"):
         load_tokenizer(str(bad))
-    assert not any(cache.file_sha256(bad) in p.name for p in here.iterdir())  # a failure is not cached
+    assert not any(sha256_file(bad) in p.name for p in here.iterdir())  # a failure is not cached

@@ -18,12 +18,12 @@ from test_template_fixtures import TOKENS, WEATHER_TOOL, llama3_folder, train_to
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.config import LoaderConfig
-from sftdata.conversation import parse_record
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.loader import make_loader
+from sftdata.order.config import LoaderConfig
+from sftdata.records.conversation import parse_record
 from sftdata.store import open_dataset
 from sftdata.template import PRESETS, conversation_messages, model_profile, render_conversation, tool_schemas
+from sftdata.tokenize.hf import load_hf_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 runner = CliRunner()
@@ -248,7 +248,7 @@ def test_a_tampered_mask_is_caught(tmp_path, llama):
     r = run("verify", bad, "--quick")
     assert r.exit_code == 1
     assert (f"the mask of episode 0 trains 1 token(s) the mask rule leaves untrained (first: token {p}, in an "
-            "assistant header)") in r.output.replace("\n", " ")
+            "assistant header)") in " ".join(r.output.split())
 
 
 def test_verify_skips_the_hash_of_a_moved_tokenizer_and_refuses_a_changed_one(tmp_path, folders):
@@ -260,13 +260,13 @@ def test_verify_skips_the_hash_of_a_moved_tokenizer_and_refuses_a_changed_one(tm
     data = (folder / "tokenizer.json").read_bytes()
     (folder / "tokenizer.json").write_bytes(data + b"\n")
     r = run("verify", ds)
-    assert r.exit_code == 1 and "token ids would mean other text" in r.output.replace("\n", " ")
+    assert r.exit_code == 1 and "token ids would mean other text" in " ".join(r.output.split())
     shutil.move(folder, tmp_path / "moved")
     r = run("verify", ds)
     assert r.exit_code == 0, r.output
     assert "skipped (tokenizer file not here)" in r.output
     r = run("inspect", ds, "--episode", "0")
-    assert r.exit_code == 1 and "is gone; pass the tokenizer.json" in r.output.replace("\n", " ")
+    assert r.exit_code == 1 and "is gone; pass the tokenizer.json" in " ".join(r.output.split())
     (tmp_path / "moved" / "tokenizer.json").write_bytes(data)
     r = run("inspect", ds, "--episode", "0", "--tokenizer", tmp_path / "moved")
     assert r.exit_code == 0 and "⟦Hello!<end_of_turn>" in r.output
@@ -309,9 +309,9 @@ def test_rule_mismatch_is_rejected_by_name_and_per_reply_records_counted(tmp_pat
     assert orjson.loads((tmp_path / "pr" / "tokenizer_state.json").read_bytes())["mask_rule"]["last_reply_only"]
     r = run("pack", tmp_path / "pr", "-o", tmp_path / "p1", "--strategy", "stream", "--block-size", "64")
     assert r.exit_code == 2 and "trains only the last reply of each episode, and stream packing cuts episodes" in \
-        r.output.replace("\n", " ")
+        " ".join(r.output.split())
     r = run("pack", tmp_path / "pr", "-o", tmp_path / "p2", "--block-size", "8")
-    assert r.exit_code == 2 and "Use --overlong drop, or a --block-size of at least" in r.output.replace("\n", " ")
+    assert r.exit_code == 2 and "Use --overlong drop, or a --block-size of at least" in " ".join(r.output.split())
     r = run("pack", tmp_path / "pr", "-o", tmp_path / "p3", "--block-size", "64")
     assert r.exit_code == 0, r.output
     assert run("verify", tmp_path / "p3").exit_code == 0
@@ -339,7 +339,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, folders):
     r = run("prepare-chat", src, "-o", tmp_path / "s", "--tokenizer", folders["chatml"], "--chat-template", silent)
     assert r.exit_code == 1
     assert "error: chat template silent.jinja renders no assistant reply's text in a probe conversation" in \
-        r.output.replace("\n", " ")
+        " ".join(r.output.split())
     # a tokenizer.json that is not one
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "tokenizer.json").write_text('{"version": "1.0"}')
@@ -350,12 +350,12 @@ def test_bad_inputs_are_clear_errors(tmp_path, folders):
     r = run("prepare-chat", src, "-o", tmp_path / "c", "--chat-template", "llama3")
     assert r.exit_code == 2
     assert ("--chat-template llama3 needs a model's own tokenizer: --tokenizer path/to/tokenizer.json or the model "
-            "folder holding it") in r.output.replace("\n", " ")
+            "folder holding it") in " ".join(r.output.split())
     # a tokenizer that ships no template, and no --chat-template: names the presets
     r = run("prepare-chat", src, "-o", tmp_path / "d", "--tokenizer", folders["gemma"])
     assert r.exit_code == 1
     assert "ships no chat template; pass --chat-template with a preset (chatml, gemma, llama3, mistral, qwen3) or a " \
-           ".jinja file" in r.output.replace("\n", " ")
+           ".jinja file" in " ".join(r.output.split())
     assert not any((tmp_path / d).exists() for d in ("s", "b", "c", "d"))
 
 

@@ -20,7 +20,7 @@ def ds(tmp_path_factory):
 
 
 def run(*args, env=None):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200", **(env or {})})
+    return runner.invoke(app, [str(a) for a in args], env=env)
 
 
 def test_overview(ds):
@@ -84,7 +84,7 @@ def test_dataset_errors_exit_1(ds, tmp_path):
     r = run("inspect", tmp_path / "missing")
     assert r.exit_code == 1 and "does not exist" in r.output
     r = run("inspect", ds, "--record", 8)
-    assert r.exit_code == 1 and "rejected at prepare time (invalid_json" in r.output.replace("\n", " ")
+    assert r.exit_code == 1 and "rejected at prepare time (invalid_json" in " ".join(r.output.split())
     r = run("inspect", ds, "--episode", 60)
     assert r.exit_code == 1 and "episode 60 does not exist" in r.output
 

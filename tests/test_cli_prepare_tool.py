@@ -11,11 +11,11 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
+from sftdata.chat.render import render
+from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.cli import app
-from sftdata.conversation import parse_record
-from sftdata.render import render
+from sftdata.records.conversation import parse_record
 from sftdata.store import open_dataset
-from sftdata.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

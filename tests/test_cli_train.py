@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 import train  # noqa: E402
 from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
 
-from sftdata import memory  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.util import memory  # noqa: E402
 
 
 def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(byte_ds, tmp_path, capsys, monkeypatch):  # noqa: F811

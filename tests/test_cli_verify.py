@@ -28,7 +28,7 @@ def ds(pristine, tmp_path):
 
 
 def run(*args):
-    return runner.invoke(app, ["verify", *map(str, args)], env={"COLUMNS": "200"})
+    return runner.invoke(app, ["verify", *map(str, args)])
 
 
 def test_clean_dataset_exits_0(ds):

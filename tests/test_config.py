@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError
+from sftdata.order.config import LoaderConfig
 
 
 def write(p, obj):

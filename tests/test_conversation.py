@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sftdata.conversation import Turn, parse_record
+from sftdata.chat.render import render
 from sftdata.errors import RecordError
-from sftdata.render import render
+from sftdata.records.conversation import Turn, parse_record
 
 W = "f.jsonl:line 3"
 
@@ -189,7 +189,7 @@ def test_too_long_has_its_exact_message(tok):
 def test_every_reason_code_in_the_code_is_tested_above():
     root = Path(__file__).resolve().parents[1] / "sftdata"
     codes = set()
-    files = [root / n for n in ("conversation.py", "turns.py", "message_content.py", "tool_format.py", "render.py")]
+    files = sorted((root / "records").glob("*.py")) + [root / "chat" / "render.py"]
     for path in files + sorted((root / "prepare").glob("*.py")):
         codes |= set(re.findall(r'RecordError\(\s*"([a-z0-9_]+)"', path.read_text()))
     assert codes == {r[0] for r in REASONS} | {"too_long"}

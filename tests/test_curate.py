@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sftdata.conversation import parse_record
 from sftdata.curate import Deduplicator, RecordKeys, build_eval_index, canonical_text, exact_key
 from sftdata.curate.decontaminate import item_text, ngram_hashes, words
 from sftdata.curate.minhash import band_keys, lsh_params, shingle_hashes, signatures
 from sftdata.errors import UsageError
+from sftdata.records.conversation import parse_record
 
 
 def conv(*texts):

@@ -14,7 +14,7 @@ from sftdata.cli import app
 from sftdata.engine.pack_ray import plan_slice, ray_pack_executor, shard_ranges
 from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
-from sftdata.packing import plan_bfd
+from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
 
 runner = CliRunner()

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine.verify_ray import ray_verify_executor
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.template import PRESETS
+from sftdata.tokenize.hf import load_hf_tokenizer
 from sftdata.verify import verify
 
 runner = CliRunner()

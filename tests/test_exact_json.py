@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sftdata.conversation import decode_json
 from sftdata.errors import RecordError
-from sftdata.exact_json import InexactJSON, check_exact, loads
+from sftdata.records.conversation import decode_json
+from sftdata.records.exact_json import InexactJSON, check_exact, loads
 
 
 def test_loads_keeps_long_integers_exact_and_everything_else_as_orjson():

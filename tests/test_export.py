@@ -15,10 +15,10 @@ from loader_util import make_dataset, make_flat, make_packed
 from test_pack import source  # noqa: F401  (module fixture: a prepared dataset, several shards)
 from typer.testing import CliRunner
 
-from sftdata import export as export_mod
 from sftdata.cli import app
 from sftdata.errors import ConfigError, DatasetError, OutputExistsError, UsageError
-from sftdata.export import PARQUET_KEY, ExportOptions, export
+from sftdata.interop import export as export_mod
+from sftdata.interop.export import PARQUET_KEY, ExportOptions, export
 from sftdata.loader import IGNORE_INDEX
 from sftdata.store import METADATA_FILE, read_json
 from sftdata.torch import SFTDataset

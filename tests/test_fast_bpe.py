@@ -16,14 +16,14 @@ from conftest import chat, write_jsonl
 from test_template_fixtures import TOKENS, llama3_file, llama3_folder, train_tokenizer
 from typer.testing import CliRunner
 
-from sftdata.bpe_check import self_check_texts
 from sftdata.cli import app
 from sftdata.errors import TokenizerError, UsageError
-from sftdata.fast_bpe import GPT2_PATTERN, byte_alphabet, convert, fast_plan, token_bytes
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.prepare import PrepareOptions
 from sftdata.template import PRESETS
-from sftdata.tokenizer_engine import PROVEN, check_engine
+from sftdata.tokenize.bpe_check import self_check_texts
+from sftdata.tokenize.engine import PROVEN, check_engine
+from sftdata.tokenize.fast_bpe import GPT2_PATTERN, byte_alphabet, convert, fast_plan, token_bytes
+from sftdata.tokenize.hf import load_hf_tokenizer
 
 runner = CliRunner()
 SPLIT = {"type": "Split", "pattern": {"Regex": r"\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+"}, "behavior": "Isolated",
@@ -366,7 +366,7 @@ def test_verify_retokenize_in_text_and_json(trained, tmp_path):
 
 
 def test_a_second_load_takes_the_proof_from_the_cache_and_never_loads_the_library(trained, tmp_path, monkeypatch):
-    from sftdata import cache
+    from sftdata.util import cache
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
     first = load_hf_tokenizer(trained)
@@ -393,7 +393,7 @@ def test_a_second_load_takes_the_proof_from_the_cache_and_never_loads_the_librar
 
 
 def test_a_self_check_difference_sends_auto_to_the_library(trained, monkeypatch):
-    import sftdata.tokenizer_engine as engine_mod
+    import sftdata.tokenize.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "self_check", lambda fast, lib, added: ({}, "self-check text 3 ('x') encodes "
                                                                             "differently at token 0"))
@@ -407,7 +407,7 @@ def test_a_self_check_difference_sends_auto_to_the_library(trained, monkeypatch)
 
 
 def test_the_recorded_engine_does_not_depend_on_the_cache(trained, tmp_path, monkeypatch):
-    from sftdata import cache
+    from sftdata.util import cache
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
     cold, warm = load_hf_tokenizer(trained).state(), load_hf_tokenizer(trained).state()

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.replay import replay_order
+from sftdata.replay.dataset import replay_order
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -5,11 +5,11 @@ import random
 import numpy as np
 import pytest
 
-from sftdata.conversation import Conversation, ToolCall, Turn
+from sftdata.chat.render import RenderedChunk, render_chunk
+from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import RecordError
-from sftdata.joined_encode import JoinedEncoder
-from sftdata.render import RenderedChunk, render_chunk
-from sftdata.tokenizer import load_tokenizer
+from sftdata.records.conversation import Conversation, ToolCall, Turn
+from sftdata.tokenize.joined import JoinedEncoder
 
 # texts that stress the seams: whitespace at both ends (the split pattern's \s++$ and
 # \s+(?!\S)), numbers, non-Latin scripts, marker-like strings that are not markers, and

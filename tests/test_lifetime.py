@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from sftdata.lifetime import _watch
+from sftdata.util.lifetime import _watch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_pool_workers_die_within_a_second_of_a_sigkilled_parent():
     code = textwrap.dedent("""
         import os, time
         from concurrent.futures import ProcessPoolExecutor
-        from sftdata.lifetime import die_with_parent
+        from sftdata.util.lifetime import die_with_parent
         def pid(_): time.sleep(0.2); return os.getpid()
         pool = ProcessPoolExecutor(2, initializer=die_with_parent, initargs=(os.getpid(),))
         print(" ".join(map(str, sorted(set(pool.map(pid, range(8)))))), flush=True)
@@ -50,7 +50,7 @@ def test_pool_workers_die_within_a_second_of_a_sigkilled_parent():
 
 
 def test_a_parent_that_died_before_the_call_ends_the_worker_at_once():
-    code = "import os; from sftdata.lifetime import die_with_parent; die_with_parent(os.getppid() + 1); print('survived')"
+    code = "import os; from sftdata.util.lifetime import die_with_parent; die_with_parent(os.getppid() + 1); print('survived')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (r.returncode, r.stdout) == (1, "")
@@ -58,7 +58,7 @@ def test_a_parent_that_died_before_the_call_ends_the_worker_at_once():
 
 def test_the_linux_mechanism_is_the_kernels():
     if sys.platform.startswith("linux"):
-        code = "import os; from sftdata.lifetime import die_with_parent; print(die_with_parent(os.getppid()))"
+        code = "import os; from sftdata.util.lifetime import die_with_parent; print(die_with_parent(os.getppid()))"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.stdout == "pdeathsig\n"

@@ -16,7 +16,6 @@ from conftest import chat, write_jsonl
 from loader_util import EOS, PACKED_BLOCK, make_dataset, make_packed, make_stream
 from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
-from sftdata.audit import read_log
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import (
     IGNORE_INDEX,
@@ -30,6 +29,7 @@ from sftdata.loader import (
     apply_ignore_index,
     make_loader,
 )
+from sftdata.order.audit import read_log
 from sftdata.prepare import PrepareOptions, prepare
 
 LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8]  # episode 2 (1 token) is below episode_min_tokens=2
@@ -60,10 +60,27 @@ def same(a: Batch, b: Batch) -> bool:
 
 
 def test_import_loader_needs_numpy_only():
-    code = ("import sys, sftdata.loader, sftdata.order, sftdata.config, sftdata.audit; "
+    code = ("import sys, sftdata.loader, sftdata.order, sftdata.order.config, sftdata.order.audit; "
             "print(sorted(m for m in ('torch', 'typer', 'rich', 'click') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_import_loader_loads_no_parsing_template_source_or_curation_code():
+    """A training process imports the loader, the store's reader, the order and the mask
+    markers: at most 30 sftdata modules, none of record parsing, templates, sources,
+    curation, tokenizers or object storage, and no third-party library but numpy/orjson."""
+    code = ("import json, sys, sftdata.loader; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('sftdata', 'jinja2', 'tokenizers', 'tiktoken', 'pyarrow', 'fsspec', 'torch', 'typer', 'rich'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout)
+    assert all(m.startswith("sftdata") for m in loaded), loaded
+    assert len(loaded) <= 30, loaded
+    heavy = ("sftdata.records", "sftdata.template", "sftdata.sources", "sftdata.curate", "sftdata.prepare",
+             "sftdata.chat.render", "sftdata.chat.tokenizer", "sftdata.tokenize.", "sftdata.store.object",
+             "sftdata.store.mixture", "sftdata.store.writer")
+    assert [m for m in loaded if m.startswith(heavy)] == []
 
 
 # ------------------------------------------------------------------------- the Batch

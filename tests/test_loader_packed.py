@@ -10,11 +10,11 @@ import pytest
 from loader_util import PACKED_BLOCK, make_packed
 from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
-from sftdata.attention import block_causal_mask
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError
 from sftdata.loader import make_loader
+from sftdata.order.config import LoaderConfig
 from sftdata.packing import row_layout
+from sftdata.packing.attention import block_causal_mask
 from sftdata.store import open_dataset, split_segments
 
 BLOCK = PACKED_BLOCK

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError
 from sftdata.loader import Loader, make_loader
+from sftdata.order.config import LoaderConfig
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sftdata.chat.loss_rule import MarkerRule, TemplateRule, as_rule, rule_from_state
+from sftdata.chat.markers import MarkerIds
+from sftdata.chat.masking import loss_mask
+from sftdata.chat.template_rule import segment_rule_mask
+from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import DatasetError
-from sftdata.loss_rule import MarkerRule, TemplateRule, as_rule, rule_from_state
-from sftdata.masking import loss_mask
-from sftdata.packing import Segments, row_mask, segment_masks, stream_prefix
+from sftdata.packing import Segments
+from sftdata.packing.plan import row_mask, segment_masks
+from sftdata.packing.strategies import stream_prefix
 from sftdata.template import MaskRule, rule_mask
-from sftdata.template.rule import segment_rule_mask
-from sftdata.tokenizer import MarkerIds, load_tokenizer
 
 H1, H2, E = 5, 6, 9  # header <5 6>, end-of-turn 9
 RULE = MaskRule(headers=((H1, H2),), end_ids=(E,))

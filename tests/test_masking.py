@@ -1,7 +1,7 @@
 import numpy as np
 
-from sftdata.masking import loss_mask, rule_mask
-from sftdata.tokenizer import MarkerIds
+from sftdata.chat.markers import MarkerIds
+from sftdata.chat.masking import loss_mask, rule_mask
 
 # the markers of a dataset written before reasoning and untrained turns had markers ...
 M = MarkerIds(system=1001, user=1002, assistant=1003, tool=1004, tool_call=1005, end=1006, eos=1000)

@@ -6,19 +6,12 @@ import pytest
 from agent_data import agent_records
 from conftest import chat, write_jsonl
 
+from sftdata.chat.render import SPLIT_SAFE_PATTERNS, TOOLS_HEADER, render_batch, render_chunk, splits_at_newlines, system_parts
 from sftdata.errors import UsageError
-from sftdata.memo import ENTRY_BYTES, PROBE_EVERY, SEEN_BYTES, WINDOW_CALLS, SegmentMemo, id_array
 from sftdata.prepare import PrepareOptions, pool, prepare
-from sftdata.render import (
-    SPLIT_SAFE_PATTERNS,
-    TOOLS_HEADER,
-    render_batch,
-    render_chunk,
-    splits_at_newlines,
-    system_parts,
-)
+from sftdata.records.tools import parse_tool
 from sftdata.store import open_dataset
-from sftdata.tool_format import parse_tool
+from sftdata.tokenize.memo import ENTRY_BYTES, PROBE_EVERY, SEEN_BYTES, WINDOW_CALLS, SegmentMemo, id_array
 
 
 def tree_bytes(root):

@@ -3,7 +3,7 @@
 import pytest
 
 from sftdata.errors import UsageError
-from sftdata.memory import available_bytes, check_fits, human
+from sftdata.util.memory import available_bytes, check_fits, human
 
 
 def test_a_size_beyond_what_is_available_is_refused_with_both_figures():

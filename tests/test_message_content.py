@@ -4,10 +4,10 @@ tokenizer's encode of the texts plus the marker ids."""
 
 import pytest
 
-from sftdata.conversation import Turn, TurnPolicy, parse_record
+from sftdata.chat.render import render
 from sftdata.errors import RecordError
-from sftdata.message_content import read_content
-from sftdata.render import render
+from sftdata.records.content import read_content
+from sftdata.records.conversation import Turn, TurnPolicy, parse_record
 
 W = "f.jsonl:line 1"
 U = {"role": "user", "content": "Is 91 prime?"}

@@ -15,13 +15,13 @@ import pytest
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
-from sftdata.audit import read_log
 from sftdata.cli import app
 from sftdata.errors import ConfigError, DatasetError, OutputExistsError
 from sftdata.loader import LoaderConfig, make_loader
+from sftdata.order.audit import read_log
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.replay_mixture import replay_mixture
+from sftdata.replay.mixture import replay_mixture
 from sftdata.store.mixture import is_mixture_file, make_mixture, open_mixture
 
 runner = CliRunner()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError
-from sftdata.mixture import Mixture, MixtureMember, check_mixture, mixture_from_dict
-from sftdata.mixture_order import MemberItems, MixtureOrder
+from sftdata.order.mixture import MemberItems, MixtureOrder
+from sftdata.store.mixture import Mixture, MixtureMember, check_mixture, mixture_from_dict
 
 SHA = "0" * 64
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, UsageError
-from sftdata.order import BatchOrder, StepEvent, eligible_ids, episode_order, epoch_permutation, random_draws, row_order
+from sftdata.order.batches import BatchOrder, StepEvent, eligible_ids, episode_order, epoch_permutation, random_draws, row_order
+from sftdata.order.config import LoaderConfig
 
 
 def stream(o: BatchOrder, steps: int) -> np.ndarray:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sftdata.errors import ConfigError, UsageError
-from sftdata.order import BatchOrder, Origin, StepEvent
+from sftdata.order.batches import BatchOrder, Origin, StepEvent
 
 
 def order(n=23, bs=3, ws=2, **kw) -> BatchOrder:

@@ -8,22 +8,16 @@ import numpy as np
 import orjson
 import pytest
 
+from sftdata.chat.markers import MarkerIds
+from sftdata.chat.masking import loss_mask
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
-from sftdata.masking import loss_mask
 from sftdata.pack import PackOptions, pack
 from sftdata.pack import rows as pack_rows
 from sftdata.packing import row_layout
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import (
-    METADATA_FILE,
-    SEGMENTS_FILE,
-    TOKENIZER_FILE,
-    iter_files,
-    open_dataset,
-    sha256_file,
-    split_segments,
-)
-from sftdata.tokenizer import MarkerIds
+from sftdata.store import METADATA_FILE, TOKENIZER_FILE, open_dataset, split_segments
+from sftdata.store.format import SEGMENTS_FILE, iter_files
+from sftdata.util.hashing import sha256_file
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
 

@@ -8,22 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from sftdata.chat.markers import MarkerIds
+from sftdata.chat.masking import loss_mask
 from sftdata.errors import UsageError
-from sftdata.masking import loss_mask
-from sftdata.packing import (
-    PAD_SEQ_ID,
-    Segments,
-    assemble_rows,
-    padding_baseline,
-    plan_bfd,
-    plan_stream,
-    row_layout,
-    row_mask,
-    segment_masks,
-    stream_prefix,
-)
-from sftdata.store import SEGMENT_FIELDS
-from sftdata.tokenizer import MarkerIds
+from sftdata.packing import PAD_SEQ_ID, Segments, row_layout
+from sftdata.packing.plan import assemble_rows, padding_baseline, row_mask, segment_masks
+from sftdata.packing.strategies import plan_bfd, plan_stream, stream_prefix
+from sftdata.store.format import SEGMENT_FIELDS
 
 M = MarkerIds(system=100277, user=100278, assistant=100279, tool=100280, tool_call=100281, end=100282, eos=100257)
 S, U, A, T, E, EOS = M.system, M.user, M.assistant, M.tool, M.end, M.eos

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-import sftdata.conversation as conversation
-from sftdata.conversation import Conversation, Turn, TurnPolicy, parse_record
+import sftdata.records.conversation as conversation
 from sftdata.errors import RecordError
-from sftdata.plain_record import plain_conversation
+from sftdata.records.conversation import Conversation, Turn, TurnPolicy, parse_record
+from sftdata.records.plain import plain_conversation
 
 ROLES = ["user", "User", "HUMAN", "human", "assistant", "gpt", "model", "Assistant", "system", "developer",
          "tool", "function_call", "observation", "narrator", None, 3]

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-import sftdata.conversation as conversation
-from sftdata.conversation import Conversation, ToolCall, Turn, TurnPolicy, parse_record
+import sftdata.records.conversation as conversation
 from sftdata.errors import RecordError
-from sftdata.plain_tool_record import plain_tool_conversation
+from sftdata.records.conversation import Conversation, ToolCall, Turn, TurnPolicy, parse_record
+from sftdata.records.plain_tools import plain_tool_conversation
 
 SCHEMAS = [{"type": "function", "function": {"name": "f", "description": "F.", "parameters": {"type": "object"}}},
            {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},

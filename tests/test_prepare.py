@@ -9,7 +9,8 @@ from conftest import chat, write_jsonl
 
 from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, pool, prepare, run
-from sftdata.store import open_dataset, sha256_file
+from sftdata.store import open_dataset
+from sftdata.util.hashing import sha256_file
 
 
 def records(n):

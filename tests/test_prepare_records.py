@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from conftest import write_jsonl
 
+from sftdata.chat.markers import CHAT_MARKERS
+from sftdata.chat.masking import loss_mask
+from sftdata.chat.tokenizer import recorded_tokenizer
 from sftdata.cli import app
 from sftdata.loader import LoaderConfig, make_loader
-from sftdata.masking import loss_mask
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.report.views import episode_view
 from sftdata.store import open_dataset
-from sftdata.tokenizer import CHAT_MARKERS
 from sftdata.verify import verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -75,7 +76,7 @@ def test_workers_give_the_same_bytes_and_counts(src, tmp_path):
 def test_verify_rederives_every_mask_and_catches_a_trained_context_turn(src, tmp_path):
     prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
     ds = open_dataset(tmp_path / "ds")
-    tok = ds.tokenizer()
+    tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
     sp = ds.split("train")
     ids_all = []
     for g in range(sp.num_episodes):
@@ -104,7 +105,7 @@ def test_pack_and_the_loader_keep_context_turns_untrained(src, tmp_path, strateg
     prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
     report = pack(tmp_path / "ds", tmp_path / "packed", PackOptions(block_size=24, strategy=strategy))
     assert report is not None and verify(tmp_path / "packed").ok
-    tok = open_dataset(tmp_path / "ds").tokenizer()
+    tok = recorded_tokenizer(tmp_path / "ds", open_dataset(tmp_path / "ds").tokenizer_state)
     loader = make_loader(LoaderConfig(batch_size=2, block_size=24, use_loss_mask=True, epoch_shuffle=False),
                          tmp_path / "packed", backend="numpy")
     shard = tmp_path / "packed" / "train" / "shard_00000"
@@ -125,7 +126,7 @@ def test_pack_and_the_loader_keep_context_turns_untrained(src, tmp_path, strateg
 def test_inspect_names_the_context_span(src, tmp_path):
     prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
     ds = open_dataset(tmp_path / "ds")
-    v = episode_view(ds, "train", 1, ds.tokenizer(), tokens=True)
+    v = episode_view(ds, "train", 1, recorded_tokenizer(ds.root, ds.tokenizer_state), tokens=True)
     ctx = next(t for t in v.tokens if t.text == "<|ASSISTANT_CONTEXT|>")
     assert ctx.span == "assistant" and not ctx.trained and v.rule_differs_at == []
     assert [p.text for p in v.pieces if p.marker][:4] == ["<|USER|>", "<|END|>", "<|ASSISTANT_CONTEXT|>", "<|END|>"]
@@ -144,7 +145,7 @@ def six_marker_dataset(tmp_path):
 
 def test_a_six_marker_dataset_loads_verifies_and_packs(six_marker_dataset, tmp_path):
     ds = open_dataset(six_marker_dataset)
-    tok = ds.tokenizer()
+    tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
     assert tok.markers == CHAT_MARKERS and tok.vocab_size == 100283
     assert (tok.ids.think, tok.ids.assistant_context) == (None, None)
     report = verify(six_marker_dataset)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sftdata.ranges import OnesBefore, gather_ranges, range_index, range_sums, read_range, trained_per_episode, whole_runs
+from sftdata.util.ranges import OnesBefore, gather_ranges, range_index, range_sums, read_range, trained_per_episode, whole_runs
 
 
 def test_range_index_and_gather_ranges():

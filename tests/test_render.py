@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from sftdata.conversation import Conversation, ToolCall, Turn
+from sftdata.chat.render import render, render_batch, tool_call_text
 from sftdata.errors import RecordError
-from sftdata.render import render, render_batch, tool_call_text
+from sftdata.records.conversation import Conversation, ToolCall, Turn
 
 
 def conv(*turns, tools=()):
@@ -141,8 +141,9 @@ def test_a_context_turn_with_reasoning_and_a_call(tok):
 
 
 def test_a_tokenizer_from_a_six_marker_dataset_cannot_render_what_it_has_no_marker_for(tok):
+    from sftdata.chat.markers import CHAT_MARKERS
+    from sftdata.chat.tokenizer import load_tokenizer
     from sftdata.errors import TokenizerError
-    from sftdata.tokenizer import CHAT_MARKERS, load_tokenizer
 
     six = load_tokenizer(markers=CHAT_MARKERS)
     assert render(conv(("user", "u"), ("assistant", "a")), six).ids.tolist() == render(

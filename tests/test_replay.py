@@ -11,7 +11,7 @@ from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 from sftdata.errors import UsageError
 from sftdata.loader import LoaderConfig, make_loader
-from sftdata.replay import csv_bytes, replay_order
+from sftdata.replay.dataset import csv_bytes, replay_order
 from sftdata.store import open_dataset, split_segments
 
 

@@ -13,9 +13,9 @@ import pytest
 from audit_data import make_dataset, make_packed, read_idx, shard, to_flat, write_idx
 
 from sftdata import report
+from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import DatasetError, UsageError
 from sftdata.store import open_dataset, split_segments
-from sftdata.tokenizer import load_tokenizer
 
 TRAIN_LENGTHS = [19, 28, 30, 15, 25, 29]
 

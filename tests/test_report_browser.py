@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sftdata.chat.tokenizer import recorded_tokenizer
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.report import write_report
@@ -94,7 +95,7 @@ def test_episodes_page(browser, datasets, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 10_000
     check_plots(page, summary.plots)
     ds = open_dataset(chat)
-    tok, sp = ds.tokenizer(), ds.split("train")
+    tok, sp = recorded_tokenizer(ds.root, ds.tokenizer_state), ds.split("train")
     shown = page.eval_on_selector_all("details.sample", """ds => ds.map(d => [Number(d.dataset.episode),
         Array.from(d.querySelectorAll('.run.t')).map(e => e.textContent).join('')])""")
     assert [e for e, _ in shown] == [s["episode"] for s in summary.samples] and shown[0][0] == 2

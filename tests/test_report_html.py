@@ -334,8 +334,7 @@ def test_without_plotly_one_line_names_the_extra(ds, tmp_path, monkeypatch):
 # -- the command --------------------------------------------------------------------------
 def test_cli_writes_the_page_and_says_where(ds, tmp_path):
     out = tmp_path / "r.html"
-    r = runner.invoke(app, ["report", str(ds), "-o", str(out), "--sample", "2", "-e", "1", "--block-size", "20"],
-                      env={"COLUMNS": "200"})
+    r = runner.invoke(app, ["report", str(ds), "-o", str(out), "--sample", "2", "-e", "1", "--block-size", "20"])
     assert r.exit_code == 0, r.output
     assert r.output.startswith(f"wrote {out} (") and "7 plots, 3 sample episodes" in r.output
     page = out.read_text(encoding="utf-8")

@@ -21,8 +21,8 @@ from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, InputError
+from sftdata.order.config import LoaderConfig
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.sources import inspect_source, refusal
 

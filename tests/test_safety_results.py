@@ -21,37 +21,24 @@ from conftest import chat, write_jsonl
 from test_packing import M, build, random_episode
 from typer.testing import CliRunner
 
-from sftdata import memory
-from sftdata import pack as pack_mod
-from sftdata import render as render_mod
+from sftdata.chat import render as render_mod
+from sftdata.chat.markers import MarkerIds
 from sftdata.cli import app
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, DatasetError, NothingToTrainError
 from sftdata.loader import make_loader
 from sftdata.loader.guards import BATCH_BYTES_PER_CELL
-from sftdata.pack import ROW_BYTES_PER_TOKEN, PackOptions, pack
-from sftdata.packing import (
-    MIN_BLOCK_SIZE,
-    TrainedSpans,
-    min_block_size,
-    plan_bfd,
-    smallest_row_len,
-    trained_spans,
-)
+from sftdata.order.config import LoaderConfig
+from sftdata.pack import run as pack_mod
+from sftdata.pack.run import ROW_BYTES_PER_TOKEN, PackOptions, pack
+from sftdata.packing.block_size import TrainedSpans, min_block_size, smallest_row_len, trained_spans
+from sftdata.packing.plan import MIN_BLOCK_SIZE
+from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import (
-    METADATA_FILE,
-    PARTS_DIR,
-    REJECTS_FILE,
-    SERVING_FILE,
-    STAGING_SPLIT,
-    TOKENIZER_FILE,
-    DatasetWriter,
-    open_dataset,
-    split_segments,
-)
+from sftdata.store import METADATA_FILE, TOKENIZER_FILE, open_dataset, split_segments
+from sftdata.store.format import PARTS_DIR, REJECTS_FILE, SERVING_FILE, STAGING_SPLIT
 from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record, staging_state
-from sftdata.tokenizer import MarkerIds
+from sftdata.store.writer import DatasetWriter
+from sftdata.util import memory
 
 runner = CliRunner()
 S, U, A, T, E, EOS = M.system, M.user, M.assistant, M.tool, M.end, M.eos
@@ -622,7 +609,7 @@ def test_clean_never_removes_a_lock_that_is_held(tmp_path):
 
 
 def test_a_killed_writer_leaves_a_lock_and_staging_that_clean_removes(tmp_path):
-    code = (f"import os, time\nfrom sftdata.store import DatasetWriter\n"
+    code = (f"import os, time\nfrom sftdata.store.writer import DatasetWriter\n"
             f"w = DatasetWriter({str(tmp_path / 'ds')!r}).__enter__()\nprint('in', flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})

@@ -1,5 +1,5 @@
 """Stop tokens proven and serving.json: what prepare refuses, what it writes beside the
-data, what verify checks and inspect shows (sftdata.stops, sftdata.serving,
+data, what verify checks and inspect shows (sftdata.chat.stops, sftdata.chat.serving,
 sftdata.verify.stops, sftdata.verify.serving)."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
+from sftdata.chat.loss_rule import MarkerRule, TemplateRule
+from sftdata.chat.markers import MarkerIds
+from sftdata.chat.serving import check_pad_not_stop
+from sftdata.chat.stops import scan_stops, span_ends
+from sftdata.chat.template_rule import MaskRule
 from sftdata.cli import app
 from sftdata.errors import UsageError
-from sftdata.loss_rule import MarkerRule, TemplateRule
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.serving import check_pad_not_stop
-from sftdata.stops import scan_stops, span_ends
 from sftdata.template import PRESETS
-from sftdata.template.rule import MaskRule
-from sftdata.tokenizer import MarkerIds
 from sftdata.verify import verify
 
 runner = CliRunner()

@@ -4,10 +4,12 @@ import pickle
 import numpy as np
 import pytest
 
+from sftdata.chat.tokenizer import recorded_tokenizer
 from sftdata.errors import DatasetError, OutputExistsError, UsageError
-from sftdata.sources import sha256_file
-from sftdata.store import DatasetWriter, open_dataset, open_token_stream, scan_dataset
+from sftdata.store import open_dataset, open_token_stream, scan_dataset
 from sftdata.store.format import choose_token_dtype
+from sftdata.store.writer import DatasetWriter
+from sftdata.util.hashing import sha256_file
 
 
 def write(root, episodes, shard_tokens=1000, dtype=np.uint16):
@@ -116,10 +118,10 @@ def test_dataset_rebuilds_its_tokenizer(tmp_path, tok):
         sw.add_many(np.array([tok.ids.user, tok.eos_id], np.uint32), np.zeros(2, np.uint8), [2], [0])
         w.write_json("tokenizer_state.json", tok.state())
         w.commit({"kind": "episodes", "token_dtype": "uint32", "splits": {"train": sw.close()}})
-    assert open_dataset(tmp_path / "ds").tokenizer().special_tokens == tok.special_tokens
+    assert recorded_tokenizer(tmp_path / "ds", open_dataset(tmp_path / "ds").tokenizer_state).special_tokens == tok.special_tokens
     (tmp_path / "ds" / "tokenizer_state.json").unlink()
     with pytest.raises(DatasetError, match="has no tokenizer_state.json"):
-        open_dataset(tmp_path / "ds").tokenizer()
+        recorded_tokenizer(tmp_path / "ds", open_dataset(tmp_path / "ds").tokenizer_state)
 
 
 def _tiny(w):
@@ -239,9 +241,9 @@ def test_token_stream_errors(tmp_path):
         open_token_stream(tmp_path / "stream", "val")
 
 
-def test_sha256_file_reads_through_one_buffer_and_hashes_every_byte(tmp_path):
-    data = bytes(range(256)) * 41  # 10,496 bytes: ten full reads of 1,000 and a short one
+def test_sha256_file_hashes_every_byte(tmp_path):
+    data = bytes(range(256)) * 4100  # 1,049,600 bytes: several of hashlib.file_digest's reads and a short one
     (tmp_path / "f").write_bytes(data)
     (tmp_path / "empty").write_bytes(b"")
-    assert sha256_file(tmp_path / "f", chunk=1000) == sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
-    assert sha256_file(tmp_path / "empty", chunk=1000) == hashlib.sha256(b"").hexdigest()
+    assert sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    assert sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()

@@ -12,7 +12,8 @@ from sftdata.cli import app
 from sftdata.errors import DatasetError
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import local_path, open_dataset, remote_url
+from sftdata.store import open_dataset
+from sftdata.store.location import local_path, remote_url
 
 runner = CliRunner()
 

@@ -22,12 +22,13 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import DatasetError, OutputExistsError
-from sftdata.export import ExportOptions, export
+from sftdata.interop.export import ExportOptions, export
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import METADATA_FILE, fetch_dataset, open_dataset
+from sftdata.store import METADATA_FILE, open_dataset
 from sftdata.store import object_commit as oc
+from sftdata.store.object_cache import fetch_dataset
 
 runner = CliRunner()
 BUCKET = "sftdata-test"
@@ -56,7 +57,7 @@ def files(folder: Path) -> dict[str, bytes]:
 
 
 def cli(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

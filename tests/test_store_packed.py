@@ -9,8 +9,8 @@ from audit_data import make_packed, read_segments, shard
 
 from sftdata.errors import DatasetError
 from sftdata.packing import Segments
-from sftdata.store import NO_SOURCE, SEGMENT_FIELDS, open_dataset, split_segments
-from sftdata.store.format import decode_segments, encode_segments
+from sftdata.store import open_dataset, split_segments
+from sftdata.store.format import NO_SOURCE, SEGMENT_FIELDS, decode_segments, encode_segments
 
 
 def test_encode_decode_round_trip_with_unknown_records():

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import OutputExistsError
-from sftdata.store import DatasetWriter
 from sftdata.store.lock import OWNER_FILE, WriterLock, find_staging, owner_record, sweep_stale
 from sftdata.store.manifest import check_replaceable, manifest_of, survey
+from sftdata.store.writer import DatasetWriter
 
 runner = CliRunner()
 

@@ -15,10 +15,9 @@ from test_fast_bpe import random_texts
 from test_template_fixtures import TOKENS, preset_tokenizer, train_tokenizer
 
 import sftdata.template.records as records_module
-from sftdata.conversation import parse_record
 from sftdata.errors import RecordError
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.records.conversation import parse_record
 from sftdata.template import (
     ChatTemplate,
     chunk_episodes,
@@ -34,6 +33,7 @@ from sftdata.template import (
 from sftdata.template.episodes import _trie
 from sftdata.template.records import _check_trained, _proven
 from sftdata.template.spans import locate_replies, plain_structure
+from sftdata.tokenize.hf import load_hf_tokenizer
 
 DROPS_EARLIER = (
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"

@@ -14,8 +14,8 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
 pytest.importorskip("jinja2", reason="the hf extra (jinja2) is not installed")
 
-from sftdata.conversation import parse_record  # noqa: E402
-from sftdata.hf_tokenizer import load_hf_tokenizer  # noqa: E402
+from sftdata.records.conversation import parse_record  # noqa: E402
+from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
 
 CORPUS = [
     "Hello! How can I help you today?", "What is the weather in Paris?", "It is 18C and sunny in Paris.",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_template_fixtures import conversation, llama3_folder
 
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.template import PRESETS, learn_profile, load_chat_template, render_conversation, rule_mask
+from sftdata.tokenize.hf import load_hf_tokenizer
 
 
 @pytest.fixture(scope="module")

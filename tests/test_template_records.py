@@ -12,9 +12,9 @@ import pytest
 from conftest import chat, write_jsonl
 from test_template_fixtures import preset_tokenizer
 
-from sftdata.conversation import parse_record
 from sftdata.errors import RecordError
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.records.conversation import parse_record
 from sftdata.template import (
     conversation_messages,
     model_profile,

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from sftdata.chat.template_rule import MaskRule, mask_disagreement, rule_mask, rule_spans
 from sftdata.errors import DatasetError
-from sftdata.template.rule import MaskRule, mask_disagreement, rule_mask, rule_spans
 
 # Llama 3-like ids: 1 = <bos>, 2 = <start_header>, 3 = <end_header>, 4 = "\n\n", 5 = <eot>,
 # 10 = "user", 11 = "assistant", 20.. = text

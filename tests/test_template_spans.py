@@ -10,7 +10,6 @@ import pytest
 from test_template_fixtures import TOKENS, conversation, preset_tokenizer, train_tokenizer
 
 from sftdata.errors import RecordError, TemplateError
-from sftdata.hf_tokenizer import load_hf_tokenizer
 from sftdata.template import (
     ChatTemplate,
     arguments_style,
@@ -21,6 +20,7 @@ from sftdata.template import (
     render_messages,
     rule_mask,
 )
+from sftdata.tokenize.hf import load_hf_tokenizer
 
 CHATML_GEN = (
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"

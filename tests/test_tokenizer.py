@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from sftdata.chat.markers import ADDED_MARKERS, CHAT_MARKERS, MARKERS
+from sftdata.chat.tokenizer import load_tokenizer, markers_of, tokenizer_from_state
 from sftdata.errors import TokenizerError
-from sftdata.tokenizer import ADDED_MARKERS, CHAT_MARKERS, MARKERS, load_tokenizer, markers_of, tokenizer_from_state
 
 
 def test_markers_follow_the_highest_base_id_in_order(tok):
@@ -196,7 +197,7 @@ def test_declared_ids_away_from_the_markers_change_nothing(tmp_path):
 
 
 def test_a_well_known_ranks_file_is_recognised_by_its_hash_alone(tmp_path, monkeypatch):
-    from sftdata import model_special_ids
+    from sftdata.tokenize import special_ids as model_special_ids
 
     ranks = _bytes_ranks(tmp_path / "tokenizer.model")
     sha = hashlib.sha256(ranks.read_bytes()).hexdigest()
@@ -225,7 +226,7 @@ def test_a_state_whose_markers_are_the_models_own_ids_is_refused_naming_them(tmp
 
 
 def test_the_guard_refuses_any_layout_where_a_marker_meets_a_used_id(tmp_path, monkeypatch):
-    from sftdata import tokenizer as tk
+    from sftdata.chat import tokenizer as tk
 
     monkeypatch.setattr(tk, "marker_start", lambda base_max, count, declared: base_max - 2)
     with pytest.raises(TokenizerError) as e:
@@ -235,7 +236,7 @@ def test_the_guard_refuses_any_layout_where_a_marker_meets_a_used_id(tmp_path, m
 
 
 def test_marker_placement_and_collisions_are_pure_functions():
-    from sftdata.tokenizer import id_ranges, marker_collisions, marker_start
+    from sftdata.tokenize.special_ids import id_ranges, marker_collisions, marker_start
 
     assert marker_start(127999, 7, range(128000, 128256)) == 128256
     assert marker_start(99, 7, {105, 106, 107, 300}) == 108  # past the run it meets, not past 300

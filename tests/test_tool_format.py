@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from sftdata.conversation import ToolCall, is_tool_record, parse_record
+from sftdata.chat.masking import loss_mask
+from sftdata.chat.render import render
+from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import RecordError
-from sftdata.masking import loss_mask
-from sftdata.render import render
-from sftdata.tokenizer import load_tokenizer
-from sftdata.tool_format import parse_tool, parse_tools
+from sftdata.records.conversation import ToolCall, is_tool_record, parse_record
+from sftdata.records.tools import parse_tool, parse_tools
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import pytest
 from loader_util import PACKED_BLOCK, make_dataset, make_packed
 from test_pack import source  # noqa: F401  (module fixture: a prepared dataset, several shards)
 
-from sftdata.attention import block_causal_mask
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError, DatasetError, UsageError
 from sftdata.loader import IGNORE_INDEX, apply_ignore_index, make_loader
-from sftdata.replay import replay_order
+from sftdata.order.config import LoaderConfig
+from sftdata.packing.attention import block_causal_mask
+from sftdata.replay.dataset import replay_order
 from sftdata.torch import SFTDataset, SFTSampler, collate
 
 torch = pytest.importorskip("torch")

@@ -21,10 +21,10 @@ import gpt  # noqa: E402
 import train  # noqa: E402
 import trainer  # noqa: E402
 
-from sftdata.attention import block_causal_mask  # noqa: E402
 from sftdata.errors import ConfigError  # noqa: E402
 from sftdata.loader import Batch, LoaderConfig, make_loader  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
+from sftdata.packing.attention import block_causal_mask  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 

@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from sftdata.attention import block_causal_mask
-from sftdata.config import LoaderConfig
 from sftdata.errors import ConfigError
 from sftdata.loader import make_loader
+from sftdata.order.config import LoaderConfig
 from sftdata.pack import PackOptions, pack
 from sftdata.packing import PAD_SEQ_ID, varlen_layout, varlen_width
+from sftdata.packing.attention import block_causal_mask
 from sftdata.prepare import PrepareOptions, prepare
 
 

@@ -43,7 +43,7 @@ def meta_of(ds: Path) -> dict:
 
 
 def cli(*args):
-    return runner.invoke(app, ["verify", *map(str, args)], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    return runner.invoke(app, ["verify", *map(str, args)], env={"NO_COLOR": "1"})
 
 
 def cli_json(*args) -> tuple[int, dict]:

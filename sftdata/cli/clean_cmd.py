@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..memory import human
 from ..store.leftovers import CleanReport, clean
+from ..util.memory import human
 from .app import app, err_console, handle_errors, print_json
 from .options import JsonOpt, QuietOpt
 

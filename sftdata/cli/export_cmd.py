@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..export import ExportOptions, ExportReport, export
+from ..interop.export import ExportOptions, ExportReport, export
 from .app import app, handle_errors, print_result, rows_bar
 from .options import DatasetArg, JsonOpt, QuietOpt, dataset_dir
 

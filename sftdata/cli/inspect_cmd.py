@@ -19,7 +19,7 @@ from rich.text import Text
 from ..errors import UsageError
 from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
 from ..report.mixture import mixture_overview
-from ..store.mixture import is_mixture_file
+from ..store.format import is_mixture_file
 from .app import app, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
 from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype

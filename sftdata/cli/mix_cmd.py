@@ -12,10 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import UsageError
-from ..mixture import BY
-from ..order import DEFAULT_SEED
+from ..order.batches import DEFAULT_SEED
 from ..report.mixture import MixtureOverview
-from ..store.mixture import make_mixture
+from ..store.mixture import BY, make_mixture
 from .app import app, handle_errors, out_console, print_json
 from .options import JsonOpt
 

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from ..errors import DatasetError, UsageError
-from ..store import TOKEN_DTYPES, dataset_path
+from ..store.format import TOKEN_DTYPES
+from ..store.location import dataset_path
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}

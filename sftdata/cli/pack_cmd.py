@@ -11,10 +11,12 @@ from rich.table import Table
 from ..engine import check_engine
 from ..engine.pack_ray import ray_pack_executor
 from ..errors import UsageError
-from ..order import DEFAULT_SEED
+from ..order.batches import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
-from ..packing import DEFAULT_OVERLONG, KEEP_PERCENT, MIN_BLOCK_SIZE
-from ..store import DEFAULT_SHARD_TOKENS, remote_url
+from ..packing.block_size import KEEP_PERCENT
+from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE
+from ..store.format import DEFAULT_SHARD_TOKENS
+from ..store.location import remote_url
 from .app import app, handle_errors, print_result, rows_bar
 from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
 

@@ -13,11 +13,11 @@ from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..engine import check_engine
 from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
-from ..memo import DEFAULT_MEMO_MB
-from ..order import DEFAULT_SEED
+from ..order.batches import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
-from ..store import DEFAULT_SHARD_TOKENS
+from ..store.format import DEFAULT_SHARD_TOKENS
+from ..tokenize.memo import DEFAULT_MEMO_MB
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
     AllowPadAsStopOpt,

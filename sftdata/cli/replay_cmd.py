@@ -11,12 +11,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..config import LoaderConfig
 from ..errors import UsageError
-from ..order import DEFAULT_SEED
-from ..replay import Replay, check_audit_log, replay_order
-from ..replay_mixture import check_mixture_audit, replay_mixture
-from ..store.mixture import is_mixture_file
+from ..order.batches import DEFAULT_SEED
+from ..order.config import LoaderConfig
+from ..replay.dataset import Replay, check_audit_log, replay_order
+from ..replay.mixture import check_mixture_audit, replay_mixture
+from ..store.format import is_mixture_file
 from .app import app, err_console, handle_errors, out_console, print_json
 from .options import JsonOpt, dataset_dir
 

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..engine import check_engine
 from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
-from ..store.mixture import is_mixture_file
+from ..store.format import is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json

@@ -13,7 +13,7 @@ import hashlib
 
 import orjson
 
-from ..turns import Conversation
+from ..records.turns import Conversation
 
 SEP_TURN, SEP_FIELD = "\x1e", "\x1f"  # never in a collapsed text: str.split() treats both as whitespace
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..conversation import parse_record
+from ..records.conversation import parse_record
+from ..records.turns import Conversation, TurnPolicy
 from ..sources import RawRecord
-from ..turns import Conversation, TurnPolicy
 from .canonical import canonical_text, exact_key
 from .decontaminate import EvalIndex
 from .minhash import MINHASH_SEED, NUM_PERM, SHINGLE, shingle_hashes, signatures

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..conversation import decode_json
 from ..errors import RecordError, UsageError
+from ..records.conversation import decode_json
 from ..sources import expand_inputs, inspect_source, iter_all
 from .minhash import _P, mix64
 

@@ -35,8 +35,9 @@ import numpy as np
 
 from ..pack import PackProgress
 from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
-from ..packing import PackPlan
-from ..store import PARTS_DIR, STOP_FILE, PackedSplitWriter, shard_name
+from ..packing.plan import PackPlan
+from ..store.format import PARTS_DIR, STOP_FILE, shard_name
+from ..store.writer import PackedSplitWriter
 from .cluster import RayCluster, connect, import_ray
 from .tasks import TASK_RETRIES, get_result, stop_tasks
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SftDataError
-from ..store import STOP_FILE
+from ..store.format import STOP_FILE
 
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
 STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop

@@ -27,8 +27,9 @@ from collections.abc import Iterator
 
 import orjson
 
-from ..hf_tokenizer import hf_tokenizer_from_state
-from ..store import TOKENIZER_FILE, Shard
+from ..store.format import TOKENIZER_FILE
+from ..store.shard import Shard
+from ..tokenize.hf import hf_tokenizer_from_state
 from ..verify.references import compare_shard_tokens
 from ..verify.retokenize import Retokenized, retokenize_shard
 from ..verify.shards import ShardChecks, shard_checks

@@ -35,8 +35,9 @@ import numpy as np
 from ..errors import ConfigError, DatasetError
 from ..loader import IGNORE_INDEX
 from ..loader.indexed import recorded_pad_id
-from ..packing import PAD_SEQ_ID, Segments, row_layout
-from ..store import open_dataset, split_segments
+from ..packing.layout import PAD_SEQ_ID, Segments, row_layout
+from ..store.reader import open_dataset
+from ..store.shard import split_segments
 
 
 class SFTDataset:

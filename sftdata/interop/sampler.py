@@ -27,10 +27,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..config import LoaderConfig
 from ..errors import ConfigError
 from ..loader import dataset_identity
-from ..order import BatchOrder, episode_order, row_order
+from ..order.batches import BatchOrder, episode_order, row_order
+from ..order.config import LoaderConfig
 from .dataset import SFTDataset
 
 STATE_FORMAT = "sftdata-sampler-state"

@@ -17,7 +17,7 @@ Every batch is a ``Batch`` (batch.py, with its way to numpy or torch). The order
 
 from __future__ import annotations
 
-from ..config import LoaderConfig
+from ..order.config import LoaderConfig
 from .batch import (
     IGNORE_INDEX,
     Batch,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError, NothingToTrainError, UsageError
-from ..memory import check_fits
-from ..store import METADATA_FILE, TOKENIZER_FILE, Dataset
-from ..store.format import shard_record
+from ..order.config import LoaderConfig
+from ..store.format import METADATA_FILE, TOKENIZER_FILE, shard_record
+from ..store.reader import Dataset
+from ..util.memory import check_fits
 
 # peak bytes per (row, position) cell while a batch is built: x and y int64, the float32
 # mask, packed rows' position_ids and seq_ids and their work arrays (measured with

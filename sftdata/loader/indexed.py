@@ -13,7 +13,7 @@ Every row is one episode, cut or padded to ``L = block_size + 1`` tokens, then s
 
 An episode longer than ``L`` keeps its first ``L`` tokens. With ``batch_tokens`` a batch's
 rows are as wide as its longest (``min(length, block_size)``), not ``block_size``. Which
-episodes fill step ``N`` is decided by ``sftdata.budget_order.episode_batch_order``
+episodes fill step ``N`` is decided by ``sftdata.order.budget.episode_batch_order``
 (``order.episode_order``, or token-budget batches; the order ``sftdata replay-order``
 replays).
 
@@ -49,15 +49,18 @@ import logging
 
 import numpy as np
 
-from ..audit import format_value
-from ..budget_order import episode_batch_order
-from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..hf_tokenizer import HF_KIND
-from ..order import BatchOrder, row_order
-from ..packing import PAD_SEQ_ID, row_layout, varlen_layout, varlen_width
-from ..ranges import trained_per_episode
-from ..store import Dataset, Segments, Split, split_segments
+from ..order.audit import format_value
+from ..order.batches import BatchOrder, row_order
+from ..order.budget import episode_batch_order
+from ..order.config import LoaderConfig
+from ..packing import Segments
+from ..packing.layout import PAD_SEQ_ID, row_layout
+from ..packing.varlen import varlen_layout, varlen_width
+from ..store.reader import Dataset
+from ..store.shard import Split, split_segments
+from ..tokenize import is_hf_state
+from ..util.ranges import trained_per_episode
 from .batch import Batch
 
 log = logging.getLogger("sftdata.loader")
@@ -123,7 +126,7 @@ def recorded_pad_id(tokenizer_state: dict | None) -> int | None:
 
 def is_template_dataset(tokenizer_state: dict | None) -> bool:
     """Made with a model's own tokenizer and chat template: no EOS ends every episode."""
-    return (tokenizer_state or {}).get("kind") == HF_KIND
+    return is_hf_state(tokenizer_state)
 
 
 def eos_id(tokenizer_state: dict | None) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -25,16 +26,15 @@ from typing import Protocol
 
 import numpy as np
 
-from ..audit import FIRST_IDS, AuditLog, format_value
-from ..config import LoaderConfig
 from ..errors import ConfigError
-from ..order import BatchOrder, Origin
-from ..store import METADATA_FILE, Dataset, dumps_json, read_json
-from ..store.mixture import OpenedMixture
+from ..order.audit import FIRST_IDS, AuditLog, format_value
+from ..order.batches import BatchOrder, Origin
+from ..order.config import LoaderConfig
+from ..store.format import METADATA_FILE, dumps_json, read_json
+from ..store.reader import Dataset
 from .batch import Batch, BatchIterable, to_backend, torch_iterable, trained_count
 from .guards import check_batch_fits, check_trains_something, check_value_ranges
 from .indexed import EpisodeSource, PackedSource
-from .mixture import MixtureSource, mixture_config
 from .windows import WindowSource
 
 log = logging.getLogger("sftdata.loader")
@@ -47,7 +47,24 @@ STATE_VERSION_ORIGINS = 2
 LAYOUT_KEYS = ("batch_size", "world_size")
 # fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
 OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
-SOURCES = (EpisodeSource, PackedSource, WindowSource, MixtureSource)
+SOURCES = (EpisodeSource, PackedSource, WindowSource)  # and MixtureSource (mixture.py), loaded for mixtures only
+
+
+def _mixture_module(name: str):
+    """``sftdata.store.mixture`` or ``sftdata.loader.mixture`` when already imported, else
+    None: an object can be an opened mixture or a mixture source only once a mixture was
+    opened, so a loader of one dataset never loads the mixture code."""
+    return sys.modules.get(name)
+
+
+def is_opened_mixture(data) -> bool:
+    mod = _mixture_module("sftdata.store.mixture")
+    return mod is not None and isinstance(data, mod.OpenedMixture)
+
+
+def is_mixture_source(source) -> bool:
+    mod = _mixture_module("sftdata.loader.mixture")
+    return mod is not None and isinstance(source, mod.MixtureSource)
 
 
 class Source(Protocol):
@@ -91,13 +108,15 @@ def open_source(cfg: LoaderConfig, data, world_size: int = 1, root=None) -> Sour
     """The source of ``data``: an opened ``Dataset`` (episodes or packed rows), an
     ``OpenedMixture`` (several datasets at weights), a mapping ``{split: [token arrays]}``
     (token windows), or a source itself."""
-    if isinstance(data, SOURCES):
+    if isinstance(data, SOURCES) or is_mixture_source(data):
         if data.world_size != world_size:
             raise ConfigError(f"the source was made for world_size {data.world_size}, the loader has {world_size}")
         return data
     if isinstance(data, Dataset):
         return (PackedSource if data.kind == "packed" else EpisodeSource)(cfg, data, world_size)
-    if isinstance(data, OpenedMixture):
+    if is_opened_mixture(data):
+        from .mixture import MixtureSource  # lazy: the mixture code loads only for a mixture
+
         return MixtureSource(cfg, data, world_size)
     if isinstance(data, Mapping):
         return WindowSource(cfg, data, world_size, root=root)
@@ -121,7 +140,9 @@ class Loader:
                  world_size: int = 1, audit: AuditLog | None = None, root=None):
         if not isinstance(cfg, LoaderConfig):
             raise ConfigError(f"a loader needs a LoaderConfig, got {type(cfg).__name__}")
-        if isinstance(data, OpenedMixture):
+        if is_opened_mixture(data):
+            from .mixture import mixture_config  # lazy: the mixture code loads only for a mixture
+
             cfg = mixture_config(cfg, data)  # the mixture file fixes the seed
         self.cfg = cfg
         self.source = open_source(cfg, data, world_size, root)
@@ -340,7 +361,7 @@ class Loader:
                 continue
             now = self.source.order(split)
             if not isinstance(now, BatchOrder):
-                what = "a mixture's batches" if isinstance(self.source, MixtureSource) else "batches sized by batch_tokens"
+                what = "a mixture's batches" if is_mixture_source(self.source) else "batches sized by batch_tokens"
                 raise ConfigError(f"cannot resume: the state was saved with batch_size {layout['batch_size']} x "
                                   f"world_size {layout['world_size']}, and {what} cannot change "
                                   f"their layout on resume; resume with world_size {layout['world_size']}")

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..audit import AuditLog
-from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError
-from ..store import (
-    METADATA_FILE,
-    TOKENIZER_FILE,
-    dataset_path,
-    has_episode_index,
-    open_dataset,
-    open_token_stream,
-    read_json,
-)
-from ..store.mixture import is_mixture_file, open_mixture
+from ..order.audit import AuditLog
+from ..order.config import LoaderConfig
+from ..store.format import METADATA_FILE, TOKENIZER_FILE, is_mixture_file, read_json
+from ..store.location import dataset_path
+from ..store.reader import has_episode_index, open_dataset, open_token_stream
 from .batch import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader
@@ -50,6 +43,8 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         raise ConfigError(f"make_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
     mixture = is_mixture_file(dataset_dir)
     if mixture:
+        from ..store.mixture import open_mixture  # lazy: the mixture code loads only for a mixture file
+
         data = open_mixture(dataset_dir, token_dtype=cfg.token_dtype)
     else:
         root = dataset_path(dataset_dir)  # a path, a file:// URL, or an object-store URL (fetched into the cache)

@@ -1,7 +1,7 @@
 """The mixture source: several datasets trained together at the weights of a mixture file.
 
 Each member is read by its own ``EpisodeSource`` or ``PackedSource`` (same config, same
-rows); the order is ``sftdata.mixture_order.MixtureOrder`` (what ``replay-order`` replays
+rows); the order is ``sftdata.order.mixture.MixtureOrder`` (what ``replay-order`` replays
 on the mixture file), whose ids say the member and its item. A batch is built member by
 member and its rows put back in the order's slots.
 """
@@ -12,10 +12,11 @@ import logging
 
 import numpy as np
 
-from ..config import LoaderConfig
 from ..errors import ConfigError
-from ..mixture_order import MixtureOrder
-from ..packing import PAD_SEQ_ID, varlen_layout
+from ..order.config import LoaderConfig
+from ..order.mixture import MixtureOrder
+from ..packing.layout import PAD_SEQ_ID
+from ..packing.varlen import varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
 from .batch import FIELDS, Batch
 from .guards import check_trains_something, check_value_ranges

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..config import LoaderConfig
 from ..errors import ConfigError, DatasetError, UsageError
-from ..order import BatchOrder
+from ..order.batches import BatchOrder
+from ..order.config import LoaderConfig
 from .batch import Batch
 
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..loss_rule import LossRule
-from ..packing import PackPlan, assemble_rows, segment_masks
-from ..ranges import gather_ranges, range_index, whole_runs
-from ..store import Split
+from ..chat.loss_rule import LossRule
+from ..packing.plan import PackPlan, assemble_rows, segment_masks
 from ..store.format import encode_segments
+from ..store.shard import Split
+from ..util.ranges import gather_ranges, range_index, whole_runs
 
 
 def gather_segments(split: Split, episodes: np.ndarray, starts: np.ndarray, takes: np.ndarray) -> np.ndarray:

@@ -38,9 +38,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..loss_rule import LossRule, as_rule
-from ..template.rule import header_spans, rule_spans
-from ..tokenizer import MarkerIds
+from ..chat.loss_rule import LossRule, as_rule
+from ..chat.markers import MarkerIds
+from ..chat.template_rule import header_spans, rule_spans
 from .plan import MIN_BLOCK_SIZE, segment_masks
 
 KEEP_PERCENT = 99  # the share of trained tokens a block size is suggested for

@@ -35,10 +35,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..chat.loss_rule import LossRule, as_rule
+from ..chat.markers import MarkerIds
 from ..errors import UsageError
-from ..loss_rule import LossRule, as_rule
-from ..tokenizer import MarkerIds
-from .plan import DEFAULT_OVERLONG, OVERLONG_POLICIES, PackPlan, Segments, check_lengths, marker_positions
+from .layout import Segments
+from .plan import DEFAULT_OVERLONG, OVERLONG_POLICIES, PackPlan, check_lengths, marker_positions
 
 
 def _pieces(lengths: np.ndarray, row_len: int, overlong: str):

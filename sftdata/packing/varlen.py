@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ranges import range_index
+from ..util.ranges import range_index
 
 
 def varlen_width(T: int, multiple: int, max_segments: int) -> int:

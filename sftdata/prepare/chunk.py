@@ -10,15 +10,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..conversation import parse_record
+from ..chat.render import render_chunk
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings, concat_keys, conversation_keys
 from ..errors import RecordError
-from ..memo import MemoStats, SegmentMemo
-from ..render import render_chunk
+from ..records.conversation import parse_record
+from ..records.turns import TurnPolicy
 from ..sources import RawRecord
 from ..template import TemplateProfile, records_episodes
-from ..tokenizer import ChatTokenizer, HFTokenizer
-from ..turns import TurnPolicy
+from ..tokenize.memo import MemoStats, SegmentMemo
 from .options import ChunkResult
 
 

@@ -11,16 +11,16 @@ from typing import Protocol
 
 import numpy as np
 
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
 from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, RecordKeys
 from ..errors import UsageError
-from ..memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
-from ..order import DEFAULT_SEED
+from ..order.batches import DEFAULT_SEED
+from ..records.turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
-from ..store import DEFAULT_SHARD_TOKENS
+from ..store.format import DEFAULT_SHARD_TOKENS
 from ..template import TemplateProfile
-from ..tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
-from ..tokenizer_engine import check_engine
-from ..turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
+from ..tokenize.engine import check_engine
+from ..tokenize.memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings
 from ..errors import SftDataError
-from ..rejects import writing
+from ..records.rejects import writing
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, SequentialScan, iter_partition, plan_partitions, splittable
-from ..store import STOP_FILE, SplitWriter
+from ..store.format import STOP_FILE
+from ..store.writer import SplitWriter
 from ..template import TemplateProfile
-from ..tokenizer import ChatTokenizer, HFTokenizer
 from .chunk import empty_result, merged, process_chunk, shifted
 from .options import ChunkResult, PrepareOptions, StagedPart
 from .pool import WORKER, chunks_of, in_order, worker_pool

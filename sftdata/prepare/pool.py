@@ -7,13 +7,13 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings
 from ..errors import SftDataError
-from ..lifetime import die_with_parent
+from ..records.turns import TurnPolicy
 from ..sources import RawRecord
 from ..template import TemplateProfile
-from ..tokenizer import ChatTokenizer, HFTokenizer
-from ..turns import TurnPolicy
+from ..util.lifetime import die_with_parent
 from .chunk import curated_chunk
 from .options import ChunkResult, PrepareOptions
 

@@ -29,6 +29,8 @@ import numpy as np
 import orjson
 
 from .. import __version__
+from ..chat.serving import check_state_stops
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer, engine_record, open_tokenizer
 from ..curate import CurateSettings, Deduplicator, load_evals
 from ..errors import (
     AllRecordsRejectedError,
@@ -38,23 +40,14 @@ from ..errors import (
     SftDataError,
     UsageError,
 )
-from ..rejects import REJECT_KEYS, keep_rejects, writing
-from ..serving import check_state_stops
+from ..records.rejects import REJECT_KEYS, keep_rejects, writing
+from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
-from ..store import (
-    PARTS_DIR,
-    REJECTS_FILE,
-    STAGING_SPLIT,
-    TOKENIZER_FILE,
-    DatasetWriter,
-    local_path,
-    remote_url,
-    token_dtype_for,
-    write_serving,
-)
+from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
+from ..store.location import local_path, remote_url
+from ..store.serving_file import write_serving
+from ..store.writer import DatasetWriter
 from ..template import TemplateProfile, model_profile, template_summary, tokenizer_state
-from ..tokenizer import ChatTokenizer, HFTokenizer, engine_record, open_tokenizer
-from ..turns import TURN_COUNTS
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
 from .pool import chunk_results, chunks_of

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import PARTS_DIR, STAGING_SPLIT, DatasetWriter, Shard, SplitWriter
+from ..store.format import PARTS_DIR, STAGING_SPLIT
+from ..store.shard import Shard
+from ..store.writer import DatasetWriter, SplitWriter
 from .options import PrepareOptions, StagedPart
 
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)

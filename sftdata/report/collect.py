@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..loss_rule import LossRule
-from ..ranges import CHUNK_TOKENS, OnesBefore, read_range, whole_runs
-from ..store import Split, split_segments
+from ..chat.loss_rule import LossRule
+from ..store.shard import Split, split_segments
+from ..util.ranges import CHUNK_TOKENS, OnesBefore, read_range, whole_runs
 from .distributions import (
     Bins,
     FileRow,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import LoaderConfig
 from ..errors import UsageError
+from ..order.config import LoaderConfig
 from ..store.mixture import member_root, mixture_order, open_mixture
 
 

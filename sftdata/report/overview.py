@@ -19,10 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, UsageError
-from ..loss_rule import is_template_state
-from ..packing import Segments
-from ..ranges import trained_per_episode
-from ..store import REJECTS_FILE, SERVING_FILE, Dataset, Split, open_dataset, read_serving, split_segments
+from ..packing.layout import Segments
+from ..store.format import REJECTS_FILE, SERVING_FILE
+from ..store.reader import Dataset, open_dataset
+from ..store.serving_file import read_serving
+from ..store.shard import Split, split_segments
+from ..tokenize import is_hf_state
+from ..util.ranges import trained_per_episode
 from .rejects import read_rejects
 
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
@@ -117,7 +120,7 @@ def open_checked(path, token_dtype=None, tokenizer: str | None = None) -> Datase
     ds = open_dataset(path, token_dtype=token_dtype)
     if token_dtype is not None and ds.metadata is not None:
         raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype")
-    if tokenizer is not None and ds.tokenizer_state is not None and not is_template_state(ds.tokenizer_state):
+    if tokenizer is not None and ds.tokenizer_state is not None and not is_hf_state(ds.tokenizer_state):
         raise UsageError(f"--tokenizer is for older flat layouts (or a dataset whose tokenizer.json has moved); "
                          f"{ds.root} records its tokenizer")
     return ds

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chat.loss_rule import LossRule, MarkerRule
 from ..errors import UsageError
-from ..loss_rule import LossRule, MarkerRule
-from ..packing import row_mask
-from ..store import Dataset
+from ..packing.plan import row_mask
+from ..store.reader import Dataset
 from .tokens import Run, token_runs
 from .views import Tokenizer, read_episode, read_row, sample_ids
 

@@ -31,12 +31,16 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from ..chat.loss_rule import LossRule, MarkerRule, rule_from_state
+from ..chat.tokenizer import ChatTokenizer, load_tokenizer, recorded_tokenizer
 from ..errors import DatasetError, UsageError
-from ..hf_tokenizer import HFTokenizer, hf_tokenizer_from_state
-from ..loss_rule import LossRule, MarkerRule, is_template_state, rule_from_state
-from ..packing import row_layout, row_mask
-from ..store import REJECTS_FILE, TOKENIZER_FILE, Dataset, split_segments
-from ..tokenizer import ChatTokenizer, load_tokenizer
+from ..packing.layout import row_layout
+from ..packing.plan import row_mask
+from ..store.format import REJECTS_FILE, TOKENIZER_FILE
+from ..store.reader import Dataset
+from ..store.shard import split_segments
+from ..tokenize import is_hf_state
+from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state
 from .overview import open_checked
 
 Tokenizer = ChatTokenizer | HFTokenizer
@@ -282,11 +286,11 @@ def dataset_tokenizer(ds: Dataset, tokenizer: str | None = None) -> tuple[Tokeni
     """The tokenizer that decodes ``ds``, its mask rule, and notes: the recorded one (a
     model's tokenizer.json: from ``tokenizer`` when it has moved), else for an older flat
     layout ``tokenizer`` or cl100k_base."""
-    if is_template_state(ds.tokenizer_state):
+    if is_hf_state(ds.tokenizer_state):
         tok = hf_tokenizer_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE), path=tokenizer)
         return tok, rule_from_state(ds.tokenizer_state, str(ds.root / TOKENIZER_FILE)), []
     if ds.tokenizer_state is not None:
-        tok = ds.tokenizer()
+        tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
         return tok, MarkerRule(tok.ids), []
     tok = load_tokenizer(tokenizer)
     return tok, MarkerRule(tok.ids), [f"the dataset records no tokenizer: decoded with {tok.name} (pass "

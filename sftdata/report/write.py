@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OutputExistsError, UsageError
-from ..store import open_dataset
+from ..store.reader import open_dataset
 from .collect import dataset_report
 from .html import GENERATOR, render_page
 from .plots import plotly_go

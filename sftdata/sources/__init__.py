@@ -9,17 +9,17 @@
 * ``remote``: URLs through fsspec; ``records``: the numbering, and it all together.
 """
 
+from ..util.hashing import sha256_file
 from .inputs import STDIN, Input, expand_inputs, select_inputs
 from .records import (
-    DEFAULT_MAX_RECORD_BYTES,
-    RawRecord,
-    SourceInfo,
-    inspect_source,
-    iter_all,
-    iter_records,
-    record_where,
-    sha256_file,
-    too_large,
+           DEFAULT_MAX_RECORD_BYTES,
+           RawRecord,
+           SourceInfo,
+           inspect_source,
+           iter_all,
+           iter_records,
+           record_where,
+           too_large,
 )
 from .sniff import compression_of, container_of, encoding_of, refusal
 from .streams import BadText

@@ -14,7 +14,6 @@ Parquet row is read past in bounded chunks and becomes a ``RawRecord`` with a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..util.hashing import sha256_file
 from .inputs import Input
 from .json_array import ArrayError, ArrayReader
 from .lines import LineReader, TooLarge
@@ -174,19 +174,6 @@ def _record(info: SourceInfo, index: int, item, unit: str, max_bytes: int) -> Ra
     return RawRecord(number, where, item)
 
 
-def sha256_file(path: str | Path, chunk: int = READ_BYTES) -> str:
-    """The sha256 of a file, read through one buffer of ``chunk`` bytes: a new bytes object
-    per read would hold two reads at once (the next is made before the last is dropped),
-    16 MiB at 8 MiB reads, once the peak of a large prepare hashing its rejects.jsonl."""
-    h = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
 @contextmanager
 def _parquet(info: SourceInfo, max_bytes: int) -> Iterator[ParquetReader]:
     source = open_url(info.path) if info.kind == "url" else info.path
@@ -284,4 +271,4 @@ def iter_all(infos: list[SourceInfo], max_record_bytes: int = DEFAULT_MAX_RECORD
 
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "READ_BYTES", "RawRecord", "SourceInfo", "inspect_source", "iter_all",
-           "iter_records", "record_where", "sha256_file", "too_large"]
+           "iter_records", "record_where", "too_large"]

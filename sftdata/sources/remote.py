@@ -8,7 +8,7 @@ optional: a missing one is a one-line error naming the pip extra that adds it.
 from __future__ import annotations
 
 from ..errors import InputError
-from ..fsspec_urls import EXTRA, PACKAGES, filesystem, url_protocol
+from ..util.urls import EXTRA, PACKAGES, filesystem, url_protocol
 
 __all__ = ["BLOCK_BYTES", "EXTRA", "PACKAGES", "filesystem", "open_url", "remote_error", "url_listing", "url_protocol"]
 

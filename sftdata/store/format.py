@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from ..config import TOKEN_DTYPES
 from ..errors import DatasetError, UsageError
-from ..packing import Segments
+from ..order.config import TOKEN_DTYPES
+from ..packing.layout import Segments
 
 FORMAT_NAME = "sftdata"
 FORMAT_VERSION = 1
@@ -243,3 +243,19 @@ def in_check_order(problems: list[Problem], order) -> list[Problem]:
     check, the order they were found in)."""
     rank = {name: i for i, name in enumerate(order)}
     return sorted(problems, key=lambda p: rank[p.check])
+
+
+MIXTURE_FORMAT = "sftdata-mixture"  # a mixture file's "format" (sftdata mix; ``mixture``)
+MAX_MIXTURE_BYTES = 1 << 20  # a mixture file is small; a larger file is something else
+
+
+def is_mixture_file(path: str | Path) -> bool:
+    """True when ``path`` is a file holding an sftdata mixture (its ``format``)."""
+    p = Path(path)
+    try:
+        if not p.is_file() or p.stat().st_size > MAX_MIXTURE_BYTES:
+            return False
+        obj = orjson.loads(p.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(obj, dict) and obj.get("format") == MIXTURE_FORMAT

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import orjson
 
-from ..cache import cache_dir
 from ..errors import DatasetError
-from ..sources import sha256_file
+from ..util.cache import cache_dir
+from ..util.hashing import sha256_file
 from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE
-from .location import list_objects, local_path, lock_key, remote_fs, remote_url
 from .manifest import manifest_of, named
+from .objects import list_objects, lock_key, remote_fs
 
 RANGE_BYTES = 16 << 20  # one ranged read
 FETCH_THREADS = 8
@@ -64,13 +64,6 @@ class Fetched:
     bytes: int = 0
     requests: int = 0  # ranged reads made (the metadata's not counted)
     seconds: float = 0.0
-
-
-def dataset_path(location) -> Path:
-    """The local folder of a dataset: ``location`` itself (a path or ``file://`` URL), or
-    for an object-store URL its copy in the cache, fetched first when needed."""
-    url = remote_url(location)
-    return local_path(location) if url is None else fetch_dataset(url).path
 
 
 def fetch_dataset(url: str) -> Fetched:

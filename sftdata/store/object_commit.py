@@ -38,9 +38,9 @@ import orjson
 
 from ..errors import DatasetError, OutputExistsError
 from .format import METADATA_FILE, read_json
-from .location import identity, list_objects, lock_key, remote_fs
 from .lock import owner_alive, owner_record
 from .manifest import manifest_of, named
+from .objects import identity, list_objects, lock_key, remote_fs
 
 log = logging.getLogger("sftdata.store")
 

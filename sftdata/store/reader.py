@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
-from ..tokenizer import MarkerIds, tokenizer_from_state
 from .format import (
     EPISODES_FILE,
     FORMAT_NAME,
@@ -34,7 +34,7 @@ from .format import (
     shard_files,
     shard_record,
 )
-from .object_cache import dataset_path
+from .location import dataset_path
 from .shard import Shard, Split, map_values, missing_files, size_problems
 from .structure import (
     HARMLESS_IN_FLAT,
@@ -63,13 +63,6 @@ class Dataset:
     metadata: dict | None
     tokenizer_state: dict | None
     splits: dict[str, Split]
-
-    def tokenizer(self):
-        """Rebuild the recorded tokenizer and check it is exactly the one used."""
-        if self.tokenizer_state is None:
-            raise DatasetError(f"{self.root} has no {TOKENIZER_FILE}; the tokenizer it was made "
-                               f"with is unknown")
-        return tokenizer_from_state(self.tokenizer_state, str(self.root / TOKENIZER_FILE))
 
     @property
     def packing(self) -> dict | None:

@@ -1,6 +1,6 @@
 """``serving.json`` on disk: written beside the data by prepare and pack (before the
 metadata, so it is listed in its ``files`` and ``--overwrite`` treats it as the
-dataset's own), read by verify and inspect. Its content is ``sftdata.serving``'s.
+dataset's own), read by verify and inspect. Its content is ``sftdata.chat.serving``'s.
 
 A dataset written before ``serving.json`` existed has none: ``read_serving`` returns
 None and every reader goes on as before.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..loss_rule import rule_from_state
-from ..serving import bos_policy_of, serving_manifest
+from ..chat.loss_rule import rule_from_state
+from ..chat.serving import bos_policy_of, serving_manifest
 from .format import EPISODES_FILE, IDX_DTYPE, SERVING_FILE, SPLITS, TOKENS_FILE, dumps_json, read_json
 from .shard import map_values
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from ..packing import Segments
-from ..ranges import read_range
+from ..packing.layout import Segments
+from ..util.ranges import read_range
 from .format import (
     EPISODE_RECORD_BYTES,
     EPISODES_FILE,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tokenizer import MarkerIds
+from ..chat.markers import MarkerIds
 from .format import (
     EPISODES_FILE,
     METADATA_FILE,

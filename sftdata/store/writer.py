@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from ..errors import OutputExistsError
-from ..sources import sha256_file
+from ..util.hashing import sha256_file
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -34,10 +34,11 @@ from .format import (
     metadata_sha256,
     shard_name,
 )
-from .location import local_path, remote_url, upload_home
+from .location import local_path, remote_url
 from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
 from .manifest import check_replaceable, named, remove_owned, signature, survey
 from .object_commit import ObjectCommit
+from .objects import upload_home
 
 log = logging.getLogger("sftdata.store")
 
@@ -191,7 +192,7 @@ class DatasetWriter:
       and said so in ``notes``.
 
     An object-store target (``s3://bucket/sft``, any fsspec URL but ``file://``) is built
-    the same way in a local staging folder (``location.upload_home``), then uploaded with
+    the same way in a local staging folder (``objects.upload_home``), then uploaded with
     its metadata last (:mod:`.object_commit`: lock object, checks, commit order).
     """
 

@@ -5,6 +5,7 @@ applied per conversation (``episodes``) or to a chunk of them at once (``chunk``
 the length filter (``fit``), and what prepare asks per record (``records``). Needs the ``hf`` extra (jinja2, tokenizers).
 """
 
+from ..chat.template_rule import MaskRule, mask_disagreement, rule_mask, rule_spans, segment_rule_mask
 from .chat_template import ChatTemplate, load_chat_template
 from .chunk import chunk_episodes
 from .environment import Rendered, compile_template, has_generation_blocks, render
@@ -24,7 +25,6 @@ from .messages import ArgumentsStyle, arguments_style, conversation_messages, to
 from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
 from .records import RecordEpisodes, model_profile, record_episodes, records_episodes, template_summary
-from .rule import MaskRule, mask_disagreement, rule_mask, rule_spans, segment_rule_mask
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
 __all__ = [

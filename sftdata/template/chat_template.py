@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TemplateError
-from ..hf_tokenizer import HFTokenizer
+from ..tokenize.hf import HFTokenizer
 from .environment import Rendered, compile_template, has_generation_blocks, render
 from .presets import PRESETS
 

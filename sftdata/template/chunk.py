@@ -23,11 +23,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..chat.template_rule import segment_rule_mask, spans_mask
 from ..errors import RecordError
-from ..hf_tokenizer import Encoded, HFTokenizer
+from ..tokenize.hf import Encoded, HFTokenizer
 from .episodes import Episode, Planned, TemplateRender, episodes_of
 from .profile import TemplateProfile
-from .rule import segment_rule_mask, spans_mask
 
 
 def _first_per_group(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:

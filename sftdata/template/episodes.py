@@ -26,13 +26,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..conversation import Conversation
+from ..chat.template_rule import mask_disagreement, rule_spans
 from ..errors import RecordError, TemplateError
-from ..hf_tokenizer import Encoded, HFTokenizer
+from ..records.conversation import Conversation
+from ..tokenize.hf import Encoded, HFTokenizer
 from .environment import RESERVED_CHARS
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile
-from .rule import mask_disagreement, rule_spans
 from .spans import NotLocated, locate_last_reply, locate_replies
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..conversation import Conversation
 from ..errors import RecordError, TemplateError
-from ..hf_tokenizer import HFTokenizer
+from ..records.conversation import Conversation
+from ..tokenize.hf import HFTokenizer
 from .episodes import TemplateRender, render_conversation, trained_replies
 from .messages import conversation_messages, tool_schemas
 from .profile import TemplateProfile

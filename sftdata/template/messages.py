@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from ..conversation import Conversation
 from ..errors import TemplateError
+from ..records.conversation import Conversation
 from .environment import render
 
 ArgumentsStyle = Literal["dict", "string"]

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..chat.template_rule import MaskRule, mask_disagreement
 from ..errors import TemplateError
-from ..hf_tokenizer import HFTokenizer
+from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, arguments_style
-from .rule import MaskRule, mask_disagreement
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
 
 MAX_CACHED_RENDERS = 4096

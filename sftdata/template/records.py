@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..conversation import Conversation
 from ..errors import RecordError
-from ..hf_tokenizer import HFTokenizer
+from ..records.conversation import Conversation
+from ..tokenize.hf import HFTokenizer
 from .chat_template import load_chat_template
 from .chunk import chunk_episodes
 from .episodes import Episode, Planned, TemplateRender, plan_conversation, trained_replies

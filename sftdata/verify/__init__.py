@@ -28,7 +28,7 @@ row id, byte offset), what is wrong and what to do.
 
 from __future__ import annotations
 
-from ..store import Problem
+from ..store.format import Problem
 from .run import CHECKS, PACKED_CHECKS, CheckResult, ProgressFn, VerifyReport, checks_for, verify
 
 __all__ = ["verify", "VerifyReport", "CheckResult", "Problem", "CHECKS", "PACKED_CHECKS", "checks_for", "ProgressFn"]

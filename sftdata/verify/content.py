@@ -44,15 +44,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chat.loss_rule import LossRule, MarkerRule, rule_from_state
+from ..chat.tokenizer import load_tokenizer, tokenizer_from_state
 from ..errors import SftDataError
-from ..hf_tokenizer import hf_tokenizer_from_state
-from ..loss_rule import LossRule, MarkerRule, is_template_state, rule_from_state
-from ..packing import row_mask
-from ..ranges import gather_ranges, whole_runs
-from ..store import MASK_FILE, RECREATE, REPACK, TOKENIZER_FILE, TOKENS_FILE, Problem, Scan, Shard
-from ..store.format import decode_segments, more_like_it
+from ..packing.plan import row_mask
+from ..store.format import MASK_FILE, RECREATE, REPACK, TOKENIZER_FILE, TOKENS_FILE, Problem, decode_segments, more_like_it
+from ..store.reader import Scan
+from ..store.shard import Shard
 from ..store.structure import EpisodeBounds, readable_rows
-from ..tokenizer import load_tokenizer, tokenizer_from_state
+from ..tokenize import is_hf_state
+from ..tokenize.hf import hf_tokenizer_from_state
+from ..util.ranges import gather_ranges, whole_runs
 from .stops import StopFindings
 
 
@@ -131,7 +133,7 @@ def check_tokenizer(scan: Scan, tokenizer: str | None) -> TokenizerCheck:
     state = scan.dataset.tokenizer_state
     if state is None:  # unreadable: the reader reported it
         return TokenizerCheck(None)
-    if is_template_state(state):
+    if is_hf_state(state):
         return _check_template_state(state)
     try:
         tok = tokenizer_from_state(state, TOKENIZER_FILE)

@@ -21,8 +21,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..store import MASK_FILE, METADATA_FILE, RECREATE, REPACK, TOKENIZER_FILE, TOKENS_FILE, Problem, Shard
-from ..store.format import METADATA_CHECKSUM, METADATA_CHECKSUM_VERSION, metadata_sha256, shard_record
+from ..store.format import (
+    MASK_FILE,
+    METADATA_CHECKSUM,
+    METADATA_CHECKSUM_VERSION,
+    METADATA_FILE,
+    RECREATE,
+    REPACK,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    Problem,
+    metadata_sha256,
+    shard_record,
+)
+from ..store.shard import Shard
 from .content import CHUNK_TOKENS, Vocab
 
 NOT_RECORDED = "not recorded, older dataset"

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DatasetError
-from ..store import Problem, open_dataset
+from ..store.format import Problem
 from ..store.mixture import check_compatible, member_root, metadata_checksum, read_mixture
+from ..store.reader import open_dataset
 from .run import ProgressFn, ShardExecutor, VerifyReport, verify
 
 MIXTURE_CHECKS = {

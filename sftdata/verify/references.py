@@ -12,25 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chat.loss_rule import LossRule, rule_from_state
 from ..errors import DatasetError, SftDataError
-from ..loss_rule import LossRule, rule_from_state
-from ..packing import Segments, stream_prefix
-from ..ranges import gather_ranges, range_index, whole_runs
-from ..store import (
-    METADATA_FILE,
-    REPACK,
-    SEGMENTS_FILE,
-    Dataset,
-    Problem,
-    Shard,
-    Split,
-    dataset_path,
-    open_dataset,
-    remote_url,
-    sha256_file,
-)
-from ..store.format import decode_segments, more_like_it
+from ..packing.layout import Segments
+from ..packing.strategies import stream_prefix
+from ..store.format import METADATA_FILE, REPACK, SEGMENTS_FILE, Problem, decode_segments, more_like_it
+from ..store.location import dataset_path, remote_url
+from ..store.reader import Dataset, open_dataset
+from ..store.shard import Shard, Split
 from ..store.structure import marker_name, readable_rows
+from ..util.hashing import sha256_file
+from ..util.ranges import gather_ranges, range_index, whole_runs
 from .content import CHUNK_TOKENS
 
 # compares the tokens of each of ``shards`` (one split's) with source split ``sp`` elsewhere, yielding

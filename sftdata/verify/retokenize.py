@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SftDataError
-from ..hf_tokenizer import HF_KIND, hf_tokenizer_from_state
-from ..store import TOKENIZER_FILE, TOKENS_FILE, Problem
+from ..store.format import TOKENIZER_FILE, TOKENS_FILE, Problem
+from ..tokenize import is_hf_state
+from ..tokenize.hf import hf_tokenizer_from_state
 
 RETOKENIZE_CHECK = {"retokenize": "sampled episodes decoded and re-encoded by the tokenizers library give the "
                                   "stored ids (--retokenize)"}
@@ -53,7 +54,7 @@ def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0,
     the tokenizers library; a ``Problem`` for each episode whose ids differ. ``run``:
     re-encodes each shard's sample elsewhere (``--engine ray``), results in shard order."""
     out = Retokenized(seed=seed)
-    if not isinstance(state, dict) or state.get("kind") != HF_KIND:
+    if not is_hf_state(state):
         out.skipped = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
         return out
     try:

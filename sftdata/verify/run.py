@@ -18,22 +18,13 @@ from typing import Protocol
 
 import numpy as np
 
+from ..chat.serving import token_strings
 from ..errors import DatasetError, UsageError
-from ..serving import token_strings
-from ..store import (
-    EPISODES_FILE,
-    METADATA_FILE,
-    SERVING_FILE,
-    SPLITS,
-    TOKENIZER_FILE,
-    TOKENS_FILE,
-    Problem,
-    read_serving,
-    scan_dataset,
-    sha256_file,
-)
-from ..store.format import in_check_order
+from ..store.format import EPISODES_FILE, METADATA_FILE, SERVING_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE, Problem, in_check_order
+from ..store.reader import scan_dataset
+from ..store.serving_file import read_serving
 from ..store.structure import check_counts
+from ..util.hashing import sha256_file
 from .content import check_tokenizer
 from .metadata import (
     NOT_RECORDED,

@@ -1,6 +1,6 @@
 """The ``serving`` check of ``verify``: ``serving.json`` says what the data trained.
 
-Every field ``sftdata.serving.serving_manifest`` derives from ``tokenizer_state.json``
+Every field ``sftdata.chat.serving.serving_manifest`` derives from ``tokenizer_state.json``
 (stop ids and strings, the chat format, template name and sha256, the tokenizer) must
 equal the recorded one; its pad id must be the one the dataset pads with (the rule's, or
 a packed dataset's ``packing.pad_token_id``); its BOS policy must be the data's (every
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..chat.loss_rule import LossRule
+from ..chat.serving import SERVING_FORMAT, SERVING_VERSION, bos_policy_of, serving_manifest
 from ..errors import DatasetError
-from ..loss_rule import LossRule
-from ..serving import SERVING_FORMAT, SERVING_VERSION, bos_policy_of, serving_manifest
-from ..store import SERVING_FILE, Problem, Shard, episode_first_ids
-from ..store.format import decode_segments
+from ..store.format import SERVING_FILE, Problem, decode_segments
+from ..store.serving_file import episode_first_ids
+from ..store.shard import Shard
 from ..store.structure import readable_rows
 
 ABSENT = "absent, written by an older version"

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import METADATA_FILE, RECREATE, Problem, Shard, sha256_file
-from ..store.format import recorded_files, shard_record
+from ..store.format import METADATA_FILE, RECREATE, Problem, recorded_files, shard_record
+from ..store.shard import Shard
 from ..store.structure import check_eos, episode_bounds
+from ..util.hashing import sha256_file
 from .content import Vocab, check_content, check_packed_content
 from .metadata import data_ranges, proven_shards
 from .stops import StopFindings

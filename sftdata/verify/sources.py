@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..store import METADATA_FILE, Problem, sha256_file
+from ..store.format import METADATA_FILE, Problem
+from ..util.hashing import sha256_file
 
 MATCHES, MISSING, CHANGED, UNREADABLE = "matches", "missing", "changed", "unreadable"
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..loss_rule import LossRule
-from ..stops import rule_stop_ids, rule_trains_stop, scan_stops
-from ..store import MASK_FILE, RECREATE, SERVING_FILE, TOKENIZER_FILE, Problem, Shard
-from ..store.format import more_like_it
+from ..chat.loss_rule import LossRule
+from ..chat.stops import rule_stop_ids, rule_trains_stop, scan_stops
+from ..store.format import MASK_FILE, RECREATE, SERVING_FILE, TOKENIZER_FILE, Problem, more_like_it
+from ..store.shard import Shard
 
 LISTED = 100  # episode (row) ids listed per split in ``cannot_stop``
 

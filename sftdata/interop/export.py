@@ -1,0 +1,308 @@
+"""``sftdata export``: a dataset's splits as Parquet or JSONL files other tools read.
+
+Every row is one item of ``sftdata.torch.SFTDataset`` (an episode, or a packed row),
+with the columns ``transformers`` models take, ``labels`` aligned with ``input_ids``
+(-100 where the mask is 0; the model shifts them itself)::
+
+    episodes:  episode, record, input_ids, labels, attention_mask
+    packed:    row, input_ids, labels, attention_mask (0 on row padding), position_ids,
+               seq_lengths, seq_episodes, seq_records (one per segment)
+
+``record`` is the 0-based input record number (null when the dataset does not know it).
+
+Streamed: a split is read a chunk of whole items at a time (plain file reads, so memory
+stays flat in the dataset size), and each chunk is one Parquet row group of about
+``row_group_tokens`` tokens. The output folder is written like a dataset (staging folder
+beside it, renamed on success, one writer at a time, ``dataset_metadata.json`` with
+``kind: "export"`` listing its files): ``--overwrite`` replaces only an earlier export.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from .. import __version__
+from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
+from ..loader import IGNORE_INDEX, dataset_identity
+from ..packing.layout import PAD_SEQ_ID, row_layout
+from ..store.format import METADATA_FILE, read_json
+from ..store.location import remote_url
+from ..store.object_cache import remote_metadata
+from ..store.reader import open_dataset
+from ..store.shard import Split, split_segments
+from ..store.writer import DatasetWriter
+from ..util.ranges import range_index, whole_runs
+
+FORMATS = ("parquet", "jsonl")
+ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few ms to decode
+EXPORT_KIND = "export"
+PARQUET_KEY = b"sftdata"  # the Parquet file's key-value metadata: where it came from
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    format: str = "parquet"
+    splits: tuple[str, ...] | None = None  # None: every split of the dataset
+    overwrite: bool = False
+    row_group_tokens: int = ROW_GROUP_TOKENS
+
+
+@dataclass(frozen=True)
+class ExportProgress:
+    split: str
+    rows_done: int
+    rows_total: int
+
+
+@dataclass
+class SplitExport:
+    file: str  # relative to the output folder
+    rows: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class ExportReport:
+    dataset: str
+    output_dir: str
+    format: str
+    kind: str  # of the dataset: episodes | packed
+    columns: list[str]
+    splits: dict[str, SplitExport] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "splits": {k: asdict(v) for k, v in self.splits.items()}}
+
+
+EPISODE_COLUMNS = ["episode", "record", "input_ids", "labels", "attention_mask"]
+PACKED_COLUMNS = ["row", "input_ids", "labels", "attention_mask", "position_ids", "seq_lengths", "seq_episodes",
+                  "seq_records"]
+
+
+def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptions = ExportOptions(),
+           progress: Callable[[ExportProgress], None] | None = None) -> ExportReport:
+    """Write the splits of ``dataset_dir`` to ``output_dir/<split>.<format>``."""
+    if options.format not in FORMATS:
+        why = " (MosaicML MDS is not offered: docs/INTEROP.md says why)" if options.format == "mds" else ""
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {options.format!r}{why}")
+    if options.row_group_tokens < 1:
+        raise UsageError(f"row_group_tokens must be >= 1, got {options.row_group_tokens}")
+    t0 = time.perf_counter()
+    source, target, url = Path(dataset_dir), Path(output_dir), remote_url(output_dir)
+    ds = open_dataset(source)
+    if url is None:
+        _check_target(source, target, options.overwrite)
+    elif options.overwrite:
+        _check_kind(url, remote_metadata(url))
+    names = list(options.splits) if options.splits else list(ds.splits)
+    for name in names:
+        ds.split(name)  # an unknown split: the reader's message names the ones there are
+        if ds.split(name).num_items and not ds.split(name).has_mask:
+            raise DatasetError(f"split {name!r} of {source} has no mask.bin, so labels cannot say which tokens are "
+                               f"trained; re-create the dataset with `sftdata prepare-chat`")
+    sink_cls = _parquet_sink() if options.format == "parquet" else JsonlSink
+    columns = PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
+    report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns)
+    provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
+                  "sftdata_version": __version__}
+    with DatasetWriter(url or target, overwrite=options.overwrite) as w:
+        for name in names:
+            sp = ds.split(name)
+            out = report.splits[name] = SplitExport(f"{name}.{options.format}")
+            with sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}) as sink:
+                chunks = (packed_chunks(sp, ds.packing, options.row_group_tokens) if ds.kind == "packed"
+                          else episode_chunks(sp, options.row_group_tokens))
+                for chunk in chunks:
+                    sink.write(chunk)
+                    out.rows += chunk.rows
+                    out.tokens += int(chunk.attention.sum())
+                    out.trained_tokens += int(np.count_nonzero(chunk.labels != IGNORE_INDEX))
+                    if progress is not None:
+                        progress(ExportProgress(name, out.rows, sp.num_items))
+            out.bytes = (w.path / out.file).stat().st_size
+        w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
+            **provenance, "format": options.format, "columns": columns,
+            "files": {k: asdict(v) for k, v in report.splits.items()}}})
+        report.notes = list(w.notes)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_target(source: Path, target: Path, overwrite: bool) -> None:
+    """Never the dataset itself (or a folder around or inside it); with ``--overwrite``
+    only an earlier export (the writer then removes exactly the files it lists)."""
+    s, t = source.resolve(), target.resolve()
+    if s == t or s in t.parents or t in s.parents:
+        raise UsageError(f"the output {target} would overlap the dataset {source}; choose an --output-dir outside it")
+    if not target.exists() or not overwrite:
+        return  # the writer refuses an existing target without --overwrite
+    if target.is_dir() and any(target.iterdir()):
+        _check_kind(target, read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {})
+
+
+def _check_kind(target, meta: dict | None) -> None:
+    """``--overwrite`` replaces only an earlier export (an object-store target without
+    metadata is left to the writer's checks: empty, or refused)."""
+    if meta is not None and meta.get("kind") != EXPORT_KIND:
+        raise OutputExistsError(f"{target} is not an earlier export of sftdata: --overwrite replaces only an export "
+                                f"(never a dataset or other files); choose another --output-dir")
+
+
+# -------------------------------------------------------------------------- chunks of rows
+@dataclass
+class Chunk:
+    """Consecutive items as flat token arrays and per-item offsets (``offsets[k]`` to
+    ``offsets[k + 1]`` are item ``k``'s tokens)."""
+
+    offsets: np.ndarray  # int64 (rows + 1,)
+    input_ids: np.ndarray  # int64
+    labels: np.ndarray  # int64
+    attention: np.ndarray  # int8
+    scalars: dict[str, np.ndarray]  # per-row int64 columns (-1 = unknown)
+    positions: np.ndarray | None = None  # packed: int64 like input_ids
+    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # packed: name -> (offsets, values)
+
+    @property
+    def rows(self) -> int:
+        return self.offsets.shape[0] - 1
+
+
+def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
+    """The episodes of ``sp`` in global id order, whole episodes of up to ``budget`` tokens."""
+    sources = sp.sources
+    for si, sh in enumerate(sp.shards):
+        starts = sh.index[:, 0].astype(np.int64)
+        lengths = sh.index[:, 1].astype(np.int64)
+        first = int(sp.item_offsets[si])
+        for i, j in whole_runs(starts + lengths, budget, starts=starts):
+            st, ln = starts[i:j], lengths[i:j]
+            lo, hi = int(st.min()), int((st + ln).max())
+            toks, mask = sh.read_range(lo, hi)
+            if not (lo == st[0] and np.array_equal(st[1:], (st + ln)[:-1])):  # not laid end to end: gather
+                idx = range_index(st - lo, ln)
+                toks, mask = toks[idx], mask[idx]
+            ids = toks.astype(np.int64)
+            gid = np.arange(first + i, first + j, dtype=np.int64)
+            rec = sources[gid] if sources is not None else np.full(j - i, -1, dtype=np.int64)
+            yield Chunk(np.concatenate([[0], np.cumsum(ln)]), ids, np.where(mask == 1, ids, IGNORE_INDEX),
+                        np.ones(ids.shape[0], dtype=np.int8), {"episode": gid, "record": rec})
+
+
+def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
+    """The rows of a packed split in row order, whole rows of up to ``budget`` tokens."""
+    L = int(packing["row_len"])
+    seg = split_segments(sp)
+    per = max(1, budget // L)
+    for si, sh in enumerate(sp.shards):
+        first = int(sp.item_offsets[si])
+        for a in range(0, sh.num_items, per):
+            b = min(sh.num_items, a + per)
+            toks, mask = sh.read_range(a * L, b * L)
+            rows = np.arange(first + a, first + b, dtype=np.int64)
+            s = seg.of_rows(rows)
+            local = s.row - (first + a)
+            seq, pos = row_layout(local, s.offset, s.length, b - a, L)
+            ids = toks.astype(np.int64)
+            counts = np.bincount(local, minlength=b - a)
+            seg_off = np.concatenate([[0], np.cumsum(counts)])
+            yield Chunk(np.arange(b - a + 1, dtype=np.int64) * L, ids, np.where(mask == 1, ids, IGNORE_INDEX),
+                        (seq.reshape(-1) != PAD_SEQ_ID).astype(np.int8), {"row": rows}, pos.reshape(-1),
+                        {"seq_lengths": (seg_off, s.length), "seq_episodes": (seg_off, s.episode),
+                         "seq_records": (seg_off, s.source)})
+
+
+# ------------------------------------------------------------------------------ writers
+def _parquet_sink():
+    try:
+        import pyarrow  # noqa: F401  (optional dependency: only for --format parquet)
+    except ImportError:
+        raise ConfigError("--format parquet needs pyarrow: pip install 'sftdata[parquet]' (or use --format jsonl)") from None
+    return ParquetSink
+
+
+class ParquetSink:
+    """One Parquet file; each chunk is one row group. The file's key-value metadata
+    says where it came from (``sftdata``: source, identity, split, kind)."""
+
+    def __init__(self, path: Path, kind: str, provenance: dict):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa, self.pq = pa, pq
+        tokens, mask = pa.list_(pa.int64()), pa.list_(pa.int8())
+        if kind == "packed":
+            fields = [("row", pa.int64()), ("input_ids", tokens), ("labels", tokens), ("attention_mask", mask),
+                      ("position_ids", tokens), ("seq_lengths", tokens), ("seq_episodes", tokens),
+                      ("seq_records", tokens)]
+        else:
+            fields = [("episode", pa.int64()), ("record", pa.int64()), ("input_ids", tokens), ("labels", tokens),
+                      ("attention_mask", mask)]
+        self.schema = pa.schema(fields, metadata={PARQUET_KEY: orjson.dumps(provenance)})
+        self.path = path
+        self._writer = None
+
+    def __enter__(self) -> ParquetSink:
+        self._writer = self.pq.ParquetWriter(self.path, self.schema, compression="snappy")
+        return self
+
+    def write(self, c: Chunk) -> None:
+        pa = self.pa
+        off = pa.array(c.offsets.astype(np.int32))
+
+        def lists(values: np.ndarray, offsets=off, null_below: int | None = None):
+            mask = values < null_below if null_below is not None else None
+            return pa.ListArray.from_arrays(offsets, pa.array(values, mask=mask))
+
+        cols = {name: pa.array(v, mask=v < 0) for name, v in c.scalars.items()}
+        cols.update(input_ids=lists(c.input_ids), labels=lists(c.labels), attention_mask=lists(c.attention))
+        if c.positions is not None:
+            cols["position_ids"] = lists(c.positions)
+            for name, (o, v) in c.segments.items():
+                cols[name] = lists(v, pa.array(o.astype(np.int32)), 0 if name == "seq_records" else None)
+        table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
+        self._writer.write_table(table, row_group_size=max(1, c.rows))
+
+    def __exit__(self, *exc) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class JsonlSink:
+    """One JSON object per line, the columns as keys (unknown record numbers as null)."""
+
+    def __init__(self, path: Path, kind: str, provenance: dict):
+        self.path = path
+        self._f = None
+
+    def __enter__(self) -> JsonlSink:
+        self._f = open(self.path, "wb")
+        return self
+
+    def write(self, c: Chunk) -> None:
+        o = c.offsets
+        lines = []
+        for k in range(c.rows):
+            a, b = int(o[k]), int(o[k + 1])
+            row = {name: (None if v[k] < 0 else int(v[k])) for name, v in c.scalars.items()}
+            row.update(input_ids=c.input_ids[a:b], labels=c.labels[a:b], attention_mask=c.attention[a:b])
+            if c.positions is not None:
+                row["position_ids"] = c.positions[a:b]
+                for name, (so, sv) in c.segments.items():
+                    part = sv[int(so[k]):int(so[k + 1])]
+                    row[name] = [None if x < 0 else x for x in part.tolist()] if name == "seq_records" else part
+            lines.append(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY))
+        self._f.write(b"\n".join(lines) + b"\n")
+
+    def __exit__(self, *exc) -> None:
+        if self._f is not None:
+            self._f.close()

@@ -1,0 +1,1 @@
+"""Input records read as conversations: turns, content parts, tool formats, exact JSON."""

@@ -1,0 +1,152 @@
+"""The common tool-calling record read in one pass without the general parser (pure, I/O-free).
+
+A *plain tool* record is what tool-calling datasets mostly hold, in either format:
+
+* OpenAI: ``{"tools": [...], "messages": [...]}``, each message exactly ``role`` and
+  ``content`` (a string), but an assistant message may carry ``tool_calls`` (its
+  ``content`` then a string, null or missing) and a result (``role: tool``) a
+  ``tool_call_id``;
+* ShareGPT / glaive: ``{"tools": "<JSON list>" | [...], "conversations": [...]}``, each
+  message exactly ``from`` and a string ``value``, a ``function_call`` turn holding a
+  call;
+
+no ``functions`` key, an optional top-level ``system`` string, and then: system messages
+first, a user message next, no two user or two assistant turns in a row (but consecutive
+``function_call`` turns, which are one turn's calls), every call's results right after it
+in call order (by ``tool_call_id`` when given) before anything else, every call naming a
+declared tool (when tools are declared), no blank user or assistant text without a call,
+no reasoning or ``<think>``, and the last turn the assistant's. Its conversation is then
+its messages as turns, with nothing repaired, counted or untrained: exactly what
+``tool_format.parse_tool`` returns for it.
+
+``plain_tool_conversation`` returns that conversation, or None for any other record (and
+for a record one of whose schemas or calls is invalid), which the general parser then
+reads (tests give both parsers many shapes and compare). It exists for speed: the
+general parser reads every field a message could carry and repairs in separate passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RecordError
+from .plain import opens_thinking, with_system
+from .tools import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tools, sharegpt_calls, str_id
+from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
+
+_OPENAI = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES, **dict.fromkeys(RESULT_ROLES, "tool")}
+_SHAREGPT = {**_OPENAI, **dict.fromkeys(CALL_FROMS, "call")}
+
+
+def _messages(obj: Any) -> tuple[list, dict] | None:
+    if type(obj) is not dict or "functions" in obj:
+        return None
+    if "messages" in obj:
+        msgs, kinds = obj["messages"], _OPENAI
+    elif "conversations" in obj:
+        msgs, kinds = obj["conversations"], _SHAREGPT
+    else:
+        return None
+    return (msgs, kinds) if type(msgs) is list else None
+
+
+def plain_tool_conversation(obj: Any) -> Conversation | None:
+    """The conversation of a plain tool record (module docstring), or None."""
+    found = _messages(obj)
+    if found is None:
+        return None
+    msgs, kinds = found
+    sharegpt = kinds is _SHAREGPT
+    top = obj.get("system")
+    if top is not None and type(top) is not str:
+        return None
+    try:
+        tools = parse_tools(obj.get("tools"), "")
+    except RecordError:
+        return None
+    names = {t["name"] for t in tools}
+    systems = [] if top is None else [top]
+    turns: list[Turn] = []
+    pending: list[str | None] = []  # the ids of the last calls still waiting for their results, in order
+    last = ""  # the kind of the last turn
+    for i, m in enumerate(msgs):
+        if type(m) is not dict:
+            return None
+        if sharegpt:
+            role, text, calls_value = m.get("from"), m.get("value"), None
+            if len(m) != 2 or type(role) is not str or type(text) is not str:
+                return None
+        else:
+            role, text = m.get("role"), m.get("content")
+            if type(role) is not str:
+                return None
+        kind = kinds.get(role) or kinds.get(role.lower())
+        if kind is None:
+            return None
+        if not sharegpt:  # exactly the keys this kind reads; a string content (null beside calls)
+            extra = "tool_calls" if kind == "assistant" else "tool_call_id" if kind == "tool" else None
+            if len(m) != 1 + ("content" in m) + (extra in m) or (type(text) is not str and (
+                    text is not None or "tool_calls" not in m or kind != "assistant")):
+                return None
+            calls_value = m.get("tool_calls")
+        if kind == "system":
+            if turns:  # after the conversation started: the general parser rejects it
+                return None
+            systems.append(text)
+            continue
+        if kind == "tool":
+            if not pending:
+                return None
+            call_id = None if sharegpt else str_id(m.get("tool_call_id"))
+            if call_id is not None and pending[0] != call_id:  # answers a later call: reordered
+                return None
+            del pending[0]
+            turns.append(Turn("tool", text, tool_call_id=call_id))
+            last = kind
+            continue
+        if kind == "call" and last == "call" and len(pending) == len(turns[-1].tool_calls):
+            try:  # consecutive function_call turns, none answered yet: the format's parallel calls
+                calls = sharegpt_calls(text, "", i)
+            except RecordError:
+                return None
+            if names and any(c.name not in names for c in calls):
+                return None
+            turns[-1] = Turn("assistant", "", turns[-1].tool_calls + calls)
+            pending += [c.id for c in calls]
+            continue
+        if pending or kind == last or (kind == "call" and last == "assistant") or (
+                kind == "assistant" and last == "call"):
+            return None  # a call unanswered, or a run the general parser merges
+        if kind == "user":
+            if not text or text.isspace():
+                return None
+            turns.append(Turn("user", text))
+            last = kind
+            continue
+        if not turns:  # a leading assistant turn: the general parser keeps it untrained
+            return None
+        calls: tuple[ToolCall, ...] = ()
+        try:
+            if kind == "call":
+                calls = sharegpt_calls(text, "", i)
+                text = ""
+            elif calls_value is not None:
+                calls = openai_calls(m, "", i)
+        except RecordError:
+            return None
+        text = text or ""
+        if not calls:
+            if not text or text.isspace():
+                return None
+        elif not text.strip():
+            text = ""
+        if calls and names and any(c.name not in names for c in calls):
+            return None
+        if opens_thinking(text):
+            return None
+        turns.append(Turn("assistant", text, calls))
+        pending = [c.id for c in calls]
+        last = "call" if calls else "assistant"
+    if last not in ("assistant", "call"):
+        return None
+    return with_system(systems, turns, tools)

@@ -1,0 +1,230 @@
+"""The normalised turns every record format becomes, their shared clean-up, and the
+per-turn policies. Pure and I/O-free.
+
+``normalise_turns`` is the clean-up chat and tool records share (system first, no empty
+turns, merged runs, no dead tail, at least one trainable assistant turn); ``apply_policy``
+applies ``--reasoning keep|last|drop`` and ``--train-on all|last`` and counts what each
+assistant turn holds (``Conversation.turn_counts``). Parsing a record is the job of
+``conversation`` (chat) and ``tool_format`` (tools); reading one message's content is
+``message_content``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from ..errors import RecordError
+from .content import json_kind, read_content
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+USER_ALIASES = {"user": "user", "human": "user"}
+ASSISTANT_ALIASES = {"assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
+                     "bing": "assistant", "bard": "assistant", "model": "assistant"}
+SYSTEM_ALIASES = {"system": "system", "developer": "system"}
+TOOL_ROLES = {"tool", "function", "function_call", "observation", "ipython", "tool_call",
+              "function_response"}
+CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call made by the assistant; ``arguments`` is a parsed JSON object."""
+
+    name: str
+    arguments: dict
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn. Assistant turns also carry ``reasoning`` ("" for none) and, when they are
+    context (rendered, never trained), why: ``untrained`` is ``"weight_0"`` (marked by
+    the record) or ``"train_on_last"`` (``--train-on last``); "" when trained."""
+
+    role: Role
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    reasoning: str = ""
+    untrained: str = ""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A validated conversation. ``tools`` holds function schemas (dicts with at least
+    ``name``) rendered into the system span; ``repairs`` names what was fixed (counted
+    per record); ``turn_counts`` holds one name per assistant turn event (counted per
+    turn): ``reasoning_kept``, ``reasoning_dropped``, ``reasoning_empty``,
+    ``untrained_weight_0``, ``untrained_train_on_last``."""
+
+    turns: tuple[Turn, ...]
+    tools: tuple[dict, ...] = ()
+    repairs: tuple[str, ...] = field(default=())
+    turn_counts: tuple[str, ...] = field(default=())
+
+
+REASONING_POLICIES = ("keep", "last", "drop")
+TRAIN_ON = ("all", "last")
+TURN_COUNTS = ("reasoning_kept", "reasoning_dropped", "reasoning_empty", "untrained_weight_0",
+               "untrained_train_on_last")
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    """``reasoning``: keep every turn's reasoning, only the final assistant turn's
+    (``last``), or none (``drop``). ``train_on``: every assistant turn the record allows
+    (``all``), or only the last of them (``last``: the earlier ones become context)."""
+
+    reasoning: str = "keep"
+    train_on: str = "all"
+
+
+def text_of(content: Any, where: str, index: int, role: str = "user") -> str:
+    """The text of a message that is not the assistant's (``message_content.read_content``)."""
+    return read_content(content, where, index, role).text
+
+
+def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
+    """The message list of a record and its format name (``openai`` or ``sharegpt``)."""
+    if not isinstance(obj, dict):
+        raise RecordError("not_an_object", f"the record is {json_kind(obj)}, not an object "
+                          f"with 'messages' or 'conversations'", where)
+    if "messages" in obj:
+        msgs, fmt = obj["messages"], "openai"
+    elif "conversations" in obj:
+        msgs, fmt = obj["conversations"], "sharegpt"
+    else:
+        keys = ", ".join(sorted(obj)[:6]) or "none"
+        raise RecordError("no_messages", f"no 'messages' or 'conversations' list (keys: {keys})", where)
+    if not isinstance(msgs, list):
+        raise RecordError("no_messages", f"'{'messages' if fmt == 'openai' else 'conversations'}' is "
+                          f"{json_kind(msgs)}, not a list of messages", where)
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise RecordError("not_an_object", f"message {i} is {json_kind(m)}, not an object", where)
+    return msgs, fmt
+
+
+def message_role(m: dict, fmt: str) -> str:
+    """The lower-cased role name; ``repr`` of a role that is not a string, and
+    ``"no 'role' key"`` (or ``'from'``) when there is none, for messages."""
+    key = "role" if fmt == "openai" else "from"
+    if key not in m and "role" not in m:
+        return f"no {key!r} key"
+    role = m.get(key, m.get("role") if fmt == "sharegpt" else None)
+    return role.lower() if isinstance(role, str) else repr(role)
+
+
+def unknown_role(role_name: str, where: str, index: int, known: str) -> RecordError:
+    said = role_name if role_name.startswith("no '") else f"role {role_name}"
+    return RecordError("unknown_role", f"message {index} has {said}; known roles: {known}", where)
+
+
+def _merges(prev: Turn | None, t: Turn) -> bool:
+    """Whether ``t`` joins the turn before it: two user turns, or two assistant turns of
+    the same training flag where the first made no call and the second brings no
+    reasoning of its own (reasoning stays in front of its reply)."""
+    return (prev is not None and prev.role == t.role and t.role in ("user", "assistant") and not prev.tool_calls
+            and prev.untrained == t.untrained and not t.reasoning)
+
+
+def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
+                    given: set[str] | None = None) -> tuple[Turn, ...]:
+    """Shared clean-up of chat and tool turns: system first, no empties, merged runs,
+    no dead tail, at least one trainable assistant turn. Appends repair codes.
+
+    ``given``: the roles the record held before any empty message was dropped (the
+    rejection then says what was there); by default the roles of ``turns``."""
+    given = {t.role for t in turns} if given is None else given
+    if not turns and not given:
+        raise RecordError("empty_conversation", "the record has no messages", where)
+    system = [t for t in turns if t.role == "system"]
+    body = [t for t in turns if t.role != "system"]
+    first_non_system = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+    if any(t.role == "system" for t in turns[first_non_system:]):
+        raise RecordError("misplaced_system", "a system message comes after the conversation started; "
+                          "move it to the start or drop it", where)
+    out: list[Turn] = []
+    sys_text = "\n\n".join(t.text for t in system if t.text.strip())
+    if sys_text:
+        out.append(Turn("system", sys_text))
+    kept: list[Turn] = []
+    for t in body:
+        if not t.text.strip() and not t.tool_calls and not t.reasoning and t.role != "tool":
+            repairs.append("dropped_empty_turn")
+            continue
+        prev = kept[-1] if kept else None
+        if _merges(prev, t):
+            repairs.append("merged_same_role")
+            text = prev.text + "\n\n" + t.text if prev.text and t.text else prev.text or t.text
+            kept[-1] = replace(prev, text=text, tool_calls=t.tool_calls, tool_call_id=None)
+            continue
+        kept.append(t)
+    if not kept:
+        if not given - {"system"}:
+            raise RecordError("no_assistant_turn", "the record holds only a system message (no user or "
+                              "assistant message), so nothing would be trained", where)
+        names = " and ".join(r for r in ("user", "assistant") if r in given)
+        tail = "" if "assistant" in given else ", and there is no assistant message"
+        raise RecordError("empty_conversation", f"every {names} message is empty{tail}", where)
+    last_asst = max((i for i, t in enumerate(kept) if t.role == "assistant"), default=-1)
+    if last_asst < 0:
+        if "assistant" in given:
+            raise RecordError("empty_assistant_turn", "every assistant message is empty (null or blank content), "
+                              "so nothing would be trained", where)
+        raise RecordError("no_assistant_turn", "no assistant message, so nothing would be trained", where)
+    if last_asst < len(kept) - 1:
+        repairs.append("dropped_trailing_turns")
+        kept = kept[: last_asst + 1]
+    first_ctx = next((i for i, t in enumerate(kept) if t.role in ("user", "tool")), None)
+    if first_ctx is None or first_ctx > last_asst:
+        raise RecordError("no_trainable_turn", "no assistant message comes after a user message (or a tool "
+                          "result), so none has a context to learn from and nothing would be trained", where)
+    if not any(t.role == "assistant" and not t.untrained for t in kept[first_ctx:]):
+        raise RecordError("no_trainable_turn", "every assistant message after the first user message (or tool "
+                          "result) has weight 0 or train false, so nothing would be trained", where)
+    if kept[0].role == "assistant":
+        repairs.append("leading_assistant_untrained")
+    return tuple(out + kept)
+
+
+def apply_policy(conv: Conversation, policy: TurnPolicy, where: str) -> Conversation:
+    """``--reasoning`` and ``--train-on`` over a normalised conversation, and the per-turn
+    counts of what the episode holds (``Conversation.turn_counts``).
+
+    A turn left with nothing but the reasoning the policy removed is dropped like any
+    empty turn (``dropped_empty_turn``); ``--train-on last`` trains the last assistant
+    turn the record allows to be trained, the earlier ones become context."""
+    turns = list(conv.turns)
+    repairs, counts = list(conv.repairs), list(conv.turn_counts)
+    asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
+    if policy.reasoning != "keep" and any(turns[i].reasoning for i in asst):
+        emptied = []
+        for i in asst:
+            t = turns[i]
+            if t.reasoning and (policy.reasoning == "drop" or i != asst[-1]):
+                turns[i] = replace(t, reasoning="")
+                counts.append("reasoning_dropped")
+                if not t.text.strip() and not t.tool_calls:
+                    emptied.append(i)
+        if len(emptied) == len(asst):
+            raise RecordError("empty_assistant_turn", "every assistant message holds only reasoning, which "
+                              "--reasoning drop removes, so nothing would be trained", where)
+        if emptied:
+            turns = list(normalise_turns(turns, where, repairs))
+            asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
+    if policy.train_on == "last":
+        first_ctx = next(i for i, t in enumerate(turns) if t.role in ("user", "tool"))
+        trained = [i for i in asst if i > first_ctx and not turns[i].untrained]
+        for i in trained[:-1]:
+            turns[i] = replace(turns[i], untrained="train_on_last")
+    for i in asst:
+        t = turns[i]
+        if t.reasoning:
+            counts.append("reasoning_kept")
+        if t.untrained:
+            counts.append("untrained_" + t.untrained)
+    if not counts and len(repairs) == len(conv.repairs):  # nothing to say: nothing changed (plain text)
+        return conv
+    return Conversation(tuple(turns), conv.tools, tuple(repairs), tuple(counts))
