@@ -1,4 +1,4 @@
-"""The order contract (ARCHITECTURE.md §4): which item ids are in step N on rank R."""
+"""The order contract (docs/ARCHITECTURE.md §4): which item ids are in step N on rank R."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The structure cannot silently decay: the layers of ARCHITECTURE.md §5 (import-linter),
+"""The structure cannot silently decay: the layers of docs/ARCHITECTURE.md §5 (import-linter),
 ruff's rule set, no function-level imports of sftdata modules (a cycle or a layer break
 hiding), every module placed in a layer and given its line in the README's map, and no
 specification-section names in the tree."""

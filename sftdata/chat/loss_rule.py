@@ -67,7 +67,7 @@ def _check_lengths(tokens: np.ndarray, lengths: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class MarkerRule:
-    """The rule of sftdata's chat markers (ARCHITECTURE.md §3, ``masking``)."""
+    """The rule of sftdata's chat markers (docs/ARCHITECTURE.md §3, ``masking``)."""
 
     markers: MarkerIds
     kind = "markers"

@@ -1,4 +1,4 @@
-"""The loss-mask rule: one pure function over a token array (ARCHITECTURE.md §3).
+"""The loss-mask rule: one pure function over a token array (docs/ARCHITECTURE.md §3).
 
 Used by prepare (render), pack (per row segment) and verify (re-derivation).
 

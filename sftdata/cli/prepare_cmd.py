@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -130,28 +131,19 @@ def min_val_split(n: int) -> float:
     return round(math.ceil(f / step) * step, 12)
 
 
-def run_prepare(mode: str, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                workers, strict, overwrite, as_json, quiet, wait: bool = False,
-                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, reasoning="keep", train_on="all",
-                chat_template=None, tokenizer_engine="auto", allow_pad_as_stop: bool = False, engine: str = "local",
-                ray_address: str | None = None, dedup="off", dedup_threshold=DEFAULT_THRESHOLD, decontaminate=(),
-                decontaminate_ngram=DEFAULT_NGRAM, memo_mb: float = DEFAULT_MEMO_MB) -> None:
+def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "local", ray_address: str | None = None,
+                as_json: bool = False, quiet: bool = False) -> None:
+    """Run prepare with ``opts`` (the command's options, built once) and draw its progress
+    and summary. More ``opts.workers`` than the machine's cores are capped."""
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     cores = default_workers()
-    if workers is not None and workers > cores:  # more processes than cores only costs memory and start-up
+    if opts.workers > cores:  # more processes than cores only costs memory and start-up
         if not quiet:
-            warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
-        workers = cores
-    opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
-                          shard_tokens=shard_tokens, tokenizer=tokenizer,
-                          workers=workers if workers is not None else cores,
-                          strict=strict, overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes,
-                          reasoning=reasoning, train_on=train_on, chat_template=chat_template,
-                          tokenizer_engine=tokenizer_engine, allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
-                          dedup_threshold=dedup_threshold, decontaminate=tuple(decontaminate or ()),
-                          decontaminate_ngram=decontaminate_ngram, memo_mb=memo_mb)
+            warn(f"--workers {opts.workers}: this machine gives sftdata {cores} core(s); using {cores}")
+        opts = replace(opts, workers=cores)
+    mode, val_split = opts.mode, opts.val_split
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
@@ -221,10 +213,15 @@ def _prepare_command(mode: str, doc: str):
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        run_prepare(mode, inputs, output_dir, val_split, seed, max_tokens, shard_tokens, tokenizer,
-                    workers, strict, overwrite, as_json, quiet, wait, max_record_bytes, reasoning, train_on,
-                    chat_template, tokenizer_engine, allow_pad_as_stop, engine, ray_address, dedup, dedup_threshold,
-                    decontaminate, decontaminate_ngram, memo_mb)
+        opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
+                              shard_tokens=shard_tokens, tokenizer=tokenizer, strict=strict,
+                              workers=default_workers() if workers is None else workers,
+                              overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
+                              train_on=train_on, chat_template=chat_template, tokenizer_engine=tokenizer_engine,
+                              allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
+                              decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
+                              memo_mb=memo_mb)
+        run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
     command.__name__ = f"prepare_{mode}"
     command.__doc__ = doc

@@ -17,6 +17,9 @@ import numpy as np
 
 from ..errors import UsageError
 
+# NumPy 2 renamed trapz (NumPy 1.x, a floor this package declares and CI tests) to trapezoid
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz
+
 SHINGLE = 5  # tokens per shingle
 NUM_PERM = 128
 MINHASH_SEED = 1
@@ -90,8 +93,8 @@ def lsh_params(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
             p = 1 - (1 - x ** r) ** b  # the chance that a pair of similarity x is a candidate
-            fp = np.trapezoid(np.where(x < threshold, p, 0), x)
-            fn = np.trapezoid(np.where(x >= threshold, 1 - p, 0), x)
+            fp = _trapezoid(np.where(x < threshold, p, 0), x)
+            fn = _trapezoid(np.where(x >= threshold, 1 - p, 0), x)
             cost = (1 - FN_WEIGHT) * fp + FN_WEIGHT * fn
             if best is None or cost < best:
                 best, arg = cost, (b, r)

@@ -1,4 +1,4 @@
-"""``SFTSampler``: the loader's order (ARCHITECTURE.md §4) as a sampler of item ids.
+"""``SFTSampler``: the loader's order (docs/ARCHITECTURE.md §4) as a sampler of item ids.
 
 It asks ``sftdata.order`` (``episode_order`` / ``row_order``, the calls the loader and
 ``sftdata replay-order`` make) which ids are in each step, and hands them out step after

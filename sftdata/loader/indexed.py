@@ -36,7 +36,7 @@ episode row, and carries the per-token segment layout (docs/PACKING.md)::
 Every field of the ``Batch`` is set: int64 arrays of shape ``(batch_size, block_size)``,
 mask float32. Attention isolation: ``sftdata.attention.block_causal_mask(seq_ids)``.
 
-Rows are visited once, in the epoch order of ARCHITECTURE.md §4
+Rows are visited once, in the epoch order of docs/ARCHITECTURE.md §4
 (``sftdata.order.row_order``, the order ``replay-order`` replays): training ends when
 the loader ends, with no second epoch. With ``epoch_drop_last=false`` the last batch is
 completed with padding rows (all padding, mask 0, seq_ids -1) rather than rows of a
@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from ..order.audit import format_value
-from ..order.batches import BatchOrder, row_order
+from ..order.batches import BatchOrder, Order, row_order
 from ..order.budget import episode_batch_order
 from ..order.config import LoaderConfig
 from ..packing import Segments
@@ -147,15 +147,15 @@ class _IndexedSource:
         self.root = ds.root
         self.splits = tuple(ds.splits)
         self.tokenizer_state = ds.tokenizer_state
-        self._orders: dict[str, BatchOrder] = {}
+        self._orders: dict[str, Order] = {}
 
-    def order(self, split: str) -> BatchOrder:
+    def order(self, split: str) -> Order:
         o = self._orders.get(split)
         if o is None:
             o = self._orders[split] = self._new_order(split, f"split {split!r} of {self.ds.root}")
         return o
 
-    def _new_order(self, split: str, what: str) -> BatchOrder:
+    def _new_order(self, split: str, what: str) -> Order:
         raise NotImplementedError
 
 
@@ -184,7 +184,7 @@ class EpisodeSource(_IndexedSource):
         self.end_id = None if self.real_mask else self.pad_id if eos is None else eos
         self._warned: set[str] = set()
 
-    def _new_order(self, split: str, what: str) -> BatchOrder:
+    def _new_order(self, split: str, what: str) -> Order:
         return episode_batch_order(self.cfg, self.ds.split(split).lengths, self.world_size, what=what)
 
     def size(self, split: str) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..order.audit import FIRST_IDS, AuditLog, format_value
-from ..order.batches import BatchOrder, Origin
+from ..order.batches import BatchOrder, Order, Origin
 from ..order.config import LoaderConfig
 from ..store.format import METADATA_FILE, dumps_json, read_json
 from ..store.reader import Dataset
@@ -81,7 +81,7 @@ class Source(Protocol):
     end_id: int | None  # in a row without a mask, every target after this id is padding
     tokenizer_state: dict | None
 
-    def order(self, split: str) -> BatchOrder: ...
+    def order(self, split: str) -> Order: ...
     def size(self, split: str) -> int: ...
     def trained_per_item(self, split: str) -> np.ndarray | int | None: ...  # by item id; int: every item; None: unknown
     def batch(self, split: str, ids: np.ndarray) -> Batch: ...
@@ -196,7 +196,7 @@ class Loader:
         v = (self.source.tokenizer_state or {}).get("vocab_size")
         return int(v) if v is not None else None
 
-    def order(self, split: str) -> BatchOrder:
+    def order(self, split: str) -> Order:
         """The order of ``split``; after a resume on another layout, the one that continues
         from the saved position (``BatchOrder.origin``)."""
         origin = self._origins.get(split)

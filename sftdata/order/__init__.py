@@ -11,6 +11,7 @@ from .batches import (
     MAX_SEED,
     SAMPLING_MODES,
     BatchOrder,
+    Order,
     Origin,
     StepEvent,
     eligible_ids,
@@ -19,5 +20,5 @@ from .batches import (
     row_order,
 )
 
-__all__ = ["DEFAULT_SEED", "MAX_SEED", "SAMPLING_MODES", "BatchOrder", "Origin", "StepEvent", "eligible_ids",
+__all__ = ["DEFAULT_SEED", "MAX_SEED", "SAMPLING_MODES", "BatchOrder", "Order", "Origin", "StepEvent", "eligible_ids",
            "episode_order", "epoch_permutation", "row_order"]

@@ -25,11 +25,11 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import InputError, UsageError
-from .batches import BatchOrder
+from .batches import Order
 
 FIRST_IDS = 10  # epoch_start records this many first episode ids
 _BARE = re.compile(r"^[^\s|=\"]*$")
@@ -48,7 +48,7 @@ def format_value(v) -> str:
 
 def format_line(action: str, fields: dict, *, category: str = "TRAINING", level: str = "INFO",
                 when: float | None = None) -> str:
-    t = datetime.fromtimestamp(time.time() if when is None else when, tz=timezone.utc)
+    t = datetime.fromtimestamp(time.time() if when is None else when, tz=UTC)
     stamp = t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
     parts = [stamp, category, level, f"action={format_value(action)}"]
     parts += [f"{k}={format_value(v)}" for k, v in fields.items()]
@@ -65,7 +65,7 @@ class AuditLog:
         except OSError as e:
             raise InputError(f"cannot create the audit folder {self.dir}: {e}") from None
         if filename is None:
-            filename = f"audit_{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}_p{os.getpid()}.log"
+            filename = f"audit_{datetime.now(UTC):%Y%m%dT%H%M%SZ}_p{os.getpid()}.log"
         self.path = self.dir / filename
 
     def event(self, action: str, level: str = "INFO", **fields) -> str:
@@ -176,7 +176,7 @@ class AuditCheck:
                 "mismatches": [m.__dict__ for m in self.mismatches]}
 
 
-def check_audit(path: str | Path, order: BatchOrder, split: str = "train") -> AuditCheck:
+def check_audit(path: str | Path, order: Order, split: str = "train") -> AuditCheck:
     """Compare every ``epoch_start`` line of ``split`` in an audit log with ``order``:
     first episode ids, effective seed and episode count; and the ``dataset_load`` seed
     and shuffle flag. Lines without a ``split`` field count as train."""
@@ -207,7 +207,7 @@ def _compare(res: AuditCheck, e: AuditEntry, epoch, key, logged, expected) -> bo
     return False
 
 
-def _check_epoch_start(res: AuditCheck, e: AuditEntry, order: BatchOrder) -> None:
+def _check_epoch_start(res: AuditCheck, e: AuditEntry, order: Order) -> None:
     try:
         epoch = int(e.fields["epoch"])
         logged_ids = [int(v) for v in json.loads(e.fields["first_episode_ids"])]

@@ -1,4 +1,4 @@
-"""The training order: which item ids are in step N on rank R (ARCHITECTURE.md §4).
+"""The training order: which item ids are in step N on rank R (docs/ARCHITECTURE.md §4).
 
 Pure and I/O-free. The loader and ``sftdata replay-order`` both call ``BatchOrder``;
 nothing else decides the order. It is generic over *items* (episodes of an episode
@@ -62,7 +62,7 @@ own, so a run is reproducible, resumable and replayable without replaying earlie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -132,6 +132,31 @@ class StepEvent:
     kind: str
     epoch: int
     items_seen: int = 0
+
+
+@runtime_checkable
+class Order(Protocol):
+    """What every training order answers, whatever decides its batches: ``BatchOrder``
+    (``batch_size`` items a step), ``budget.TokenBudgetOrder`` (items up to a token budget
+    a step) and ``mixture.MixtureOrder`` (several datasets at weights). The loader, the
+    samplers, ``replay-order`` and the audit log ask only these, so one order cannot
+    answer differently for them."""
+
+    sampling: str  # "epoch" | "random"
+    one_pass: bool  # a one-pass order ends after its first epoch (packed rows)
+    drop_last: bool  # the last partial batch of an epoch is not trained
+
+    @property
+    def n(self) -> int: ...  # eligible items of an epoch (of the first epoch, where epochs differ)
+    @property
+    def steps_total(self) -> int | None: ...  # the steps of a one-pass order, None for an endless one
+    def epoch_size(self, epoch: int) -> int: ...
+    def epoch_order(self, epoch: int) -> np.ndarray: ...
+    def batches_in_epoch(self, epoch: int) -> int: ...
+    def first_step_of_epoch(self, epoch: int) -> int: ...
+    def epoch_of_step(self, step: int) -> int: ...
+    def step_ids(self, step: int, rank: int | None = None) -> np.ndarray: ...
+    def step_events(self, step: int) -> list[StepEvent]: ...
 
 
 class BatchOrder:

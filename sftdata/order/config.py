@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .batches import DEFAULT_SEED
+from .batches import DEFAULT_SEED, SAMPLING_MODES
 
 DATASET_MODES = ("token_stream", "sft_episode")
-SAMPLING_MODES = ("epoch", "random")
 TOKEN_DTYPES = ("uint16", "uint32")  # what a dataset's tokens.bin may hold, by name (store/format.py)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")

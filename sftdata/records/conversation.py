@@ -3,14 +3,14 @@
 Pure and I/O-free: ``parse_record`` takes one decoded JSON value (or the raw bytes of
 one JSONL line) and returns a ``Conversation`` or raises ``RecordError`` with a stable
 reason code. Reading files is ``sources.py``'s job; reading one message's content
-(typed parts, reasoning, refusal, weight) is ``message_content.py``'s; the turns, their
+(typed parts, reasoning, refusal, weight) is ``content.py``'s; the turns, their
 shared clean-up and the per-turn policies are ``turns.py``'s; tool records are
-``tool_format.py``'s.
+``tools.py``'s.
 
 Chat record formats, detected per record:
 
 * OpenAI / TRL: ``{"messages": [{"role": ..., "content": ...}, ...]}``; content is a
-  string or a list of typed parts (``message_content``).
+  string or a list of typed parts (``content``).
 * ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
   human/user, gpt/assistant/chatgpt/bing/bard/model, system.
 * Either may carry a top-level ``"system"`` string.

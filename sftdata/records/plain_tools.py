@@ -17,7 +17,7 @@ in call order (by ``tool_call_id`` when given) before anything else, every call 
 declared tool (when tools are declared), no blank user or assistant text without a call,
 no reasoning or ``<think>``, and the last turn the assistant's. Its conversation is then
 its messages as turns, with nothing repaired, counted or untrained: exactly what
-``tool_format.parse_tool`` returns for it.
+``tools.parse_tool`` returns for it.
 
 ``plain_tool_conversation`` returns that conversation, or None for any other record (and
 for a record one of whose schemas or calls is invalid), which the general parser then

@@ -5,8 +5,8 @@ per-turn policies. Pure and I/O-free.
 turns, merged runs, no dead tail, at least one trainable assistant turn); ``apply_policy``
 applies ``--reasoning keep|last|drop`` and ``--train-on all|last`` and counts what each
 assistant turn holds (``Conversation.turn_counts``). Parsing a record is the job of
-``conversation`` (chat) and ``tool_format`` (tools); reading one message's content is
-``message_content``'s.
+``conversation`` (chat) and ``tools`` (tools); reading one message's content is
+``content``'s.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class TurnPolicy:
 
 
 def text_of(content: Any, where: str, index: int, role: str = "user") -> str:
-    """The text of a message that is not the assistant's (``message_content.read_content``)."""
+    """The text of a message that is not the assistant's (``content.read_content``)."""
     return read_content(content, where, index, role).text
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import DatasetError, UsageError
 from ..order.audit import AuditCheck, check_audit
-from ..order.batches import BatchOrder, row_order
+from ..order.batches import BatchOrder, Order, row_order
 from ..order.budget import TokenBudgetOrder, episode_batch_order
 from ..order.config import LoaderConfig
 from ..store.location import dataset_path
@@ -104,7 +104,7 @@ def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
     return open_dataset(root, token_dtype=cfg.token_dtype)
 
 
-def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> BatchOrder | TokenBudgetOrder:
+def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> Order:
     """The order the loader follows on ``split`` of ``ds``: episodes, or packed rows."""
     sp, what = ds.split(split), f"split {split!r} of {ds.root}"
     if ds.kind == "packed":

@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,32 +104,79 @@ class ValueStats:
         return {"token_id_range": [self.token_min, self.token_max], "mask_value_range": [self.mask_min, self.mask_max]}
 
 
-class SplitWriter:
-    """Appends episodes to a split's shards; a new shard starts when the next episode
-    would push the current one past ``shard_tokens`` (an episode never spans shards)."""
+class _ShardedSplit:
+    """What both split writers share: a split's shards, opened in name order, each with its
+    files written through ``_HashedFile``, and the one rolling rule. An item (an episode, a
+    packed row) never spans shards: a new shard starts when the next item would push the
+    current one past ``capacity`` tokens, and a shard holds at least one item. An empty
+    split still gets one (empty) shard, so readers find it."""
 
-    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int):
+    FILES: tuple[str, ...] = ()
+
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, capacity: int):
         self.dir = root / split
         self.split = split
         self.token_dtype = np.dtype(token_dtype)
-        self.shard_tokens = int(shard_tokens)
-        self.shards: list[ShardInfo] = []
+        self.capacity = int(capacity)
+        self.shards: list = []
         self._files: dict[str, _HashedFile] | None = None
-        self._cur: ShardInfo | None = None
+        self._filled = 0  # tokens of capacity the open shard holds
+
+    def _new_record(self, name: str):
+        raise NotImplementedError
+
+    def _finish_record(self, files: dict) -> None:
+        raise NotImplementedError
 
     def _open_shard(self) -> None:
         self._close_shard()
         name = shard_name(len(self.shards))
         d = self.dir / name
         d.mkdir(parents=True, exist_ok=False)
-        self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE)}
-        self._cur = ShardInfo(name, 0, 0, 0)
-        self.shards.append(self._cur)
+        self._files = {fn: _HashedFile(d / fn) for fn in self.FILES}
+        self.shards.append(self._new_record(name))
+        self._filled = 0
 
     def _close_shard(self) -> None:
         if self._files is not None:
-            self._cur.files = {fn: f.close() for fn, f in self._files.items()}
+            self._finish_record({fn: f.close() for fn, f in self._files.items()})
             self._files = None
+
+    def _runs(self, lengths: np.ndarray) -> Iterator[tuple[int, int]]:
+        """The items ``[i, j)`` to write into the open shard, run by run, opening a new
+        shard where the rolling rule says (``lengths``: each item's tokens of capacity)."""
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        i, n = 0, len(lengths)
+        while i < n:
+            if self._files is None or (self._filled > 0 and self._filled + lengths[i] > self.capacity):
+                self._open_shard()
+            fit = np.searchsorted(bounds[i + 1:] - bounds[i], self.capacity - self._filled, side="right")
+            j = i + max(1, int(fit))  # as many whole items as fit, at least one
+            self._filled += int(bounds[j] - bounds[i])
+            yield i, j
+            i = j
+
+    def _close_all(self) -> None:
+        self._close_shard()
+        if not self.shards:
+            self._open_shard()
+            self._close_shard()
+
+
+class SplitWriter(_ShardedSplit):
+    """Appends episodes to a split's shards of up to ``shard_tokens`` tokens each."""
+
+    FILES = (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE)
+
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int):
+        super().__init__(root, split, token_dtype, shard_tokens)
+        self.shard_tokens = self.capacity
+
+    def _new_record(self, name: str) -> ShardInfo:
+        return ShardInfo(name, 0, 0, 0)
+
+    def _finish_record(self, files: dict) -> None:
+        self.shards[-1].files = files
 
     def add_many(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray) -> None:
         """Append episodes given as one concatenated ids/mask array and their lengths."""
@@ -137,20 +185,12 @@ class SplitWriter:
         if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or sources.shape != lengths.shape:
             raise ValueError("ids, mask, lengths and sources disagree in size")
         bounds = np.concatenate([[0], np.cumsum(lengths)])
-        i, n = 0, len(lengths)
-        while i < n:
-            if self._cur is None or (self._cur.tokens > 0 and self._cur.tokens + lengths[i] > self.shard_tokens):
-                self._open_shard()
-            room = self.shard_tokens - self._cur.tokens
-            # take as many whole episodes as fit (at least one)
-            fit = np.searchsorted(bounds[i + 1:] - bounds[i], room, side="right")
-            j = i + max(1, int(fit))
+        for i, j in self._runs(lengths):
             a, b = int(bounds[i]), int(bounds[j])
             self._write(ids[a:b], mask[a:b], lengths[i:j], sources[i:j])
-            i = j
 
     def _write(self, ids, mask, lengths, sources) -> None:
-        cur, f = self._cur, self._files
+        cur, f = self.shards[-1], self._files
         starts = cur.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         idx = np.empty((len(lengths), 2), dtype=IDX_DTYPE)
         idx[:, 0] = starts
@@ -165,10 +205,7 @@ class SplitWriter:
         cur.stats.add(ids, mask)
 
     def close(self) -> dict:
-        self._close_shard()
-        if not self.shards:  # an empty split still has one (empty) shard, so readers find it
-            self._open_shard()
-            self._close_shard()
+        self._close_all()
         return {
             "episodes": sum(s.episodes for s in self.shards),
             "tokens": sum(s.tokens for s in self.shards),
@@ -338,31 +375,23 @@ def _free_name(folder: Path, name: str) -> Path:
     return p
 
 
-class PackedSplitWriter:
+class PackedSplitWriter(_ShardedSplit):
     """Appends packed rows to a split's shards, ``shard_tokens // row_len`` rows per shard."""
 
+    FILES = (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)
+
     def __init__(self, root: Path, split: str, token_dtype: np.dtype, row_len: int, shard_tokens: int):
-        self.dir = root / split
-        self.token_dtype = np.dtype(token_dtype)
         self.row_len = int(row_len)
         self.rows_per_shard = max(1, int(shard_tokens) // self.row_len)
-        self.shards: list[dict] = []
-        self._files: dict[str, _HashedFile] | None = None
+        super().__init__(root, split, token_dtype, self.rows_per_shard * self.row_len)
 
-    def _open_shard(self) -> None:
-        self._close_shard()
-        name = shard_name(len(self.shards))
-        d = self.dir / name
-        d.mkdir(parents=True, exist_ok=False)
-        self._files = {fn: _HashedFile(d / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
-        self.shards.append({"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0})
+    def _new_record(self, name: str) -> dict:
         self._stats = ValueStats()
+        return {"name": name, "rows": 0, "segments": 0, "tokens": 0, "trained_tokens": 0}
 
-    def _close_shard(self) -> None:
-        if self._files is not None:
-            self.shards[-1]["files"] = {fn: f.close() for fn, f in self._files.items()}
-            self.shards[-1].update(self._stats.as_dict())
-            self._files = None
+    def _finish_record(self, files: dict) -> None:
+        self.shards[-1]["files"] = files
+        self.shards[-1].update(self._stats.as_dict())
 
     def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
         """Append rows ``tokens``/``mask`` (k, row_len) and their segments: an (s, 7)
@@ -372,12 +401,8 @@ class PackedSplitWriter:
         if tokens.shape != (k, self.row_len) or mask.shape != tokens.shape:
             raise ValueError(f"rows must be (k, {self.row_len}); got tokens {tokens.shape}, mask {mask.shape}")
         segments = np.asarray(segments, dtype=np.int64)
-        i = 0
-        while i < k:
-            if self._files is None or self.shards[-1]["rows"] >= self.rows_per_shard:
-                self._open_shard()
+        for i, j in self._runs(np.full(k, self.row_len, dtype=np.int64)):
             cur = self.shards[-1]
-            j = min(k, i + self.rows_per_shard - cur["rows"])
             a, b = np.searchsorted(segments[:, 0], [i, j], side="left")
             seg = segments[a:b].copy()
             seg[:, 0] += cur["rows"] - i
@@ -395,13 +420,9 @@ class PackedSplitWriter:
             cur["tokens"] += real
             cur["trained_tokens"] += int(np.count_nonzero(mask[i:j]))
             self._stats.add(tokens[i:j], mask[i:j])
-            i = j
 
     def close(self) -> dict:
-        self._close_shard()
-        if not self.shards:
-            self._open_shard()
-            self._close_shard()
+        self._close_all()
         return {
             "rows": sum(s["rows"] for s in self.shards),
             "row_len": self.row_len,
