@@ -1,13 +1,22 @@
-"""Shared fixtures: the tokenizer (built once) and helpers to write small inputs."""
+"""What every test may use: the terminal and temp folders pinned, the user's cache kept out,
+and the fixtures several folders share (the tokenizer, a prepared dataset, a trained
+tokenizer.json, the Ray cluster). Helpers that are functions, not fixtures, live in
+tests/helpers/; a folder's own fixtures in its conftest.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
 from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import random_conversation
+from tests.helpers.loader import make_each_kind
+from tests.helpers.train import byte_tokenizer, conversations
 
 
 def pytest_configure(config):
@@ -72,19 +81,46 @@ def ray_cluster():
     ray.shutdown()
 
 
-def write_jsonl(path: Path, records) -> Path:
-    """Write records (dicts, or raw strings written as they are) one per line."""
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """An episodes dataset prepared from 120 seeded conversations (val 20 %, several shards):
+    what the pack, loader, replay, export and CLI tests pack and read. One per module, as a
+    module may change what it is given."""
+    d = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(0)
+    lines = [orjson.dumps(random_conversation(rng, i)) for i in range(120)]
+    (d / "chats.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=3000))
+    return d / "ds"
 
 
-def chat(*pairs, system=None) -> dict:
-    """An OpenAI-format record from (user, assistant, user, assistant, ...) texts."""
-    msgs = [{"role": "system", "content": system}] if system else []
-    for i, text in enumerate(pairs):
-        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    return {"messages": msgs}
+@pytest.fixture(scope="module")
+def each_kind(source, tmp_path_factory) -> dict[str, Path]:
+    """One dataset of each kind the loader reads: {"episodes", "packed", "windows": path}."""
+    return make_each_kind(source, tmp_path_factory.mktemp("d"))
+
+
+@pytest.fixture(scope="module")
+def byte_ds(tmp_path_factory) -> Path:
+    """A dataset of 24 sums prepared with a byte-level tokenizer: scripts/train.py trains a
+    tiny model on it in seconds."""
+    d = tmp_path_factory.mktemp("byte_ds")
+    tokfile = byte_tokenizer(d / "bytes.tiktoken")
+    src = d / "chat.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in conversations()))
+    prepare([src], d / "chat_sft", PrepareOptions(val_split=0.15, tokenizer=str(tokfile)))
+    return d / "chat_sft"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A folder with a byte-level BPE tokenizer.json (vocabulary 800, ChatML's special tokens)
+    trained here: what the fast engine's tests and verify --retokenize read. Skipped without
+    the hf extra (tokenizers)."""
+    from tests.helpers.templates import TOKENS, train_tokenizer  # lazy: it skips without tokenizers
+
+    specials, bos, eos, extra = TOKENS["chatml"]
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "chatml", specials, bos, eos, extra, vocab_size=800)
 
 
 def pytest_sessionfinish(session, exitstatus):

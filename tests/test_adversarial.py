@@ -15,11 +15,11 @@ import json
 
 import numpy as np
 import pytest
-from hostile_inputs import gzip_repeated, record, run_measured
 
 from sftdata.chat.tokenizer import recorded_tokenizer
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
+from tests.helpers.hostile import gzip_repeated, record, run_measured
 
 PEAK_MIB = 300  # a run's whole resident memory, interpreter, numpy and tokenizer included
 GIB = 1 << 30

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_packing import M, build, random_episode
 
 from sftdata.packing import row_layout
 from sftdata.packing.attention import block_causal_mask, cu_seqlens
 from sftdata.packing.strategies import plan_bfd, plan_stream
+from tests.helpers.packing import M, build, random_episode
 
 NEG = -np.inf
 

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -20,6 +19,7 @@ from sftdata.order.config import LoaderConfig
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.replay.dataset import replay_order
+from tests.helpers.data import write_jsonl
 
 runner = CliRunner()
 

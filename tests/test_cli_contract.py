@@ -11,16 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.store.lock import OWNER_FILE, owner_record
+from tests.helpers.paths import CONTRACT, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-CONTRACT = Path(__file__).resolve().parent / "contract"
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
 COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
 runner = CliRunner()

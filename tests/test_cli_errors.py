@@ -5,12 +5,12 @@ a traceback."""
 import errno
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app, inspect_cmd, pack_cmd, prepare_cmd
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 

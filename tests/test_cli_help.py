@@ -4,9 +4,6 @@ flag is drawn as if it took a value."""
 import inspect
 import re
 import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import typer
@@ -14,6 +11,7 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.cli.app import COMMANDS as REGISTRY
+from tests.helpers.imports import modules_after
 
 runner = CliRunner()
 COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
@@ -92,21 +90,10 @@ def test_a_misspelt_command_is_named_with_its_likely_spelling():
     assert "No such command 'pak'. Did you mean 'pack'?" in r.output
 
 
-def _modules_after(*args: str) -> set[str]:
-    """The sftdata modules a fresh interpreter holds after running ``sftdata ARGS``."""
-    code = ("import sys; from sftdata.cli import app\n"
-            "try:\n    app(sys.argv[1:], prog_name='sftdata')\nexcept SystemExit:\n    pass\n"
-            "print(' '.join(m for m in sys.modules if m.startswith('sftdata')), file=sys.stderr)")
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
-                       env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
-    return set(r.stderr.split())
-
-
 def test_a_command_imports_only_its_own_module_and_the_root_help_none():
     light = {"sftdata", "sftdata.errors", "sftdata.cli", "sftdata.cli.app"}
-    assert _modules_after("--help") == light
-    pack = _modules_after("pack", "--help")
+    assert modules_after("--help") == light
+    pack = modules_after("pack", "--help")
     assert {"sftdata.cli.pack_cmd", "sftdata.pack"} <= pack
     assert {m for m in pack if m.startswith("sftdata.cli.")} == {"sftdata.cli.app", "sftdata.cli.options",
                                                                  "sftdata.cli.pack_cmd"}

@@ -13,8 +13,6 @@ import shutil
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
-from test_template_fixtures import TOKENS, WEATHER_TOOL, llama3_folder, train_tokenizer
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -24,6 +22,8 @@ from sftdata.records.conversation import parse_record
 from sftdata.store import open_dataset
 from sftdata.template import PRESETS, conversation_messages, model_profile, render_conversation, tool_schemas
 from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.templates import TOKENS, WEATHER_TOOL, llama3_folder, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 runner = CliRunner()

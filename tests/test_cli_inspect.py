@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from audit_data import make_dataset, make_packed, to_flat
 from typer.testing import CliRunner
 
 from sftdata import report
 from sftdata.cli import app
+from tests.helpers.audit import make_dataset, make_packed, to_flat
 
 runner = CliRunner()
 

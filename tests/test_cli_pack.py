@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 from typer.testing import CliRunner
 
 from sftdata.cli import app

@@ -1,12 +1,12 @@
 import ast
 import json
-from pathlib import Path
 
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata import __version__
 from sftdata.cli import app
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.paths import ROOT
 
 runner = CliRunner()
 
@@ -51,9 +51,8 @@ def test_version_and_help():
 
 def test_chat_script_has_the_seed_interface(tmp_path, capsys):
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    path = ROOT / "scripts" / "prepare_chat_sft.py"
     spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -97,9 +96,8 @@ def test_more_workers_than_cores_are_capped_with_a_warning(tmp_path, monkeypatch
 
 def test_chat_script_errors_are_one_line(tmp_path, capsys):
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    path = ROOT / "scripts" / "prepare_chat_sft.py"
     spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -134,9 +132,8 @@ def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
 
 def test_chat_script_draws_the_progress_bar_on_stderr_unless_quiet(tmp_path, capsys):
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_chat_sft.py"
+    path = ROOT / "scripts" / "prepare_chat_sft.py"
     spec = importlib.util.spec_from_file_location("prepare_chat_sft", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -150,7 +147,7 @@ def test_chat_script_draws_the_progress_bar_on_stderr_unless_quiet(tmp_path, cap
 
 def test_the_scripts_use_library_functions_only():
     """scripts/ sit above the library like the CLI, beside it: no import of sftdata.cli."""
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    scripts = ROOT / "scripts"
     for name in ("prepare_sft_common.py", "prepare_chat_sft.py", "prepare_tool_sft.py"):
         tree = ast.parse((scripts / name).read_text(encoding="utf-8"))
         mods = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -16,8 +16,8 @@ from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.cli import app
 from sftdata.records.conversation import parse_record
 from sftdata.store import open_dataset
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 WEATHER = {"name": "get_weather", "description": "Weather.",

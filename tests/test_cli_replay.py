@@ -4,12 +4,11 @@ import json
 
 import numpy as np
 import pytest
-from loader_util import PACKED_BLOCK, make_dataset, make_packed
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.loader import LoaderConfig, make_loader
+from tests.helpers.loader import PACKED_BLOCK, make_dataset, make_packed
 
 LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8, 5, 5, 4]
 SOURCES = [10 * g + 1 for g in range(len(LENGTHS))]

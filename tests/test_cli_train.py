@@ -9,14 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import train  # noqa: E402
-from test_train import _config, byte_ds  # noqa: E402, F401  (puts scripts/ on sys.path; a prepared dataset)
 
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.util import memory  # noqa: E402
+from tests.helpers.train import train_config  # noqa: E402
 
 
-def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(byte_ds, tmp_path, capsys, monkeypatch):  # noqa: F811
-    cfg = _config(tmp_path / "c.json")
+def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(byte_ds, tmp_path, capsys, monkeypatch):
+    cfg = train_config(tmp_path / "c.json")
 
     def interrupted(args, *a, **k):
         raise KeyboardInterrupt
@@ -32,8 +32,8 @@ def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(byte_ds, tmp_path, cap
                                        f"with --resume {out / 'ckpt.pt'}\n")
 
 
-def test_an_out_dir_under_a_file_is_one_line(byte_ds, tmp_path, capsys):  # noqa: F811
-    cfg = _config(tmp_path / "c.json", max_iters=1)
+def test_an_out_dir_under_a_file_is_one_line(byte_ds, tmp_path, capsys):
+    cfg = train_config(tmp_path / "c.json", max_iters=1)
     (tmp_path / "afile").write_text("x")
     argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(tmp_path / "afile" / "run"),
             "--no-audit", "--quiet"]
@@ -41,8 +41,8 @@ def test_an_out_dir_under_a_file_is_one_line(byte_ds, tmp_path, capsys):  # noqa
     assert capsys.readouterr().err == f"error: {tmp_path / 'afile' / 'run'}: Not a directory\n"
 
 
-def test_a_file_that_is_not_a_checkpoint(byte_ds, tmp_path, capsys):  # noqa: F811
-    cfg = _config(tmp_path / "c.json")
+def test_a_file_that_is_not_a_checkpoint(byte_ds, tmp_path, capsys):
+    cfg = train_config(tmp_path / "c.json")
     (tmp_path / "chat.jsonl").write_text('{"messages": []}\n')
     argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--resume", str(tmp_path / "chat.jsonl")]
     assert train.main(argv) == 1
@@ -54,13 +54,13 @@ def test_a_file_that_is_not_a_checkpoint(byte_ds, tmp_path, capsys):  # noqa: F8
                                        f"its --out-dir)\n")
 
 
-def test_an_empty_val_split_means_no_evaluation_with_a_note(byte_ds, tmp_path, caplog):  # noqa: F811
+def test_an_empty_val_split_means_no_evaluation_with_a_note(byte_ds, tmp_path, caplog):
     src = byte_ds.parent / "chat.jsonl"
     ds = tmp_path / "ds"
     prepare([src], ds, PrepareOptions(val_split=0.001, tokenizer=str(byte_ds.parent / "bytes.tiktoken"),
                                       workers=1))
     assert (ds / "val").is_dir()
-    cfg = _config(tmp_path / "c.json", max_iters=2, eval_interval=1)
+    cfg = train_config(tmp_path / "c.json", max_iters=2, eval_interval=1)
     lines: list[str] = []
     with caplog.at_level(logging.INFO, logger="sftdata.loader"):
         res = train.run(train.parse_args(["--dataset", str(ds), "--config", str(cfg), "--out-dir",
@@ -70,8 +70,8 @@ def test_an_empty_val_split_means_no_evaluation_with_a_note(byte_ds, tmp_path, c
            f"to evaluate)" in lines
 
 
-def test_the_evaluation_loader_logs_nothing(byte_ds, tmp_path, caplog):  # noqa: F811
-    cfg = _config(tmp_path / "c.json", max_iters=2, eval_interval=1, eval_iters=3)
+def test_the_evaluation_loader_logs_nothing(byte_ds, tmp_path, caplog):
+    cfg = train_config(tmp_path / "c.json", max_iters=2, eval_interval=1, eval_iters=3)
     with caplog.at_level(logging.INFO, logger="sftdata.loader"):
         res = train.run(train.parse_args(["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir",
                                           str(tmp_path / "out"), "--no-audit"]), env={}, log=lambda *_: None)
@@ -81,10 +81,10 @@ def test_the_evaluation_loader_logs_nothing(byte_ds, tmp_path, caplog):  # noqa:
     assert len(val_lines) == 1 and " init " in val_lines[0]
 
 
-def test_a_batch_size_that_cannot_fit_in_memory_is_one_line_not_an_oom_kill(byte_ds, tmp_path, capsys,  # noqa: F811
+def test_a_batch_size_that_cannot_fit_in_memory_is_one_line_not_an_oom_kill(byte_ds, tmp_path, capsys,
                                                                              monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 24 << 30)
-    cfg = _config(tmp_path / "c.json", batch_size=2**62)
+    cfg = train_config(tmp_path / "c.json", batch_size=2**62)
     argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(tmp_path / "run"), "--no-audit",
             "--quiet"]
     assert train.main(argv) == 1

@@ -7,11 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-from audit_data import make_dataset, shard, to_flat
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.verify import CHECKS
+from tests.helpers.audit import make_dataset, shard, to_flat
 
 runner = CliRunner()
 
@@ -98,7 +98,7 @@ def test_flat_layout_notes_and_tokenizer(ds, tmp_path):
 
 
 def test_packed_dataset(tmp_path):
-    from audit_data import make_packed
+    from tests.helpers.audit import make_packed
 
     packed = make_packed(tmp_path, "bfd", block_size=63, shard_tokens=128)
     r = run(packed)

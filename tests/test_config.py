@@ -7,6 +7,7 @@ import pytest
 
 from sftdata.errors import ConfigError
 from sftdata.order.config import LoaderConfig
+from tests.helpers.paths import ROOT
 
 
 def write(p, obj):
@@ -179,9 +180,8 @@ def test_xml_entities_are_refused(tmp_path):
 
 
 def test_example_configs_load():
-    from pathlib import Path
 
-    ex = Path(__file__).resolve().parents[1] / "configs" / "examples"
+    ex = ROOT / "configs" / "examples"
     c = LoaderConfig.from_file(ex / "my_experiment.json")
     assert (c.epoch_seed, c.block_size, c.batch_size, c.use_loss_mask, c.epoch_drop_last, c.audit_dir) == (
         42, 2048, 8, True, False, "logs/audit")

@@ -1,12 +1,12 @@
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from sftdata.chat.render import render
 from sftdata.errors import RecordError
 from sftdata.records.conversation import Turn, parse_record
+from tests.helpers.paths import ROOT
 
 W = "f.jsonl:line 3"
 
@@ -187,7 +187,7 @@ def test_too_long_has_its_exact_message(tok):
 
 
 def test_every_reason_code_in_the_code_is_tested_above():
-    root = Path(__file__).resolve().parents[1] / "sftdata"
+    root = ROOT / "sftdata"
     codes = set()
     files = sorted((root / "records").glob("*.py")) + [root / "chat" / "render.py"]
     for path in files + sorted((root / "prepare").glob("*.py")):

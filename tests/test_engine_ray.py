@@ -1,20 +1,14 @@
 """``--engine ray``: prepare on a local Ray cluster (2 CPUs, one per test session) gives
 the dataset ``--engine local`` gives, byte for byte, and survives a killed worker."""
 
-import contextlib
 import gzip
 import io
 import json
 import os
-import signal
 import sys
-import threading
-import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -22,19 +16,11 @@ from sftdata.engine import connect
 from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.errors import ConfigError, InputError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.engines import kill_first_writer, same_dataset
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
-
-
-def files(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def same_dataset(a: Path, b: Path) -> None:
-    fa, fb = files(a), files(b)
-    assert sorted(fa) == sorted(fb)
-    assert [k for k in fa if fa[k] != fb[k]] == []
 
 
 @pytest.fixture(scope="module")
@@ -81,31 +67,6 @@ def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
     tool = runner.invoke(app, ["prepare-tool", str(ROOT / "sample_data" / "tools.jsonl"), "-o",
                                str(tmp_path / "tool"), "--engine", "ray", "--quiet"])
     assert tool.exit_code == 0, tool.output
-
-
-@contextlib.contextmanager
-def kill_first_writer(root: Path, pattern: str):
-    """While the block runs, SIGKILL the first worker seen writing under ``root`` (a
-    ``NAME.tmp-PID`` folder matching ``pattern``), once; yields the list of killed pids."""
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def killer():
-        while not stop.is_set() and not killed:
-            for tmp in root.glob(pattern):
-                pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
-            time.sleep(0.001)
-
-    t = threading.Thread(target=killer)
-    t.start()
-    try:
-        yield killed
-    finally:
-        stop.set()
-        t.join()
 
 
 def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path):

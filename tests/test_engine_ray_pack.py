@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
-from test_engine_ray import kill_first_writer, same_dataset
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -16,24 +15,15 @@ from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import random_conversation
+from tests.helpers.engines import kill_first_writer, same_dataset
 
 runner = CliRunner()
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
-
-
-def conversation(rng, i):
-    msgs = [{"role": "system", "content": f"You are helper number {i}."}] if i % 3 == 0 else []
-    for _ in range(int(rng.integers(1, 4))):
-        msgs.append({"role": "user", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 60))))})
-        msgs.append({"role": "assistant", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 80))))})
-    return {"messages": msgs}
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     d = tmp_path_factory.mktemp("src")
     rng = np.random.default_rng(0)
-    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(conversation(rng, i)) for i in range(400)) + b"\n")
+    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(random_conversation(rng, i, 60, 80)) for i in range(400)) + b"\n")
     prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=5000))
     return d / "ds"
 

@@ -11,11 +11,6 @@ import sys
 import numpy as np
 import orjson
 import pytest
-from conftest import write_jsonl
-from test_cli_help import _modules_after
-from test_engine_ray_pack import conversation
-from test_fast_bpe import RECORDS, edited
-from test_fast_bpe import trained as trained  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -25,6 +20,9 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.template import PRESETS
 from sftdata.tokenize.hf import load_hf_tokenizer
 from sftdata.verify import verify
+from tests.helpers.bpe import RECORDS, edited
+from tests.helpers.data import random_conversation, write_jsonl
+from tests.helpers.imports import modules_after
 
 runner = CliRunner()
 
@@ -34,7 +32,7 @@ def datasets(tmp_path_factory):
     """An episodes dataset and its pack, several shards per split."""
     d = tmp_path_factory.mktemp("verify")
     rng = np.random.default_rng(1)
-    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(conversation(rng, i)) for i in range(300)) + b"\n")
+    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(random_conversation(rng, i, 60, 80)) for i in range(300)) + b"\n")
     prepare([d / "chats.jsonl"], d / "episodes", PrepareOptions(val_split=0.2, workers=1, shard_tokens=6000))
     pack(d / "episodes", d / "packed", PackOptions(block_size=128, shard_tokens=2000))
     return d
@@ -166,7 +164,7 @@ def test_retokenize_on_ray_gives_the_local_result(ray_cluster, trained, tmp_path
 
 
 def test_verify_with_its_engine_imports_no_other_pipeline():
-    mods = _modules_after("verify", "--help")
+    mods = modules_after("verify", "--help")
     assert {"sftdata.cli.verify_cmd", "sftdata.engine.verify_ray", "sftdata.verify"} <= mods
     assert not {"sftdata.prepare", "sftdata.pack", "sftdata.engine.pack_ray", "sftdata.engine.prepare_ray",
                 "sftdata.report", "sftdata.loader"} & mods

@@ -11,8 +11,6 @@ import tracemalloc
 import numpy as np
 import orjson
 import pytest
-from loader_util import make_dataset, make_flat, make_packed
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset, several shards)
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -22,6 +20,7 @@ from sftdata.interop.export import PARQUET_KEY, ExportOptions, export
 from sftdata.loader import IGNORE_INDEX
 from sftdata.store import METADATA_FILE, read_json
 from sftdata.torch import SFTDataset
+from tests.helpers.loader import make_dataset, make_flat, make_packed
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

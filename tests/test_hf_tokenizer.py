@@ -9,11 +9,11 @@ import shutil
 
 import numpy as np
 import pytest
-from test_template_fixtures import TOKENS, llama3_file, llama3_folder, train_tokenizer
 
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import TokenizerError
 from sftdata.tokenize.hf import default_pad, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from tests.helpers.templates import TOKENS, llama3_file, llama3_folder, train_tokenizer
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +14,13 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.replay.dataset import replay_order
+from tests.helpers.paths import ROOT
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 pytest.importorskip("pyarrow")
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "INTEROP.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 

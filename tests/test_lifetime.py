@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from sftdata.util.lifetime import _watch
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 
 
 def _alive(pid: int) -> bool:

@@ -12,9 +12,6 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import chat, write_jsonl
-from loader_util import EOS, PACKED_BLOCK, make_dataset, make_packed, make_stream
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import (
@@ -31,27 +28,12 @@ from sftdata.loader import (
 )
 from sftdata.order.audit import read_log
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.loader import CONFIGS, EOS, load
 
-LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8]  # episode 2 (1 token) is below episode_min_tokens=2
 KINDS = ("episodes", "packed", "windows")
-CONFIGS = {"episodes": dict(batch_size=3, block_size=6, use_loss_mask=True),
-           "packed": dict(batch_size=4, block_size=PACKED_BLOCK, use_loss_mask=True, epoch_seed=7),
-           "windows": dict(batch_size=4, block_size=8)}
 ALL_FIELDS = ("x", "y", "mask", "position_ids", "seq_ids")
 FIELDS = {"episodes": ("x", "y", "mask"), "packed": ALL_FIELDS, "windows": ("x", "y")}
-
-
-@pytest.fixture(scope="module")
-def data(source, tmp_path_factory):  # noqa: F811
-    d = tmp_path_factory.mktemp("d")
-    # shard_tokens=15 -> several shards, so global ids cross shard boundaries
-    return {"episodes": make_dataset(d / "ds", LENGTHS, shard_tokens=15, val_lengths=[4, 4, 6, 2]),
-            "packed": make_packed(source, d / "packed"), "windows": make_stream(d / "stream")}
-
-
-def load(data, kind, *, backend="numpy", **kw):
-    opts = {k: kw.pop(k) for k in ("rank", "world_size", "audit_dir") if k in kw}
-    return make_loader(LoaderConfig(**{**CONFIGS[kind], **kw}), data[kind], backend=backend, **opts)
 
 
 def same(a: Batch, b: Batch) -> bool:
@@ -85,8 +67,8 @@ def test_import_loader_loads_no_parsing_template_source_or_curation_code():
 
 # ------------------------------------------------------------------------- the Batch
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_batch_has_the_same_fields_for_every_dataset(data, kind):
-    loader = load(data, kind)
+def test_a_batch_has_the_same_fields_for_every_dataset(each_kind, kind):
+    loader = load(each_kind, kind)
     b = loader.get_batch("train")
     # the five array fields (the tuple form), then the count and the packed rows' varlen fields
     assert type(b) is Batch and [f.name for f in dataclasses.fields(b)] == list(ALL_FIELDS) + [
@@ -102,12 +84,12 @@ def test_a_batch_has_the_same_fields_for_every_dataset(data, kind):
         assert getattr(b, f).shape == (bs, T) and getattr(b, f).dtype == (np.float32 if f == "mask" else np.int64)
 
 
-def test_the_tuple_forms_of_a_batch(data):
-    x, y, mask = load(data, "episodes").get_batch("train")
+def test_the_tuple_forms_of_a_batch(each_kind):
+    x, y, mask = load(each_kind, "episodes").get_batch("train")
     assert mask.dtype == np.float32
-    x, y = load(data, "episodes", use_loss_mask=False).get_batch("train")
-    x, y = load(data, "windows").get_batch("train")
-    x, y, mask, position_ids, seq_ids = load(data, "packed").get_batch("train")
+    x, y = load(each_kind, "episodes", use_loss_mask=False).get_batch("train")
+    x, y = load(each_kind, "windows").get_batch("train")
+    x, y, mask, position_ids, seq_ids = load(each_kind, "packed").get_batch("train")
     assert seq_ids.shape == x.shape
     assert PackedBatch is Batch and PackedBatch(x, y, mask, position_ids, seq_ids).seq_ids is seq_ids
 
@@ -125,8 +107,8 @@ def test_batch_map_keeps_unset_fields_unset():
     ("packed", "packed", "epoch", 100257, None, 100286, 92 // 4),
     ("windows", "token_stream", "random", None, None, None, None),
 ])
-def test_every_loader_answers_the_same_questions(data, kind, mode, sampling, pad, end, vocab, total):
-    loader = load(data, kind)
+def test_every_loader_answers_the_same_questions(each_kind, kind, mode, sampling, pad, end, vocab, total):
+    loader = load(each_kind, kind)
     assert type(loader) is Loader and GPTEpisodeDataLoader is GPTDataLoader is PackedDataLoader is Loader
     assert (loader.mode, loader.sampling, loader.pad_id, loader.end_id, loader.vocab_size) == (mode, sampling, pad,
                                                                                                end, vocab)
@@ -146,17 +128,17 @@ def test_every_loader_answers_the_same_questions(data, kind, mode, sampling, pad
     ("packed", {}),
     ("windows", {}),
 ])
-def test_resume_mid_way_equals_uninterrupted(data, kind, kw):
-    full = load(data, kind, **kw)
+def test_resume_mid_way_equals_uninterrupted(each_kind, kind, kw):
+    full = load(each_kind, kind, **kw)
     ref = [full.get_batch("train") for _ in range(9)]
     vals = [full.get_batch("val") for _ in range(2)]
-    first = load(data, kind, **kw)
+    first = load(each_kind, kind, **kw)
     for _ in range(4):
         first.get_batch("train")
     first.get_batch("val")
     state = json.loads(json.dumps(first.state_dict()))  # survives a JSON (or torch.save) round trip
     assert state["steps"] == {"train": 4, "val": 1}
-    resumed = load(data, kind, **kw)
+    resumed = load(each_kind, kind, **kw)
     resumed.load_state_dict(state)
     assert resumed.step("train") == 4 and resumed.step("val") == 1
     for i in range(4, 9):
@@ -172,20 +154,20 @@ def test_resume_mid_way_equals_uninterrupted(data, kind, kw):
     ("packed", dict(), dict(epoch_drop_last=False), r"epoch_drop_last: saved True, now False"),
     ("windows", dict(), dict(block_size=9), r"block_size: saved 8, now 9"),
 ])
-def test_resume_with_other_order_settings_is_refused(data, kind, saved, now, match):
-    state = load(data, kind, **saved).state_dict()
+def test_resume_with_other_order_settings_is_refused(each_kind, kind, saved, now, match):
+    state = load(each_kind, kind, **saved).state_dict()
     with pytest.raises(ConfigError, match=match):
-        load(data, kind, **now).load_state_dict(state)
+        load(each_kind, kind, **now).load_state_dict(state)
 
 
-def test_a_state_that_is_not_a_loader_state_is_refused(data):
-    state = load(data, "episodes", batch_size=2).state_dict()
+def test_a_state_that_is_not_a_loader_state_is_refused(each_kind):
+    state = load(each_kind, "episodes", batch_size=2).state_dict()
     with pytest.raises(ConfigError, match="not a loader state"):
-        load(data, "episodes").load_state_dict({"steps": {}})
+        load(each_kind, "episodes").load_state_dict({"steps": {}})
     with pytest.raises(ConfigError, match="version 9 is not supported"):
-        load(data, "episodes").load_state_dict({**state, "version": 9})
+        load(each_kind, "episodes").load_state_dict({**state, "version": 9})
     with pytest.raises(ConfigError, match="step of split 'train' must be an integer >= 0, got -1"):
-        load(data, "episodes", batch_size=2).load_state_dict({**state, "steps": {"train": -1}})
+        load(each_kind, "episodes", batch_size=2).load_state_dict({**state, "steps": {"train": -1}})
 
 
 def test_resume_on_another_dataset_with_the_same_counts_is_refused(tmp_path, monkeypatch):
@@ -228,9 +210,9 @@ def test_resume_on_another_dataset_with_the_same_counts_is_refused(tmp_path, mon
     ("packed", {}),
     ("windows", {}),
 ])
-def test_ranks_partition_the_global_batch(data, kind, kw):
-    single = load(data, kind, batch_size=4, **kw)
-    ranks = [load(data, kind, batch_size=2, rank=r, world_size=2, **kw) for r in range(2)]
+def test_ranks_partition_the_global_batch(each_kind, kind, kw):
+    single = load(each_kind, kind, batch_size=4, **kw)
+    ranks = [load(each_kind, kind, batch_size=2, rank=r, world_size=2, **kw) for r in range(2)]
     assert single.steps_total() == ranks[0].steps_total() == ranks[1].steps_total()
     for _ in range(7):
         whole = single.get_batch("train")
@@ -240,35 +222,35 @@ def test_ranks_partition_the_global_batch(data, kind, kw):
             assert np.concatenate([p[i] for p in parts]).tolist() == whole[i].tolist()
 
 
-def test_rank_from_environment(data, monkeypatch):
+def test_rank_from_environment(each_kind, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = load(data, "episodes", batch_size=2)
+    loader = load(each_kind, "episodes", batch_size=2)
     assert (loader.rank, loader.world_size) == (1, 2)
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ConfigError, match="RANK='x' is not an integer"):
-        load(data, "episodes")
+        load(each_kind, "episodes")
     monkeypatch.setenv("RANK", "2")
     with pytest.raises(ConfigError, match=r"rank must be an integer in 0..1"):
-        load(data, "episodes")
+        load(each_kind, "episodes")
 
 
 # ------------------------------------------------------------ iterable and torch
 @pytest.mark.parametrize("kind", KINDS)
-def test_numpy_iterable_equals_get_batch(data, kind):
+def test_numpy_iterable_equals_get_batch(each_kind, kind):
     kw = dict(epoch_drop_last=False) if kind == "episodes" else {}
-    ref = load(data, kind, **kw)
+    ref = load(each_kind, kind, **kw)
     expected = [ref.get_batch("train") for _ in range(7)]
-    loader = load(data, kind, **kw)
+    loader = load(each_kind, kind, **kw)
     loader.get_batch("train")
     got = list(loader.iterable("train", num_steps=6))  # starts at the loader's current step (1)
     assert len(got) == 6 and loader.step("train") == 1  # the iterable leaves the loader's counter alone
     assert all(same(g, e) for g, e in zip(got, expected[1:]))
 
 
-def test_the_iterable_of_a_one_pass_order_ends_with_it(data):
-    a = load(data, "packed")
-    b = load(data, "packed")
+def test_the_iterable_of_a_one_pass_order_ends_with_it(each_kind):
+    a = load(each_kind, "packed")
+    b = load(each_kind, "packed")
     total = a.steps_total()
     got = list(a.iterable("train"))
     assert len(got) == total
@@ -279,11 +261,11 @@ def test_the_iterable_of_a_one_pass_order_ends_with_it(data):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_torch_backend_dtypes_and_values(data, kind):
+def test_torch_backend_dtypes_and_values(each_kind, kind):
     torch = pytest.importorskip("torch")
-    t = load(data, kind, backend="torch")
-    n = load(data, kind)
-    auto = load(data, kind, backend="auto")  # auto = torch when installed
+    t = load(each_kind, kind, backend="torch")
+    n = load(each_kind, kind)
+    auto = load(each_kind, kind, backend="auto")  # auto = torch when installed
     for _ in range(3):
         tb, nb, ab = t.get_batch("train"), n.get_batch("train"), auto.get_batch("train")
         assert list(tb.as_dict()) == list(FIELDS[kind]) and isinstance(ab.x, torch.Tensor)
@@ -293,11 +275,11 @@ def test_torch_backend_dtypes_and_values(data, kind):
             assert a.tolist() == getattr(nb, name).tolist()
 
 
-def test_torch_dataloader_with_two_workers_gives_the_same_batches_in_order(data, tmp_path):
+def test_torch_dataloader_with_two_workers_gives_the_same_batches_in_order(each_kind, tmp_path):
     torch = pytest.importorskip("torch")
-    ref = load(data, "episodes", batch_size=2, epoch_drop_last=False)
+    ref = load(each_kind, "episodes", batch_size=2, epoch_drop_last=False)
     expected = [ref.get_batch("train") for _ in range(9)]
-    loader = load(data, "episodes", batch_size=2, epoch_drop_last=False, audit_dir=tmp_path / "audit")
+    loader = load(each_kind, "episodes", batch_size=2, epoch_drop_last=False, audit_dir=tmp_path / "audit")
     it = loader.iterable("train", start_step=2, num_steps=7, torch=True)
     assert isinstance(it, torch.utils.data.IterableDataset)
     dl = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)
@@ -312,16 +294,16 @@ def test_torch_dataloader_with_two_workers_gives_the_same_batches_in_order(data,
 
 
 # --------------------------------------------------------------------- make_loader
-def test_make_loader_errors(tmp_path, data):
+def test_make_loader_errors(tmp_path, each_kind):
     with pytest.raises(DatasetError, match="does not exist"):
         make_loader(LoaderConfig(), tmp_path / "nope")
     with pytest.raises(ConfigError, match="backend 'jax' is not valid; choose one of: auto, numpy, torch"):
-        make_loader(LoaderConfig(), data["episodes"], backend="jax")
+        make_loader(LoaderConfig(), each_kind["episodes"], backend="jax")
     with pytest.raises(ConfigError, match="needs a LoaderConfig"):
-        make_loader("cfg.json", data["episodes"])
+        make_loader("cfg.json", each_kind["episodes"])
     with pytest.raises(DatasetError, match="dataset_mode=sft_episode needs an episode index"):
-        make_loader(LoaderConfig(dataset_mode="sft_episode"), data["windows"])
-    assert make_loader({"batch_size": 2, "block_size": 8}, data["windows"], backend="numpy").mode == "token_stream"
+        make_loader(LoaderConfig(dataset_mode="sft_episode"), each_kind["windows"])
+    assert make_loader({"batch_size": 2, "block_size": 8}, each_kind["windows"], backend="numpy").mode == "token_stream"
     with pytest.raises(ConfigError, match="a loader needs a LoaderConfig, got dict"):
         Loader({"batch_size": 2}, {"train": [np.arange(10)]})
     with pytest.raises(ConfigError, match=r"a loader reads an opened Dataset or \{split: \[token arrays\]\}, got "
@@ -342,13 +324,13 @@ def test_make_loader_refuses_a_broken_dataset_with_verifys_message(tmp_path):
 
 
 # ------------------------------------------------------------------ logs and audit
-def test_epoch_log_lines(data, caplog):
+def test_epoch_log_lines(each_kind, caplog):
     with caplog.at_level(logging.INFO, logger="sftdata.loader"):
-        loader = load(data, "episodes", batch_size=4, epoch_drop_last=False)
+        loader = load(each_kind, "episodes", batch_size=4, epoch_drop_last=False)
         for _ in range(4):
             loader.get_batch("train")
     msgs = [r.getMessage() for r in caplog.records]
-    assert msgs[0] == (f"[EpisodeLoader] init dataset={data['episodes']} split=train episodes=12 eligible=11 "
+    assert msgs[0] == (f"[EpisodeLoader] init dataset={each_kind['episodes']} split=train episodes=12 eligible=11 "
                        f"skipped_short=1 tokens=70 shards=6 mask=true sampling=epoch block_size=6 batch_size=4 "
                        f"world_size=1")
     epochs = [m for m in msgs if m.startswith("[EpisodeLoader] split=")]
@@ -358,9 +340,9 @@ def test_epoch_log_lines(data, caplog):
     ]
 
 
-def test_audit_lines(tmp_path, data):
+def test_audit_lines(tmp_path, each_kind):
     adir = tmp_path / "logs" / "audit"
-    loader = load(data, "episodes", batch_size=4, epoch_seed=42, audit_dir=adir)
+    loader = load(each_kind, "episodes", batch_size=4, epoch_seed=42, audit_dir=adir)
     for _ in range(5):
         loader.get_batch("train")
     (path,) = adir.glob("audit_*.log")
@@ -385,16 +367,16 @@ def test_audit_lines(tmp_path, data):
     assert entries[2].fields["seed_used"] == "42"
     # only rank 0 writes
     other = tmp_path / "other"
-    load(data, "episodes", batch_size=2, rank=1, world_size=2, audit_dir=other).get_batch("train")
+    load(each_kind, "episodes", batch_size=2, rank=1, world_size=2, audit_dir=other).get_batch("train")
     assert not other.exists() or list(other.iterdir()) == []
 
 
-def test_audit_dir_from_config_and_resume_event(tmp_path, data):
+def test_audit_dir_from_config_and_resume_event(tmp_path, each_kind):
     adir = tmp_path / "a"
-    loader = load(data, "episodes", audit_dir=str(adir))
+    loader = load(each_kind, "episodes", audit_dir=str(adir))
     loader.get_batch("train")
     state = loader.state_dict()
-    again = load(data, "episodes", audit_dir=str(adir))
+    again = load(each_kind, "episodes", audit_dir=str(adir))
     again.load_state_dict(state)
     entries = [e for f in sorted(adir.glob("audit_*.log")) for e in read_log(f)[0]]
     actions = [e.action for e in entries]
@@ -403,8 +385,8 @@ def test_audit_dir_from_config_and_resume_event(tmp_path, data):
     assert resume.fields == {"split": "train", "step": "1", "epoch": "0"}
 
 
-def test_a_token_stream_run_audits_its_settings(tmp_path, data):
-    load(data, "windows", audit_dir=tmp_path).get_batch("train")
+def test_a_token_stream_run_audits_its_settings(tmp_path, each_kind):
+    load(each_kind, "windows", audit_dir=tmp_path).get_batch("train")
     (path,) = tmp_path.glob("audit_*.log")
     entries, bad = read_log(path)
     assert bad == [] and [e.action for e in entries] == ["dataset_load"]  # random sampling: no epochs

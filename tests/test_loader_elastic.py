@@ -4,15 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from test_loader import data, load  # noqa: F401  (module fixture: the three datasets)
-from test_pack import source  # noqa: F401
 
 from sftdata.errors import ConfigError, UsageError
-
-
-@pytest.fixture(scope="module")
-def sets(data):  # noqa: F811
-    return data
+from tests.helpers.loader import load
 
 ORDERS = [
     ("episodes", dict(batch_sampling_mode="epoch", epoch_drop_last=True)),
@@ -24,8 +18,8 @@ ORDERS = [
 ]
 
 
-def ranks(sets, kind, bs, ws, **kw):
-    return [load(sets, kind, batch_size=bs, rank=r, world_size=ws, **kw) for r in range(ws)]
+def ranks(each_kind, kind, bs, ws, **kw):
+    return [load(each_kind, kind, batch_size=bs, rank=r, world_size=ws, **kw) for r in range(ws)]
 
 
 def run(loaders, steps) -> list[np.ndarray]:
@@ -40,8 +34,8 @@ def run(loaders, steps) -> list[np.ndarray]:
     return out
 
 
-def resume(sets, kind, state, bs, ws, **kw):
-    loaders = ranks(sets, kind, bs, ws, **kw)
+def resume(each_kind, kind, state, bs, ws, **kw):
+    loaders = ranks(each_kind, kind, bs, ws, **kw)
     for lo in loaders:
         lo.load_state_dict(json.loads(json.dumps(state)))
     return loaders
@@ -49,14 +43,14 @@ def resume(sets, kind, state, bs, ws, **kw):
 
 @pytest.mark.parametrize("kind, kw", ORDERS)
 @pytest.mark.parametrize("before, after", [((1, 4), (2, 2)), ((2, 2), (4, 1)), ((2, 2), (1, 4))])
-def test_the_same_global_batch_resumes_with_the_batches_of_the_uninterrupted_run(sets, kind, kw, before, after):
-    ref = ranks(sets, kind, *before, **kw)
+def test_the_same_global_batch_resumes_with_the_batches_of_the_uninterrupted_run(each_kind, kind, kw, before, after):
+    ref = ranks(each_kind, kind, *before, **kw)
     expected = [[lo.get_batch("train") for _ in range(8)] for lo in ref]
-    first = ranks(sets, kind, *before, **kw)
+    first = ranks(each_kind, kind, *before, **kw)
     run(first, 3)
     state = first[0].state_dict()
     assert state["order"]["world_size"] == before[1] and state["steps"]["train"] == 3
-    resumed = resume(sets, kind, state, *after, **kw)
+    resumed = resume(each_kind, kind, state, *after, **kw)
     assert all(lo.step("train") == 3 for lo in resumed)
     for step in range(3, 8):
         got = [lo.get_batch("train") for lo in resumed]
@@ -68,11 +62,11 @@ def test_the_same_global_batch_resumes_with_the_batches_of_the_uninterrupted_run
 
 @pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("before, after, step", [((3, 1), (2, 1), 2), ((1, 2), (1, 3), 4), ((2, 2), (1, 1), 3)])
-def test_a_changed_global_batch_continues_from_the_same_position(sets, drop_last, before, after, step):
+def test_a_changed_global_batch_continues_from_the_same_position(each_kind, drop_last, before, after, step):
     kw = dict(batch_sampling_mode="epoch", epoch_drop_last=drop_last)
-    first = ranks(sets, "episodes", *before, **kw)
+    first = ranks(each_kind, "episodes", *before, **kw)
     trained = run(first, step)
-    resumed = resume(sets, "episodes", first[0].state_dict(), *after, **kw)
+    resumed = resume(each_kind, "episodes", first[0].state_dict(), *after, **kw)
     o = resumed[0].order("train")
     n = o.n  # 11 eligible episodes
     seen: dict[int, list] = {}
@@ -89,10 +83,10 @@ def test_a_changed_global_batch_continues_from_the_same_position(sets, drop_last
             assert n - len(seen[e]) < max(before[0] * before[1], after[0] * after[1])
 
 
-def test_a_packed_pass_resumed_on_more_ranks_trains_every_row_once(sets):
-    first = ranks(sets, "packed", 4, 1, epoch_drop_last=False)
+def test_a_packed_pass_resumed_on_more_ranks_trains_every_row_once(each_kind):
+    first = ranks(each_kind, "packed", 4, 1, epoch_drop_last=False)
     trained = run(first, 5)  # 20 of 92 rows
-    resumed = resume(sets, "packed", first[0].state_dict(), 3, 2, epoch_drop_last=False)
+    resumed = resume(each_kind, "packed", first[0].state_dict(), 3, 2, epoch_drop_last=False)
     assert resumed[0].steps_total("train") == 5 + 12  # 72 rows left, 6 per step
     rest = run(resumed, 12)
     with pytest.raises(StopIteration, match="is done: 17 batches"):
@@ -101,18 +95,18 @@ def test_a_packed_pass_resumed_on_more_ranks_trains_every_row_once(sets):
     assert rows.tolist() == resumed[0].order("train").epoch_order(0).tolist()
 
 
-def test_the_state_after_a_resize_holds_the_origin_and_resumes_again(sets):
+def test_the_state_after_a_resize_holds_the_origin_and_resumes_again(each_kind):
     kw = dict(batch_sampling_mode="epoch", epoch_drop_last=False)
-    first = ranks(sets, "episodes", 2, 2, **kw)
+    first = ranks(each_kind, "episodes", 2, 2, **kw)
     trained = run(first, 2)  # 8 episodes
-    second = resume(sets, "episodes", first[0].state_dict(), 3, 1, **kw)
+    second = resume(each_kind, "episodes", first[0].state_dict(), 3, 1, **kw)
     trained += run(second, 3)
     state = second[0].state_dict()
     assert state["version"] == 2 and state["origins"] == {"train": [2, 0, 8]}
     assert first[0].state_dict()["version"] == 1 and "origins" not in first[0].state_dict()
-    again = resume(sets, "episodes", state, 3, 1, **kw)  # the same layout: the saved origin is kept
+    again = resume(each_kind, "episodes", state, 3, 1, **kw)  # the same layout: the saved origin is kept
     assert again[0].state_dict()["origins"] == {"train": [2, 0, 8]}
-    third = resume(sets, "episodes", state, 1, 2, **kw)  # and a third layout: the position at step 5
+    third = resume(each_kind, "episodes", state, 1, 2, **kw)  # and a third layout: the position at step 5
     assert third[0].state_dict()["origins"] == {"train": [5, 1, 6]}  # 8 + 9 = 17 = 11 + 6
     trained += run(third, 4)
     assert np.array_equal(run(again, 1)[0], np.concatenate(trained)[17:20])
@@ -123,32 +117,32 @@ def test_the_state_after_a_resize_holds_the_origin_and_resumes_again(sets):
         third[0].batch_at("train", 4)
 
 
-def test_a_state_with_a_bad_origin_or_layout_is_refused(sets):
-    lo = load(sets, "episodes", batch_size=2)
+def test_a_state_with_a_bad_origin_or_layout_is_refused(each_kind):
+    lo = load(each_kind, "episodes", batch_size=2)
     lo.get_batch("train")
     state = lo.state_dict()
     with pytest.raises(ConfigError, match=r"split 'train': a resume origin is \[step, epoch, position\], integers "
                                           r">= 0, got 'x'"):
-        load(sets, "episodes", batch_size=2).load_state_dict({**state, "version": 2, "origins": {"train": "x"}})
+        load(each_kind, "episodes", batch_size=2).load_state_dict({**state, "version": 2, "origins": {"train": "x"}})
     with pytest.raises(ConfigError, match="origins must be a dict of split -> "):
-        load(sets, "episodes", batch_size=2).load_state_dict({**state, "version": 2, "origins": [1]})
+        load(each_kind, "episodes", batch_size=2).load_state_dict({**state, "version": 2, "origins": [1]})
     with pytest.raises(ConfigError, match="resume position 11 is outside the 11 eligible episodes"):
-        load(sets, "episodes", batch_size=2).load_state_dict({**state, "version": 2,
+        load(each_kind, "episodes", batch_size=2).load_state_dict({**state, "version": 2,
                                                               "origins": {"train": [1, 0, 11]}})
     bad = {**state, "order": {**state["order"], "world_size": 0}}
     with pytest.raises(ConfigError, match="loader state: world_size must be an integer >= 1, got 0"):
-        load(sets, "episodes", batch_size=3).load_state_dict(bad)
+        load(each_kind, "episodes", batch_size=3).load_state_dict(bad)
     with pytest.raises(ConfigError, match="version 9 is not supported .*reads 1 and 2"):
-        load(sets, "episodes").load_state_dict({**state, "version": 9})
+        load(each_kind, "episodes").load_state_dict({**state, "version": 9})
 
 
-def test_token_budget_batches_keep_their_layout(sets):
+def test_token_budget_batches_keep_their_layout(each_kind):
     kw = dict(batch_tokens=24)
-    first = ranks(sets, "episodes", 3, 2, **kw)
+    first = ranks(each_kind, "episodes", 3, 2, **kw)
     first[0].get_batch("train")
     with pytest.raises(ConfigError, match=r"batches sized by batch_tokens cannot change their layout on resume; "
                                           r"resume with world_size 2"):
-        load(sets, "episodes", rank=0, world_size=1, **kw).load_state_dict(first[0].state_dict())
-    again = load(sets, "episodes", rank=0, world_size=2, **kw)  # the same layout resumes
+        load(each_kind, "episodes", rank=0, world_size=1, **kw).load_state_dict(first[0].state_dict())
+    again = load(each_kind, "episodes", rank=0, world_size=2, **kw)  # the same layout resumes
     again.load_state_dict(first[0].state_dict())
     assert again.step("train") == 1

@@ -7,13 +7,13 @@ import types
 
 import numpy as np
 import pytest
-from loader_util import EOS, ep_mask, ep_tokens, make_dataset, make_flat
 
 from sftdata.chat.masking import loss_mask
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import LoaderConfig, detect_mode, episode_batch, make_loader
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.loader import EOS, ep_mask, ep_tokens, make_dataset, make_flat
 
 LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8]  # episode 2 (1 token) is below episode_min_tokens=2
 

@@ -7,8 +7,6 @@ import logging
 
 import numpy as np
 import pytest
-from loader_util import PACKED_BLOCK, make_packed
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 from sftdata.errors import ConfigError
 from sftdata.loader import make_loader
@@ -16,6 +14,7 @@ from sftdata.order.config import LoaderConfig
 from sftdata.packing import row_layout
 from sftdata.packing.attention import block_causal_mask
 from sftdata.store import open_dataset, split_segments
+from tests.helpers.loader import PACKED_BLOCK, make_packed
 
 BLOCK = PACKED_BLOCK
 

@@ -5,10 +5,10 @@ import logging
 
 import numpy as np
 import pytest
-from loader_util import make_dataset, make_stream
 
 from sftdata.errors import DatasetError, UsageError
 from sftdata.loader import GPTDataLoader, Loader, LoaderConfig, WindowDataset, detect_mode, make_loader, split_corpus
+from tests.helpers.loader import make_dataset, make_stream
 
 
 # ---------------------------------------------------------------- split_corpus

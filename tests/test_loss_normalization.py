@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,6 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import gpt  # noqa: E402
 import train  # noqa: E402
 import trainer  # noqa: E402

@@ -3,8 +3,6 @@ import sys
 
 import numpy as np
 import pytest
-from agent_data import agent_records
-from conftest import chat, write_jsonl
 
 from sftdata.chat.render import SPLIT_SAFE_PATTERNS, TOOLS_HEADER, render_batch, render_chunk, splits_at_newlines, system_parts
 from sftdata.errors import UsageError
@@ -12,6 +10,8 @@ from sftdata.prepare import PrepareOptions, pool, prepare
 from sftdata.records.tools import parse_tool
 from sftdata.store import open_dataset
 from sftdata.tokenize.memo import ENTRY_BYTES, PROBE_EVERY, SEEN_BYTES, WINDOW_CALLS, SegmentMemo, id_array
+from tests.helpers.agent import agent_records
+from tests.helpers.data import chat, write_jsonl
 
 
 def tree_bytes(root):

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -23,6 +22,7 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.replay.mixture import replay_mixture
 from sftdata.store.mixture import is_mixture_file, make_mixture, open_mixture
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 

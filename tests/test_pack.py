@@ -1,4 +1,5 @@
-"""The pack pipeline: episodes dataset -> packed dataset (layout, rebuild, report, errors)."""
+"""The pack pipeline: episodes dataset -> packed dataset (layout, rebuild, report, errors).
+``source`` is the prepared dataset of tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -14,32 +15,9 @@ from sftdata.errors import DatasetError, OutputExistsError, UsageError
 from sftdata.pack import PackOptions, pack
 from sftdata.pack import rows as pack_rows
 from sftdata.packing import row_layout
-from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import METADATA_FILE, TOKENIZER_FILE, open_dataset, split_segments
 from sftdata.store.format import SEGMENTS_FILE, iter_files
 from sftdata.util.hashing import sha256_file
-
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
-
-
-def conversation(rng, i):
-    msgs = []
-    if i % 3 == 0:
-        msgs.append({"role": "system", "content": f"You are helper number {i}."})
-    for _t in range(int(rng.integers(1, 4))):
-        msgs.append({"role": "user", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 30))))})
-        msgs.append({"role": "assistant", "content": " ".join(rng.choice(WORDS, int(rng.integers(2, 40))))})
-    return {"messages": msgs}
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    d = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    lines = [orjson.dumps(conversation(rng, i)) for i in range(120)]
-    (d / "chats.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=3000))
-    return d / "ds"
 
 
 def markers(ds) -> MarkerIds:

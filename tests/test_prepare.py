@@ -5,12 +5,12 @@ import re
 
 import numpy as np
 import pytest
-from conftest import chat, write_jsonl
 
 from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, pool, prepare, run
 from sftdata.store import open_dataset
 from sftdata.util.hashing import sha256_file
+from tests.helpers.data import chat, write_jsonl
 
 
 def records(n):

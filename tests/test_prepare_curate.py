@@ -9,7 +9,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -17,6 +16,7 @@ from sftdata.errors import UsageError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import METADATA_FILE
 from sftdata.verify import verify
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import chat, write_jsonl
 
 from sftdata.errors import SftDataError
 from sftdata.prepare import ChunkResult, PrepareOptions, local_parts, partition_task, pool, prepare, run
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
+from tests.helpers.data import chat, write_jsonl
 
 BIG = 2**62 + 1  # beyond a float's exact integers, within 64 bits: kept exactly
 HUGE = 2**70  # beyond 64 bits: rejected by name

@@ -9,10 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import chat, write_jsonl
 
 from sftdata.errors import SftDataError
 from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
+from tests.helpers.data import chat, write_jsonl
 
 
 def records(n):

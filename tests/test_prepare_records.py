@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_jsonl
 
 from sftdata.chat.markers import CHAT_MARKERS
 from sftdata.chat.masking import loss_mask
@@ -22,8 +20,8 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.report.views import episode_view
 from sftdata.store import open_dataset
 from sftdata.verify import verify
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from tests.helpers.data import write_jsonl
+from tests.helpers.paths import FIXTURES
 
 RECORDS = [
     {"messages": [{"role": "user", "content": "Is 91 prime?"},

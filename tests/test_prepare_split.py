@@ -5,11 +5,11 @@ to train."""
 import functools
 
 import numpy as np
-from conftest import chat, write_jsonl
 
 from sftdata.curate import CurateSettings
 from sftdata.prepare import PrepareOptions, prepare, run, split, split_assignment
 from sftdata.store import open_dataset
+from tests.helpers.data import chat, write_jsonl
 
 
 def records(n):

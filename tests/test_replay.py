@@ -6,13 +6,12 @@ import io
 
 import numpy as np
 import pytest
-from loader_util import PACKED_BLOCK, make_packed
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset)
 
 from sftdata.errors import UsageError
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.replay.dataset import csv_bytes, replay_order
 from sftdata.store import open_dataset, split_segments
+from tests.helpers.loader import PACKED_BLOCK, make_packed
 
 
 @pytest.fixture(scope="module")

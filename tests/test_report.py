@@ -10,12 +10,12 @@ import shutil
 
 import numpy as np
 import pytest
-from audit_data import make_dataset, make_packed, read_idx, shard, to_flat, write_idx
 
 from sftdata import report
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import DatasetError, UsageError
 from sftdata.store import open_dataset, split_segments
+from tests.helpers.audit import make_dataset, make_packed, read_idx, shard, to_flat, write_idx
 
 TRAIN_LENGTHS = [19, 28, 30, 15, 25, 29]
 

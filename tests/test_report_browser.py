@@ -19,8 +19,8 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.report import write_report
 from sftdata.store import open_dataset
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 # no network on CI machines: nothing in the background may try to connect out
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -11,7 +11,6 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from audit_data import make_dataset, make_packed, to_flat
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -34,6 +33,7 @@ from sftdata.report.rejects import read_rejects
 from sftdata.report.samples import TOKEN_BUDGET, budget, pick
 from sftdata.report.tokens import token_groups, token_runs
 from sftdata.store import open_dataset, split_segments
+from tests.helpers.audit import make_dataset, make_packed, to_flat
 
 pytest.importorskip("plotly", reason="the report extra (plotly) is not installed: pip install 'sftdata[report]'")
 runner = CliRunner()

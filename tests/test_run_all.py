@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.helpers.paths import ROOT
+
+BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import run_all  # noqa: E402

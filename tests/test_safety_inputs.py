@@ -17,7 +17,6 @@ import types
 import zipfile
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -25,6 +24,7 @@ from sftdata.errors import ConfigError, InputError
 from sftdata.order.config import LoaderConfig
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.sources import inspect_source, refusal
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 RECORDS = [chat(f"question {i}", f"answer {i}") for i in range(40)]

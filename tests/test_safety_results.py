@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
-from test_packing import M, build, random_episode
 from typer.testing import CliRunner
 
 from sftdata.chat import render as render_mod
@@ -39,6 +37,9 @@ from sftdata.store.format import PARTS_DIR, REJECTS_FILE, SERVING_FILE, STAGING_
 from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record, staging_state
 from sftdata.store.writer import DatasetWriter
 from sftdata.util import memory
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.packing import M, build, random_episode
+from tests.helpers.paths import ROOT
 
 runner = CliRunner()
 S, U, A, T, E, EOS = M.system, M.user, M.assistant, M.tool, M.end, M.eos
@@ -612,7 +613,7 @@ def test_a_killed_writer_leaves_a_lock_and_staging_that_clean_removes(tmp_path):
     code = (f"import os, time\nfrom sftdata.store.writer import DatasetWriter\n"
             f"w = DatasetWriter({str(tmp_path / 'ds')!r}).__enter__()\nprint('in', flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert p.stdout.readline() == "in\n"
         r = _run("clean", tmp_path, "--yes", "--json")

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.chat.loss_rule import MarkerRule, TemplateRule
@@ -25,9 +24,11 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.template import PRESETS
 from sftdata.verify import verify
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.paths import FIXTURES
 
 runner = CliRunner()
-FIXTURE = Path(__file__).parent / "fixtures" / "six_markers_dataset"
+FIXTURE = FIXTURES / "six_markers_dataset"
 RECORDS = [chat("Hi", "Hello!"), chat("What is 2+2?", "4.", "And 3+3?", "6.", system="Be brief.")] * 4
 END, EOS = 100282, 100257
 
@@ -202,7 +203,7 @@ def test_pack_writes_serving_json_with_its_pad_id_and_refuses_a_stop_as_pad(ds, 
 # ---------------------------------------------------------------- a model's own tokenizer and template
 def _folder(tmp_path: Path, preset: str, config: dict | None = None) -> Path:
     pytest.importorskip("tokenizers")
-    from test_template_fixtures import TOKENS, train_tokenizer
+    from tests.helpers.templates import TOKENS, train_tokenizer
 
     specials, bos, eos, extra = TOKENS[preset]
     return train_tokenizer(tmp_path / preset, specials, bos, eos, extra, config)

@@ -11,7 +11,6 @@ import lzma
 import sys
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -19,6 +18,7 @@ from sftdata.errors import InputError, UsageError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.sources import Input, expand_inputs, inspect_source, iter_records, record_where, select_inputs
 from sftdata.store import open_dataset
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 RECORDS = [chat(f"question {i} — ✓", f"answer {i}", f"and {i}?", "yes") for i in range(12)]

@@ -13,7 +13,6 @@ import sys
 import types
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 import sftdata.sources.parquet as pqsrc
@@ -24,6 +23,7 @@ from sftdata.sources import inspect_source
 from sftdata.sources.parquet import BadValue, record_columns, row_record
 from sftdata.sources.parquet_pages import largest_page
 from sftdata.store import open_dataset
+from tests.helpers.data import chat, write_jsonl
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

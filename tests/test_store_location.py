@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -14,6 +13,7 @@ from sftdata.loader import LoaderConfig, make_loader
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
 from sftdata.store.location import local_path, remote_url
+from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()
 

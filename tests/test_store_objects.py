@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
-from moto_s3 import moto_s3, objects
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -29,6 +27,9 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import METADATA_FILE, open_dataset
 from sftdata.store import object_commit as oc
 from sftdata.store.object_cache import fetch_dataset
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.moto_s3 import moto_s3, objects
+from tests.helpers.paths import ROOT
 
 runner = CliRunner()
 BUCKET = "sftdata-test"
@@ -236,9 +237,8 @@ prepare([sys.argv[1]], sys.argv[2], PrepareOptions(val_split=0.2, shard_tokens=4
 
 def test_a_writer_killed_with_sigkill_before_its_commit(s3, both, source, caplog):
     url = f"s3://{BUCKET}/sft/sigkill"
-    root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(source), url], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(root)})
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert proc.stdout.readline() == "uploaded\n"  # every file is up; the metadata is not
     finally:
@@ -367,5 +367,5 @@ def test_a_bucket_alone_is_refused(s3, source):
 def test_the_loader_imports_no_fsspec():
     code = "import sys, sftdata.loader; print(sorted(m for m in ('fsspec', 's3fs', 'typer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"

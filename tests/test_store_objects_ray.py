@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from conftest import chat, write_jsonl
-from moto_s3 import moto_s3, objects
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine.pack_ray import ray_pack_executor
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.moto_s3 import moto_s3, objects
 
 runner = CliRunner()
 BUCKET = "sftdata-ray-test"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from audit_data import make_packed, read_segments, shard
 
 from sftdata.errors import DatasetError
 from sftdata.packing import Segments
 from sftdata.store import open_dataset, split_segments
 from sftdata.store.format import NO_SOURCE, SEGMENT_FIELDS, decode_segments, encode_segments
+from tests.helpers.audit import make_packed, read_segments, shard
 
 
 def test_encode_decode_round_trip_with_unknown_records():

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import chat, write_jsonl
 from typer.testing import CliRunner
 
 from sftdata.cli import app
@@ -22,6 +21,8 @@ from sftdata.errors import OutputExistsError
 from sftdata.store.lock import OWNER_FILE, WriterLock, find_staging, owner_record, sweep_stale
 from sftdata.store.manifest import check_replaceable, manifest_of, survey
 from sftdata.store.writer import DatasetWriter
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.paths import ROOT
 
 runner = CliRunner()
 
@@ -196,7 +197,7 @@ def test_the_lock_dies_with_its_process(tmp_path):
     code = (f"import time; from sftdata.store.lock import WriterLock\n"
             f"with WriterLock({str(target)!r}):\n    print('held', flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert p.stdout.readline() == "held\n"
         with pytest.raises(OutputExistsError, match=rf"pid {p.pid}"):
@@ -247,7 +248,7 @@ def test_staging_from_another_host_is_never_taken_as_stale(tmp_path):
 
 def test_user_files_inside_and_beside_every_target_survive_every_writing_command(tmp_path, src, ds):
     rng = random.Random(20)
-    tool_src = Path(__file__).resolve().parents[1] / "sample_data" / "tools.jsonl"
+    tool_src = ROOT / "sample_data" / "tools.jsonl"
     commands = [
         lambda out, *f: ["prepare-chat", src, "-o", out, "-j", "1", *f],
         lambda out, *f: ["prepare-tool", tool_src, "-o", out, "-j", "1", *f],

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 BIN = Path(sys.executable).parent
 
 

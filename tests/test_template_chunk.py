@@ -10,9 +10,6 @@ import re
 
 import numpy as np
 import pytest
-from conftest import chat, write_jsonl
-from test_fast_bpe import random_texts
-from test_template_fixtures import TOKENS, preset_tokenizer, train_tokenizer
 
 import sftdata.template.records as records_module
 from sftdata.errors import RecordError
@@ -34,6 +31,9 @@ from sftdata.template.episodes import _trie
 from sftdata.template.records import _check_trained, _proven
 from sftdata.template.spans import locate_replies, plain_structure
 from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.bpe import random_texts
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.templates import TOKENS, preset_tokenizer, train_tokenizer
 
 DROPS_EARLIER = (
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"

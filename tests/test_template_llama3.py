@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_template_fixtures import conversation, llama3_folder
 
 from sftdata.template import PRESETS, learn_profile, load_chat_template, render_conversation, rule_mask
 from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.templates import conversation, llama3_folder
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from test_template_fixtures import WEATHER_TOOL, conversation, preset_tokenizer
 
 from sftdata.template import PRESETS, learn_profile, load_chat_template, render_conversation
+from tests.helpers.templates import WEATHER_TOOL, conversation, preset_tokenizer
 
 SCHEMA = json.dumps(WEATHER_TOOL)
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'

@@ -9,8 +9,6 @@ import pickle
 
 import numpy as np
 import pytest
-from conftest import chat, write_jsonl
-from test_template_fixtures import preset_tokenizer
 
 from sftdata.errors import RecordError
 from sftdata.prepare import PrepareOptions, prepare
@@ -22,6 +20,8 @@ from sftdata.template import (
     render_conversation,
     render_within,
 )
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.templates import preset_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import pickle
 
 import numpy as np
 import pytest
-from test_template_fixtures import TOKENS, conversation, preset_tokenizer, train_tokenizer
 
 from sftdata.errors import RecordError, TemplateError
 from sftdata.template import (
@@ -21,6 +20,7 @@ from sftdata.template import (
     rule_mask,
 )
 from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.templates import TOKENS, conversation, preset_tokenizer, train_tokenizer
 
 CHATML_GEN = (
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"

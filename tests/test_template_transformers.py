@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_template_fixtures import conversation, llama3_file, llama3_folder, preset_tokenizer
+
+from tests.helpers.templates import conversation, llama3_file, llama3_folder, preset_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")

@@ -12,12 +12,9 @@ import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from loader_util import PACKED_BLOCK, make_dataset, make_packed
-from test_pack import source  # noqa: F401  (module fixture: a prepared dataset, several shards)
 
 from sftdata.errors import ConfigError, DatasetError, UsageError
 from sftdata.loader import IGNORE_INDEX, apply_ignore_index, make_loader
@@ -25,10 +22,11 @@ from sftdata.order.config import LoaderConfig
 from sftdata.packing.attention import block_causal_mask
 from sftdata.replay.dataset import replay_order
 from sftdata.torch import SFTDataset, SFTSampler, collate
+from tests.helpers.loader import PACKED_BLOCK, make_dataset, make_packed
+from tests.helpers.paths import ROOT
 
 torch = pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,12 @@ checkpoint resume, and real training runs on datasets built by prepare (and pack
 
 from __future__ import annotations
 
-import base64
-import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpt  # noqa: E402
 import train  # noqa: E402
@@ -25,7 +18,8 @@ from sftdata.errors import ConfigError  # noqa: E402
 from sftdata.loader import Batch, LoaderConfig, make_loader  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.packing.attention import block_causal_mask  # noqa: E402
-from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from tests.helpers.paths import ROOT  # noqa: E402
+from tests.helpers.train import train_args, train_config  # noqa: E402
 
 
 # ------------------------------------------------------------------------- targets
@@ -268,51 +262,10 @@ def test_training_ends_when_the_loader_ends():
 
 
 # ------------------------------------------------- real runs on prepared datasets
-def _byte_tokenizer(path: Path) -> Path:
-    """A byte-level ranks file: vocab 256 + 10 chat tokens = 266, so a tiny model trains in
-    milliseconds per step (cl100k's 100k-wide output layer would dominate)."""
-    path.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
-    return path
-
-
-def _conversations(n=24):
-    out = []
-    for i in range(n):
-        a, b = i % 7 + 1, i % 5 + 2
-        msgs = [{"role": "user", "content": f"add {a} and {b}"},
-                {"role": "assistant", "content": f"{a}+{b}={a + b}"}]
-        if i % 3 == 0:
-            msgs.insert(0, {"role": "system", "content": "math"})
-        out.append({"messages": msgs})
-    return out
-
-
-@pytest.fixture(scope="module")
-def byte_ds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("byte_ds")
-    tokfile = _byte_tokenizer(d / "bytes.tiktoken")
-    src = d / "chat.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in _conversations()))
-    prepare([src], d / "chat_sft", PrepareOptions(val_split=0.15, tokenizer=str(tokfile)))
-    return d / "chat_sft"
-
-
-def _config(path: Path, **kw) -> Path:
-    cfg = {"batch_size": 4, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "learning_rate": 1e-2,
-           "min_lr": 1e-3, "max_iters": 30, "warmup_pct": 0.1, "log_interval": 10, "eval_interval": 0,
-           "checkpoint_interval": 0, "use_loss_mask": True, **kw}
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-def _args(dataset, config, out, *extra):
-    return train.parse_args(["--dataset", str(dataset), "--config", str(config), "--out-dir", str(out), *extra])
-
-
 def test_30_steps_lower_the_assistant_only_loss(byte_ds, tmp_path):
-    cfg_path = _config(tmp_path / "c.json")
+    cfg_path = train_config(tmp_path / "c.json")
     lines = []
-    res = train.run(_args(byte_ds, cfg_path, tmp_path / "out"), env={"POST_TRAINING": "1"}, log=lines.append)
+    res = train.run(train_args(byte_ds, cfg_path, tmp_path / "out"), env={"POST_TRAINING": "1"}, log=lines.append)
     assert res.steps == list(range(1, 31)) and res.stopped_by == "max_iters"
     first, last = res.losses[0], sum(res.losses[-5:]) / 5
     assert first == pytest.approx(math.log(266), abs=0.3)  # an untrained model: about uniform
@@ -328,12 +281,12 @@ def test_30_steps_lower_the_assistant_only_loss(byte_ds, tmp_path):
 
 
 def test_cli_stop_and_resume_equal_an_uninterrupted_run(byte_ds, tmp_path):
-    cfg = _config(tmp_path / "c.json", max_iters=8, dropout=0.1, eval_interval=4, eval_iters=1)
+    cfg = train_config(tmp_path / "c.json", max_iters=8, dropout=0.1, eval_interval=4, eval_iters=1)
     env = {"POST_TRAINING": "1", "WARMUP_PCT": "0.25"}
     quiet = lambda *_: None  # noqa: E731
-    full = train.run(_args(byte_ds, cfg, tmp_path / "a"), env=env, log=quiet)
-    part = train.run(_args(byte_ds, cfg, tmp_path / "b", "--stop-at", "3"), env=env, log=quiet)
-    rest = train.run(_args(byte_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
+    full = train.run(train_args(byte_ds, cfg, tmp_path / "a"), env=env, log=quiet)
+    part = train.run(train_args(byte_ds, cfg, tmp_path / "b", "--stop-at", "3"), env=env, log=quiet)
+    rest = train.run(train_args(byte_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
                      env=env, log=quiet)
     assert part.steps == [1, 2, 3] and rest.steps == [4, 5, 6, 7, 8]
     assert set(part.val_losses) == {3}  # a run always ends with a val loss
@@ -354,10 +307,10 @@ def test_tiny_json_and_tiny_xml_are_the_same_run_settings():
 
 
 def test_main_reports_errors_with_exit_codes(byte_ds, tmp_path, capsys):
-    bad = _config(tmp_path / "bad.json", n_layers=3)
+    bad = train_config(tmp_path / "bad.json", n_layers=3)
     assert train.main(["--dataset", str(byte_ds), "--config", str(bad)]) == 1
     assert "unknown key(s) n_layers" in capsys.readouterr().err
-    good = _config(tmp_path / "good.json")
+    good = train_config(tmp_path / "good.json")
     ck = str(tmp_path / "x.pt")
     assert train.main(["--dataset", str(byte_ds), "--config", str(good), "--resume", ck, "--init-from", ck]) == 1
     assert "give --resume (continue a run) or --init-from" in capsys.readouterr().err
@@ -369,18 +322,18 @@ def test_token_stream_dataset_trains_on_every_target_and_refuses_post_training(t
     d = tmp_path / "stream" / "train"
     d.mkdir(parents=True)
     np.random.RandomState(0).randint(0, 40, 2000).astype(np.uint32).tofile(d / "tokens.bin")
-    cfg = _config(tmp_path / "c.json", use_loss_mask=False, vocab_size=40, max_iters=3)
-    res = train.run(_args(tmp_path / "stream", cfg, tmp_path / "out"), env={}, log=lambda *_: None)
+    cfg = train_config(tmp_path / "c.json", use_loss_mask=False, vocab_size=40, max_iters=3)
+    res = train.run(train_args(tmp_path / "stream", cfg, tmp_path / "out"), env={}, log=lambda *_: None)
     assert res.trained_tokens == res.tokens == 3 * 4 * 32
     with pytest.raises(ConfigError, match="POST_TRAINING=1 .* needs a dataset with loss masks"):
-        train.run(_args(tmp_path / "stream", cfg, tmp_path / "out2"), env={"POST_TRAINING": "1"}, log=lambda *_: None)
+        train.run(train_args(tmp_path / "stream", cfg, tmp_path / "out2"), env={"POST_TRAINING": "1"}, log=lambda *_: None)
 
 
 def test_init_from_starts_a_new_schedule_from_trained_weights(byte_ds, tmp_path):
-    cfg = _config(tmp_path / "c.json", max_iters=5)
+    cfg = train_config(tmp_path / "c.json", max_iters=5)
     quiet = lambda *_: None  # noqa: E731
-    base = train.run(_args(byte_ds, cfg, tmp_path / "a"), env={"POST_TRAINING": "1"}, log=quiet)
-    again = train.run(_args(byte_ds, cfg, tmp_path / "b", "--init-from", str(tmp_path / "a" / "ckpt.pt")),
+    base = train.run(train_args(byte_ds, cfg, tmp_path / "a"), env={"POST_TRAINING": "1"}, log=quiet)
+    again = train.run(train_args(byte_ds, cfg, tmp_path / "b", "--init-from", str(tmp_path / "a" / "ckpt.pt")),
                       env={"POST_TRAINING": "1"}, log=quiet)
     assert again.steps == [1, 2, 3, 4, 5]  # a new run: step 1, warmup again
     assert again.losses[0] < base.losses[0] - 1.0  # but from the trained weights
@@ -417,19 +370,19 @@ def test_packed_rows_from_the_loader_give_the_per_episode_logits(packed_ds):
 
 
 def test_packed_training_ends_with_the_loader_and_resumes_exactly(packed_ds, tmp_path):
-    cfg = _config(tmp_path / "c.json", block_size=96, batch_size=2, max_iters=1000, eval_interval=2, eval_iters=1)
+    cfg = train_config(tmp_path / "c.json", block_size=96, batch_size=2, max_iters=1000, eval_interval=2, eval_iters=1)
     ref = make_loader(LoaderConfig.from_file(cfg), packed_ds, backend="numpy")
     total = ref.steps_total("train")
     assert 3 <= total < 10
     quiet = lambda *_: None  # noqa: E731
     env = {"POST_TRAINING": "1"}
     lines = []
-    full = train.run(_args(packed_ds, cfg, tmp_path / "a"), env=env, log=lines.append)
+    full = train.run(train_args(packed_ds, cfg, tmp_path / "a"), env=env, log=lines.append)
     assert full.steps == list(range(1, total + 1)) and full.stopped_by == "loader_end"
     assert f"warmup {round(0.1 * total)} of {total} steps" in lines[0]  # the schedule fits the one pass
     assert full.trained_tokens == sum(int(ref.batch_at("train", i).mask.sum()) for i in range(total))
-    part = train.run(_args(packed_ds, cfg, tmp_path / "b", "--stop-at", "2"), env=env, log=quiet)
-    rest = train.run(_args(packed_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
+    part = train.run(train_args(packed_ds, cfg, tmp_path / "b", "--stop-at", "2"), env=env, log=quiet)
+    rest = train.run(train_args(packed_ds, cfg, tmp_path / "b", "--resume", str(tmp_path / "b" / "ckpt.pt")),
                      env=env, log=quiet)
     assert part.losses + rest.losses == full.losses
     assert rest.stopped_by == "loader_end" and rest.steps[-1] == total
@@ -441,18 +394,18 @@ def test_vocab_size_errors(byte_ds, tmp_path):
     np.arange(200, dtype=np.uint32).tofile(d / "tokens.bin")
     quiet = lambda *_: None  # noqa: E731
     with pytest.raises(ConfigError, match="records no tokenizer \\(no vocab size\\); set vocab_size in"):
-        train.run(_args(tmp_path / "stream", _config(tmp_path / "a.json", use_loss_mask=False), tmp_path / "o"),
+        train.run(train_args(tmp_path / "stream", train_config(tmp_path / "a.json", use_loss_mask=False), tmp_path / "o"),
                   env={}, log=quiet)
     with pytest.raises(ConfigError, match="vocab_size 100 is smaller than the vocabulary .* \\(266\\)"):
-        train.run(_args(byte_ds, _config(tmp_path / "b.json", vocab_size=100), tmp_path / "o"), env={}, log=quiet)
+        train.run(train_args(byte_ds, train_config(tmp_path / "b.json", vocab_size=100), tmp_path / "o"), env={}, log=quiet)
 
 
 def test_resume_with_other_settings_says_so(byte_ds, tmp_path):
     quiet = lambda *_: None  # noqa: E731
-    train.run(_args(byte_ds, _config(tmp_path / "a.json", max_iters=4), tmp_path / "o", "--stop-at", "2"),
+    train.run(train_args(byte_ds, train_config(tmp_path / "a.json", max_iters=4), tmp_path / "o", "--stop-at", "2"),
               env={}, log=quiet)
     lines = []
-    res = train.run(_args(byte_ds, _config(tmp_path / "b.json", max_iters=4, learning_rate=5e-3), tmp_path / "o",
+    res = train.run(train_args(byte_ds, train_config(tmp_path / "b.json", max_iters=4, learning_rate=5e-3), tmp_path / "o",
                           "--resume", str(tmp_path / "o" / "ckpt.pt")), env={}, log=lines.append)
     assert res.steps == [3, 4]
     assert lines[0] == ("note: resuming with other settings than the checkpoint's (learning_rate); the run will "
@@ -473,10 +426,10 @@ def test_the_same_script_trains_every_kind_of_dataset(kind, byte_ds, packed_ds, 
     """No branch on the loader's or the batch's type: the Batch and the loader's common
     answers (steps_total, end_id, vocab_size, mode) give each dataset its targets."""
     dataset, block = {"episodes": (byte_ds, 32), "packed": (packed_ds, 96), "stream": (stream_ds, 32)}[kind]
-    cfg = _config(tmp_path / "c.json", block_size=block, batch_size=2, max_iters=3, use_loss_mask=False,
+    cfg = train_config(tmp_path / "c.json", block_size=block, batch_size=2, max_iters=3, use_loss_mask=False,
                   vocab_size=263 if kind == "stream" else 0)
     lines = []
-    res = train.run(_args(dataset, cfg, tmp_path / "out"), env={"POST_TRAINING": "0"}, log=lines.append)
+    res = train.run(train_args(dataset, cfg, tmp_path / "out"), env={"POST_TRAINING": "0"}, log=lines.append)
     assert res.steps == [1, 2, 3] and res.tokens == 3 * 2 * block
     ref = make_loader(LoaderConfig.from_file(cfg), dataset, backend="numpy")
     assert f"| {ref.mode} |" in lines[0] and f"vocab {263 if kind == 'stream' else 266}" in lines[0]

@@ -9,13 +9,13 @@ import shutil
 
 import numpy as np
 import pytest
-from audit_data import chats, copy_shard, edit_metadata, make_dataset, read_idx, shard, to_flat, write_idx
 
 from sftdata.chat.masking import loss_mask
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import DatasetError, UsageError
 from sftdata.store import open_dataset, scan_dataset
 from sftdata.verify import CHECKS, verify
+from tests.helpers.audit import chats, copy_shard, edit_metadata, make_dataset, read_idx, shard, to_flat, write_idx
 
 # The default dataset: train shard_00000 holds episodes 0-3 (19, 28, 30, 15 tokens),
 # shard_00001 episodes 4-5 (25, 29); val one shard of 2 episodes. Episode 0 is

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from audit_data import edit_metadata, make_dataset, shard
 from typer.testing import CliRunner
 
 import sftdata.verify.run as verify_run
@@ -22,6 +21,7 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
 from sftdata.store.format import METADATA_CHECKSUM, metadata_sha256
 from sftdata.verify import verify
+from tests.helpers.audit import edit_metadata, make_dataset, shard
 
 RECREATE = "re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool`"
 runner = CliRunner()

@@ -9,11 +9,11 @@ import shutil
 
 import numpy as np
 import pytest
-from audit_data import edit_metadata, make_packed, read_idx, read_segments, shard, write_idx, write_segments
 
 from sftdata.errors import DatasetError
 from sftdata.store import open_dataset
 from sftdata.verify import PACKED_CHECKS, verify
+from tests.helpers.audit import edit_metadata, make_packed, read_idx, read_segments, shard, write_idx, write_segments
 
 # bfd, block 63 (rows of 64), 2 rows per shard. train/shard_00000:
 #   row 0: segment 0 = episode 1 at [0, 28), segment 1 = episode 5 at [28, 53), padding [53, 64)

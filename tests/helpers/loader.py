@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sftdata.loader import LoaderConfig, make_loader
 from sftdata.pack import PackOptions, pack
 from sftdata.store import TOKENIZER_FILE
 from sftdata.store.writer import DatasetWriter
@@ -76,3 +77,25 @@ def make_packed(source: Path, path: Path) -> Path:
     20 rows per shard."""
     pack(source, path, PackOptions(block_size=PACKED_BLOCK, shard_tokens=20 * (PACKED_BLOCK + 1)))
     return Path(path)
+
+
+# one dataset of each kind the loader reads, and the loader settings the tests read them with
+LENGTHS = [3, 5, 1, 12, 4, 7, 2, 9, 6, 10, 3, 8]  # episode 2 (1 token) is below episode_min_tokens=2
+CONFIGS = {"episodes": dict(batch_size=3, block_size=6, use_loss_mask=True),
+           "packed": dict(batch_size=4, block_size=PACKED_BLOCK, use_loss_mask=True, epoch_seed=7),
+           "windows": dict(batch_size=4, block_size=8)}
+
+
+def make_each_kind(source: Path, folder: Path) -> dict[str, Path]:
+    """Under ``folder``: a synthetic episodes dataset of several shards (global ids cross
+    shard boundaries), ``source`` packed, and a bare token stream."""
+    # shard_tokens=15 -> several shards, so global ids cross shard boundaries
+    return {"episodes": make_dataset(folder / "ds", LENGTHS, shard_tokens=15, val_lengths=[4, 4, 6, 2]),
+            "packed": make_packed(source, folder / "packed"), "windows": make_stream(folder / "stream")}
+
+
+def load(each_kind: dict[str, Path], kind: str, *, backend="numpy", **kw):
+    """The loader of ``each_kind[kind]`` with ``CONFIGS[kind]`` updated by ``kw`` (rank,
+    world_size and audit_dir go to make_loader)."""
+    opts = {k: kw.pop(k) for k in ("rank", "world_size", "audit_dir") if k in kw}
+    return make_loader(LoaderConfig(**{**CONFIGS[kind], **kw}), each_kind[kind], backend=backend, **opts)
