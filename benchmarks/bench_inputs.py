@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: reading inputs. Speed of each reader, peak memory per input format, and the
-hostile inputs of tests/test_adversarial.py at full size.
+hostile inputs of tests/safety/test_adversarial.py at full size.
 
     python benchmarks/bench_inputs.py [--mb 256] [--bomb-gib 2] [--skip-formats] [--skip-hostile]
 

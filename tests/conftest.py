@@ -5,7 +5,6 @@ tests/helpers/; a folder's own fixtures in its conftest.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,6 @@ import pytest
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.prepare import PrepareOptions, prepare
 from tests.helpers.data import random_conversation
-from tests.helpers.loader import make_each_kind
-from tests.helpers.train import byte_tokenizer, conversations
 
 
 def pytest_configure(config):
@@ -92,24 +89,6 @@ def source(tmp_path_factory) -> Path:
     (d / "chats.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=3000))
     return d / "ds"
-
-
-@pytest.fixture(scope="module")
-def each_kind(source, tmp_path_factory) -> dict[str, Path]:
-    """One dataset of each kind the loader reads: {"episodes", "packed", "windows": path}."""
-    return make_each_kind(source, tmp_path_factory.mktemp("d"))
-
-
-@pytest.fixture(scope="module")
-def byte_ds(tmp_path_factory) -> Path:
-    """A dataset of 24 sums prepared with a byte-level tokenizer: scripts/train.py trains a
-    tiny model on it in seconds."""
-    d = tmp_path_factory.mktemp("byte_ds")
-    tokfile = byte_tokenizer(d / "bytes.tiktoken")
-    src = d / "chat.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in conversations()))
-    prepare([src], d / "chat_sft", PrepareOptions(val_split=0.15, tokenizer=str(tokfile)))
-    return d / "chat_sft"
 
 
 @pytest.fixture(scope="module")

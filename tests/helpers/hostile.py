@@ -1,5 +1,5 @@
 """Hostile inputs made fast: gzip files that expand to gigabytes, written in milliseconds,
-and a child process that reports its peak memory. Shared by tests/test_adversarial.py
+and a child process that reports its peak memory. Shared by tests/safety/test_adversarial.py
 and benchmarks/bench_inputs.py."""
 
 from __future__ import annotations

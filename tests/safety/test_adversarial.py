@@ -1,7 +1,7 @@
 """Hostile inputs, each with its expected outcome; the large ones run in a child process
 whose peak resident memory is checked (``resource.getrusage(RUSAGE_CHILDREN)``).
 
-Covered elsewhere, not repeated here (tests/test_safety_inputs.py): a truncated or damaged
+Covered elsewhere, not repeated here (tests/safety/test_inputs.py): a truncated or damaged
 gzip / bzip2 / xz / zstd file (an error naming the last complete line), archives and
 binary files (refused in one line), a NUL byte in a file's first KiB (a binary file),
 UTF-16 without a byte order mark, invalid UTF-16, hostile configs. Speeds (the blank-line

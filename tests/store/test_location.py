@@ -1,5 +1,5 @@
 """file:// URLs name datasets wherever a path does: prepare's output, the loader,
-inspect, verify and replay-order; object-store URLs are tests/test_store_objects.py."""
+inspect, verify and replay-order; object-store URLs are tests/store/test_objects.py."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,6 @@
 """`sftdata report`: the distributions behind the page are exactly those of the data, the
 page shows exactly the trained tokens, works offline, and is written only where it may
-be; the command's output and errors. (tests/test_report_browser.py opens it in Chromium.)"""
+be; the command's output and errors. (tests/report/test_browser.py opens it in Chromium.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and the keys of every `--json` output are compared with snapshots in tests/contract/.
 
 A deliberate change to a command's interface updates the snapshots:
-``SFTDATA_UPDATE_CONTRACT=1 python -m pytest tests/test_cli_contract.py`` (then review the diff).
+``SFTDATA_UPDATE_CONTRACT=1 python -m pytest tests/cli/test_contract.py`` (then review the diff).
 """
 
 from __future__ import annotations

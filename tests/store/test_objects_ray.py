@@ -1,5 +1,5 @@
 """``pack`` and ``verify --engine ray`` of a dataset in object storage (moto's S3 server in a
-thread, as tests/test_store_objects.py): the same objects and report as ``--engine local``.
+thread, as tests/store/test_objects.py): the same objects and report as ``--engine local``.
 A bucket of its own, removed at the end (moto's state outlives its server in this process)."""
 
 from __future__ import annotations
