@@ -1,7 +1,8 @@
 """The structure cannot silently decay: the layers of ARCHITECTURE.md §5 (import-linter),
 ruff's rule set, no function-level imports of sftdata modules (a cycle or a layer break
-hiding), every module placed in a layer and given its line in the README's map, and no
-specification-section names in the tree."""
+hiding), every module placed in a layer and given its line in the README's map, no
+specification-section names in the tree, and the tests' own layout: a folder of tests per
+package, and no test module importing another."""
 
 from __future__ import annotations
 
@@ -107,3 +108,61 @@ def test_the_readme_map_has_one_line_per_module():
     present = sorted(p.relative_to(ROOT / "sftdata").as_posix() for p in (ROOT / "sftdata").rglob("*.py"))
     assert sorted(set(listed)) == sorted(listed), "a module listed twice"
     assert sorted(listed) == present
+
+
+# ------------------------------------------------------------------------- the tests' own layout
+TESTS = ROOT / "tests"
+# folders of tests/ that are not named for an sftdata package, and why
+OTHER_TEST_FOLDERS = {
+    "scripts": "scripts/train.py (with gpt.py and trainer.py), run as a user runs it",
+    "safety": "hostile inputs and results that cut across every pipeline",
+    "project": "the layout itself (this module) and the benchmarks",
+    "helpers": "what test modules share; no tests",
+    "contract": "the CLI's --help and --json snapshots; no tests",
+    "fixtures": "datasets written by earlier versions; no tests",
+}
+
+
+def _imports_a_test_module(node: ast.AST) -> str | None:
+    """The name a statement imports when it is a test module or a conftest, else None."""
+    def is_test(dotted: str) -> bool:
+        return any(part.startswith("test_") or part == "conftest" for part in dotted.split("."))
+
+    if isinstance(node, ast.Import):
+        return next((a.name for a in node.names if is_test(a.name)), None)
+    if isinstance(node, ast.ImportFrom):
+        module = "." * node.level + (node.module or "")
+        if node.level or is_test(node.module or ""):
+            return module  # a relative import reaches a sibling module; pytest imports test modules by path
+        return next((f"{module}.{a.name}" for a in node.names if is_test(a.name)), None)
+    return None
+
+
+def test_no_test_module_imports_another():
+    """A test module, conftest or helper never imports a test module or a conftest: shared
+    functions live in tests/helpers/ (``from tests.helpers.X import ...``) and shared fixtures
+    in a conftest.py, where pytest finds them. Importing a test module would run its fixtures
+    twice, tie the two to one folder, and break under ``--import-mode=importlib``."""
+    hits = []
+    for f in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            name = _imports_a_test_module(node)
+            if name is not None:
+                hits.append(f"{f.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert hits == []
+
+
+def test_every_test_module_sits_in_a_folder():
+    """tests/ holds its conftest.py and __init__.py, and folders: none of its test modules sits
+    at the top, where it would say nothing of what it tests (a new one goes to the folder of
+    the package it tests)."""
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
+
+
+def test_the_test_folders_mirror_the_packages():
+    """Every sftdata package has its folder of tests, and every folder of tests/ is named for a
+    package or is one of OTHER_TEST_FOLDERS."""
+    packages = {p.name for p in (ROOT / "sftdata").iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert sorted(packages - folders) == [], "a package without tests"
+    assert sorted(folders - packages - set(OTHER_TEST_FOLDERS)) == [], "a folder named for no package"
