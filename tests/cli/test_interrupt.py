@@ -1,65 +1,100 @@
-"""Ctrl-C and SIGTERM in the middle of a long prepare: a one-line message, the exit code
-of the signal, no traceback (from the main process or its workers), and nothing left at
-the target or beside it. Runs the real command in a child process, as a shell does."""
+"""Ctrl-C and SIGTERM in the middle of a prepare with workers: a one-line message, the exit
+code of the signal, no traceback (from the main process or its workers), and nothing left
+at the target or beside it. Runs the real command in a child process, as a shell does.
+
+The signal lands mid-run on any machine, fast or loaded, without guessing how long a run
+takes: either the input is standard input, which the test keeps feeding and never closes
+(the run cannot end before the signal; the main process reads, workers render), or a file
+whose byte ranges the workers read themselves, and then the whole process group is stopped
+(SIGSTOP) once its workers run, seen unfinished while stopped, and signalled before it
+continues (SIGCONT)."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, EndlessInput, children, stopped, wait_for
+
+RECORD = {"messages": [{"role": "user", "content": "Tell me about the weather in Paris in spring. " * 3},
+                       {"role": "assistant", "content": "Mild, with showers and long bright spells. " * 3}]}
+LINE = (json.dumps(RECORD) + "\n").encode()
+BUSY_BYTES = 4 << 20  # the child has read this much of its standard input: chunks are with the workers
 
 
-def _big_input(path: Path, n: int = 150_000) -> Path:
-    rec = {"messages": [{"role": "user", "content": "Tell me about the weather in Paris in spring. " * 3},
-                        {"role": "assistant", "content": "Mild, with showers and long bright spells. " * 3}]}
-    line = (json.dumps(rec) + "\n").encode()
-    path.write_bytes(line * n)
-    return path
-
-
-def _run_and_signal(tmp_path: Path, sig: int, group: bool) -> subprocess.CompletedProcess:
-    src = _big_input(tmp_path / "big.jsonl")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "sftdata", "prepare-chat", str(src), "-o", str(tmp_path / "ds"),
-                          "-j", "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not list(tmp_path.glob(".ds.tmp-*")) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # workers are busy now
-    if group:  # Ctrl-C in a terminal signals the whole foreground process group
-        os.killpg(p.pid, sig)
-    else:  # `kill PID`
-        p.send_signal(sig)
+def _run_and_signal(tmp_path: Path, sig: int, group: bool, source: str) -> subprocess.CompletedProcess:
+    """prepare-chat -j 2 into tmp_path/work/ds, signalled mid-run: ``sig`` to the whole process
+    group (Ctrl-C in a terminal) or to the main process alone (``kill PID``)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    if source == "file":  # 150,000 records (50 MB): plain JSONL, so each worker reads its own byte range
+        big = tmp_path / "big.jsonl"
+        big.write_bytes(LINE * 150_000)
+        args, stdin = [str(big)], subprocess.DEVNULL
+    else:
+        args, stdin = ["-"], subprocess.PIPE
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        p = subprocess.Popen([sys.executable, "-m", "sftdata", "prepare-chat", *args, "-o", str(work / "ds"), "-j", "2"],
+                             cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=stdin, stdout=o, stderr=e,
+                             start_new_session=True)
+    feed = EndlessInput(p, LINE * 2000) if source == "stdin" else None
     try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:  # it hung on the signal: end it, then fail
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        pytest.fail(f"no exit within 60 s of the signal; stderr: {err.decode()[-2000:]}")
-    return subprocess.CompletedProcess(p.args, p.returncode, out.decode(), err.decode())
+        def running() -> bool:
+            if p.poll() is not None:
+                pytest.fail(f"prepare ended (exit {p.returncode}) before it was signalled: {err.read_text()[-2000:]}")
+            return (bool(list(work.glob(".ds.tmp-*"))) and len(children(p.pid)) >= 2
+                    and (feed is None or feed.fed >= BUSY_BYTES))
+
+        wait_for("prepare to write its staging folder with 2 workers running", running)
+        if source == "file":
+            os.killpg(p.pid, signal.SIGSTOP)
+            group_pids = [p.pid, *children(p.pid)]
+            wait_for("the process group to stop", lambda: all(stopped(pid) for pid in group_pids))
+            if p.poll() is not None or (work / "ds").exists():
+                pytest.fail("prepare finished before it could be stopped: give it a larger input")
+        if group:  # Ctrl-C in a terminal signals the whole foreground process group
+            os.killpg(p.pid, sig)
+        else:  # `kill PID`
+            p.send_signal(sig)
+        if source == "file":
+            os.killpg(p.pid, signal.SIGCONT)
+        try:
+            p.wait(SAFETY_S)
+        except subprocess.TimeoutExpired:  # it hung on the signal: end it, then fail
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            pytest.fail(f"no exit within {SAFETY_S:.0f} s of the signal; stderr: {err.read_text()[-2000:]}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if feed is not None:
+            feed.close()
+    return subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), err.read_text())
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX signals")
-def test_ctrl_c_with_workers_leaves_nothing_and_prints_no_traceback(tmp_path):
-    r = _run_and_signal(tmp_path, signal.SIGINT, group=True)
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_ctrl_c_with_workers_leaves_nothing_and_prints_no_traceback(tmp_path, source):
+    r = _run_and_signal(tmp_path, signal.SIGINT, group=True, source=source)
     assert r.returncode == 130, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "error: interrupted; nothing was written to the output"
     assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr
     assert r.stdout == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX signals")
-def test_sigterm_removes_the_temporary_folder(tmp_path):
-    r = _run_and_signal(tmp_path, signal.SIGTERM, group=False)
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_sigterm_removes_the_temporary_folder(tmp_path, source):
+    r = _run_and_signal(tmp_path, signal.SIGTERM, group=False, source=source)
     assert r.returncode == 143, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "error: terminated (SIGTERM); nothing was written to the output"
     assert "Traceback" not in r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []
