@@ -2,55 +2,58 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
-import time
-from pathlib import Path
 
 from sftdata.util.lifetime import _watch
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, EndlessInput, alive, children, read_line, wait_for
+
+PARENT = """
+import multiprocessing as mp, os, sys
+from concurrent.futures import ProcessPoolExecutor
+from sftdata.util.lifetime import die_with_parent
+
+def init(parent, barrier):
+    global BARRIER
+    die_with_parent(parent)
+    BARRIER = barrier
+
+def pid(_):
+    BARRIER.wait()  # each task waits for the other: two workers hold one each
+    return os.getpid()
+
+if __name__ == "__main__":
+    ctx = mp.get_context()
+    pool = ProcessPoolExecutor(2, mp_context=ctx, initializer=init, initargs=(os.getpid(), ctx.Barrier(2)))
+    print(" ".join(map(str, sorted(set(pool.map(pid, range(2)))))), flush=True)
+    sys.stdin.read()  # until it is killed: the test holds this pipe open
+"""
 
 
-def _alive(pid: int) -> bool:
+def test_pool_workers_die_with_a_sigkilled_parent(tmp_path):
+    (tmp_path / "parent.py").write_text(PARENT)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose (reaped by init soon)
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def test_pool_workers_die_within_a_second_of_a_sigkilled_parent():
-    code = textwrap.dedent("""
-        import os, time
-        from concurrent.futures import ProcessPoolExecutor
-        from sftdata.util.lifetime import die_with_parent
-        def pid(_): time.sleep(0.2); return os.getpid()
-        pool = ProcessPoolExecutor(2, initializer=die_with_parent, initargs=(os.getpid(),))
-        print(" ".join(map(str, sorted(set(pool.map(pid, range(8)))))), flush=True)
-        time.sleep(60)
-    """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    workers = [int(w) for w in p.stdout.readline().split()]
-    assert len(workers) == 2 and all(_alive(w) for w in workers)
-    p.send_signal(signal.SIGKILL)
-    p.wait(10)
-    deadline = time.monotonic() + 1.0
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not [w for w in workers if _alive(w)]
+        workers = [int(w) for w in read_line(p.stdout, "the pool's two workers to report their pids").split()]
+        assert len(workers) == 2 and all(alive(w) for w in workers)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        wait_for("the workers to die with their SIGKILLed parent (else they are orphans)",
+                 lambda: not any(alive(w) for w in workers))
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
 
 
 def test_a_parent_that_died_before_the_call_ends_the_worker_at_once():
     code = "import os; from sftdata.util.lifetime import die_with_parent; die_with_parent(os.getppid() + 1); print('survived')"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_S,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (r.returncode, r.stdout) == (1, "")
 
@@ -58,7 +61,7 @@ def test_a_parent_that_died_before_the_call_ends_the_worker_at_once():
 def test_the_linux_mechanism_is_the_kernels():
     if sys.platform.startswith("linux"):
         code = "import os; from sftdata.util.lifetime import die_with_parent; print(die_with_parent(os.getppid()))"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_S,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.stdout == "pdeathsig\n"
 
@@ -71,54 +74,43 @@ def test_the_watch_thread_exits_when_the_parent_changes(monkeypatch):
     assert exits == [1]
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 def test_sigkill_of_prepare_leaves_no_worker_keeps_the_old_dataset_and_the_next_run_sweeps(tmp_path):
-    import json
-    src = tmp_path / "big.jsonl"
-    words = "the quick brown fox jumps over a lazy dog while sixty zebras quietly graze".split()
-    with open(src, "w") as f:
-        for i in range(60_000):
-            text = " ".join(words[(i + k) % len(words)] for k in range(60))
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"{i} {text}"},
-                                             {"role": "assistant", "content": text}]}) + "\n")
+    """Killed mid-run for certain: its input is standard input, fed and never closed, so the
+    run cannot end before the SIGKILL, however fast the machine."""
     out = tmp_path / "ds"
     small = tmp_path / "small.jsonl"
     small.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
                                               {"role": "assistant", "content": "a"}]}) + "\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cli = [sys.executable, "-m", "sftdata", "prepare-chat"]
-    subprocess.run([*cli, str(small), "-o", str(out), "-q"], check=True, env=env, timeout=120)
+    subprocess.run([*cli, str(small), "-o", str(out), "-q"], check=True, env=env, timeout=SAFETY_S)
     old = (out / "dataset_metadata.json").read_bytes()
-    p = subprocess.Popen([*cli, str(src), "-o", str(out), "--overwrite", "--workers", "2", "-q"], env=env)
+    words = "the quick brown fox jumps over a lazy dog while sixty zebras quietly graze".split()
+    block = "".join(json.dumps({"messages": [{"role": "user", "content": f"{i} " + " ".join(words * 4)},
+                                             {"role": "assistant", "content": " ".join(words * 4)}]}) + "\n"
+                    for i in range(2000)).encode()
+    p = subprocess.Popen([*cli, "-", "-o", str(out), "--overwrite", "--workers", "2", "-q"], env=env,
+                         stdin=subprocess.PIPE)
+    feed = EndlessInput(p, block)
+
+    def working() -> list[int] | None:  # the workers, once the run stages its output and reads its input
+        workers = children(p.pid)
+        staged = list(tmp_path.glob(".ds.tmp-*")) and feed.fed >= (4 << 20)
+        return workers if staged and len(workers) >= 2 else None
+
     try:
-        deadline = time.monotonic() + 60
-        while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        workers = _children(p.pid)
-        assert len(workers) >= 2
-        time.sleep(0.5)  # let them work
+        workers = wait_for("prepare to stage its output with 2 workers, reading its input", working)
         p.send_signal(signal.SIGKILL)
-        p.wait(10)
-        deadline = time.monotonic() + 1.5
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not [w for w in workers if _alive(w)]
+        p.wait()
+        wait_for("the workers to die with their SIGKILLed parent (else they are orphans)",
+                 lambda: not any(alive(w) for w in workers))
     finally:
         p.kill()
+        p.wait()
+        feed.close()
     assert (out / "dataset_metadata.json").read_bytes() == old  # the old dataset is intact
     (staging,) = tmp_path.glob(".ds.tmp-*")  # the killed run's staging is left ...
-    r = subprocess.run([*cli, str(small), "-o", str(out), "--overwrite", "--json"], env=env, timeout=120,
+    r = subprocess.run([*cli, str(small), "-o", str(out), "--overwrite", "--json"], env=env, timeout=SAFETY_S,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert not staging.exists()  # ... and swept by the next run to that target, which says so
