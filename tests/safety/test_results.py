@@ -40,6 +40,7 @@ from sftdata.util import memory
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.packing import M, build, random_episode
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, read_line
 
 runner = CliRunner()
 S, U, A, T, E, EOS = M.system, M.user, M.assistant, M.tool, M.end, M.eos
@@ -489,28 +490,31 @@ def test_wait_waits_for_another_writer_of_the_same_output_and_without_it_the_run
                                  f"--output-dir\n")
     assert not out.exists()
     held = WriterLock(out).__enter__()
-    released = threading.Event()
+    released_by: list[str] = []
+    once = threading.Lock()
 
-    def release(*_):
-        if not released.is_set():
-            released.set()
-            held.__exit__(None, None, None)
+    def release(why: str):
+        with once:
+            if not released_by:
+                released_by.append(why)
+                held.__exit__(None, None, None)
 
-    class ReleaseWhenWaiting(logging.Handler):  # the other writer finishes once this run waits for it
+    class ReleaseWhenWaiting(logging.Handler):  # the other writer finishes once this run says it waits for it
         def emit(self, record):
             if "waiting for it to finish" in record.getMessage():
-                threading.Timer(0.3, release).start()
+                threading.Thread(target=release, args=("this run waited",)).start()
 
     handler = ReleaseWhenWaiting()
     logging.getLogger("sftdata").addHandler(handler)
-    safety = threading.Timer(10, release)  # never a hung test
+    safety = threading.Timer(SAFETY_S, release, args=("the safety net",))  # never a hung test: it fails below
     safety.start()
     try:
         r = _run(*args, "--wait")
     finally:
         logging.getLogger("sftdata").removeHandler(handler)
         safety.cancel()
-        release()
+        release("the end of the test")
+    assert released_by == ["this run waited"], r.output
     assert r.exit_code == 0, r.output
     assert open_dataset(out).splits["train"].num_items > 0
     assert r.stderr.startswith(f"warning: another sftdata (pid {os.getpid()}, started ")  # a wait is never silent
@@ -610,17 +614,18 @@ def test_clean_never_removes_a_lock_that_is_held(tmp_path):
 
 
 def test_a_killed_writer_leaves_a_lock_and_staging_that_clean_removes(tmp_path):
-    code = (f"import os, time\nfrom sftdata.store.writer import DatasetWriter\n"
-            f"w = DatasetWriter({str(tmp_path / 'ds')!r}).__enter__()\nprint('in', flush=True)\ntime.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    code = (f"import sys\nfrom sftdata.store.writer import DatasetWriter\n"
+            f"w = DatasetWriter({str(tmp_path / 'ds')!r}).__enter__()\nprint('in', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert p.stdout.readline() == "in\n"
+    try:  # the writer stays in until it is killed (its standard input never ends)
+        assert read_line(p.stdout, "the writer to take its lock and staging folder") == "in\n"
         r = _run("clean", tmp_path, "--yes", "--json")
         assert {v["state"] for v in orjson.loads(r.stdout)["leftovers"]} == {"live"}
     finally:
         p.kill()
         p.wait()
+        p.stdin.close()
     assert len(_listing(tmp_path)) == 2  # .ds.sftdata-lock and .ds.tmp-PID-...
     r = _run("clean", tmp_path, "--yes", "--json")
     assert [(v["kind"], v["removed"]) for v in orjson.loads(r.stdout)["leftovers"]] == [("lock", True),

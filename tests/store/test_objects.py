@@ -30,6 +30,7 @@ from sftdata.store.object_cache import fetch_dataset
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.moto_s3 import moto_s3, objects
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, read_line
 
 runner = CliRunner()
 BUCKET = "sftdata-test"
@@ -224,12 +225,12 @@ def test_a_killed_writer_leaves_no_readable_dataset_and_the_next_run_clears_it(s
 
 
 KILLED_WRITER = """
-import sys, time
+import sys
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import object_commit as oc
 def hang(*args):
     print("uploaded", flush=True)
-    time.sleep(600)
+    sys.stdin.read()  # until it is killed: the test holds this pipe open
 oc.put_commit = hang
 prepare([sys.argv[1]], sys.argv[2], PrepareOptions(val_split=0.2, shard_tokens=400))
 """
@@ -237,13 +238,14 @@ prepare([sys.argv[1]], sys.argv[2], PrepareOptions(val_split=0.2, shard_tokens=4
 
 def test_a_writer_killed_with_sigkill_before_its_commit(s3, both, source, caplog):
     url = f"s3://{BUCKET}/sft/sigkill"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(source), url], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert proc.stdout.readline() == "uploaded\n"  # every file is up; the metadata is not
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(source), url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:  # every file is up; the metadata is not
+        assert read_line(proc.stdout, "the writer to upload every file but the metadata") == "uploaded\n"
     finally:
         proc.kill()
         proc.wait()
+        proc.stdin.close()
     assert sorted(objects(s3, url)) == sorted(k for k in objects(s3, f"s3://{BUCKET}/sft/both") if k != METADATA_FILE)
     with pytest.raises(DatasetError, match=rf"^{url} is not a committed sftdata dataset: it has no "
                                            rf"dataset_metadata.json, the object a writer puts last, yet holds 19 "):
@@ -276,11 +278,29 @@ def test_wait_waits_for_the_lock_object(s3, source, monkeypatch, caplog):
     lock = f"{BUCKET}/sft/.waited.sftdata-lock"
     s3.pipe_file(lock, orjson.dumps({"host": "elsewhere", "pid": 7, "start": "1", "created": 0}))
     monkeypatch.setattr(oc, "WAIT_POLL_S", 0.05)
-    timer = threading.Timer(0.5, s3.rm_file, [lock])
-    timer.start()
-    with caplog.at_level(logging.WARNING, logger="sftdata.store"):
-        prepare([source], url, PrepareOptions(wait=True, **OPTS))
-    timer.join()
+    removed_by: list[str] = []
+
+    def finish(why: str):  # the other host's run ends: its lock object goes
+        if not removed_by:
+            removed_by.append(why)
+            s3.rm_file(lock)
+
+    class FinishWhenWaiting(logging.Handler):
+        def emit(self, record):
+            if "waiting for it to finish" in record.getMessage():
+                threading.Thread(target=finish, args=("this run waited",)).start()
+
+    handler = FinishWhenWaiting()
+    logging.getLogger("sftdata.store").addHandler(handler)
+    safety = threading.Timer(SAFETY_S, finish, args=("the safety net",))  # never a hung test: it fails below
+    safety.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="sftdata.store"):
+            prepare([source], url, PrepareOptions(wait=True, **OPTS))
+    finally:
+        logging.getLogger("sftdata.store").removeHandler(handler)
+        safety.cancel()
+    assert removed_by == ["this run waited"]
     assert objects(s3, url) == objects(s3, f"s3://{BUCKET}/sft/both")
     assert [m for m in caplog.messages if "waiting" in m] == [
         f"another sftdata (host elsewhere, pid 7, started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(0))}) "

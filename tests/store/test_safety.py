@@ -3,12 +3,13 @@ appears or changes mid-run, one writer per target, and stale staging folders."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,13 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import OutputExistsError
+from sftdata.store import lock
 from sftdata.store.lock import OWNER_FILE, WriterLock, find_staging, owner_record, sweep_stale
 from sftdata.store.manifest import check_replaceable, manifest_of, survey
 from sftdata.store.writer import DatasetWriter
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, read_line
 
 runner = CliRunner()
 
@@ -162,52 +165,77 @@ def test_a_dataset_changed_mid_run_is_not_replaced(tmp_path, src, ds):
 
 # ---------------------------------------------------------------- one writer per target
 
-def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path):
+def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, monkeypatch):
+    """At once: the second writer only ever tries the lock without blocking (LOCK_NB), and is
+    refused while this very thread still holds the first, which a waiting writer never
+    would be."""
     target = tmp_path / "out"
+    tries = []
+    real_flock = lock.fcntl.flock
+    monkeypatch.setattr(lock.fcntl, "flock", lambda fd, op: tries.append(op) or real_flock(fd, op))
     with WriterLock(target):
-        t0 = time.monotonic()
+        tries.clear()
         with pytest.raises(OutputExistsError, match=rf"another sftdata \(pid {os.getpid()}, started "
                                                     rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\) is writing {target}; wait"):
             with DatasetWriter(target):
                 pass
-        assert time.monotonic() - t0 < 1.0
+    assert tries and all(op & fcntl.LOCK_NB for op in tries)  # never a blocking try
     assert not list(tmp_path.iterdir())  # the lock file goes with the lock
 
 
 def test_wait_waits_for_the_first_writer(tmp_path):
+    """The second writer says it waits, then blocks until the first lets go: it takes the lock
+    only after the release, observed by events, whatever the machine's speed."""
     target = tmp_path / "out"
     order = []
+    waiting = threading.Event()
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            if "waiting for it to finish (--wait)" in record.getMessage():
+                waiting.set()
+
+    said = Said()
+    logging.getLogger("sftdata.store").addHandler(said)
     first = WriterLock(target).__enter__()
 
     def second():
         with WriterLock(target, wait=True):
             order.append("second")
 
-    t = threading.Thread(target=second)
-    t.start()
-    time.sleep(0.3)
-    order.append("first done")
-    first.__exit__(None, None, None)
-    t.join(5)
+    t = threading.Thread(target=second, daemon=True)
+    try:
+        t.start()
+        assert waiting.wait(SAFETY_S), "the second writer never said it was waiting"
+        assert order == [] and t.is_alive()  # it waits: the first still holds the lock
+        order.append("first done")
+        first.__exit__(None, None, None)
+        t.join(SAFETY_S)
+        assert not t.is_alive(), "the second writer never took the released lock"
+    finally:
+        logging.getLogger("sftdata.store").removeHandler(said)
+        first.__exit__(None, None, None)
     assert order == ["first done", "second"]
 
 
 def test_the_lock_dies_with_its_process(tmp_path):
     target = tmp_path / "out"
-    code = (f"import time; from sftdata.store.lock import WriterLock\n"
-            f"with WriterLock({str(target)!r}):\n    print('held', flush=True); time.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    code = (f"import sys; from sftdata.store.lock import WriterLock\n"
+            f"with WriterLock({str(target)!r}):\n    print('held', flush=True); sys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert p.stdout.readline() == "held\n"
+    try:  # the child holds the lock until it is killed (its standard input never ends)
+        assert read_line(p.stdout, "the child to take the lock") == "held\n"
         with pytest.raises(OutputExistsError, match=rf"pid {p.pid}"):
             WriterLock(target).__enter__()
         p.kill()
-        p.wait(10)
+        p.wait()
         with WriterLock(target):  # SIGKILL released it
             pass
     finally:
         p.kill()
+        p.wait()
+        p.stdin.close()
 
 
 # ---------------------------------------------------------------- stale staging
