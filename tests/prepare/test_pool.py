@@ -13,6 +13,7 @@ import pytest
 from sftdata.errors import SftDataError
 from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
 from tests.helpers.data import chat, write_jsonl
+from tests.helpers.processes import SAFETY_S
 
 
 def records(n):
@@ -53,7 +54,7 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
         raise TimeoutError("prepare hangs on a dead worker")
 
     old = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(60)
+    signal.alarm(int(SAFETY_S))  # a safety net: a hang fails the test
     try:
         with pytest.raises(SftDataError, match=r"a worker process stopped unexpectedly .* rerun with fewer "
                                                r"--workers") as e:

@@ -20,6 +20,7 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.report import write_report
 from sftdata.store import open_dataset
 from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 # no network on CI machines: nothing in the background may try to connect out
@@ -61,7 +62,7 @@ def open_page(browser, path: Path, shot: Path):
     page.on("request", lambda r: errors.append(f"request: {r.url}") if not r.url.startswith(("file:", "data:"))
             else None)
     page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    page.wait_for_selector("body[data-ready='1']", timeout=SAFETY_S * 1000)  # a safety net: it fails
     page.screenshot(path=str(shot), full_page=True)
     keep = os.environ.get("SFTDATA_SCREENSHOTS")
     if keep:

@@ -15,6 +15,7 @@ from sftdata.tokenize import ranks as tokenizer_mod
 from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
 from sftdata.util.cache import CACHE_ENV, cache_dir, cached, decode_entry, encode_entry, entry_path, read_entry, write_entry
 from sftdata.util.hashing import sha256_file
+from tests.helpers.processes import SAFETY_S
 
 KEY = "ab" * 32
 
@@ -93,7 +94,8 @@ def test_two_processes_racing_leave_a_whole_entry(here):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
+        p.join(SAFETY_S)
+        assert p.exitcode == 0, f"a racing writer {'hangs' if p.exitcode is None else f'failed ({p.exitcode})'}"
     meta, arrays = read_entry("race", KEY)
     assert meta["writer"] in (1, 2) and set(arrays["x"].tolist()) == {meta["writer"]}
     assert [p.name for p in here.iterdir()] == [f"race-v1-{KEY}.bin"]
