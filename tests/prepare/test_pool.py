@@ -5,7 +5,6 @@ where its records came from, not a hang."""
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,18 +66,25 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
 
 
 def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
-    lock, running, most = threading.Lock(), [0], [0]
+    """Later jobs finish first, by events rather than sleeps: in each run of 3 (the depth,
+    all in flight together) a job waits until the next one has finished."""
+    lock, running, most, finished = threading.Lock(), [0], [0], []
+    done = [threading.Event() for _ in range(12)]
 
     def job(i):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.02 * (5 - i % 5))  # later jobs finish first
+        if i % 3 != 2:
+            assert done[i + 1].wait(SAFETY_S), f"job {i + 1} never finished"
         with lock:
             running[0] -= 1
+            finished.append(i)
+        done[i].set()
         return i * i
 
     jobs = ((job, (i,), f"job {i}", f"tag {i}") for i in range(12))
     got = list(pool.in_order(ThreadPoolExecutor(4), jobs, 3))
     assert got == [(i * i, f"tag {i}") for i in range(12)]
+    assert finished == [2, 1, 0, 5, 4, 3, 8, 7, 6, 11, 10, 9]  # the results came back out of order
     assert most[0] <= 3
