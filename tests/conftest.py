@@ -18,11 +18,18 @@ from tests.helpers.data import random_conversation
 
 def pytest_configure(config):
     """The user's cache of converted tokenizer tables (``sftdata.util.cache``) goes to a fresh
-    temporary folder: tests neither read nor fill the real one."""
+    temporary folder: tests neither read nor fill the real one.
+
+    The shell's terminal size is dropped before any test module imports the CLI: its consoles
+    take their width once, when sftdata.cli is imported (a pipe's PIPE_WIDTH, unless COLUMNS
+    is set then), so COLUMNS=50 or 300 in the shell would otherwise fix every command's
+    output at that width for the whole session, whatever ``_fixed_terminal`` says later."""
     import os
     import tempfile
 
     os.environ["SFTDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="sftdata-test-cache-")
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 # CLI output under test is never wrapped, whatever the terminal (COLUMNS=50 in the shell) or
