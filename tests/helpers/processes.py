@@ -64,6 +64,16 @@ def stopped(pid: int) -> bool:
         return True
 
 
+def ignores(pid: int, signum: int) -> bool:
+    """Whether ``pid`` ignores signal ``signum`` (its SigIgn mask in /proc; False when gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:")), 0)
+    return bool(mask >> (signum - 1) & 1)
+
+
 def children(pid: int) -> list[int]:
     """The pids of ``pid``'s children (Linux: /proc)."""
     out = []
