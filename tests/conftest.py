@@ -52,7 +52,9 @@ SOCKET_SAFE_TEMP = 60
 def _short_socket_folder(tmp_path_factory):
     """A temp folder too long for a Unix socket (TMPDIR of 150 characters) still holds every
     test's files (pytest's base temp is fixed first, below it), while the sockets that
-    multiprocessing, torch and Ray make go to a short private folder of this session."""
+    multiprocessing, torch and Ray make go to a short private folder of this session (Ray
+    reads TMPDIR itself, not tempfile's: RAY_TMPDIR points it there)."""
+    import os
     import shutil
     import tempfile
 
@@ -62,10 +64,16 @@ def _short_socket_folder(tmp_path_factory):
         return
     short = tempfile.mkdtemp(prefix="sftdata-sock-", dir="/tmp")
     saved, tempfile.tempdir = tempfile.tempdir, short
+    saved_ray = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = short
     try:
         yield
     finally:
         tempfile.tempdir = saved
+        if saved_ray is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved_ray
         shutil.rmtree(short, ignore_errors=True)
 
 

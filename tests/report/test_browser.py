@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +38,17 @@ if not Path(CHROMIUM).is_file():
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
+    # the driver makes Chromium's profile, and Chromium its SingletonSocket, under TMPDIR: the
+    # session's short temp folder when TMPDIR is too long for a Unix socket (tests/conftest.py)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TMPDIR", tempfile.gettempdir())
+        p = sync_api.sync_playwright().start()
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)  # a fresh profile of its own
+    try:
         yield b
+    finally:
         b.close()
+        p.stop()
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def test_shards_pickle_by_path(tmp_path):
     write(tmp_path / "ds", [[1, 2, 3]])
     split = open_dataset(tmp_path / "ds").split("train")
     blob = pickle.dumps(split.shards[0])
-    assert len(blob) < 500
+    assert len(blob.replace(str(tmp_path).encode(), b"")) < 500  # its path and a few fields, whatever the temp folder
     assert pickle.loads(blob).tokens.tolist() == [1, 2, 3]
 
 
