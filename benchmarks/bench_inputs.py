@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: reading inputs. Speed of each reader, peak memory per input format, and the
-hostile inputs of tests/test_adversarial.py at full size.
+hostile inputs of tests/safety/test_adversarial.py at full size.
 
     python benchmarks/bench_inputs.py [--mb 256] [--bomb-gib 2] [--skip-formats] [--skip-hostile]
 
@@ -39,11 +39,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-from hostile_inputs import gzip_repeated, record, run_measured  # noqa: E402
 
 from sftdata.sources import expand_inputs, inspect_source, iter_all  # noqa: E402
+from tests.helpers.hostile import gzip_repeated, record, run_measured  # noqa: E402
 
 WORDS = "the of and to in is you that it he was for on are as with his they I at be this have from".split()
 

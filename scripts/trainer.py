@@ -1,7 +1,7 @@
 """The pieces of scripts/train.py that do not touch the loader or the command line:
 settings, -100 targets, the LR schedule, checkpoints and the training loop. Plain
 PyTorch plus sftdata's error types, ``Batch`` and ``apply_ignore_index``; every
-function here is unit-tested with synthetic batches (tests/test_train.py).
+function here is unit-tested with synthetic batches (tests/scripts/test_train.py).
 
 One step, whatever the dataset (the same code for every one)::
 

@@ -1,22 +1,35 @@
-"""Shared fixtures: the tokenizer (built once) and helpers to write small inputs."""
+"""What every test may use: the terminal and temp folders pinned, the user's cache kept out,
+and the fixtures several folders share (the tokenizer, a prepared dataset, a trained
+tokenizer.json, the Ray cluster). Helpers that are functions, not fixtures, live in
+tests/helpers/; a folder's own fixtures in its conftest.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
 from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import random_conversation
 
 
 def pytest_configure(config):
     """The user's cache of converted tokenizer tables (``sftdata.util.cache``) goes to a fresh
-    temporary folder: tests neither read nor fill the real one."""
+    temporary folder: tests neither read nor fill the real one.
+
+    The shell's terminal size is dropped before any test module imports the CLI: its consoles
+    take their width once, when sftdata.cli is imported (a pipe's PIPE_WIDTH, unless COLUMNS
+    is set then), so COLUMNS=50 or 300 in the shell would otherwise fix every command's
+    output at that width for the whole session, whatever ``_fixed_terminal`` says later."""
     import os
     import tempfile
 
     os.environ["SFTDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="sftdata-test-cache-")
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 # CLI output under test is never wrapped, whatever the terminal (COLUMNS=50 in the shell) or
@@ -39,7 +52,9 @@ SOCKET_SAFE_TEMP = 60
 def _short_socket_folder(tmp_path_factory):
     """A temp folder too long for a Unix socket (TMPDIR of 150 characters) still holds every
     test's files (pytest's base temp is fixed first, below it), while the sockets that
-    multiprocessing, torch and Ray make go to a short private folder of this session."""
+    multiprocessing, torch and Ray make go to a short private folder of this session (Ray
+    reads TMPDIR itself, not tempfile's: RAY_TMPDIR points it there)."""
+    import os
     import shutil
     import tempfile
 
@@ -49,10 +64,16 @@ def _short_socket_folder(tmp_path_factory):
         return
     short = tempfile.mkdtemp(prefix="sftdata-sock-", dir="/tmp")
     saved, tempfile.tempdir = tempfile.tempdir, short
+    saved_ray = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = short
     try:
         yield
     finally:
         tempfile.tempdir = saved
+        if saved_ray is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved_ray
         shutil.rmtree(short, ignore_errors=True)
 
 
@@ -72,19 +93,28 @@ def ray_cluster():
     ray.shutdown()
 
 
-def write_jsonl(path: Path, records) -> Path:
-    """Write records (dicts, or raw strings written as they are) one per line."""
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """An episodes dataset prepared from 120 seeded conversations (val 20 %, several shards):
+    what the pack, loader, replay, export and CLI tests pack and read. One per module, as a
+    module may change what it is given."""
+    d = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(0)
+    lines = [orjson.dumps(random_conversation(rng, i)) for i in range(120)]
+    (d / "chats.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=3000))
+    return d / "ds"
 
 
-def chat(*pairs, system=None) -> dict:
-    """An OpenAI-format record from (user, assistant, user, assistant, ...) texts."""
-    msgs = [{"role": "system", "content": system}] if system else []
-    for i, text in enumerate(pairs):
-        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    return {"messages": msgs}
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A folder with a byte-level BPE tokenizer.json (vocabulary 800, ChatML's special tokens)
+    trained here: what the fast engine's tests and verify --retokenize read. Skipped without
+    the hf extra (tokenizers)."""
+    from tests.helpers.templates import TOKENS, train_tokenizer  # lazy: it skips without tokenizers
+
+    specials, bos, eos, extra = TOKENS["chatml"]
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "chatml", specials, bos, eos, extra, vocab_size=800)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,0 +1,113 @@
+"""``pack --engine ray``: the packed dataset ``--engine local`` gives, byte for byte, for any
+number of tasks, and the same errors; survives a killed worker. On the session's local
+Ray cluster (2 CPUs, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from sftdata.cli import app
+from sftdata.engine.pack_ray import plan_slice, ray_pack_executor, shard_ranges
+from sftdata.errors import NothingToTrainError, OutputExistsError
+from sftdata.pack import PackOptions, pack
+from sftdata.packing.strategies import plan_bfd
+from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import random_conversation
+from tests.helpers.engines import kill_first_writer, same_dataset
+
+runner = CliRunner()
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(0)
+    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(random_conversation(rng, i, 60, 80)) for i in range(400)) + b"\n")
+    prepare([d / "chats.jsonl"], d / "ds", PrepareOptions(val_split=0.2, seed=3, workers=1, shard_tokens=5000))
+    return d / "ds"
+
+
+def report_without_timing(r) -> dict:
+    d = r.as_dict(timing=False)
+    d.pop("output_dir")
+    return d
+
+
+@pytest.mark.parametrize("opts, per_task", [
+    (PackOptions(block_size=128, shard_tokens=1000), None),  # 7 rows per shard, tasks of several shards
+    (PackOptions(block_size=128, shard_tokens=1000), 1),  # one shard per task
+    (PackOptions(block_size=64, overlong="split", seed=5, shard_tokens=700), 3),
+    (PackOptions(block_size=100, overlong="keep_end", shard_tokens=50_000), 1),  # one shard per split
+    (PackOptions(block_size=96, strategy="stream", shard_tokens=1000), 2),  # injected context, cut episodes
+    (PackOptions(block_size=150, overlong="drop", shard_tokens=302), 1),  # lossy: the warning and the hint
+])
+def test_ray_pack_is_byte_identical_to_local(ray_cluster, source, tmp_path, opts, per_task):
+    local = pack(source, tmp_path / "local", opts)
+    ray = pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert report_without_timing(local) == report_without_timing(ray)
+    shards = len(list((tmp_path / "ray" / "train").iterdir()))
+    assert shards == 1 if opts.shard_tokens == 50_000 else shards >= 4
+    assert local.warnings == ray.warnings and len(ray.warnings) == 2  # every split loses trained tokens here
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]  # no staging, no _parts left
+    assert not list((tmp_path / "ray").rglob("_parts"))
+
+
+def test_plan_slices_and_shard_ranges_cover_the_plan(source):
+    lengths = np.array([5, 9, 3, 12, 7, 2, 8, 4, 6, 11], np.int64)
+    plan = plan_bfd(lengths, 13, "split", 0)
+    parts = [plan_slice(plan, r0, min(plan.num_rows, r0 + 2)) for r0 in range(0, plan.num_rows, 2)]
+    assert [p.num_rows for p in parts] == [2] * (plan.num_rows // 2) + [1] * (plan.num_rows % 2)
+    assert np.array_equal(np.concatenate([p.segments.row + 2 * k for k, p in enumerate(parts)]), plan.segments.row)
+    assert np.array_equal(np.concatenate([p.segments.episode for p in parts]), plan.segments.episode)
+    assert shard_ranges(100, 7, 2) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12), (12, 14), (14, 15)]
+    assert shard_ranges(100, 7, 2, shards_per_task=5) == [(0, 5), (5, 10), (10, 15)]
+    assert shard_ranges(0, 7, 2) == []
+
+
+def test_the_cli_packs_on_ray(ray_cluster, source, tmp_path):
+    args = ["pack", str(source), "-b", "128", "--shard-tokens", "1000", "--json", "--quiet"]
+    r = runner.invoke(app, [*args, "-o", str(tmp_path / "ray"), "--engine", "ray"])
+    assert r.exit_code == 0, r.output
+    loc = runner.invoke(app, [*args, "-o", str(tmp_path / "local"), "--engine", "local"])
+    assert loc.exit_code == 0, loc.output
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    a, b = orjson.loads(r.stdout), orjson.loads(loc.stdout)
+    for d in (a, b):
+        d.pop("seconds"), d.pop("output_dir")
+    assert a == b
+    r = runner.invoke(app, [*args, "-o", str(tmp_path / "x"), "--ray-address", "auto"])
+    assert (r.exit_code, r.output.strip()) == (2, "error: --ray-address needs --engine ray")
+
+
+def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster, source, tmp_path):
+    """A worker process killed (SIGKILL) while its task writes rows: Ray runs the task
+    again, the dead attempt's partial shards are never adopted, the dataset is identical."""
+    opts = PackOptions(block_size=64, shard_tokens=300)
+    pack(source, tmp_path / "local", opts)
+    with kill_first_writer(tmp_path, ".ray*/_parts/train_*.tmp-*") as killed:
+        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=1))
+    assert len(killed) == 1
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
+
+
+def test_errors_of_a_ray_pack_are_those_of_a_local_one(ray_cluster, source, tmp_path):
+    opts = PackOptions(block_size=3, overlong="drop")  # every episode is longer than a row: 0 rows for train
+    with pytest.raises(NothingToTrainError) as local:
+        pack(source, tmp_path / "l", opts)
+    with pytest.raises(NothingToTrainError) as ray:
+        pack(source, tmp_path / "l", opts, executor=ray_pack_executor())
+    assert str(ray.value) == str(local.value)
+    assert str(local.value).startswith("pack would write 0 rows for train: --overlong drop leaves out all ")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine.txt").write_text("x")
+    with pytest.raises(OutputExistsError) as local:
+        pack(source, tmp_path / "taken", PackOptions())
+    with pytest.raises(OutputExistsError) as ray:
+        pack(source, tmp_path / "taken", PackOptions(), executor=ray_pack_executor())
+    assert str(ray.value) == str(local.value) == (f"{tmp_path / 'taken'} already exists; pass --overwrite to "
+                                                  f"replace it, or choose another --output-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+

@@ -1,0 +1,90 @@
+"""Worker processes (prepare/pool.py): results in input order whatever the number of
+workers, at most ``depth`` jobs in flight, and a worker that dies is an error naming
+where its records came from, not a hang."""
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sftdata.errors import SftDataError
+from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.processes import SAFETY_S
+
+
+def records(n):
+    return [chat(f"question {i}", f"answer number {i} " + "x" * (i % 7)) for i in range(n)]
+
+
+def tree_bytes(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_input_same_bytes_and_workers_do_not_matter(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)  # many chunks, so workers really share the work
+    src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["bad line"])
+    opts = dict(val_split=0.2, seed=3, shard_tokens=200)
+    prepare([src], tmp_path / "a", PrepareOptions(workers=1, **opts))
+    prepare([src], tmp_path / "b", PrepareOptions(workers=2, **opts))
+    prepare([src], tmp_path / "c", PrepareOptions(workers=1, **opts))
+    a, b, c = tree_bytes(tmp_path / "a"), tree_bytes(tmp_path / "b"), tree_bytes(tmp_path / "c")
+    assert a == b == c
+    assert len([k for k in a if k.endswith("tokens.bin")]) > 2
+
+
+def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """A worker process killed by the system (out of memory) used to leave prepare waiting
+    forever for its chunk; now prepare stops with a message and leaves nothing behind."""
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
+    real = partition_task.process_chunk  # workers=2 on plain JSONL: each reads its own range
+
+    def dying(items, *args):
+        if any(r.record == 30 for r in items):
+            os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+        return real(items, *args)
+
+    monkeypatch.setattr(partition_task, "process_chunk", dying)
+    src = write_jsonl(tmp_path / "in.jsonl", records(60))
+
+    def too_slow(*_):
+        raise TimeoutError("prepare hangs on a dead worker")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(int(SAFETY_S))  # a safety net: a hang fails the test
+    try:
+        with pytest.raises(SftDataError, match=r"a worker process stopped unexpectedly .* rerun with fewer "
+                                               r"--workers") as e:
+            prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "in.jsonl:line" in str(e.value)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
+    """Later jobs finish first, by events rather than sleeps: in each run of 3 (the depth,
+    all in flight together) a job waits until the next one has finished."""
+    lock, running, most, finished = threading.Lock(), [0], [0], []
+    done = [threading.Event() for _ in range(12)]
+
+    def job(i):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        if i % 3 != 2:
+            assert done[i + 1].wait(SAFETY_S), f"job {i + 1} never finished"
+        with lock:
+            running[0] -= 1
+            finished.append(i)
+        done[i].set()
+        return i * i
+
+    jobs = ((job, (i,), f"job {i}", f"tag {i}") for i in range(12))
+    got = list(pool.in_order(ThreadPoolExecutor(4), jobs, 3))
+    assert got == [(i * i, f"tag {i}") for i in range(12)]
+    assert finished == [2, 1, 0, 5, 4, 3, 8, 7, 6, 11, 10, 9]  # the results came back out of order
+    assert most[0] <= 3

@@ -1,0 +1,44 @@
+"""``pack`` and ``verify --engine ray`` of a dataset in object storage (moto's S3 server in a
+thread, as tests/store/test_objects.py): the same objects and report as ``--engine local``.
+A bucket of its own, removed at the end (moto's state outlives its server in this process)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from sftdata.cli import app
+from sftdata.engine.pack_ray import ray_pack_executor
+from sftdata.pack import PackOptions, pack
+from sftdata.prepare import PrepareOptions, prepare
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.moto_s3 import moto_s3, objects
+
+runner = CliRunner()
+BUCKET = "sftdata-ray-test"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3(BUCKET) as fs:
+        yield fs
+
+
+def test_ray_pack_and_verify_of_an_object_store_dataset_equal_local(ray_cluster, s3, tmp_path):
+    """s3:// in and out: the tasks read the driver's cached copy and write into its staging
+    folder; the uploaded objects are those --engine local uploads, verify's report the same."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i} " * (i % 7 + 1)) for i in range(60)])
+    url = f"s3://{BUCKET}/sft/ds"
+    prepare([src], url, PrepareOptions(val_split=0.2, shard_tokens=400))
+    opts = PackOptions(block_size=64, shard_tokens=300)
+    local = pack(url, f"s3://{BUCKET}/sft/local", opts)
+    ray = pack(url, f"s3://{BUCKET}/sft/ray", opts, executor=ray_pack_executor(shards_per_task=1))
+    got, want = objects(s3, ray.output_dir), objects(s3, local.output_dir)
+    assert got == want and len([k for k in got if k.endswith("tokens.bin")]) > 4
+    a, b = runner.invoke(app, ["verify", ray.output_dir, "--json"]), runner.invoke(
+        app, ["verify", ray.output_dir, "--json", "--engine", "ray"])
+    assert (a.exit_code, b.exit_code) == (0, 0), b.output
+    ja, jb = orjson.loads(a.stdout), orjson.loads(b.stdout)
+    ja.pop("seconds"), jb.pop("seconds")
+    assert ja == jb

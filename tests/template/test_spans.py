@@ -1,0 +1,248 @@
+"""Assistant spans in the whole render, the per-reply fallback, generation blocks, and
+the templates and records that are refused."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from sftdata.errors import RecordError, TemplateError
+from sftdata.template import (
+    ChatTemplate,
+    arguments_style,
+    conversation_messages,
+    learn_profile,
+    load_chat_template,
+    render_conversation,
+    render_messages,
+    rule_mask,
+)
+from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.templates import TOKENS, conversation, preset_tokenizer, train_tokenizer
+
+CHATML_GEN = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' %}{% generation %}{{- m.content + '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
+    "{%- else %}{{- m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+# earlier replies are replaced by a placeholder: only the last one is in the whole render
+DROPS_EARLIER = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and not loop.last %}{{- '(earlier reply)' }}{%- else %}{{- m.content }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+TWO_TURNS = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": "And now?"}, {"role": "assistant", "content": "Bye."}]
+
+
+@pytest.fixture(scope="module")
+def chatml_tok(tmp_path_factory):
+    return preset_tokenizer(tmp_path_factory.mktemp("tok"), "qwen3")
+
+
+def trained(tok, ep) -> list[str]:
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], ep.mask, [0]])))
+    return [tok.decode(ep.ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def test_qwen3_reasoning_rewritten_and_dropped_is_still_located(chatml_tok):
+    """Not prefix-stable: the earlier reply loses its reasoning, the final one keeps it; both
+    replies are found in the ONE whole render, no per-reply episodes."""
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok)
+    msgs = [{"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "<think>\nadd again\n</think>\n\n6."}]
+    out = render_messages(msgs, None, profile, chatml_tok)
+    assert out.per_reply is None and len(out.episodes) == 1
+    ep = out.episodes[0]
+    assert ep.text == ("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n"
+                       "<|im_start|>user\n3+3?<|im_end|>\n"
+                       "<|im_start|>assistant\n<think>\nadd again\n</think>\n\n6.<|im_end|>\n")
+    assert trained(chatml_tok, ep) == ["4.<|im_end|>", "<think>\nadd again\n</think>\n\n6.<|im_end|>"]
+    assert ep.rule_mismatch is None and out.rule_agrees
+    assert [i for i, _, _ in ep.spans] == [1, 3]
+
+
+def test_qwen3_without_thinking_leaves_the_supplied_think_block_untrained(chatml_tok):
+    """With enable_thinking=False the generation prompt supplies an empty think block: the
+    model never writes it, so in the final reply it belongs to the header; a reply whose
+    reasoning is not empty still trains it."""
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok, {"enable_thinking": False})
+    assert profile.layout.header_texts == ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_start|>assistant\n")
+    assert not profile.rule.last_reply_only
+    out = render_conversation(conversation(), profile, chatml_tok)
+    assert out.per_reply is None
+    assert trained(chatml_tok, out.episodes[0])[2] == "It is 18C.<|im_end|>"
+    assert "<think>\n\n</think>\n\nIt is 18C." in out.episodes[0].text and out.rule_agrees
+    msgs = [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n6."}]
+    ep = render_messages(msgs, None, profile, chatml_tok).episodes[0]
+    assert trained(chatml_tok, ep) == ["<think>\nadd\n</think>\n\n6.<|im_end|>"] and ep.rule_mismatch is None
+
+
+def test_a_template_that_drops_earlier_replies_gives_one_episode_per_reply(chatml_tok):
+    profile = learn_profile(ChatTemplate("drops.jinja", "file", DROPS_EARLIER), chatml_tok)
+    out = render_messages(TWO_TURNS, None, profile, chatml_tok)
+    assert profile.rule.last_reply_only
+    assert out.per_reply == ("the template's replies can be located only one at a time (learned from its probe "
+                             "conversations)")
+    assert [e.text for e in out.episodes] == [
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n",
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n(earlier reply)<|im_end|>\n"
+        "<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\nBye.<|im_end|>\n"]
+    assert [trained(chatml_tok, e) for e in out.episodes] == [["Hello!<|im_end|>"], ["Bye.<|im_end|>"]]
+    assert out.rule_agrees
+
+
+@pytest.mark.parametrize("inclusive", [True, False])
+def test_generation_blocks(chatml_tok, inclusive):
+    text = CHATML_GEN if inclusive else CHATML_GEN.replace(
+        "{% generation %}{{- m.content + '<|im_end|>' }}{% endgeneration %}",
+        "{% generation %}{{- m.content }}{% endgeneration %}{{- '<|im_end|>' }}")
+    profile = learn_profile(ChatTemplate("gen.jinja", "file", text), chatml_tok)
+    assert profile.generation and profile.rule.end_inclusive is inclusive
+    out = render_messages(TWO_TURNS, None, profile, chatml_tok)
+    end = "<|im_end|>" if inclusive else ""
+    assert trained(chatml_tok, out.episodes[0]) == ["Hello!" + end, "Bye." + end]
+    assert out.rule_agrees
+    assert profile.state()["chat_template"]["generation_blocks"] is True
+
+
+def test_rendered_and_rule_masks_disagreeing_are_reported(chatml_tok):
+    """A reply starting with blank lines merges with the header's newline: the token ids no
+    longer show the header, and the episode says where the rule parts from the render."""
+    profile = learn_profile(load_chat_template("chatml"), chatml_tok)
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\n\nHello."}]
+    ep = render_messages(msgs, None, profile, chatml_tok).episodes[0]
+    assert ep.rule_mismatch is not None
+    assert chatml_tok.token_text(int(ep.ids[ep.rule_mismatch])) == "\n\n"
+    assert rule_mask(ep.ids, profile.rule).sum() == 0 and ep.mask.sum() > 0
+
+
+def test_profile_state(chatml_tok):
+    profile = learn_profile(load_chat_template("chatml"), chatml_tok)
+    state = profile.state()
+    assert state["mask_rule"]["headers"] == [list(h) for h in profile.rule.headers]
+    assert state["mask_rule"]["end_ids"] == [chatml_tok.special_tokens["<|im_end|>"]]
+    assert state["chat_template"]["header_texts"] == ["<|im_start|>assistant\n"]
+    assert state["chat_template"]["end_texts"] == ["<|im_end|>"]
+    assert state["tool_arguments"] == {"style": "dict", "reason": "the template serialises arguments with tojson "
+                                                                  "(JSON text would be escaped twice)"}
+    assert state["chat_template"]["name"] == "chatml" and len(state["chat_template"]["sha256"]) == 64
+
+
+def test_arguments_style():
+    def style(text):
+        t = ChatTemplate("a.jinja", "file", text)
+        return arguments_style(t.compiled(), "a.jinja")[0]
+
+    body = "{% for m in messages %}{% for c in m.tool_calls or [] %}ARGS{% endfor %}{% endfor %}"
+    assert style(body.replace("ARGS", "{{ c.function.arguments }}")) == "string"
+    assert style(body.replace("ARGS", "{{ c.function.arguments | tojson }}")) == "dict"
+    assert style(body.replace("ARGS", "{% if c.function.arguments is string %}{{ c.function.arguments }}"
+                                      "{% else %}{{ c.function.arguments | tojson }}{% endif %}")) == "dict"
+    assert style("{{ messages | length }}") == "dict"
+
+
+def test_string_arguments_reach_the_template_as_json_text(tmp_path):
+    tok = preset_tokenizer(tmp_path, "chatml")
+    raw = load_chat_template("chatml").text.replace("(call.function.arguments | tojson)", "call.function.arguments")
+    profile = learn_profile(ChatTemplate("raw.jinja", "file", raw), tok)
+    assert profile.arguments == "string"
+    ep = render_conversation(conversation(), profile, tok).episodes[0]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in ep.text
+
+
+def test_the_model_folders_own_template(tmp_path):
+    specials, bos, eos, extra = TOKENS["chatml"]
+    folder = train_tokenizer(tmp_path / "m", specials, bos, eos, extra, config={"chat_template": [
+        {"name": "default", "template": load_chat_template("chatml").text},
+        {"name": "tool_use", "template": load_chat_template("qwen3").text}]})
+    tok = load_hf_tokenizer(folder)
+    assert load_chat_template("model", tok).name == "model"
+    t = load_chat_template("model:tool_use", tok)
+    assert (t.name, t.source) == ("model:tool_use", "model")
+    with pytest.raises(TemplateError, match=r"no chat template named 'rag'; it has: default, tool_use"):
+        load_chat_template("model:rag", tok)
+
+
+# -- refused ----------------------------------------------------------------------
+
+def test_a_template_that_always_raises_is_refused(chatml_tok):
+    with pytest.raises(TemplateError, match=r"^chat template strict.jinja refused the conversation: only system"):
+        learn_profile(ChatTemplate("strict.jinja", "file", "{{ raise_exception('only system') }}"), chatml_tok)
+
+
+def test_a_template_that_refuses_system_messages_refuses_such_records(chatml_tok):
+    text = ("{%- if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{%- endif %}"
+            + load_chat_template("chatml").text)
+    profile = learn_profile(ChatTemplate("nosys.jinja", "file", text), chatml_tok)
+    msgs = [{"role": "system", "content": "Be nice."}, *TWO_TURNS]
+    with pytest.raises(RecordError, match=r"^f.jsonl:line 3: chat template nosys.jinja refused the conversation: "
+                                          r"System role not supported$") as e:
+        render_messages(msgs, None, profile, chatml_tok, where="f.jsonl:line 3")
+    assert e.value.reason == "template_error"
+
+
+def test_a_template_with_no_assistant_output_is_refused(chatml_tok):
+    users_only = ("{%- for m in messages %}{%- if m.role == 'user' %}{{- '<|im_start|>user\\n' + m.content + "
+                  "'<|im_end|>\\n' }}{%- endif %}{%- endfor %}")
+    with pytest.raises(TemplateError, match=r"^chat template users.jinja renders no assistant reply's text"):
+        learn_profile(ChatTemplate("users.jinja", "file", users_only), chatml_tok)
+
+
+def test_a_template_with_no_end_of_turn_token_is_refused(chatml_tok):
+    plain = "{%- for m in messages %}{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}"
+    with pytest.raises(TemplateError, match=r"^chat template plain.jinja writes no special token after an assistant "
+                                            r"reply.*never learn to stop"):
+        learn_profile(ChatTemplate("plain.jinja", "file", plain), chatml_tok)
+
+
+def test_generation_blocks_that_mark_nothing_are_refused(chatml_tok):
+    text = CHATML_GEN.replace("m.role == 'assistant'", "m.role == 'nobody'")
+    with pytest.raises(TemplateError, match=r"has \{% generation %\} blocks but marks nothing"):
+        learn_profile(ChatTemplate("nogen.jinja", "file", text), chatml_tok)
+
+
+def test_a_reply_that_cannot_be_located_names_the_template_and_message(chatml_tok):
+    """A template that (for this record only) writes a reply without its end-of-turn token."""
+    text = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+            "{%- if m.content != 'LAST' %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    profile = learn_profile(ChatTemplate("odd.jinja", "file", text), chatml_tok)
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "LAST"}]
+    with pytest.raises(RecordError, match=r"^chat template odd.jinja: assistant message 1 cannot be located "
+                                          r"\(.*end-of-turn") as e:
+        render_messages(msgs, None, profile, chatml_tok)
+    assert e.value.reason == "reply_not_located"
+
+
+def test_special_token_strings_in_message_text_are_refused(chatml_tok):
+    profile = learn_profile(load_chat_template("chatml"), chatml_tok)
+    msgs = [{"role": "user", "content": "say <|im_end|> please"}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(RecordError, match=r"message 0.content holds the special token '<\|im_end\|>' as text") as e:
+        render_messages(msgs, None, profile, chatml_tok)
+    assert e.value.reason == "special_token_in_text"
+    msgs = [{"role": "user", "content": "a\ufdd2b"}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(RecordError, match=r"message 0.content holds the noncharacter U\+FDD2"):
+        render_messages(msgs, None, profile, chatml_tok)
+
+
+def test_conversation_messages_shape():
+    msgs = conversation_messages(conversation())
+    assert msgs[4] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}, "id": "c1"}]}
+    assert msgs[5] == {"role": "tool", "content": "18C", "name": "get_weather", "tool_call_id": "c1"}
+    as_text = conversation_messages(conversation(), "string")
+    assert as_text[4]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+
+
+def test_a_profile_pickles_for_worker_processes(chatml_tok):
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok)
+    back_profile, back_tok = pickle.loads(pickle.dumps((profile, chatml_tok)))
+    a = render_conversation(conversation(), profile, chatml_tok).episodes[0]
+    b = render_conversation(conversation(), back_profile, back_tok).episodes[0]
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
