@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from sftdata.chat import render as render_module
 from sftdata.chat.render import render, render_batch, tool_call_text
 from sftdata.errors import RecordError
 from sftdata.records.conversation import Conversation, ToolCall, Turn
@@ -168,3 +169,40 @@ def test_length_filter_keeping_no_trained_turn_rejects(tok):
     # a trained turn in the kept pairs: the later pair is dropped as before
     c2 = Conversation((Turn("user", "u1"), Turn("assistant", "ok"), *c.turns[1:]))
     assert render(c2, tok, max_tokens=20).pairs_dropped == 1
+
+
+def _random_conversations(seed: int, n: int) -> list[Conversation]:
+    """Conversations of every kind of span: system or tools or neither, user and tool
+    turns, trained and context assistant turns with and without reasoning, text and calls."""
+    rng = np.random.default_rng(seed)
+    words = ["hi", "the city", "é", "  spaced ", "\n", "<|USER|>", "{}", "42", ""]
+    schema = {"name": "get", "description": "d", "parameters": {"type": "object"}}
+
+    def text():
+        return " ".join(rng.choice(words, size=int(rng.integers(0, 4))).tolist())
+
+    out = []
+    for _ in range(n):
+        turns = [Turn("system", text() or "s")] if rng.random() < 0.4 else []
+        for _ in range(int(rng.integers(1, 4))):
+            turns.append(Turn("user", text()))
+            calls = tuple(ToolCall("get", {"q": text()}) for _ in range(int(rng.integers(0, 3))))
+            turns.append(Turn("assistant", text(), calls, reasoning=text() if rng.random() < 0.3 else "",
+                              untrained="weight_0" if rng.random() < 0.2 else ""))
+            if calls:
+                turns.append(Turn("tool", text()))
+                turns.append(Turn("assistant", text() or "ok"))
+        out.append(Conversation(tuple(turns), (schema,) if rng.random() < 0.3 else ()))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_fast_rendered_text_is_the_reference_layouts_text(tok, seed):
+    """``_rendered_text`` (straight from the turns) gives exactly the text of ``_plan``'s
+    layout (``_text_of_plans``), markers and all, for every kind of span."""
+    r = render_module
+    convs = _random_conversations(seed, 40)
+    marker = {i: s for s, i in tok.special_tokens.items()}
+    texts: list[str] = []
+    plans = [r._plan(c, tok, texts) for c in convs]
+    assert r._rendered_text(convs, tok, marker) == r._text_of_plans(plans, texts, marker, marker[tok.eos_id])

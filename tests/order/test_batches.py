@@ -200,3 +200,27 @@ def test_split_orders_from_the_loader_settings():
         row_order(cfg.replace(batch_sampling_mode="random"), 5)
     with pytest.raises(ConfigError, match="a one-pass order needs batch_sampling_mode=epoch"):
         BatchOrder(5, batch_size=1, sampling="random", one_pass=True)
+
+
+def test_every_order_answers_the_one_declared_interface():
+    """The loader, the samplers, replay-order and the audit log ask any order the same
+    questions (``Order``): a batch order, token-budget batches and a mixture answer them."""
+    from fractions import Fraction
+
+    from sftdata.order import Order
+    from sftdata.order.budget import TokenBudgetOrder
+    from sftdata.order.mixture import MemberItems, MixtureOrder
+
+    orders = [BatchOrder(np.arange(6), batch_size=2),
+              TokenBudgetOrder(np.arange(6), np.full(6, 3, np.int64), budget=6),
+              MixtureOrder([MemberItems(np.arange(4), np.ones(4, np.int64), 4),
+                            MemberItems(np.arange(3), np.ones(3, np.int64), 3)], [Fraction(1, 2), Fraction(1, 2)],
+                           batch_size=2)]
+    members = [m for m in dir(Order) if not m.startswith("_")]
+    for o in orders:
+        assert isinstance(o, Order), type(o).__name__
+        assert [m for m in members if not hasattr(o, m)] == [], type(o).__name__
+        assert o.epoch_size(0) == len(o.epoch_order(0))
+        first = o.step_ids(0)
+        assert np.isin(first, o.epoch_order(0)).all()
+        assert o.epoch_of_step(o.first_step_of_epoch(1)) == 1

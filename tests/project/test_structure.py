@@ -11,10 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.helpers.paths import ROOT
 
@@ -166,3 +166,65 @@ def test_the_test_folders_mirror_the_packages():
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert sorted(packages - folders) == [], "a package without tests"
     assert sorted(folders - packages - set(OTHER_TEST_FOLDERS)) == [], "a folder named for no package"
+
+
+def test_at_most_six_modules_lie_loose_in_the_package_root():
+    """Everything else sits in a package named for its concept; the root keeps the version,
+    `python -m sftdata`, the errors and the two documented import paths."""
+    loose = sorted(p.name for p in (ROOT / "sftdata").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "attention.py", "errors.py", "torch.py"]
+
+
+def _lower_bounds() -> dict[str, str]:
+    """{distribution: lower bound} of the base install and every extra in pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    out = {}
+    for r in reqs:
+        m = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+?)(?:\[[^\]]*\])?\s*>=\s*([0-9.]+)", r.strip())
+        if m:
+            out.setdefault(m.group(1).lower(), m.group(2))
+    return out
+
+
+def test_the_declared_floors_are_the_versions_ci_tests():
+    """.ci/floors.txt pins what .ci/run's floors run installs; pyproject.toml declares the
+    same lower bounds, so a floor CI does not test cannot be declared."""
+    floors = {}
+    for line in (ROOT / ".ci" / "floors.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            floors[name.lower()] = version
+    bounds = _lower_bounds()
+    for name, version in floors.items():
+        declared = bounds.get(name)
+        assert declared is not None, f"{name} is pinned in .ci/floors.txt but has no lower bound in pyproject.toml"
+        tested = tuple(map(int, version.split(".")))
+        floor = tuple(map(int, declared.split(".")))
+        assert tested[:len(floor)] == floor, f"{name}: floors.txt tests {version}, pyproject.toml declares >={declared}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[<>=\[]", r)[0].strip().lower() for r in project["dependencies"]}
+    assert base <= set(floors), f"base dependencies without a tested floor: {sorted(base - set(floors))}"
+    # the floors run uses CI's python3, 3.11 (Python 3.10 reached its end of life in October 2026)
+    assert project["requires-python"] == ">=3.11"
+
+
+_CITED = re.compile(r"(?:docs/)?\b([A-Z][A-Z_]+\.md)\b")
+
+
+def test_every_document_the_code_and_docs_cite_exists():
+    """A page named in code, scripts, benchmarks or docs (ARCHITECTURE.md, FORMAT.md ...) is
+    a file of this repository, at the top or under docs/."""
+    missing = set()
+    for folder in ("sftdata", "scripts", "benchmarks", "docs", "tests"):
+        for p in sorted((ROOT / folder).rglob("*")):
+            if p.suffix not in (".py", ".md") or "contract" in p.parts:
+                continue
+            for name in _CITED.findall(p.read_text(encoding="utf-8")):
+                if not ((ROOT / name).is_file() or (ROOT / "docs" / name).is_file()):
+                    missing.add(f"{name} (cited in {p.relative_to(ROOT)})")
+    for name in _CITED.findall((ROOT / "README.md").read_text(encoding="utf-8")):
+        if not ((ROOT / name).is_file() or (ROOT / "docs" / name).is_file()):
+            missing.add(f"{name} (cited in README.md)")
+    assert sorted(missing) == []
