@@ -8,8 +8,11 @@ never a pass over the token data; ``verify`` does the rest.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,6 +50,8 @@ from .structure import (
     episode_bounds,
 )
 
+T = TypeVar("T")
+GENERATION_TRIES = 5  # reads of a dataset that keeps being replaced, before giving up
 # the order problems are reported in: the most specific first (counts are often a consequence)
 STRUCTURE_CHECKS = ("metadata", "tokenizer", "files", "sizes", "index", "eos", "rows", "segments", "counts")
 
@@ -154,13 +159,54 @@ def markers_from_state(state: dict | None) -> MarkerIds | None:
         return None
 
 
+def generation(root: Path) -> tuple | None:
+    """Which dataset stands at ``root`` now: the identity of its folder and of its
+    metadata file (None: nothing there). A writer never changes a dataset in place: it
+    swaps a new folder in (``DatasetWriter``), so the same generation before and after a
+    read means every file read belongs to one dataset."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    try:
+        m = os.stat(root / METADATA_FILE)
+        meta = (m.st_dev, m.st_ino, m.st_size, m.st_mtime_ns)
+    except OSError:
+        meta = None
+    return st.st_dev, st.st_ino, meta
+
+
+def read_one_generation(root: Path, read: Callable[[], T]) -> T:
+    """``read()`` of the dataset at ``root``, again when a writer replaced the dataset
+    while it ran (its result, or its error, may mix the old dataset with the new one),
+    at most ``GENERATION_TRIES`` times: a reader reports the old dataset or the new one,
+    never damage that is not there."""
+    for _ in range(GENERATION_TRIES):
+        before = generation(root)
+        try:
+            result = read()
+        except (SftDataError, OSError):
+            if generation(root) != before:
+                continue
+            raise
+        if generation(root) == before:
+            return result
+    raise DatasetError(f"{root} was replaced {GENERATION_TRIES} times while it was being read (another sftdata "
+                       f"keeps writing it); read it once that run has finished")
+
+
 def scan_dataset(root: str | Path, *, token_dtype=None) -> Scan:
     """Open the dataset at ``root`` tolerantly: map what exists, and run the structural
     checks (description files, files present, sizes, the episode index and EOS endings;
     packed: the rows and segments; counts). Raises ``DatasetError`` only when ``root``
     holds no dataset. ``token_dtype`` is for an older flat layout whose tokens are not
-    uint32."""
+    uint32. A dataset replaced while it was scanned is scanned again
+    (``read_one_generation``)."""
     root = dataset_path(root)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
+    return read_one_generation(root, lambda: _scan(root, token_dtype))
+
+
+def _scan(root: Path, token_dtype) -> Scan:
     layout = _dataset_root(root)
     meta, problems = _read_metadata(root, layout)
     kind = (meta or {}).get("kind", "episodes")

@@ -21,7 +21,8 @@ import numpy as np
 from ..chat.serving import token_strings
 from ..errors import DatasetError, UsageError
 from ..store.format import EPISODES_FILE, METADATA_FILE, SERVING_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE, Problem, in_check_order
-from ..store.reader import scan_dataset
+from ..store.location import dataset_path
+from ..store.reader import read_one_generation, scan_dataset
 from ..store.serving_file import read_serving
 from ..store.structure import check_counts
 from ..util.hashing import sha256_file
@@ -178,8 +179,18 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
     ``retokenize`` check). ``executor``: where each shard's data is read and checked
     (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
-    Raises ``DatasetError`` only when ``path`` holds no dataset at all.
+    Raises ``DatasetError`` only when ``path`` holds no dataset at all. A dataset that a
+    writer replaces while it is verified is verified again (``read_one_generation``): the
+    report is of the old dataset or of the new one, never of a mix.
     """
+    root = dataset_path(path)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
+    return read_one_generation(root, lambda: _verify(root, quick, token_dtype, tokenizer, progress, hash_threads,
+                                                     sources, retokenize_episodes, executor))
+
+
+def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,
+            hash_threads: int, sources: bool, retokenize_episodes: int, executor: ShardExecutor | None
+            ) -> VerifyReport:
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
     ds, meta, root = scan.dataset, scan.dataset.metadata, scan.dataset.root
