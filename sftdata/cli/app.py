@@ -7,11 +7,13 @@ import copy
 import errno
 import functools
 import importlib
+import io
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -224,6 +226,71 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+class ClosedStream(OSError):
+    """A standard stream this command was started without (``>&-``, ``<&-``): reading or
+    writing it is this error, never a crash (Python leaves ``sys.stdout`` None there)."""
+
+
+class _Closed(io.TextIOBase):
+    """What ``sys.stdin`` / ``sys.stdout`` are when the command was started with that stream
+    closed: any read or write raises ``ClosedStream`` naming it."""
+
+    def __init__(self, name: str, shell: str):
+        self._what = f"standard {name} is closed, as with {shell}"
+
+    def _closed(self, *args, **kw):
+        raise ClosedStream(errno.EBADF, self._what)
+
+    write = read = readline = readinto = read1 = _closed
+
+    @property
+    def buffer(self):
+        return self
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
+def plug_closed_stdio() -> None:
+    """A command started with standard input, output or error closed gets ``/dev/null`` on
+    that descriptor, so no file it opens (a lock, a shard) can take descriptor 0, 1 or 2 and
+    receive what is printed; reading or writing a closed input or output is then
+    ``ClosedStream``: one line, never an internal error."""
+    for fd, name, shell in ((0, "input", "<&-"), (1, "output", ">&-"), (2, "error", "2>&-")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        plug = os.open(os.devnull, os.O_RDWR)
+        if plug != fd:
+            os.dup2(plug, fd)
+            os.close(plug)
+        if fd == 0:
+            sys.stdin = _Closed(name, shell)
+        elif fd == 1:
+            sys.stdout = _Closed(name, shell)
+
+
+@contextmanager
+def after_writing(written: str | Path):
+    """Printing the result of a command that has already written (committed) ``written``:
+    a closed standard output costs the printout, said on stderr, never the exit code."""
+    try:
+        yield
+    except ClosedStream as e:
+        warn(f"{e.strerror}: the result was not printed; {written} was written")
+
+
 _OS_HINTS = {
     errno.EACCES: "check the permissions of that path, or choose another one",
     errno.EPERM: "check the permissions of that path, or choose another one",
@@ -234,12 +301,17 @@ _OS_HINTS = {
     errno.EISDIR: "that path is a folder; give a file",
     errno.EEXIST: "something is already there (perhaps a file where a folder is needed): choose another path",
     errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+    errno.EFBIG: "the file is larger than this process may write (a file-size limit, ulimit -f, or the file "
+                 "system's largest file): raise the limit, or choose another path",
 }
 
 
 def os_error_message(e: OSError) -> str:
     """``path: what the system said; what to do`` for an OSError the library did not
     turn into a typed error (a full disk mid-write, a path without permission...)."""
+    if isinstance(e, ClosedStream):
+        return f"{e.strerror}: nothing could be {'read' if 'input' in e.strerror else 'printed'}; run the command " \
+               f"with it open (or redirected: {'< FILE' if 'input' in e.strerror else '> FILE'})"
     if e.filename and e.errno in (errno.EEXIST, errno.ENOTDIR):
         path = Path(e.filename)
         blocker = next((p for p in (path, *path.parents) if p.is_file()), None)
@@ -338,15 +410,17 @@ def rows_bar(verb: str, quiet: bool) -> tuple[LazyProgress, Callable]:
     return bar, lambda p: bar.update(f"{verb} {p.split}", completed=p.rows_done, total=p.rows_total)
 
 
-def print_result(result, table, as_json: bool, quiet: bool) -> None:
-    """A command's result: JSON on stdout with --json, else ``table(result)`` on stderr
-    unless --quiet."""
-    if as_json:
-        print_json(result.as_dict())
-    elif not quiet:
-        err_console.print(table(result))
+def print_result(result, table, as_json: bool, quiet: bool, written: str | Path) -> None:
+    """A command's result, once it has written ``written``: JSON on stdout with --json,
+    else ``table(result)`` on stderr unless --quiet."""
+    with after_writing(written):
+        if as_json:
+            print_json(result.as_dict())
+        elif not quiet:
+            err_console.print(table(result))
 
 
 def main() -> None:
+    plug_closed_stdio()
     signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="sftdata")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +10,9 @@ import typer
 from rich.table import Table
 
 from ..store.leftovers import CleanReport, clean
+from ..store.lock import OWNER_FILE
 from ..util.memory import human
-from .app import app, err_console, handle_errors, print_json
+from .app import after_writing, app, err_console, handle_errors, print_json
 from .options import JsonOpt, QuietOpt
 
 STATE_STYLE = {"stale": "yellow", "live": "green", "unknown": "dim"}
@@ -55,9 +57,15 @@ def summary_line(r: CleanReport) -> str:
 def orphan_lines(r: CleanReport) -> list[str]:
     """A replaced dataset whose replacement never arrived may be the only copy: say how
     to put it back (clean never removes it)."""
-    return [f"{x.path} holds the dataset that --overwrite was replacing when its run died, and {x.target} is "
-            f"not a complete dataset: check it, then move it back with `mv {x.path} {x.target}`"
-            for x in r.leftovers if x.kind == "replaced" and x.state == "unknown" and not x.target.exists()]
+    out = []
+    for x in r.leftovers:
+        if x.kind == "replaced" and x.state == "unknown" and not x.target.exists():
+            record = x.path / OWNER_FILE
+            undo = f" && rm {x.target / OWNER_FILE}" if record.is_file() else ""
+            out.append(f"{x.path} holds the dataset that --overwrite was replacing when its run died, and "
+                       f"{x.target} is not a complete dataset: check it, then move it back with "
+                       f"`mv {x.path} {x.target}{undo}`")
+    return out
 
 
 @app.command("clean")
@@ -74,14 +82,17 @@ def clean_command(
 
     A run builds its dataset in a hidden staging folder beside the output
     (`.NAME.tmp-PID-...`) and holds a lock file beside it (`.NAME.sftdata-lock`); a run
-    killed by the system or by `kill -9` leaves them behind. Each records its owner
-    process: a leftover whose owner is dead is stale and removed with --yes; one whose
-    owner runs (a run in progress) is never touched, nor one whose owner cannot be told
-    (another machine, no owner record) or anything sftdata did not create. The next run
-    to the same output removes that output's stale staging folders itself. A run killed
-    while --overwrite swapped datasets leaves the replaced one as `.NAME.old-...`: it is
-    stale once a complete dataset stands at NAME (only its own files are removed), and
-    kept, with how to move it back, when NAME is missing.
+    killed by the system or by `kill -9` leaves them behind. Only what sftdata provably
+    made is a leftover: a folder holding sftdata's owner record, or named in the record
+    of a lock file it left; a folder without one is yours, whatever its name, and is never
+    listed. Each record names its owner process: a leftover whose owner is dead is stale
+    and removed with --yes; one whose owner runs (a run in progress) is never touched, nor
+    one whose owner cannot be told (another machine). The next run to the same output
+    removes that output's stale leftovers itself. A run killed while removing the dataset
+    --overwrite replaced leaves it half-removed (kind replaced): it is stale once a
+    complete dataset stands at NAME (only the files its metadata lists are removed, the
+    metadata last), and kept, with how to move it back, when NAME is missing. DIR itself
+    must not be a symbolic link.
 
     Examples:
 
@@ -90,6 +101,11 @@ def clean_command(
     * `sftdata clean . --json` (a JSON list for scripts)
     """
     report = clean(folder, remove=yes)
+    with after_writing(folder) if yes else nullcontext():  # --yes removed what it found: a closed output costs the list
+        _show(report, as_json, quiet)
+
+
+def _show(report: CleanReport, as_json: bool, quiet: bool) -> None:
     if as_json:
         print_json(report.as_dict())
     elif not quiet:

@@ -60,4 +60,4 @@ def export_command(
     bar, on_progress = rows_bar("export", quiet or as_json)
     with bar:
         report = export(dataset, output_dir, opts, progress=on_progress)
-    print_result(report, report_table, as_json, quiet)
+    print_result(report, report_table, as_json, quiet, output_dir)

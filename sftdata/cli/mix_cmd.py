@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..report.mixture import MixtureOverview
 from ..store.mixture import BY, make_mixture
-from .app import app, handle_errors, out_console, print_json
+from .app import after_writing, app, handle_errors, out_console, print_json
 from .options import JsonOpt
 
 
@@ -70,6 +70,11 @@ def mix_cmd(
         raise UsageError(f"--by must be one of {', '.join(BY)}, got {by!r}")
     parsed = [parse_spec(s) for s in specs]
     mixture, sha = make_mixture(parsed, output, by=by, seed=seed, overwrite=overwrite)
+    with after_writing(output):
+        _show(mixture, sha, output, as_json)
+
+
+def _show(mixture, sha: str, output: Path, as_json: bool) -> None:
     shares = mixture.shares()
     if as_json:
         d = mixture.as_dict()

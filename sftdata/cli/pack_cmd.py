@@ -131,4 +131,4 @@ def pack_command(
     bar, on_progress = rows_bar("pack", quiet or as_json)
     with bar:
         report = pack(dataset, output_dir, opts, progress=on_progress, executor=executor)
-    print_result(report, report_table, as_json, quiet)
+    print_result(report, report_table, as_json, quiet, output_dir)

@@ -19,7 +19,7 @@ from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from ..tokenize.memo import DEFAULT_MEMO_MB
-from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
+from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
@@ -152,7 +152,8 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor)
     if as_json:
-        print_json(summary.as_dict())
+        with after_writing(output_dir):
+            print_json(summary.as_dict())
     elif not quiet:
         err_console.print(summary_table(summary))
         if summary.rejected:

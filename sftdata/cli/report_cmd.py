@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from ..report import write_report
-from .app import app, handle_errors, out_console, print_json
+from .app import after_writing, app, handle_errors, out_console, print_json
 from .options import DatasetArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", metavar="FILE", show_default=False, help="The HTML file "
@@ -84,6 +84,11 @@ def report_cmd(
     summary = write_report(path, output, compare=compare, split=split, sample=sample, seed=seed, episodes=episode,
                            rows=row, block_size=block_size, token_dtype=token_dtype,
                            command=command_line(path, output, **given))
+    with after_writing(summary.output):
+        _show(summary, as_json)
+
+
+def _show(summary, as_json: bool) -> None:
     if as_json:
         print_json(summary.as_dict())
         return

@@ -32,11 +32,13 @@ from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..loader import IGNORE_INDEX, dataset_identity
 from ..packing.layout import PAD_SEQ_ID, row_layout
 from ..store.format import METADATA_FILE, read_json
+from ..store.fsops import OUTPUT_DIR_FIX, refuse_link
 from ..store.location import remote_url
 from ..store.object_cache import remote_metadata
 from ..store.reader import open_dataset
 from ..store.shard import Split, split_segments
 from ..store.writer import DatasetWriter
+from ..util.oserrors import naming
 from ..util.ranges import range_index, whole_runs
 
 FORMATS = ("parquet", "jsonl")
@@ -119,7 +121,9 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
         for name in names:
             sp = ds.split(name)
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
-            with sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}) as sink:
+            # a full disk or a file-size limit names the file (its write errors carry no name)
+            with naming(w.path / out.file, f"while exporting to {url or target}"), \
+                    sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}) as sink:
                 chunks = (packed_chunks(sp, ds.packing, options.row_group_tokens) if ds.kind == "packed"
                           else episode_chunks(sp, options.row_group_tokens))
                 for chunk in chunks:
@@ -141,6 +145,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
 def _check_target(source: Path, target: Path, overwrite: bool) -> None:
     """Never the dataset itself (or a folder around or inside it); with ``--overwrite``
     only an earlier export (the writer then removes exactly the files it lists)."""
+    refuse_link(target, OUTPUT_DIR_FIX)  # the writer's rule, said before anything else
     s, t = source.resolve(), target.resolve()
     if s == t or s in t.parents or t in s.parents:
         raise UsageError(f"the output {target} would overlap the dataset {source}; choose an --output-dir outside it")

@@ -8,26 +8,20 @@ that keeps none creates no dataset, so its rejects are kept beside the output fo
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
 
 from ..errors import NoUsableRecordsError
+from ..util.oserrors import naming
 
 REJECT_KEYS = ("record", "source", "where", "reason", "message")  # one line of rejects.jsonl
 
 
-@contextmanager
 def writing(path: Path, target: str | Path):
     """An OSError while writing (a full disk: ``write`` errors carry no file name) names
     the path being written and the output folder it is for."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is not None:
-            raise
-        raise OSError(e.errno, f"{e.strerror or e} (while preparing {target})", str(path)) from None
+    return naming(path, f"while preparing {target}")
 
 
 def is_rejects_file(path: Path) -> bool:

@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OutputExistsError, UsageError
+from ..store.fsops import refuse_link
 from ..store.reader import open_dataset
+from ..util.oserrors import naming
 from .collect import dataset_report
 from .html import GENERATOR, render_page
 from .plots import plotly_go
@@ -44,6 +46,7 @@ def is_report(path: Path) -> bool:
 def check_output(output: Path, datasets: list[Path]) -> None:
     """Refuse a folder, a file sftdata did not write, and a path inside a dataset (its
     folder must hold only the files its metadata lists)."""
+    refuse_link(output, "give the file it points to as -o, or remove the link")
     if output.is_dir():
         raise UsageError(f"-o {output} is a folder; give the path of the HTML file to write, e.g. {output / 'report.html'}")
     if output.exists() and not is_report(output):
@@ -79,7 +82,7 @@ def write_report(path: str | Path, output: str | Path, *, compare: str | Path | 
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(tmp, f"while writing {output}"), os.fdopen(fd, "wb") as f:  # a full disk names the file
             f.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, output)

@@ -164,24 +164,6 @@ def check_replaceable(folder: str | Path) -> Survey:
         f"dataset's own files; move those out of the folder (or choose another --output-dir) and run again")
 
 
-def remove_owned(s: Survey) -> list[str]:
-    """Remove the files and then the (now empty) folders of survey ``s``, nothing else.
-    Returns what is left in ``s.folder`` (empty when it was removed as well)."""
-    for rel in s.files:
-        p = s.folder / rel
-        if p.is_file() and not p.is_symlink():
-            p.unlink()
-    for rel in sorted(s.folders, key=lambda r: -r.count("/")):
-        try:
-            (s.folder / rel).rmdir()
-        except OSError:  # something appeared in it: not ours, left alone
-            pass
-    left = _tops(_walk(s.folder))
-    if not left:
-        s.folder.rmdir()
-    return left
-
-
 def signature(folder: str | Path) -> tuple | None:
     """What ``folder`` looks like now, cheaply (None when absent): the kind, size and
     modification time of every entry below it. Equal signatures before and after a run

@@ -35,7 +35,10 @@ from ..order.batches import MAX_SEED, eligible_ids
 from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
 from ..util.hashing import sha256_file
+from ..util.oserrors import naming
 from .format import METADATA_FILE, MIXTURE_FORMAT, dumps_json, is_mixture_file
+from .fsops import create_file, refuse_link
+from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
 from .shard import split_segments
 
@@ -280,6 +283,7 @@ def make_mixture(specs: list[tuple[str | None, str, float]], out: str | Path, *,
     weight) to ``out``; returns it and the file's sha256. Every member is opened and
     checked first, so a mixture that is written can be trained."""
     out = Path(out)
+    refuse_link(out, "give the file it points to as --output, or remove the link")
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give a file name for the mixture (e.g. {out}.mix.json)")
     if out.exists() and not is_mixture_file(out):
@@ -299,8 +303,22 @@ def make_mixture(specs: list[tuple[str | None, str, float]], out: str | Path, *,
     mixture = check_mixture(members, by, seed, str(out))
     check_compatible(mixture.names, datasets, str(out))
     data = dumps_json(mixture.as_dict())
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    _write_new(out, data)
     return mixture, hashlib.sha256(data).hexdigest()
+
+
+def _write_new(out: Path, data: bytes) -> None:
+    """Write ``out`` whole: a new file beside it (never over anything there, a link
+    included), renamed over it (which replaces the name, never writes through a link)."""
+    for _ in range(NAME_TRIES):
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{tag()}")
+        try:
+            with naming(tmp, f"while writing {out}"):
+                create_file(tmp, data)
+        except FileExistsError:
+            continue
+        os.replace(tmp, out)
+        return
+    raise OutputExistsError(f"no free name beside {out} for the new file after {NAME_TRIES} tries; remove the "
+                            f".{out.name}.tmp-* files sftdata did not make")

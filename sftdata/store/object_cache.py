@@ -83,7 +83,7 @@ def fetch_dataset(url: str) -> Fetched:
         return Fetched(url, entry, True, seconds=time.perf_counter() - t0)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        lock = os.open(entry.parent / f".{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = os.open(entry.parent / f".{entry.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
         raise DatasetError(f"{url}: the cache folder {entry.parent} cannot be written ({e.strerror}); set "
                            f"$SFTDATA_CACHE_DIR to a folder with room for the dataset") from None

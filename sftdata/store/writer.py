@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import orjson
 
 from ..errors import OutputExistsError
 from ..util.hashing import sha256_file
+from ..util.oserrors import naming
 from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
@@ -35,9 +35,11 @@ from .format import (
     metadata_sha256,
     shard_name,
 )
+from .fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
+from .leftovers import remove_replaced, sweep
 from .location import local_path, remote_url
-from .lock import REPLACED_INFIX, WriterLock, make_staging, release_staging, sweep_stale
-from .manifest import check_replaceable, named, remove_owned, signature, survey
+from .lock import WriterLock, make_staging, release_staging, replaced_name, write_folder_record
+from .manifest import check_replaceable, named, signature, survey
 from .object_commit import ObjectCommit
 from .objects import upload_home
 
@@ -45,22 +47,25 @@ log = logging.getLogger("sftdata.store")
 
 
 class _HashedFile:
-    """A binary file written sequentially whose sha256 and size are known on close."""
+    """A binary file written sequentially whose sha256 and size are known on close. An
+    error writing it (a full disk, a file-size limit) names it."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._f = open(path, "wb")
+        self._f = open(path, "xb")  # a new file in the run's own staging folder
         self._h = hashlib.sha256()
         self.bytes = 0
 
     def write(self, data) -> None:
         mv = memoryview(data).cast("B")
-        self._f.write(mv)
+        with naming(self.path):
+            self._f.write(mv)
         self._h.update(mv)
         self.bytes += mv.nbytes
 
     def close(self) -> dict:
-        self._f.close()
+        with naming(self.path):
+            self._f.close()
         return {"bytes": self.bytes, "sha256": self._h.hexdigest()}
 
 
@@ -221,8 +226,15 @@ class DatasetWriter:
 
     Safety, whatever the flags:
     - one writer per target (:class:`WriterLock`; ``wait`` waits for the other one);
+    - nothing is written through a link: a target that is a symbolic link is refused up
+      front, naming it and what it points to; every name created beside it is new
+      (:mod:`.fsops`), and every folder created there is journaled in the lock first, then
+      carries its owner record (:mod:`.lock`), so a run killed at any instant leaves
+      nothing that ``sftdata clean`` cannot prove sftdata's and remove;
     - ``overwrite`` replaces only an empty folder or a dataset holding nothing but the
-      files its metadata lists, and removes exactly those files (:mod:`.manifest`);
+      files its metadata lists: the new one is swapped in in one step (the target always
+      holds a whole dataset), and the replaced one is removed from the staging folder's
+      name, the files its metadata lists first and the metadata last;
     - a target that appeared or changed while the run was writing is left alone: the
       finished dataset is kept beside it, in a folder the error names;
     - stale staging folders of this target (their owner process is dead) are removed,
@@ -259,32 +271,41 @@ class DatasetWriter:
             raise
 
     def _enter(self) -> DatasetWriter:
+        refuse_link(self.target, OUTPUT_DIR_FIX)
         if self.target.exists() and not self.target.is_dir():
             raise OutputExistsError(f"{self.target} exists and is not a folder; remove it or choose "
                                     f"another --output-dir")
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self._lock = WriterLock(self.target, wait=self.wait).__enter__()
         try:
+            refuse_link(self.target, OUTPUT_DIR_FIX)
             if self.target.exists() and not self.overwrite:
                 raise OutputExistsError(f"{self.target} already exists; pass --overwrite to replace it, "
                                         f"or choose another --output-dir")
             if self.target.exists():
                 check_replaceable(self.target)
-            swept = sweep_stale(self.target)
-            if swept:
-                self._note(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
-                                  f"died: {named([p.name for p in swept])}")
+            self._sweep()
             self._before = signature(self.target)
-            self.tmp = make_staging(self.target)
+            self.tmp = make_staging(self._lock)
         except BaseException:
             self._release()
             raise
         return self
 
+    def _sweep(self) -> None:
+        """Remove what runs to this target that died left beside it (stale staging folders,
+        replaced datasets), proved sftdata's by their records or the dead run's journal."""
+        swept = sweep(self.target, self._lock.previous, self._lock.uid)
+        for name in swept:
+            self._lock.forget_folder(name)
+        if swept:
+            self._note(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
+                       f"died: {named(swept)}")
+
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if not self._committed and self.tmp is not None and self.tmp.exists():
-                shutil.rmtree(self.tmp, ignore_errors=True)
+            if not self._committed and self.tmp is not None and os.path.lexists(self.tmp):
+                shutil.rmtree(self.tmp, ignore_errors=True)  # the lock's journal keeps it proved if this fails
         finally:
             try:
                 if self.remote is not None:
@@ -317,11 +338,14 @@ class DatasetWriter:
         return PackedSplitWriter(self.path, name, token_dtype, row_len, shard_tokens)
 
     def write_json(self, relname: str, obj) -> None:
-        (self.path / relname).write_bytes(dumps_json(obj))
+        with naming(self.path / relname):
+            (self.path / relname).write_bytes(dumps_json(obj))
 
     def commit(self, metadata: dict) -> Path:
         """Write ``dataset_metadata.json`` (with sha256 of the top-level files, and of
-        itself: ``METADATA_CHECKSUM``) last, then move the folder into place."""
+        itself: ``METADATA_CHECKSUM``) last, then move the folder into place: renamed to a
+        missing target; swapped with the dataset it replaces in one step, which is then
+        removed from the staging folder's name, manifest last."""
         release_staging(self.path)
         files = {}
         for p in sorted(self.path.iterdir()):
@@ -330,49 +354,101 @@ class DatasetWriter:
         meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
         meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
         meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
-        (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
+        with naming(self.path / METADATA_FILE):
+            (self.path / METADATA_FILE).write_bytes(dumps_json(meta))
         if self.remote is not None:
             self.remote.upload(self.path)  # every file, then the metadata: the commit
             shutil.rmtree(self.path, ignore_errors=True)
             self._committed = True
             return self.target
         if signature(self.target) != self._before:
-            kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")
-            os.replace(self.path, kept)
-            self._committed = True
-            raise OutputExistsError(
-                f"{self.target} {'appeared' if self._before is None else 'changed'} while this run was writing it, "
-                f"so it was left as it is. The finished dataset is in {kept}: compare the two, then move it into "
-                f"place yourself (or run again with another --output-dir)")
+            self._keep_beside(self._before is None)
         old = None
-        if self.target.exists():
-            old = self.target.parent / f".{self.target.name}{REPLACED_INFIX}{uuid.uuid4().hex[:8]}"
-            os.replace(self.target, old)
-        try:
-            os.replace(self.path, self.target)
-        except BaseException:
-            if old is not None:  # the new dataset did not arrive: the old one goes back
-                os.replace(old, self.target)
-            raise
+        if self._before is not None:
+            old = self._swap_in()
+        else:
+            try:
+                rename_noreplace(self.path, self.target)
+            except FileExistsError:  # it appeared after the signature was taken
+                self._keep_beside(True)
         self._committed = True
         if old is not None:
-            s = survey(old)
-            left = remove_owned(s) if s.is_dataset else s.foreign
-            if left:  # something not ours appeared in the old dataset at the last moment: keep it, visibly
-                kept = _free_name(self.target.parent, f"{self.target.name}.sftdata-old-{time.strftime('%Y%m%d-%H%M%S')}")
-                os.replace(old, kept)
-                self._note(f"the replaced dataset held files sftdata did not write ({named(left)}); "
-                                  f"they are kept in {kept}")
+            self._remove_replaced(old)
         return self.target
 
+    def _keep_beside(self, appeared: bool) -> None:
+        kept = _free_rename(self.path, self.target.parent,
+                            f"{self.target.name}.sftdata-new-{time.strftime('%Y%m%d-%H%M%S')}")
+        self._committed = True
+        raise OutputExistsError(
+            f"{self.target} {'appeared' if appeared else 'changed'} while this run was writing it, so it was left "
+            f"as it is. The finished dataset is in {kept}: compare the two, then move it into place yourself (or "
+            f"run again with another --output-dir)")
 
-def _free_name(folder: Path, name: str) -> Path:
-    """``folder/name``, or ``name-2``, ``name-3``, ... whichever does not exist yet."""
-    p, k = folder / name, 1
-    while p.exists() or p.is_symlink():
-        k += 1
-        p = folder / f"{name}-{k}"
-    return p
+    def _swap_in(self) -> Path:
+        """Put the new dataset at the target and return where the replaced one now is: the
+        staging folder's name (swapped in one step), or, where the system cannot swap, a
+        journaled ``.NAME.old-RANDOM`` (then the target is missing for an instant)."""
+        self._lock.note_folder(self.path.name, "old")  # what it holds from the swap on
+        if exchange(self.path, self.target):
+            return self.path
+        self._lock.note_folder(self.path.name, "new")  # no swap here: it still holds the new dataset
+        old = None
+        for _ in range(100):
+            name = replaced_name(self.target.name)
+            if os.path.lexists(self.target.parent / name):
+                continue
+            self._lock.note_folder(name, "old")
+            try:
+                rename_noreplace(self.target, self.target.parent / name)
+            except FileExistsError:
+                self._lock.forget_folder(name)
+                continue
+            old = self.target.parent / name
+            break
+        if old is None:
+            raise OutputExistsError(f"no free name beside {self.target} to move the replaced dataset to; remove the "
+                                    f".{self.target.name}.old-* entries sftdata did not make")
+        try:
+            rename_noreplace(self.path, self.target)
+        except BaseException:  # the new dataset did not arrive: the old one goes back
+            rename_noreplace(old, self.target)
+            raise
+        return old
+
+    def _remove_replaced(self, old: Path) -> None:
+        """Remove the replaced dataset at ``old`` (sftdata's: journaled, then with its owner
+        record), manifest last. What is not its own keeps it, visibly beside the target. The
+        new dataset is committed whatever happens here: a failure is a note, never an error."""
+        try:
+            s = survey(old) if old.is_dir() and not old.is_symlink() else None
+            if s is None or s.foreign or not (s.is_dataset or s.empty):
+                kept = _free_rename(old, self.target.parent,
+                                    f"{self.target.name}.sftdata-old-{time.strftime('%Y%m%d-%H%M%S')}")
+                self._note(f"the replaced dataset held files sftdata did not write "
+                           f"({named(s.foreign) if s is not None else 'it is not a folder'}); they are kept in {kept}")
+                return
+            write_folder_record(old, self.target.name, "replaced")
+            left = remove_replaced(old)
+            if left:
+                self._note(f"the replaced dataset in {old} could not be removed whole (left: {named(left)}); "
+                           f"`sftdata clean {self.target.parent}` removes what is sftdata's")
+        except OSError as e:
+            self._note(f"the replaced dataset in {old} could not be removed ({e.strerror or e}); "
+                       f"`sftdata clean {self.target.parent}` removes it")
+
+
+def _free_rename(src: Path, folder: Path, name: str) -> Path:
+    """Rename ``src`` to ``folder/name``, or ``name-2``, ``name-3``, ... whichever is free
+    (nothing there is ever replaced)."""
+    k = 1
+    while True:
+        dest = folder / (name if k == 1 else f"{name}-{k}")
+        try:
+            rename_noreplace(src, dest)
+            return dest
+        except FileExistsError:
+            k += 1
 
 
 class PackedSplitWriter(_ShardedSplit):

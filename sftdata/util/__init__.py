@@ -1,1 +1,2 @@
-"""Helpers every layer may use: ranges of arrays, memory checks, hashing, URLs, the cache folder, worker lifetime."""
+"""Helpers every layer may use: ranges of arrays, memory checks, hashing, OS errors that name their path, URLs, the
+cache folder, worker lifetime."""

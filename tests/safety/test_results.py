@@ -34,7 +34,8 @@ from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import METADATA_FILE, TOKENIZER_FILE, open_dataset, split_segments
 from sftdata.store.format import PARTS_DIR, REJECTS_FILE, SERVING_FILE, STAGING_SPLIT
-from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record, staging_state
+from sftdata.store.leftovers import find_leftovers
+from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record
 from sftdata.store.writer import DatasetWriter
 from sftdata.util import memory
 from tests.helpers.data import chat, write_jsonl
@@ -537,22 +538,23 @@ def _staging(folder: Path, target: str, pid: int, **owner) -> Path:
     return path
 
 
-def test_a_staging_folder_without_owner_record_is_stale_only_if_it_holds_sftdata_names_alone(tmp_path):
-    """Killed between mkdir and the owner record (or written by an older sftdata): the names
-    a run writes at any moment (the staging split, the engines' parts, serving.json ...) make
-    it sftdata's; any other name makes it unknown, and clean keeps it."""
+def test_a_folder_named_like_staging_without_an_owner_record_is_the_users(tmp_path):
+    """Ownership is by record, never by name: a folder named as sftdata names staging, with a
+    dead pid in its name and nothing but the names a run writes inside, is still the user's
+    when it holds no owner record: clean neither lists nor removes it."""
     dead = _dead_pid()
-    ours = tmp_path / f".ds.tmp-{dead}-0123abcd"
+    theirs = tmp_path / f".ds.tmp-{dead}-0123abcd"
     for name in (STAGING_SPLIT, PARTS_DIR, "train", "val"):
-        (ours / name).mkdir(parents=True)
+        (theirs / name).mkdir(parents=True)
     for name in (REJECTS_FILE, TOKENIZER_FILE, SERVING_FILE):
-        (ours / name).write_text("{}")
+        (theirs / name).write_text("{}")
     old = time.time() - 3600
-    os.utime(ours, (old, old))
-    assert staging_state(ours) == ("stale", None)
-    (ours / "notes.txt").write_text("a user's file")
-    os.utime(ours, (old, old))
-    assert staging_state(ours) == ("unknown", None)
+    os.utime(theirs, (old, old))
+    assert find_leftovers(tmp_path) == []
+    r = _run("clean", tmp_path, "--yes")
+    assert (r.exit_code, r.output) == (0, f"nothing left behind by sftdata below {tmp_path}\n")
+    assert sorted(p.name for p in theirs.iterdir()) == sorted([STAGING_SPLIT, PARTS_DIR, "train", "val", REJECTS_FILE,
+                                                               TOKENIZER_FILE, SERVING_FILE])
 
 
 def test_clean_lists_by_default_and_removes_only_stale_leftovers_with_yes(tmp_path):
@@ -579,15 +581,14 @@ def test_clean_lists_by_default_and_removes_only_stale_leftovers_with_yes(tmp_pa
     got = orjson.loads(r.stdout)
     states = {Path(x["path"]).name: (x["kind"], x["state"], x["removed"]) for x in got["leftovers"]}
     assert states == {".ds.sftdata-lock": ("lock", "stale", False), stale.name: ("staging", "stale", False),
-                      live.name: ("staging", "live", False), far.name: ("staging", "unknown", False),
-                      mine.name: ("staging", "unknown", False)}
-    assert (got["stale"], got["live"], got["unknown"], got["removed"], got["freed_bytes"]) == (2, 1, 2, False, 0)
+                      live.name: ("staging", "live", False), far.name: ("staging", "unknown", False)}
+    assert (got["stale"], got["live"], got["unknown"], got["removed"], got["freed_bytes"]) == (2, 1, 1, False, 0)
     assert stale.exists() and stale_lock.exists()  # listing removes nothing
 
     size = memory.human(stale_lock.stat().st_size + sum(p.stat().st_size for p in stale.rglob("*") if p.is_file()))
     r = _run("clean", root, "--yes")
     assert r.exit_code == 0
-    assert r.stderr.endswith(f"removed 2 stale leftover(s), {size} freed; kept 1 in use, 2 unknown\n")
+    assert r.stderr.endswith(f"removed 2 stale leftover(s), {size} freed; kept 1 in use, 1 unknown\n")
     assert not stale.exists() and not stale_lock.exists()
     assert live.exists() and far.exists() and (mine / "thesis.txt").read_text() == "years of work"
     assert (tmp_path / "elsewhere" / f".x.tmp-{dead}-0123abcd").exists()
@@ -634,13 +635,16 @@ def test_a_killed_writer_leaves_a_lock_and_staging_that_clean_removes(tmp_path):
 
 
 def _two_datasets(tmp_path: Path) -> tuple[Path, Path]:
-    """A dataset at data/ds and a copy at data/.ds.old-1a2b3c4d, as a run killed while
-    --overwrite swapped them leaves it."""
+    """A dataset at data/ds and the one it replaced at data/.ds.tmp-PID-1a2b3c4d, with its
+    owner record, as a run killed while --overwrite removed the replaced one leaves it."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat("hi", "hello there"), chat("2+2?", "4")])
     ds = tmp_path / "data" / "ds"
     prepare([src], ds, PrepareOptions(workers=1))
-    old = ds.parent / ".ds.old-1a2b3c4d"
+    dead = _dead_pid()
+    old = ds.parent / f".ds.tmp-{dead}-1a2b3c4d"
     shutil.copytree(ds, old)
+    record = owner_record(target="ds", kind="replaced") | {"pid": dead, "start": "0"}
+    (old / OWNER_FILE).write_bytes(orjson.dumps(record))
     return ds, old
 
 
@@ -649,7 +653,7 @@ def test_clean_removes_a_replaced_dataset_once_its_replacement_stands(tmp_path):
     r = _run("clean", ds.parent, "--json")
     x = orjson.loads(r.stdout)["leftovers"]
     assert [(v["kind"], Path(v["path"]).name, Path(v["target"]).name, v["state"]) for v in x] == [
-        ("replaced", ".ds.old-1a2b3c4d", "ds", "stale")]
+        ("replaced", old.name, "ds", "stale")]
     r = _run("clean", ds.parent, "--yes")
     assert r.exit_code == 0 and "removed 1 stale leftover(s)" in r.stderr
     assert not old.exists() and open_dataset(ds).split("train").num_episodes == 2
@@ -660,7 +664,9 @@ def test_clean_keeps_what_a_replaced_dataset_holds_that_is_not_its_own(tmp_path)
     (old / "NOTES.txt").write_text("mine")
     r = _run("clean", ds.parent, "--yes")
     assert "1 came back into use or could not be removed, and were kept" in r.stderr
-    assert [p.name for p in old.iterdir()] == ["NOTES.txt"]  # the dataset's own files went, the note stays
+    assert sorted(p.name for p in old.iterdir()) == [OWNER_FILE, "NOTES.txt"]  # its own files went; the note stays
+    r = _run("clean", ds.parent, "--json")  # what is left is not sftdata's: shown, never removed
+    assert [(v["kind"], v["state"]) for v in orjson.loads(r.stdout)["leftovers"]] == [("replaced", "unknown")]
 
 
 def test_clean_never_removes_a_replaced_dataset_whose_replacement_never_arrived(tmp_path):
@@ -670,12 +676,13 @@ def test_clean_never_removes_a_replaced_dataset_whose_replacement_never_arrived(
     assert r.exit_code == 0
     assert r.stderr.splitlines()[-1] == (
         f"{old} holds the dataset that --overwrite was replacing when its run died, and {ds} is not a complete "
-        f"dataset: check it, then move it back with `mv {old} {ds}`")
+        f"dataset: check it, then move it back with `mv {old} {ds} && rm {ds / OWNER_FILE}`")
     assert (old / METADATA_FILE).is_file()
 
 
-def test_clean_leaves_a_replaced_dataset_alone_while_a_writer_holds_its_target(tmp_path):
+def test_clean_leaves_a_replaced_dataset_alone_while_its_writer_runs(tmp_path):
     ds, old = _two_datasets(tmp_path)
+    (old / OWNER_FILE).write_bytes(orjson.dumps(owner_record(target="ds", kind="replaced")))  # this process
     with WriterLock(ds):
         r = _run("clean", ds.parent, "--yes", "--json")
     got = {Path(v["path"]).name: (v["state"], v["removed"]) for v in orjson.loads(r.stdout)["leftovers"]}

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 from sftdata.errors import OutputExistsError
 from sftdata.store import lock
-from sftdata.store.lock import OWNER_FILE, WriterLock, find_staging, owner_record, sweep_stale
+from sftdata.store.leftovers import find_leftovers, sweep
+from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record
 from sftdata.store.manifest import check_replaceable, manifest_of, survey
 from sftdata.store.writer import DatasetWriter
 from tests.helpers.data import chat, write_jsonl
@@ -258,8 +259,8 @@ def test_stale_staging_is_swept_by_the_next_run_and_a_live_one_is_kept(tmp_path,
     other = tmp_path / f".other.tmp-{_dead_pid()}-11111111"  # another target's: not this run's business
     other.mkdir()
     (other / OWNER_FILE).write_bytes(orjson.dumps({"host": os.uname().nodename, "pid": _dead_pid(), "start": "1"}))
-    assert sorted((s.path.name, s.stale) for s in find_staging(tmp_path, "ds")) == sorted(
-        [(dead.name, True), (live.name, False)])
+    assert sorted((x.path.name, x.state) for x in find_leftovers(tmp_path) if x.target == target) == sorted(
+        [(dead.name, "stale"), (live.name, "live")])
     with DatasetWriter(target) as w:
         assert w.notes == [f"removed 1 stale staging folder(s) of {target} left by runs that died: {dead.name}"]
     assert not dead.exists() and live.is_dir() and other.is_dir()
@@ -269,7 +270,7 @@ def test_staging_from_another_host_is_never_taken_as_stale(tmp_path):
     far = tmp_path / ".ds.tmp-1-22222222"
     far.mkdir()
     (far / OWNER_FILE).write_bytes(orjson.dumps({"host": "elsewhere", "pid": 1, "start": "1"}))
-    assert sweep_stale(tmp_path / "ds") == [] and far.is_dir()
+    assert sweep(tmp_path / "ds", None, None) == [] and far.is_dir()
 
 
 # ---------------------------------------------------------------- property: user files survive every command

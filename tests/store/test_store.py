@@ -131,14 +131,15 @@ def _tiny(w):
 
 
 def test_a_failed_final_rename_puts_the_old_dataset_back(tmp_path, monkeypatch):
-    """commit moves the old dataset aside, then the new one in; if the second move fails,
-    the old dataset must be back at the target, not left in a hidden folder."""
+    """Where the two folders cannot be swapped in one step (no renameat2), commit moves the
+    old dataset aside, then the new one in; if the second move fails, the old dataset must
+    be back at the target, not left in a hidden folder."""
     with DatasetWriter(tmp_path / "ds") as w:
         w.commit(_tiny(w))
     before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     import sftdata.store.writer as writer
 
-    real = writer.os.replace
+    real = writer.rename_noreplace
     calls = []
 
     def failing(a, b):
@@ -147,7 +148,8 @@ def test_a_failed_final_rename_puts_the_old_dataset_back(tmp_path, monkeypatch):
             raise OSError("disk trouble")
         real(a, b)
 
-    monkeypatch.setattr(writer.os, "replace", failing)
+    monkeypatch.setattr(writer, "exchange", lambda a, b: False)
+    monkeypatch.setattr(writer, "rename_noreplace", failing)
     with pytest.raises(OSError, match="disk trouble"):
         with DatasetWriter(tmp_path / "ds", overwrite=True) as w:
             w.commit(_tiny(w))
