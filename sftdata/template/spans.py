@@ -133,10 +133,20 @@ def sentinel_plan(s: str, layout: Layout, targets: tuple[int, ...]) -> SentinelP
     keys = tuple((k, i) for k, i, _, _ in found)
     s_starts = [0] + [e for _, _, _, e in found]
     pieces = tuple(s[a: (found[j][2] if j < len(found) else len(s))] for j, a in enumerate(s_starts))
+    # a call's name printed again in a later message (gpt-oss and Gemma 4 head a tool result
+    # with the name of the call it answers) is an echo: not where its message is
+    seen: set[tuple[str, int]] = set()
+    own = []
+    for f in found:
+        if f[0] == "n" and (f[0], f[1]) in seen:
+            continue
+        seen.add((f[0], f[1]))
+        own.append(f)
     error = None
-    if len(set(keys)) != len(keys):
+    texts = [key for key in keys if key[0] == "c"]
+    if len(set(texts)) != len(texts):
         error = NotLocated(None, "the template renders a message's text more than once")
-    elif any(b[1] < a[1] for a, b in zip(found, found[1:])):
+    elif any(b[1] < a[1] for a, b in zip(own, own[1:])):
         error = NotLocated(None, "the template renders messages out of order")
 
     def at(x: int) -> tuple[int, int]:
@@ -147,11 +157,11 @@ def sentinel_plan(s: str, layout: Layout, targets: tuple[int, ...]) -> SentinelP
     floor = 0
     try:
         for i in targets:
-            mine = [f for f in found if f[1] == i]
+            mine = [f for f in own if f[1] == i]
             if not mine:
                 raise NotLocated(i, "its text is not in the render")
             a0, a1 = mine[0][2], mine[-1][3]
-            before = [f[3] for f in found if f[1] != i and f[3] <= a0]
+            before = [f[3] for f in own if f[1] != i and f[3] <= a0]
             lo = max([floor, *before[-1:]])
             head = max((s.rfind(h, lo, a0) + len(h) for h in layout.header_texts if s.rfind(h, lo, a0) >= 0),
                        default=-1)

@@ -15,8 +15,9 @@ Two encodings, on purpose:
   comes with its character offsets for span finding.
 
 A folder may hold ``tokenizer_config.json`` (``bos_token``, ``eos_token``, ``pad_token``,
-``chat_template`` as a string or a list of ``{"name", "template"}``) and
-``special_tokens_map.json``; both are optional.
+``chat_template`` as a string or a list of ``{"name", "template"}``),
+``special_tokens_map.json``, and the chat templates as files (``chat_template.jinja``,
+``additional_chat_templates/NAME.jinja``: ``folder_templates``); all are optional.
 """
 
 from __future__ import annotations
@@ -79,6 +80,38 @@ def _templates_of(config: dict, where: Path) -> dict[str, str]:
                                        and isinstance(t.get("template"), str) for t in value):
         return {t["name"]: t["template"] for t in value}
     raise TokenizerError(f"{where}: chat_template must be a string or a list of {{'name', 'template'}} objects")
+
+
+TEMPLATE_FILE = "chat_template.jinja"  # a folder's template as current transformers saves it
+TEMPLATE_DIRS = ("additional_chat_templates", "chat_templates")  # its named templates, NAME.jinja
+LEGACY_TEMPLATE_FILE = "chat_template.json"  # {"chat_template": ...}, as processors saved it
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"cannot read the chat template {path}: {e}") from None
+
+
+def folder_templates(folder: Path, config: dict) -> dict[str, str]:
+    """A model folder's chat templates as ``{name: text}`` (``default`` the folder's own),
+    where transformers finds them: ``chat_template.jinja`` and ``additional_chat_templates/``
+    (or ``chat_templates/``) ``NAME.jinja`` files, which take priority over
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{"name",
+    "template"}``), else a processor's ``chat_template.json``."""
+    found: dict[str, str] = {}
+    if (folder / TEMPLATE_FILE).is_file():
+        found["default"] = _read_template(folder / TEMPLATE_FILE)
+    for sub in TEMPLATE_DIRS:
+        for path in sorted((folder / sub).glob("*.jinja")) if (folder / sub).is_dir() else ():
+            found.setdefault(path.stem, _read_template(path))
+    if found:
+        return found
+    own = _templates_of(config, folder / "tokenizer_config.json")
+    if not own and (folder / LEGACY_TEMPLATE_FILE).is_file():
+        own = _templates_of(_read_json(folder / LEGACY_TEMPLATE_FILE), folder / LEGACY_TEMPLATE_FILE)
+    return own
 
 
 def _check_ids(doc: dict, path: Path) -> int:
@@ -162,7 +195,7 @@ class HFTokenizer:
         self.eos_id: int | None = ids.get("eos_token")
         self.pad_id, self.pad_source = default_pad(ids.get("pad_token"), self.special_tokens, self.eos_id,
                                                    self.bos_id)
-        self.chat_templates: dict[str, str] = _templates_of(config, path.parent / "tokenizer_config.json")
+        self.chat_templates: dict[str, str] = folder_templates(path.parent, config)
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)
         self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._library,
