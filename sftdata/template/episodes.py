@@ -195,7 +195,8 @@ def dropped(name: str, e: MissingPart, where: str) -> RecordError:
                                       "renders reasoning_content",
            "template_drops_tool_calls": "; use a chat template that renders tool calls (--chat-template model:NAME "
                                        "or FILE.jinja)",
-           "template_drops_tools": "; use a chat template that renders the tools it is given",
+           "template_drops_tools": "; use a chat template that renders the tools it is given (or write the tool "
+                                  "schemas into the record's system message)",
            "template_drops_tool_results": "; use a chat template that renders tool results"}
     other = "; the template rewrites the text (look in it for text the template splits on, such as </think>)"
     return RecordError(e.reason, f"chat template {name} drops {e.what} from its render, so it would be lost (never "
@@ -273,7 +274,10 @@ def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, 
         return locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
     except NotLocated as e:
         raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
-                          f"located ({e.why})", where) from None
+                          f"located ({e.why}), so its trained tokens cannot be told from the token ids and the record "
+                          f"is left out; the template writes this reply without a header or end-of-turn token of its "
+                          f"own (a reply right after another assistant message often is: join the two in the record)",
+                          where) from None
 
 
 def episodes_of(planned: Planned, encoded: list[Encoded], profile: TemplateProfile, where: str = "") -> TemplateRender:

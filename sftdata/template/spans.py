@@ -21,6 +21,7 @@ conversation up to it.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from collections.abc import Callable
@@ -100,18 +101,24 @@ def _plain_originals(messages: list[dict]) -> dict[tuple[str, int], str]:
 
 def _verbatim(r: str, pos: int, orig: str, piece: str, last: bool) -> int | None:
     """Where the template's next ``piece`` starts in ``r`` when the message text at ``pos``
-    is ``orig`` as written, or as Jinja's ``trim`` (or one-sided strip) left it: most
-    templates trim message text, and the piece after it (an end-of-turn and the next
-    header) recurs, so it cannot be searched for."""
+    is ``orig`` as written, as Jinja's ``trim`` (or one-sided strip) left it, or escaped
+    by ``tojson``: most templates trim message text, and the piece after it (an
+    end-of-turn and the next header) recurs, so it cannot be searched for."""
     end = pos + len(orig)  # as written first: the common case, without building the stripped copies
     if r.startswith(orig, pos) and r.startswith(piece, end) and (not last or end + len(piece) == len(r)):
         return end
-    for text in dict.fromkeys((orig.strip(), orig.rstrip(), orig.lstrip())):
+    for text in dict.fromkeys((orig.strip(), orig.rstrip(), orig.lstrip(), *_escaped(orig))):
         end = pos + len(text)
         if text != orig and r.startswith(text, pos) and r.startswith(piece, end) and \
                 (not last or end + len(piece) == len(r)):
             return end
     return None
+
+
+def _escaped(orig: str) -> tuple[str, ...]:
+    """``orig`` as a template's ``tojson`` writes it inside its quotes (Llama 3.1 and gpt-oss
+    print a tool result so), non-ASCII kept and escaped."""
+    return json.dumps(orig, ensure_ascii=False)[1:-1], json.dumps(orig)[1:-1]
 
 
 @dataclass(frozen=True)
