@@ -265,3 +265,23 @@ def test_a_profile_pickles_for_worker_processes(chatml_tok):
     a = render_conversation(conversation(), profile, chatml_tok).episodes[0]
     b = render_conversation(conversation(), back_profile, back_tok).episodes[0]
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
+
+
+def test_tool_results_a_template_writes_with_tojson_are_located_in_the_whole_render(chatml_tok):
+    """Llama 3.1 and gpt-oss print a tool result with ``tojson`` (quoted and escaped): several
+    of them in one conversation are still placed, so the record renders whole."""
+    text = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+            "{%- if m.role == 'tool' %}{{- m.content | tojson }}{%- else %}{{- m.content }}{%- endif %}"
+            "{%- for c in m.tool_calls or [] %}{{- c.function.name + (c.function.arguments | tojson) }}{%- endfor %}"
+            "{{- '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+            "{%- endif %}")
+    profile = learn_profile(ChatTemplate("json.jinja", "file", text), chatml_tok)
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "area", "arguments": {"r": 2}}}]}
+    msgs = [{"role": "user", "content": "Area?"}, call, {"role": "tool", "content": '{"area": 12.6}'},
+            {"role": "assistant", "content": "12.6."}, {"role": "user", "content": "Again?"}, call,
+            {"role": "tool", "content": '{"area": 12.6}'}, {"role": "assistant", "content": "Still 12.6."}]
+    out = render_messages(msgs, None, profile, chatml_tok)
+    assert out.per_reply is None and len(out.episodes) == 1 and out.rule_agrees
+    assert '<|im_start|>tool\n"{\\"area\\": 12.6}"<|im_end|>' in out.episodes[0].text
+    assert trained(chatml_tok, out.episodes[0])[1] == "12.6.<|im_end|>"
