@@ -16,6 +16,10 @@ pad id and the BOS policy; the store writes it beside the data.
      "generation_config": {"eos_token_id": [128009], "pad_token_id": 128004, "bos_token_id": 128000},
      "tokenizer": {"kind": "hf-tokenizers", "name": "...", "sha256": "..."}}
 
+A template that closes no last reply (GLM ends a reply with the next role's token) gets a
+stop token appended after it at prepare time: ``template.appended_stop`` names it, and it
+is among ``stop_ids`` (the one difference between the data and the template's render).
+
 BOS policy: ``template`` (the chat template writes BOS itself: tokenize the rendered
 prompt with ``add_special_tokens=False``, never add a second one) or ``none`` (no BOS:
 sftdata's chat markers, or a template that writes none).
@@ -88,6 +92,8 @@ def serving_manifest(state: dict, rule: LossRule, pad_id: int, bos_policy: str, 
     if template:
         ct = state.get("chat_template") or {}
         tpl = {"name": ct.get("name"), "source": ct.get("source"), "sha256": ct.get("sha256")}
+        if ct.get("appended_stop"):  # a stop the template writes after no last reply: sftdata appended it
+            tpl["appended_stop"] = ct["appended_stop"]
         prompt = ct.get("generation_prompt") if generation_prompt is None else generation_prompt
         marker_rule = None
         tokenizer = {"kind": state.get("kind"), "name": state.get("name"), "sha256": state.get("file_sha256")}

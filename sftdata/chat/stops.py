@@ -38,6 +38,12 @@ def rule_stop_ids(rule: LossRule) -> tuple[int, ...]:
     raise TypeError(f"not a mask rule: {type(rule).__name__}")
 
 
+def rule_opener(rule: LossRule) -> int | None:
+    """The id a trained reply of ``rule`` opens with, inside its trained span: ``<|ASSISTANT|>``
+    (chat markers); None for a template (its header is never trained)."""
+    return int(rule.markers.assistant) if isinstance(rule, MarkerRule) else None
+
+
 def rule_trains_stop(rule: LossRule) -> bool:
     """Whether the rule trains its end-of-turn token (a template's ``{% generation %}``
     blocks may leave it out: then no reply ever learns to stop)."""
@@ -50,10 +56,13 @@ class StopScan:
 
     ``unstoppable``: local piece index and in-piece position of the last token of each
     trained span that does not end with a stop id, in order; ``pad_trained``: the same
-    for every trained token holding the pad id."""
+    for every trained token holding the pad id; ``empty``: the same for the last token of
+    each trained reply that is empty (its only trained tokens its end-of-turn, and the
+    opener of a marker reply)."""
 
     unstoppable: tuple[np.ndarray, np.ndarray]
     pad_trained: tuple[np.ndarray, np.ndarray]
+    empty: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
 
 
 def span_ends(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -74,18 +83,48 @@ def span_ends(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.flatnonzero(m & (nxt | last)).astype(np.int64)
 
 
+def span_starts(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Positions of the first token of every trained span (``span_ends``' spans, in order).
+
+    >>> span_starts(np.array([0, 1, 1, 0, 1, 1, 1]), np.array([0, 5, 7])).tolist()
+    [1, 4, 5]
+    """
+    m = np.asarray(mask) != 0
+    n = m.shape[0]
+    if n == 0:
+        return np.empty(0, np.int64)
+    first = np.zeros(n, dtype=bool)
+    first[np.asarray(offsets[:-1], dtype=np.int64)] = True  # the first token of each piece
+    prev = np.ones(n, dtype=bool)
+    prev[1:] = ~m[:-1]
+    return np.flatnonzero(m & (prev | first)).astype(np.int64)
+
+
 def scan_stops(ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray, stops: tuple[int, ...],
-               pad_id: int | None) -> StopScan:
-    """Trained spans of a chunk that do not end with one of ``stops``, and trained pad
-    tokens (``pad_id`` None: not checked). ``offsets`` bound the chunk's pieces."""
+               pad_id: int | None, opener: int | None = None) -> StopScan:
+    """Trained spans of a chunk that do not end with one of ``stops``, trained pad tokens
+    (``pad_id`` None: not checked), and empty replies: spans holding nothing but their
+    stop id (and ``opener``, the chat markers' ``<|ASSISTANT|>``, where it opens them).
+    ``offsets`` bound the chunk's pieces::
+
+        markers:  <|ASSISTANT|> <|END|>     template:  <|eot_id|>
+        mask:           1          1                       1        (empty: nothing but the stop)
+    """
     ids = np.asarray(ids)
     offsets = np.asarray(offsets, dtype=np.int64)
     ends = span_ends(mask, offsets)
-    bad = ends[~np.isin(ids[ends], np.asarray(stops, dtype=np.int64))]
+    stop_ids = np.asarray(stops, dtype=np.int64)
+    stopped = np.isin(ids[ends], stop_ids)
+    bad = ends[~stopped]
+    starts = span_starts(mask, offsets)
+    content = ends - starts  # the trained tokens before the stop
+    if opener is not None:
+        content = content - (ids[starts] == opener)
+    empty = ends[stopped & (content == 0)]
     pads = np.empty(0, np.int64) if pad_id is None else np.flatnonzero((np.asarray(mask) != 0) & (ids == pad_id))
 
     def located(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = np.searchsorted(offsets, p, side="right") - 1
         return k.astype(np.int64), (p - offsets[k]).astype(np.int64)
 
-    return StopScan(located(bad), located(pads))
+    return StopScan(located(bad), located(pads), located(empty))

@@ -3,6 +3,7 @@ text is part of the CLI's contract: tests/contract/), and the checks of shared a
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,21 @@ def parse_size(text: str) -> int:
         raise typer.BadParameter(f"{text!r} is not a size: give bytes (67108864) or a number with K, M or G "
                                  f"(64M, 1G; powers of 1024)")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_template_vars(values: list[str] | None) -> dict | None:
+    """``--template-var NAME=VALUE`` options as ``{NAME: value}``, each VALUE read as JSON."""
+    out: dict = {}
+    for item in values or ():
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--template-var {item!r}: give NAME=VALUE, e.g. --template-var enable_thinking=false")
+        try:
+            out[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            raise UsageError(f"--template-var {item}: the value is not JSON; a string needs quotes, e.g. "
+                             f"--template-var {name.strip()}='\"{raw}\"'") from None
+    return out or None
 
 
 def dataset_dir(path: Path) -> Path:
@@ -75,9 +91,12 @@ MaxRecordBytesOpt = Annotated[int, typer.Option(
 # prepare-chat / prepare-tool: what an assistant turn trains (docs/FORMAT.md, "Reasoning and per-turn training")
 ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="Reasoning of assistant turns "
                                            "(reasoning_content, reasoning or thinking fields or parts, a leading "
-                                           "think-tag block), rendered between <|THINK|> and <|END_THINK|> and trained "
-                                           "with the reply: keep every turn's, last (the final assistant turn's only) "
-                                           "or drop. Counted per turn.")]
+                                           "think-tag block), rendered between <|THINK|> and <|END_THINK|> (a chat "
+                                           "template gets it as reasoning_content) and trained with the reply: keep "
+                                           "every turn's, last (the final assistant turn's only), drop, or inline "
+                                           "(written into the reply as a <think> block of text). Reasoning a chat "
+                                           "template does not render is dropped and counted "
+                                           "(reasoning_ignored_by_template) unless inline. Counted per turn.")]
 TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "
                                          "those the record marks weight 0 or train false), or last (the last of those "
                                          "only); the others stay in the episode as untrained context.")]
@@ -86,10 +105,20 @@ AllowPadAsStopOpt = Annotated[bool, typer.Option(
     "end-of-turn token the model learns to stop with (refused by default: a trainer that masks labels equal to "
     "the pad id never trains the stop token). Only for trainers that use sftdata's loss mask.")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
-    "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json "
-    "or its folder): the chat template to render with. `model` = the folder's own (tokenizer_config.json; "
-    "`model:NAME` for one of several), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
+    "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json, "
+    "its folder, or a Hub model id): the chat template to render with. `model` = the folder's own "
+    "(chat_template.jinja or tokenizer_config.json; `model:NAME` for one of several: additional_chat_templates/"
+    "NAME.jinja or a named entry), a preset (llama3, chatml, qwen3, mistral, gemma), or a .jinja file. "
     "Default: the folder's own template; a tokenizer that ships none needs this option.")]
+TemplateVarOpt = Annotated[list[str] | None, typer.Option(
+    "--template-var", metavar="NAME=VALUE", help="With a model's chat template: a variable it renders with, the "
+    "VALUE read as JSON (repeatable): --template-var enable_thinking=false, --template-var "
+    "date_string='\"26 Jul 2024\"'. A record's own chat_template_kwargs object overrides them for that record. "
+    "Recorded in tokenizer_state.json; verify re-derives the mask rule with them.")]
+PerReplyOpt = Annotated[bool, typer.Option(
+    "--per-reply", metavar="", help="With a model's chat template: serve every record one episode per assistant "
+    "reply (the conversation up to it, only that reply trained), for templates that render earlier turns "
+    "differently once later ones follow (Qwen3 drops the reasoning of earlier replies).")]
 # prepare-chat / prepare-tool: duplicates and evaluation contamination (docs/CURATION.md)
 DedupOpt = Annotated[str, typer.Option("--dedup", metavar="MODE", help="Drop duplicate records, keeping the first in "
                                        "input order: exact (the same conversation, whitespace aside), near (MinHash "

@@ -31,12 +31,15 @@ from .options import (
     JsonOpt,
     MaxRecordBytesOpt,
     OverwriteOpt,
+    PerReplyOpt,
     QuietOpt,
     RayAddressOpt,
     ReasoningOpt,
+    TemplateVarOpt,
     TokenizerEngineOpt,
     TrainOnOpt,
     WaitOpt,
+    parse_template_vars,
 )
 
 InputsArg = Annotated[list[str], typer.Argument(
@@ -59,9 +62,10 @@ ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help
                                               "(an episode never spans shards).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file (sftdata's "
-                                             "chat markers), or a model's own Hugging Face tokenizer.json or the "
-                                             "folder holding it (the model's chat template; see --chat-template). "
-                                             "Default: the bundled cl100k_base (no network).")]
+                                             "chat markers), or a model's own Hugging Face tokenizer.json, the "
+                                             "folder holding it, or a Hub model id org/name[@revision] (from the "
+                                             "Hugging Face cache first; the hf extra) (the model's chat template; "
+                                             "see --chat-template). Default: the bundled cl100k_base (no network).")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
                                                    "(default: all cores; more than the cores are capped). The "
                                                    "output is byte-identical for any value.")]
@@ -195,6 +199,8 @@ def _prepare_command(mode: str, doc: str):
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
+        template_var: TemplateVarOpt = None,
+        per_reply: PerReplyOpt = False,
         tokenizer_engine: TokenizerEngineOpt = "auto",
         allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
@@ -218,7 +224,9 @@ def _prepare_command(mode: str, doc: str):
                               shard_tokens=shard_tokens, tokenizer=tokenizer, strict=strict,
                               workers=default_workers() if workers is None else workers,
                               overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
-                              train_on=train_on, chat_template=chat_template, tokenizer_engine=tokenizer_engine,
+                              train_on=train_on, chat_template=chat_template,
+                              template_vars=parse_template_vars(template_var), per_reply=per_reply,
+                              tokenizer_engine=tokenizer_engine,
                               allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
                               decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
                               memo_mb=memo_mb)

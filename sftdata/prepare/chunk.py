@@ -99,9 +99,9 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             if out.reason == "rule_mismatch":
                 mismatches.append((rec.record, rec.where))
             continue
-        for r in set(conv.repairs):
+        for r in set(out.repairs):  # the record's repairs under this template
             repairs[r] += 1
-        turns.update(conv.turn_counts)
+        turns.update(out.counts)
         accepted[rec.record] = (rec.where, conv)
         for ep in out.episodes:
             ids.append(ep.ids)

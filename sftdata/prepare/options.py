@@ -15,7 +15,7 @@ from ..chat.tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
 from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, RecordKeys
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
-from ..records.turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
+from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
 from ..store.format import DEFAULT_SHARD_TOKENS
 from ..template import TemplateProfile
@@ -39,6 +39,8 @@ class PrepareOptions:
     reasoning: str = "keep"  # keep | last | drop
     train_on: str = "all"  # all | last
     chat_template: str | None = None  # model | model:NAME | preset | FILE.jinja (a model's own tokenizer only)
+    template_vars: dict | None = None  # --template-var NAME=VALUE: variables the chat template renders with
+    per_reply: bool = False  # --per-reply: one episode per assistant reply under a chat template
     tokenizer_engine: str = "auto"  # auto | tiktoken | hf (a model's own tokenizer; the ids are the same)
     allow_pad_as_stop: bool = False  # accept a pad id that is also the end-of-turn token (serving.check_pad_not_stop)
     dedup: str = "off"  # off | exact | near (docs/CURATION.md)
@@ -84,11 +86,17 @@ class PrepareOptions:
             raise UsageError(f"--tokenizer-engine hf needs a model's own tokenizer (a tokenizer.json or its folder); "
                              f"{'the default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} is a "
                              f"tiktoken encoding")
-        if self.chat_template is not None and not is_model_tokenizer_spec(self.tokenizer):
-            raise UsageError(f"--chat-template {self.chat_template} needs a model's own tokenizer: --tokenizer "
-                             f"path/to/tokenizer.json or the model folder holding it. "
-                             f"{'The default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} uses "
-                             f"sftdata's chat markers, which have no chat template")
+        for given, what in ((self.chat_template is not None, f"--chat-template {self.chat_template}"),
+                            (bool(self.template_vars), "--template-var"), (self.per_reply, "--per-reply")):
+            if given and not is_model_tokenizer_spec(self.tokenizer):
+                raise UsageError(f"{what} needs a model's own tokenizer: --tokenizer path/to/tokenizer.json, the "
+                                 f"model folder holding it, or a Hub model id (org/name). "
+                                 f"{'The default tokenizer' if self.tokenizer is None else repr(self.tokenizer)} "
+                                 f"uses sftdata's chat markers, which have no chat template")
+        reserved = [k for k in self.template_vars or () if k in RESERVED_TEMPLATE_VARIABLES]
+        if reserved:
+            raise UsageError(f"--template-var {reserved[0]}: sftdata gives the template {reserved[0]!r} itself; "
+                             f"choose another name")
 
     def memo_bytes_per_worker(self) -> int:
         """Each worker's share of ``--memo-mb`` (MiB, 2^20 bytes)."""
@@ -107,6 +115,10 @@ class PrepareOptions:
                "train_on": self.train_on}
         if self.chat_template is not None:
             out["chat_template"] = self.chat_template
+        if self.template_vars:  # recorded only when used: the default output stays byte-identical
+            out["template_vars"] = dict(self.template_vars)
+        if self.per_reply:
+            out["per_reply"] = True
         if self.allow_pad_as_stop:
             out["allow_pad_as_stop"] = True
         if self.dedup != "off":  # recorded only when used: the default output stays byte-identical

@@ -60,8 +60,10 @@ from .turns import (
     TurnPolicy,
     apply_policy,
     message_role,
+    normalise_given,
     normalise_turns,
     raw_messages,
+    read_template_kwargs,
     text_of,
     unknown_role,
 )
@@ -132,6 +134,7 @@ def parse_chat(obj: Any, where: str) -> Conversation:
             raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
                               f"not a string", where)
         turns.append(Turn("system", top_system))
+    kwargs = read_template_kwargs(obj, where)
     text_key = "content" if fmt == "openai" else "value"
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
@@ -150,7 +153,10 @@ def parse_chat(obj: Any, where: str) -> Conversation:
             turns.append(Turn("assistant", a.text, reasoning=a.reasoning, untrained="" if a.trained else "weight_0"))
         else:
             turns.append(Turn(role, text_of(content, where, i, role)))
-    return Conversation(normalise_turns(turns, where, repairs), (), tuple(repairs), tuple(counts))
+    normal = normalise_turns(turns, where, repairs)
+    return Conversation(normal, (), tuple(repairs), tuple(counts),
+                        given=normalise_given(turns, normal, where, {t.role for t in turns}, repairs),
+                        template_kwargs=kwargs)
 
 
 def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy()) -> Conversation:

@@ -21,14 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from .content import THINK_OPEN
-from .turns import CHAT_ROLES, Conversation, Turn
+from .turns import CHAT_ROLES, TEMPLATE_KWARGS, Conversation, Turn
 
 _OTHER = {"user": "assistant", "assistant": "user"}
 
 
 def plain_conversation(obj: Any) -> Conversation | None:
     """The conversation of a plain record (module docstring), or None."""
-    if type(obj) is not dict or "tools" in obj or "functions" in obj:
+    if type(obj) is not dict or "tools" in obj or "functions" in obj or TEMPLATE_KWARGS in obj:
         return None
     if "messages" in obj:
         msgs, role_key, text_key = obj["messages"], "role", "content"
@@ -75,8 +75,9 @@ def opens_thinking(text: str) -> bool:
     return text.startswith(THINK_OPEN) or (text[:1].isspace() and text.lstrip().startswith(THINK_OPEN))
 
 
-def with_system(systems: list[str], turns: list[Turn], tools: tuple = ()) -> Conversation:
+def with_system(systems: list[str], turns: list[Turn], tools: tuple = (), specs: tuple = ()) -> Conversation:
     """The conversation of ``turns`` after one system turn: the ``systems`` texts that are
-    not blank, joined by a blank line (none when all are blank)."""
+    not blank, joined by a blank line (none when all are blank); ``specs``: the tool
+    schemas as the record gave them (``Conversation.tool_specs``)."""
     system = "\n\n".join(t for t in systems if t.strip())
-    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools)
+    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools, tool_specs=specs)

@@ -31,15 +31,15 @@ from typing import Any
 
 from ..errors import RecordError
 from .plain import opens_thinking, with_system
-from .tools import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tools, sharegpt_calls, str_id
-from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
+from .tools import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tool_specs, sharegpt_calls, str_id
+from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, TEMPLATE_KWARGS, USER_ALIASES, Conversation, ToolCall, Turn
 
 _OPENAI = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES, **dict.fromkeys(RESULT_ROLES, "tool")}
 _SHAREGPT = {**_OPENAI, **dict.fromkeys(CALL_FROMS, "call")}
 
 
 def _messages(obj: Any) -> tuple[list, dict] | None:
-    if type(obj) is not dict or "functions" in obj:
+    if type(obj) is not dict or "functions" in obj or TEMPLATE_KWARGS in obj:
         return None
     if "messages" in obj:
         msgs, kinds = obj["messages"], _OPENAI
@@ -61,7 +61,7 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
     if top is not None and type(top) is not str:
         return None
     try:
-        tools = parse_tools(obj.get("tools"), "")
+        tools, specs = parse_tool_specs(obj.get("tools"), "")
     except RecordError:
         return None
     names = {t["name"] for t in tools}
@@ -149,4 +149,4 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
         last = "call" if calls else "assistant"
     if last not in ("assistant", "call"):
         return None
-    return with_system(systems, turns, tools)
+    return with_system(systems, turns, tools, specs)

@@ -33,6 +33,7 @@ A final assistant call with no result after it is a legitimate training target.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -49,8 +50,10 @@ from .turns import (
     ToolCall,
     Turn,
     message_role,
+    normalise_given,
     normalise_turns,
     raw_messages,
+    read_template_kwargs,
     text_of,
     unknown_role,
 )
@@ -79,11 +82,19 @@ def str_id(v: Any) -> str | None:
 def parse_tools(value: Any, where: str, key: str = "tools") -> tuple[dict, ...]:
     """Normalise a ``tools`` value (list, or JSON-encoded list) to canonical schemas.
     ``key`` names the record's key in messages (``tools``, or the legacy ``functions``)."""
+    return parse_tool_specs(value, where, key)[0]
+
+
+def parse_tool_specs(value: Any, where: str, key: str = "tools") -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+    """``parse_tools``' canonical schemas, and the schemas as the record gave them for a
+    chat template (``Conversation.tool_specs``: every key kept; a bare function schema
+    wrapped as ``{"type": "function", "function": schema}``, the form transformers'
+    ``get_json_schema`` gives)."""
     if value is None or value == []:
-        return ()
+        return (), ()
     if isinstance(value, str):
         if not value.strip():
-            return ()
+            return (), ()
         try:
             value = loads(value)  # numbers are checked where they are kept (the parameters)
         except InexactJSON as e:
@@ -92,14 +103,16 @@ def parse_tools(value: Any, where: str, key: str = "tools") -> tuple[dict, ...]:
             raise RecordError("invalid_tools", f"{key!r} is a string but not valid JSON ({e}); give a "
                               f"list of function schemas or its JSON text", where) from None
         if value is None:
-            return ()
+            return (), ()
     if not isinstance(value, list):
         raise RecordError("invalid_tools", f"{key!r} is {json_kind(value)}, expected a list of "
                           f"function schemas", where)
     out: list[dict] = []
+    specs: list[dict] = []
     seen: set[str] = set()
     for k, entry in enumerate(value):
         fn = entry
+        specs.append(entry if isinstance(entry, dict) and "function" in entry else {"type": "function", "function": entry})
         if isinstance(entry, dict) and "function" in entry:
             if entry.get("type", "function") != "function":
                 raise RecordError("invalid_tools", f"tool {k} has type {entry.get('type')!r}; only "
@@ -132,7 +145,7 @@ def parse_tools(value: Any, where: str, key: str = "tools") -> tuple[dict, ...]:
                 raise RecordError("invalid_tools", f"tool {name!r}: {e}", where) from None
             schema["parameters"] = params
         out.append(schema)
-    return tuple(out)
+    return tuple(out), tuple(specs)
 
 
 def parse_arguments(raw: Any, name: str, where: str, index: int) -> dict:
@@ -173,7 +186,8 @@ def read_call(fn: Any, call_id: Any, where: str, index: int) -> ToolCall:
     if "arguments" not in fn:
         raise RecordError("invalid_tool_call", f"message {index}: call {name!r} has no 'arguments' "
                           f"(use {{}} for a call without arguments)", where)
-    return ToolCall(name, parse_arguments(fn["arguments"], name, where, index), str_id(call_id))
+    raw = fn["arguments"]
+    return ToolCall(name, parse_arguments(raw, name, where, index), str_id(call_id), raw if isinstance(raw, str) else None)
 
 
 def openai_calls(m: dict, where: str, index: int) -> tuple[ToolCall, ...]:
@@ -228,17 +242,18 @@ def _same_weight(prev: Turn, t: Turn, j: int, i: int, where: str) -> None:
 
 
 def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
-                counts: list[str], repairs: list[str]) -> list[tuple[int, Turn]]:
-    """Format-specific reading: (message index, turn) pairs, before any validation.
-    Appends per-turn counts (empty reasoning) and repairs made while reading."""
-    turns: list[tuple[int, Turn]] = []
+                counts: list[str], repairs: list[str]) -> list[tuple[int, Turn, tuple[int, ...]]]:
+    """Format-specific reading: (message index, turn, the message index of each of its
+    calls) triples, before any validation. Appends per-turn counts (empty reasoning) and
+    repairs made while reading."""
+    turns: list[tuple[int, Turn, tuple[int, ...]]] = []
     prev_function_call = False
     top_system = obj.get("system")
     if top_system is not None:
         if not isinstance(top_system, str):
             raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
                               f"not a string", where)
-        turns.append((-1, Turn("system", top_system)))
+        turns.append((-1, Turn("system", top_system), ()))
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
         content = m.get("content") if fmt == "openai" else m.get("value", m.get("content"))
@@ -246,38 +261,58 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
             calls = sharegpt_calls(content, where, i)
             turn = Turn("assistant", "", calls, untrained="" if read_weight(m, where, i) else "weight_0")
             if prev_function_call:  # consecutive function_call turns: the format's parallel calls
-                j, prev = turns[-1]
+                j, prev, at = turns[-1]
                 _same_weight(prev, turn, j, i, where)
-                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls, untrained=prev.untrained))
+                turns[-1] = (j, Turn("assistant", "", prev.tool_calls + calls, untrained=prev.untrained),
+                             at + (i,) * len(calls))
             else:
-                turns.append((i, turn))
+                turns.append((i, turn, (i,) * len(calls)))
             prev_function_call = True
             continue
         prev_function_call = False
         if role_name in USER_ALIASES or role_name in SYSTEM_ALIASES:
             role = USER_ALIASES.get(role_name) or SYSTEM_ALIASES[role_name]
-            turns.append((i, Turn(role, text_of(content, where, i, role))))
+            turns.append((i, Turn(role, text_of(content, where, i, role)), ()))
         elif role_name in ASSISTANT_ALIASES:
             a = read_assistant(m, content, where, i)
             calls = openai_calls(m, where, i) + tuple(c for v in a.calls for c in sharegpt_calls(v, where, i))
             counts += a.notes
             repairs += a.repairs
             turns.append((i, Turn("assistant", a.text if a.text.strip() or not calls else "", calls,
-                                  reasoning=a.reasoning, untrained="" if a.trained else "weight_0")))
+                                  reasoning=a.reasoning, untrained="" if a.trained else "weight_0"),
+                          (i,) * len(calls)))
         elif role_name in RESULT_ROLES:
             turns.append((i, Turn("tool", text_of(content, where, i, "tool"),
-                                  tool_call_id=str_id(m.get("tool_call_id")))))
+                                  tool_call_id=str_id(m.get("tool_call_id"))), ()))
         else:
             raise _unknown_role(role_name, where, i)
     return turns
 
 
-def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: str,
-               repairs: list[str]) -> list[Turn]:
-    """Check every call and result, merge parallel call messages, and put each run of
-    results in the order of the calls they answer."""
+def _result_list(text: str, n: int) -> list[str] | None:
+    """The ``n`` results of one tool message holding a JSON list of ``n`` items (LLaMA-Factory
+    writes the results of ``n`` parallel calls so), each as text: a string item as it is,
+    any other item as its JSON; None for any other text."""
+    if not text.lstrip().startswith("["):
+        return None
+    try:
+        items = loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or len(items) != n:
+        return None
+    return [x if isinstance(x, str) else json.dumps(x, ensure_ascii=False) for x in items]
+
+
+def link_calls(turns: list[tuple[int, Turn, tuple[int, ...]]], tools: tuple[dict, ...], where: str,
+               repairs: list[str]) -> tuple[list[Turn], list[Turn]]:
+    """Check every call and result, merge parallel call messages, split one message holding
+    the JSON list of the results of several calls into one result each, and put each run of
+    results in the order of the calls they answer. Returns those turns, and the turns as
+    the record gave them (nothing merged, split or reordered: ``Conversation.given``)."""
     names = {t["name"] for t in tools}
     out: list[Turn] = []
+    given: list[Turn] = []
     keys: list[int] = []  # per out turn: index of the answered call in its group (tool turns)
     group: list[tuple[ToolCall, int]] = []  # calls of the current group and their message index
     pending: list[int] = []  # indices into group still waiting for a result
@@ -288,7 +323,7 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
                            f"before message {at}; add its result, or end the conversation with the call",
                            where)
 
-    for i, t in turns:
+    for n, (i, t, call_at) in enumerate(turns):
         if t.role in ("user", "assistant") and not t.text.strip() and not t.tool_calls and not t.reasoning:
             repairs.append("dropped_empty_turn")
             continue
@@ -297,19 +332,28 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
             if not pending:
                 raise RecordError("orphan_tool_result", f"message {i} is a tool result but no unanswered "
                                   f"call comes before it; drop it or add the call", where)
-            if t.tool_call_id is not None:
-                match = [k for k in pending if group[k][0].id == t.tool_call_id]
-                if not match:
-                    ids = ", ".join(repr(group[k][0].id) for k in pending)
-                    raise RecordError("unknown_tool_call_id", f"message {i} answers tool_call_id "
-                                      f"{t.tool_call_id!r}, which matches none of the unanswered calls "
-                                      f"before it ({ids})", where)
-                k = match[0]
-            else:
-                k = pending[0]
-            pending.remove(k)
-            out.append(t)
-            keys.append(k)
+            results = [t]
+            alone = n + 1 == len(turns) or turns[n + 1][1].role != "tool"
+            if len(pending) > 1 and t.tool_call_id is None and alone:
+                items = _result_list(t.text, len(pending))
+                if items is not None:
+                    results = [Turn("tool", x) for x in items]
+                    repairs.append("split_tool_results")
+            given.append(t)
+            for r in results:
+                if r.tool_call_id is not None:
+                    match = [k for k in pending if group[k][0].id == r.tool_call_id]
+                    if not match:
+                        ids = ", ".join(repr(group[k][0].id) for k in pending)
+                        raise RecordError("unknown_tool_call_id", f"message {i} answers tool_call_id "
+                                          f"{r.tool_call_id!r}, which matches none of the unanswered calls "
+                                          f"before it ({ids})", where)
+                    k = match[0]
+                else:
+                    k = pending[0]
+                pending.remove(k)
+                out.append(r)
+                keys.append(k)
             continue
         if t.role == "assistant" and t.tool_calls:
             for c in t.tool_calls:
@@ -317,6 +361,7 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
                     known = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
                     raise RecordError("unknown_function", f"message {i} calls {c.name!r}, which is not in "
                                       f"'tools' ({known}); declare it or fix the call", where)
+            given.append(t)
             if after_calls and not t.text.strip():  # a call-only message right after calls: parallel
                 prev = out[-1]
                 _same_weight(prev, t, group[-1][1], i, where)
@@ -329,14 +374,15 @@ def link_calls(turns: list[tuple[int, Turn]], tools: tuple[dict, ...], where: st
                 group = []
                 out.append(t)
                 keys.append(-1)
-            group += [(c, i) for c in t.tool_calls]
+            group += list(zip(t.tool_calls, call_at))
             pending += range(len(group) - len(t.tool_calls), len(group))
             continue
         if pending:  # a user, system or assistant text message while calls wait for results
             raise unanswered(i)
         out.append(t)
+        given.append(t)
         keys.append(-1)
-    return _order_results(out, keys, repairs)
+    return _order_results(out, keys, repairs), given
 
 
 def _order_results(out: list[Turn], keys: list[int], repairs: list[str]) -> list[Turn]:
@@ -366,10 +412,13 @@ def parse_tool(obj: Any, where: str) -> Conversation:
     key, raw_tools = "tools", obj.get("tools")
     if raw_tools is None or raw_tools == [] or (isinstance(raw_tools, str) and not raw_tools.strip()):
         key, raw_tools = "functions", obj.get("functions")
-    tools = parse_tools(raw_tools, where, key)
+    tools, specs = parse_tool_specs(raw_tools, where, key)
+    kwargs = read_template_kwargs(obj, where)
     repairs: list[str] = []
     counts: list[str] = []
     read = _read_turns(obj, msgs, fmt, where, counts, repairs)
-    turns = link_calls(read, tools, where, repairs)
-    return Conversation(normalise_turns(turns, where, repairs, given={t.role for _, t in read}), tools,
-                        tuple(repairs), tuple(counts))
+    turns, given = link_calls(read, tools, where, repairs)
+    roles = {t.role for _, t, _ in read}
+    normal = normalise_turns(turns, where, repairs, given=roles)
+    return Conversation(normal, tools, tuple(repairs), tuple(counts), given=normalise_given(given, normal, where, roles,
+                        repairs), tool_specs=specs, template_kwargs=kwargs)

@@ -29,11 +29,14 @@ CHAT_ROLES = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES}
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One function call made by the assistant; ``arguments`` is a parsed JSON object."""
+    """One function call made by the assistant; ``arguments`` is a parsed JSON object and
+    ``text`` the JSON text the record gave it as (None when the record gave an object): a
+    chat template that prints arguments as they are gets that text, unchanged."""
 
     name: str
     arguments: dict
     id: str | None = None
+    text: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -56,25 +59,47 @@ class Conversation:
     ``name``) rendered into the system span; ``repairs`` names what was fixed (counted
     per record); ``turn_counts`` holds one name per assistant turn event (counted per
     turn): ``reasoning_kept``, ``reasoning_dropped``, ``reasoning_empty``,
-    ``untrained_weight_0``, ``untrained_train_on_last``."""
+    ``reasoning_inline``, ``untrained_weight_0``, ``untrained_train_on_last``.
+
+    What a model's chat template is given (it renders the record as given, and is given
+    the repaired ``turns`` only where it cannot): ``given``, the turns before the
+    structural repairs (``STRUCTURAL_REPAIRS``: same-role turns not merged, tool results
+    in the record's order and not split; empty when they are ``turns``); ``tool_specs``,
+    the tool schemas as the record gave them (every key; a bare function schema wrapped
+    as ``{"type": "function", "function": ...}``); ``template_kwargs``, the record's
+    ``chat_template_kwargs`` (variables for the template)."""
 
     turns: tuple[Turn, ...]
     tools: tuple[dict, ...] = ()
     repairs: tuple[str, ...] = field(default=())
     turn_counts: tuple[str, ...] = field(default=())
+    given: tuple[Turn, ...] = ()
+    tool_specs: tuple[dict, ...] = ()
+    template_kwargs: dict | None = None
+
+    @property
+    def given_turns(self) -> tuple[Turn, ...]:
+        """The turns as the record gave them (``given``, else ``turns``)."""
+        return self.given or self.turns
 
 
-REASONING_POLICIES = ("keep", "last", "drop")
+REASONING_POLICIES = ("keep", "last", "drop", "inline")
 TRAIN_ON = ("all", "last")
-TURN_COUNTS = ("reasoning_kept", "reasoning_dropped", "reasoning_empty", "untrained_weight_0",
-               "untrained_train_on_last")
+TURN_COUNTS = ("reasoning_kept", "reasoning_dropped", "reasoning_empty", "reasoning_inline",
+               "reasoning_ignored_by_template", "untrained_weight_0", "untrained_train_on_last")
+#: repairs that change a record's structure (sftdata's markers need them; a chat template is
+#: given the record without them unless it cannot render it so: ``Conversation.given``)
+STRUCTURAL_REPAIRS = ("merged_same_role", "reordered_tool_results", "split_tool_results", "leading_assistant_untrained")
+THINK_INLINE = "<think>\n{reasoning}\n</think>\n\n{text}"
 
 
 @dataclass(frozen=True)
 class TurnPolicy:
     """``reasoning``: keep every turn's reasoning, only the final assistant turn's
-    (``last``), or none (``drop``). ``train_on``: every assistant turn the record allows
-    (``all``), or only the last of them (``last``: the earlier ones become context)."""
+    (``last``), none (``drop``), or every turn's written into its reply as text, a
+    ``<think>`` block before it (``inline``). ``train_on``: every assistant turn the
+    record allows (``all``), or only the last of them (``last``: the earlier ones become
+    context)."""
 
     reasoning: str = "keep"
     train_on: str = "all"
@@ -106,6 +131,27 @@ def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
     return msgs, fmt
 
 
+TEMPLATE_KWARGS = "chat_template_kwargs"
+#: what a chat template is given by sftdata itself, never by a record's variables
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def read_template_kwargs(obj: dict, where: str) -> dict | None:
+    """A record's ``chat_template_kwargs``: variables its chat template renders it with
+    (over ``--template-var``); None when it has none."""
+    value = obj.get(TEMPLATE_KWARGS)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise RecordError("invalid_template_kwargs", f"'{TEMPLATE_KWARGS}' is {json_kind(value)}; give an object of "
+                          f"template variables, e.g. {{\"enable_thinking\": false}}", where)
+    bad = [k for k in value if k in RESERVED_TEMPLATE_VARIABLES]
+    if bad:
+        raise RecordError("invalid_template_kwargs", f"'{TEMPLATE_KWARGS}' sets {bad[0]!r}, which sftdata gives the "
+                          f"template itself; remove it", where)
+    return dict(value) or None
+
+
 def message_role(m: dict, fmt: str) -> str:
     """The lower-cased role name; ``repr`` of a role that is not a string, and
     ``"no 'role' key"`` (or ``'from'``) when there is none, for messages."""
@@ -130,12 +176,13 @@ def _merges(prev: Turn | None, t: Turn) -> bool:
 
 
 def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
-                    given: set[str] | None = None) -> tuple[Turn, ...]:
+                    given: set[str] | None = None, merge: bool = True) -> tuple[Turn, ...]:
     """Shared clean-up of chat and tool turns: system first, no empties, merged runs,
     no dead tail, at least one trainable assistant turn. Appends repair codes.
 
     ``given``: the roles the record held before any empty message was dropped (the
-    rejection then says what was there); by default the roles of ``turns``."""
+    rejection then says what was there); by default the roles of ``turns``. ``merge``:
+    False keeps runs of same-role turns apart (the record as given, ``Conversation.given``)."""
     given = {t.role for t in turns} if given is None else given
     if not turns and not given:
         raise RecordError("empty_conversation", "the record has no messages", where)
@@ -155,7 +202,7 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
             repairs.append("dropped_empty_turn")
             continue
         prev = kept[-1] if kept else None
-        if _merges(prev, t):
+        if merge and _merges(prev, t):
             repairs.append("merged_same_role")
             text = prev.text + "\n\n" + t.text if prev.text and t.text else prev.text or t.text
             kept[-1] = replace(prev, text=text, tool_calls=t.tool_calls, tool_call_id=None)
@@ -189,17 +236,48 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
     return tuple(out + kept)
 
 
+def normalise_given(raw: list[Turn], turns: tuple[Turn, ...], where: str, roles: set[str],
+                    repairs: list[str]) -> tuple[Turn, ...]:
+    """``Conversation.given``: the clean-up of ``raw`` (the turns before the structural
+    repairs) without merging runs; empty when it equals ``turns`` (as it does when
+    ``repairs`` names no structural repair)."""
+    if not any(r in STRUCTURAL_REPAIRS[:3] for r in repairs):
+        return ()
+    try:
+        given = normalise_turns(raw, where, [], roles, merge=False)
+    except RecordError:  # not expected (the same checks as ``turns``'); the repaired turns are then what there is
+        return ()
+    return () if given == turns else given
+
+
 def apply_policy(conv: Conversation, policy: TurnPolicy, where: str) -> Conversation:
-    """``--reasoning`` and ``--train-on`` over a normalised conversation, and the per-turn
-    counts of what the episode holds (``Conversation.turn_counts``).
+    """``--reasoning`` and ``--train-on`` over a normalised conversation (its ``turns`` and,
+    alike, its ``given`` turns), and the per-turn counts of what the episode holds
+    (``Conversation.turn_counts``).
 
     A turn left with nothing but the reasoning the policy removed is dropped like any
-    empty turn (``dropped_empty_turn``); ``--train-on last`` trains the last assistant
-    turn the record allows to be trained, the earlier ones become context."""
-    turns = list(conv.turns)
+    empty turn (``dropped_empty_turn``); ``--reasoning inline`` writes each turn's
+    reasoning into its reply (``THINK_INLINE``); ``--train-on last`` trains the last
+    assistant turn the record allows to be trained, the earlier ones become context."""
     repairs, counts = list(conv.repairs), list(conv.turn_counts)
+    turns = _policy_turns(list(conv.turns), policy, where, repairs, counts)
+    given = _policy_turns(list(conv.given), policy, where, [], [], merge=False) if conv.given else ()
+    if not counts and len(repairs) == len(conv.repairs):  # nothing to say: nothing changed (plain text)
+        return conv
+    return replace(conv, turns=tuple(turns), repairs=tuple(repairs), turn_counts=tuple(counts),
+                   given=() if tuple(given) == tuple(turns) else tuple(given))
+
+
+def _policy_turns(turns: list[Turn], policy: TurnPolicy, where: str, repairs: list[str],
+                  counts: list[str], merge: bool = True) -> list[Turn]:
     asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
-    if policy.reasoning != "keep" and any(turns[i].reasoning for i in asst):
+    if policy.reasoning == "inline":
+        for i in asst:
+            t = turns[i]
+            if t.reasoning:
+                turns[i] = replace(t, text=THINK_INLINE.format(reasoning=t.reasoning, text=t.text), reasoning="")
+                counts.append("reasoning_inline")
+    elif policy.reasoning != "keep" and any(turns[i].reasoning for i in asst):
         emptied = []
         for i in asst:
             t = turns[i]
@@ -212,7 +290,7 @@ def apply_policy(conv: Conversation, policy: TurnPolicy, where: str) -> Conversa
             raise RecordError("empty_assistant_turn", "every assistant message holds only reasoning, which "
                               "--reasoning drop removes, so nothing would be trained", where)
         if emptied:
-            turns = list(normalise_turns(turns, where, repairs))
+            turns = list(normalise_turns(turns, where, repairs, merge=merge))
             asst = [i for i, t in enumerate(turns) if t.role == "assistant"]
     if policy.train_on == "last":
         first_ctx = next(i for i, t in enumerate(turns) if t.role in ("user", "tool"))
@@ -225,6 +303,4 @@ def apply_policy(conv: Conversation, policy: TurnPolicy, where: str) -> Conversa
             counts.append("reasoning_kept")
         if t.untrained:
             counts.append("untrained_" + t.untrained)
-    if not counts and len(repairs) == len(conv.repairs):  # nothing to say: nothing changed (plain text)
-        return conv
-    return Conversation(tuple(turns), conv.tools, tuple(repairs), tuple(counts))
+    return turns

@@ -24,7 +24,16 @@ from .fit import render_within
 from .messages import ArgumentsStyle, arguments_style, conversation_messages, tool_schemas
 from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
-from .records import RecordEpisodes, model_profile, record_episodes, records_episodes, template_summary
+from .records import (
+    RecordEpisodes,
+    fit_to_template,
+    model_profile,
+    plan_record,
+    record_episodes,
+    records_episodes,
+    require_tool_calls,
+    template_summary,
+)
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
 __all__ = [
@@ -34,5 +43,6 @@ __all__ = [
     "compile_template", "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template",
     "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",
     "render_conversation", "render_messages", "render_within", "rule_mask", "rule_spans", "segment_rule_mask",
-    "template_summary", "token_mask", "token_ranges", "tokenizer_state", "tool_schemas",
+    "template_summary", "token_mask", "token_ranges", "tokenizer_state", "tool_schemas", "fit_to_template",
+    "plan_record", "require_tool_calls",
 ]

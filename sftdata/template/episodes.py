@@ -31,7 +31,8 @@ from ..errors import RecordError, TemplateError
 from ..records.conversation import Conversation
 from ..tokenize.hf import Encoded, HFTokenizer
 from .environment import RESERVED_CHARS
-from .messages import conversation_messages, tool_schemas
+from .messages import tool_schemas
+from .parts import missing_part
 from .profile import TemplateProfile
 from .spans import NotLocated, locate_last_reply, locate_replies
 
@@ -171,22 +172,59 @@ class Planned:
     per_reply: str | None = None
 
 
+class MissingPart(Exception):
+    """A render lacks a part of the record (``parts.missing_part``): ``reason``, what."""
+
+    def __init__(self, reason: str, what: str):
+        super().__init__(what)
+        self.reason, self.what = reason, what
+
+
+def _checked(text: str, messages: list[dict], spans, tools, last: int | None = None) -> None:
+    """Raise ``MissingPart`` when ``text`` lacks a part of ``messages`` (up to ``last``)."""
+    found = missing_part(text, messages if last is None else messages[:last + 1],
+                         {k: (a, b) for k, a, b in spans}, tools)
+    if found is not None:
+        raise MissingPart(*found)
+
+
+def dropped(name: str, e: MissingPart, where: str) -> RecordError:
+    """The rejection of a record whose render lacks a part, saying what to do."""
+    fix = {"template_drops_reasoning": "; prepare with --reasoning drop (no reasoning trained) or --reasoning inline "
+                                      "(the reasoning written into the reply as text), or use a template that "
+                                      "renders reasoning_content",
+           "template_drops_tool_calls": "; use a chat template that renders tool calls (--chat-template model:NAME "
+                                       "or FILE.jinja)",
+           "template_drops_tools": "; use a chat template that renders the tools it is given (or write the tool "
+                                  "schemas into the record's system message)",
+           "template_drops_tool_results": "; use a chat template that renders tool results"}
+    other = "; the template rewrites the text (look in it for text the template splits on, such as </think>)"
+    return RecordError(e.reason, f"chat template {name} drops {e.what} from its render, so it would be lost (never "
+                       f"kept altered){fix.get(e.reason, other)}", where)
+
+
 def plan_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
-                  where: str = "", trained: list[int] | None = None) -> Planned:
+                  where: str = "", trained: list[int] | None = None, kwargs: dict | None = None) -> Planned:
     """Render already-built message dicts and locate the replies to train (``trained``:
-    indices of the assistant messages; default all). Raises ``RecordError``
-    (``template_error``, ``reply_not_located``, ``special_token_in_text``, ``reserved_character``)."""
+    indices of the assistant messages; default all; ``kwargs``: the record's template
+    variables). Each render must hold every part of the messages (``parts``): where the
+    whole render lacks one, each reply is rendered as the last of the conversation up to
+    it. Raises ``RecordError`` (``template_error``, ``reply_not_located``,
+    ``template_drops_*``, ``template_rewrites_history``, ``special_token_in_text``,
+    ``reserved_character``)."""
     name = profile.template.name
     check_texts(messages, tools, tok, where)
     replies = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     chosen = replies if trained is None else [k for k in replies if k in set(trained)]
     try:
         if profile.generation:
-            out = profile.template.render(messages, tools=tools, variables=profile.variables)
+            variables = {**profile.variables, **kwargs} if kwargs else profile.variables
+            out = profile.template.render(messages, tools=tools, variables=variables)
             if not out.generation:
                 raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
                                   f"conversation; nothing would be trained", where)
             spans = [(-1, a, b) for a, b in out.generation]
+            _checked(out.text, messages, [(-1, 0, 0)], tools)
             if chosen != replies:  # blocks in message order, one per reply, or the untrained ones cannot be told
                 if len(spans) != len(replies):
                     raise RecordError("reply_not_located", f"chat template {name} marks {len(spans)} generation "
@@ -194,20 +232,37 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
                                       f"be left out", where)
                 spans = [(k, a, b) for k, (_, a, b) in zip(replies, spans) if k in set(chosen)]
             return Planned((out.text,), (tuple(spans),))
-        fn, sent_fn = profile.render_fn(tools), profile.sentinel_fn(tools)
+        fn, sent_fn = profile.render_fn(tools, kwargs), profile.sentinel_fn(tools, kwargs)
         if profile.replies_alone:
-            why = "the template's replies can be located only one at a time (learned from its probe conversations)"
+            why = "the template's replies are served one at a time (learned from its probe conversations, or " \
+                  "--per-reply)"
         elif profile.rule.last_reply_only:  # --train-on last: the conversation up to its trained reply
             text, span = _alone(profile, fn, sent_fn, messages, chosen[-1], name, where)
+            _checked(text, messages, [span], tools, chosen[-1])
             return Planned((text,), ((span,),))
         else:
             try:
                 text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
-                return Planned((text,), (tuple(sp for sp in spans if sp[0] in set(chosen)),))
+                spans = [sp for sp in spans if sp[0] in set(chosen)]
+                _checked(text, messages, spans, tools)
+                return Planned((text,), (tuple(spans),))
             except NotLocated as e:
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
+            except MissingPart as e:
+                why = f"the whole render drops {e.what}"
         alone = [_alone(profile, fn, sent_fn, messages, k, name, where) for k in chosen]
+        for k, (text, span) in zip(chosen, alone):
+            _checked(text, messages, [span], tools, k)
+        if len(alone) > 1 and not profile.rule.last_reply_only:
+            raise RecordError("template_rewrites_history", f"chat template {name} renders this conversation's earlier "
+                              f"turns differently once later turns follow ({why}), so each reply is exact only as the "
+                              f"last of the conversation up to it; the mask rule learned for this dataset trains every "
+                              f"reply of an episode and cannot prove that. Prepare with --per-reply (one episode per "
+                              f"assistant reply, each training its reply), or with --reasoning last when it is earlier "
+                              f"turns' reasoning the template drops", where)
         return Planned(tuple(t for t, _ in alone), tuple((sp,) for _, sp in alone), per_reply=why)
+    except MissingPart as e:
+        raise dropped(name, e, where) from None
     except TemplateError as e:
         raise RecordError("template_error", str(e), where) from None
 
@@ -219,7 +274,10 @@ def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, 
         return locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
     except NotLocated as e:
         raise RecordError("reply_not_located", f"chat template {name}: assistant message {k} cannot be "
-                          f"located ({e.why})", where) from None
+                          f"located ({e.why}), so its trained tokens cannot be told from the token ids and the record "
+                          f"is left out; the template writes this reply without a header or end-of-turn token of its "
+                          f"own (a reply right after another assistant message often is: join the two in the record)",
+                          where) from None
 
 
 def episodes_of(planned: Planned, encoded: list[Encoded], profile: TemplateProfile, where: str = "") -> TemplateRender:
@@ -239,23 +297,28 @@ def render_messages(messages: list[dict], tools: list[dict] | None, profile: Tem
     return episodes_of(planned, [tok.encode_rendered(t) for t in planned.texts], profile, where)
 
 
-def trained_replies(conv: Conversation) -> list[int]:
-    """Indices of the assistant turns to train (not context: weight 0, ``--train-on last``)."""
-    return [i for i, t in enumerate(conv.turns) if t.role == "assistant" and not t.untrained]
+def trained_replies(turns) -> list[int]:
+    """Indices of the assistant turns to train (not context: weight 0, ``--train-on last``)
+    of ``turns`` (or of a Conversation's turns)."""
+    turns = turns.turns if isinstance(turns, Conversation) else turns
+    return [i for i, t in enumerate(turns) if t.role == "assistant" and not t.untrained]
 
 
-def plan_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, where: str = "") -> Planned:
-    """``plan_messages`` of a validated ``Conversation`` (tool-call arguments as the
-    template expects them, reasoning inline before the reply), training the assistant
-    turns that are not context."""
-    return plan_messages(conversation_messages(conv, profile.arguments), tool_schemas(conv), profile, tok, where,
-                         trained_replies(conv))
+def plan_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, where: str = "",
+                      turns: tuple | None = None) -> Planned:
+    """``plan_messages`` of a validated ``Conversation`` (``turns``: these instead of its
+    turns as given), as the template reads it (``TemplateProfile.messages``), training the
+    assistant turns that are not context."""
+    turns = conv.given_turns if turns is None else turns
+    return plan_messages(profile.messages(conv, turns), tool_schemas(conv), profile, tok, where,
+                         trained_replies(turns), conv.template_kwargs)
 
 
 def render_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
-                        where: str = "") -> TemplateRender:
-    """Render a validated ``Conversation`` with the profile's template, tokenize and mask."""
-    planned = plan_conversation(conv, profile, tok, where)
+                        where: str = "", turns: tuple | None = None) -> TemplateRender:
+    """Render a validated ``Conversation`` (``turns``: these instead of its turns as given)
+    with the profile's template, tokenize and mask."""
+    planned = plan_conversation(conv, profile, tok, where, turns)
     return episodes_of(planned, [tok.encode_rendered(t) for t in planned.texts], profile, where)
 
 

@@ -16,32 +16,32 @@ whole is kept as it is, without measuring its pairs.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..errors import RecordError, TemplateError
 from ..records.conversation import Conversation
 from ..tokenize.hf import HFTokenizer
 from .episodes import TemplateRender, render_conversation, trained_replies
-from .messages import conversation_messages, tool_schemas
+from .messages import tool_schemas
 from .profile import TemplateProfile
 
 
-def _pair_ends(conv: Conversation) -> list[int]:
+def _pair_ends(turns) -> list[int]:
     """The end (exclusive turn index) of each pair: a pair runs to the next user turn."""
-    users = [i for i, t in enumerate(conv.turns) if t.role == "user"]
-    return users[1:] + [len(conv.turns)]
+    users = [i for i, t in enumerate(turns) if t.role == "user"]
+    return users[1:] + [len(turns)]
 
 
 def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, max_tokens: int | None,
-                  where: str = "") -> tuple[TemplateRender, int]:
-    """Render ``conv`` under the length filter: the render and how many trailing pairs were
-    dropped. Raises ``RecordError`` (``too_long``, or what ``render_conversation`` raises)."""
-    out = render_conversation(conv, profile, tok, where)
+                  where: str = "", turns: tuple | None = None) -> tuple[TemplateRender, int]:
+    """Render ``conv`` (``turns``: these instead of its turns as given) under the length
+    filter: the render and how many trailing pairs were dropped. Raises ``RecordError``
+    (``too_long``, or what ``render_conversation`` raises)."""
+    turns = conv.given_turns if turns is None else turns
+    out = render_conversation(conv, profile, tok, where, turns)
     if max_tokens is None or max(len(e.ids) for e in out.episodes) <= max_tokens:
         return out, 0
-    ends = _pair_ends(conv)
-    messages = conversation_messages(conv, profile.arguments)
-    render = profile.render_fn(tool_schemas(conv))
+    ends = _pair_ends(turns)
+    messages = profile.messages(conv, turns)
+    render = profile.render_fn(tool_schemas(conv), conv.template_kwargs)
     prev = 0
     for k, end in enumerate(ends):
         try:
@@ -53,11 +53,11 @@ def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer
             raise RecordError("too_long", f"the first user/assistant pair with the turns before it renders to {n} "
                               f"tokens with chat template {profile.template.name} > --max-tokens {max_tokens}", where)
         if k > 0 and n - prev > max_tokens:
-            kept = replace(conv, turns=conv.turns[:ends[k - 1]])
+            kept = turns[:ends[k - 1]]
             if not trained_replies(kept):  # --train-on last: the reply it trains is in a dropped pair
                 raise RecordError("too_long", f"the pair holding the trained reply does not fit in --max-tokens "
                                   f"{max_tokens} (it renders to {n - prev} tokens with chat template "
                                   f"{profile.template.name})", where)
-            return render_conversation(kept, profile, tok, where), len(ends) - k
+            return render_conversation(conv, profile, tok, where, kept), len(ends) - k
         prev = n
     return out, 0

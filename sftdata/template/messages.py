@@ -1,14 +1,24 @@
 """A ``Conversation`` as the message dicts chat templates read (the OpenAI / Hugging Face
-shape), and how a template wants tool-call arguments.
+shape, as transformers' ``apply_chat_template`` passes them), and how a template wants
+tool-call arguments and message content.
 
-    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c1",
+    {"role": "assistant", "content": "4.", "thinking": "2 and 2.", "reasoning_content": "2 and 2."}
+    {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
      "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     {"role": "tool", "content": "18C", "tool_call_id": "c1", "name": "get_weather"}
 
-``arguments`` is a dict (Hugging Face's convention, most templates ``| tojson`` it) or the
-JSON text, as ``arguments_style`` found the template expects. A tool result carries the
-called function's ``name`` (matched by id, else by position) for templates that print it.
-Tools are ``{"type": "function", "function": {name, description, parameters}}``.
+* Reasoning is a field, never text in the content: ``reasoning_content``, and ``thinking``
+  beside it (transformers fills both, gpt-oss templates read ``thinking``).
+* Tool calls keep the record's id; ``arguments`` is a dict (Hugging Face's convention,
+  most templates ``| tojson`` it) or, for a template that prints arguments as they are,
+  the JSON text exactly as the record gave it (``ToolCall.text``), as ``arguments_style``
+  found the template expects. A call-only message's ``content`` is "" (a null or missing
+  content makes many templates fail, Qwen3's among them).
+* A tool result carries the called function's ``name`` (matched by id, else by position)
+  for templates that print it.
+* Content is a string, or ``[{"type": "text", "text": ...}]`` for a template that reads
+  only content parts (``content_style``).
+* Tools are the record's schemas with every key (``Conversation.tool_specs``).
 """
 
 from __future__ import annotations
@@ -18,36 +28,56 @@ from typing import Literal
 
 from ..errors import TemplateError
 from ..records.conversation import Conversation
+from ..records.turns import Turn
 from .environment import render
 
 ArgumentsStyle = Literal["dict", "string"]
+ContentStyle = Literal["string", "parts"]
 
 _PROBE_ARGS = {"city": "Paris", "days": 2}
+_PROBE_TEXT = "What is the weather like?"
 
 
 def tool_schemas(conv: Conversation) -> list[dict] | None:
+    """The tool schemas a template is given: the record's own (every key), else the
+    canonical ones of a conversation built without them."""
+    if conv.tool_specs:
+        return list(conv.tool_specs)
     if not conv.tools:
         return None
     return [{"type": "function", "function": dict(t)} for t in conv.tools]
 
 
-def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict") -> list[dict]:
-    """The message dicts for ``conv`` (fresh objects: a caller may change them)."""
+def _content(text: str, style: ContentStyle):
+    return [{"type": "text", "text": text}] if style == "parts" else text
+
+
+def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict", content: ContentStyle = "string",
+                          turns: tuple[Turn, ...] | None = None) -> list[dict]:
+    """The message dicts for ``turns`` (default: the record's turns as given,
+    ``Conversation.given_turns``); fresh objects: a caller may change them."""
     out: list[dict] = []
     pending: list[tuple[str | None, str]] = []  # (id, name) of calls not yet answered
-    for turn in conv.turns:
-        if turn.role == "assistant" and turn.tool_calls:
-            calls = []
-            for call in turn.tool_calls:
-                args = call.arguments if arguments == "dict" else json.dumps(call.arguments, ensure_ascii=False)
-                entry: dict = {"type": "function", "function": {"name": call.name, "arguments": args}}
-                if call.id is not None:
-                    entry["id"] = call.id
-                calls.append(entry)
-                pending.append((call.id, call.name))
-            out.append({"role": "assistant", "content": _with_reasoning(turn), "tool_calls": calls})
+    for turn in conv.given_turns if turns is None else turns:
+        if turn.role == "assistant":
+            msg: dict = {"role": "assistant", "content": _content(turn.text, content)}
+            if turn.tool_calls:
+                calls = []
+                for call in turn.tool_calls:
+                    if arguments == "dict":
+                        args = call.arguments
+                    else:
+                        args = call.text if call.text is not None else json.dumps(call.arguments, ensure_ascii=False)
+                    entry: dict = {} if call.id is None else {"id": call.id}
+                    entry.update(type="function", function={"name": call.name, "arguments": args})
+                    calls.append(entry)
+                    pending.append((call.id, call.name))
+                msg["tool_calls"] = calls
+            if turn.reasoning:  # as transformers' _alias_reasoning_fields passes it
+                msg = {"thinking": turn.reasoning, **msg, "reasoning_content": turn.reasoning}
+            out.append(msg)
         elif turn.role == "tool":
-            msg: dict = {"role": "tool", "content": turn.text}
+            msg = {"role": "tool", "content": _content(turn.text, content)}
             match = next((i for i, (cid, _) in enumerate(pending) if turn.tool_call_id and cid == turn.tool_call_id),
                          0 if pending else None)
             if match is not None:
@@ -56,14 +86,8 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
                 msg["tool_call_id"] = turn.tool_call_id
             out.append(msg)
         else:
-            out.append({"role": turn.role, "content": _with_reasoning(turn) if turn.role == "assistant" else turn.text})
+            out.append({"role": turn.role, "content": _content(turn.text, content)})
     return out
-
-
-def _with_reasoning(turn) -> str:
-    """An assistant turn's text with its reasoning inline before it, as Qwen3 and DeepSeek-R1
-    templates read it (a template that knows no reasoning renders it as part of the reply)."""
-    return f"<think>\n{turn.reasoning}\n</think>\n\n{turn.text}" if turn.reasoning else turn.text
 
 
 def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple[ArgumentsStyle, str]:
@@ -96,3 +120,23 @@ def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple
     if '\\"city\\"' in as_text:
         return "dict", "the template serialises arguments with tojson (JSON text would be escaped twice)"
     return "dict", "no difference found that decides; dict is Hugging Face's convention"
+
+
+def content_style(compiled, name: str, variables: dict | None = None) -> tuple[ContentStyle, str]:
+    """Whether the template reads message content as a string or only as a list of text
+    parts, and why: a user message rendered both ways; the way whose text appears wins,
+    a string where both do (or neither: the template then fails on records anyway)."""
+    def probe(content) -> str | None:
+        msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": "Sunny."}]
+        try:
+            return render(compiled, msgs, variables=variables, name=name).text
+        except TemplateError:
+            return None
+
+    as_string = probe(_PROBE_TEXT)
+    if as_string is not None and _PROBE_TEXT in as_string:
+        return "string", "the template renders string content"
+    as_parts = probe([{"type": "text", "text": _PROBE_TEXT}])
+    if as_parts is not None and _PROBE_TEXT in as_parts:
+        return "parts", "the template renders content given as text parts only"
+    return "string", "the template renders neither form of a user message's text; string is the convention"

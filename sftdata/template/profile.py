@@ -1,17 +1,28 @@
-"""Learn, once per (template, tokenizer), what marks an assistant reply, and the mask rule.
+"""Learn, once per (template, tokenizer), what marks an assistant reply, the mask rule, and
+what the template can carry.
 
-``learn_profile`` renders a few probe conversations (a plain exchange; system and two
-turns; a tool call, its result and a reply) and finds:
+``learn_profile`` renders probe conversations and finds:
 
 * the generation prompt (what ``add_generation_prompt=True`` appends: the assistant
-  header), the header texts that open a reply and the end-of-turn texts that close one;
+  header), the header texts that open a reply and the end-of-turn texts that close one
+  (a reply the template writes with no header of its own, DeepSeek's after a tool
+  result, opens after the special token before it);
 * for a template with ``{% generation %}`` blocks, the same read off its blocks;
-* whether tool-call arguments go in as a dict or as JSON text;
+* how tool-call arguments and message content go in (``messages``);
 * the ``MaskRule`` over token ids, checked on every probe: the rule must give exactly the
-  mask the render gives, or the template is refused here, once, before any record.
+  mask the render gives;
+* a stop token to append where the template writes none after the last reply (GLM ends a
+  reply with the next role's token, so its last reply has none): the tokenizer's EOS
+  (else the end-of-turn token it writes elsewhere), appended and trained, recorded.
 
-A template that writes nothing a rule can stop on (no special token after a reply), or
-whose replies cannot be located even one at a time, is refused with ``TemplateError``.
+Capabilities are probed one by one. The plain-chat probes (one and two exchanges) are
+required: a template that fails them is refused with ``TemplateError``. Then each of
+``system`` (a system message), ``tools`` (a call, its result and the reply after it) and
+``reasoning`` (a reply with ``reasoning_content``) is tried on its own: a probe that fails
+at any stage (the render raises, a part of it is not in the render, its replies cannot be
+located, its header is not on token boundaries, the rule does not reproduce its mask)
+marks that capability unsupported, with why, and leaves the rule as it was; records that
+need it are refused by name (``records``).
 """
 
 from __future__ import annotations
@@ -22,39 +33,49 @@ import numpy as np
 
 from ..chat.template_rule import MaskRule, mask_disagreement
 from ..errors import TemplateError
+from ..records.turns import Conversation, ToolCall, Turn
 from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
-from .messages import ArgumentsStyle, arguments_style
-from .spans import Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
+from .messages import ArgumentsStyle, ContentStyle, arguments_style, content_style, conversation_messages, tool_schemas
+from .parts import missing_part
+from .spans import SENT_CLOSE, Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
 
 MAX_CACHED_RENDERS = 4096
+CAPABILITIES = ("system", "tools", "reasoning")
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-# every template must render these; the system and tool probes are used when it renders them
-PROBES: tuple[tuple[tuple[dict, ...], tuple[dict, ...] | None], ...] = (
-    (({"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"}), None),
-    (({"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
-      {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6."}), None),
+
+
+def _conv(*turns: Turn, tools: tuple[dict, ...] = ()) -> Conversation:
+    return Conversation(tuple(turns), tool_specs=tools)
+
+
+# every template must render these
+PROBES: tuple[Conversation, ...] = (
+    _conv(Turn("user", "Hi there"), Turn("assistant", "Hello! How can I help?")),
+    _conv(Turn("user", "What is 2+2?"), Turn("assistant", "4."), Turn("user", "And 3+3?"), Turn("assistant", "6.")),
 )
-SYSTEM_PROBE: tuple[tuple[dict, ...], None] = (
-    ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-     {"role": "assistant", "content": "4."}), None)
-
-
-def _tool_probe(style: ArgumentsStyle) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
-    args = {"city": "Paris"} if style == "dict" else '{"city": "Paris"}'
-    return (({"role": "user", "content": "Weather in Paris?"},
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": args}}]},
-             {"role": "tool", "content": "18C and sunny", "tool_call_id": "call_1", "name": "get_weather"},
-             {"role": "assistant", "content": "It is 18C and sunny in Paris."}), (_WEATHER,))
+# each capability's probe, tried on its own
+CAPABILITY_PROBES: dict[str, Conversation] = {
+    "system": _conv(Turn("system", "Be brief."), Turn("user", "What is 2+2?"), Turn("assistant", "4.")),
+    "tools": _conv(Turn("user", "Weather in Paris?"),
+                   Turn("assistant", "", (ToolCall("get_weather", {"city": "Paris"}, "call12345", '{"city": "Paris"}'),)),
+                   Turn("tool", "18C and sunny", tool_call_id="call12345"),
+                   Turn("assistant", "It is 18C and sunny in Paris."), tools=(_WEATHER,)),
+    "reasoning": _conv(Turn("user", "What is 2+2?"),
+                       Turn("assistant", "4.", reasoning="Two and two make four.")),
+}
 
 
 @dataclass(frozen=True)
 class TemplateProfile:
     """Everything rendering needs besides the conversation; ``state()`` goes into
-    ``tokenizer_state.json``."""
+    ``tokenizer_state.json``. ``user_variables``: the ``--template-var`` values (in
+    ``variables`` with the tokenizer's token strings); ``unsupported``: each capability
+    the template cannot carry, and why; ``renders_tool_calls``: a tool call's name appears
+    in the template's render at all; ``appended_stop``: the token appended after a last
+    reply the template closes with none (None: it always closes them)."""
 
     template: ChatTemplate
     variables: dict = field(hash=False)
@@ -64,23 +85,46 @@ class TemplateProfile:
     rule: MaskRule
     arguments: ArgumentsStyle
     arguments_reason: str
-    tools_supported: bool
-    replies_alone: bool = False  # the template's replies are found one at a time only (learned)
+    content: ContentStyle = "string"
+    unsupported: dict = field(default_factory=dict, hash=False)
+    renders_tool_calls: bool = True
+    appended_stop: str | None = None
+    user_variables: dict = field(default_factory=dict, hash=False)
+    replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    def render_fn(self, tools: list[dict] | None = None):
+    @property
+    def tools_supported(self) -> bool:
+        return "tools" not in self.unsupported
+
+    def supports(self, capability: str) -> bool:
+        return capability not in self.unsupported
+
+    def messages(self, conv: Conversation, turns: tuple[Turn, ...] | None = None) -> list[dict]:
+        """``conv``'s message dicts as this template reads them (``turns``: these instead of its own)."""
+        return conversation_messages(conv, self.arguments, self.content, turns)
+
+    def render_fn(self, tools: list[dict] | None = None, kwargs: dict | None = None):
+        """Render messages (``kwargs``: a record's own template variables over the profile's),
+        the appended stop after a last reply the template leaves unclosed."""
+        variables = {**self.variables, **kwargs} if kwargs else self.variables
+        stop, ends = self.appended_stop, self.layout.end_texts
+
         def fn(messages, add_generation_prompt=False):
-            return self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                        variables=self.variables).text
+            text = self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                        variables=variables).text
+            if stop is not None and not add_generation_prompt and not text.rstrip().endswith(ends):
+                text += stop
+            return text
         return fn
 
-    def sentinel_fn(self, tools: list[dict] | None = None):
+    def sentinel_fn(self, tools: list[dict] | None = None, kwargs: dict | None = None):
         """``render_fn`` for the sentinel copies of conversations, cached: such a render
         depends on the conversation's structure alone (roles, tool calls, tools), which few
         records of a corpus differ in, so most records need one render instead of two."""
-        plain = self.render_fn(tools)
-        tools_key = repr(tools)
+        plain = self.render_fn(tools, kwargs)
+        tools_key = (repr(tools), repr(kwargs))
 
         def fn(messages, add_generation_prompt=False, key=None):
             """``key``: the messages' ``plain_structure`` (they are then looked up by it)."""
@@ -107,7 +151,13 @@ class TemplateProfile:
         return {"chat_template": {**self.template.state(), "generation_blocks": self.generation,
                                   "generation_prompt": self.generation_prompt,
                                   "header_texts": list(self.layout.header_texts),
-                                  "end_texts": list(self.layout.end_texts)},
+                                  "end_texts": list(self.layout.end_texts),
+                                  "appended_stop": self.appended_stop,
+                                  "variables": self.user_variables,
+                                  "capabilities": {c: self.unsupported.get(c, "supported") for c in CAPABILITIES},
+                                  "renders_tool_calls": self.renders_tool_calls,
+                                  "content": self.content,
+                                  "per_reply": self.replies_alone},
                 "mask_rule": self.rule.state(),
                 "tool_arguments": {"style": self.arguments, "reason": self.arguments_reason}}
 
@@ -131,9 +181,18 @@ def _first_added(text: str, lo: int, hi: int, added: list[str]) -> tuple[int, st
     return best
 
 
-def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str) -> Layout:
-    headers: list[str] = [gen_prompt] if gen_prompt else []
-    ends: list[str] = []
+@dataclass
+class _Found:
+    """What the probes showed so far: headers, end-of-turn texts, and whether a last reply is left unclosed."""
+
+    headers: list[str]
+    ends: list[str]
+    unclosed: bool = False
+
+
+def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, found: _Found) -> None:
+    """Add to ``found`` what ``probes`` show (``render``: messages, tools -> text)."""
+    headers, ends = found.headers, found.ends
     first = _first_added(gen_prompt, 0, len(gen_prompt), added) if gen_prompt else None
     shortest = first[0] + len(first[1]) + 1 if first else len(gen_prompt)
     for messages, tools in probes:
@@ -146,11 +205,15 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str) 
             at = s.find(mark)
             if at < 0:
                 continue  # a template may drop earlier replies; the per-reply path handles those
-            end = _first_added(s, at + len(mark), len(s), added)
+            nxt = s.find("\ufdd2", at + len(mark))  # the next message's text: a reply's end comes before it
+            end = _first_added(s, at + len(mark), len(s) if nxt < 0 else nxt, added)
             if end is None:
-                raise TemplateError(f"chat template {name} writes no special token after an assistant reply, so no "
-                                    f"rule can tell where a reply stops (the model would never learn to stop)")
-            if end[1] not in ends:
+                if s[at + len(mark):].strip() or i != len(messages) - 1:
+                    raise TemplateError(f"chat template {name} writes no special token after an assistant reply, "
+                                        f"so no rule can tell where a reply stops (the model would never learn to "
+                                        f"stop)")
+                found.unclosed = True  # the last reply, closed by nothing: a stop is appended
+            elif end[1] not in ends:
                 ends.append(end[1])
             if gen_prompt and not s.endswith(gen_prompt, 0, at):
                 # a generation prompt that supplies more than the role header (Qwen3 without
@@ -160,17 +223,28 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str) 
                           if s.endswith(gen_prompt[:k], 0, at)), None)
                 if k is not None and gen_prompt[:k] not in headers:
                     headers.append(gen_prompt[:k])
-            if not gen_prompt:
-                head = _last_added(s, 0, at, added)
-                if head is None:
-                    raise TemplateError(f"chat template {name} writes no assistant header and no special token "
-                                        f"before a reply; a reply's start cannot be told from the token ids")
-                if head[1] not in headers:
-                    headers.append(head[1])
-    if not ends:
+            since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
+            if not any(s.rfind(h, since, at) >= 0 for h in headers):
+                headers.append(_own_header(s, since, at, gen_prompt, shortest, added, name))
+    if not ends and not found.unclosed:
         raise TemplateError(f"chat template {name} renders no assistant reply's text in a probe conversation; "
                             f"replies cannot be located")
-    return Layout(tuple(headers), tuple(ends))
+
+
+def _own_header(s: str, since: int, at: int, gen_prompt: str, shortest: int, added: list[str], name: str) -> str:
+    """The header of a reply the generation prompt does not open (Command R7B writes
+    ``<|START_RESPONSE|>`` after the role tokens): from the longest start of the generation
+    prompt before it to the reply; a reply with no header of its own (DeepSeek writes the
+    reply after a tool result bare) opens after the special token before it."""
+    for k in range(len(gen_prompt), max(shortest, 1) - 1, -1):
+        pos = s.rfind(gen_prompt[:k], since, at)
+        if pos >= 0:
+            return s[pos:at]
+    head = _last_added(s, since, at, added)
+    if head is None:
+        raise TemplateError(f"chat template {name} writes no assistant header and no special token "
+                            f"before a reply; a reply's start cannot be told from the token ids")
+    return head[1]
 
 
 def _generation_layout(render_full, probes, gen_prompt: str, added: list[str], name: str) -> tuple[Layout, bool]:
@@ -207,44 +281,47 @@ def _generation_layout(render_full, probes, gen_prompt: str, added: list[str], n
     return Layout(tuple(headers), tuple(ends)), inclusive.pop()
 
 
-def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | None = None) -> TemplateProfile:
-    """Learn the template's layout and mask rule with this tokenizer. Raises ``TemplateError``."""
-    name = template.name
-    vars_ = {**tok.token_strings, **(variables or {})}
+def _appended_stop(tok: HFTokenizer, ends: list[str]) -> str:
+    """The token appended after a last reply the template leaves unclosed: the tokenizer's
+    EOS when it is one of its added tokens, else the end-of-turn token it writes elsewhere."""
+    eos = tok.token_strings.get("eos_token")
+    if eos is not None and eos in tok.added_tokens:
+        return eos
+    if ends:
+        return ends[0]
+    raise TemplateError("the template writes no special token after a reply, and the tokenizer names no EOS token "
+                        "to append; give the tokenizer's eos_token in its tokenizer_config.json")
 
-    def render_full(messages, tools=None, add_generation_prompt=False):
-        return template.render(messages, tools=list(tools) if tools else None,
-                               add_generation_prompt=add_generation_prompt, variables=vars_)
 
-    def render(messages, tools=None, add_generation_prompt=False):
-        return render_full(messages, tools, add_generation_prompt).text
+@dataclass(frozen=True)
+class _Fit:
+    layout: Layout
+    rule: MaskRule
+    appended_stop: str | None
+    replies_alone: bool
 
-    style, why = arguments_style(template.compiled(), name, vars_)
-    probes = list(PROBES)
-    for messages, tools in probes:
-        render(list(messages), tools)  # a template that raises on a plain probe is refused with its message
-    optional = {"system": SYSTEM_PROBE, "tools": _tool_probe(style)}
-    supported = {}
-    for key, (messages, tools) in optional.items():
-        try:
-            render(list(messages), tools)
-            probes.append((messages, tools))
-            supported[key] = True
-        except TemplateError:  # a template may refuse system messages or tools; records that have them are refused
-            supported[key] = False
-    tools_supported = supported["tools"]
-    lone = [{"role": "user", "content": "Hi there"}]
-    try:
-        plain, prompted = render(lone), render(lone, add_generation_prompt=True)
-        gen_prompt = prompted[len(plain):] if prompted.startswith(plain) else ""
-    except TemplateError:
-        gen_prompt = ""
-    added = sorted((t for t in tok.added_tokens if t.strip()), key=len, reverse=True)
-    generation = template.has_generation_blocks
-    if generation:
-        layout, inclusive = _generation_layout(render_full, probes, gen_prompt, added, name)
+
+def _fit(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict] | None]], tok: HFTokenizer,
+         render_full, added: list[str], replies_alone: bool, learn_alone: bool = True, ends: tuple[str, ...] = ()) -> _Fit:
+    """The layout and rule that fit every probe, checked: each probe's parts are in its
+    render and the rule gives exactly its mask. Raises ``TemplateError`` (``NotLocated``
+    when a probe's replies are found one at a time only and ``learn_alone`` is False:
+    a capability's probe may not turn every record into one episode per reply). ``ends``:
+    end-of-turn texts to use besides those learned."""
+    name = draft.template.name
+
+    def render(messages, tools=None):
+        return render_full(messages, tools).text
+
+    if draft.generation:
+        layout, inclusive = _generation_layout(render_full, probes, draft.generation_prompt, added, name)
+        stop = None
     else:
-        layout, inclusive = _learn_layout(render, probes, gen_prompt, added, name), True
+        found = _Found([draft.generation_prompt] if draft.generation_prompt else [], list(ends))
+        _learn_layout(render, probes, draft.generation_prompt, added, name, found)
+        stop = _appended_stop(tok, found.ends) if found.unclosed else None
+        ends = found.ends + ([stop] if stop is not None and stop not in found.ends else [])
+        layout, inclusive = Layout(tuple(found.headers), tuple(ends)), True
     end_ids = []
     for t in layout.end_texts:
         tid = tok.token_id(t)
@@ -252,31 +329,177 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
             raise TemplateError(f"chat template {name}: the end-of-turn text {t!r} is not one token of this "
                                 f"tokenizer; use the tokenizer the template was written for")
         end_ids.append(tid)
-    draft = TemplateProfile(template, vars_, generation, gen_prompt, layout, MaskRule((), ()), style, why,
-                            tools_supported)
+    profile = replace(draft, layout=layout, appended_stop=stop, rule=MaskRule((), ()), renders={})
     try:
-        episodes = [ep for messages, tools in probes for ep in _probe_episodes(draft, list(messages), tools, render_full)]
-        last_only = False
-    except NotLocated:  # some probe's replies are found only one at a time: so is every record's
         episodes = [ep for messages, tools in probes
-                    for ep in _probe_episodes(draft, list(messages), tools, render_full, per_reply=True)]
-        last_only = True
+                    for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=replies_alone)]
+    except NotLocated:  # some probe's replies are found only one at a time: so is every record's
+        if not learn_alone:
+            raise
+        replies_alone = True
+        episodes = [ep for messages, tools in probes
+                    for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=True)]
     encoded = [(text, spans, tok.encode_rendered(text)) for text, spans in episodes]
     headers: list[tuple[int, ...]] = []
     for text, spans, enc in encoded:
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
-    profile = replace(draft, rule=MaskRule(tuple(headers), tuple(end_ids), inclusive, last_only),
-                      replies_alone=last_only)
+    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone)
     for _, spans, enc in encoded:
-        mask = token_mask(enc.offsets, spans)
-        at = mask_disagreement(enc.ids, mask, profile.rule)
+        at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:
             raise TemplateError(f"chat template {name}: the mask rule learned from it does not reproduce its own "
                                 f"mask on a probe conversation (token {at}: {tok.token_text(int(enc.ids[at]))!r}); "
                                 f"its assistant header or end-of-turn token may be tokenized differently in context")
-    return profile
+    return _Fit(layout, rule, stop, replies_alone)
+
+
+def _why(e: Exception, name: str) -> str:
+    text = str(e)
+    for prefix in (f"chat template {name}: ", f"chat template {name} "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | None = None,
+                  per_reply: bool = False) -> TemplateProfile:
+    """Learn the template's layout, mask rule and capabilities with this tokenizer
+    (``variables``: ``--template-var``; ``per_reply``: serve every record one episode per
+    reply). Raises ``TemplateError`` when the plain-chat probes fail."""
+    name = template.name
+    user_vars = dict(variables or {})
+    # what transformers gives every template: the tokenizer's special token strings, documents
+    vars_ = {**tok.token_strings, "documents": None, **user_vars}
+
+    def render_full(messages, tools=None, add_generation_prompt=False):
+        return template.render(messages, tools=list(tools) if tools else None,
+                               add_generation_prompt=add_generation_prompt, variables=vars_)
+
+    style, why = arguments_style(template.compiled(), name, vars_)
+    content, _ = content_style(template.compiled(), name, vars_)
+    added = sorted((t for t in tok.added_tokens if t.strip()), key=len, reverse=True)
+    draft = TemplateProfile(template, vars_, template.has_generation_blocks, "", Layout((), ()),
+                            MaskRule((), ()), style, why, content, user_variables=user_vars)
+    needs_tools = False
+
+    def probe(conv: Conversation) -> tuple[list[dict], list[dict] | None]:
+        return draft.messages(conv), tool_schemas(conv) or ([_WEATHER] if needs_tools else None)
+
+    required = [probe(c) for c in PROBES]
+    try:
+        for messages, tools in required:
+            render_full(messages, tools)
+    except TemplateError as e:  # a template for tool use only (Hermes' tool_use) renders nothing without tools
+        needs_tools = True
+        required = [probe(c) for c in PROBES]
+        try:
+            for messages, tools in required:
+                render_full(messages, tools)
+        except TemplateError:
+            raise e from None  # it is refused with its message
+    lone = [{"role": "user", "content": "Hi there"}]
+    tools = [_WEATHER] if needs_tools else None
+    try:
+        plain, prompted = render_full(lone, tools).text, render_full(lone, tools, add_generation_prompt=True).text
+        prompt = prompted[len(plain):] if prompted.startswith(plain) else ""
+        draft = replace(draft, generation_prompt=prompt or _written_prompt(render_full, tools, added))
+    except TemplateError:
+        pass
+    fit = _fit(draft, required, tok, render_full, added, per_reply)
+    accepted = list(required)
+    unsupported: dict[str, str] = {}
+    for cap in CAPABILITIES:
+        messages, tools = probe(CAPABILITY_PROBES[cap])
+        try:
+            text = render_full(messages, tools).text
+            if cap == "system" and "Be brief." not in text:
+                raise TemplateError(f"chat template {name}: drops the system message's text")
+            try:
+                fit = _fit(draft, accepted + [(messages, tools)], tok, render_full, added, fit.replies_alone, False,
+                           fit.layout.end_texts)
+            except (TemplateError, NotLocated) as e:
+                if cap != "tools":
+                    raise
+                fit = _call_ends(draft, accepted, (messages, tools), tok, render_full, added, fit, e)
+            accepted.append((messages, tools))
+        except (TemplateError, NotLocated) as e:
+            unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
+                f"in the whole render ({e.why})"
+    renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"]))
+    if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
+        unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
+    return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
+                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls)
+
+
+def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render_full, added: list[str],
+               fit: _Fit, failed: Exception) -> _Fit:
+    """The fit with the token a template ends a tool-call reply with (gpt-oss's ``<|call|>``,
+    Gemma 4's ``<tool_call|>``, Command R's ``<|END_ACTION|>``), where its plain replies
+    end otherwise: each added token the template writes after the call's name, in order
+    (known end-of-turn tokens, then special tokens, then other added tokens), is tried
+    until one fits. Raises the first failure when none does."""
+    messages, tools = probe
+    k = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
+    mark = f"\ufdd2n{k}\ufdd3"
+    seen: list[str] = []
+    # what follows the call's name when the conversation ends with it, then when it goes on
+    # (GLM ends a reply with the next message's role token)
+    for upto in (k + 1, len(messages)):
+        sent, _ = sentinel_messages(messages[:upto])
+        text = render_full(sent, tools).text
+        at = text.find(mark)
+        if at < 0:
+            raise failed
+        nxt = text.find("\ufdd2", at + len(mark))
+        tail, pos = text[at + len(mark): nxt if nxt >= 0 else len(text)], 0
+        while (hit := _first_added(tail, pos, len(tail), added)) is not None:
+            seen += [hit[1]] if hit[1] not in seen else []
+            pos = hit[0] + len(hit[1])
+    known = fit.layout.end_texts
+    order = [t for t in seen if t in known] + [t for t in seen if t not in known and t in tok.special_tokens] + \
+        [t for t in seen if t not in known and t not in tok.special_tokens]
+    for end in order[:8]:
+        try:
+            return _fit(draft, accepted + [probe], tok, render_full, added, fit.replies_alone, False, known + (end,))
+        except (TemplateError, NotLocated):
+            continue
+    raise failed
+
+
+def _written_prompt(render_full, tools, added: list[str]) -> str:
+    """The assistant header of a template that writes it after the last user message
+    whether a generation prompt is asked for or not (Firefunction, Command R7B): what
+    follows a user message's text when it ends the conversation, less the end-of-turn
+    token that closes it (the first added token); "" when nothing is left."""
+    mark = "\ufdd2c0\ufdd3"
+    text = render_full([{"role": "user", "content": mark}], tools).text
+    at = text.find(mark)
+    if at < 0:
+        return ""
+    tail = text[at + len(mark):]
+    first = _first_added(tail, 0, len(tail), added)
+    if first is None:
+        return ""
+    rest = tail[first[0] + len(first[1]):]
+    return rest if _first_added(rest, 0, len(rest), added) is not None and rest.strip() else ""
+
+
+def _renders_calls(render_full, messages: list[dict], tools) -> bool:
+    """Whether the template writes a tool call's name at all (after the user's text, so not
+    the schema's): in a call without its result and tools, else in the whole tool probe."""
+    asked = messages[0]["content"]
+    asked = asked if isinstance(asked, str) else asked[0]["text"]
+    for msgs, tls in ((messages[:2], None), (messages, tools)):
+        try:
+            text = render_full(msgs, tls).text
+        except TemplateError:
+            continue
+        at = text.find(asked)
+        return at >= 0 and "get_weather" in text[at + len(asked):]
+    return False
 
 
 def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name: str) -> tuple[int, ...]:
@@ -298,15 +521,19 @@ def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name:
 
 def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
                     per_reply: bool = False) -> list[tuple[str, list]]:
-    """A probe's episodes as ``(text, [(start, end), ...])``, located as records will be.
-    Raises ``NotLocated`` when the whole render fails and ``per_reply`` is not set."""
+    """A probe's episodes as ``(text, [(start, end), ...])``, located as records will be,
+    each checked to hold every part of its conversation (``parts``). Raises ``NotLocated``
+    when the whole render fails and ``per_reply`` is not set, ``TemplateError`` when a
+    part is missing."""
     name = profile.template.name
     if profile.generation:
         out = render_full(messages, tools)
+        _check_parts(out.text, messages, {-1: (0, 0)}, tools, name)
         return [(out.text, list(out.generation))]
     fn = profile.render_fn(list(tools) if tools else None)
     if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)
+        _check_parts(text, messages, {k: (a, b) for k, a, b in spans}, tools, name)
         return [(text, [(a, b) for _, a, b in spans])]
     episodes = []
     for k, m in enumerate(messages):
@@ -317,5 +544,12 @@ def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
         except NotLocated as e:
             raise TemplateError(f"chat template {name}: assistant message {k} of a probe conversation "
                                 f"cannot be located ({e.why})") from None
+        _check_parts(text, messages[:k + 1], {k: (a, b)}, tools, name)
         episodes.append((text, [(a, b)]))
     return episodes
+
+
+def _check_parts(text: str, messages, spans, tools, name: str) -> None:
+    missing = missing_part(text, messages, spans, tools)
+    if missing is not None:
+        raise TemplateError(f"chat template {name}: its render drops {missing[1]} ({missing[0]})")

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import RecordError
+from ..errors import RecordError, TemplateError
 from ..records.conversation import Conversation
+from ..records.turns import STRUCTURAL_REPAIRS, Turn
 from ..tokenize.hf import HFTokenizer
 from .chat_template import load_chat_template
 from .chunk import chunk_episodes
@@ -26,26 +27,122 @@ from .profile import TemplateProfile, learn_profile
 @dataclass(frozen=True)
 class RecordEpisodes:
     """A record's episodes; ``per_reply``: served one episode per assistant reply (why),
-    ``pairs_dropped``: trailing pairs the length filter dropped."""
+    ``pairs_dropped``: trailing pairs the length filter dropped; ``repairs`` and ``counts``:
+    what was repaired in the record (per record) and counted per assistant turn, under
+    this template (the record's own, less what the template did not need)."""
 
     episodes: tuple[Episode, ...]
     per_reply: str | None
     pairs_dropped: int
+    repairs: tuple[str, ...] = ()
+    counts: tuple[str, ...] = ()
 
 
 def model_profile(tok: HFTokenizer, spec: str | None, variables: dict | None = None,
-                  last_reply_only: bool = False) -> TemplateProfile:
+                  last_reply_only: bool = False, per_reply: bool = False) -> TemplateProfile:
     """The profile of the template ``spec`` names (``model``, ``model:NAME``, a preset, a
     ``.jinja`` file; None: the tokenizer folder's own), learned with ``tok``. Raises
     ``TemplateError`` (a folder without a template names the presets).
 
-    ``last_reply_only`` (``--train-on last``): each episode trains its last reply only,
-    and its rule says so (each record is one episode: the conversation up to the reply it
-    trains)."""
-    profile = learn_profile(load_chat_template(spec, tok), tok, variables)
+    ``variables``: ``--template-var``. ``last_reply_only`` (``--train-on last``): each
+    episode trains its last reply only, and its rule says so (each record is one episode:
+    the conversation up to the reply it trains). ``per_reply`` (``--per-reply``): every
+    record is served one episode per assistant reply, each training that reply."""
+    profile = learn_profile(load_chat_template(spec, tok), tok, variables, per_reply)
     if last_reply_only and not profile.rule.last_reply_only:
         profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
     return profile
+
+
+def require_tool_calls(profile: TemplateProfile) -> None:
+    """``prepare-tool``'s check, once before any record: a template that renders no tool
+    call at all would lose every call, so it is refused by name (``TemplateError``)."""
+    if not profile.renders_tool_calls:
+        raise TemplateError(f"chat template {profile.template.name} renders no tool call (a call's name does not "
+                            f"appear in its render), so every tool call of the records would be lost; prepare-tool "
+                            f"refuses it. Use a template that renders tool calls (--chat-template model:NAME, a "
+                            f"preset such as llama3 or chatml, or a .jinja file), or prepare-chat for records "
+                            f"without tools")
+
+
+def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, where: str) -> RecordError:
+    return RecordError(f"template_cannot_render_{capability}", f"the record holds {what}, which chat template "
+                       f"{profile.template.name} cannot render ({profile.unsupported[capability]}); {fix}", where)
+
+
+def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) -> Conversation:
+    """``conv`` as far as the template can carry it: a record holding a system message or
+    tools the template cannot render is refused by name; reasoning a template ignores is
+    dropped and counted per turn (``reasoning_ignored_by_template``; ``--reasoning inline``
+    writes it into the reply instead, before this), refused where a reply holds nothing
+    else (``template_drops_reasoning``)."""
+    turns = conv.turns
+    if not profile.supports("system") and turns and turns[0].role == "system":
+        raise _cannot(profile, "system", "a system message", "drop the system message from the record, or use a "
+                      "template with a system role (--chat-template)", where)
+    if not profile.supports("tools") and (conv.tools or any(t.tool_calls or t.role == "tool" for t in turns)):
+        raise _cannot(profile, "tools", "tool schemas, calls or results", "use a template that renders tool "
+                      "calls (--chat-template model:NAME or FILE.jinja), or drop the tool records", where)
+    if profile.supports("reasoning") or not any(t.reasoning for t in turns):
+        return conv
+    for i, t in enumerate(turns):
+        if t.reasoning and not t.text.strip() and not t.tool_calls:
+            raise RecordError("template_drops_reasoning", f"assistant message {i} holds only reasoning, which chat "
+                              f"template {profile.template.name} does not render "
+                              f"({profile.unsupported['reasoning']}), so nothing of it would be trained; prepare with "
+                              f"--reasoning inline (the reasoning written into the reply as text) or --reasoning "
+                              f"drop", where)
+
+    def strip(ts: tuple[Turn, ...]) -> tuple[Turn, ...]:
+        return tuple(replace(t, reasoning="") if t.reasoning else t for t in ts)
+
+    ignored = sum(1 for t in turns if t.reasoning)
+    counts = list(conv.turn_counts)
+    for _ in range(ignored):
+        counts.remove("reasoning_kept")
+    return replace(conv, turns=strip(turns), given=strip(conv.given),
+                   turn_counts=tuple(counts) + ("reasoning_ignored_by_template",) * ignored)
+
+
+#: what a template's render of a record as given may fail with, so that a repaired record is tried
+UNRENDERED = ("template_error", "template_rewrites_history", "reply_not_located")
+
+
+def _stages(conv: Conversation) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
+    """What a template is given, in order, with the repairs each counts: the record as
+    given; with the structural repairs (same-role turns merged, tool results in call
+    order, a JSON list of results split); and then without a leading assistant turn."""
+    base = tuple(r for r in conv.repairs if r not in STRUCTURAL_REPAIRS)
+    out = [(conv.given_turns, base)]
+    if conv.given:
+        out.append((conv.turns, base + tuple(r for r in conv.repairs if r in STRUCTURAL_REPAIRS[:3])))
+    turns, repairs = out[-1]
+    first = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+    if first < len(turns) and turns[first].role == "assistant":
+        user = next((i for i, t in enumerate(turns) if t.role == "user"), None)
+        if user is not None:
+            out.append((turns[:first] + turns[user:], repairs + ("dropped_leading_assistant",)))
+    return out
+
+
+def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
+                where: str) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
+    """The plan of the first of ``_stages`` the template renders (``UNRENDERED``), its turns
+    and repairs. Raises ``RecordError``: the first stage's, saying what else was tried."""
+    stages = _stages(conv)
+    first: RecordError | None = None
+    for turns, repairs in stages:
+        try:
+            return plan_conversation(conv, profile, tok, where, turns), turns, repairs
+        except RecordError as e:
+            if e.reason not in UNRENDERED:
+                raise
+            first = first or e
+    tried = [r.replace("_", " ") for r in stages[-1][1] if r not in stages[0][1]]
+    also = f" (sftdata tried it also with these repairs: {', '.join(tried)})" if tried else ""
+    fix = ". Fix the record so that the template accepts it, or use a template that does (--chat-template)" \
+        if first.reason == "template_error" else ""
+    raise RecordError(first.reason, f"{first.detail}{also}{fix}", where)
 
 
 def _check_trained(conv: Conversation, profile: TemplateProfile, where: str) -> None:
@@ -83,18 +180,23 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
     faster than tokenizing between renders; the fast engine's per-call cost paid once), then the masks are made and proven for
     the whole chunk at once (``chunk_episodes``)."""
     plans: list[Planned | RecordError] = []
+    chosen: list[tuple[Conversation, tuple[Turn, ...], tuple[str, ...]] | None] = []
     for conv, where in items:
         try:
+            conv = fit_to_template(conv, profile, where)
             _check_trained(conv, profile, where)
-            plans.append(plan_conversation(conv, profile, tok, where))
+            plan, turns, repairs = plan_record(conv, profile, tok, where)
+            plans.append(plan)
+            chosen.append((conv, turns, repairs))
         except RecordError as e:
             plans.append(e)
+            chosen.append(None)
     planned = [(p, where) for p, (_, where) in zip(plans, items) if isinstance(p, Planned)]
     encoded = tok.encode_rendered_many([t for p, _ in planned for t in p.texts])
     renders = iter(chunk_episodes([p for p, _ in planned], encoded, profile, tok, [w for _, w in planned]))
     del encoded
     out: list[RecordEpisodes | RecordError] = []
-    for (conv, where), p in zip(items, plans):
+    for (_, where), p, c in zip(items, plans, chosen):
         if isinstance(p, RecordError):
             out.append(p)
             continue
@@ -102,11 +204,13 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
         if isinstance(render, RecordError):
             out.append(render)
             continue
+        conv, turns, repairs = c
         try:
             dropped = 0
             if max_tokens is not None and max(len(e.ids) for e in render.episodes) > max_tokens:
-                render, dropped = render_within(conv, profile, tok, max_tokens, where)
-            out.append(_proven(render, dropped, profile, tok, where))
+                render, dropped = render_within(conv, profile, tok, max_tokens, where, turns)
+            out.append(replace(_proven(render, dropped, profile, tok, where), repairs=repairs,
+                               counts=conv.turn_counts))
         except RecordError as e:
             out.append(e)
     return out

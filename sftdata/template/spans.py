@@ -21,6 +21,7 @@ conversation up to it.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from collections.abc import Callable
@@ -100,18 +101,24 @@ def _plain_originals(messages: list[dict]) -> dict[tuple[str, int], str]:
 
 def _verbatim(r: str, pos: int, orig: str, piece: str, last: bool) -> int | None:
     """Where the template's next ``piece`` starts in ``r`` when the message text at ``pos``
-    is ``orig`` as written, or as Jinja's ``trim`` (or one-sided strip) left it: most
-    templates trim message text, and the piece after it (an end-of-turn and the next
-    header) recurs, so it cannot be searched for."""
+    is ``orig`` as written, as Jinja's ``trim`` (or one-sided strip) left it, or escaped
+    by ``tojson``: most templates trim message text, and the piece after it (an
+    end-of-turn and the next header) recurs, so it cannot be searched for."""
     end = pos + len(orig)  # as written first: the common case, without building the stripped copies
     if r.startswith(orig, pos) and r.startswith(piece, end) and (not last or end + len(piece) == len(r)):
         return end
-    for text in dict.fromkeys((orig.strip(), orig.rstrip(), orig.lstrip())):
+    for text in dict.fromkeys((orig.strip(), orig.rstrip(), orig.lstrip(), *_escaped(orig))):
         end = pos + len(text)
         if text != orig and r.startswith(text, pos) and r.startswith(piece, end) and \
                 (not last or end + len(piece) == len(r)):
             return end
     return None
+
+
+def _escaped(orig: str) -> tuple[str, ...]:
+    """``orig`` as a template's ``tojson`` writes it inside its quotes (Llama 3.1 and gpt-oss
+    print a tool result so), non-ASCII kept and escaped."""
+    return json.dumps(orig, ensure_ascii=False)[1:-1], json.dumps(orig)[1:-1]
 
 
 @dataclass(frozen=True)
@@ -133,10 +140,20 @@ def sentinel_plan(s: str, layout: Layout, targets: tuple[int, ...]) -> SentinelP
     keys = tuple((k, i) for k, i, _, _ in found)
     s_starts = [0] + [e for _, _, _, e in found]
     pieces = tuple(s[a: (found[j][2] if j < len(found) else len(s))] for j, a in enumerate(s_starts))
+    # a call's name printed again in a later message (gpt-oss and Gemma 4 head a tool result
+    # with the name of the call it answers) is an echo: not where its message is
+    seen: set[tuple[str, int]] = set()
+    own = []
+    for f in found:
+        if f[0] == "n" and (f[0], f[1]) in seen:
+            continue
+        seen.add((f[0], f[1]))
+        own.append(f)
     error = None
-    if len(set(keys)) != len(keys):
+    texts = [key for key in keys if key[0] == "c"]
+    if len(set(texts)) != len(texts):
         error = NotLocated(None, "the template renders a message's text more than once")
-    elif any(b[1] < a[1] for a, b in zip(found, found[1:])):
+    elif any(b[1] < a[1] for a, b in zip(own, own[1:])):
         error = NotLocated(None, "the template renders messages out of order")
 
     def at(x: int) -> tuple[int, int]:
@@ -147,11 +164,11 @@ def sentinel_plan(s: str, layout: Layout, targets: tuple[int, ...]) -> SentinelP
     floor = 0
     try:
         for i in targets:
-            mine = [f for f in found if f[1] == i]
+            mine = [f for f in own if f[1] == i]
             if not mine:
                 raise NotLocated(i, "its text is not in the render")
             a0, a1 = mine[0][2], mine[-1][3]
-            before = [f[3] for f in found if f[1] != i and f[3] <= a0]
+            before = [f[3] for f in own if f[1] != i and f[3] <= a0]
             lo = max([floor, *before[-1:]])
             head = max((s.rfind(h, lo, a0) + len(h) for h in layout.header_texts if s.rfind(h, lo, a0) >= 0),
                        default=-1)

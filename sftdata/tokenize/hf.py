@@ -15,8 +15,9 @@ Two encodings, on purpose:
   comes with its character offsets for span finding.
 
 A folder may hold ``tokenizer_config.json`` (``bos_token``, ``eos_token``, ``pad_token``,
-``chat_template`` as a string or a list of ``{"name", "template"}``) and
-``special_tokens_map.json``; both are optional.
+``chat_template`` as a string or a list of ``{"name", "template"}``),
+``special_tokens_map.json``, and the chat templates as files (``chat_template.jinja``,
+``additional_chat_templates/NAME.jinja``: ``folder_templates``); all are optional.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..errors import TokenizerError
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
+from .hub import is_hub_id, resolve_hub
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
 MAX_TOKEN_ID = 2**32 - 1
@@ -79,6 +81,38 @@ def _templates_of(config: dict, where: Path) -> dict[str, str]:
                                        and isinstance(t.get("template"), str) for t in value):
         return {t["name"]: t["template"] for t in value}
     raise TokenizerError(f"{where}: chat_template must be a string or a list of {{'name', 'template'}} objects")
+
+
+TEMPLATE_FILE = "chat_template.jinja"  # a folder's template as current transformers saves it
+TEMPLATE_DIRS = ("additional_chat_templates", "chat_templates")  # its named templates, NAME.jinja
+LEGACY_TEMPLATE_FILE = "chat_template.json"  # {"chat_template": ...}, as processors saved it
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"cannot read the chat template {path}: {e}") from None
+
+
+def folder_templates(folder: Path, config: dict) -> dict[str, str]:
+    """A model folder's chat templates as ``{name: text}`` (``default`` the folder's own),
+    where transformers finds them: ``chat_template.jinja`` and ``additional_chat_templates/``
+    (or ``chat_templates/``) ``NAME.jinja`` files, which take priority over
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{"name",
+    "template"}``), else a processor's ``chat_template.json``."""
+    found: dict[str, str] = {}
+    if (folder / TEMPLATE_FILE).is_file():
+        found["default"] = _read_template(folder / TEMPLATE_FILE)
+    for sub in TEMPLATE_DIRS:
+        for path in sorted((folder / sub).glob("*.jinja")) if (folder / sub).is_dir() else ():
+            found.setdefault(path.stem, _read_template(path))
+    if found:
+        return found
+    own = _templates_of(config, folder / "tokenizer_config.json")
+    if not own and (folder / LEGACY_TEMPLATE_FILE).is_file():
+        own = _templates_of(_read_json(folder / LEGACY_TEMPLATE_FILE), folder / LEGACY_TEMPLATE_FILE)
+    return own
 
 
 def _check_ids(doc: dict, path: Path) -> int:
@@ -138,6 +172,7 @@ class HFTokenizer:
         self.path = str(path.resolve())
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
+        self.hub: dict | None = None  # a Hub model id's repo_id, revision and resolved commit (``hub``)
         self.file_sha256 = hashlib.sha256(data).hexdigest()
         model = doc["model"]
         self._vocab: dict | None = model.get("vocab") if isinstance(model.get("vocab"), dict) else None
@@ -162,7 +197,7 @@ class HFTokenizer:
         self.eos_id: int | None = ids.get("eos_token")
         self.pad_id, self.pad_source = default_pad(ids.get("pad_token"), self.special_tokens, self.eos_id,
                                                    self.bos_id)
-        self.chat_templates: dict[str, str] = _templates_of(config, path.parent / "tokenizer_config.json")
+        self.chat_templates: dict[str, str] = folder_templates(path.parent, config)
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)
         self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._library,
@@ -335,6 +370,7 @@ class HFTokenizer:
             "model_chat_templates": {name: hashlib.sha256(text.encode()).hexdigest()
                                      for name, text in self.chat_templates.items()},
             "engine": self.engine_choice.record(),
+            **({"hub": self.hub} if self.hub else {}),
         }
 
     def summary(self) -> dict:
@@ -342,7 +378,8 @@ class HFTokenizer:
                 "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
     def __getstate__(self):
-        return {"path": self.path, "file_sha256": self.file_sha256, "engine": self.engine_choice.requested}
+        return {"path": self.path, "file_sha256": self.file_sha256, "engine": self.engine_choice.requested,
+                "hub": self.hub}
 
     def __setstate__(self, state):
         other = load_hf_tokenizer(Path(state["path"]).parent if Path(state["path"]).name == "tokenizer.json"
@@ -350,19 +387,28 @@ class HFTokenizer:
         if other.file_sha256 != state["file_sha256"]:
             raise TokenizerError(f"{state['path']} changed since this tokenizer was loaded (sha256 differs)")
         self.__dict__.update(other.__dict__)
+        if state.get("hub"):
+            self.hub, self.source = state["hub"], "hub"
 
 
 def is_hf_tokenizer_spec(spec: str) -> bool:
-    """True when ``spec`` names a tokenizer.json file or a folder holding one."""
+    """True when ``spec`` names a tokenizer.json file, a folder holding one, or a Hub model
+    id (``org/name[@revision]``, ``hub.is_hub_id``)."""
     p = Path(spec)
-    return (p.is_dir() and (p / "tokenizer.json").is_file()) or (p.is_file() and p.suffix == ".json")
+    return (p.is_dir() and (p / "tokenizer.json").is_file()) or (p.is_file() and p.suffix == ".json") or \
+        is_hub_id(str(spec))
 
 
 def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
     """Load ``spec``: a ``tokenizer.json`` file, or a folder holding one plus, when present,
     ``tokenizer_config.json`` and ``special_tokens_map.json`` (read from the file's own
-    folder too when a file is given). ``engine``: ``auto``, ``tiktoken`` or ``hf``
-    (``tokenizer_engine``)."""
+    folder too when a file is given), or a Hub model id (``hub.resolve_hub``). ``engine``:
+    ``auto``, ``tiktoken`` or ``hf`` (``tokenizer_engine``)."""
+    if isinstance(spec, str) and is_hub_id(spec):
+        folder, hub = resolve_hub(spec)
+        tok = load_hf_tokenizer(folder, engine)
+        tok.hub, tok.source = hub, "hub"
+        return tok
     path = Path(spec)
     if path.is_dir():
         folder, file = path, path / "tokenizer.json"
@@ -399,7 +445,10 @@ def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",
     spec = path if path is not None else recorded
     if not spec:
         raise TokenizerError(f"{where} records no tokenizer path; pass the tokenizer.json the dataset was made with")
-    if not Path(spec).exists():
+    hub = state.get("hub") if path is None else None
+    if not Path(spec).exists() and isinstance(hub, dict) and hub.get("repo_id") and hub.get("commit"):
+        spec = f"{hub['repo_id']}@{hub['commit']}"  # the Hub model at the commit the dataset was made with
+    elif not Path(spec).exists():
         raise TokenizerError(f"{where}: the tokenizer {spec} is gone; pass the tokenizer.json (or its folder) the "
                              f"dataset was prepared with")
     tok = load_hf_tokenizer(spec, engine)

@@ -56,6 +56,7 @@ from ..tokenize import is_hf_state
 from ..tokenize.hf import hf_tokenizer_from_state
 from ..util.ranges import gather_ranges, whole_runs
 from .stops import StopFindings
+from .template import rederived_rule_problems
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class TokenizerCheck:
 
 def _check_template_state(state: dict) -> TokenizerCheck:
     """A model's own tokenizer: its recorded rule and size drive the content checks; the
-    tokenizer.json is compared with its recorded sha256 when it is still there."""
+    tokenizer.json is compared with its recorded sha256 when it is still there, and the
+    recorded rule with the one its template and variables give again (``template``)."""
     try:
         vocab = Vocab(rule_from_state(state, TOKENIZER_FILE), int(state["vocab_size"]))
     except SftDataError as e:
@@ -107,11 +109,11 @@ def _check_template_state(state: dict) -> TokenizerCheck:
                                           f"with the vocabulary size and mask rule the dataset records)",
                               unchecked="tokenizer file not here")
     try:
-        hf_tokenizer_from_state(state, TOKENIZER_FILE)
+        tok = hf_tokenizer_from_state(state, TOKENIZER_FILE)
     except SftDataError as e:
         return TokenizerCheck(vocab, [Problem("tokenizer", TOKENIZER_FILE, "", str(e),
                                               "use the tokenizer.json the dataset was prepared with")])
-    return TokenizerCheck(vocab)
+    return TokenizerCheck(vocab, rederived_rule_problems(state, tok))
 
 
 def check_tokenizer(scan: Scan, tokenizer: str | None) -> TokenizerCheck:

@@ -2,7 +2,9 @@
 
 * every trained span (a run of mask 1, per episode; per row in a packed dataset) ends
   with a stop id of the dataset's rule (``stops.rule_stop_ids``: ``<|END|>``, a template's
-  end-of-turn ids), itself trained;
+  end-of-turn ids), itself trained, and holds more than that: a reply whose only trained
+  token is its end-of-turn (``<|ASSISTANT|> <|END|>`` with the markers) is empty, and the
+  model would learn to end a turn without a word (``empty_reply``);
 * the rule trains its end-of-turn token at all (a template's ``{% generation %}`` blocks
   may leave it out);
 * the pad id is never trained, and is not a stop id unless ``serving.json`` records that
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..chat.loss_rule import LossRule
-from ..chat.stops import rule_stop_ids, rule_trains_stop, scan_stops
+from ..chat.stops import rule_opener, rule_stop_ids, rule_trains_stop, scan_stops
 from ..store.format import MASK_FILE, RECREATE, SERVING_FILE, TOKENIZER_FILE, Problem, more_like_it
 from ..store.shard import Shard
 
@@ -31,6 +33,7 @@ class StopFindings:
                  items: str = "episodes"):
         self.rule = rule
         self.stops = rule_stop_ids(rule)
+        self.opener = rule_opener(rule)
         self.strings = strings
         self.pad_id = pad_id
         self.pad_accepted = pad_accepted
@@ -38,7 +41,7 @@ class StopFindings:
         self.check_pad = pad_id is not None and not (pad_accepted and pad_id in self.stops)
         self.cannot_stop: dict[str, dict] = {}  # split -> {"count": n, "episodes": [first LISTED ids]}
         self._first: dict[str, tuple] = {}
-        self._counts = {"unstoppable": 0, "pad": 0}
+        self._counts = {"unstoppable": 0, "pad": 0, "empty": 0}
 
     def name(self, i: int) -> str:
         s = self.strings.get(int(i))
@@ -48,7 +51,7 @@ class StopFindings:
             starts: np.ndarray) -> None:
         """A chunk of whole pieces of ``shard``: ``local[k]`` is piece ``k``'s index in the
         shard, ``starts[k]`` its first token's offset in ``tokens.bin``."""
-        scan = scan_stops(ids, mask, offsets, self.stops, self.pad_id if self.check_pad else None)
+        scan = scan_stops(ids, mask, offsets, self.stops, self.pad_id if self.check_pad else None, self.opener)
         k, p = scan.unstoppable
         if k.size:
             eps = np.unique(k)
@@ -67,6 +70,12 @@ class StopFindings:
         if k.size:
             self._counts["pad"] += int(np.unique(k).size)
             self._first.setdefault("pad", (int(local[int(k[0])]), int(p[0]), int(starts[int(k[0])])))
+        k, p = scan.empty
+        if k.size:
+            self._counts["empty"] += int(np.unique(k).size)
+            self._first.setdefault("empty", (int(local[int(k[0])]), int(p[0]), int(ids[int(offsets[int(k[0])]) +
+                                                                                         int(p[0])]),
+                                             int(starts[int(k[0])])))
 
     def absorb(self, cannot_stop: dict[str, dict]) -> None:
         """Add the ``cannot_stop`` of shards checked elsewhere (an engine's task), in shard
@@ -99,8 +108,17 @@ class StopFindings:
                 f"disagree with this mask{more_like_it(self._counts['pad'], self.items)}",
                 fix="the mask was edited or made by another tool; " + RECREATE, code="pad_trained",
                 **self._at(shard, i, (start + q) * msz)))
+        if "empty" in self._first:
+            i, q, tok, start = self._first["empty"]
+            out.append(Problem(
+                "stops", shard.file(MASK_FILE), message=f"the trained reply ending at token {q} of {what} "
+                f"{shard.first_gid + i} is empty: its only trained token is the end-of-turn {self.name(tok)}, so the "
+                f"model would learn to end a turn without a word{more_like_it(self._counts['empty'], self.items)}",
+                fix="the record's reply was empty, or its chat template dropped it (a tool call it cannot render); "
+                    + RECREATE + " (this version refuses such records by name)", code="empty_reply",
+                **self._at(shard, i, (start + q) * msz)))
         self._first.clear()
-        self._counts = {"unstoppable": 0, "pad": 0}
+        self._counts = {"unstoppable": 0, "pad": 0, "empty": 0}
         return out
 
     def _at(self, shard: Shard, i: int, byte: int) -> dict:

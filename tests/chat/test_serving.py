@@ -264,3 +264,37 @@ def test_prepare_refuses_a_template_that_never_trains_its_terminator(tmp_path):
                                          r"reply, so the model would never learn to stop"):
         prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(folder), chat_template=str(tmp_path / "gen.jinja"),
                                                        workers=1))
+
+
+# ---------------------------------------------------------------- empty replies
+def test_scan_stops_finds_replies_holding_nothing_but_their_stop():
+    """A template's span of only its end-of-turn id, a marker span of only <|ASSISTANT|> <|END|>."""
+    ids = np.array([7, 9, 1, 9, 7, 4, 9])
+    mask = np.array([0, 1, 0, 1, 0, 1, 1])
+    scan = scan_stops(ids, mask, np.array([0, 3, 7]), stops=(9,), pad_id=None)
+    assert [a.tolist() for a in scan.empty] == [[0, 1], [1, 0]]  # piece 0's token 1, piece 1's token 0
+    markers = scan_stops(np.array([3, 6, 3, 5, 6]), np.array([1, 1, 1, 1, 1]), np.array([0, 2, 5]), stops=(6,),
+                         pad_id=None, opener=3)
+    assert [a.tolist() for a in markers.empty] == [[0], [1]]  # <|ASSISTANT|> <|END|>; the second holds a word
+
+
+def test_verify_fails_a_dataset_with_an_empty_trained_reply(ds, tmp_path):
+    """A reply whose only trained tokens are <|ASSISTANT|> <|END|>: the mask is the rule's,
+    and the model would learn to end a turn without a word."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ds, copy)
+    shard = copy / "train" / "shard_00000"
+    ids = np.fromfile(shard / "tokens.bin", dtype="<u4")
+    mask = np.fromfile(shard / "mask.bin", dtype=np.uint8)
+    first = int(np.flatnonzero(mask)[0])  # episode 0's <|ASSISTANT|>
+    ids[first + 1] = END  # its reply's first token becomes its end
+    mask[first + 2:first + 2 + int(np.flatnonzero(ids[first + 2:] == END)[0]) + 1] = 0  # the rest: the rule's mask
+    ids.tofile(shard / "tokens.bin")
+    mask.tofile(shard / "mask.bin")
+    r = verify(copy, quick=True)
+    (empty,) = [p for p in r.problems if p.check == "stops"]  # (and the trained-token counts the edit changed)
+    assert empty.code == "empty_reply" and empty.episode == 0
+    assert empty.message == (f"the trained reply ending at token {first + 1} of episode 0 is empty: its only "
+                                     f"trained token is the end-of-turn <|END|> (id {END}), so the model would learn "
+                                     f"to end a turn without a word")
+    assert not r.ok

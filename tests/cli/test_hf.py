@@ -273,22 +273,32 @@ def test_verify_skips_the_hash_of_a_moved_tokenizer_and_refuses_a_changed_one(tm
 
 
 def test_rule_mismatch_is_rejected_by_name_and_per_reply_records_counted(tmp_path, folders):
-    """Mistral's template has no header before a leading assistant message: that record
-    can be served only one reply at a time, and its first episode trains what the rule
-    cannot re-derive; it is rejected and named."""
-    lead = {"messages": [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "Hi"},
-                         {"role": "assistant", "content": "Hello!"}]}
-    src = write_jsonl(tmp_path / "in.jsonl", [chat("Hi", "Hello!"), lead, chat("Bye", "Bye!")])
+    """A reply that opens with blank lines merges with ChatML's header newline: the token ids
+    no longer show the header, so the rule cannot re-derive its mask; it is rejected and
+    named. Mistral's template gives a leading assistant message no header: that message is
+    dropped (a counted repair), and the rest rendered exactly."""
+    blank = chat("Hi", "\n\nHello.")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("Hi", "Hello!"), blank, chat("Bye", "Bye!")])
     ds = tmp_path / "ds"
-    r = run("prepare-chat", src, "-o", ds, "--tokenizer", folders["mistral"], "--chat-template", "mistral", "--json")
+    r = run("prepare-chat", src, "-o", ds, "--tokenizer", folders["chatml"], "--chat-template", "chatml", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["rejected"] == {"rule_mismatch": 1} and out["episodes"] == {"train": 2}
     assert out["rule_mismatch"] == [{"record": 1, "where": f"{src}:line 2"}]
     assert orjson.loads((ds / "dataset_metadata.json").read_bytes())["rule_mismatch"] == out["rule_mismatch"]
     reject = orjson.loads((ds / "rejects.jsonl").read_bytes().splitlines()[0])
-    assert reject["reason"] == "rule_mismatch" and reject["message"].startswith(
-        "episode 1 of 2 (one per reply: message 0: no assistant header precedes it in the render), token 1")
+    assert reject["reason"] == "rule_mismatch" and reject["message"].startswith("token 11 ('\\n\\n'): the template's "
+                                                                                "render trains it")
+    lead = {"messages": [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello!"}]}
+    src = write_jsonl(tmp_path / "lead.jsonl", [chat("Hi", "Hello!"), lead])
+    r = run("prepare-chat", src, "-o", tmp_path / "m", "--tokenizer", folders["mistral"], "--chat-template", "mistral",
+            "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["rejected"] == {} and out["repaired"] == {"dropped_leading_assistant": 1}
+    ids = episodes(tmp_path / "m")[1][0]
+    assert ids == episodes(tmp_path / "m")[0][0]  # the record without its leading message: the first one
     # a template that replaces earlier replies: every record one episode per reply, and they verify
     drops = tmp_path / "drops.jinja"
     drops.write_text(
@@ -331,7 +341,8 @@ def test_bad_inputs_are_clear_errors(tmp_path, folders):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["rejected"] == {"template_error": 1}
     line = orjson.loads((out / "rejects.jsonl").read_bytes())
-    assert line["message"] == "chat template raising.jinja refused the conversation: no booms"
+    assert line["message"] == ("chat template raising.jinja refused the conversation: no booms. Fix the record so "
+                               "that the template accepts it, or use a template that does (--chat-template)")
     # a template with no assistant output: an error naming the template
     silent = tmp_path / "silent.jinja"
     silent.write_text("{%- for m in messages %}{%- if m.role != 'assistant' %}{{ m.content }}<|im_end|>{%- endif %}"
@@ -349,8 +360,8 @@ def test_bad_inputs_are_clear_errors(tmp_path, folders):
     # --chat-template without a model's tokenizer: a usage error
     r = run("prepare-chat", src, "-o", tmp_path / "c", "--chat-template", "llama3")
     assert r.exit_code == 2
-    assert ("--chat-template llama3 needs a model's own tokenizer: --tokenizer path/to/tokenizer.json or the model "
-            "folder holding it") in " ".join(r.output.split())
+    assert ("--chat-template llama3 needs a model's own tokenizer: --tokenizer path/to/tokenizer.json, the model "
+            "folder holding it, or a Hub model id (org/name)") in " ".join(r.output.split())
     # a tokenizer that ships no template, and no --chat-template: names the presets
     r = run("prepare-chat", src, "-o", tmp_path / "d", "--tokenizer", folders["gemma"])
     assert r.exit_code == 1
@@ -374,24 +385,36 @@ def test_max_tokens_with_a_template(tmp_path, folders):
 
 
 def test_reasoning_and_train_on_with_a_template(tmp_path, folders):
-    """Reasoning goes to the template inline (<think>...</think> before the reply, as Qwen3
-    reads it) and is trained with the reply; --train-on last trains each record's last
-    reply, and its rule says so; a weight-0 turn cannot be told by a template's rule."""
+    """Reasoning goes to the template as reasoning_content. Qwen3 renders it for replies after
+    the last user message only: a record whose earlier reply has reasoning is refused by
+    name, saying what to do; --per-reply serves each reply as the last of its episode, its
+    reasoning rendered and trained; --reasoning last keeps one episode. --train-on last
+    trains each record's last reply, and its rule says so; a weight-0 turn cannot be told
+    by a template's rule."""
     think = {"messages": [{"role": "user", "content": "2+2?"},
                           {"role": "assistant", "content": "4.", "reasoning_content": "add them"},
                           {"role": "user", "content": "3+3?"},
                           {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]}
     src = write_jsonl(tmp_path / "think.jsonl", [think] * 3)
     tok = load_hf_tokenizer(folders["qwen3"])
+    r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3")
+    assert r.exit_code == 1 and "template_rewrites_history: 3" in r.output
+    line = orjson.loads((tmp_path / "q.rejects.jsonl").read_bytes().splitlines()[0])
+    assert "Prepare with --per-reply" in line["message"] and "drops assistant message 1's reasoning" in line["message"]
     r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
-            "--json")
+            "--per-reply", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["turns"]["reasoning_kept"] == 6
-    ids, mask = episodes(tmp_path / "q")[0]
-    # Qwen3 drops the reasoning of replies before the last user turn and keeps the last one's
-    assert [tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] == [
-        "4.<|im_end|>", "<think>\nadd again\n</think>\n\n6.<|im_end|>"]
+    out = json.loads(r.stdout)
+    assert out["turns"]["reasoning_kept"] == 6 and out["episodes"] == {"train": 6} and out["per_reply_records"] == 3
+    assert [[tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] for ids, mask in
+            episodes(tmp_path / "q")[:2]] == [["<think>\nadd them\n</think>\n\n4.<|im_end|>"],
+                                               ["<think>\nadd again\n</think>\n\n6.<|im_end|>"]]
     assert run("verify", tmp_path / "q").exit_code == 0
+    r = run("prepare-chat", src, "-o", tmp_path / "q1", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
+            "--reasoning", "last", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["episodes"] == {"train": 3} and out["turns"]["reasoning_dropped"] == 3
     r = run("prepare-chat", src, "-o", tmp_path / "last", "--tokenizer", folders["llama3"], "--chat-template",
             "llama3", "--train-on", "last", "--reasoning", "drop")
     assert r.exit_code == 0, r.output

@@ -61,8 +61,9 @@ def conversation():
 
 
 def train_tokenizer(folder: Path, specials, bos=None, eos=None, extra=(), config: dict | None = None,
-                    vocab_size: int = 600) -> Path:
-    """Train a byte-level BPE tokenizer on CORPUS and write it (plus tokenizer_config.json) to ``folder``."""
+                    vocab_size: int = 600, corpus: list[str] | None = None) -> Path:
+    """Train a byte-level BPE tokenizer on ``corpus`` (default CORPUS) and write it (plus
+    tokenizer_config.json) to ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -70,7 +71,7 @@ def train_tokenizer(folder: Path, specials, bos=None, eos=None, extra=(), config
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(CORPUS if corpus is None else corpus, trainer)
     if extra:
         tok.add_tokens(list(extra))
     folder.mkdir(parents=True, exist_ok=True)

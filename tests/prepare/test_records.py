@@ -37,8 +37,8 @@ RECORDS = [
     {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "<think>never closed"}]},
     {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "weight": 2}]},
 ]
-NO_TURNS = {"reasoning_kept": 0, "reasoning_dropped": 0, "reasoning_empty": 0, "untrained_weight_0": 0,
-            "untrained_train_on_last": 0}
+NO_TURNS = {"reasoning_kept": 0, "reasoning_dropped": 0, "reasoning_empty": 0, "reasoning_inline": 0,
+            "reasoning_ignored_by_template": 0, "untrained_weight_0": 0, "untrained_train_on_last": 0}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,7 @@ def src(tmp_path_factory):
     ("last", "all", dict(NO_TURNS, reasoning_kept=2, reasoning_dropped=1, reasoning_empty=1, untrained_weight_0=2)),
     ("drop", "last", dict(NO_TURNS, reasoning_dropped=3, reasoning_empty=1, untrained_weight_0=2,
                           untrained_train_on_last=1)),
+    ("inline", "all", dict(NO_TURNS, reasoning_inline=3, reasoning_empty=1, untrained_weight_0=2)),
 ])
 def test_prepare_counts_every_reasoning_block_and_untrained_turn(src, tmp_path, reasoning, train_on, turns):
     s = prepare([src], tmp_path / "ds", PrepareOptions(workers=1, reasoning=reasoning, train_on=train_on))
@@ -182,7 +183,7 @@ def test_cli_flags(src, tmp_path):
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds2"), "-j", "1"])
     assert r.exit_code == 0 and "assistant turns: untrained_weight_0" in r.output
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "x"), "--reasoning", "some"])
-    assert r.exit_code == 2 and "--reasoning must be one of keep, last, drop, not 'some'" in r.output
+    assert r.exit_code == 2 and "--reasoning must be one of keep, last, drop, inline, not 'some'" in r.output
     r = runner.invoke(app, ["prepare-tool", str(src), "-o", str(tmp_path / "x"), "--train-on", "first"])
     assert r.exit_code == 2 and "--train-on must be one of all, last, not 'first'" in r.output
     assert not (tmp_path / "x").exists()

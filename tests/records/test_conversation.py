@@ -166,6 +166,10 @@ REASONS = [
     ("no_trainable_turn", "chat", {"messages": [U, dict(A, weight=0), U, dict(A, train=False)]},
      "every assistant message after the first user message (or tool result) has weight 0 or train false, so "
      "nothing would be trained"),
+    ("invalid_template_kwargs", "chat", {"messages": [U, A], "chat_template_kwargs": ["enable_thinking"]},
+     "'chat_template_kwargs' is a list; give an object of template variables, e.g. {\"enable_thinking\": false}"),
+    ("invalid_template_kwargs", "tool", {"messages": [U, A], "chat_template_kwargs": {"tools": []}},
+     "'chat_template_kwargs' sets 'tools', which sftdata gives the template itself; remove it"),
 ]
 
 

@@ -151,7 +151,8 @@ def test_a_plain_glaive_record_becomes_its_turns():
         {"from": "observation", "value": "42"}, {"from": "gpt", "value": " It is 42. "}]}
     assert plain_tool_conversation(rec) == Conversation(
         (Turn("system", "Sys."), Turn("user", "q"), Turn("assistant", "", (ToolCall("f", {"x": 1}),)),
-         Turn("tool", "42"), Turn("assistant", " It is 42. ")), ({"name": "f", "parameters": {"type": "object"}},))
+         Turn("tool", "42"), Turn("assistant", " It is 42. ")), ({"name": "f", "parameters": {"type": "object"}},),
+        tool_specs=({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},))
 
 
 def test_a_plain_openai_record_keeps_call_ids_and_drops_blank_text_beside_calls():
@@ -165,7 +166,8 @@ def test_a_plain_openai_record_keeps_call_ids_and_drops_blank_text_beside_calls(
     assert plain_tool_conversation(rec) == Conversation(
         (Turn("user", "q"), Turn("assistant", "", (ToolCall("f", {}, "a"), ToolCall("f", {}, "b"))),
          Turn("tool", "1", tool_call_id="a"), Turn("tool", "", tool_call_id="b"),
-         Turn("assistant", "", (ToolCall("f", {}, "5"),))), ({"name": "f"},))
+         Turn("assistant", "", (ToolCall("f", {}, "5"),))), ({"name": "f"},),
+        tool_specs=({"type": "function", "function": {"name": "f"}},))
 
 
 def test_consecutive_function_call_turns_are_one_turn_of_parallel_calls():

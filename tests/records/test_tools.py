@@ -372,6 +372,14 @@ BAD = [
     ("unanswered_tool_call", "before message 3", _oa([U, {"role": "assistant", "tool_calls": [
         {"id": "a", "function": {"name": "get_weather", "arguments": "{}"}},
         {"id": "b", "function": {"name": "get_weather", "arguments": "{}"}}]}, _res("a"), _call(cid="c")])),
+    ("unanswered_tool_call", "call 'get_time' \\(message 2\\) gets no tool result before message 4",  # its own message
+     _gl([{"from": "human", "value": "x"}, {"from": "function_call", "value": '{"name": "get_weather", "arguments": {}}'},
+          {"from": "function_call", "value": '{"name": "get_time", "arguments": {}}'},
+          {"from": "observation", "value": "r"}, {"from": "gpt", "value": "ok"}], tools=(WEATHER, CLOCK))),
+    ("unanswered_tool_call", "call 'get_weather' \\(message 1\\) gets no tool result before message 3",  # 3 items, 2 calls
+     _gl([{"from": "human", "value": "x"}, {"from": "function_call", "value": json.dumps(
+         [{"name": "get_weather", "arguments": {}}, {"name": "get_weather", "arguments": {}}])},
+          {"from": "observation", "value": '["a", "b", "c"]'}, {"from": "gpt", "value": "ok"}])),
     ("no_assistant_turn", "no assistant message", _oa([U])),
     ("empty_assistant_turn", "every assistant message is empty \\(null or blank content\\)",
      _oa([U, {"role": "assistant", "content": None}])),
@@ -562,3 +570,40 @@ def test_glaive_function_call_turns_read_weight(tok):
         ("Checking.", 0, ""), ("", 1, "weight_0"), ("18 degrees.", 0, "")]
     del rec["conversations"][2]["weight"]
     assert [t.untrained for t in parse_record(rec, "r", "tool").turns if t.role == "assistant"] == ["", ""]
+
+
+def test_the_results_of_parallel_calls_in_one_json_list_become_one_result_each():
+    """LLaMA-Factory writes the results of N parallel calls as one observation holding a JSON
+    list of N: it becomes N results (the repair split_tool_results), strings as they are and
+    other items as their JSON; the record as given is kept for a chat template."""
+    rec = _gl([{"from": "human", "value": "Weather and time?"},
+               {"from": "function_call", "value": json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                                              {"name": "get_time", "arguments": {"tz": "CET"}}])},
+               {"from": "observation", "value": json.dumps(["18C", {"time": "12:00"}])},
+               {"from": "gpt", "value": "18C at noon."}], tools=(WEATHER, CLOCK))
+    conv = parse_tool(rec, "w")
+    assert conv.repairs == ("split_tool_results",)
+    assert [(t.role, t.text) for t in conv.turns[2:4]] == [("tool", "18C"), ("tool", '{"time": "12:00"}')]
+    assert [(t.role, t.text) for t in conv.given[2:3]] == [("tool", '["18C", {"time": "12:00"}]')]
+    assert len(conv.given) == 4 and len(conv.turns) == 5
+
+
+def test_a_chat_template_is_given_the_record_as_it_is_written():
+    """Tool schemas with every key, arguments with the record's own JSON text, consecutive
+    call messages and results not merged or reordered, and chat_template_kwargs."""
+    strict = {"type": "function", "function": {**WEATHER, "strict": True}, "x-extra": 1}
+    rec = {"tools": [strict, CLOCK], "chat_template_kwargs": {"enable_thinking": False}, "messages": [
+        U, {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "get_weather",
+                                                                           "arguments": '{"city":  "Rome"}'}}]},
+        {"role": "assistant", "tool_calls": [{"id": "b", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "b", "content": "12:00"}, {"role": "tool", "tool_call_id": "a", "content": "9C"},
+        A]}
+    conv = parse_tool(rec, "w")
+    assert conv.tool_specs == (strict, {"type": "function", "function": CLOCK})
+    assert conv.tools[0] == WEATHER  # sftdata's own markers render the canonical schema
+    assert conv.template_kwargs == {"enable_thinking": False}
+    assert sorted(conv.repairs) == ["merged_same_role", "reordered_tool_results"]
+    assert [t.role for t in conv.turns] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [t.role for t in conv.given] == ["user", "assistant", "assistant", "tool", "tool", "assistant"]
+    assert [t.tool_call_id for t in conv.given if t.role == "tool"] == ["b", "a"]
+    assert conv.given[1].tool_calls[0].text == '{"city":  "Rome"}'

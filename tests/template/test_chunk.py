@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,13 +23,12 @@ from sftdata.template import (
     learn_profile,
     load_chat_template,
     model_profile,
-    plan_conversation,
     records_episodes,
     render_messages,
     render_within,
 )
 from sftdata.template.episodes import _trie
-from sftdata.template.records import _check_trained, _proven
+from sftdata.template.records import _check_trained, _proven, fit_to_template, plan_record
 from sftdata.template.spans import locate_replies, plain_structure
 from sftdata.tokenize.hf import load_hf_tokenizer
 from tests.helpers.bpe import random_texts
@@ -61,12 +61,14 @@ def reference(items, profile, tok, max_tokens):
     out = []
     for conv, where in items:
         try:
+            conv = fit_to_template(conv, profile, where)
             _check_trained(conv, profile, where)
-            plan = plan_conversation(conv, profile, tok, where)
+            plan, turns, repairs = plan_record(conv, profile, tok, where)
             render, dropped = episodes_of(plan, [tok.encode_rendered(t) for t in plan.texts], profile, where), 0
             if max_tokens is not None and max(len(e.ids) for e in render.episodes) > max_tokens:
-                render, dropped = render_within(conv, profile, tok, max_tokens, where)
-            out.append(_proven(render, dropped, profile, tok, where))
+                render, dropped = render_within(conv, profile, tok, max_tokens, where, turns)
+            out.append(replace(_proven(render, dropped, profile, tok, where), repairs=repairs,
+                               counts=conv.turn_counts))
         except RecordError as e:
             out.append(e)
     return out
@@ -80,6 +82,7 @@ def assert_same(got, want):
             assert (g.reason, g.detail, g.where) == (w.reason, w.detail, w.where)
             continue
         assert (g.per_reply, g.pairs_dropped, len(g.episodes)) == (w.per_reply, w.pairs_dropped, len(w.episodes))
+        assert (g.repairs, g.counts) == (w.repairs, w.counts)
         for a, b in zip(g.episodes, w.episodes):
             assert a.ids.dtype == b.ids.dtype and a.ids.tobytes() == b.ids.tobytes()
             assert a.mask.dtype == b.mask.dtype and a.mask.tobytes() == b.mask.tobytes()
@@ -109,8 +112,8 @@ def test_a_chunk_gives_what_each_record_gives_alone(toks, preset, max_tokens):
     assert_same(got, reference(items, profile, tok, max_tokens))
     kinds = {type(g).__name__ if not isinstance(g, RecordError) else g.reason for g in got}
     assert {"RecordEpisodes", "reserved_character"} <= kinds
-    if preset == "mistral":  # the leading assistant message: one reply at a time, its first episode unproven
-        assert got[4].reason == "rule_mismatch" and got[4].detail.startswith("episode 1 of 2 (one per reply")
+    if preset == "mistral":  # the leading assistant message: the template gives it no header, so it is dropped
+        assert got[4].repairs == ("dropped_leading_assistant",) and len(got[4].episodes) == 1
     if preset == "chatml":  # "\n\nHello." merges with the header's newline
         assert got[3].reason == "rule_mismatch" and got[3].detail.startswith("token 11 ('\\n\\n'): the template's render trains it")
 
@@ -220,7 +223,8 @@ def test_a_prepared_dataset_is_byte_identical_to_one_prepared_record_by_record(t
 
     monkeypatch.setattr(records_module, "chunk_episodes", record_by_record)
     slow = run(tmp_path / "alone")
-    assert fast.rejected == slow.rejected and "rule_mismatch" in fast.rejected
+    assert fast.rejected == slow.rejected and fast.repaired == slow.repaired
+    assert fast.repaired["dropped_leading_assistant"] == 1  # mistral gives a leading reply no header
     files = sorted(p.relative_to(tmp_path / "chunk") for p in (tmp_path / "chunk").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "alone") for p in (tmp_path / "alone").rglob("*") if p.is_file())
     for f in files:

@@ -47,23 +47,33 @@ def trained(tok, ep) -> list[str]:
     return [tok.decode(ep.ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def test_qwen3_reasoning_rewritten_and_dropped_is_still_located(chatml_tok):
-    """Not prefix-stable: the earlier reply loses its reasoning, the final one keeps it; both
-    replies are found in the ONE whole render, no per-reply episodes."""
+QWEN3_REASONING = [{"role": "user", "content": "2+2?"},
+                   {"role": "assistant", "content": "4.", "reasoning_content": "add them"},
+                   {"role": "user", "content": "3+3?"},
+                   {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]
+
+
+def test_qwen3_reasoning_dropped_from_earlier_replies_is_refused_by_name(chatml_tok):
+    """Not prefix-stable: the whole render drops the earlier reply's reasoning, so the record
+    is refused by name (never kept with that reasoning missing), saying what to do."""
     profile = learn_profile(load_chat_template("qwen3"), chatml_tok)
-    msgs = [{"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."},
-            {"role": "user", "content": "3+3?"},
-            {"role": "assistant", "content": "<think>\nadd again\n</think>\n\n6."}]
-    out = render_messages(msgs, None, profile, chatml_tok)
-    assert out.per_reply is None and len(out.episodes) == 1
-    ep = out.episodes[0]
-    assert ep.text == ("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n"
-                       "<|im_start|>user\n3+3?<|im_end|>\n"
-                       "<|im_start|>assistant\n<think>\nadd again\n</think>\n\n6.<|im_end|>\n")
-    assert trained(chatml_tok, ep) == ["4.<|im_end|>", "<think>\nadd again\n</think>\n\n6.<|im_end|>"]
-    assert ep.rule_mismatch is None and out.rule_agrees
-    assert [i for i, _, _ in ep.spans] == [1, 3]
+    with pytest.raises(RecordError, match=r"^w: chat template qwen3 renders this conversation's earlier turns "
+                                          r"differently once later turns follow \(the whole render drops assistant "
+                                          r"message 1's reasoning\), .*Prepare with --per-reply .* or with --reasoning "
+                                          r"last") as e:
+        render_messages(QWEN3_REASONING, None, profile, chatml_tok, where="w")
+    assert e.value.reason == "template_rewrites_history"
+
+
+def test_qwen3_reasoning_one_episode_per_reply_keeps_every_reply_whole(chatml_tok):
+    """--per-reply: each reply is the last of its episode, where Qwen3 renders its reasoning."""
+    profile = learn_profile(load_chat_template("qwen3"), chatml_tok, per_reply=True)
+    out = render_messages(QWEN3_REASONING, None, profile, chatml_tok)
+    assert out.per_reply and len(out.episodes) == 2 and out.rule_agrees
+    assert out.episodes[0].text == ("<|im_start|>user\n2+2?<|im_end|>\n"
+                                    "<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4.<|im_end|>\n")
+    assert [trained(chatml_tok, e) for e in out.episodes] == [["<think>\nadd them\n</think>\n\n4.<|im_end|>"],
+                                                              ["<think>\nadd again\n</think>\n\n6.<|im_end|>"]]
 
 
 def test_qwen3_without_thinking_leaves_the_supplied_think_block_untrained(chatml_tok):
@@ -86,8 +96,8 @@ def test_a_template_that_drops_earlier_replies_gives_one_episode_per_reply(chatm
     profile = learn_profile(ChatTemplate("drops.jinja", "file", DROPS_EARLIER), chatml_tok)
     out = render_messages(TWO_TURNS, None, profile, chatml_tok)
     assert profile.rule.last_reply_only
-    assert out.per_reply == ("the template's replies can be located only one at a time (learned from its probe "
-                             "conversations)")
+    assert out.per_reply == ("the template's replies are served one at a time (learned from its probe "
+                             "conversations, or --per-reply)")
     assert [e.text for e in out.episodes] == [
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n",
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n(earlier reply)<|im_end|>\n"
@@ -193,11 +203,20 @@ def test_a_template_with_no_assistant_output_is_refused(chatml_tok):
         learn_profile(ChatTemplate("users.jinja", "file", users_only), chatml_tok)
 
 
-def test_a_template_with_no_end_of_turn_token_is_refused(chatml_tok):
+def test_a_template_with_no_special_token_is_refused(chatml_tok):
     plain = "{%- for m in messages %}{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}"
+    with pytest.raises(TemplateError, match=r"^chat template plain.jinja writes no assistant header and no special "
+                                            r"token before a reply; a reply's start cannot be told from the token ids"):
+        learn_profile(ChatTemplate("plain.jinja", "file", plain), chatml_tok)
+
+
+def test_a_template_with_no_end_of_turn_token_between_replies_is_refused(chatml_tok):
+    """A header before each reply, but nothing special after one that another message follows."""
+    text = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>' }}{%- endif %}"
+            "{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}")
     with pytest.raises(TemplateError, match=r"^chat template plain.jinja writes no special token after an assistant "
                                             r"reply.*never learn to stop"):
-        learn_profile(ChatTemplate("plain.jinja", "file", plain), chatml_tok)
+        learn_profile(ChatTemplate("plain.jinja", "file", text), chatml_tok)
 
 
 def test_generation_blocks_that_mark_nothing_are_refused(chatml_tok):
@@ -246,3 +265,23 @@ def test_a_profile_pickles_for_worker_processes(chatml_tok):
     a = render_conversation(conversation(), profile, chatml_tok).episodes[0]
     b = render_conversation(conversation(), back_profile, back_tok).episodes[0]
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
+
+
+def test_tool_results_a_template_writes_with_tojson_are_located_in_the_whole_render(chatml_tok):
+    """Llama 3.1 and gpt-oss print a tool result with ``tojson`` (quoted and escaped): several
+    of them in one conversation are still placed, so the record renders whole."""
+    text = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+            "{%- if m.role == 'tool' %}{{- m.content | tojson }}{%- else %}{{- m.content }}{%- endif %}"
+            "{%- for c in m.tool_calls or [] %}{{- c.function.name + (c.function.arguments | tojson) }}{%- endfor %}"
+            "{{- '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+            "{%- endif %}")
+    profile = learn_profile(ChatTemplate("json.jinja", "file", text), chatml_tok)
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "area", "arguments": {"r": 2}}}]}
+    msgs = [{"role": "user", "content": "Area?"}, call, {"role": "tool", "content": '{"area": 12.6}'},
+            {"role": "assistant", "content": "12.6."}, {"role": "user", "content": "Again?"}, call,
+            {"role": "tool", "content": '{"area": 12.6}'}, {"role": "assistant", "content": "Still 12.6."}]
+    out = render_messages(msgs, None, profile, chatml_tok)
+    assert out.per_reply is None and len(out.episodes) == 1 and out.rule_agrees
+    assert '<|im_start|>tool\n"{\\"area\\": 12.6}"<|im_end|>' in out.episodes[0].text
+    assert trained(chatml_tok, out.episodes[0])[1] == "12.6.<|im_end|>"

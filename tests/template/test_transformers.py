@@ -27,9 +27,7 @@ from sftdata.template import (  # noqa: E402
 CONVERSATIONS = {
     "tools": (None, None),  # the shared record: system, two turns, a tool call
     "reasoning": ([{"role": "system", "content": "Think first."}, {"role": "user", "content": "2+2?"},
-                   {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4."},
-                   {"role": "user", "content": "3+3?"},
-                   {"role": "assistant", "content": "<think>\nadd again\n</think>\n\n6."}], None),
+                   {"role": "assistant", "content": "4.", "reasoning_content": "add"}], None),
     "plain": ([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi! What can I do?"}], None),
 }
 
@@ -43,6 +41,8 @@ def messages_for(key, profile):
     if msgs is None:
         conv = conversation()
         return conversation_messages(conv, profile.arguments), tool_schemas(conv)
+    if not profile.supports("reasoning"):  # what records give such a template: reasoning dropped and counted
+        msgs = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in msgs]
     return msgs, tools
 
 

@@ -1,0 +1,160 @@
+"""The template zoo: real chat templates of many model families (tests/helpers/zoo.py), each
+checked against transformers' ``apply_chat_template`` on a chat, a tool-calling and a
+reasoning record. Each record is either kept, every episode token-identical to
+transformers' render of the record (or of its per-reply prefixes; plus the one stop token
+appended after a last reply the template leaves unclosed) with trained tokens exactly the
+assistant replies through their end-of-turn, or refused by name for what the template
+cannot carry, which transformers' own render (or its refusal) confirms.
+
+``OUTCOMES`` is the table the zoo gives; a change to it is a change of behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from sftdata.errors import RecordError
+from sftdata.records.conversation import parse_record
+from sftdata.template import model_profile, records_episodes
+from sftdata.tokenize.hf import load_hf_tokenizer
+from tests.helpers.zoo import RECORDS, ZOO, reference_messages, zoo_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
+
+EXACT, STOP = "exact", "exact+stop"  # token-identical; identical but for the appended stop token
+# (template, record) -> outcome; templates not named give EXACT for every record. A reason
+# code: the record is refused by name; "per-reply": refused as template_rewrites_history,
+# and exact, one episode per reply, with --per-reply.
+NO_TOOLS = "template_cannot_render_tools"
+OUTCOMES = {
+    ("hermes-3", "chat"): "template_error",  # its tool_use template renders nothing without tools
+    ("hermes-3", "reasoning"): "template_error",
+    ("qwen3", "reasoning"): "per-reply",  # it drops the reasoning of replies before the last user message
+    ("glm-4.6", "reasoning"): "per-reply",
+    ("minimax-m2", "reasoning"): "per-reply",
+    ("gemma-2", "chat"): "template_cannot_render_system",  # "System role not supported"
+    ("mistral-nemo", "chat"): "template_cannot_render_system",  # it prints the system text only before a last user turn
+    ("gemma-2", "tool"): NO_TOOLS,  # roles must alternate: no tool role
+    ("smollm3", "tool"): NO_TOOLS,  # these render an empty assistant turn for a call
+    ("phi-3.5", "tool"): NO_TOOLS,
+    ("granite-3.3", "tool"): NO_TOOLS,
+    ("lfm2", "tool"): NO_TOOLS,
+    ("deepseek-r1-qwen", "tool"): NO_TOOLS,  # it writes an empty assistant turn before tool outputs
+}
+RENDER_REASONING = {"qwen3", "glm-4.6", "minimax-m2"}  # the templates that render reasoning_content
+APPEND_STOP = {"glm-4.6"}  # it ends a reply with the next role's token: the last reply gets EOS appended
+
+
+def outcome(name: str, kind: str) -> str:
+    return OUTCOMES.get((name, kind), STOP if name in APPEND_STOP else EXACT)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """Each zoo template's model folder, tokenizer, profiles and transformers tokenizer, made once."""
+    made: dict = {}
+
+    def get(name: str, per_reply: bool = False):
+        key = (name, per_reply)
+        if key not in made:
+            model = zoo_model(tmp_path_factory.mktemp("zoo"), name)
+            tok = load_hf_tokenizer(model.folder)
+            profile = model_profile(tok, "model", model.entry.variables, per_reply=per_reply)
+            made[key] = (model, tok, profile, transformers.AutoTokenizer.from_pretrained(str(model.folder)))
+        return made[key]
+    return get
+
+
+def hf_ids(hf, messages, tools, variables) -> list[int]:
+    return list(hf.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=False, **variables))
+
+
+def hf_text(hf, messages, tools, variables) -> str | None:
+    try:
+        return hf.apply_chat_template(messages, tools=tools, tokenize=False, **variables)
+    except Exception:  # noqa: BLE001 - transformers raises the template's own errors as they come
+        return None
+
+
+def check_kept(result, record: dict, tok, profile, hf) -> str:
+    """Every episode equals transformers' render (of the record, or of each per-reply
+    prefix), and its trained tokens are the replies through their end-of-turn. Returns
+    EXACT or STOP."""
+    ignored = "reasoning_ignored_by_template" in result.counts
+    messages, tools = reference_messages(record, profile.arguments, reasoning=not ignored)
+    replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    stop_id = tok.token_id(profile.appended_stop) if profile.appended_stop else None
+    stopped = set()
+    for j, ep in enumerate(result.episodes):
+        upto = messages if len(result.episodes) == 1 else messages[:replies[j] + 1]
+        theirs = hf_ids(hf, upto, tools, profile.user_variables)
+        ours = ep.ids.tolist()
+        if stop_id is not None and ours == theirs + [stop_id]:
+            stopped.add(j)
+        else:
+            assert ours == theirs
+        trained = [k for k in replies if k < len(upto)] if len(result.episodes) == 1 else [replies[j]]
+        mask = ep.mask.astype(bool)
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+        assert len(runs) // 2 == len(trained), "one trained run per reply"
+        for (a, b), k in zip(runs.reshape(-1, 2), trained):
+            assert int(ep.ids[b - 1]) in profile.rule.end_ids, "each run ends with an end-of-turn token"
+            text = tok.decode(ep.ids[a:b].tolist())
+            m = messages[k]
+            assert m["content"].strip() in text
+            for call in m.get("tool_calls", ()):
+                assert call["function"]["name"] in text
+            if not ignored and m.get("reasoning_content"):
+                assert m["reasoning_content"] in text
+        trained_text = tok.decode(ep.ids[mask].tolist())
+        for m in upto:
+            if m["role"] in ("user", "system", "tool"):
+                assert m["content"] not in trained_text, "no user, system or tool text is trained"
+    return STOP if stopped else EXACT
+
+
+def check_refused(reason: str, name: str, kind: str, record: dict, profile, hf) -> None:
+    """transformers confirms the refusal: it fails on the record too, or its render lacks
+    what the reason names."""
+    messages, tools = reference_messages(record, profile.arguments)
+    text = hf_text(hf, messages, tools, profile.user_variables)
+    if reason == "template_error":
+        assert text is None
+    elif reason == "template_cannot_render_system":
+        assert text is None or messages[0]["content"] not in text
+    elif reason == NO_TOOLS and name != "deepseek-r1-qwen":
+        assert text is None or messages[1]["tool_calls"][0]["function"]["name"] not in text.split(
+            messages[0]["content"])[-1]
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDS))
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_each_zoo_template_renders_each_record_exactly_or_refuses_it_by_name(zoo, name, kind):
+    model, tok, profile, hf = zoo(name)
+    record = RECORDS[kind]
+    (result,) = records_episodes([(parse_record(record, "r", "tool"), "r")], profile, tok, None)
+    want = outcome(name, kind)
+    if isinstance(result, RecordError):
+        got = "per-reply" if result.reason == "template_rewrites_history" else result.reason
+        assert got == want, result.detail
+        check_refused(result.reason, name, kind, record, profile, hf)
+        if got == "per-reply":
+            _, tok, profile, hf = zoo(name, per_reply=True)
+            (result,) = records_episodes([(parse_record(record, "r", "tool"), "r")], profile, tok, None)
+            assert not isinstance(result, RecordError), result.detail
+            assert len(result.episodes) == 2 and result.per_reply
+            assert check_kept(result, record, tok, profile, hf) == (STOP if name in APPEND_STOP else EXACT)
+        return
+    assert check_kept(result, record, tok, profile, hf) == want
+    ignored = result.counts.count("reasoning_ignored_by_template")
+    assert ignored == (2 if kind == "reasoning" and name not in RENDER_REASONING else 0)
+
+
+def test_prepare_tool_refuses_a_template_that_renders_no_tool_call(zoo):
+    _, _, profile, _ = zoo("smollm3")
+    assert not profile.renders_tool_calls and not profile.tools_supported
+    assert zoo("qwen2.5")[2].renders_tool_calls

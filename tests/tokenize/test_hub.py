@@ -1,0 +1,136 @@
+"""Where a model ships its chat template (tokenizer_config.json as a string or a named list,
+chat_template.jinja, additional_chat_templates/ or chat_templates/ NAME.jinja, a processor's
+chat_template.json), and a Hugging Face Hub model id as --tokenizer, resolved from a cache
+folder built here in huggingface_hub's layout (HF_HUB_OFFLINE=1: no network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import orjson
+import pytest
+
+from sftdata.errors import TokenizerError
+from sftdata.template import load_chat_template
+from sftdata.tokenize.hf import hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from sftdata.tokenize.hub import is_hub_id
+from tests.helpers.data import chat, write_jsonl
+from tests.helpers.templates import TOKENS, train_tokenizer
+
+pytest.importorskip("huggingface_hub", reason="the hf extra (huggingface_hub) is not installed")
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    specials, bos, eos, extra = TOKENS["chatml"]
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "chatml", specials, bos, eos, extra)
+
+
+def folder_with(tmp_path, chatml, config: dict | None = None, files: dict | None = None):
+    out = tmp_path / "model"
+    out.mkdir()
+    shutil.copyfile(chatml / "tokenizer.json", out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", **(config or {})}))
+    for name, text in (files or {}).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    return out
+
+
+@pytest.mark.parametrize("config, files, templates", [
+    ({"chat_template": "A"}, {}, {"default": "A"}),
+    ({"chat_template": [{"name": "default", "template": "A"}, {"name": "tool_use", "template": "T"}]}, {},
+     {"default": "A", "tool_use": "T"}),
+    ({"chat_template": "old"}, {"chat_template.jinja": "A"}, {"default": "A"}),  # the file wins, as in transformers
+    ({}, {"chat_template.jinja": "A", "additional_chat_templates/tool_use.jinja": "T"}, {"default": "A", "tool_use": "T"}),
+    ({}, {"chat_templates/rag.jinja": "R"}, {"rag": "R"}),
+    ({}, {"chat_template.json": json.dumps({"chat_template": "P"})}, {"default": "P"}),
+])
+def test_every_way_a_model_folder_ships_its_chat_template(tmp_path, chatml, config, files, templates):
+    tok = load_hf_tokenizer(folder_with(tmp_path, chatml, config, files))
+    assert tok.chat_templates == templates
+    name = next(iter(templates))
+    t = load_chat_template("model" if "default" in templates or len(templates) == 1 else f"model:{name}", tok)
+    assert t.text == templates.get("default", templates[name]) and t.source == "model"
+    if "tool_use" in templates:
+        assert load_chat_template("model:tool_use", tok).text == "T"
+
+
+def test_an_unreadable_template_file_is_a_clear_error(tmp_path, chatml):
+    folder = folder_with(tmp_path, chatml, files={"chat_template.jinja": "A"})
+    (folder / "chat_template.jinja").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(TokenizerError, match=r"cannot read the chat template .*chat_template.jinja"):
+        load_hf_tokenizer(folder)
+
+
+def hub_cache(root, chatml, repo="acme/tiny-chat", commit=COMMIT, refs=("main",)):
+    """huggingface_hub's cache layout: models--ORG--NAME/{refs/REF, snapshots/COMMIT/...}."""
+    model = root / f"models--{repo.replace('/', '--')}"
+    snap = model / "snapshots" / commit
+    snap.mkdir(parents=True)
+    shutil.copyfile(chatml / "tokenizer.json", snap / "tokenizer.json")
+    (snap / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    (snap / "chat_template.jinja").write_text(CHATML)
+    (model / "refs").mkdir()
+    for ref in refs:
+        (model / "refs" / ref).write_text(commit)
+    return root
+
+
+@pytest.fixture
+def offline_cache(tmp_path, chatml, monkeypatch):
+    cache = hub_cache(tmp_path / "hub", chatml)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_what_reads_as_a_hub_model_id(tmp_path):
+    assert is_hub_id("Qwen/Qwen3-8B") and is_hub_id("meta-llama/Llama-3.1-8B-Instruct@v1.0")
+    assert is_hub_id("org/name@0123456789abcdef0123456789abcdef01234567")
+    assert not is_hub_id("cl100k_base") and not is_hub_id("dir/tokenizer.json") and not is_hub_id("a/b.tiktoken")
+    assert not is_hub_id("/abs/path") and not is_hub_id("a/b/c")
+    (tmp_path / "org" / "name").mkdir(parents=True)  # an existing folder is a folder, not a Hub id
+    assert not is_hub_id(str(tmp_path / "org" / "name"))
+
+
+@pytest.mark.parametrize("spec", ["acme/tiny-chat", "acme/tiny-chat@main", f"acme/tiny-chat@{COMMIT}"])
+def test_a_hub_model_id_is_read_from_the_cache_and_its_commit_recorded(offline_cache, spec):
+    tok = load_hf_tokenizer(spec)
+    assert is_hf_tokenizer_spec(spec)
+    assert tok.source == "hub" and tok.chat_templates == {"default": CHATML}
+    assert tok.hub == {"repo_id": "acme/tiny-chat", "revision": spec.partition("@")[2] or "main", "commit": COMMIT}
+    assert tok.state()["hub"] == tok.hub and tok.path.endswith(f"snapshots/{COMMIT}/tokenizer.json")
+
+
+def test_a_hub_model_not_in_the_cache_offline_names_what_to_download(offline_cache):
+    with pytest.raises(TokenizerError, match=r"^the Hub model acme/other at revision v2 is not in the Hugging Face "
+                                             r"cache \(.*hub\) and HF_HUB_OFFLINE is set, so it cannot be downloaded "
+                                             r"now; download its tokenizer first \(`hf download acme/other --revision "
+                                             r"v2 tokenizer.json tokenizer_config.json special_tokens_map.json "
+                                             r"chat_template.jinja`\), or unset HF_HUB_OFFLINE$"):
+        load_hf_tokenizer("acme/other@v2")
+
+
+def test_prepare_and_verify_with_a_hub_model_id(offline_cache, tmp_path):
+    from typer.testing import CliRunner
+
+    from sftdata.cli import app
+
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("Hi", "Hello!"), chat("Bye", "See you.")])
+    runner = CliRunner()
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", "acme/tiny-chat",
+                            "-q"])
+    assert r.exit_code == 0, r.output
+    state = orjson.loads((tmp_path / "ds" / "tokenizer_state.json").read_bytes())
+    assert state["hub"] == {"repo_id": "acme/tiny-chat", "revision": "main", "commit": COMMIT}
+    assert state["source"] == "hub"
+    assert runner.invoke(app, ["verify", str(tmp_path / "ds")]).exit_code == 0
+    # the recorded path gone, the recorded commit is read from the cache again
+    state["path"] = str(tmp_path / "gone" / "tokenizer.json")
+    assert hf_tokenizer_from_state(state).path.endswith(f"snapshots/{COMMIT}/tokenizer.json")
