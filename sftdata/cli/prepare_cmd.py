@@ -18,6 +18,7 @@ from ..order.batches import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
+from ..template import DEFAULT_MAX_STEPS
 from ..tokenize.memo import DEFAULT_MEMO_MB
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
@@ -37,6 +38,7 @@ from .options import (
     TokenizerEngineOpt,
     TrainOnOpt,
     WaitOpt,
+    parse_size,
 )
 
 InputsArg = Annotated[list[str], typer.Argument(
@@ -57,6 +59,16 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
                                       "rejected (too_long). Default: no filter.")]
 ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(an episode never spans shards).")]
+TemplateMaxStepsOpt = Annotated[int, typer.Option(
+    "--template-max-steps", metavar="N", help="With a model's chat template: the steps one render of a record may "
+    "take, plus 8 per character of the record (a step: a loop iteration, a call, a filter, or 16 characters the "
+    "template builds). A template that runs past it rejects the record as template_limit (or the run, on a probe "
+    "conversation). Counts, not seconds: the same records are kept on every machine (docs/TOKENIZERS.md).")]
+TemplateMaxOutputOpt = Annotated[int | None, typer.Option(
+    "--template-max-output", metavar="SIZE", parser=parse_size, show_default="--max-record-bytes",
+    help="With a model's chat template: the most characters one render of a record may return (K, M, G are "
+    "powers of 1024); more rejects the record as template_limit. Keeps what is tokenized within the memory "
+    "--max-record-bytes sets (docs/CLI.md).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file (sftdata's "
                                              "chat markers), or a model's own Hugging Face tokenizer.json or the "
@@ -194,6 +206,8 @@ def _prepare_command(mode: str, doc: str):
         shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
         tokenizer: TokenizerOpt = None,
         chat_template: ChatTemplateOpt = None,
+        template_max_steps: TemplateMaxStepsOpt = DEFAULT_MAX_STEPS,
+        template_max_output: TemplateMaxOutputOpt = None,
         tokenizer_engine: TokenizerEngineOpt = "auto",
         allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
@@ -220,7 +234,8 @@ def _prepare_command(mode: str, doc: str):
                               train_on=train_on, chat_template=chat_template, tokenizer_engine=tokenizer_engine,
                               allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
                               decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
-                              memo_mb=memo_mb)
+                              memo_mb=memo_mb, template_max_steps=template_max_steps,
+                              template_max_output=template_max_output)
         run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
     command.__name__ = f"prepare_{mode}"

@@ -209,7 +209,7 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
         alone = [_alone(profile, fn, sent_fn, messages, k, name, where) for k in chosen]
         return Planned(tuple(t for t, _ in alone), tuple((sp,) for _, sp in alone), per_reply=why)
     except TemplateError as e:
-        raise RecordError("template_error", str(e), where) from None
+        raise RecordError(e.reason, str(e), where) from None
 
 
 def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateLimitError
 from ..records.conversation import Conversation
 from .environment import render
+from .limits import DEFAULT_LIMITS, TemplateLimits
 
 ArgumentsStyle = Literal["dict", "string"]
 
@@ -66,7 +67,8 @@ def _with_reasoning(turn) -> str:
     return f"<think>\n{turn.reasoning}\n</think>\n\n{turn.text}" if turn.reasoning else turn.text
 
 
-def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple[ArgumentsStyle, str]:
+def arguments_style(compiled, name: str, variables: dict | None = None,
+                    limits: TemplateLimits = DEFAULT_LIMITS) -> tuple[ArgumentsStyle, str]:
     """Whether the template expects tool-call arguments as a dict or as JSON text, and why.
 
     Renders one call both ways: a dict printed as a Python repr means the template prints
@@ -77,7 +79,9 @@ def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": args}}]}]
         try:
-            return render(compiled, msgs, variables=variables, name=name).text
+            return render(compiled, msgs, variables=variables, name=name, limits=limits).text
+        except TemplateLimitError:
+            raise
         except TemplateError:
             return None
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..chat.template_rule import MaskRule, mask_disagreement
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateLimitError
 from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, arguments_style
@@ -219,7 +219,7 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     def render(messages, tools=None, add_generation_prompt=False):
         return render_full(messages, tools, add_generation_prompt).text
 
-    style, why = arguments_style(template.compiled(), name, vars_)
+    style, why = arguments_style(template.compiled(), name, vars_, template.limits)
     probes = list(PROBES)
     for messages, tools in probes:
         render(list(messages), tools)  # a template that raises on a plain probe is refused with its message
@@ -230,6 +230,8 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
             render(list(messages), tools)
             probes.append((messages, tools))
             supported[key] = True
+        except TemplateLimitError:  # a template that runs past its limits is refused, never taken as refusing
+            raise
         except TemplateError:  # a template may refuse system messages or tools; records that have them are refused
             supported[key] = False
     tools_supported = supported["tools"]
@@ -237,6 +239,8 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     try:
         plain, prompted = render(lone), render(lone, add_generation_prompt=True)
         gen_prompt = prompted[len(plain):] if prompted.startswith(plain) else ""
+    except TemplateLimitError:
+        raise
     except TemplateError:
         gen_prompt = ""
     added = sorted((t for t in tok.added_tokens if t.strip()), key=len, reverse=True)

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import RecordError
+from ..errors import RecordError, TemplateLimitError
 from ..records.conversation import Conversation
 from ..tokenize.hf import HFTokenizer
 from .chat_template import load_chat_template
 from .chunk import chunk_episodes
 from .episodes import Episode, Planned, TemplateRender, plan_conversation, trained_replies
 from .fit import render_within
+from .limits import DEFAULT_LIMITS, TemplateLimits
 from .profile import TemplateProfile, learn_profile
 
 
@@ -34,15 +35,20 @@ class RecordEpisodes:
 
 
 def model_profile(tok: HFTokenizer, spec: str | None, variables: dict | None = None,
-                  last_reply_only: bool = False) -> TemplateProfile:
+                  last_reply_only: bool = False, limits: TemplateLimits = DEFAULT_LIMITS) -> TemplateProfile:
     """The profile of the template ``spec`` names (``model``, ``model:NAME``, a preset, a
     ``.jinja`` file; None: the tokenizer folder's own), learned with ``tok``. Raises
     ``TemplateError`` (a folder without a template names the presets).
 
     ``last_reply_only`` (``--train-on last``): each episode trains its last reply only,
     and its rule says so (each record is one episode: the conversation up to the reply it
-    trains)."""
-    profile = learn_profile(load_chat_template(spec, tok), tok, variables)
+    trains). ``limits``: what every render of the template runs under; a probe that runs
+    past them refuses the run here (``TemplateLimitError``)."""
+    try:
+        profile = learn_profile(replace(load_chat_template(spec, tok), limits=limits), tok, variables)
+    except TemplateLimitError as e:
+        raise TemplateLimitError(f"{e}. It did so on a probe conversation sftdata renders before any record, so "
+                                 f"the run is refused") from None
     if last_reply_only and not profile.rule.last_reply_only:
         profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
     return profile
