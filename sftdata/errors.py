@@ -46,6 +46,13 @@ class TokenizerError(SftDataError):
     """The tokenizer cannot be built, or does not match what a dataset recorded."""
 
 
+class TokenizerFailure(TokenizerError):
+    """The tokenizers library failed on a text (its own error, or a Rust panic): the record
+    is rejected as ``tokenizer_error``."""
+
+    reason = "tokenizer_error"
+
+
 class DatasetError(SftDataError):
     """A dataset on disk is missing, incomplete, inconsistent or corrupt."""
 

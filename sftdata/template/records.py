@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import RecordError, TemplateLimitError
+from ..errors import RecordError, TemplateLimitError, TokenizerFailure
 from ..records.conversation import Conversation
 from ..tokenize.hf import HFTokenizer
 from .chat_template import load_chat_template
@@ -95,8 +95,8 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
             plans.append(plan_conversation(conv, profile, tok, where))
         except RecordError as e:
             plans.append(e)
+    encoded = _encoded(plans, items, tok)
     planned = [(p, where) for p, (_, where) in zip(plans, items) if isinstance(p, Planned)]
-    encoded = tok.encode_rendered_many([t for p, _ in planned for t in p.texts])
     renders = iter(chunk_episodes([p for p, _ in planned], encoded, profile, tok, [w for _, w in planned]))
     del encoded
     out: list[RecordEpisodes | RecordError] = []
@@ -115,7 +115,27 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
             out.append(_proven(render, dropped, profile, tok, where))
         except RecordError as e:
             out.append(e)
+        except TokenizerFailure as e:  # while measuring pairs for --max-tokens
+            out.append(RecordError(e.reason, str(e), where))
     return out
+
+
+def _encoded(plans: list, items: Sequence[tuple[Conversation, str]], tok: HFTokenizer) -> list:
+    """The texts of every ``Planned`` in ``plans`` encoded in one call; when the tokenizers
+    library fails on them (its error or a panic), record by record, and a record it fails
+    on becomes its ``RecordError`` (``tokenizer_error``) in ``plans``."""
+    planned = [(i, p) for i, p in enumerate(plans) if isinstance(p, Planned)]
+    try:
+        return tok.encode_rendered_many([t for _, p in planned for t in p.texts])
+    except TokenizerFailure:
+        pass
+    encoded: list = []
+    for i, p in planned:
+        try:
+            encoded.extend(tok.encode_rendered_many(list(p.texts)))
+        except TokenizerFailure as e:
+            plans[i] = RecordError(e.reason, str(e), items[i][1])
+    return encoded
 
 
 def record_episodes(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, max_tokens: int | None,
