@@ -30,7 +30,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from ..errors import TemplateError, TemplateLimitError
-from .limits import BUDGET_KEY, DEFAULT_LIMITS, Budget, TemplateLimits, conversation_size
+from .limits import BUDGET_KEY, DEFAULT_LIMITS, MAX_TEMPLATE_CHARS, Budget, TemplateLimits, conversation_size
 from .sandbox import limit_callables, limited_environment_class
 
 GEN_OPEN, GEN_CLOSE = "\ufdd0", "\ufdd1"
@@ -121,6 +121,9 @@ class Rendered:
 @lru_cache(maxsize=32)
 def compile_template(text: str, name: str = "template"):
     """Compile a template once (cached by its text). Raises ``TemplateError`` naming it."""
+    if len(text) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"chat template {name} is {len(text):,} characters, more than the {MAX_TEMPLATE_CHARS:,} a "
+                            f"chat template may be (the largest real ones are under 20,000): it is refused unread")
     env = _environment()
     import jinja2
 

@@ -51,6 +51,9 @@ ITEM_CHARS = 16  # what a list, tuple or dict item counts (its pointer and objec
 BUILT_PER_OUTPUT = 8  # everything a render builds: at most this times max_output
 WALK_ITEMS = 4  # container items weighed per step (turning a list into text walks every item)
 MAX_DEPTH = 48  # nested calls; each costs about 8 Python frames of the 1000 Python allows
+# a template's text: the largest real ones are about 17,000 characters; compiling costs about
+# 13 s and 250 MB per million characters, so this one bounds compiling to seconds
+MAX_TEMPLATE_CHARS = 256 * 1024
 #: the render's key for its budget: not an identifier, so no template can name it
 BUDGET_KEY = "sftdata budget"
 _CONTAINERS = (list, tuple, dict, set, frozenset)

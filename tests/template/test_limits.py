@@ -159,6 +159,14 @@ def test_recursion_and_memory_that_python_itself_stops():
         compile_template("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "deep")
 
 
+def test_a_template_too_long_to_compile_quickly_is_refused_unread():
+    with pytest.raises(TemplateError, match=r"^chat template long is 262,145 characters, more than the 262,144 a chat "
+                                            r"template may be \(the largest real ones are under 20,000\): it is "
+                                            r"refused unread$"):
+        compile_template("x" * (256 * 1024 + 1), "long")
+    assert compile_template("x" * (256 * 1024), "long").render() == "x" * (256 * 1024)
+
+
 def test_the_budget_is_out_of_a_templates_reach():
     assert run("{{ context }}|{{ budget }}|{{ self._TemplateReference__context }}").text == "||"
     with pytest.raises(TemplateError, match=r"^chat template t does not compile: "):
