@@ -168,7 +168,8 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
     elif not quiet:
         err_console.print(summary_table(summary))
         if summary.rejected:
-            err_console.print(f"[yellow]rejected records and their reasons: {summary.output_dir}/rejects.jsonl[/]")
+            err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl",
+                              style="yellow")
         exact = summary.dedup.get("exact_duplicates", 0)
         if exact and summary.dedup.get("mode") == "off":
             warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
