@@ -189,7 +189,6 @@ def is_panic(e: BaseException) -> bool:
 
 
 _PANIC_REPORT = re.compile(rb"^thread '[^\n]*' [^\n]*panicked at ")
-_captures = threading.local()
 
 
 def _without_panic_reports(data: bytes) -> bytes:
@@ -208,51 +207,57 @@ def _without_panic_reports(data: bytes) -> bytes:
     return b"".join(out)
 
 
-def _buffer():
-    """This thread's buffer file (a process's own: a forked worker makes another)."""
-    held = getattr(_captures, "buffer", None)
-    if held is None or held[0] != os.getpid():
-        held = _captures.buffer = (os.getpid(), tempfile.TemporaryFile())
-    return held[1]
+class _Redirect:
+    """File descriptor 2 is one per process: it is redirected to a buffer file while any
+    thread runs a library call (the first call in redirects, the last call out restores
+    it and passes the buffer on), never twice over. A forked worker starts afresh."""
 
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pid = None
 
-class _Stderr:
-    """File descriptor 2 written to a buffer file while a library call runs (only the
-    outermost call of a thread redirects; nested calls run inside it; with no standard
-    error open, nothing is redirected)."""
+    def _fresh(self):
+        if self.pid != os.getpid():
+            self.pid, self.depth, self.saved, self.buffer, self.panicked = os.getpid(), 0, None, None, False
 
-    def __enter__(self):
-        self.saved = None
-        depth = getattr(_captures, "depth", 0)
-        _captures.depth = depth + 1
-        if depth == 0:
-            _captures.panicked = False  # set by a call at any depth that caught a panic
+    def enter(self) -> None:
+        with self.lock:
+            self._fresh()
+            self.depth += 1
+            if self.depth > 1:
+                return
+            self.panicked = False
             try:
                 self.saved = os.dup(2)
             except OSError:  # standard error is closed: nothing to keep clean
-                return self
-            self.buffer = _buffer()
+                self.saved = None
+                return
+            if self.buffer is None:
+                self.buffer = tempfile.TemporaryFile()
             os.dup2(self.buffer.fileno(), 2)
-        return self
 
-    def __exit__(self, *exc):
-        _captures.depth -= 1
-        if self.saved is None:
-            return False
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        self.buffer.seek(0)
-        data = self.buffer.read()
-        self.buffer.seek(0)
-        self.buffer.truncate()
-        if _captures.panicked:
-            data = _without_panic_reports(data)
-        if data:
-            try:
-                os.write(2, data)
-            except OSError:
-                pass
-        return False
+    def exit(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth > 0 or self.saved is None:
+                return
+            os.dup2(self.saved, 2)
+            os.close(self.saved)
+            self.saved = None
+            self.buffer.seek(0)
+            data = self.buffer.read()
+            self.buffer.seek(0)
+            self.buffer.truncate()
+            if self.panicked:
+                data = _without_panic_reports(data)
+            if data:
+                try:
+                    os.write(2, data)
+                except OSError:
+                    pass
+
+
+_stderr = _Redirect()
 
 
 def library_call(action: str):
@@ -262,18 +267,20 @@ def library_call(action: str):
     def wrap(method):
         @functools.wraps(method)
         def guarded(self, *args, **kwargs):
-            with _Stderr():
-                try:
-                    return method(self, *args, **kwargs)
-                except (TokenizerError, UsageError):
+            _stderr.enter()
+            try:
+                return method(self, *args, **kwargs)
+            except (TokenizerError, UsageError):
+                raise
+            except Exception as e:
+                raise TokenizerFailure(_failed(self.path, action, e)) from None
+            except BaseException as e:
+                if not is_panic(e):
                     raise
-                except Exception as e:
-                    raise TokenizerFailure(_failed(self.path, action, e)) from None
-                except BaseException as e:
-                    if not is_panic(e):
-                        raise
-                    _captures.panicked = True
-                    raise TokenizerFailure(_failed(self.path, action, e)) from None
+                _stderr.panicked = True
+                raise TokenizerFailure(_failed(self.path, action, e)) from None
+            finally:
+                _stderr.exit()
         return guarded
     return wrap
 

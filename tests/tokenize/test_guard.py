@@ -132,3 +132,32 @@ def test_too_many_merges_are_refused_before_the_library_loads_them(tmp_path, mon
     tok = load_hf_tokenizer(folder)
     last = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"][-1].replace(" ", "")
     assert tok.token_id(last) == 256 + 2_000 - 1 and tok.encode("hello")  # a working tokenizer
+
+
+def test_threads_in_library_calls_at_once_share_one_redirect(capfd):
+    import os
+    import threading
+
+    from sftdata.tokenize.guard import library_call
+
+    inside = threading.Barrier(3)
+    release = threading.Event()
+
+    class Writer:
+        path = "t.json"
+
+        @library_call("writing")
+        def write(self, text: bytes):
+            inside.wait()
+            release.wait()
+            os.write(2, text)
+
+    threads = [threading.Thread(target=Writer().write, args=(t,)) for t in (b"one\n", b"two\n")]
+    for t in threads:
+        t.start()
+    inside.wait()  # both threads are in a call: standard error is redirected once
+    release.set()
+    for t in threads:
+        t.join()
+    os.write(2, b"after\n")  # and it is back where it was
+    assert sorted(capfd.readouterr().err.splitlines()) == ["after", "one", "two"]
