@@ -46,6 +46,13 @@ class TokenizerError(SftDataError):
     """The tokenizer cannot be built, or does not match what a dataset recorded."""
 
 
+class TokenizerFailure(TokenizerError):
+    """The tokenizers library failed on a text (its own error, or a Rust panic): the record
+    is rejected as ``tokenizer_error``."""
+
+    reason = "tokenizer_error"
+
+
 class DatasetError(SftDataError):
     """A dataset on disk is missing, incomplete, inconsistent or corrupt."""
 
@@ -60,7 +67,17 @@ class ConfigError(SftDataError):
 
 class TemplateError(SftDataError):
     """A chat template cannot be used: it does not compile, raises on a probe
-    conversation, or renders assistant output that no mask rule can locate or stop."""
+    conversation, or renders assistant output that no mask rule can locate or stop.
+    ``reason``: the code of a record it rejects."""
+
+    reason = "template_error"
+
+
+class TemplateLimitError(TemplateError):
+    """A chat template ran past a limit of its render (steps, output, call depth, memory):
+    the record is rejected as ``template_limit``, or the run refused when a probe did."""
+
+    reason = "template_limit"
 
 
 class AllRecordsRejectedError(NoUsableRecordsError):

@@ -35,6 +35,7 @@ from typer.main import get_command_from_info
 
 from .. import __version__
 from ..errors import SftDataError
+from .terminal import escape_rendered, one_line
 
 
 class Command(NamedTuple):
@@ -170,7 +171,9 @@ PIPE_WIDTH = 200  # a pipe or a file is not a screen: no wrapping or cut columns
 def _console(stderr: bool = False) -> Console:
     """A terminal gets its own width; a pipe, a file or a log gets PIPE_WIDTH (unless
     COLUMNS says otherwise), so tables keep whole values and lines stay greppable."""
-    console = Console(stderr=stderr)
+    # no dataset's text can drive the terminal: no markup ("[link=...]" in a file name) or emoji
+    # codes read from printed strings (styles come from Text and style=), control characters escaped
+    console = escape_rendered(Console(stderr=stderr, markup=False, emoji=False))
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPE_WIDTH
     return console
@@ -195,7 +198,7 @@ def _root(
 
 
 def warn(message: str) -> None:
-    err_console.print(Text("warning: ", style="bold yellow") + Text(message, style="yellow"), soft_wrap=True)
+    err_console.print(Text("warning: ", style="bold yellow") + Text(one_line(message), style="yellow"), soft_wrap=True)
 
 
 class _WarningsToStderr(logging.Handler):
@@ -213,7 +216,7 @@ def _show_library_warnings() -> None:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(Text("error: ", style="bold red") + Text(message, style="red"), soft_wrap=True)
+    err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
     return typer.Exit(code)
 
 

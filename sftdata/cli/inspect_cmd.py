@@ -3,7 +3,9 @@ trained tokens.
 
 Trained text is drawn in green and wrapped in ⟦ ⟧, so it stays visible without colour
 (``NO_COLOR``, pipes, logs); markers are drawn apart (bold, dimmed when not trained);
-context a packer injected is wrapped in « ».
+context a packer injected is wrapped in « ». Text from the dataset (its content, names,
+paths, options, notes) is drawn with its control characters escaped (``terminal``): a
+decoded episode keeps its line breaks, every other field is one line.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..store.format import is_mixture_file
 from .app import app, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
 from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
+from .terminal import escape_controls, one_line
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 INJECTED_OPEN, INJECTED_CLOSE = "«", "»"
@@ -82,38 +85,40 @@ def _percentile_table(title: str, rows: dict[str, dict]) -> Table:
     for k in keys:
         t.add_column(heads.get(k, k), justify="right")
     for name, p in rows.items():
-        t.add_row(name, *(_num(p[k]) if k in p else "" for k in keys))
+        t.add_row(one_line(name), *(_num(p[k]) if k in p else "" for k in keys))
     return t
 
 
 def draw_overview(ov: Overview) -> Group:
     parts: list = []
     head = Text()
-    head.append(f"{ov.path}\n", style="bold")
+    head.append(f"{one_line(ov.path)}\n", style="bold")
     fmt = f"sftdata format v{ov.format_version}" if ov.format_version is not None else "older flat layout"
-    head.append(f"{fmt} · kind {ov.kind} · layout {ov.layout} · tokens {ov.token_dtype}")
+    head.append(one_line(f"{fmt} · kind {ov.kind} · layout {ov.layout} · tokens {ov.token_dtype}"))
     if ov.created_by:
-        head.append(f" · made by {ov.created_by}")
+        head.append(f" · made by {one_line(ov.created_by)}")
     if ov.tokenizer:
         tk = ov.tokenizer
         if tk.get("file_sha256"):  # a model's own tokenizer.json and chat template
             tpl = tk.get("template") or {}
-            head.append(f"\ntokenizer {tk.get('name')} ({tk.get('kind')}) · vocab {tk.get('vocab_size', 0):,} · "
-                        f"EOS {tk.get('eos_id')} · tokenizer.json sha256 {tk.get('file_sha256')} · chat template "
-                        f"{tpl.get('name')} ({tpl.get('source')}, sha256 {tpl.get('sha256')})")
+            head.append("\n" + one_line(
+                f"tokenizer {tk.get('name')} ({tk.get('kind')}) · vocab {tk.get('vocab_size', 0):,} · EOS "
+                f"{tk.get('eos_id')} · tokenizer.json sha256 {tk.get('file_sha256')} · chat template "
+                f"{tpl.get('name')} ({tpl.get('source')}, sha256 {tpl.get('sha256')})"))
         else:
-            head.append(f"\ntokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · "
-                        f"EOS {tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}")
+            head.append("\n" + one_line(
+                f"tokenizer {tk.get('name')} ({tk.get('source')}) · vocab {tk.get('vocab_size', 0):,} · EOS "
+                f"{tk.get('eos_id')} · ranks sha256 {tk.get('ranks_sha256')}"))
     if ov.packing:
         pk = ov.packing
-        head.append(f"\npacked ({pk.get('strategy')}): --block-size {pk.get('block_size')}, rows of "
-                    f"{pk.get('row_len')} tokens, --overlong {pk.get('overlong')}, pad id {pk.get('pad_token_id')}, "
-                    f"seed {pk.get('seed')}")
+        head.append("\n" + one_line(
+            f"packed ({pk.get('strategy')}): --block-size {pk.get('block_size')}, rows of {pk.get('row_len')} tokens, "
+            f"--overlong {pk.get('overlong')}, pad id {pk.get('pad_token_id')}, seed {pk.get('seed')}"))
         if ov.packed_from:
-            head.append(f"\npacked from {ov.packed_from.get('path')} (its metadata sha256 "
-                        f"{ov.packed_from.get('metadata_sha256')})")
+            head.append("\n" + one_line(f"packed from {ov.packed_from.get('path')} (its metadata sha256 "
+                                        f"{ov.packed_from.get('metadata_sha256')})"))
     if ov.serving:
-        head.append("\n" + serving_line(ov.serving))
+        head.append("\n" + one_line(serving_line(ov.serving)))
     head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
     parts.append(head)
     if ov.packing:
@@ -143,7 +148,7 @@ def _packed_tables(ov: Overview) -> list:
     t = Table(header_style="bold")
     t.add_column("")
     for s in ov.splits:
-        t.add_column(s.name, justify="right")
+        t.add_column(one_line(s.name), justify="right")
 
     def row(label, fn):
         t.add_row(label, *(fn(s) for s in ov.splits))
@@ -162,13 +167,13 @@ def _packed_tables(ov: Overview) -> list:
     row("shards, bytes", lambda s: f"{s.shards:,}, {s.bytes_on_disk:,}")
     parts: list = [t]
     spr = Text("segments per row: ", style="bold")
-    spr.append("  ".join(f"{s.name} min {_num(s.packed.segments_per_row.get('p0', 0))} median "
+    spr.append("  ".join(f"{one_line(s.name)} min {_num(s.packed.segments_per_row.get('p0', 0))} median "
                          f"{_num(s.packed.segments_per_row.get('p50', 0))} max "
                          f"{_num(s.packed.segments_per_row.get('p100', 0))}" for s in ov.splits))
     parts.append(spr)
     parts.append(_percentile_table("segment length (tokens)", {s.name: s.length_percentiles for s in ov.splits}))
     for s in ov.splits:
-        parts.append(_histogram(f"{s.name}: segments by length (tokens)", s.length_histogram, share=False))
+        parts.append(_histogram(f"{one_line(s.name)}: segments by length (tokens)", s.length_histogram, share=False))
     shares = {s.name: s.trained_share_percentiles for s in ov.splits if s.trained_share_percentiles}
     if shares:
         parts.append(_percentile_table("trained share per row (of its real tokens)", shares))
@@ -182,7 +187,7 @@ def _episode_tables(ov: Overview) -> list:
                 "shards", "bytes"):
         t.add_column(col, justify="left" if col == "split" else "right")
     for s in ov.splits:
-        t.add_row(s.name, f"{s.episodes:,}", f"{s.tokens:,}",
+        t.add_row(one_line(s.name), f"{s.episodes:,}", f"{s.tokens:,}",
                   "?" if s.trained_tokens is None else f"{s.trained_tokens:,}",
                   "?" if s.trained_share is None else f"{s.trained_share:.1%}",
                   "?" if s.episodes_training_nothing is None else f"{s.episodes_training_nothing:,}",
@@ -190,13 +195,13 @@ def _episode_tables(ov: Overview) -> list:
     parts.append(t)
     parts.append(_percentile_table("episode length (tokens)", {s.name: s.length_percentiles for s in ov.splits}))
     for s in ov.splits:
-        parts.append(_histogram(f"{s.name}: episodes by length (tokens)", s.length_histogram, share=False))
+        parts.append(_histogram(f"{one_line(s.name)}: episodes by length (tokens)", s.length_histogram, share=False))
     shares = {s.name: s.trained_share_percentiles for s in ov.splits if s.trained_share_percentiles}
     if shares:
         parts.append(_percentile_table("trained share per episode", shares))
         for s in ov.splits:
             if s.trained_share_histogram:
-                parts.append(_histogram(f"{s.name}: episodes by trained share", s.trained_share_histogram,
+                parts.append(_histogram(f"{one_line(s.name)}: episodes by trained share", s.trained_share_histogram,
                                         share=True))
     return parts
 
@@ -207,7 +212,7 @@ def _tail(ov: Overview, parts: list) -> None:
         b = s.block
         if b is None:
             continue
-        line = Text(f"{s.name} at --block-size {b.block_size}: ", style="bold")
+        line = Text(f"{one_line(s.name)} at --block-size {b.block_size}: ", style="bold")
         line.append(f"{b.episodes_longer:,} episodes ({b.episodes_longer_share:.1%}) are longer than "
                     f"{b.block_size + 1:,} tokens; truncation drops {b.tokens_dropped:,} tokens")
         if b.trained_tokens_dropped is not None:
@@ -220,25 +225,28 @@ def _tail(ov: Overview, parts: list) -> None:
         for s in ov.sources:
             first, n = s.get("first_record"), s.get("records", 0)
             numbers = f" (record numbers {first:,}–{first + n - 1:,})" if isinstance(first, int) and n else ""
-            src.append(f"  {s.get('path')}  {s.get('container', '?')}  {s.get('bytes', 0):,} bytes  {n:,} records"
-                       f"{numbers}  sha256 {s.get('sha256')}\n")
+            src.append("  " + one_line(f"{s.get('path')}  {s.get('container', '?')}  {s.get('bytes', 0):,} bytes  "
+                                       f"{n:,} records{numbers}  sha256 {s.get('sha256')}") + "\n")
         parts.append(src)
     if ov.options:
-        parts.append(Text("options  ", style="bold") + Text("  ".join(f"{k}={v}" for k, v in ov.options.items())))
+        parts.append(Text("options  ", style="bold") + Text("  ".join(one_line(f"{k}={v}")
+                                                                     for k, v in ov.options.items())))
     if ov.counts:
         shown = {k: v for k, v in ov.counts.items() if not isinstance(v, dict)}
-        parts.append(Text("counts   ", style="bold") + Text("  ".join(f"{k}={v:,}" for k, v in shown.items())))
+        parts.append(Text("counts   ", style="bold") + Text("  ".join(one_line(f"{k}={v:,}")
+                                                                     for k, v in shown.items())))
         for k, v in ov.counts.items():
             if isinstance(v, dict) and v:
-                parts.append(Text(f"{k}  ", style="bold") + Text("  ".join(f"{r}: {n:,}" for r, n in v.items())))
+                parts.append(Text(f"{one_line(k)}  ", style="bold") + Text("  ".join(one_line(f"{r}: {n:,}")
+                                                                                     for r, n in v.items())))
     rej = Text(f"rejected records: {ov.rejected_total:,}", style="bold yellow" if ov.rejected_total else "bold")
     for reason, n in ov.rejected.items():
-        rej.append(f"\n  {reason}: {n:,}", style="yellow")
+        rej.append(f"\n  {one_line(reason)}: {n:,}", style="yellow")
     if ov.rejects_file:
-        rej.append(f"\n  details: {ov.rejects_file}")
+        rej.append(f"\n  details: {one_line(ov.rejects_file)}")
     parts.append(rej)
     for n in ov.notes:
-        parts.append(Text(f"note: {n}", style="yellow"))
+        parts.append(Text(f"note: {one_line(n)}", style="yellow"))
 
 
 def pieces_text(pieces: list) -> Text:
@@ -250,7 +258,8 @@ def pieces_text(pieces: list) -> Text:
         if p.injected:  # packer's context: never trained
             first = i == 0 or not pieces[i - 1].injected
             last = i == len(pieces) - 1 or not pieces[i + 1].injected
-            out.append((INJECTED_OPEN if first else "") + p.text + (INJECTED_CLOSE if last else ""), style="italic dim")
+            out.append((INJECTED_OPEN if first else "") + escape_controls(p.text) + (INJECTED_CLOSE if last else ""),
+                       style="italic dim")
             continue
         if p.trained and not open_:
             out.append(TRAINED_OPEN, style="bold green")
@@ -259,7 +268,7 @@ def pieces_text(pieces: list) -> Text:
             out.append(TRAINED_CLOSE, style="bold green")
             open_ = False
         style = ("bold magenta" if p.trained else "bold dim") if p.marker else ("green" if p.trained else None)
-        out.append(p.text, style=style)
+        out.append(one_line(p.text) if p.marker else escape_controls(p.text), style=style)
         if p.marker and p.text == "<|END|>":
             if open_:
                 out.append(TRAINED_CLOSE, style="bold green")
@@ -279,17 +288,17 @@ def token_table(v) -> Table:
     for col, just in cols:
         t.add_column(col, justify=just)
     for r in v.tokens or []:
-        text = Text(r.text if r.marker else repr(r.text))  # repr: spaces and newlines visible
+        text = Text(one_line(r.text) if r.marker else repr(r.text))  # repr: spaces, newlines, controls visible
         extra = [str(r.seq_id), str(r.position_id)] if packed else []
-        t.add_row(str(r.position), str(r.id), text, *extra, "✓" if r.trained else "", r.span,
+        t.add_row(str(r.position), str(r.id), text, *extra, "✓" if r.trained else "", one_line(r.span),
                   style="green" if r.trained else None)
     return t
 
 
 def draw_row(v: RowView, tokens: bool) -> Group:
-    head = Text(f"{v.split} row {v.row}", style="bold")
+    head = Text(f"{one_line(v.split)} row {v.row}", style="bold")
     trained = "" if v.trained_tokens is None else f" · {v.trained_tokens:,} trained"
-    head.append(f" · {v.shard} · {len(v.segments)} segment(s), {v.real_tokens:,} real tokens, {v.padding:,} "
+    head.append(f" · {one_line(v.shard)} · {len(v.segments)} segment(s), {v.real_tokens:,} real tokens, {v.padding:,} "
                 f"padding of {v.row_len:,}{trained}")
     parts: list = [Rule(style="dim"), head]
     for sg in v.segments:
@@ -312,10 +321,10 @@ def draw_row(v: RowView, tokens: bool) -> Group:
 
 
 def draw_episode(v: EpisodeView, tokens: bool) -> Group:
-    head = Text(f"{v.split} episode {v.episode}", style="bold")
+    head = Text(f"{one_line(v.split)} episode {v.episode}", style="bold")
     rec = "" if v.record is None else f" · input record {v.record}"
     trained = "" if v.trained_tokens is None else f", {v.trained_tokens:,} trained"
-    head.append(f"{rec} · {v.shard} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
+    head.append(f"{rec} · {one_line(v.shard)} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
     parts: list = [Rule(style="dim"), head, pieces_text(v.pieces)]
     if v.rule_differs_at:
         parts.append(Text(f"warning: the stored mask differs from the mask rule at {len(v.rule_differs_at)} "
@@ -379,7 +388,7 @@ def inspect_cmd(
         for v in found:
             out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_episode(v, tokens))
         for n in notes:
-            out_console.print(Text(f"note: {n}", style="yellow"))
+            out_console.print(Text(f"note: {one_line(n)}", style="yellow"))
         return
     if tokens:
         raise UsageError("--tokens needs --episode, --row, --record or --sample")

@@ -17,6 +17,7 @@ from ..report.mixture import MixtureOverview
 from ..store.mixture import BY, make_mixture
 from .app import after_writing, app, handle_errors, out_console, print_json
 from .options import JsonOpt
+from .terminal import one_line
 
 
 def parse_spec(text: str) -> tuple[str | None, str, float]:
@@ -86,7 +87,7 @@ def _show(mixture, sha: str, output: Path, as_json: bool) -> None:
     for col in ("member", "dataset", "weight", "share"):
         t.add_column(col, justify="right" if col in ("weight", "share") else "left")
     for m, s in zip(mixture.members, shares):
-        t.add_row(m.name, m.path, f"{m.weight:g}", f"{float(s):.1%}")
+        t.add_row(one_line(m.name), one_line(m.path), f"{m.weight:g}", f"{float(s):.1%}")
     out_console.print(t)
     out_console.print(Text(f"sha256 {sha}; `sftdata inspect {output}` shows each epoch's realized shares",
                            style="dim"))
@@ -94,7 +95,7 @@ def _show(mixture, sha: str, output: Path, as_json: bool) -> None:
 
 def draw_mixture(ov: MixtureOverview) -> Group:
     """Per member: target share, then each epoch's realized items and tokens and shares."""
-    head = Text(f"{ov.path}\n", style="bold")
+    head = Text(f"{one_line(ov.path)}\n", style="bold")
     head.append(f"sftdata mixture · by {ov.by} · seed {ov.seed} · members {ov.kind} · split {ov.split} · sha256 "
                 f"{ov.sha256}")
     t = Table(header_style="bold")
@@ -105,14 +106,14 @@ def draw_mixture(ov: MixtureOverview) -> Group:
     for m in ov.members:
         cells = [f"{(x.items if ov.by == 'rows' else x.tokens):,} ({(x.items_share if ov.by == 'rows' else x.tokens_share):.2%})"
                  for x in m.epochs]
-        t.add_row(m.name, f"{m.weight:g}", f"{m.share:.2%}", f"{m.eligible:,}", f"{m.tokens:,}", *cells)
+        t.add_row(one_line(m.name), f"{m.weight:g}", f"{m.share:.2%}", f"{m.eligible:,}", f"{m.tokens:,}", *cells)
     other = Table(title=f"the other measure ({'tokens' if ov.by == 'rows' else 'rows'}) per epoch", title_justify="left",
                   header_style="bold")
     other.add_column("member")
     for e in range(len(ov.epoch_items)):
         other.add_column(f"epoch {e}", justify="right")
     for m in ov.members:
-        other.add_row(m.name, *(f"{(x.tokens if ov.by == 'rows' else x.items):,} "
+        other.add_row(one_line(m.name), *(f"{(x.tokens if ov.by == 'rows' else x.items):,} "
                                 f"({(x.tokens_share if ov.by == 'rows' else x.items_share):.2%})" for x in m.epochs))
     rows = "rows" if ov.kind == "packed" else "episodes"
     note = Text(f"{rows} per epoch: {', '.join(f'{n:,}' for n in ov.epoch_items)} (min {ov.episode_min_tokens} tokens "

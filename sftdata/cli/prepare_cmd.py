@@ -18,6 +18,7 @@ from ..order.batches import DEFAULT_SEED
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
+from ..template import DEFAULT_MAX_STEPS
 from ..tokenize.memo import DEFAULT_MEMO_MB
 from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json, warn
 from .options import (
@@ -39,6 +40,7 @@ from .options import (
     TokenizerEngineOpt,
     TrainOnOpt,
     WaitOpt,
+    parse_size,
     parse_template_vars,
 )
 
@@ -60,6 +62,16 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
                                       "rejected (too_long). Default: no filter.")]
 ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(an episode never spans shards).")]
+TemplateMaxStepsOpt = Annotated[int, typer.Option(
+    "--template-max-steps", metavar="N", help="With a model's chat template: the steps one render of a record may "
+    "take, plus 8 per character of the record (a step: a loop iteration, a call, a filter, or 16 characters the "
+    "template builds). A template that runs past it rejects the record as template_limit (or the run, on a probe "
+    "conversation). Counts, not seconds: the same records are kept on every machine (docs/TOKENIZERS.md).")]
+TemplateMaxOutputOpt = Annotated[int | None, typer.Option(
+    "--template-max-output", metavar="SIZE", parser=parse_size, show_default="--max-record-bytes",
+    help="With a model's chat template: the most characters one render of a record may return (K, M, G are "
+    "powers of 1024); more rejects the record as template_limit. Keeps what is tokenized within the memory "
+    "--max-record-bytes sets (docs/CLI.md).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file (sftdata's "
                                              "chat markers), or a model's own Hugging Face tokenizer.json, the "
@@ -161,7 +173,8 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
     elif not quiet:
         err_console.print(summary_table(summary))
         if summary.rejected:
-            err_console.print(f"[yellow]rejected records and their reasons: {summary.output_dir}/rejects.jsonl[/]")
+            err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl",
+                              style="yellow")
         exact = summary.dedup.get("exact_duplicates", 0)
         if exact and summary.dedup.get("mode") == "off":
             warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
@@ -201,6 +214,8 @@ def _prepare_command(mode: str, doc: str):
         chat_template: ChatTemplateOpt = None,
         template_var: TemplateVarOpt = None,
         per_reply: PerReplyOpt = False,
+        template_max_steps: TemplateMaxStepsOpt = DEFAULT_MAX_STEPS,
+        template_max_output: TemplateMaxOutputOpt = None,
         tokenizer_engine: TokenizerEngineOpt = "auto",
         allow_pad_as_stop: AllowPadAsStopOpt = False,
         workers: WorkersOpt = None,
@@ -229,7 +244,8 @@ def _prepare_command(mode: str, doc: str):
                               tokenizer_engine=tokenizer_engine,
                               allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
                               decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
-                              memo_mb=memo_mb)
+                              memo_mb=memo_mb, template_max_steps=template_max_steps,
+                              template_max_output=template_max_output)
         run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
     command.__name__ = f"prepare_{mode}"

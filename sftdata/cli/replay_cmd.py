@@ -157,11 +157,13 @@ def replay_order_cmd(
             print_json(res.as_dict())
         elif res.ok:
             eps = sorted(set(res.epochs))
-            err_console.print(f"[green]OK[/]: {res.checked} epoch_start line(s) of split {split} in {check_audit} "
-                              f"(epochs {', '.join(map(str, eps))}) match the replay")
+            err_console.print(Text("OK", style="green") + Text(f": {res.checked} epoch_start line(s) of split {split} "
+                                                              f"in {check_audit} (epochs {', '.join(map(str, eps))}) "
+                                                              f"match the replay"))
         else:
             if res.checked == 0 and not res.mismatches:
-                err_console.print(f"[red]no epoch_start line of split {split} in {check_audit}; nothing matches[/]")
+                err_console.print(f"no epoch_start line of split {split} in {check_audit}; nothing matches",
+                                  style="red")
             for m in res.mismatches[:MISMATCHES_SHOWN]:
                 err_console.print(Text("mismatch ", style="red") + Text(m.message), soft_wrap=True)
             if len(res.mismatches) > MISMATCHES_SHOWN:

@@ -18,6 +18,7 @@ from ..verify import VerifyReport, verify
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json
 from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, RayAddressOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
+from .terminal import one_line
 
 STATUS = {"ok": ("✓ ok", "green"), "failed": ("✗ failed", "bold red"), "skipped": ("– skipped", "dim")}
 
@@ -40,7 +41,7 @@ TokenizerOpt = Annotated[str | None, typer.Option(
 
 
 def draw_report(r: VerifyReport) -> Group:
-    t = Table(title=f"verify {r.path}", title_justify="left", header_style="bold")
+    t = Table(title=f"verify {one_line(r.path)}", title_justify="left", header_style="bold")
     t.add_column("check")
     t.add_column("result")
     t.add_column("what it checks", style="dim")
@@ -55,11 +56,11 @@ def draw_report(r: VerifyReport) -> Group:
     for p in r.problems:
         block = Text("✗ ", style="bold red")
         block.append(f"[{p.check}] ", style="red")
-        block.append(p.file, style="bold")
+        block.append(one_line(p.file), style="bold")
         if p.where:
-            block.append(f" ({p.where})")
-        block.append(f"\n    {p.message}\n")
-        block.append(f"    fix: {p.fix}", style="cyan")
+            block.append(f" ({one_line(p.where)})")
+        block.append(f"\n    {one_line(p.message)}\n")
+        block.append(f"    fix: {one_line(p.fix)}", style="cyan")
         parts.append(block)
     if r.sources:
         parts.append(draw_sources(r))
@@ -110,7 +111,7 @@ def draw_mixture_report(r: MixtureVerifyReport) -> Group:
     parts: list = []
     for name, rep in r.members:
         parts += [Text(f"member {name}", style="bold"), draw_report(rep)]
-    t = Table(title=f"mixture {r.path} (sha256 {r.sha256})", title_justify="left", header_style="bold")
+    t = Table(title=f"mixture {one_line(r.path)} (sha256 {r.sha256})", title_justify="left", header_style="bold")
     for col in ("check", "result", "what it checks"):
         t.add_column(col, style="dim" if col == "what it checks" else None)
     for name, desc, n in r.checks():
@@ -118,8 +119,9 @@ def draw_mixture_report(r: MixtureVerifyReport) -> Group:
         t.add_row(name, Text(label + (f" ({n})" if n else ""), style=style), desc)
     parts.append(t)
     for p in r.problems:
-        parts.append(Text("✗ ", style="bold red") + Text(f"[{p.check}] {p.file} ({p.where})\n    {p.message}\n",
-                                                          style="red") + Text(f"    fix: {p.fix}", style="cyan"))
+        parts.append(Text("✗ ", style="bold red") + Text(f"[{p.check}] {one_line(p.file)} ({one_line(p.where)})\n    "
+                                                          f"{one_line(p.message)}\n", style="red")
+                     + Text(f"    fix: {one_line(p.fix)}", style="cyan"))
     bad = sum(not rep.ok for _, rep in r.members)
     verdict = (Text(f"OK: the mixture and its {len(r.members)} member(s) are intact", style="bold green") if r.ok else
                Text(f"FAILED: {len(r.problems)} mixture problem(s), {bad} member(s) with problems", style="bold red"))

@@ -18,7 +18,7 @@ from ..order.batches import DEFAULT_SEED
 from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TURN_COUNTS, TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
 from ..store.format import DEFAULT_SHARD_TOKENS
-from ..template import TemplateProfile
+from ..template import DEFAULT_MAX_STEPS, TemplateLimits, TemplateProfile
 from ..tokenize.engine import check_engine
 from ..tokenize.memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
 
@@ -49,6 +49,8 @@ class PrepareOptions:
     decontaminate_ngram: int = DEFAULT_NGRAM
     memo_mb: float = DEFAULT_MEMO_MB  # memory for the memo of encoded texts, all workers together; 0 = off
     memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
+    template_max_steps: int = DEFAULT_MAX_STEPS  # a chat template's steps per render, plus 8 per character
+    template_max_output: int | None = None  # characters one render may return (None: max_record_bytes)
 
     @property
     def policy(self) -> TurnPolicy:
@@ -81,6 +83,10 @@ class PrepareOptions:
             raise UsageError(f"--decontaminate-ngram must be at least 1, got {self.decontaminate_ngram}")
         if self.max_record_bytes < 1:
             raise UsageError(f"--max-record-bytes must be positive, got {self.max_record_bytes}")
+        if self.template_max_steps < 1:
+            raise UsageError(f"--template-max-steps must be positive, got {self.template_max_steps}")
+        if self.template_max_output is not None and self.template_max_output < 1:
+            raise UsageError(f"--template-max-output must be positive, got {self.template_max_output}")
         check_engine(self.tokenizer_engine)
         if self.tokenizer_engine == "hf" and not is_model_tokenizer_spec(self.tokenizer):
             raise UsageError(f"--tokenizer-engine hf needs a model's own tokenizer (a tokenizer.json or its folder); "
@@ -97,6 +103,11 @@ class PrepareOptions:
         if reserved:
             raise UsageError(f"--template-var {reserved[0]}: sftdata gives the template {reserved[0]!r} itself; "
                              f"choose another name")
+
+    def template_limits(self) -> TemplateLimits:
+        """What every render of a model's chat template runs under (docs/TOKENIZERS.md)."""
+        output = self.max_record_bytes if self.template_max_output is None else self.template_max_output
+        return TemplateLimits(self.template_max_steps, output)
 
     def memo_bytes_per_worker(self) -> int:
         """Each worker's share of ``--memo-mb`` (MiB, 2^20 bytes)."""
@@ -119,6 +130,8 @@ class PrepareOptions:
             out["template_vars"] = dict(self.template_vars)
         if self.per_reply:
             out["per_reply"] = True
+        if is_model_tokenizer_spec(self.tokenizer):  # the limits decide which records a template keeps
+            out["template_limits"] = self.template_limits().recorded()
         if self.allow_pad_as_stop:
             out["allow_pad_as_stop"] = True
         if self.dedup != "off":  # recorded only when used: the default output stays byte-identical

@@ -47,7 +47,7 @@ from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FIL
 from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter
-from ..template import TemplateProfile, model_profile, require_tool_calls, template_summary, tokenizer_state
+from ..template import TemplateLimits, TemplateProfile, model_profile, require_tool_calls, template_summary, tokenizer_state
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
 from .pool import chunk_results, chunks_of
@@ -57,18 +57,20 @@ MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the
 
 
 def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto",
-                     variables: dict | None = None, per_reply: bool = False, mode: str = "chat"
-                     ) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
+                     variables: dict | None = None, per_reply: bool = False, mode: str = "chat",
+                     limits: TemplateLimits | None = None) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
     """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
     the template ``--chat-template`` names (default: the folder's own), learned once here
     and sent to the workers, with ``--template-var`` ``variables``. ``--train-on last``
     makes its rule train each episode's last reply only, ``--per-reply`` serves each reply
-    as an episode. ``engine``: ``--tokenizer-engine``. In ``tool`` mode a template that
-    renders no tool call is refused here (``require_tool_calls``)."""
+    as an episode. ``engine``: ``--tokenizer-engine``; ``limits``: what each render of the
+    template runs under. In ``tool`` mode a template that renders no tool call is refused
+    here (``require_tool_calls``)."""
     tok = open_tokenizer(spec, engine)
     if isinstance(tok, ChatTokenizer):
         return tok, None
-    profile = model_profile(tok, chat_template, variables, last_reply_only=train_on == "last", per_reply=per_reply)
+    profile = model_profile(tok, chat_template, variables, last_reply_only=train_on == "last", per_reply=per_reply,
+                            limits=limits or TemplateLimits())
     if mode == "tool":
         require_tool_calls(profile)
     return tok, profile
@@ -152,7 +154,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
         raise UsageError("no input files given")
     t0 = time.perf_counter()
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine,
-                                    opts.template_vars, opts.per_reply, opts.mode)
+                                    opts.template_vars, opts.per_reply, opts.mode, opts.template_limits())
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
     if executor is not None and (opts.dedup != "off" or opts.decontaminate):

@@ -46,7 +46,7 @@ def _plot(pid: str, title: str, caption: str, figure: str | None) -> Plot | None
 
 
 def _zero_note(series: list[Series], field: str, unit: str) -> str:
-    notes = [f"{s.label}: {getattr(s.figures, field).zeros:,}" for s in series
+    notes = [f"{escape(s.label)}: {getattr(s.figures, field).zeros:,}" for s in series
              if getattr(s.figures, field) is not None and getattr(s.figures, field).zeros]
     return f" {unit}s training nothing are left out of the log axis ({', '.join(notes)})." if notes else ""
 

@@ -2,6 +2,12 @@
 distributions: one trace per series (a split, or with ``--compare`` a dataset), y in
 percent of each series' episodes so that series of any size overlay; the counts are in
 the hover text. Plotly is imported lazily: it is the ``report`` extra.
+
+plotly.js draws labels as pseudo-HTML (``<a href>``, ``<b>``, ``<br>``, ``<span style>``)
+and fills ``%{...}`` in hover templates: every label that comes from the data (a split or
+dataset name, an input file, a reject reason) goes in through ``plot_text`` (its markup
+shown as written), and into a hover text only as ``%{meta}`` or ``%{y}``, never inside the
+template.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ def plotly_js() -> str:
     inside the plotly package, so the page opens about four times sooner. It ships with
     sftdata (``assets/plotly-basic.min.js``: plotly.js-basic-dist-min, MIT licence)."""
     return files("sftdata.report").joinpath("assets", PLOTLY_BUNDLE).read_text(encoding="utf-8")
+
+
+def plot_text(text) -> str:
+    """Text from the data as plotly.js shows it: as written, its pseudo-HTML not read
+    (``<a href="http://x">x</a>.jsonl`` stays those characters, no link)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 @dataclass
@@ -127,9 +139,10 @@ def _bars(go, bins: Bins, s: Series, unit: str, what: str, several: bool, *, sha
         width = [b - a for a, b in zip(lo, hi)]
         custom = [[int(a), int(b) - 1, c] for a, b, c in zip(lo, hi, bins.counts)]
         label = "%{customdata[0]:,}–%{customdata[1]:,}" + (f" {what}" if what else "")
-    return go.Bar(x=x, width=width, y=_pct(bins.counts, bins.total), customdata=custom, name=s.label,
+    return go.Bar(x=x, width=width, y=_pct(bins.counts, bins.total), customdata=custom, name=plot_text(s.label),
+                  meta=plot_text(s.label),
                   marker={"color": _rgba(s.colour, 0.45 if several else 0.8), "line": {"color": s.colour, "width": 1}},
-                  hovertemplate=f"{label}<br>%{{customdata[2]:,}} {unit}s (%{{y:.1f}}%)<extra>{s.label}</extra>")
+                  hovertemplate=f"{label}<br>%{{customdata[2]:,}} {unit}s (%{{y:.1f}}%)<extra>%{{meta}}</extra>")
 
 
 def _block_line(block_size: int | None, lo: float, hi: float, x: float | None = None) -> dict:
@@ -180,10 +193,11 @@ def cdf_plot(series: list[Series], block_size: int | None, unit: str):
         if not b.counts:
             continue
         x = [e - 1 for e in b.edges[1:]]
-        traces.append(go.Scatter(x=x, y=[round(100 * c, 3) for c in b.cdf], mode="lines+markers", name=s.label,
+        traces.append(go.Scatter(x=x, y=[round(100 * c, 3) for c in b.cdf], mode="lines+markers",
+                                 name=plot_text(s.label), meta=plot_text(s.label),
                                  line={"color": s.colour, "width": 2, "shape": "hv"}, marker={"size": 4},
                                  hovertemplate=f"%{{y:.1f}}% of {unit}s have at most %{{x:,}} tokens"
-                                               f"<extra>{s.label}</extra>"))
+                                               f"<extra>%{{meta}}</extra>"))
     if not traces:
         return None
     xs = [x for t in traces for x in t.x]
@@ -205,16 +219,17 @@ def share_length_plot(series: list[Series]):
         custom = [[lo, hi - 1, n, p10, p90] for lo, hi, n, p10, p90 in zip(sl.lo, sl.hi, sl.episodes, sl.p10, sl.p90)]
         pct = lambda v: [round(100 * a, 2) for a in v]
         traces.append(go.Scatter(x=x, y=pct(sl.p10), mode="lines", line={"width": 0}, showlegend=False,
-                                 hoverinfo="skip", legendgroup=s.label))
+                                 hoverinfo="skip", legendgroup=plot_text(s.label)))
         traces.append(go.Scatter(x=x, y=pct(sl.p90), mode="lines", line={"width": 0}, fill="tonexty",
                                  fillcolor=_rgba(s.colour, 0.15), showlegend=False, hoverinfo="skip",
-                                 legendgroup=s.label))
+                                 legendgroup=plot_text(s.label)))
         traces.append(go.Scatter(
-            x=x, y=pct(sl.p50), mode="lines+markers", name=s.label, legendgroup=s.label, customdata=custom,
+            x=x, y=pct(sl.p50), mode="lines+markers", name=plot_text(s.label), meta=plot_text(s.label),
+            legendgroup=plot_text(s.label), customdata=custom,
             line={"color": s.colour, "width": 2}, marker={"size": 6},
             hovertemplate="episodes of %{customdata[0]:,}–%{customdata[1]:,} tokens (%{customdata[2]:,}):<br>"
                           "median trained share %{y:.1f}%<br>10% of them below %{customdata[3]:.0%}, 10% above "
-                          f"%{{customdata[4]:.0%}}<extra>{s.label}</extra>"))
+                          "%{customdata[4]:.0%}<extra>%{meta}</extra>"))
     if not traces:
         return None
     layout = _layout(go, "episode length (tokens, log scale)", "trained share of the episode", log_x=True)
@@ -250,9 +265,10 @@ def truncation_plot(series: list[Series], block_size: int | None):
                     continue
                 y = [100 * v for v in vals]
             label = name if len(series) == 1 else f"{s.label}: {name}"
-            traces.append(go.Scatter(x=x, y=[round(v, 3) for v in y], mode="lines+markers", name=label,
-                                     line={"color": s.colour, "dash": dash, "width": 2}, marker={"size": 6},
-                                     hovertemplate=f"--block-size %{{x:,}}: %{{y:.2f}}% {name}<extra>{s.label}</extra>"))
+            traces.append(go.Scatter(x=x, y=[round(v, 3) for v in y], mode="lines+markers", name=plot_text(label),
+                                     meta=plot_text(s.label), line={"color": s.colour, "dash": dash, "width": 2},
+                                     marker={"size": 6},
+                                     hovertemplate=f"--block-size %{{x:,}}: %{{y:.2f}}% {name}<extra>%{{meta}}</extra>"))
     if not traces:
         return None
     layout = _layout(go, "--block-size (a row holds block size + 1 tokens; log scale)", "% lost to truncation",
@@ -263,7 +279,8 @@ def truncation_plot(series: list[Series], block_size: int | None):
 
 
 def bar_counts_plot(rows: list[tuple[str, str, int, str]], x_title: str):
-    """Horizontal bars: (category, series label, count, colour) in the order given."""
+    """Horizontal bars: (category, series label, count, colour) in the order given (the
+    categories and labels as text: ``plot_text``)."""
     go = plotly_go()
     if not rows:
         return None
@@ -271,8 +288,9 @@ def bar_counts_plot(rows: list[tuple[str, str, int, str]], x_title: str):
     traces = []
     for lab in labels:
         mine = [r for r in rows if r[1] == lab]
-        traces.append(go.Bar(y=[r[0] for r in mine], x=[r[2] for r in mine], name=lab, orientation="h",
-                             marker={"color": mine[0][3]}, hovertemplate=f"%{{y}}: %{{x:,}}<extra>{lab}</extra>"))
+        traces.append(go.Bar(y=[plot_text(r[0]) for r in mine], x=[r[2] for r in mine], name=plot_text(lab),
+                             meta=plot_text(lab), orientation="h", marker={"color": mine[0][3]},
+                             hovertemplate="%{y}: %{x:,}<extra>%{meta}</extra>"))
     cats = list(dict.fromkeys(r[0] for r in rows))
     layout = _layout(go, x_title, "", pct_y=False, barmode="group" if len(labels) > 1 else "overlay")
     layout.update(height=max(160, 60 + 28 * len(cats) * len(labels)), bargap=0.25, showlegend=len(labels) > 1)

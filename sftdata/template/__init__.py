@@ -1,5 +1,6 @@
 """A model's own chat template: sandboxed Jinja rendering (``environment``), built-in
-presets (``presets``), assistant-span finding in the whole render (``spans``), the mask
+presets (``presets``), the limits every render runs under (``limits``, counted by
+``sandbox``), assistant-span finding in the whole render (``spans``), the mask
 rule re-derivable from token ids (``rule``), learned once per template (``profile``) and
 applied per conversation (``episodes``) or to a chunk of them at once (``chunk``), under
 the length filter (``fit``), and what prepare asks per record (``records``). Needs the ``hf`` extra (jinja2, tokenizers).
@@ -21,6 +22,7 @@ from .episodes import (
     tokenizer_state,
 )
 from .fit import render_within
+from .limits import DEFAULT_MAX_STEPS, TemplateLimits
 from .messages import ArgumentsStyle, arguments_style, conversation_messages, tool_schemas
 from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
@@ -37,8 +39,9 @@ from .records import (
 from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_mask, token_ranges
 
 __all__ = [
-    "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule", "NotLocated",
-    "Planned", "RecordEpisodes", "Rendered", "TemplateProfile", "TemplateRender", "arguments_style", "check_texts",
+    "DEFAULT_MAX_STEPS", "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule",
+    "NotLocated", "Planned", "RecordEpisodes", "Rendered", "TemplateLimits", "TemplateProfile", "TemplateRender",
+    "arguments_style", "check_texts",
     "chunk_episodes", "episodes_of", "plan_conversation",
     "compile_template", "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template",
     "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",

@@ -15,16 +15,19 @@ from pathlib import Path
 from ..errors import TemplateError
 from ..tokenize.hf import HFTokenizer
 from .environment import Rendered, compile_template, has_generation_blocks, render
+from .limits import DEFAULT_LIMITS, TemplateLimits
 from .presets import PRESETS
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A template's text and where it came from (``source``: preset, model or file)."""
+    """A template's text and where it came from (``source``: preset, model or file), and
+    the limits every render of it runs under."""
 
     name: str
     source: str
     text: str
+    limits: TemplateLimits = DEFAULT_LIMITS
 
     @property
     def sha256(self) -> str:
@@ -41,7 +44,7 @@ class ChatTemplate:
     def render(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False,
                variables: dict | None = None) -> Rendered:
         return render(self.compiled(), messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                      variables=variables, name=self.name)
+                      variables=variables, name=self.name, limits=self.limits)
 
     def state(self) -> dict:
         return {"name": self.name, "source": self.source, "sha256": self.sha256, "text": self.text}

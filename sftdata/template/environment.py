@@ -14,6 +14,11 @@ templates expect:
 
 Variables: ``messages``, ``tools`` (``None`` when there are none), ``add_generation_prompt``,
 the tokenizer's ``bos_token``/``eos_token``/``pad_token``/``unk_token``, plus any extra.
+
+Every render runs under ``TemplateLimits`` (``limits``: a budget of steps that grows with
+the conversation, an output cap, a call depth), counted by the environment of
+``sandbox``; a breach, a recursion too deep for Python or memory running out is a
+``TemplateLimitError`` naming the template.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateLimitError
+from .limits import BUDGET_KEY, DEFAULT_LIMITS, MAX_TEMPLATE_CHARS, Budget, TemplateLimits, conversation_size
+from .sandbox import limit_callables, limited_environment_class
 
 GEN_OPEN, GEN_CLOSE = "\ufdd0", "\ufdd1"
 #: characters sftdata uses inside renders; message text holding one is refused
@@ -46,7 +53,6 @@ def _environment():
         import jinja2
         import jinja2.ext
         import jinja2.nodes
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise TemplateError("chat templates need the 'jinja2' library: pip install 'sftdata[hf]'") from None
 
@@ -94,11 +100,12 @@ def _environment():
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = limited_environment_class()(trim_blocks=True, lstrip_blocks=True,
+                                      extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=make_dict,
                        namespace=SafeNamespace)
+    limit_callables(env)
     return env
 
 
@@ -114,6 +121,9 @@ class Rendered:
 @lru_cache(maxsize=32)
 def compile_template(text: str, name: str = "template"):
     """Compile a template once (cached by its text). Raises ``TemplateError`` naming it."""
+    if len(text) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"chat template {name} is {len(text):,} characters, more than the {MAX_TEMPLATE_CHARS:,} a "
+                            f"chat template may be (the largest real ones are under 20,000): it is refused unread")
     env = _environment()
     import jinja2
 
@@ -121,6 +131,9 @@ def compile_template(text: str, name: str = "template"):
         return env.from_string(text)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template {name} does not compile: {e.message} (line {e.lineno})") from None
+    except (RecursionError, MemoryError, SyntaxError):  # expressions nested thousands deep
+        raise TemplateError(f"chat template {name} does not compile: it nests expressions or blocks too deeply "
+                            f"for Python") from None
 
 
 def _split_generation(raw: str) -> Rendered:
@@ -146,20 +159,40 @@ def _split_generation(raw: str) -> Rendered:
 
 
 def render(compiled, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False,
-           variables: dict | None = None, name: str = "template") -> Rendered:
-    """Render ``messages`` with a compiled template. Any failure inside the template (its own
-    ``raise_exception``, an undefined value, a sandbox violation) is a ``TemplateError``
-    whose message names the template and says what the template said."""
+           variables: dict | None = None, name: str = "template", limits: TemplateLimits = DEFAULT_LIMITS) -> Rendered:
+    """Render ``messages`` with a compiled template, under ``limits``. Any failure inside
+    the template (its own ``raise_exception``, an undefined value, a sandbox violation) is
+    a ``TemplateError`` whose message names the template and says what the template said;
+    a limit it runs past is a ``TemplateLimitError``."""
     import jinja2
 
     context = dict(variables or {})
     context.update(messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt)
+    budget = Budget(name, limits, conversation_size(messages, tools))
+    context[BUDGET_KEY] = budget
+    chunks = compiled.generate(context)
     try:
-        raw = compiled.render(**context)
+        parts, size = [], 0
+        for chunk in chunks:  # the output cap is checked as the text grows, never after the fact
+            size += len(chunk)
+            budget.output(size)
+            parts.append(chunk)
+        if budget.breach is not None:  # a breach some code inside the template caught
+            raise TemplateLimitError(budget.breach)
+        raw = "".join(parts)
+    except TemplateLimitError:
+        raise
     except TemplateRaised as e:
         raise TemplateError(f"chat template {name} refused the conversation: {e}") from None
+    except RecursionError:
+        raise TemplateLimitError(f"chat template {name} recursed deeper than Python allows (a macro that calls "
+                                 f"itself without end?)") from None
+    except MemoryError:
+        raise TemplateLimitError(f"chat template {name} ran out of memory rendering this conversation") from None
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template {name} failed: {type(e).__name__}: {e}") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
         raise TemplateError(f"chat template {name} failed: {type(e).__name__}: {e}") from None
+    finally:
+        chunks.close()
     return _split_generation(raw)

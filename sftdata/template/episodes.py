@@ -264,7 +264,7 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
     except MissingPart as e:
         raise dropped(name, e, where) from None
     except TemplateError as e:
-        raise RecordError("template_error", str(e), where) from None
+        raise RecordError(e.reason, str(e), where) from None
 
 
 def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,

@@ -47,7 +47,7 @@ def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer
         try:
             n = len(tok.encode_rendered(render(messages[:end])).ids)
         except TemplateError as e:  # the template refuses this prefix (e.g. it must end with a reply)
-            raise RecordError("template_error", f"{e} (while measuring the first {end} turns for --max-tokens)",
+            raise RecordError(e.reason, f"{e} (while measuring the first {end} turns for --max-tokens)",
                               where) from None
         if k == 0 and n > max_tokens:
             raise RecordError("too_long", f"the first user/assistant pair with the turns before it renders to {n} "

@@ -26,10 +26,11 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateLimitError
 from ..records.conversation import Conversation
 from ..records.turns import Turn
 from .environment import render
+from .limits import DEFAULT_LIMITS, TemplateLimits
 
 ArgumentsStyle = Literal["dict", "string"]
 ContentStyle = Literal["string", "parts"]
@@ -90,7 +91,8 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
     return out
 
 
-def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple[ArgumentsStyle, str]:
+def arguments_style(compiled, name: str, variables: dict | None = None,
+                    limits: TemplateLimits = DEFAULT_LIMITS) -> tuple[ArgumentsStyle, str]:
     """Whether the template expects tool-call arguments as a dict or as JSON text, and why.
 
     Renders one call both ways: a dict printed as a Python repr means the template prints
@@ -101,7 +103,9 @@ def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": args}}]}]
         try:
-            return render(compiled, msgs, variables=variables, name=name).text
+            return render(compiled, msgs, variables=variables, name=name, limits=limits).text
+        except TemplateLimitError:
+            raise
         except TemplateError:
             return None
 
@@ -122,14 +126,17 @@ def arguments_style(compiled, name: str, variables: dict | None = None) -> tuple
     return "dict", "no difference found that decides; dict is Hugging Face's convention"
 
 
-def content_style(compiled, name: str, variables: dict | None = None) -> tuple[ContentStyle, str]:
+def content_style(compiled, name: str, variables: dict | None = None,
+                  limits: TemplateLimits = DEFAULT_LIMITS) -> tuple[ContentStyle, str]:
     """Whether the template reads message content as a string or only as a list of text
     parts, and why: a user message rendered both ways; the way whose text appears wins,
     a string where both do (or neither: the template then fails on records anyway)."""
     def probe(content) -> str | None:
         msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": "Sunny."}]
         try:
-            return render(compiled, msgs, variables=variables, name=name).text
+            return render(compiled, msgs, variables=variables, name=name, limits=limits).text
+        except TemplateLimitError:
+            raise
         except TemplateError:
             return None
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..chat.template_rule import MaskRule, mask_disagreement
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateLimitError
 from ..records.turns import Conversation, ToolCall, Turn
 from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
@@ -377,8 +377,8 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         return template.render(messages, tools=list(tools) if tools else None,
                                add_generation_prompt=add_generation_prompt, variables=vars_)
 
-    style, why = arguments_style(template.compiled(), name, vars_)
-    content, _ = content_style(template.compiled(), name, vars_)
+    style, why = arguments_style(template.compiled(), name, vars_, template.limits)
+    content, _ = content_style(template.compiled(), name, vars_, template.limits)
     added = sorted((t for t in tok.added_tokens if t.strip()), key=len, reverse=True)
     draft = TemplateProfile(template, vars_, template.has_generation_blocks, "", Layout((), ()),
                             MaskRule((), ()), style, why, content, user_variables=user_vars)
@@ -391,12 +391,16 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     try:
         for messages, tools in required:
             render_full(messages, tools)
+    except TemplateLimitError:  # past its limits: refused, never taken as refusing
+        raise
     except TemplateError as e:  # a template for tool use only (Hermes' tool_use) renders nothing without tools
         needs_tools = True
         required = [probe(c) for c in PROBES]
         try:
             for messages, tools in required:
                 render_full(messages, tools)
+        except TemplateLimitError:  # past its limits: refused, never taken as refusing
+            raise
         except TemplateError:
             raise e from None  # it is refused with its message
     lone = [{"role": "user", "content": "Hi there"}]
@@ -405,6 +409,8 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         plain, prompted = render_full(lone, tools).text, render_full(lone, tools, add_generation_prompt=True).text
         prompt = prompted[len(plain):] if prompted.startswith(plain) else ""
         draft = replace(draft, generation_prompt=prompt or _written_prompt(render_full, tools, added))
+    except TemplateLimitError:  # past its limits: refused, never taken as refusing
+        raise
     except TemplateError:
         pass
     fit = _fit(draft, required, tok, render_full, added, per_reply)
@@ -419,11 +425,15 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
             try:
                 fit = _fit(draft, accepted + [(messages, tools)], tok, render_full, added, fit.replies_alone, False,
                            fit.layout.end_texts)
+            except TemplateLimitError:
+                raise
             except (TemplateError, NotLocated) as e:
                 if cap != "tools":
                     raise
                 fit = _call_ends(draft, accepted, (messages, tools), tok, render_full, added, fit, e)
             accepted.append((messages, tools))
+        except TemplateLimitError:
+            raise
         except (TemplateError, NotLocated) as e:
             unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
                 f"in the whole render ({e.why})"
@@ -495,6 +505,8 @@ def _renders_calls(render_full, messages: list[dict], tools) -> bool:
     for msgs, tls in ((messages[:2], None), (messages, tools)):
         try:
             text = render_full(msgs, tls).text
+        except TemplateLimitError:  # past its limits: refused, never taken as refusing
+            raise
         except TemplateError:
             continue
         at = text.find(asked)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import RecordError, TemplateError
+from ..errors import RecordError, TemplateError, TemplateLimitError, TokenizerFailure
 from ..records.conversation import Conversation
 from ..records.turns import STRUCTURAL_REPAIRS, Turn
 from ..tokenize.hf import HFTokenizer
@@ -21,6 +21,7 @@ from .chat_template import load_chat_template
 from .chunk import chunk_episodes
 from .episodes import Episode, Planned, TemplateRender, plan_conversation, trained_replies
 from .fit import render_within
+from .limits import DEFAULT_LIMITS, TemplateLimits
 from .profile import TemplateProfile, learn_profile
 
 
@@ -39,7 +40,8 @@ class RecordEpisodes:
 
 
 def model_profile(tok: HFTokenizer, spec: str | None, variables: dict | None = None,
-                  last_reply_only: bool = False, per_reply: bool = False) -> TemplateProfile:
+                  last_reply_only: bool = False, per_reply: bool = False,
+                  limits: TemplateLimits = DEFAULT_LIMITS) -> TemplateProfile:
     """The profile of the template ``spec`` names (``model``, ``model:NAME``, a preset, a
     ``.jinja`` file; None: the tokenizer folder's own), learned with ``tok``. Raises
     ``TemplateError`` (a folder without a template names the presets).
@@ -47,8 +49,14 @@ def model_profile(tok: HFTokenizer, spec: str | None, variables: dict | None = N
     ``variables``: ``--template-var``. ``last_reply_only`` (``--train-on last``): each
     episode trains its last reply only, and its rule says so (each record is one episode:
     the conversation up to the reply it trains). ``per_reply`` (``--per-reply``): every
-    record is served one episode per assistant reply, each training that reply."""
-    profile = learn_profile(load_chat_template(spec, tok), tok, variables, per_reply)
+    record is served one episode per assistant reply, each training that reply.
+    ``limits``: what every render of the template runs under; a probe that runs past them
+    refuses the run here (``TemplateLimitError``)."""
+    try:
+        profile = learn_profile(replace(load_chat_template(spec, tok), limits=limits), tok, variables, per_reply)
+    except TemplateLimitError as e:
+        raise TemplateLimitError(f"{e}. It did so on a probe conversation sftdata renders before any record, so "
+                                 f"the run is refused") from None
     if last_reply_only and not profile.rule.last_reply_only:
         profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
     return profile
@@ -191,8 +199,8 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
         except RecordError as e:
             plans.append(e)
             chosen.append(None)
+    encoded = _encoded(plans, items, tok)
     planned = [(p, where) for p, (_, where) in zip(plans, items) if isinstance(p, Planned)]
-    encoded = tok.encode_rendered_many([t for p, _ in planned for t in p.texts])
     renders = iter(chunk_episodes([p for p, _ in planned], encoded, profile, tok, [w for _, w in planned]))
     del encoded
     out: list[RecordEpisodes | RecordError] = []
@@ -213,7 +221,27 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
                                counts=conv.turn_counts))
         except RecordError as e:
             out.append(e)
+        except TokenizerFailure as e:  # while measuring pairs for --max-tokens
+            out.append(RecordError(e.reason, str(e), where))
     return out
+
+
+def _encoded(plans: list, items: Sequence[tuple[Conversation, str]], tok: HFTokenizer) -> list:
+    """The texts of every ``Planned`` in ``plans`` encoded in one call; when the tokenizers
+    library fails on them (its error or a panic), record by record, and a record it fails
+    on becomes its ``RecordError`` (``tokenizer_error``) in ``plans``."""
+    planned = [(i, p) for i, p in enumerate(plans) if isinstance(p, Planned)]
+    try:
+        return tok.encode_rendered_many([t for _, p in planned for t in p.texts])
+    except TokenizerFailure:
+        pass
+    encoded: list = []
+    for i, p in planned:
+        try:
+            encoded.extend(tok.encode_rendered_many(list(p.texts)))
+        except TokenizerFailure as e:
+            plans[i] = RecordError(e.reason, str(e), items[i][1])
+    return encoded
 
 
 def record_episodes(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, max_tokens: int | None,

@@ -33,6 +33,7 @@ from ..errors import TokenizerError
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
+from .guard import check_document, library_call, read_limited
 from .hub import is_hub_id, resolve_hub
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
@@ -60,9 +61,7 @@ def _token_string(value) -> str | None:
 
 def _read_json(path: Path) -> dict:
     try:
-        value = orjson.loads(path.read_bytes())
-    except OSError as e:
-        raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
+        value = orjson.loads(read_limited(path))
     except orjson.JSONDecodeError as e:
         raise TokenizerError(f"{path} is not valid JSON ({e}); it should be the file the model ships") from None
     if not isinstance(value, dict):
@@ -206,6 +205,7 @@ class HFTokenizer:
         if self._fast is None:
             self._library()  # a file the library cannot load is an error now, not at the first encode
 
+    @library_call("loading it")
     def _library(self):
         """The ``tokenizers`` library's Tokenizer of this file, loaded on first use."""
         if self._lib is None:
@@ -247,6 +247,7 @@ class HFTokenizer:
         BOS/EOS is added."""
         return self.encode_batch([text])[0]
 
+    @library_call("encoding a text")
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts as ordinary text (``num_threads`` is accepted for the shape of
         ``ChatTokenizer.encode_batch``; the library decides its own parallelism)."""
@@ -267,6 +268,7 @@ class HFTokenizer:
                 out[i] = e.ids
         return out
 
+    @library_call("encoding a rendered text")
     def encode_rendered(self, text: str) -> Encoded:
         """Encode a template's rendered text once: added tokens recognised, nothing added."""
         fast = self._fast
@@ -280,6 +282,7 @@ class HFTokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         return Encoded(np.array(enc.ids, dtype=np.uint32), encoding=enc, text_len=len(text))
 
+    @library_call("encoding rendered texts")
     def encode_rendered_many(self, texts: Sequence[str]) -> list[Encoded]:
         """``encode_rendered`` of each text; the fast engine's in one call (what the core
         costs per call, mostly taking in the set of special tokens, is paid once)."""
@@ -296,21 +299,25 @@ class HFTokenizer:
                              make_offsets=lambda text=texts[i], ranks=ranks: fast.offsets(text, ranks))
         return [e if e is not None else self.encode_rendered(t) for e, t in zip(out, texts)]
 
+    @library_call("locating tokens")
     def token_ranges_many(self, texts: Sequence[str], encoded: Sequence[Encoded],
                           spans: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
         """``encoded[i].token_ranges(spans[i])`` of every text, concatenated (``encoded.token_ranges_many``)."""
         return token_ranges_many(self._fast, texts, encoded, spans)
 
+    @library_call("encoding a rendered text")
     def encode_rendered_by_library(self, text: str) -> np.ndarray:
         """``encode_rendered``'s ids from the tokenizers library, whatever the engine (the
         reference ``verify --retokenize`` compares with)."""
         return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
+    @library_call("encoding a text")
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ordinary-text encoding with the character offsets of each token."""
         enc = self._encode_plain([text])[0]
         return enc.ids, enc.offsets
 
+    @library_call("looking up a token")
     def token_id(self, token: str) -> int | None:
         """The id of a token string (an added token's content, else a vocabulary entry as
         written in the file), or None."""
@@ -321,6 +328,7 @@ class HFTokenizer:
         return self._tok.token_to_id(token)
 
     # -- decoding -----------------------------------------------------------------
+    @library_call("decoding a token")
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens as their strings)."""
         t = int(token_id)
@@ -329,6 +337,7 @@ class HFTokenizer:
         text = self._tok.decode([t], skip_special_tokens=False)
         return text if text or self._tok.id_to_token(t) is not None else f"<|unused:{t}|>"
 
+    @library_call("decoding")
     def decode(self, ids: Sequence[int]) -> str:
         """Decode ids, special tokens included as their strings."""
         ints = [int(t) for t in ids]
@@ -419,16 +428,14 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
         folder, file = path.parent, path
     else:
         raise TokenizerError(f"tokenizer {spec} does not exist; give a tokenizer.json or a folder holding one")
-    try:
-        data = file.read_bytes()
-    except OSError as e:
-        raise TokenizerError(f"cannot read {file}: {e.strerror or e}") from None
+    data = read_limited(file)  # refused by its size before it is read
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an object")
+    check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}

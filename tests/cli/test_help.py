@@ -91,10 +91,10 @@ def test_a_misspelt_command_is_named_with_its_likely_spelling():
 
 
 def test_a_command_imports_only_its_own_module_and_the_root_help_none():
-    light = {"sftdata", "sftdata.errors", "sftdata.cli", "sftdata.cli.app"}
+    light = {"sftdata", "sftdata.errors", "sftdata.cli", "sftdata.cli.app", "sftdata.cli.terminal"}
     assert modules_after("--help") == light
     pack = modules_after("pack", "--help")
     assert {"sftdata.cli.pack_cmd", "sftdata.pack"} <= pack
     assert {m for m in pack if m.startswith("sftdata.cli.")} == {"sftdata.cli.app", "sftdata.cli.options",
-                                                                 "sftdata.cli.pack_cmd"}
+                                                                 "sftdata.cli.pack_cmd", "sftdata.cli.terminal"}
     assert not {"sftdata.prepare", "sftdata.report", "sftdata.curate", "sftdata.verify", "sftdata.loader"} & pack

@@ -365,3 +365,54 @@ def test_overview_of_inspect_is_unchanged_by_the_report(ds):
     before = overview(ds, block_size=20).as_dict()
     dataset_report(ds, block_size=20)
     assert overview(ds, block_size=20).as_dict() == before
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def test_labels_from_the_data_reach_plotly_as_text_never_as_markup(tmp_path):
+    from sftdata.prepare import PrepareOptions, prepare
+    from tests.helpers.audit import chats
+    from tests.helpers.data import write_jsonl
+
+    link = tmp_path / '<a href="http:' / 'x">x<' / "a>.jsonl"  # the path holds <a href="http:/x">x</a>.jsonl
+    link.parent.mkdir(parents=True)
+    write_jsonl(link, chats()[:6])
+    plain = write_jsonl(tmp_path / "plain.jsonl", chats()[6:])
+    a, b = tmp_path / "<b>bold", tmp_path / '<span style="font-size:99px">big'
+    prepare([link, plain], a, PrepareOptions(val_split=0.25, shard_tokens=100, workers=1))
+    prepare([plain], b, PrepareOptions(val_split=0.25, shard_tokens=100, workers=1))
+    for kwargs in ({}, {"compare": b}):
+        out = tmp_path / f"r{len(kwargs)}.html"
+        write_report(a, out, sample=1, **kwargs)
+        page = out.read_text(encoding="utf-8")
+        figures = json.loads(re.search(r'id="sftdata-figures">(.*?)</script>', page, re.S).group(1))
+        texts = list(_strings(figures))
+        markup = [t for t in texts if re.search(r"<(?!br>|extra>|/extra>)", t)]
+        assert markup == []  # plotly.js reads only the report's own <br> and <extra>
+        assert not any("%{" in t and ("bold" in t or "http" in t) for t in texts)  # no label inside a template
+        assert '<a href="http:' not in page and "<b>bold" not in page and '<span style="font-size' not in page
+    files = {c for t in json.loads(re.search(r'id="sftdata-figures">(.*?)</script>', page, re.S).group(1))["files"]["data"]
+             for c in t["y"]}
+    assert f"&lt;b&gt;bold: {str(link).replace('<', '&lt;').replace('>', '&gt;')}" in files
+    names = [t["name"] for t in figures["lengths"]["data"]]
+    assert names == ["&lt;b&gt;bold · train", '&lt;span style="font-size:99px"&gt;big · train']
+
+
+def test_a_note_beside_a_plot_escapes_the_label():
+    from types import SimpleNamespace
+
+    from sftdata.report.html_sections import _zero_note
+    from sftdata.report.plots import Series
+
+    s = Series("<img src=x onerror=alert(1)> · train", "#000", SimpleNamespace(lengths=SimpleNamespace(zeros=3)))
+    assert _zero_note([s], "lengths", "episode") == (" episodes training nothing are left out of the log axis "
+                                                    "(&lt;img src=x onerror=alert(1)&gt; · train: 3).")

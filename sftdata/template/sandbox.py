@@ -1,0 +1,375 @@
+"""Jinja's immutable sandbox with every costly thing a template can do routed through the
+render's ``Budget`` (``limits``):
+
+    {% for %} items            the iterable wrapped at compile time (``sftdata_loop``)
+    macros, call blocks        their literal text charged at each call (``sftdata_charge``)
+    calls                      ``call``: depth, the receiver's size, the result's size
+    + * ** %                   ``intercepted_binops``: predicted size, then the result's
+    ~                          ``visit_Concat`` -> ``limited_concat``
+    {{ value }}                ``finalize``
+    slices                     ``limited_slice``; compared values: ``limited_size``
+    filters, comparison tests  each one wrapped (``limit_callables``)
+
+Filters and tests take the context (``pass_context``), so Jinja's optimizer never runs
+them at compile time, outside any budget. jinja2 is imported when the class is built.
+"""
+
+from __future__ import annotations
+
+import types
+from functools import lru_cache
+
+from ..errors import TemplateLimitError
+from .limits import (
+    BUDGET_KEY,
+    BUILD_CHARS,
+    WRITE_CHARS,
+    Budget,
+    binop_size,
+    format_size,
+    method_size,
+    replace_size,
+    shallow,
+    text_size,
+)
+
+LOOP_FILTER = "sftdata_loop"
+CHARGE_FILTER = "sftdata_charge"
+_TEXT = (str, bytes)
+_NUMBERS = frozenset({int, float, bool})
+_SMALL = 1 << 16  # a result this small is paid for after it is built
+# filters whose work grows with their whole input (sorting, reducing), charged by its weight
+_REDUCING = frozenset({"sort", "unique", "dictsort", "groupby", "min", "max", "sum"})
+# filters that turn their input into text first: a list is weighed before it is
+_STRINGIFYING = frozenset({"string", "safe", "e", "escape", "forceescape", "trim", "upper", "lower", "title",
+                           "capitalize", "striptags", "urlize", "wordcount", "truncate", "wordwrap", "center",
+                           "indent", "replace", "format", "urlencode", "xmlattr", "reverse"})
+_COMPARISON_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
+                               "greaterthan", ">", "ge", ">="})
+
+
+def budget_of(context) -> Budget:
+    budget = context.parent.get(BUDGET_KEY)  # the render's variables (a derived context's too)
+    if budget is None:
+        raise TemplateLimitError("a chat template was rendered without sftdata's limits (render it with "
+                                 "sftdata.template.render)")
+    return budget
+
+
+def result_size(value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.bit_length() // 3
+    return shallow(value)
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default=None):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _int(value, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _width(value) -> int:
+    return len(value) if isinstance(value, str) else max(0, _int(value))
+
+
+def _text_len(value, b) -> int:
+    return len(value) if isinstance(value, str) else text_size(value, b)
+
+
+def _lines(value, b) -> int:
+    return value.count("\n") + 1 if isinstance(value, str) else text_size(value, b)
+
+
+def _wordwrap_size(v, a, k, b) -> int:
+    n = _text_len(v, b)
+    width = max(1, _int(_arg(a, k, 0, "width", 79), 1))
+    return n + (n // width + 1) * _width(_arg(a, k, 2, "wrapstring") or "\n")
+
+
+def _replace_size(v, a, k, b) -> int:
+    old, new, count = _arg(a, k, 0, "old", ""), _arg(a, k, 1, "new", ""), _arg(a, k, 2, "count")
+    if isinstance(v, str):
+        return replace_size(v, old, new, count)
+    n = _text_len(v, b)
+    return n + (n + 1) * shallow(new)
+
+
+def _join_size(v, a, k, b) -> int:
+    sep = _text_len(_arg(a, k, 0, "d", ""), b)
+    if isinstance(v, str):
+        return len(v) * (1 + sep)
+    return sum(text_size(x, b) for x in v) + len(v) * sep if isinstance(v, (list, tuple)) else 1
+
+
+def _json_size(v, a, k, b) -> int:
+    w, depth = b.weigh(v)
+    return (12 if _arg(a, k, 0, "ensure_ascii", False) else 3) * w + w * depth * _width(_arg(a, k, 1, "indent"))
+
+
+def _pprint_size(v, a, k, b) -> int:
+    w, depth = b.weigh(v)
+    return 4 * w + w * depth
+
+
+# what a filter would build, from its arguments (the filter's own signature after the value)
+_PREDICTED = {
+    "center": lambda v, a, k, b: max(_text_len(v, b), _int(_arg(a, k, 0, "width", 80))),
+    "indent": lambda v, a, k, b: _text_len(v, b) + _lines(v, b) * _width(_arg(a, k, 0, "width", 4)),
+    "wordwrap": _wordwrap_size,
+    "replace": _replace_size,
+    "format": lambda v, a, k, b: format_size(v, k or a, b),
+    "batch": lambda v, a, k, b: shallow(v) + (_int(_arg(a, k, 0, "linecount"))
+                                                if _arg(a, k, 1, "fill_with") is not None else 0),
+    "slice": lambda v, a, k, b: shallow(v) + _int(_arg(a, k, 0, "slices")),
+    "join": _join_size,
+    "tojson": _json_size,
+    "pprint": _pprint_size,
+}
+
+
+def _literal_chars(body, nodes) -> int:
+    """The literal text a block writes each time it runs (nested loops, macros and call
+    blocks are charged by themselves)."""
+    total = 0
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, nodes.TemplateData):
+            total += len(node.data)
+        elif isinstance(node, nodes.For):
+            stack.extend(node.else_)
+        elif not isinstance(node, (nodes.Macro, nodes.CallBlock)):
+            stack.extend(node.iter_child_nodes())
+    return total
+
+
+def instrument(template, nodes) -> None:
+    """Charge every loop item and every macro or call-block call (the parsed ``template``, in place)."""
+    def charged(expr, cost: int):
+        return nodes.Filter(expr, LOOP_FILTER, [nodes.Const(cost)], [], None, None, lineno=expr.lineno)
+
+    for loop in list(template.find_all(nodes.For)):
+        cost = 1 + _literal_chars(loop.body, nodes) // WRITE_CHARS
+        loop.iter = charged(loop.iter, cost)
+        if loop.recursive:  # loop(children): the items of each level too
+            for call in list(loop.find_all(nodes.Call)):
+                if isinstance(call.node, nodes.Name) and call.node.name == "loop" and call.args:
+                    call.args[0] = charged(call.args[0], cost)
+    for scope in list(template.find_all((nodes.Macro, nodes.CallBlock))):
+        cost = 1 + _literal_chars(scope.body, nodes) // WRITE_CHARS
+        charge = nodes.Filter(nodes.Const(None), CHARGE_FILTER, [nodes.Const(cost)], [], None, None,
+                              lineno=scope.lineno)
+        scope.body.insert(0, nodes.ExprStmt(charge, lineno=scope.lineno))
+
+
+def _call_with(func, pass_arg, _PassArg, context, *args, **kwargs):
+    if pass_arg is _PassArg.context:
+        return func(context, *args, **kwargs)
+    if pass_arg is _PassArg.eval_context:
+        return func(context.eval_ctx, *args, **kwargs)
+    if pass_arg is _PassArg.environment:
+        return func(context.environment, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
+def _limited_filter(name: str, func, jinja2):
+    _PassArg = jinja2.utils._PassArg
+    pass_arg = _PassArg.from_obj(func)
+    predicted = _PREDICTED.get(name)
+
+    @jinja2.pass_context
+    def limited(context, value, *args, **kwargs):
+        b = budget_of(context)
+        if name in ("join", "sum") and not isinstance(value, (list, tuple, str)):
+            value = list(value)  # weighed once, then given to the filter
+            b.build(shallow(value))
+        if name in _REDUCING and isinstance(value, (list, tuple, dict)):
+            b.charge(b.weigh(value)[0] // BUILD_CHARS)
+            start = _arg(args, kwargs, 1, "start", 0)
+            if name == "sum" and isinstance(start, (list, tuple, str)):  # sums of lists copy each partial sum
+                b.charge(len(value) * (shallow(start) + sum(shallow(x) for x in value)) // BUILD_CHARS)
+        if name in _STRINGIFYING and not isinstance(value, str):
+            b.afford(text_size(value, b))
+        if predicted is not None:
+            b.afford(predicted(value, args, kwargs, b))
+        result = _call_with(func, pass_arg, _PassArg, context, value, *args, **kwargs)
+        b.build(result_size(result))
+        return result
+
+    limited.__name__ = getattr(func, "__name__", name)
+    return limited
+
+
+def _limited_test(func, jinja2):
+    _PassArg = jinja2.utils._PassArg
+    pass_arg = _PassArg.from_obj(func)
+
+    @jinja2.pass_context
+    def limited(context, value, *args, **kwargs):
+        budget_of(context).charge(1 + (shallow(value) + sum(shallow(a) for a in args)) // BUILD_CHARS)
+        return _call_with(func, pass_arg, _PassArg, context, value, *args, **kwargs)
+
+    limited.__name__ = getattr(func, "__name__", "test")
+    return limited
+
+
+def limit_callables(env) -> None:
+    """Wrap every filter, the comparison tests and ``lipsum`` of ``env`` (after the
+    environment's own filters and globals are registered)."""
+    import jinja2
+    import jinja2.utils
+
+    for name, func in list(env.filters.items()):
+        if name not in (LOOP_FILTER, CHARGE_FILTER):
+            env.filters[name] = _limited_filter(name, func, jinja2)
+    for name in _COMPARISON_TESTS & set(env.tests):
+        env.tests[name] = _limited_test(env.tests[name], jinja2)
+    lipsum = env.globals.get("lipsum")
+    if lipsum is not None:
+        @jinja2.pass_context
+        def limited_lipsum(context, n=5, html=True, min=20, max=100):  # noqa: A002 - Jinja's own names
+            budget_of(context).afford(_int(n) * _int(max) * 16)
+            return lipsum(n, html, min, max)
+        env.globals["lipsum"] = limited_lipsum
+
+
+@lru_cache(maxsize=1)
+def limited_environment_class():
+    """``ImmutableSandboxedEnvironment`` spending each render's budget (jinja2 imported here)."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator, operators, optimizeconst
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class LimitedCodeGenerator(CodeGenerator):
+        def visit_Template(self, node, frame=None):
+            instrument(node, nodes)
+            node.set_environment(self.environment)
+            super().visit_Template(node, frame)
+
+        @optimizeconst
+        def visit_Concat(self, node, frame):
+            self.write("environment.limited_concat(context, (")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+        def _sized(self, node, frame):
+            if isinstance(node, nodes.Const):
+                self.visit(node, frame)
+                return
+            self.write("environment.limited_size(context, ")
+            self.visit(node, frame)
+            self.write(")")
+
+        @optimizeconst
+        def visit_Compare(self, node, frame):
+            self.write("(")
+            self._sized(node.expr, frame)
+            for op in node.ops:
+                self.write(f" {operators[op.op]} ")
+                self._sized(op.expr, frame)
+            self.write(")")
+
+        @optimizeconst
+        def visit_Getitem(self, node, frame):
+            if not isinstance(node.arg, nodes.Slice):
+                return super().visit_Getitem(node, frame)
+            self.write("environment.limited_slice(context, ")
+            super().visit_Getitem(node, frame)
+            self.write(")")
+
+    @jinja2.pass_context
+    def finalize(context, value):
+        b = budget_of(context)
+        if isinstance(value, str):
+            b.write(len(value))
+            return value
+        size = text_size(value, b)  # str() of it builds the text
+        b.afford(size)
+        b.build(size)
+        b.write(size)
+        return value
+
+    def charge(context, _value, cost):
+        budget_of(context).charge(cost)
+        return ""
+
+    def loop_items(context, iterable, cost):
+        b = budget_of(context)
+        for item in iterable:
+            b.charge(cost)
+            yield item
+
+    class LimitedEnvironment(ImmutableSandboxedEnvironment):
+        code_generator_class = LimitedCodeGenerator
+        intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+        def __init__(self, **kwargs):
+            super().__init__(finalize=finalize, **kwargs)
+            self.filters[LOOP_FILTER] = jinja2.pass_context(loop_items)
+            self.filters[CHARGE_FILTER] = jinja2.pass_context(charge)
+
+        def call_binop(self, context, operator, left, right):
+            b = budget_of(context)
+            if operator == "+" and type(left) is str and type(right) is str and \
+                    len(left) + len(right) < _SMALL:  # the usual case, paid after the fact
+                out = left + right
+                b.built += len(out)
+                b.left -= 1 + len(out) // BUILD_CHARS
+                if b.left < 0 or b.built > b.max_built:
+                    b.build(0)  # raises the breach
+                return out
+            if operator != "*" and operator != "**" and type(left) in _NUMBERS and type(right) in _NUMBERS:
+                b.charge(1)  # + and % of numbers: a small result
+                return self.binop_table[operator](left, right)
+            b.afford(binop_size(operator, left, right, b))
+            result = self.binop_table[operator](left, right)
+            b.build(result_size(result))
+            return result
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's own signature
+            b = budget_of(__context)
+            method = getattr(__obj, "__wrapped__", __obj)  # str.format behind the sandbox's wrapper
+            receiver = method.__self__ if isinstance(method, types.BuiltinMethodType) else None
+            if receiver is not None and not isinstance(receiver, types.ModuleType):
+                name = method.__name__
+                if name == "join" and isinstance(receiver, _TEXT) and args and \
+                        not isinstance(args[0], (list, tuple, str)):
+                    args = (list(args[0]),) + args[1:]  # weighed once, then joined
+                b.charge(shallow(receiver) // BUILD_CHARS)
+                size = method_size(name, receiver, args, kwargs, b)
+                if size is not None:
+                    b.afford(size)
+            b.enter()
+            try:
+                result = super().call(__context, __obj, *args, **kwargs)
+            finally:
+                b.depth -= 1
+            b.build(result_size(result))
+            return result
+
+        def limited_concat(self, context, values):
+            b = budget_of(context)
+            b.afford(sum(_text_len(v, b) for v in values))
+            out = "".join(map(str, values))
+            b.build(len(out))
+            return out
+
+        def limited_slice(self, context, value):
+            budget_of(context).build(shallow(value))
+            return value
+
+        def limited_size(self, context, value):
+            if type(value) is str and len(value) < BUILD_CHARS:
+                return value
+            n = shallow(value)
+            if n >= BUILD_CHARS:
+                budget_of(context).charge(n // BUILD_CHARS)
+            return value
+
+    return LimitedEnvironment
+
