@@ -56,10 +56,11 @@ def sha256_json(value) -> str:
 
 
 @functools.cache
-def code_version() -> str:
-    """sha256 of the paths and source text of every module of ``CODE_PATHS`` (once per
-    process). Without the sources (an install of compiled files only): of the version."""
-    root = Path(__file__).resolve().parent.parent
+def code_version(root: Path | None = None) -> str:
+    """sha256 of the paths and source text of every module of ``CODE_PATHS`` under ``root``
+    (default: this sftdata; once per process). Without the sources (an install of compiled
+    files only): of the version."""
+    root = Path(__file__).resolve().parent.parent if root is None else root
     h = hashlib.sha256()
     try:
         for rel in CODE_PATHS:
@@ -191,7 +192,7 @@ def _inputs(old: list, new: list, what: str) -> list[str]:
                            f"{_show(e.get('version'))})")
     out += [f"{what} {path} is no longer given" for path in o if path not in n]
     if not out and [e.get("path") for e in old] != [e.get("path") for e in new]:
-        out.append(f"the {what}s are given in another order")
+        out.append(f"{what}s are given in another order")
     return out
 
 
