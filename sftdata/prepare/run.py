@@ -49,6 +49,7 @@ from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter
 from ..template import TemplateProfile, model_profile, template_summary, tokenizer_state
+from ..tokenize.identity import recorded_identity
 from .build import plan_build
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
@@ -265,6 +266,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             "created_by": f"sftdata {__version__}",
             "token_dtype": dtype.name,
             "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
+            "tokenizer_identity": recorded_identity(state).as_dict(),  # what a training process checks its tokenizer by
             "splits": splits_meta,
             "sources": [i.as_dict() for i in infos],
             "options": options,
