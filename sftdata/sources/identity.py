@@ -16,6 +16,11 @@ metadata file's own mtime, the file system's clock): a file written just before 
 read could change again within the same timestamp tick and keep its size, unseen, so it
 is hashed again, as git does with a "racily clean" index entry. No clock of this process
 decides anything, so the recorded bytes depend on the files alone.
+
+A dataset that is up to date is never rewritten, so an input touched since its build (the
+same bytes, another stat) would be hashed on every run: its sha256 is kept in the user's
+cache instead (``util.cache``, keyed by its absolute path and new identity), as git
+refreshes its index, and read from there while that identity holds.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+import orjson
+
 from ..errors import InputError
+from ..util.cache import entry_path, read_entry, write_entry
 from ..util.hashing import sha256_file
 from ..util.urls import object_version
 from .inputs import Input
@@ -32,6 +40,7 @@ from .remote import BLOCK_BYTES, filesystem, open_url, remote_error
 from .streams import unreadable
 
 RACY_NS = 2_000_000_000  # a file changed less than this before its build was committed is hashed again
+HASH_CACHE = "input-sha256"  # the user's cache of inputs hashed anew: path + identity -> sha256
 
 
 @dataclass(frozen=True)
@@ -93,20 +102,47 @@ def content_sha256(inp: Input) -> str:
         raise unreadable(inp.name, e) from None
 
 
+def _cache_key(inp: Input, identity: dict) -> str:
+    where = os.path.abspath(inp.name) if inp.kind == "file" else inp.name
+    return hashlib.sha256(orjson.dumps({"path": where, "identity": identity}, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def cached_sha256(inp: Input, looked: Looked) -> str | None:
+    """The sha256 an earlier run hashed for ``inp`` with this very identity, kept in the
+    user's cache (``util.cache``: an input touched since its dataset was built is hashed
+    once, not on every run), when the entry was written ``RACY_NS`` after the change."""
+    if looked.identity is None:
+        return None
+    key = _cache_key(inp, looked.identity)
+    entry, path = read_entry(HASH_CACHE, key), entry_path(HASH_CACHE, key)
+    try:
+        ok = entry is not None and path is not None and trusted(looked.identity, path.stat().st_mtime_ns)
+    except OSError:
+        return None
+    return entry[0].get("sha256") if ok else None
+
+
 def known_sha256(inp: Input, looked: Looked, recorded: dict | None, written_ns: int | None = None
                  ) -> tuple[str | None, bool]:
     """(sha256 of ``inp``'s content, whether it was read to know it): the ``recorded`` one
     (``{"sha256", "identity"}`` of the build committed at ``written_ns``) when the identity
-    is unchanged and ``trusted``, else hashed now. A recorded sha256 of None (a Parquet URL
-    read in part) stays None while the identity holds; once it changes the content is
-    unknown and None is returned unread (the build key then holds the new identity in its
-    place: ``store.build_key.input_component``)."""
+    is unchanged and ``trusted``; else the one the user's cache keeps for this identity
+    (``cached_sha256``); else hashed now (and kept there). A recorded sha256 of None (a
+    Parquet URL read in part) stays None while the identity holds; once it changes the
+    content is unknown and None is returned unread (the build key then holds the new
+    identity in its place: ``store.build_key.input_component``)."""
     if recorded is not None and looked.identity is not None and recorded.get("identity") == looked.identity \
             and trusted(looked.identity, written_ns):
         return recorded.get("sha256"), False
     if recorded is not None and recorded.get("sha256") is None and inp.kind == "url":
         return None, False
-    return content_sha256(inp), True
+    sha = cached_sha256(inp, looked)
+    if sha is not None:
+        return sha, False
+    sha = content_sha256(inp)
+    if looked.identity is not None:
+        write_entry(HASH_CACHE, _cache_key(inp, looked.identity), {"sha256": sha}, {})
+    return sha, True
 
 
 def recordable(before: Looked, after: Looked) -> dict | None:

@@ -188,6 +188,9 @@ def test_an_input_whose_stat_is_unchanged_is_not_read_again(tmp_path, src, monke
     st = os.stat(src)
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns - HOUR_NS))  # touched: the same bytes, hashed again
     assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)]
+    before = snapshot(tmp_path / "ds")  # the dataset is not rewritten: the new stat's sha256 is in the user's cache
+    assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)]
+    assert snapshot(tmp_path / "ds") == before
 
 
 def test_a_file_changed_just_before_its_build_is_hashed_again(tmp_path, src, monkeypatch):
@@ -195,6 +198,7 @@ def test_a_file_changed_just_before_its_build_is_hashed_again(tmp_path, src, mon
     hashes = Hashes(monkeypatch)
     prepare([src], tmp_path / "ds", PrepareOptions())
     assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)]
+    assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)] * 2
 
 
 def test_standard_input_is_never_up_to_date(tmp_path, src, monkeypatch):
