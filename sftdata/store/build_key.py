@@ -386,8 +386,8 @@ def check_target(target: Target, planned: Callable[[], tuple[dict | None, str | 
         return BuildCheck(None, target)
     if force:
         return BuildCheck(None, target, False, [FORCED])
-    if target.metadata is None:
-        return BuildCheck(None, target, False, [f"it holds no readable {METADATA_FILE}"])
+    if target.metadata is None:  # not a dataset (or not one that can be read): the writer says what it is
+        return BuildCheck(None, target)
     rec = recorded_build(target.metadata)
     if rec is None:
         return BuildCheck(None, target, False, [NO_KEY])
