@@ -71,7 +71,8 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--tokenizer", default=None, help="tiktoken name or .tiktoken path (default: bundled cl100k_base)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir that is not up to date")
+    p.add_argument("--force", action="store_true", help="rebuild even when --output_dir is up to date")
     p.add_argument("--max_record_bytes", type=parse_size, default=DEFAULT_MAX_RECORD_BYTES,
                    help="longest record read (bytes, or 64M / 1G); longer ones are rejected as record_too_large")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (and no progress bar)")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None, mode: str) -> int:
         workers = default_workers()
     opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
                           tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite,
-                          max_record_bytes=a.max_record_bytes)
+                          force=a.force, max_record_bytes=a.max_record_bytes)
     try:
         with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
             s = prepare(a.input, a.output_dir, opts, progress=bar.update)
@@ -101,6 +102,9 @@ def main(argv: list[str] | None, mode: str) -> int:
         return 1
     if a.json:
         print(json.dumps(s.as_dict(), indent=2))
+        return 0
+    if s.up_to_date:
+        print(f"{a.output_dir}: up to date (build key {s.build_key[:12]}...); nothing to do (--force rebuilds it)")
         return 0
     print(f"wrote {a.output_dir}: " + ", ".join(f"{k} {v} episodes / {s.tokens[k]} tokens"
                                                  for k, v in s.episodes.items())

@@ -68,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                        "(new optimiser, schedule and data order)")
     p.add_argument("--stop-at", type=int, metavar="STEP", help="stop after this step (and checkpoint) "
                                                                "without changing the LR schedule")
+    p.add_argument("--tokenizer", metavar="TOKENIZER", help="the model's tokenizer (a folder, a tokenizer.json, a "
+                                                           "tiktoken name or a Hub id): refuse a dataset made with "
+                                                           "another, naming both tokenizers' sha256 [default: no check]")
     p.add_argument("--audit-dir", help="audit log folder [default: OUT_DIR/logs/audit]")
     p.add_argument("--no-audit", action="store_true", help="write no audit log")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace, env=None, log=print) -> TrainResult:
     ckpt = load_checkpoint(Path(args.resume)) if args.resume else None
     init = load_checkpoint(Path(args.init_from)) if args.init_from else None
     audit_dir = None if args.no_audit else Path(args.audit_dir or out_dir / "logs" / "audit")
-    loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir)
+    loader = make_loader(cfg, dataset, backend="torch", device=args.device, audit_dir=audit_dir,
+                         tokenizer=args.tokenizer)
     total = loader.steps_total("train")  # None: endless; else one pass, and the LR schedule ends with the data
     if total is not None:  # optimizer steps of grad_accum_steps batches each
         s = replace(s, max_iters=min(s.max_iters, -(-total // s.grad_accum_steps)))

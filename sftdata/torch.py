@@ -7,6 +7,6 @@ Importing this module needs numpy only; calling ``collate()`` needs PyTorch and 
 
 from __future__ import annotations
 
-from .interop import Collator, SFTDataset, SFTSampler, collate
+from .interop import Collator, SFTDataset, SFTSampler, check_model, collate
 
-__all__ = ["Collator", "SFTDataset", "SFTSampler", "collate"]
+__all__ = ["Collator", "SFTDataset", "SFTSampler", "check_model", "collate"]

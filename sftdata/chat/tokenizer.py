@@ -32,6 +32,7 @@ then they come from the user's cache (``sftdata.util.cache``), keyed by the file
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,8 +59,6 @@ class ChatTokenizer:
                  mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int],
                  declared: dict[int, str | None] | None = None, declared_source: str | None = None,
                  markers: Sequence[str] = MARKERS, ranks_digest: str | None = None):
-        import tiktoken
-
         markers = tuple(markers)
         if markers[:len(CHAT_MARKERS)] != CHAT_MARKERS or not set(markers[len(CHAT_MARKERS):]) <= set(ADDED_MARKERS):
             raise TokenizerError(f"chat markers {markers} must be {CHAT_MARKERS} followed by some of {ADDED_MARKERS}")
@@ -101,13 +100,23 @@ class ChatTokenizer:
         self.vocab_size = max(self.special_tokens.values()) + 1
         encoding_special = dict(base_special_tokens)
         encoding_special.update({m: i for m, i in special.items() if m != EOS or "<|endoftext|>" not in base_special_tokens})
-        self._enc = tiktoken.Encoding(
-            name=f"sftdata:{name}", pat_str=pat_str, mergeable_ranks=mergeable_ranks,
-            special_tokens=encoding_special,
-        )
+        self._encoding_args = {"name": f"sftdata:{name}", "pat_str": pat_str, "mergeable_ranks": mergeable_ranks,
+                               "special_tokens": encoding_special}
+        self._max_rank = max(rank_ids)
         self._id_to_marker = {i: m for m, i in self.special_tokens.items()}
-        # a chunk of rendered text in one call of the core (None: encode text by text)
-        self.joined = JoinedEncoder.build(self._enc, self.special_tokens.values(), max(rank_ids))
+
+    @functools.cached_property
+    def _enc(self):
+        """tiktoken's Encoding, built on first use (0.1 s for cl100k): what only needs the
+        tokenizer's state (``state()``, a build key, an up-to-date check) never builds it."""
+        import tiktoken
+
+        return tiktoken.Encoding(**self._encoding_args)
+
+    @functools.cached_property
+    def joined(self) -> JoinedEncoder | None:
+        """A chunk of rendered text in one call of the core (None: encode text by text)."""
+        return JoinedEncoder.build(self._enc, self.special_tokens.values(), self._max_rank)
 
     def uses_base_id(self, token_id: int) -> bool:
         """True when the base encoding or its model uses ``token_id`` (a rank, a base

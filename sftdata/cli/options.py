@@ -71,8 +71,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the res
                                        "nothing else there (progress and warnings go to stderr).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress bar, table or warning "
                                         "on stderr (errors are still printed).")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir, "
-                                            "once the new one is complete (never a folder that is not a dataset).")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir "
+                                            "when it is not up to date (its build key differs), once the new one is "
+                                            "complete (never a folder that is not a dataset).")]
+ForceOpt = Annotated[bool, typer.Option("--force", metavar="", help="Rebuild even when --output-dir is up to date "
+                                        "(its metadata holds this run's build key); it is replaced as --overwrite "
+                                        "replaces it, with the same safety.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", metavar="", help="When another sftdata is writing the same "
                                        "--output-dir, wait for it to finish instead of stopping at once (then "
                                        "--overwrite decides whether its result may be replaced).")]

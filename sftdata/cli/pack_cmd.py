@@ -18,7 +18,8 @@ from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE
 from ..store.format import DEFAULT_SHARD_TOKENS
 from ..store.location import remote_url
 from .app import app, handle_errors, print_result, rows_bar
-from .options import JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
+from .build_output import show_rebuild, show_up_to_date
+from .options import ForceOpt, JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
 
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
                                         "is made here; Ray tasks build the rows, each a range of whole output "
@@ -97,6 +98,7 @@ def pack_command(
     shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
                                               "(whole rows).")] = DEFAULT_SHARD_TOKENS,
     overwrite: OverwriteOpt = False,
+    force: ForceOpt = False,
     wait: WaitOpt = False,
     engine: EngineOpt = "local",
     ray_address: RayAddressOpt = None,
@@ -127,8 +129,13 @@ def pack_command(
     checked = dataset_dir(dataset)  # a URL's copy is fetched here; pack records the URL itself as its source
     dataset = remote_url(dataset) or checked
     opts = PackOptions(block_size=block_size, strategy=strategy, overlong=overlong, pad_id=pad_id, seed=seed,
-                       shard_tokens=shard_tokens, overwrite=overwrite, wait=wait)
+                       shard_tokens=shard_tokens, overwrite=overwrite, force=force, wait=wait)
     bar, on_progress = rows_bar("pack", quiet or as_json)
     with bar:
-        report = pack(dataset, output_dir, opts, progress=on_progress, executor=executor)
+        report = pack(dataset, output_dir, opts, progress=on_progress, executor=executor,
+                      planned=None if quiet or as_json else show_rebuild)
+    if report.up_to_date and not as_json:
+        if not quiet:
+            show_up_to_date(report.output_dir, report.build_key, [])
+        return
     print_result(report, report_table, as_json, quiet, output_dir)

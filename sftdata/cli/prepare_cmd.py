@@ -21,6 +21,7 @@ from ..store.format import DEFAULT_SHARD_TOKENS
 from ..template import DEFAULT_MAX_STEPS
 from ..tokenize.memo import DEFAULT_MEMO_MB
 from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json, warn
+from .build_output import show_rebuild, show_up_to_date
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
@@ -29,6 +30,7 @@ from .options import (
     DedupOpt,
     DedupThresholdOpt,
     EngineOpt,
+    ForceOpt,
     JsonOpt,
     MaxRecordBytesOpt,
     OverwriteOpt,
@@ -166,10 +168,14 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
             bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
                        tokens=p.tokens)
 
-        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor)
+        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor,
+                          planned=None if quiet or as_json else show_rebuild)
     if as_json:
         with after_writing(output_dir):
             print_json(summary.as_dict())
+    elif summary.up_to_date:
+        if not quiet:
+            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
     elif not quiet:
         err_console.print(summary_table(summary))
         if summary.rejected:
@@ -224,6 +230,7 @@ def _prepare_command(mode: str, doc: str):
         reasoning: ReasoningOpt = "keep",
         train_on: TrainOnOpt = "all",
         overwrite: OverwriteOpt = False,
+        force: ForceOpt = False,
         wait: WaitOpt = False,
         max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
         engine: EngineOpt = "local",
@@ -238,8 +245,8 @@ def _prepare_command(mode: str, doc: str):
         opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
                               shard_tokens=shard_tokens, tokenizer=tokenizer, strict=strict,
                               workers=default_workers() if workers is None else workers,
-                              overwrite=overwrite, wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
-                              train_on=train_on, chat_template=chat_template,
+                              overwrite=overwrite, force=force, wait=wait, max_record_bytes=max_record_bytes,
+                              reasoning=reasoning, train_on=train_on, chat_template=chat_template,
                               template_vars=parse_template_vars(template_var), per_reply=per_reply,
                               tokenizer_engine=tokenizer_engine,
                               allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,

@@ -15,6 +15,7 @@ from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
 from ..store.format import is_mixture_file
 from ..verify import VerifyReport, verify
+from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
 from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json
 from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, RayAddressOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
@@ -27,10 +28,12 @@ QuickOpt = Annotated[bool, typer.Option("--quick", metavar="", help="Skip the ch
 SourcesOpt = Annotated[bool, typer.Option("--sources", metavar="", help="Also re-hash the input files the metadata "
                                           "records (path, bytes, sha256) and say whether the dataset can be "
                                           "reproduced from them. Without it no input file is read.")]
-RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, help="A dataset made with a "
-                                            "model's own tokenizer.json: decode N sampled episodes (the same sample "
-                                            "every run) and re-encode them with the tokenizers library; any episode "
-                                            "whose ids differ is a problem, named by episode. 0 (default): none.")]
+RetokenizeOpt = Annotated[int, typer.Option("--retokenize", metavar="N", min=0, help="Sample N episodes (the same "
+                                            "sample every run) and render their input records again with the "
+                                            "tokenizer and template libraries installed now (drift): a record whose "
+                                            "ids differ is a problem naming it (file:line) and the library versions "
+                                            "then and now. With a model's own tokenizer.json the episodes are also "
+                                            "decoded and re-encoded by the tokenizers library. 0 (default): none.")]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (one "
                                         "task per shard on a Ray cluster reads and checks it: ids, mask, mask rule, "
                                         "checksums; needs the ray extra). The report and exit code are the same "
@@ -68,6 +71,12 @@ def draw_report(r: VerifyReport) -> Group:
         k, d = r.retokenized["episodes"], r.retokenized["differ"]
         parts.append(Text(f"retokenize: {k:,} sampled episode(s) re-encoded by the tokenizers library, "
                           f"{'all equal to the stored ids' if not d else f'{d:,} differ'}",
+                          style="green" if not d else "bold red"))
+    if r.drift and not r.drift.get("skipped"):
+        k, d, u = r.drift["episodes"], r.drift["differ"], r.drift["unread"]
+        unread = f" ({u:,} more not, their input cannot be read as it was)" if u else ""
+        parts.append(Text(f"drift: {k:,} sampled episode(s) rendered again from their input records{unread}, "
+                          f"{'all equal to the stored ids' if not d else f'{d:,} differ'}; {versions(**r.drift)}",
                           style="green" if not d else "bold red"))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))
@@ -155,7 +164,7 @@ def verify_cmd(
     * `sftdata verify data/chat_sft`
     * `sftdata verify data/chat_sft --quick` (no checksums)
     * `sftdata verify data/chat_sft --sources` (are the input files unchanged?)
-    * `sftdata verify data/llama --retokenize 200` (re-encode 200 episodes with the tokenizers library)
+    * `sftdata verify data/llama --retokenize 200` (render 200 sampled records again with today's libraries)
     * `sftdata verify data/chat_sft --json | jq .ok` (exit code 1 when a problem was found)
     * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
     * `sftdata verify /shared/sft --engine ray` (one task per shard on a Ray cluster; docs/SCALE.md)
@@ -178,8 +187,13 @@ def verify_cmd(
         if mixture:
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
+            rerender = None
+            if retokenize:
+                from ..prepare.rerender import rerender_records  # lazy: the prepare pipeline loads for --retokenize
+
+                rerender = rerender_records
             report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,
-                            retokenize_episodes=retokenize, progress=step, executor=executor)
+                            retokenize_episodes=retokenize, progress=step, executor=executor, rerender=rerender)
     if as_json:
         print_json(report.as_dict())
     elif not quiet or not report.ok:

@@ -14,8 +14,8 @@ Torch is imported only where tensors are made (the collators); docs/INTEROP.md.
 """
 
 from .collate import Collator, collate, flatten, positions_of, require_torch, sequence_bounds
-from .dataset import SFTDataset
+from .dataset import SFTDataset, check_model
 from .sampler import SFTSampler
 
-__all__ = ["Collator", "SFTDataset", "SFTSampler", "collate", "flatten", "positions_of", "require_torch",
-           "sequence_bounds"]
+__all__ = ["Collator", "SFTDataset", "SFTSampler", "check_model", "collate", "flatten", "positions_of",
+           "require_torch", "sequence_bounds"]

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, DatasetError
-from ..loader import IGNORE_INDEX
+from ..loader import IGNORE_INDEX, check_tokenizer
 from ..loader.indexed import recorded_pad_id
 from ..packing.layout import PAD_SEQ_ID, Segments, row_layout
 from ..store.reader import open_dataset
@@ -48,11 +48,13 @@ class SFTDataset:
     for a packed row). ``block_size``: an episode keeps its first ``block_size + 1``
     tokens, as in the loader (None: whole episodes); a packed dataset has its own, and
     another value is refused. ``use_loss_mask=False`` trains every target (for a packed
-    row, every one inside a segment).
+    row, every one inside a segment). ``tokenizer``: the model's tokenizer (a folder, a
+    tokenizer.json, a tiktoken name or a Hub id); a dataset made with another is refused,
+    naming both tokenizers' sha256 (``sftdata.loader.check_tokenizer``).
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, block_size: int | None = None,
-                 use_loss_mask: bool = True, token_dtype: str | None = None):
+                 use_loss_mask: bool = True, token_dtype: str | None = None, tokenizer: str | Path | None = None):
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
                                        or block_size < 1):
             raise ConfigError(f"block_size must be None or an integer >= 1, got {block_size!r}")
@@ -62,6 +64,8 @@ class SFTDataset:
         self.token_dtype = token_dtype
         self._block_size = block_size
         self._open()
+        if tokenizer is not None:  # once, here: a worker process reopening the dataset does not check again
+            check_tokenizer(self.dataset.root, self.dataset.metadata, self.dataset.tokenizer_state, tokenizer)
 
     def _open(self) -> None:
         ds = open_dataset(self.path, token_dtype=self.token_dtype)
@@ -115,6 +119,16 @@ class SFTDataset:
         """The vocabulary size of the dataset's tokenizer (a model's embedding must hold it)."""
         v = (self.dataset.tokenizer_state or {}).get("vocab_size")
         return int(v) if v is not None else None
+
+    @property
+    def max_token_id(self) -> int | None:
+        """The largest token id the dataset holds (every split), from the ranges its metadata
+        records per shard; else its tokenizer's largest id; None when it records neither."""
+        return largest_token_id(self.dataset.metadata, self.dataset.tokenizer_state)
+
+    def check_model(self, model) -> None:
+        """Refuse a model whose embedding cannot hold this dataset's ids (``check_model``)."""
+        check_model(model, self)
 
     @property
     def segments(self) -> Segments:
@@ -195,3 +209,44 @@ class SFTDataset:
 
     def __repr__(self) -> str:
         return f"SFTDataset({str(self.path)!r}, split={self.split_name!r}, kind={self.kind!r}, items={len(self)})"
+
+
+def largest_token_id(meta: dict | None, state: dict | None) -> int | None:
+    """The largest ``token_id_range`` the metadata records over every shard of every split;
+    else the tokenizer's largest id (``vocab_size - 1``); None when neither is recorded."""
+    tops = [sh["token_id_range"][1] for split in ((meta or {}).get("splits") or {}).values()
+            for sh in (split or {}).get("shards") or []
+            if isinstance(sh, dict) and isinstance(sh.get("token_id_range"), list) and len(sh["token_id_range"]) == 2]
+    if tops:
+        return int(max(tops))
+    vocab = (state or {}).get("vocab_size")
+    return int(vocab) - 1 if isinstance(vocab, int) and vocab > 0 else None
+
+
+def _rows(layer) -> int | None:
+    weight = getattr(layer, "weight", None)
+    return int(weight.shape[0]) if weight is not None and getattr(weight, "ndim", 0) == 2 else None
+
+
+def check_model(model, *datasets: SFTDataset) -> None:
+    """Refuse ``model`` when its input embedding (or its output layer) has fewer rows than a
+    dataset's largest token id + 1: such an id would index past the table (an error on a
+    GPU, or silently the wrong row). Call it once, after loading the model and before
+    training (``transformers`` models, or any module with ``get_input_embeddings``)."""
+    layers = {"input embedding": getattr(model, "get_input_embeddings", lambda: None)(),
+              "output layer": getattr(model, "get_output_embeddings", lambda: None)()}
+    sizes = {name: _rows(layer) for name, layer in layers.items() if layer is not None}
+    if not any(v is not None for v in sizes.values()):
+        raise ConfigError(f"{type(model).__name__} has no input embedding to check (no get_input_embeddings() with "
+                          f"a 2-D weight); check its vocabulary size against the dataset's tokenizer yourself")
+    for ds in datasets:
+        top = ds.max_token_id
+        if top is None:
+            continue
+        for name, rows in sizes.items():
+            if rows is not None and top >= rows:
+                need = ds.vocab_size or top + 1
+                raise ConfigError(
+                    f"the model's {name} has {rows:,} rows, but {ds.path} holds token id {top:,}: that id would "
+                    f"index past it. Resize it first, model.resize_token_embeddings({need}) (the dataset's tokenizer "
+                    f"has {need:,} ids), or train on a dataset made with this model's tokenizer")

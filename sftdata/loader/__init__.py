@@ -31,7 +31,7 @@ from .batch import (
 )
 from .indexed import EpisodeSource, PackedSource, episode_batch, packed_batch, resolve_pad_id
 from .loader import STATE_FORMAT, STATE_VERSION, Loader, dataset_identity, open_source
-from .make import detect_mode, make_loader
+from .make import check_tokenizer, detect_mode, make_loader
 from .windows import WindowDataset, WindowSource, split_corpus
 
 # The names the specification's training scripts use: every loader is a Loader, every
@@ -46,5 +46,5 @@ __all__ = [
     "WindowDataset", "IGNORE_INDEX", "detect_mode", "apply_ignore_index", "episode_batch", "as_numpy",
     "packed_batch", "PackedDataLoader", "PackedBatch", "EpisodeSource", "PackedSource", "WindowSource",
     "open_source", "resolve_pad_id", "dataset_identity", "BatchIterable", "torch_iterable", "to_backend",
-    "resolve_backend", "resolve_rank", "STATE_FORMAT", "STATE_VERSION",
+    "resolve_backend", "resolve_rank", "STATE_FORMAT", "STATE_VERSION", "check_tokenizer",
 ]

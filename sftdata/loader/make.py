@@ -25,7 +25,7 @@ def detect_mode(dataset_dir: str | Path) -> str:
 
 def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: str = "auto", device: str = "cpu",
                 rank: int | None = None, world_size: int | None = None,
-                audit_dir: str | Path | None = None) -> Loader:
+                audit_dir: str | Path | None = None, tokenizer: str | Path | None = None) -> Loader:
     """The ``Loader`` of ``dataset_dir``: ``dataset_mode`` from ``cfg``, else detected;
     a packed dataset gives packed rows; a mixture file (``sftdata mix``) its members at
     their weights (docs/MIXTURES.md).
@@ -36,6 +36,11 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
     writes ``audit_*.log``. A structurally broken dataset is refused with the message of
     ``sftdata verify``; so is one with nothing to train on, ids past the vocabulary or
     mask values other than 0/1 (``guards``), and a batch that cannot fit in memory.
+
+    ``tokenizer``: the model's tokenizer (a folder, a tokenizer.json, a tiktoken name or
+    a Hub model id); a dataset made with another (its vocabulary, special ids or chat
+    template differ) is refused naming both tokenizers' sha256 (``check_tokenizer``).
+    Its files are read, no tokenizer library is loaded. None: no check.
     """
     if isinstance(cfg, dict):
         cfg = LoaderConfig.from_dict(cfg)
@@ -57,6 +62,8 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
         state = read_json(root / TOKENIZER_FILE) if (root / TOKENIZER_FILE).is_file() else None
         meta = read_json(root / METADATA_FILE) if (root / METADATA_FILE).is_file() else None
         check_value_ranges(root, meta, state, mask=False)
+        if tokenizer is not None:
+            check_tokenizer(root, meta, state, tokenizer)
         data = WindowSource(cfg, _token_arrays(root, cfg), world_size, root=root, tokenizer_state=state)
     elif not mixture:
         if not has_episode_index(root, "train"):
@@ -64,9 +71,20 @@ def make_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, backend: s
                                f"train/shard_*/episodes.idx nor train/episodes.idx; prepare the dataset with "
                                f"`sftdata prepare-chat`, or set dataset_mode=token_stream")
         data = open_dataset(root, token_dtype=cfg.token_dtype)  # refuses a structurally broken dataset
+    if tokenizer is not None and not isinstance(data, WindowSource):  # a mixture: each member
+        for ds in data.datasets if mixture else [data]:
+            check_tokenizer(ds.root, ds.metadata, ds.tokenizer_state, tokenizer)
     adir = audit_dir if audit_dir is not None else cfg.audit_dir
     audit = AuditLog(adir) if adir is not None and rank == 0 else None
     return Loader(cfg, data, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)
+
+
+def check_tokenizer(root, metadata: dict | None, tokenizer_state: dict | None, tokenizer: str | Path) -> None:
+    """Refuse the dataset at ``root`` unless it was made with the model's ``tokenizer``
+    (``tokenize.identity.check_same_tokenizer``: file hashes, no tokenizer library)."""
+    from ..tokenize.identity import check_same_tokenizer  # lazy: loaded only when a tokenizer is given
+
+    check_same_tokenizer(root, metadata, tokenizer_state, tokenizer)
 
 
 def _token_arrays(root: Path, cfg: LoaderConfig) -> dict:

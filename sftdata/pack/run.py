@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +41,9 @@ from ..packing.block_size import KEEP_PERCENT, TrainedSpans, min_block_size, tra
 from ..packing.layout import PAD_SEQ_ID
 from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE, OVERLONG_POLICIES, STRATEGIES, PackPlan, padding_baseline
 from ..packing.strategies import plan_bfd, plan_stream
+from ..store.build_key import BUILD, BuildCheck, build_record
 from ..store.format import DEFAULT_SHARD_TOKENS, METADATA_FILE, SEGMENT_FIELDS, TOKENIZER_FILE
-from ..store.location import remote_url
+from ..store.location import dataset_path, remote_url
 from ..store.reader import open_dataset
 from ..store.serving_file import write_serving
 from ..store.shard import Split
@@ -50,6 +51,7 @@ from ..store.writer import DatasetWriter
 from ..util.hashing import sha256_file
 from ..util.memory import check_fits
 from ..util.ranges import CHUNK_TOKENS, whole_runs
+from .build import pack_components, plan_pack
 from .rows import RowsExecutor, build_rows, gather_segments
 
 log = logging.getLogger("sftdata.pack")
@@ -67,11 +69,18 @@ class PackOptions:
     seed: int = DEFAULT_SEED
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     overwrite: bool = False
+    force: bool = False  # rebuild even when the target is up to date (implies overwrite)
     wait: bool = False  # wait for another sftdata writing the same output
 
     @property
     def row_len(self) -> int:
         return self.block_size + 1
+
+    def recorded(self) -> dict:
+        """The options that decide the packed bytes (part of the build key): not overwrite,
+        force, wait, nor the CLI's --engine, --json and --quiet."""
+        return {"block_size": self.block_size, "strategy": self.strategy, "overlong": self.overlong,
+                "pad_id": self.pad_id, "seed": self.seed, "shard_tokens": self.shard_tokens}
 
     def validate(self) -> None:
         if self.block_size < MIN_BLOCK_SIZE:
@@ -152,6 +161,9 @@ class PackReport:
     splits: dict[str, SplitReport] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # trained tokens lost, stale staging swept
     seconds: float = 0.0
+    build_key: str | None = None  # the packed dataset's build key (store.build_key)
+    up_to_date: bool = False  # the target held this build already: nothing was done
+    changed: list[str] = field(default_factory=list)  # why the target was rebuilt (empty: a new target)
 
     def as_dict(self, timing: bool = True) -> dict:
         d = {"output_dir": self.output_dir, "source": self.source, "strategy": self.strategy,
@@ -159,8 +171,20 @@ class PackReport:
              "pad_id": self.pad_id, "seed": self.seed,
              "splits": {k: v.as_dict() for k, v in self.splits.items()}, "warnings": list(self.warnings)}
         if timing:
-            d["seconds"] = round(self.seconds, 3)
+            d.update(seconds=round(self.seconds, 3), build_key=self.build_key, up_to_date=self.up_to_date,
+                     changed=list(self.changed))
         return d
+
+    @classmethod
+    def of_dataset(cls, output_dir: str, meta: dict) -> PackReport:
+        """The report of the packed dataset a run found up to date, from its metadata."""
+        pk, names = meta.get("packing") or {}, {f.name for f in fields(SplitReport)}
+        out = cls(output_dir, (meta.get("source") or {}).get("path", ""), pk.get("strategy", ""),
+                  pk.get("block_size", 0), pk.get("overlong", ""), pk.get("pad_token_id", 0), pk.get("seed", 0),
+                  warnings=list(meta.get("warnings") or []), up_to_date=True)
+        for name, rep in (meta.get("report") or {}).items():
+            out.splits[name] = SplitReport(**{k: v for k, v in rep.items() if k in names})
+        return out
 
 
 @dataclass
@@ -310,20 +334,32 @@ def _refuse_result(r: SplitReport, opts: PackOptions, output_dir) -> None:
 
 
 def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
-         progress: Callable[[PackProgress], None] | None = None, executor: RowsExecutor | None = None
-         ) -> PackReport:
+         progress: Callable[[PackProgress], None] | None = None, executor: RowsExecutor | None = None,
+         planned: Callable[[BuildCheck], None] | None = None) -> PackReport:
     """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``.
 
     Refuses (``NothingToTrainError``, nothing written) a train split that would hold 0
     rows or 0 trained tokens; warns (``sftdata.pack`` logger, ``report.warnings``, the
     metadata) when a split loses more than 1% of its trained tokens. ``executor``: where
     the rows are built (``sftdata.engine.pack_ray.ray_pack_executor``; default this process); the
-    output is byte-identical either way."""
+    output is byte-identical either way.
+
+    A target whose metadata holds this pack's build key (the source's metadata sha256 and
+    the packing options, ``store.build_key``) is up to date: nothing is done and the report
+    (``up_to_date``) is the dataset's. Another key is refused without ``overwrite``
+    (``force`` rebuilds regardless), naming what changed; ``planned`` is called with the
+    decision to build before any work."""
     opts.validate()
     t0 = time.perf_counter()
     output_dir = remote_url(output_dir) or output_dir  # s3:/b/x (a URL through Path) -> s3://b/x
     source_url = remote_url(source)
     source = Path(source)
+    plan = plan_pack(source_url or str(source.resolve()), dataset_path(source) / METADATA_FILE, output_dir, opts)
+    if plan.up_to_date:
+        report = PackReport.of_dataset(str(output_dir), plan.target.metadata)
+        report.build_key, report.seconds = plan.key, time.perf_counter() - t0
+        return report
+    plan.refuse_unless(opts.overwrite or opts.force)
     ds = open_dataset(source)
     if ds.kind != "episodes":
         raise DatasetError(f"{source} is a {ds.kind!r} dataset; pack reads an episodes dataset (the "
@@ -348,9 +384,11 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     _refuse_source(ds, source)
     _check_memory(ds, opts)
     report = PackReport(str(output_dir), source_url or str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
-                        opts.seed)
+                        opts.seed, changed=list(plan.changes))
+    if planned is not None:
+        planned(plan)
     lossy: list[str] = []  # one warning per split losing more than 1% of its trained tokens
-    with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
+    with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         splits_meta = {}
         for name in sorted(ds.splits, key=lambda s: s != "train"):  # train first: refused before the rest
             split = ds.splits[name]
@@ -376,6 +414,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
             "created_by": f"sftdata {__version__}",
             "token_dtype": ds.token_dtype.name,
             "tokenizer": ds.metadata.get("tokenizer"),
+            "tokenizer_identity": ds.metadata.get("tokenizer_identity"),
             "packing": {"block_size": opts.block_size, "row_len": opts.row_len, "strategy": opts.strategy,
                         "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
                         "shard_tokens": opts.shard_tokens, "pad_seq_id": PAD_SEQ_ID,
@@ -386,6 +425,9 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
             "report": report.as_dict(timing=False)["splits"],
             "warnings": lossy,
         }
+        metadata[BUILD] = build_record(pack_components(metadata["source"]["path"], metadata["source"]["metadata_sha256"],
+                                                   opts), [])
+        report.build_key = metadata[BUILD]["key"]
         w.commit(metadata)
     report.warnings = lossy + w.notes  # w.notes: what the writer did beside the dataset (logged by it)
     report.seconds = time.perf_counter() - t0

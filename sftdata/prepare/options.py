@@ -34,6 +34,7 @@ class PrepareOptions:
     workers: int = 1
     strict: bool = False
     overwrite: bool = False
+    force: bool = False  # rebuild even when the target is up to date (implies overwrite)
     wait: bool = False  # wait for another sftdata writing the same output
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     reasoning: str = "keep"  # keep | last | drop
@@ -119,7 +120,11 @@ class PrepareOptions:
         return SegmentMemo(tok, cap, self.memo_policy) if cap > 0 else None
 
     def recorded(self) -> dict:
-        """The options that determine the output (workers, overwrite and the memo do not)."""
+        """The options that determine the output, recorded in the metadata and part of the
+        build key. Not these, which never change a byte: workers, the memo (memo_mb,
+        memo_policy), overwrite, force, wait, and the CLI's --engine, --ray-address,
+        --json and --quiet. The tokenizer, --chat-template and --tokenizer-engine are in
+        the key through the tokenizer state too."""
         out = {"mode": self.mode, "val_split": self.val_split, "seed": self.seed,
                "max_tokens": self.max_tokens, "shard_tokens": self.shard_tokens,
                "strict": self.strict, "max_record_bytes": self.max_record_bytes, "reasoning": self.reasoning,
@@ -175,6 +180,10 @@ class PrepareSummary:
     decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
     memo_mb: float = 0.0  # --memo-mb (0: no memo)
+    build_key: str | None = None  # the dataset's build key (store.build_key)
+    up_to_date: bool = False  # the target held this build already: nothing was done
+    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
+    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
 
     @property
     def total_tokens(self) -> int:
@@ -195,7 +204,28 @@ class PrepareSummary:
                 "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
                 "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
-                "decontamination": self.decontamination, "memo": self.memo_dict()}
+                "decontamination": self.decontamination, "memo": self.memo_dict(),
+                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
+                "libraries_changed": list(self.libraries_changed)}
+
+    @classmethod
+    def of_dataset(cls, output_dir: str, meta: dict) -> PrepareSummary:
+        """The summary of the dataset a run found up to date, from its metadata."""
+        counts, splits, options = meta.get("counts") or {}, meta.get("splits") or {}, meta.get("options") or {}
+        out = cls(output_dir=output_dir, records_read=counts.get("records_read", 0),
+                  rejected=counts.get("rejected") or {}, repaired=counts.get("repaired") or {},
+                  turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
+                  records_truncated=counts.get("records_truncated", 0), pairs_dropped=counts.get("pairs_dropped", 0),
+                  input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
+                  max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
+                  per_reply_records=counts.get("per_reply_records", 0),
+                  per_reply_episodes=counts.get("per_reply_episodes", 0),
+                  rule_mismatch=meta.get("rule_mismatch") or [], dedup=meta.get("dedup") or {},
+                  decontamination=meta.get("decontamination") or {}, up_to_date=True)
+        for split, m in splits.items():
+            out.episodes[split], out.tokens[split] = m.get("episodes", 0), m.get("tokens", 0)
+            out.trained_tokens[split], out.shards[split] = m.get("trained_tokens", 0), len(m.get("shards") or [])
+        return out
 
     def memo_dict(self) -> dict:
         m = self.memo

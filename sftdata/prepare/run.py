@@ -43,11 +43,14 @@ from ..errors import (
 from ..records.rejects import REJECT_KEYS, keep_rejects, writing
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
+from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
 from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter
 from ..template import TemplateLimits, TemplateProfile, model_profile, require_tool_calls, template_summary, tokenizer_state
+from ..tokenize.identity import recorded_identity
+from .build import plan_build
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
 from .partition_task import can_partition, partition_results
 from .pool import chunk_results, chunks_of
@@ -141,10 +144,16 @@ def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir
 
 
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
-            progress: Callable[[Progress], None] | None = None, executor: Executor | None = None) -> PrepareSummary:
+            progress: Callable[[Progress], None] | None = None, executor: Executor | None = None,
+            planned: Callable[[BuildCheck], None] | None = None) -> PrepareSummary:
     """Prepare ``inputs`` into a dataset at ``output_dir``. Raises ``SftDataError``s.
     ``executor`` runs the rendering (default ``local_results``; ``sftdata.engine`` has Ray's):
     the dataset is the same whichever runs it.
+
+    A target whose metadata holds this run's build key (``store.build_key``) is up to date:
+    nothing is read or written, and the summary (``up_to_date``) is the dataset's. Another
+    key is refused without ``overwrite`` (``force`` rebuilds regardless), naming what
+    changed; ``planned`` is called with the decision to build, and why, before any work.
 
     When every record is rejected, nothing is created at ``output_dir`` and the reasons go
     to a file beside it that the error names (``AllRecordsRejectedError.rejects_path``)."""
@@ -160,12 +169,23 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     if executor is not None and (opts.dedup != "off" or opts.decontaminate):
         raise UsageError("--dedup and --decontaminate run with --engine local (one decision in input order in this "
                          "process); drop them, or prepare with --engine local")
+    options = {**opts.recorded(), "tokenizer": tok.path or tok.name}
+    plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force)
+    if plan.check.up_to_date:
+        meta = plan.check.target.metadata
+        summary = PrepareSummary.of_dataset(str(output_dir), meta)
+        summary.build_key, summary.libraries_changed = plan.check.key, library_changes(meta)
+        summary.seconds = time.perf_counter() - t0
+        return summary
+    plan.check.refuse_unless(opts.overwrite or opts.force)
+    if planned is not None:
+        planned(plan.check)
     evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
         if opts.decontaminate else None
     curate = CurateSettings(opts.dedup, evals)
     dedup = Deduplicator(opts.dedup, opts.dedup_threshold)
     contaminated: Counter = Counter()  # per evaluation file
-    infos: list[SourceInfo] = [inspect_source(src) for src in expand_inputs(inputs)]
+    infos: list[SourceInfo] = [inspect_source(src) for src in plan.inputs]
     known = all(i.size_known for i in infos)
     total_bytes = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)  # uint32 for a vocabulary beyond 65,536 ids
@@ -174,7 +194,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     rejected: Counter = Counter()
     repaired: Counter = Counter()
     turns: Counter = Counter()
-    with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
+    summary.changed = list(plan.check.changes)
+    with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         # no val split to draw (and no engine writing parts of its own): the episodes go straight to
         # train in input order, the shards train's own, with no staging copy to split afterwards
         direct = opts.val_split == 0 and executor is None
@@ -254,9 +275,10 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             "created_by": f"sftdata {__version__}",
             "token_dtype": dtype.name,
             "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
+            "tokenizer_identity": recorded_identity(state).as_dict(),  # what a training process checks its tokenizer by
             "splits": splits_meta,
             "sources": [i.as_dict() for i in infos],
-            "options": {**opts.recorded(), "tokenizer": tok.path or tok.name},
+            "options": options,
             "counts": {"records_read": records, "episodes": n, "rejected": summary.rejected,
                        "repaired": summary.repaired, "turns": summary.turns,
                        "records_truncated": summary.records_truncated,
@@ -273,6 +295,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
             metadata["counts"].update(per_reply_records=summary.per_reply_records,
                                       per_reply_episodes=summary.per_reply_episodes)
             metadata["rule_mismatch"] = summary.rule_mismatch
+        metadata[BUILD] = plan.record(infos, state, options)  # from the inputs as read
+        summary.build_key = metadata[BUILD]["key"]
         with writing(w.path, output_dir):
             w.commit(metadata)
     summary.seconds = time.perf_counter() - t0

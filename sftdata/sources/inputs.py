@@ -1,7 +1,8 @@
 """What the INPUT arguments name: files, folders, globs, ``-`` (stdin) and URLs.
 
 ``expand_inputs(["chats/", "extra/*.jsonl.gz", "-", "s3://bucket/train/"])`` returns
-one ``Input`` per file to read, in the order the arguments give them; a folder's files
+one ``Input`` per file to read, in the order the arguments give them (an
+``hf://datasets/`` URL pinned to the commit its revision names now: ``hub``); a folder's files
 come sorted by their path inside it (recursively), a glob's by name. In a folder, only
 files named like inputs are read (``.jsonl``, ``.ndjson``, ``.json``, ``.parquet``,
 each optionally ``.gz``, ``.bz2``, ``.xz``, ``.zst``); hidden files and folders (a name
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, UsageError
+from .hub import HubPin, pin_hub_url
 from .remote import url_listing, url_protocol
 
 STDIN = "<stdin>"  # the name of standard input in messages, rejects.jsonl and the metadata
@@ -32,11 +34,18 @@ _GLOB = re.compile(r"[*?[]")
 @dataclass(frozen=True)
 class Input:
     """One input to read: ``name`` is how messages and the metadata call it (a path as
-    given or found, a URL, or ``<stdin>``)."""
+    given or found, a URL, or ``<stdin>``). ``hub``: a Hub dataset's revision and the
+    commit ``name`` is pinned to (``hub``)."""
 
     name: str
     kind: str = "file"  # "file" | "url" | "stdin"
     size: int | None = None
+    hub: HubPin | None = None
+
+    @property
+    def given(self) -> str:
+        """The input as the user named it (a Hub URL with its revision, not the commit)."""
+        return self.hub.given(self.name) if self.hub is not None else self.name
 
 
 def select_inputs(paths: Iterable[str]) -> list[str]:
@@ -94,17 +103,21 @@ def _local_folder(folder: Path, shown: str) -> list[Input]:
     return [Input(os.path.join(shown, *p.split("/")), "file", None) for p in chosen]
 
 
-def _url(arg: str) -> list[Input]:
+def _url(arg: str, resolved: dict) -> list[Input]:
+    pinned = pin_hub_url(arg, resolved)  # a Hub dataset's revision: read at the commit it names now
+    hub = None
+    if pinned is not None:
+        arg, hub = pinned
     kind, listing = url_listing(arg, bool(_GLOB.search(arg.split("://", 1)[1])))
     if kind == "folder":
         by_rel = {rel: (url, size) for rel, url, size in listing}
         chosen = select_inputs(by_rel)
         if not chosen:
             raise _nothing_in(arg, sorted(by_rel))
-        return [Input(by_rel[r][0], "url", by_rel[r][1]) for r in chosen]
+        return [Input(by_rel[r][0], "url", by_rel[r][1], hub) for r in chosen]
     if not listing:
         raise InputError(f"no file matches {arg}")
-    return [Input(url, "url", size) for _, url, size in listing]
+    return [Input(url, "url", size, hub) for _, url, size in listing]
 
 
 def _local(arg: str) -> list[Input]:
@@ -125,6 +138,7 @@ def expand_inputs(args: Sequence[str | os.PathLike]) -> list[Input]:
     """One ``Input`` per file the arguments name, in order (see the module docstring)."""
     out: list[Input] = []
     stdin = 0
+    resolved: dict = {}  # Hub commits asked for in this call, by (repo, revision)
     for a in args:
         arg = os.fspath(a)
         if arg == "-":
@@ -133,7 +147,7 @@ def expand_inputs(args: Sequence[str | os.PathLike]) -> list[Input]:
                 raise UsageError("'-' (standard input) is given twice; it can be read once")
             out.append(Input(STDIN, "stdin", None))
         elif url_protocol(arg):
-            out += _url(arg)
+            out += _url(arg, resolved)
         else:
             out += _local(arg)
     return out

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..util.hashing import sha256_file
+from .hub import HubPin
 from .inputs import Input
 from .json_array import ArrayError, ArrayReader
 from .lines import LineReader, TooLarge
@@ -62,11 +63,13 @@ class SourceInfo:
     encoding: str = "utf-8"  # the codec reading the text: "utf-8", "utf-8-sig", "utf-16", "utf-32"
     kind: str = "file"  # "file" | "url" | "stdin"
     size_known: bool = True
+    hub: HubPin | None = None  # a Hub dataset's revision and the commit ``path`` is pinned to
     _opened: Any = field(default=None, repr=False)  # a stream's state after sniffing (it cannot be opened twice)
 
     def as_dict(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes, "container": self.container,
-                "compressed": self.compressed, "first_record": self.first_record, "records": self.records}
+        out = {"path": self.path, "sha256": self.sha256, "bytes": self.bytes, "container": self.container,
+               "compressed": self.compressed, "first_record": self.first_record, "records": self.records}
+        return out if self.hub is None else {**out, **self.hub.as_dict()}
 
 
 @dataclass
@@ -152,7 +155,7 @@ def inspect_source(src: Input | str | os.PathLike) -> SourceInfo:
         raw.close()
         raise
     info = SourceInfo(src.name, None, size or 0, container, compression is not None, compression=compression,
-                      encoding=encoding, kind=src.kind, size_known=size is not None)
+                      encoding=encoding, kind=src.kind, size_known=size is not None, hub=src.hub)
     if container == "parquet":  # its footer and columns are checked now, before any input is read
         with _parquet(info, DEFAULT_MAX_RECORD_BYTES):
             pass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import SftDataError
 from ..util.cache import cache_dir
-from ..util.urls import filesystem
+from ..util.urls import filesystem, object_version
 from .lock import LOCK_SUFFIX
 
 
@@ -67,7 +67,6 @@ def list_objects(fs, root: str) -> dict[str, dict]:
 
 
 def identity(info: dict) -> tuple:
-    """What tells one version of an object from another: its size, and the etag or
-    modification time the store gives (whichever it has)."""
-    return (info.get("size"), str(info.get("ETag") or info.get("etag") or info.get("mtime")
-                                  or info.get("LastModified") or info.get("created") or ""))
+    """What tells one version of an object from another: its size, and the etag, checksum or
+    modification time the store gives (``util.urls.object_version``, which inputs use too)."""
+    return tuple(sorted((object_version(info) or {"size": info.get("size")}).items()))

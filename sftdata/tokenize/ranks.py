@@ -78,21 +78,39 @@ def cached_cl100k() -> tuple[str, dict[bytes, int], dict[str, int], str]:
     return meta["pat_str"], arrays_to_ranks(arrays), meta["special_tokens"], meta["ranks_sha256"]
 
 
-def cached_ranks_file(path: Path) -> tuple[dict[bytes, int], str]:
-    """A ``.tiktoken`` file's ranks and their sha256, cached by the file's sha256."""
-    def build():
-        from tiktoken.load import load_tiktoken_bpe
-
+def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file's bytes (lines of ``base64-token rank``), parsed as
+    tiktoken parses them. Not tiktoken's ``load_tiktoken_bpe``: it keeps a copy of every file
+    it reads in its cache keyed by the file's path, and would give a changed file's old
+    ranks (the key these are cached under is the sha256 of these very bytes)."""
+    ranks = {}
+    for line in data.splitlines():
+        if not line:
+            continue
         try:
-            ranks = load_tiktoken_bpe(str(path))
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
         except Exception as e:
-            raise TokenizerError(f"{path} is not a valid .tiktoken ranks file "
-                                 f"(lines of 'base64-token rank'): {e}") from None
-        if not ranks:
-            raise TokenizerError(f"{path} holds no token ranks")
+            raise TokenizerError(f"{path} is not a valid .tiktoken ranks file (lines of 'base64-token rank'): "
+                                 f"line {line[:60]!r}: {e}") from None
+    if not ranks:
+        raise TokenizerError(f"{path} holds no token ranks")
+    return ranks
+
+
+def cached_ranks_file(path: Path) -> tuple[dict[bytes, int], str]:
+    """A ``.tiktoken`` file's ranks and their sha256, cached by the file's sha256 (the file
+    is read once: the bytes hashed are the bytes parsed)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
+
+    def build():
+        ranks = parse_ranks(data, path)
         return {"ranks_sha256": ranks_sha256(ranks)}, ranks_to_arrays(ranks)
 
-    meta, arrays = cached("tiktoken-ranks", sha256_file(path), build)
+    meta, arrays = cached("tiktoken-ranks", hashlib.sha256(data).hexdigest(), build)
     return arrays_to_ranks(arrays), meta["ranks_sha256"]
 
 

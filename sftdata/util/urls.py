@@ -48,3 +48,18 @@ def filesystem(url: str, verb: str = "reading", error: type[SftDataError] = Inpu
                     f"s3://, gs://, hf://, https:// or file:// URL") from None
     except Exception as e:  # a protocol's own errors (credentials, configuration)
         raise error(f"{url} cannot be opened ({type(e).__name__}: {e})") from None
+
+
+# what an object store says of an object's version: its content checksum or tag, a generation
+# number, or its modification time (s3: ETag, LastModified; gcs: md5Hash, crc32c, generation,
+# updated; hf: the blob id; fsspec's memory and local file systems: created, mtime)
+VERSION_FIELDS = ("ETag", "etag", "md5Hash", "crc32c", "generation", "VersionId", "version_id", "blob_id",
+                  "LastModified", "last_modified", "updated", "mtime", "created")
+
+
+def object_version(info: dict) -> dict | None:
+    """What tells one version of an object from another, from its fsspec ``info``: its size
+    and whichever ``VERSION_FIELDS`` the store gives, as JSON-safe text; None when it gives
+    none of them (the size alone cannot tell two versions apart)."""
+    found = {k: str(info[k]) for k in VERSION_FIELDS if info.get(k) is not None}
+    return {"size": info.get("size"), **found} if found else None

@@ -27,6 +27,7 @@ from ..store.serving_file import read_serving
 from ..store.structure import check_counts
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
+from .drift import DRIFT_CHECK, check_drift
 from .metadata import (
     NOT_RECORDED,
     any_ranges,
@@ -118,6 +119,7 @@ class VerifyReport:
     sources: list[SourceCheck] | None = None  # the recorded input files, when asked (--sources)
     reproducible: bool | None = None  # every input file matches (None: not asked, or none recorded)
     retokenized: dict | None = None  # --retokenize N: episodes re-encoded by the tokenizers library, how many differ
+    drift: dict | None = None  # --retokenize N: their input records rendered again by today's libraries (drift)
     cannot_stop: dict = field(default_factory=dict)  # split -> {"count", "episodes" (packed: "rows"): first ids}
 
     @property
@@ -130,7 +132,8 @@ class VerifyReport:
                 "notes": self.notes, "splits": self.splits, "bytes_read": self.bytes_read,
                 "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 3),
                 "sources": None if self.sources is None else [c.as_dict() for c in self.sources],
-                "reproducible": self.reproducible, "cannot_stop": self.cannot_stop, "retokenized": self.retokenized}
+                "reproducible": self.reproducible, "cannot_stop": self.cannot_stop, "retokenized": self.retokenized,
+                "drift": self.drift}
 
 
 def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, str], extra: dict | None = None
@@ -168,7 +171,8 @@ class ShardExecutor(Protocol):
 
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
            progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
-           retokenize_episodes: int = 0, executor: ShardExecutor | None = None) -> VerifyReport:
+           retokenize_episodes: int = 0, executor: ShardExecutor | None = None,
+           rerender: Callable | None = None) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
     ``quick`` skips the checksums (and the comparison of the recorded value ranges with
@@ -177,7 +181,9 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     ``token_dtype`` and ``tokenizer`` matter only for the older flat layout, which
     records neither. ``retokenize_episodes``: decode that many sampled episodes and
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
-    ``retokenize`` check). ``executor``: where each shard's data is read and checked
+    ``retokenize`` check), and render their input records again with the libraries
+    installed now (the ``drift`` check; ``rerender``: ``sftdata.prepare.rerender_records``,
+    which this layer cannot import; without it the check is skipped). ``executor``: where each shard's data is read and checked
     (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
     Raises ``DatasetError`` only when ``path`` holds no dataset at all. A dataset that a
     writer replaces while it is verified is verified again (``read_one_generation``): the
@@ -185,12 +191,12 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     """
     root = dataset_path(path)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
     return read_one_generation(root, lambda: _verify(root, quick, token_dtype, tokenizer, progress, hash_threads,
-                                                     sources, retokenize_episodes, executor))
+                                                     sources, retokenize_episodes, executor, rerender))
 
 
 def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,
-            hash_threads: int, sources: bool, retokenize_episodes: int, executor: ShardExecutor | None
-            ) -> VerifyReport:
+            hash_threads: int, sources: bool, retokenize_episodes: int, executor: ShardExecutor | None,
+            rerender: Callable | None) -> VerifyReport:
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
     ds, meta, root = scan.dataset, scan.dataset.metadata, scan.dataset.root
@@ -334,7 +340,7 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
     if retokenize_episodes > 0:
         if packed:
             retok = None
-            skip(("retokenize",), "a packed dataset: retokenize its source dataset")
+            skip(("retokenize", "drift"), "a packed dataset: retokenize its source dataset")
         else:
             retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
                                retokenize_episodes, run=None if executor is None else executor.retokenize)
@@ -342,10 +348,17 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
             report.retokenized = retok.as_dict()
             if retok.skipped:
                 skip(("retokenize",), retok.skipped)
+            drift = check_drift([sh for sh in shards if sh.rel not in scan.bad_segments], meta, ds.tokenizer_state,
+                                retokenize_episodes, rerender=rerender)
+            found += drift.problems
+            report.drift = drift.as_dict()
+            if drift.skipped:
+                skip(("drift",), drift.skipped)
     # within a check, the problems keep the order they were found in: top-level file sizes
     # before the shards' sizes, the shards' missing files before the top-level ones
     problems = top_resized + [p for p in scan.problems if p.check != "counts"] + tc.problems + top_missing + found
-    extra = {**(SOURCES_CHECK if sources else {}), **(RETOKENIZE_CHECK if retokenize_episodes > 0 else {})}
+    extra = {**(SOURCES_CHECK if sources else {}),
+             **({**RETOKENIZE_CHECK, **DRIFT_CHECK} if retokenize_episodes > 0 else {})}
     report.problems, report.checks = check_results(ds.kind, problems, skipped, extra or None)
     report.notes = notes
     for split in SPLITS:

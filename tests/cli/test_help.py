@@ -96,5 +96,6 @@ def test_a_command_imports_only_its_own_module_and_the_root_help_none():
     pack = modules_after("pack", "--help")
     assert {"sftdata.cli.pack_cmd", "sftdata.pack"} <= pack
     assert {m for m in pack if m.startswith("sftdata.cli.")} == {"sftdata.cli.app", "sftdata.cli.options",
-                                                                 "sftdata.cli.pack_cmd", "sftdata.cli.terminal"}
+                                                                 "sftdata.cli.build_output", "sftdata.cli.pack_cmd",
+                                                                 "sftdata.cli.terminal"}
     assert not {"sftdata.prepare", "sftdata.report", "sftdata.curate", "sftdata.verify", "sftdata.loader"} & pack

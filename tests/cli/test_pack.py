@@ -56,7 +56,7 @@ def test_pack_dataset_errors_exit_1(source, tmp_path):  # noqa: F811
     assert res.exit_code == 1 and "does not exist" in " ".join(res.output.split())
     assert "Traceback" not in res.output
     runner.invoke(app, ["pack", str(source), "-o", str(tmp_path / "p"), "-q"])
-    res = runner.invoke(app, ["pack", str(source), "-o", str(tmp_path / "p"), "-q"])
-    assert res.exit_code == 1 and "already exists; pass --overwrite" in " ".join(res.output.split())
+    res = runner.invoke(app, ["pack", str(source), "-o", str(tmp_path / "p"), "-q", "-b", "64"])
+    assert res.exit_code == 1 and "already exists and is not up to date" in " ".join(res.output.split())
     res = runner.invoke(app, ["pack", str(tmp_path / "p"), "-o", str(tmp_path / "pp"), "-q"])
     assert res.exit_code == 1 and "is a 'packed' dataset" in " ".join(res.output.split())

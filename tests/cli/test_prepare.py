@@ -61,8 +61,11 @@ def test_chat_script_has_the_seed_interface(tmp_path, capsys):
                      "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "train 8 episodes" in out and "val 2 episodes" in out and "11 records read, 1 rejected: no_messages 1" in out
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds"), "--val_split", "0.2"]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'ds'}: up to date (build key ")
     assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds")]) == 1
-    assert "already exists; pass --overwrite to replace it, or choose another --output_dir" in capsys.readouterr().err
+    assert ("already exists and is not up to date: the option --val_split changed (0.2 -> 0.0). Pass --overwrite "
+            "to rebuild it, or choose another --output_dir") in capsys.readouterr().err
 
 
 def test_a_val_split_that_rounds_to_zero_is_warned(tmp_path):

@@ -160,8 +160,10 @@ def test_pack_errors(source, tmp_path):
     pack(source, tmp_path / "p", PackOptions(block_size=127))
     with pytest.raises(DatasetError, match="is a 'packed' dataset; pack reads an episodes dataset"):
         pack(tmp_path / "p", tmp_path / "pp", PackOptions())
-    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
-        pack(source, tmp_path / "p", PackOptions(block_size=127))
+    assert pack(source, tmp_path / "p", PackOptions(block_size=127)).up_to_date
+    with pytest.raises(OutputExistsError, match=r"already exists and is not up to date: the option --block-size "
+                                                r"changed \(127 -> 64\)\. Pass --overwrite"):
+        pack(source, tmp_path / "p", PackOptions(block_size=64))
     pack(source, tmp_path / "p", PackOptions(block_size=64, overwrite=True))
     assert open_dataset(tmp_path / "p").packing["block_size"] == 64
     with pytest.raises(UsageError, match=r"--pad-id 100286 is not a token id of this dataset \(0..100285\)"):

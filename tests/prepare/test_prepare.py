@@ -72,13 +72,15 @@ def test_failed_overwrite_keeps_the_old_dataset(tmp_path):
     assert tree_bytes(tmp_path / "ds") == before
 
 
-def test_existing_output_is_refused_without_overwrite(tmp_path):
+def test_existing_output_is_up_to_date_or_refused_without_overwrite(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", records(3))
     prepare([src], tmp_path / "ds", PrepareOptions())
-    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
-        prepare([src], tmp_path / "ds", PrepareOptions())
-    s = prepare([src], tmp_path / "ds", PrepareOptions(overwrite=True))
-    assert s.episodes == {"train": 3}
+    assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date
+    with pytest.raises(OutputExistsError, match=r"already exists and is not up to date: the option --seed changed "
+                                                r"\(1337 -> 7\)\. Pass --overwrite to rebuild it"):
+        prepare([src], tmp_path / "ds", PrepareOptions(seed=7))
+    s = prepare([src], tmp_path / "ds", PrepareOptions(seed=7, overwrite=True))
+    assert s.episodes == {"train": 3} and not s.up_to_date
 
 
 def test_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_path):

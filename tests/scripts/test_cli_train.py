@@ -93,3 +93,15 @@ def test_a_batch_size_that_cannot_fit_in_memory_is_one_line_not_an_oom_kill(byte
                                        "24.0 GiB available: lower batch_size or block_size in the config (gradient "
                                        "accumulation gives a larger effective batch)\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_tokenizer_refuses_a_dataset_made_with_another_and_trains_with_its_own(byte_ds, tmp_path, capsys):
+    cfg = train_config(tmp_path / "c.json", max_iters=1)
+    argv = ["--dataset", str(byte_ds), "--config", str(cfg), "--out-dir", str(tmp_path / "out"), "--no-audit",
+            "--quiet"]
+    assert train.main([*argv, "--tokenizer", "cl100k_base"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {byte_ds} was made with another tokenizer than cl100k_base: the vocabulary differs "
+                          f"(sha256 ") and "Its tokenizer is sha256 " in err and "cl100k_base's is sha256 " in err
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    assert train.main([*argv, "--tokenizer", str(byte_ds.parent / "bytes.tiktoken")]) == 0

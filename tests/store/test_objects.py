@@ -145,7 +145,7 @@ def test_pack_from_s3_to_s3_equals_local(s3, both, tmp_path):
     assert got.keys() == want.keys()
     assert {k: v for k, v in got.items() if k != METADATA_FILE} == {k: v for k, v in want.items() if k != METADATA_FILE}
     a, b = orjson.loads(want[METADATA_FILE]), orjson.loads(got[METADATA_FILE])
-    assert _strip(a, ("path", "metadata_checksum")) == _strip(b, ("path", "metadata_checksum"))
+    assert _strip(a, ("path", "metadata_checksum", "key")) == _strip(b, ("path", "metadata_checksum", "key"))
     assert b["source"]["path"] == url and a["source"]["path"] == str(local.resolve())
     v = cli("verify", r.output_dir, "--json")
     assert v.exit_code == 0, v.output
@@ -168,10 +168,17 @@ def test_cli_prepare_to_s3(s3, source):
     r = cli("prepare-chat", source, "-o", url, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["output_dir"] == url and METADATA_FILE in objects(s3, url)
-    r = cli("prepare-chat", source, "-o", url)
+    key = json.loads(r.stdout)["build_key"]
+    r = cli("prepare-chat", source, "-o", url)  # the same build: up to date, read from the metadata object
+    assert r.exit_code == 0 and r.output == f"{url}: up to date (build key {key[:12]}...); nothing to do (--force " \
+                                            f"rebuilds it)\n"
+    r = cli("prepare-chat", source, "-o", url, "--seed", "7")
     assert r.exit_code == 1
-    assert r.output == (f"error: {url} already exists (8 object(s)); pass --overwrite to replace it, or choose "
-                        f"another --output-dir\n")
+    assert r.output == (f"error: {url} already exists and is not up to date: the option --seed changed (1337 -> 7). "
+                        f"Pass --overwrite to rebuild it, or choose another --output-dir\n")
+    r = cli("prepare-chat", source, "-o", url, "--force")  # replaced as --overwrite replaces it
+    assert r.exit_code == 0 and r.output.startswith(f"rebuilding {url}: --force rebuilds it whatever its build key "
+                                                    f"says\n")
 
 
 # -- a run that stops before its commit ----------------------------------------------------------

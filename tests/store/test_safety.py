@@ -94,7 +94,9 @@ def test_overwrite_refuses_a_dataset_holding_user_files_and_changes_nothing(tmp_
     (ds / "mywork").mkdir()
     (ds / "mywork" / "a.py").write_text("x = 1")
     before = _snapshot(ds)
-    r = _prepare(src, ds, "--overwrite")
+    assert _prepare(src, ds, "--overwrite").exit_code == 0  # up to date: nothing to replace, nothing touched
+    assert _snapshot(ds) == before
+    r = _prepare(src, ds, "--overwrite", "--seed", "7")  # another build: the dataset would be replaced
     assert r.exit_code == 1
     assert r.output == (f"error: {ds} holds files sftdata did not write: NOTES.txt, mywork/. --overwrite removes "
                         f"only a dataset's own files; move those out of the folder (or choose another --output-dir) "
@@ -297,9 +299,10 @@ def test_user_files_inside_and_beside_every_target_survive_every_writing_command
         user = {p: p.read_bytes() for p in root.rglob("user*.txt")}
         for cmd in commands:
             for flags in ([], ["--overwrite"]):
+                before = _snapshot(target)
                 r = runner.invoke(app, [str(a) for a in cmd(target, *flags)] + ["-q"])
-                if r.exit_code == 0:  # replaced: only when nothing of the user's was inside
-                    assert flags and not list(target.rglob("user*.txt"))
+                if r.exit_code == 0:  # up to date (nothing changed), or replaced: only when nothing of the user's was inside
+                    assert _snapshot(target) == before or (flags and not list(target.rglob("user*.txt")))
                     assert (target / "dataset_metadata.json").is_file()
                 else:
                     assert r.exit_code == 1 and r.output.startswith("error: "), r.output

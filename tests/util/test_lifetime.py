@@ -110,7 +110,8 @@ def test_sigkill_of_prepare_leaves_no_worker_keeps_the_old_dataset_and_the_next_
         feed.close()
     assert (out / "dataset_metadata.json").read_bytes() == old  # the old dataset is intact
     (staging,) = tmp_path.glob(".ds.tmp-*")  # the killed run's staging is left ...
-    r = subprocess.run([*cli, str(small), "-o", str(out), "--overwrite", "--json"], env=env, timeout=SAFETY_S,
+    # --force: the same build as the old dataset's would be up to date, and an up-to-date run touches nothing
+    r = subprocess.run([*cli, str(small), "-o", str(out), "--force", "--json"], env=env, timeout=SAFETY_S,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert not staging.exists()  # ... and swept by the next run to that target, which says so

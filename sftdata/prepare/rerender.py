@@ -1,0 +1,96 @@
+"""Input records rendered again as prepare rendered them, by the libraries installed now: what
+``verify --retokenize`` holds the stored tokens to, to find library drift (a tokenizer or a
+template engine that now encodes or renders the same record otherwise).
+
+The records are read from the inputs the metadata records (``sources``: path, sha256,
+``first_record``), with the options it records (mode, ``--max-tokens``, ``--reasoning``,
+``--train-on``, the record size limit) and the tokenizer rebuilt from
+``tokenizer_state.json`` (a chat template learned again from its recorded text), through
+the same ``process_chunk`` a prepare worker runs. A record whose input is standard input,
+is gone or has changed since is not rendered: its reason is returned instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..chat.tokenizer import HFTokenizer, tokenizer_from_state
+from ..errors import SftDataError
+from ..records.turns import TurnPolicy
+from ..sources import DEFAULT_MAX_RECORD_BYTES, STDIN, Input, inspect_source, iter_records
+from ..sources.remote import url_protocol
+from ..template import ChatTemplate, TemplateProfile, learn_profile
+from ..tokenize import is_hf_state
+from .chunk import process_chunk
+
+
+@dataclass
+class Rerendered:
+    """One input record rendered now: its episodes' ids (one, or one per reply), or why it
+    is rejected now (``rejected``: reason and message)."""
+
+    where: str
+    episodes: list[np.ndarray] = field(default_factory=list)
+    rejected: str | None = None
+
+
+def _profile(tok: HFTokenizer, state: dict, train_on: str) -> TemplateProfile:
+    """The recorded template's profile, learned again from its recorded text (and any
+    variables the state records)."""
+    ct = state.get("chat_template") or {}
+    template = ChatTemplate(str(ct.get("name", "model")), str(ct.get("source", "file")), str(ct.get("text", "")))
+    profile = learn_profile(template, tok, ct.get("variables") if isinstance(ct.get("variables"), dict) else None)
+    if train_on == "last" and not profile.rule.last_reply_only:
+        profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
+    return profile
+
+
+def _raw_records(meta: dict, wanted: set[int], max_bytes: int) -> tuple[list, dict[int, str]]:
+    """The raw records ``wanted`` from the recorded inputs, and why others cannot be read."""
+    raws, unread = [], {}
+    for s in meta.get("sources") or []:
+        first, n, path = s.get("first_record"), s.get("records"), s.get("path")
+        if not isinstance(first, int) or not isinstance(n, int) or not isinstance(path, str):
+            continue
+        mine = {r for r in wanted if first <= r < first + n}
+        if not mine:
+            continue
+        if path == STDIN:
+            unread.update(dict.fromkeys(mine, "its input was standard input, which cannot be read again"))
+            continue
+        try:
+            info = inspect_source(Input(path, "url" if url_protocol(path) else "file"))
+            info.first_record = first
+            got = [rec for rec, _ in iter_records(info, max_bytes) if rec.record in mine]
+        except SftDataError as e:
+            unread.update(dict.fromkeys(mine, f"its input {path} cannot be read now ({e})"))
+            continue
+        if s.get("sha256") and info.sha256 and info.sha256 != s["sha256"]:
+            unread.update(dict.fromkeys(mine, f"its input {path} changed since prepare read it (sha256 "
+                                              f"{info.sha256[:12]}..., recorded {s['sha256'][:12]}...)"))
+            continue
+        raws += got
+    return raws, unread
+
+
+def rerender_records(meta: dict, state: dict, records: Sequence[int]) -> tuple[dict[int, Rerendered], dict[int, str]]:
+    """Each input record of ``records`` (global record numbers) rendered now, and why the
+    others could not be (their input cannot be read again as it was). Raises
+    ``SftDataError`` when the recorded tokenizer or template cannot be rebuilt."""
+    opts = meta.get("options") or {}
+    tok = tokenizer_from_state(state)
+    profile = _profile(tok, state, opts.get("train_on", "all")) if is_hf_state(state) else None
+    raws, unread = _raw_records(meta, set(int(r) for r in records),
+                                int(opts.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES))
+    res = process_chunk(raws, tok, opts.get("mode", "chat"), opts.get("max_tokens"),
+                        TurnPolicy(opts.get("reasoning", "keep"), opts.get("train_on", "all")), profile)
+    out = {rec.record: Rerendered(rec.where) for rec in raws}
+    for record, _where, reason, message in res.rejects:
+        out[record].rejected = f"{reason}: {message}"
+    bounds = np.concatenate([[0], np.cumsum(res.lengths)])
+    for k, record in enumerate(res.sources.tolist()):
+        out[record].episodes.append(np.asarray(res.ids[bounds[k]:bounds[k + 1]], dtype=np.int64))
+    return out, unread

@@ -1,0 +1,83 @@
+"""A tokenizer's identity from its files, no tokenizer library loaded: the vocabulary (the
+same when a tokenizer.json is saved again), the special ids, the chat templates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.errors import TokenizerError
+from sftdata.tokenize import identity
+from tests.helpers.templates import TOKENS, train_tokenizer
+
+CHATML = TOKENS["chatml"]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    specials, bos, eos, extra = CHATML
+    return train_tokenizer(tmp_path / "tok", specials, bos, eos, extra, {"chat_template": "{{ messages }}"})
+
+
+def test_a_tiktoken_encoding_by_name_is_its_bundled_ranks_the_tokenizers_own_sha256():
+    got = identity.identity_of("cl100k_base")
+    assert got.kind == "tiktoken" and got.vocabulary == load_tokenizer().ranks_sha256 and got.name == "cl100k_base"
+    assert identity.identity_of("o200k_base") == identity.TokenizerIdentity("tiktoken", None, name="o200k_base")
+
+
+def test_a_tokenizer_json_saved_again_is_the_same_vocabulary(folder, tmp_path):
+    a = identity.identity_of(folder)
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "tokenizer.json").write_text(json.dumps(doc, indent=4, sort_keys=True))  # other bytes, same tokenizer
+    (again / "tokenizer_config.json").write_text((folder / "tokenizer_config.json").read_text())
+    b = identity.identity_of(again / "tokenizer.json")
+    assert a.file_sha256 != b.file_sha256 and (a.vocabulary, a.special_ids, a.sha256) == (b.vocabulary, b.special_ids,
+                                                                                          b.sha256)
+    assert a.special_ids == {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<eos>": 2,
+                             **{t: a.special_ids[t] for t in CHATML[3]}}
+    assert set(a.templates) == {"default"}
+    assert identity.differences(a, b) == []
+
+
+def test_another_vocabulary_special_id_or_template_is_named(folder, tmp_path):
+    specials, bos, eos, extra = CHATML
+    other = train_tokenizer(tmp_path / "other", specials, bos, eos, extra, vocab_size=300)
+    a, b = identity.identity_of(folder), identity.identity_of(other)
+    assert identity.differences(a, b)[0] == (f"the vocabulary differs (sha256 {a.vocabulary[:12]}... vs "
+                                             f"{b.vocabulary[:12]}...)")
+    state = {"chat_template": {"name": "model", "source": "model", "sha256": "e" * 64}}
+    assert identity.differences(a, a, state) == [
+        f"the chat template differs (the dataset's 'default': sha256 eeeeeeeeeeee..., the model's: sha256 "
+        f"{a.templates['default'][:12]}...)"]
+    moved = identity.TokenizerIdentity("hf", a.vocabulary, {**a.special_ids, "<eos>": 0}, a.templates)
+    assert identity.differences(a, moved) == ["special ids differ (<eos> 2 vs 0)"]
+
+
+def test_an_older_dataset_is_known_by_its_tokenizer_json_sha256(folder):
+    a = identity.identity_of(folder)
+    state = {"kind": "hf-tokenizers", "file_sha256": a.file_sha256, "added_tokens": {"<|im_end|>": 2}, "eos_id": 2}
+    old = identity.dataset_identity({}, state)
+    assert old.vocabulary is None and old.special_ids == {"<|im_end|>": 2, "<eos>": 2}
+    assert identity.differences(old, identity.TokenizerIdentity("hf", "x", {"<|im_end|>": 2, "<eos>": 2},
+                                                                file_sha256="f" * 64))[0].startswith(
+        "the tokenizer.json differs (sha256 ")
+
+
+def test_a_hub_id_is_read_from_the_files_huggingface_hub_fetches(folder, monkeypatch):
+    monkeypatch.setattr(identity, "hub_folder", lambda spec: folder if spec == "org/model@v1" else None)
+    assert identity.identity_of("org/model@v1") == identity.identity_of(folder)
+    with pytest.raises(TokenizerError, match=r"^tokenizer 'no such thing' is neither a folder holding a tokenizer.json"):
+        identity.identity_of("no such thing")
+
+
+def test_reading_an_identity_loads_no_tokenizer_library(folder):
+    code = (f"import sys; from sftdata.tokenize.identity import identity_of; identity_of({str(folder)!r}); "
+            f"identity_of('cl100k_base'); print([m for m in ('tokenizers', 'tiktoken', 'jinja2') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
