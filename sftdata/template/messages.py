@@ -91,6 +91,17 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
     return out
 
 
+def _probe_text(compiled, msgs: list[dict], name: str, variables: dict | None, limits: TemplateLimits) -> str | None:
+    """The render of a probe conversation, or None where the template refuses it; a template
+    that runs past its limits is refused, never taken as refusing the probe."""
+    try:
+        return render(compiled, msgs, variables=variables, name=name, limits=limits).text
+    except TemplateLimitError:
+        raise
+    except TemplateError:
+        return None
+
+
 def arguments_style(compiled, name: str, variables: dict | None = None,
                     limits: TemplateLimits = DEFAULT_LIMITS) -> tuple[ArgumentsStyle, str]:
     """Whether the template expects tool-call arguments as a dict or as JSON text, and why.
@@ -99,15 +110,11 @@ def arguments_style(compiled, name: str, variables: dict | None = None,
     arguments as they are (give it text); JSON text escaped again means it ``tojson``s them
     (give it a dict); the same render both ways means it accepts either (dict)."""
     def probe(args) -> str | None:
-        msgs = [{"role": "user", "content": "What is the weather?"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": args}}]}]
-        try:
-            return render(compiled, msgs, variables=variables, name=name, limits=limits).text
-        except TemplateLimitError:
-            raise
-        except TemplateError:
-            return None
+        return _probe_text(compiled, [{"role": "user", "content": "What is the weather?"},
+                                      {"role": "assistant", "content": "", "tool_calls": [
+                                          {"type": "function", "id": "call_1",
+                                           "function": {"name": "get_weather", "arguments": args}}]}],
+                           name, variables, limits)
 
     as_dict = probe(dict(_PROBE_ARGS))
     as_text = probe(json.dumps(_PROBE_ARGS))
@@ -132,13 +139,8 @@ def content_style(compiled, name: str, variables: dict | None = None,
     parts, and why: a user message rendered both ways; the way whose text appears wins,
     a string where both do (or neither: the template then fails on records anyway)."""
     def probe(content) -> str | None:
-        msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": "Sunny."}]
-        try:
-            return render(compiled, msgs, variables=variables, name=name, limits=limits).text
-        except TemplateLimitError:
-            raise
-        except TemplateError:
-            return None
+        return _probe_text(compiled, [{"role": "user", "content": content}, {"role": "assistant", "content": "Sunny."}],
+                           name, variables, limits)
 
     as_string = probe(_PROBE_TEXT)
     if as_string is not None and _PROBE_TEXT in as_string:

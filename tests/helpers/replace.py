@@ -12,7 +12,7 @@ from sftdata.prepare import PrepareOptions, prepare
 from tests.helpers.data import random_conversation
 
 OLD = PrepareOptions(workers=1, val_split=0.25, seed=1, shard_tokens=500)
-NEW = PrepareOptions(workers=1, val_split=0.5, seed=2, shard_tokens=800, overwrite=True)
+NEW = PrepareOptions(workers=1, val_split=0.5, seed=2, shard_tokens=800, force=True)  # force: the same build each time
 
 
 def two_inputs(folder: Path) -> tuple[Path, Path]:
