@@ -25,6 +25,7 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store.format import METADATA_FILE
 from sftdata.store.leftovers import clean
 from sftdata.store.manifest import manifest_of
+from sftdata.util.cache import CACHE_ENV
 from sftdata.verify import verify
 from tests.helpers.data import random_conversation
 from tests.helpers.kill import run_forked
@@ -56,6 +57,15 @@ def _whole(target: Path) -> bytes:
         report = verify(target)
         assert report.ok, [str(p) for p in report.problems]
     return raw
+
+
+@pytest.fixture(autouse=True)
+def _no_user_cache(monkeypatch):
+    """A run keeps a touched input's sha256 in the user's cache: the first run would write
+    it and the next ones not, so the same job would make other operations from one run to
+    the next. Without that cache each run makes the same ones, and a kill point names one
+    instant."""
+    monkeypatch.setenv(CACHE_ENV, "off")
 
 
 @pytest.fixture(scope="module")
