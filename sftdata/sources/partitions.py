@@ -17,16 +17,19 @@ relative to the input, so they are exactly those of a sequential read.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..util import hashing
+from ..util.hashing import BlockHasher, file_hashes
 from .lines import LineReader
 from .records import RawRecord, SourceInfo, _record, iter_records
 from .streams import READ_BYTES, unreadable
 
 PART_BYTES = 64 << 20  # the size a JSONL input is cut into (the last piece of an input may be smaller)
+SCAN_BYTES = 8 << 20  # read at once by ``scan_range``
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,25 @@ class Partition:
     @property
     def whole(self) -> bool:
         return self.end is None
+
+
+WHOLE_SHA256_BYTES = 1 << 30  # a file read in partitions has its whole-file sha256 recorded up to this size
+
+
+def records_sha256(info: SourceInfo, asked: bool = False) -> bool:
+    """Whether the metadata records the input's whole-file sha256 (a property of the input,
+    the same for any number of workers): always for an input one reader reads whole
+    anyway (compressed, a JSON array, a URL, stdin); for a file that workers read in
+    partitions, when it is at most ``WHOLE_SHA256_BYTES`` (hashing it whole takes about a
+    second, in a task beside the others) or when ``asked`` (``--source-sha256``). Every
+    input's block hash is recorded: its blocks are hashed by the tasks that read them."""
+    return asked or not splittable(info) or info.bytes <= WHOLE_SHA256_BYTES
+
+
+def first_where(part: Partition, lines_before: int) -> str:
+    """Where the first record of ``part`` is (``file:line N``), for messages."""
+    unit = {"json": "item 0", "parquet": "row 0"}.get(part.info.container, f"line {lines_before + 1}")
+    return f"{part.info.path}:{unit}"
 
 
 def splittable(info: SourceInfo) -> bool:
@@ -114,68 +136,56 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
     return out
 
 
-def line_counts(path: str, cuts: list[int]) -> list[int]:
-    """The number of lines before each cut (newlines counted: ~GB/s, so the tasks of the
-    ranges wait for it only briefly)."""
-    with SequentialScan(path, hashed=False) as scan:
-        return [scan.lines_before(c) for c in sorted(cuts)]
+@dataclass(frozen=True)
+class RangeScan:
+    """What one pass over a byte range found: the newlines in it (``lines``: the lines that
+    start in it, for a range that starts and ends on line starts), and the digests of the
+    input's hash blocks that start in it (``util.hashing``), the first being block
+    ``first_block``."""
+
+    lines: int
+    first_block: int
+    digests: tuple[bytes, ...]
+
+
+def scan_range(path: str, start: int, end: int, size: int, count_lines: bool = True) -> RangeScan:
+    """One read of bytes ``[start, end)`` of the file at ``path`` (``size`` bytes): its
+    newlines counted (at GB/s) and the hash blocks starting in it hashed (the last of them
+    read on past ``end``). The task of every range runs it, so the lines before a range and
+    the input's block hash come from many readers at once, none reading the whole input."""
+    block = hashing.HASH_BLOCK_BYTES
+    first = -(-start // block)
+    hash_from = first * block
+    hashed = hash_from < end  # a block starts in the range
+    stop = max(end, min(size, -(-end // block) * block)) if hashed else end
+    blocks, lines, pos = BlockHasher(), 0, start
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start)
+            while pos < stop and (data := f.read(min(SCAN_BYTES, stop - pos))):
+                mv = memoryview(data)
+                if count_lines and pos < end:
+                    lines += data.count(b"\n", 0, end - pos)
+                if hashed and pos + len(data) > hash_from:
+                    blocks.update(mv[max(0, hash_from - pos):])
+                pos += len(data)
+    except FileNotFoundError:
+        raise InputError(f"input file {path} does not exist (it was there when the run started)") from None
+    except OSError as e:
+        raise unreadable(path, e) from None
+    if pos < stop:
+        raise InputError(f"input file {path} is shorter than when the run started ({pos:,} bytes, was {size:,}); "
+                         f"it changed while it was read: run again on a file nothing writes to")
+    return RangeScan(lines, first, tuple(blocks.finish()))
 
 
 def file_digest(path: str) -> tuple[str, int]:
     """(sha256, size) of a file: what a sequential read records of an input."""
-    with SequentialScan(path) as scan:
-        return scan.digest()
-
-
-class SequentialScan:
-    """One input read once from its start, as its ranges are handed out: the lines before
-    each range's start (``lines_before``, offsets ascending; newlines counted at a few GB/s)
-    and, at the end, the input's sha256 and size (``digest``), as a sequential read records
-    them. The local workers' driver counts as it goes, so the first range starts at once
-    and no task waits for a pass over the whole file (``line_counts`` does that pass for
-    tasks that cannot be handed out in order). A context manager: the file is closed.
-    ``hashed=False``: lines only (no ``digest``)."""
-
-    def __init__(self, path: str, hashed: bool = True):
-        self.path, self.pos, self.lines = path, 0, 0
-        self._hash = hashlib.sha256() if hashed else None
-        try:
-            self._f = open(path, "rb")  # closed by close() (a context manager)
-        except OSError as e:
-            raise unreadable(path, e) from None
-
-    def _read(self, n: int) -> bytes:
-        try:
-            block = self._f.read(n)
-        except OSError as e:
-            raise unreadable(self.path, e) from None
-        if self._hash is not None:
-            self._hash.update(block)
-        self.pos += len(block)
-        return block
-
-    def lines_before(self, offset: int) -> int:
-        """The number of lines before byte ``offset`` (at or after the last offset asked)."""
-        if offset < self.pos:
-            raise ValueError(f"offsets must come in ascending order: {offset} after {self.pos}")
-        while self.pos < offset and (block := self._read(min(8 << 20, offset - self.pos))):
-            self.lines += block.count(b"\n")
-        return self.lines
-
-    def digest(self) -> tuple[str, int]:
-        """(sha256, size) of the whole input (``file_digest``'s answer); reads the rest of it."""
-        while self._read(8 << 20):
-            pass
-        return self._hash.hexdigest(), self.pos
-
-    def close(self) -> None:
-        self._f.close()
-
-    def __enter__(self) -> SequentialScan:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    try:
+        sha, _ = file_hashes(path, whole=True)
+        return sha, os.stat(path).st_size
+    except OSError as e:
+        raise unreadable(path, e) from None
 
 
 class _Range:
