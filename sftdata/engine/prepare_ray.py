@@ -27,6 +27,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+from ..curate import CurateSettings
 from ..errors import UsageError
 from ..prepare import Executor, PrepareOptions
 from ..sources import SourceInfo
@@ -51,9 +52,11 @@ class RayRunner:
 
     depth = None
 
-    def __init__(self, cluster: RayCluster, tok, profile, stage_dir: Path, part_bytes: int | None = None):
+    def __init__(self, cluster: RayCluster, tok, profile, stage_dir: Path, curate: CurateSettings,
+                 part_bytes: int | None = None):
         self.ray, self.cpus, self.stage_dir, self.part_bytes = cluster.ray, cluster.cpus, stage_dir, part_bytes
         self.tokenizer = pickle.dumps((tok, profile))
+        self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
         self._remote: dict = {}
         self._pending: set = set()
 
@@ -91,8 +94,8 @@ class RayExecutor:
         import_ray()  # without Ray: a UsageError now, before anything is read or written
         self.address, self.part_bytes = address, part_bytes
 
-    def start(self, opts: PrepareOptions, tok, profile, stage_dir: Path) -> RayRunner:
-        return RayRunner(connect(self.address), tok, profile, stage_dir, self.part_bytes)
+    def start(self, opts: PrepareOptions, tok, profile, stage_dir: Path, curate: CurateSettings) -> RayRunner:
+        return RayRunner(connect(self.address), tok, profile, stage_dir, curate, self.part_bytes)
 
 
 def ray_prepare_executor(address: str | None = None, part_bytes: int | None = None) -> Executor:

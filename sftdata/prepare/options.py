@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from ..chat.tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
-from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, RecordKeys
+from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, CurateSettings, RecordKeys
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..records.turns import REASONING_POLICIES, TRAIN_ON, TURN_COUNTS, TurnPolicy
@@ -218,6 +218,12 @@ class StagedPart:
     lengths: np.ndarray | None = field(default=None, compare=False)
     sources: np.ndarray | None = field(default=None, compare=False)  # global record numbers, one per episode
     keep: np.ndarray | None = field(default=None, compare=False)
+    keys_dir: str | None = None  # its records' duplicate keys, staged beside it (curate_tasks)
+
+    @property
+    def kept(self) -> int:
+        """The episodes the run keeps."""
+        return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
 
 
 class TaskRunner(Protocol):
@@ -227,6 +233,7 @@ class TaskRunner(Protocol):
     cpus: int
     depth: int | None  # tasks in flight at most (None: every task submitted at once)
     tokenizer: bytes | None  # what a partition task is given to rebuild the tokenizer (None: the worker's own)
+    curate: object  # what a partition task is given of the curating settings (None: the worker's own)
 
     def partitions(self, infos: list[SourceInfo]) -> list: ...
     def submit(self, fn, args: tuple, doing: str): ...
@@ -240,4 +247,4 @@ class Executor(Protocol):
     the final shards (``prepare.partitioned``)."""
 
     def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
-              stage_dir: Path) -> TaskRunner: ...
+              stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..curate import CurateSettings
+from ..curate import CurateSettings, RecordKeys
 from ..records.rejects import writing
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, iter_partition
 from ..store.format import STOP_FILE
 from ..store.writer import SplitWriter
 from .chunk import empty_result, merged, process_chunk, shifted
+from .curate_tasks import KEYS_DIR, stage_keys
 from .options import ChunkResult, PrepareOptions, StagedPart
 from .pool import WORKER, chunks_of
 
@@ -44,6 +45,7 @@ class PartSummary:
     block_sha256: str | None = None  # a whole input: its block hash
     lengths: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     sources: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    keys: str | None = None  # the folder of its records' duplicate keys (curate_tasks)
 
 
 _TOKENIZERS: dict = {}  # per worker process: tokenizers rebuilt once, not once per task or per run
@@ -70,17 +72,20 @@ def _stopped(index: int) -> PartSummary:
     return PartSummary(index, merged(None, empty_result()), 0, None)
 
 
-def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | None, settings: dict,
-                      stage_dir: str) -> PartSummary:
+def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | None, curate: CurateSettings | None,
+                      settings: dict, stage_dir: str) -> PartSummary:
     """One task: read, render and mask the records of ``part`` (numbered from
     ``lines_before`` in its input) into a shard folder of its own under ``stage_dir``,
-    renamed to ``part_N`` when complete. ``tokenizer``: the pickled (tokenizer, profile)
-    of the run, None in a local worker (which has its own, and its memo)."""
+    renamed to ``part_N`` when complete, with its records' duplicate keys beside them
+    (``curate_tasks.stage_keys``). ``tokenizer``: the pickled (tokenizer, profile) of the
+    run, and ``curate`` what to compute per record (evaluation sets: contamination); both
+    None in a local worker, which has its own (and its memo)."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return _stopped(part.index)
     tok, profile = _tokenizer(tokenizer)
     memo = WORKER.get("memo") if tokenizer is None else None
+    curate = WORKER.get("curate", CurateSettings()) if curate is None else curate
     final = Path(stage_dir) / f"part_{part.index:06d}"
     tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
@@ -100,18 +105,24 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
             if stop.exists():  # the run stopped (an error, Ctrl-C): write nothing more
                 writer.close()
                 return _stopped(part.index)
-            # with the exact-duplicate keys the driver counts (prepare's summary, whatever the engine), from
-            # the same parse as the tokens
+            # with the duplicate keys (the exact ones always: prepare's summary counts them) and the
+            # contamination, from the same parse as the tokens
             res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile,
-                                memo, CurateSettings())
+                                memo, curate)
             if res.lengths.size:
                 writer.add_many(res.ids, res.mask, res.lengths, res.sources)
                 lengths.append(res.lengths)
                 sources.append(res.sources)
             acc = merged(acc, res)
         meta = writer.close()
-    if acc is None:
-        acc = merged(None, empty_result())
+        if acc is None:
+            acc = merged(None, empty_result())
+        keys, contaminated = acc.keys, [] if acc.keys is None else acc.keys.contaminated
+        if keys is not None and contaminated:  # dropped whatever else is decided: not among the keys
+            keys = keys.subset(~np.isin(keys.records, [c[0] for c in contaminated]))
+        stage_keys(tmp / KEYS_DIR, keys, settings["buckets"], curate.dedup, settings["threshold"])
+        # what the coordinator gets of the keys: the contaminated records (the groups of keys stay here)
+        acc.keys = RecordKeys(np.empty(0, np.int64), [], [], None, contaminated)
     info = part.info
     sha, size, blocks = (info.sha256, info.bytes, info.block_sha256) if part.whole else (None, 0, None)
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
@@ -120,14 +131,16 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
     return PartSummary(part.index, acc, lines[0], str(final / "s" / "shard_00000") if meta["episodes"] else None,
                        meta["episodes"], meta["tokens"], sha, size, blocks,
                        np.concatenate(lengths) if lengths else np.empty(0, np.int64),
-                       np.concatenate(sources) if sources else np.empty(0, np.int64))
+                       np.concatenate(sources) if sources else np.empty(0, np.int64),
+                       str(final / KEYS_DIR) if meta["episodes"] else None)
 
 
-def partition_settings(opts: PrepareOptions, token_dtype: np.dtype, output: str) -> dict:
+def partition_settings(opts: PrepareOptions, token_dtype: np.dtype, output: str, buckets: int) -> dict:
     """What every partition task needs of the options (``output``: the run's output, named
-    by a failed write)."""
+    by a failed write; ``buckets``: of the duplicate keys, one group task each)."""
     return {"mode": opts.mode, "max_tokens": opts.max_tokens, "policy": opts.policy,
-            "max_record_bytes": opts.max_record_bytes, "token_dtype": np.dtype(token_dtype).name, "output": output}
+            "max_record_bytes": opts.max_record_bytes, "token_dtype": np.dtype(token_dtype).name, "output": output,
+            "buckets": buckets, "threshold": opts.dedup_threshold}
 
 
 class PartNumbering:
@@ -150,7 +163,7 @@ class PartNumbering:
         res = shifted(s.result, self.first_record)
         if s.path is not None:
             res.staged = StagedPart(s.path, s.episodes, s.tokens, self.first_record, s.lengths,
-                                    s.sources + self.first_record)
+                                    s.sources + self.first_record, keys_dir=s.keys)
         self.done += (p.end - p.start) if not p.whole else s.bytes
         if self.last[p.source] == p.index:  # the input is complete: its numbers are known
             info.first_record, info.records = self.first_record, self.records_of[p.source]

@@ -30,15 +30,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sources import SourceInfo
+from ..curate import Deduplicator, Drop, RecordKeys
+from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
 from ..store.format import shard_name
 from ..util.hashing import combine_blocks
+from .curate_tasks import fetch_keys, group_bucket
 from .options import ChunkResult, PrepareOptions, StagedPart, TaskRunner
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .plan import plan_shards
 from .pool import in_order
 from .shard_task import write_shard
+
+MAX_KEY_BUCKETS = 256
 
 
 class _Scans:
@@ -80,7 +84,7 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
     ``ChunkResult.staged``), with the input bytes done; fills in ``infos`` (records, hashes)."""
     parts = runner.partitions(infos)
     stage_dir.mkdir(exist_ok=True)
-    settings = partition_settings(opts, token_dtype, output)
+    settings = partition_settings(opts, token_dtype, output, key_buckets(runner))
     scans = _Scans(runner, infos, parts)
     whole = {si: runner.submit(file_digest, (infos[si].path,), f"{infos[si].path} was being hashed")
              for si in sorted({p.source for p in scans.ranged}) if records_sha256(infos[si], opts.source_sha256)}
@@ -88,7 +92,7 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
     def jobs():
         for p in parts:
             before = scans.lines_before(p)
-            yield ((p, before, runner.tokenizer, settings, str(stage_dir)),
+            yield ((p, before, runner.tokenizer, runner.curate, settings, str(stage_dir)),
                    f"the records from {first_where(p, before)} on were being prepared", p)
 
     numbering = PartNumbering(parts, infos)
@@ -102,6 +106,48 @@ def _hashes(runner: TaskRunner, scans: _Scans, whole: dict, infos: list[SourceIn
     si = last.source
     sha = runner.result(whole[si], f"{infos[si].path} was being hashed")[0] if si in whole else None
     return sha, infos[si].bytes, scans.block_hash(last)
+
+
+def key_buckets(runner: TaskRunner) -> int:
+    """The buckets the duplicate keys are cut into: a group task each (any number gives
+    the same decision)."""
+    return max(1, min(MAX_KEY_BUCKETS, runner.cpus))
+
+
+def decide_duplicates(runner: TaskRunner, parts: list[StagedPart], dedup: Deduplicator, sources: list[dict]
+                      ) -> list[Drop]:
+    """The duplicate decision over the staged keys of ``parts`` (``curate_tasks``): one
+    group task per bucket, then (``near``) the candidates' keys and signatures fetched
+    and decided here in input order. Returns the records to drop (``dedup`` counts them);
+    ``sources``: the metadata's inputs, which turn a record number into its place."""
+    staged = [(p.keys_dir, p.record_offset) for p in parts if p.keys_dir is not None]
+    found = [g for g, _ in in_order(runner, group_bucket, (
+        ((staged, b, dedup.mode), f"bucket {b} of the duplicate keys was being grouped", b)
+        for b in range(key_buckets(runner))))]
+    dedup.exact_duplicates += sum(g.duplicates for g in found) if dedup.mode != "near" else 0
+    if dedup.mode == "off":
+        return []
+    if dedup.mode == "exact":
+        repeats = np.concatenate([g.repeats for g in found])
+        firsts = np.concatenate([g.firsts for g in found])
+        order = np.argsort(repeats, kind="stable")
+        return [Drop(r, record_where(sources, r), "exact", f, record_where(sources, f), 1.0)
+                for r, f in zip(repeats[order].tolist(), firsts[order].tolist())]
+    candidates = np.unique(np.concatenate([g.candidates for g in found]))
+    exact, sigs = [], []
+    owners = [p for p in parts if p.keys_dir is not None]
+    lasts = np.array([int(p.sources[-1]) for p in owners], dtype=np.int64)  # records ascend through the parts
+    cut = np.searchsorted(candidates, lasts, side="right")
+    asks = [(p, candidates[a:b]) for p, a, b in zip(owners, np.concatenate([[0], cut[:-1]]), cut) if b > a]
+    for (e, s), _ in in_order(runner, fetch_keys, (((p.keys_dir, p.record_offset, recs),
+                                                    f"the keys of {recs.size:,} records were being read", p)
+                                                   for p, recs in asks)):
+        exact.append(e)
+        sigs.append(s)
+    keys = RecordKeys(candidates, [record_where(sources, r) for r in candidates.tolist()],
+                      [row.tobytes() for row in np.concatenate(exact)] if exact else [],
+                      np.concatenate(sigs) if sigs else np.empty((0, dedup.num_perm), np.uint32), [])
+    return dedup.decide(keys)
 
 
 def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[StagedPart], is_val: np.ndarray,
@@ -124,4 +170,4 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
             for split, recs in shards.items()}
 
 
-__all__ = ["PartSummary", "partitioned_results", "write_planned"]
+__all__ = ["PartSummary", "decide_duplicates", "partitioned_results", "write_planned"]

@@ -62,7 +62,7 @@ def plan_shards(parts: list[StagedPart], is_val: np.ndarray, shard_tokens: int, 
     episodes (``StagedPart.keep``) in input order, to val where ``is_val``, each split cut
     into shards of ``shard_tokens`` by the writer's rule."""
     lengths = kept_lengths(parts)
-    counts = [int(p.lengths.shape[0] if p.keep is None else np.count_nonzero(p.keep)) for p in parts]
+    counts = [p.kept for p in parts]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # kept episodes before each part
     local = [np.arange(p.lengths.shape[0]) if p.keep is None else np.flatnonzero(p.keep) for p in parts]
     jobs: list[ShardJob] = []

@@ -130,11 +130,13 @@ def _broken(doing: str) -> SftDataError:
 
 class PoolRunner:
     """A run's tasks in ``--workers`` local processes (``worker_pool``), which hold the
-    run's tokenizer and memo: partition tasks get ``tokenizer`` None. A partitioned run's
+    run's tokenizer, memo and curating settings: partition tasks get ``tokenizer`` and
+    ``curate`` None. A partitioned run's
     ranges are guided (``local_parts``): the last ones small, so the workers finish
     together. At most 2 x workers tasks in flight."""
 
     tokenizer = None
+    curate = None
 
     def __init__(self, opts: PrepareOptions, tok, profile: TemplateProfile | None, stage_dir: Path | None,
                  curate: CurateSettings = CurateSettings()):

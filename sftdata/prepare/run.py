@@ -20,6 +20,8 @@ held (``sources`` reads past it and it is rejected as ``record_too_large``).
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import os
 import time
 from collections import Counter
@@ -52,7 +54,7 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter
 from ..template import TemplateProfile, model_profile, template_summary, tokenizer_state
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart, TaskRunner
-from .partitioned import partitioned_results, write_planned
+from .partitioned import decide_duplicates, partitioned_results, write_planned
 from .pool import PoolRunner, chunk_results, chunks_of
 from .split import split_assignment, split_parts
 
@@ -73,9 +75,10 @@ def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:
     """The driver's decision on a chunk result, in input order: contaminated records, then
-    duplicates of records kept before them, are dropped from ``res`` (in place); returns
-    their rejects (record, where, reason, message) and counts the contaminated ones per
-    evaluation file in ``contaminated``."""
+    duplicates of records kept before them, are dropped from ``res`` (in place; staged
+    episodes: its ``keep``); returns their rejects (record, where, reason, message) and
+    counts the contaminated ones per evaluation file in ``contaminated``. (A partitioned
+    run's duplicates are decided after its last result: ``partitioned.decide_duplicates``.)"""
     keys = res.keys
     if keys is None:
         return []
@@ -92,12 +95,20 @@ def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Co
     for d in dedup.decide(keys):
         drop.add(d.record)
         out.append((d.record, d.where, "duplicate", d.message()))
-    if drop:
+    if drop and res.staged is not None:
+        res.staged = drop_records(res.staged, drop)
+    elif drop:
         keep = ~np.isin(res.sources, list(drop))
         tokens = np.repeat(keep, res.lengths)
         res.ids, res.mask = res.ids[tokens], res.mask[tokens]
         res.lengths, res.sources = res.lengths[keep], res.sources[keep]
     return out
+
+
+def drop_records(part: StagedPart, records) -> StagedPart:
+    """``part`` with the episodes of ``records`` left out of what it keeps."""
+    keep = ~np.isin(part.sources, np.fromiter(records, dtype=np.int64))
+    return dataclasses.replace(part, keep=keep if part.keep is None else part.keep & keep)
 
 
 def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
@@ -109,13 +120,11 @@ def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokeni
     return chunk_results(chunks_of(iter_all(infos, opts.max_record_bytes)), opts, tok, profile, curate)
 
 
-def can_partition(infos: list[SourceInfo], opts: PrepareOptions, curate: CurateSettings) -> bool:
-    """``--workers`` > 1 with every input a plain local JSONL file (byte ranges on line
-    starts) and no --dedup / --decontaminate (decided on tokens in this process): the
-    workers read the input themselves (``partitioned``). Otherwise this process reads it
-    and sends records."""
-    return (opts.workers > 1 and curate.dedup == "off" and curate.evals is None
-            and all(splittable(i) for i in infos))
+def can_partition(infos: list[SourceInfo], opts: PrepareOptions) -> bool:
+    """``--workers`` > 1 with every input a file workers can cut (plain local JSONL in byte
+    ranges on line starts): the workers read the input themselves (``partitioned``).
+    Otherwise this process reads it and sends records."""
+    return opts.workers > 1 and all(splittable(i) for i in infos)
 
 
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:
@@ -158,9 +167,6 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine)
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
-    if executor is not None and (opts.dedup != "off" or opts.decontaminate):
-        raise UsageError("--dedup and --decontaminate run with --engine local (one decision in input order in this "
-                         "process); drop them, or prepare with --engine local")
     evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
         if opts.decontaminate else None
     run = _Run(opts, tok, profile, state, [inspect_source(src) for src in expand_inputs(inputs)], evals, progress)
@@ -168,8 +174,8 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     summary.output_dir = str(output_dir)
     with DatasetWriter(output_dir, overwrite=opts.overwrite, wait=opts.wait) as w:
         stage_dir = w.path / PARTS_DIR
-        runner = executor.start(opts, tok, profile, stage_dir) if executor is not None else \
-            PoolRunner(opts, tok, profile, stage_dir) if can_partition(run.infos, opts, run.curate) else None
+        runner = executor.start(opts, tok, profile, stage_dir, run.curate) if executor is not None else \
+            PoolRunner(opts, tok, profile, stage_dir, run.curate) if can_partition(run.infos, opts) else None
         done = False
         try:
             run.gather(w, runner, output_dir)
@@ -260,6 +266,8 @@ class _Run:
                     self.progress(Progress(pos, total_bytes, self.records, tokens))
             with writing(rejects, output_dir):
                 rej.flush()
+        if runner is not None:  # the duplicates of a partitioned run: decided over every partition's keys
+            self._drop_duplicates(runner, rejects, w.path / PARTS_DIR, output_dir)
         summary.records_read = self.records
         summary.input_bytes = sum(i.bytes for i in self.infos)
         summary.rejected = dict(sorted(self.rejected.items()))
@@ -272,11 +280,29 @@ class _Run:
             if not records_sha256(info, opts.source_sha256):  # a large file read in partitions: its block hash
                 info.sha256 = None
 
+    def _drop_duplicates(self, runner: TaskRunner, rejects: Path, stage_dir: Path, output_dir) -> None:
+        """A partitioned run's duplicates (``decide_duplicates``) left out of the parts, and
+        their rejects merged into ``rejects`` in record order."""
+        drops = decide_duplicates(runner, self.parts, self.dedup, [i.as_dict() for i in self.infos])
+        if not drops:
+            return
+        dropped = {d.record for d in drops}
+        self.parts = [drop_records(p, dropped) if p.keys_dir is not None else p for p in self.parts]
+        self.rejected["duplicate"] += len(drops)
+        lines = [(d.record, orjson.dumps(dict(zip(REJECT_KEYS, (d.record, d.where.rsplit(":", 1)[0], d.where,
+                                                                "duplicate", d.message()))))) for d in drops]
+        merged = stage_dir / REJECTS_FILE
+        with writing(merged, output_dir), open(rejects, "rb") as old, open(merged, "wb") as out:
+            earlier = ((orjson.loads(line)["record"], line.rstrip(b"\n")) for line in old)
+            for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
+                out.write(line + b"\n")
+        os.replace(merged, rejects)
+
     def write(self, w: DatasetWriter, runner: TaskRunner | None, inputs, output_dir) -> dict:
         """The exact split over the kept episodes, and the splits' shards (written by the
         workers in a partitioned run); returns each split's metadata."""
         opts = self.opts
-        n = self.staged["episodes"] + sum(p.episodes for p in self.parts)
+        n = self.staged["episodes"] + sum(p.kept for p in self.parts)
         rejects = w.path / REJECTS_FILE
         if n == 0:
             raise _all_rejected(inputs, self.records, self.rejected, rejects, output_dir, w.target)

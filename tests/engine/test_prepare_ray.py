@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import os
+import random
 import sys
 from types import SimpleNamespace
 
@@ -56,6 +57,25 @@ def test_ray_prepare_tool_with_workers_of_one_partition_each(ray_cluster, tmp_pa
     prepare([src], tmp_path / "local", opts)
     prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1))  # one line each
     same_dataset(tmp_path / "local", tmp_path / "ray")
+
+
+@pytest.mark.parametrize("dedup", ["near", "exact"])
+def test_dedup_and_decontamination_on_ray_drop_what_the_local_run_drops(ray_cluster, tmp_path, dedup):
+    """Signatures and keys computed in the tasks, grouped by bucket across tasks, and the
+    candidates decided in input order by the driver: the dataset of a local run."""
+    pytest.importorskip("rensa")
+    words = [random.Random(i).choices(range(5000), k=160) for i in range(60)]
+    base = [chat(f"question {i}: " + " ".join(f"w{x}" for x in ws[:40]), " ".join(f"r{x}" for x in ws[40:]))
+            for i, ws in enumerate(words)]
+    near = [chat(r["messages"][0]["content"], r["messages"][1]["content"] + " and one more") for r in base[::7]]
+    src = write_jsonl(tmp_path / "in.jsonl", base + base[5:25:3] + ["oops"] + near + base[:3])
+    ev = write_jsonl(tmp_path / "ev.jsonl", [{"q": base[11]["messages"][1]["content"]}])
+    opts = PrepareOptions(dedup=dedup, decontaminate=(str(ev),), val_split=0.1, shard_tokens=2000)
+    local = prepare([src], tmp_path / "local", opts)
+    ray = prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=5000))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert local.dedup == ray.dedup and local.rejected == ray.rejected
+    assert local.rejected == {"contaminated": 2, "duplicate": {"near": 18, "exact": 9}[dedup], "invalid_json": 1}
 
 
 def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
