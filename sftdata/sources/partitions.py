@@ -28,6 +28,7 @@ from .lines import LineReader
 from .records import RawRecord, SourceInfo, _record, iter_records
 from .streams import READ_BYTES, unreadable
 
+PROBE_BYTES = 16 << 10  # read at a cut first, to find the next line start
 PART_BYTES = 64 << 20  # the size a JSONL input is cut into (the last piece of an input may be smaller)
 SCAN_BYTES = 8 << 20  # read at once by ``scan_range``
 
@@ -74,19 +75,22 @@ def splittable(info: SourceInfo) -> bool:
 
 
 def _next_line_start(f, offset: int, size: int) -> int:
-    """The first line start at or after ``offset`` (``size`` at the end of the file)."""
+    """The first line start at or after ``offset`` (``size`` at the end of the file). The
+    coordinator runs it once per cut: it reads ``PROBE_BYTES`` (a few lines), then twice as
+    much each time up to ``READ_BYTES``, so what it reads grows with the cuts, not the input."""
     if offset <= 0:
         return 0
     f.seek(offset - 1)
-    pos = offset - 1
+    pos, want = offset - 1, PROBE_BYTES
     while pos < size:
-        block = f.read(READ_BYTES)
+        block = f.read(want)
         if not block:
             return size
         nl = block.find(b"\n")
         if nl >= 0:
             return pos + nl + 1
         pos += len(block)
+        want = min(2 * want, READ_BYTES)
     return size
 
 

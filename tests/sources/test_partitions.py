@@ -162,3 +162,45 @@ def test_guided_ranges_shrink_towards_the_end_and_read_the_records_of_a_sequenti
         assert got == [(r, w, raw) for r, w, raw, _ in want_records]
     whole = plan_partitions([inspect_source(b)], 10**6, shrink=(4, 10**6))  # within the first range's size
     assert len(whole) == 1 and whole[0].whole
+
+
+def test_cutting_reads_a_few_lines_per_cut_and_follows_a_long_line_to_its_end(tmp_path, monkeypatch):
+    """The coordinator finds each cut's line start with a probe of PROBE_BYTES, doubled
+    while no newline shows: what it reads grows with the cuts, not with the input."""
+    import builtins
+
+    from sftdata.sources import partitions
+
+    path = tmp_path / "in.jsonl"
+    short = b'{"messages": []}\n' * 20_000  # 340,000 bytes of 17-byte lines
+    path.write_bytes(short + b'"' + b"x" * 100_000 + b'"\n' + short)
+    read = []
+    real_open = builtins.open
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def seek(self, pos):
+            return self.f.seek(pos)
+
+        def read(self, n):
+            read.append(n)
+            return self.f.read(n)
+
+    info = inspect_source(path)
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: Counted(real_open(p, *a, **k)) if str(p) == str(path)
+                        else real_open(p, *a, **k))
+    parts = plan_partitions([info], 100_000)
+    monkeypatch.undo()
+    assert [(p.start, p.end) for p in parts] == [(0, 100_011), (100_011, 200_005), (200_005, 300_016),
+                                                 (300_016, 440_003), (440_003, 500_013), (500_013, 600_007),
+                                                 (600_007, 700_001), (700_001, 780_003)]
+    probe = partitions.PROBE_BYTES  # the cut at 400,000 falls in the long line: a probe, then twice as much
+    assert read == [probe, probe, probe, probe, 2 * probe, probe, probe, probe]
