@@ -52,8 +52,8 @@ class _Scans:
     def __init__(self, runner: TaskRunner, infos: list[SourceInfo], parts: list[Partition]):
         self.ranged = [p for p in parts if not p.whole]
         self.results = in_order(runner, scan_range, (
-            ((infos[p.source].path, p.start, p.end, infos[p.source].bytes), f"{infos[p.source].path} (bytes "
-             f"{p.start:,} to {p.end:,}) was being scanned", p) for p in self.ranged))
+            ((infos[p.source].path, p.start, p.end, infos[p.source].bytes, p.groups is None), f"{infos[p.source].path} "
+             f"(bytes {p.start:,} to {p.end:,}) was being scanned", p) for p in self.ranged))
         self.taken = 0
         self.lines: dict[int, int] = {}
         self.blocks: dict[int, list[bytes]] = {}
@@ -67,6 +67,8 @@ class _Scans:
             self.blocks.setdefault(p.source, []).extend(scan.digests)
 
     def lines_before(self, p: Partition) -> int:
+        if p.groups is not None:  # a Parquet file's row groups: the rows before them are in its footer
+            return p.groups[2]
         if p.whole or p.start == 0:
             return 0
         self._take_through(p.index - 1)

@@ -47,7 +47,7 @@ from ..errors import (
 from ..records.rejects import REJECT_KEYS, keep_rejects, writing
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
-from ..sources.partitions import records_sha256, splittable
+from ..sources.partitions import partitionable, records_sha256
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
 from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
@@ -122,9 +122,10 @@ def local_results(infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokeni
 
 def can_partition(infos: list[SourceInfo], opts: PrepareOptions) -> bool:
     """``--workers`` > 1 with every input a file workers can cut (plain local JSONL in byte
-    ranges on line starts): the workers read the input themselves (``partitioned``).
+    ranges on line starts, local Parquet in row groups): the workers read the input
+    themselves (``partitioned``).
     Otherwise this process reads it and sends records."""
-    return opts.workers > 1 and all(splittable(i) for i in infos)
+    return opts.workers > 1 and all(partitionable(i) for i in infos)
 
 
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:

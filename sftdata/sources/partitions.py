@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..util import hashing
 from ..util.hashing import BlockHasher, file_hashes
 from .lines import LineReader
-from .records import RawRecord, SourceInfo, _record, iter_records
+from .records import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, _parquet, _record, iter_records
 from .streams import READ_BYTES, unreadable
 
 PROBE_BYTES = 16 << 10  # read at a cut first, to find the next line start
@@ -36,13 +36,16 @@ SCAN_BYTES = 8 << 20  # read at once by ``scan_range``
 @dataclass(frozen=True)
 class Partition:
     """Input ``source`` (its index among the inputs), bytes ``[start, end)``; ``end`` is
-    None for a whole input read as ``iter_records`` reads it."""
+    None for a whole input read as ``iter_records`` reads it. A Parquet file's partition is
+    its row groups ``groups = (first, stop, rows before them)``; its bytes (the ranges of
+    a file's partitions cover it, from 0 to its size) are the ones its scan hashes."""
 
     index: int
     source: int
     info: SourceInfo
     start: int = 0
     end: int | None = None
+    groups: tuple[int, int, int] | None = None
 
     @property
     def whole(self) -> bool:
@@ -64,7 +67,7 @@ def records_sha256(info: SourceInfo, asked: bool = False) -> bool:
 
 def first_where(part: Partition, lines_before: int) -> str:
     """Where the first record of ``part`` is (``file:line N``), for messages."""
-    unit = {"json": "item 0", "parquet": "row 0"}.get(part.info.container, f"line {lines_before + 1}")
+    unit = {"json": "item 0", "parquet": f"row {lines_before}"}.get(part.info.container, f"line {lines_before + 1}")
     return f"{part.info.path}:{unit}"
 
 
@@ -72,6 +75,38 @@ def splittable(info: SourceInfo) -> bool:
     """A plain local JSONL file: its lines can be read from any line start."""
     return (info.kind == "file" and info.container == "jsonl" and not info.compressed
             and info.encoding in ("utf-8", "utf-8-sig") and info.size_known)
+
+
+def in_row_groups(info: SourceInfo) -> bool:
+    """A local Parquet file: its row groups can be read apart."""
+    return info.kind == "file" and info.container == "parquet" and info.size_known
+
+
+def partitionable(info: SourceInfo) -> bool:
+    """An input workers read in partitions: plain JSONL in byte ranges, Parquet in row groups."""
+    return splittable(info) or in_row_groups(info)
+
+
+def _group_partitions(info: SourceInfo, size_at, done: int) -> list[tuple[int, int, tuple[int, int, int]]]:
+    """(start, end, groups) of the partitions of a Parquet file: whole row groups of about
+    ``size_at(bytes planned)`` bytes each; the byte ranges cover the file, in order."""
+    with _parquet(info, DEFAULT_MAX_RECORD_BYTES) as reader:
+        spans = reader.group_spans()
+    starts, at = [], 0
+    for _, s in spans:  # groups are written in order; held so even if a footer says otherwise
+        at = min(max(at, s), info.bytes)
+        starts.append(at)
+    groups, g, rows = [], 0, 0
+    while g < len(spans):
+        first, first_rows, want = g, rows, size_at(done + starts[g])
+        while True:
+            rows += spans[g][0]
+            g += 1
+            if g >= len(spans) or starts[g] - starts[first] >= want:
+                break
+        groups.append((first, g, first_rows))
+    bounds = [0] + [starts[a] for a, _, _ in groups[1:]] + [info.bytes]
+    return [(bounds[k], bounds[k + 1], grp) for k, grp in enumerate(groups)]
 
 
 def _next_line_start(f, offset: int, size: int) -> int:
@@ -97,7 +132,8 @@ def _next_line_start(f, offset: int, size: int) -> int:
 def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
                     shrink: tuple[int, int] | None = None) -> list[Partition]:
     """The partitions of ``infos`` in input order: byte ranges of about ``part_bytes``
-    for each plain local JSONL file, each other input whole.
+    for each plain local JSONL file, whole row groups of about as many bytes for each
+    local Parquet file, each other input whole.
 
     ``shrink=(ways, min_bytes)`` (guided sizes, for tasks taken in order by ``ways``-times
     fewer workers): each range is at most ``part_bytes`` and at most ``1/ways`` of the
@@ -106,7 +142,7 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
 
         50 MB, part_bytes 4 MB, shrink (4, 256 KB):  4 4 4 4 4 4 4 4 4 3.5 2.6 2.0 ... 0.34 0.26 0.26
     """
-    left = sum(i.bytes for i in infos if splittable(i))
+    left = sum(i.bytes for i in infos if partitionable(i))
 
     def size_at(done: int) -> int:  # the next range's size, ``done`` bytes of the plain files planned
         if shrink is None:
@@ -118,11 +154,19 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
     done = 0  # bytes of the plain files planned so far
     for si, info in enumerate(infos):
         plain = dataclasses.replace(info, first_record=0, records=0, _opened=None)
-        if not splittable(info) or info.bytes <= size_at(done):
+        if not partitionable(info) or info.bytes <= size_at(done):
             out.append(Partition(len(out), si, plain))
-            done += info.bytes if splittable(info) else 0
+            done += info.bytes if partitionable(info) else 0
             continue
         size = info.bytes
+        if in_row_groups(info):
+            groups = _group_partitions(info, size_at, done)
+            if len(groups) == 1:
+                out.append(Partition(len(out), si, plain))
+            else:
+                out.extend([Partition(len(out) + k, si, plain, a, b, g) for k, (a, b, g) in enumerate(groups)])
+            done += size
+            continue
         try:
             with open(info.path, "rb") as f:
                 if shrink is None:  # cut near each multiple of part_bytes
@@ -211,13 +255,22 @@ def iter_partition(part: Partition, lines_before: int, max_record_bytes: int
                    ) -> Iterator[tuple[RawRecord | None, int]]:
     """(record, bytes of the partition read) for each record of ``part``, numbered from
     the start of its input, then ``(None, record numbers the partition used)`` (lines,
-    blank ones too; for a whole input also left in ``part.info.records`` with its
-    ``sha256`` and ``bytes``)."""
+    blank ones too, or rows; for a whole input also left in ``part.info.records`` with its
+    ``sha256`` and ``bytes``). ``lines_before``: the lines (rows) of the input before it."""
     if part.whole:
         yield from iter_records(part.info, max_record_bytes)
         yield None, part.info.records
         return
     info, start = part.info, part.start
+    if part.groups is not None:
+        first, stop, before = part.groups
+        n = 0
+        with _parquet(info, max_record_bytes) as reader:
+            for row, item in reader.rows_of(range(first, stop), before):
+                yield _record(info, row, item, "row", max_record_bytes), part.end - part.start
+                n += 1
+        yield None, n
+        return
     if start == 0 and info.encoding == "utf-8-sig":
         start = 3  # the byte order mark: not part of the first line
     try:

@@ -51,6 +51,21 @@ def test_ray_prepare_is_byte_identical_to_local(ray_cluster, inputs, tmp_path, p
     assert not list(tmp_path.glob("*/_parts")) and sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
 
 
+def test_ray_reads_a_parquet_file_in_row_groups(ray_cluster, tmp_path):
+    """Each task reads whole row groups, numbered from the rows before them (the footer's):
+    the dataset, the rejects and the input's hashes of a local run."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [json.dumps(chat(f"question {i % 40}", f"answer {i % 40}")) for i in range(60)]  # 40-59 repeat 0-19
+    rows[17] = "{broken"
+    pq.write_table(pa.table({"record": rows}), tmp_path / "in.parquet", row_group_size=6)
+    opts = PrepareOptions(val_split=0.1, shard_tokens=500, dedup="exact")
+    local = prepare([tmp_path / "in.parquet"], tmp_path / "local", opts)
+    prepare([tmp_path / "in.parquet"], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert local.rejected == {"duplicate": 19, "invalid_json": 1}
+
+
 def test_ray_prepare_tool_with_workers_of_one_partition_each(ray_cluster, tmp_path):
     src = ROOT / "sample_data" / "tools.jsonl"
     opts = PrepareOptions(mode="tool", val_split=0.2)
