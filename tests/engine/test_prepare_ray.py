@@ -104,13 +104,15 @@ def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
     assert tool.exit_code == 0, tool.output
 
 
-def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path):
-    """A worker process killed (SIGKILL) while its task writes: Ray runs the task again,
-    the dead attempt's partial folder is never read, and the dataset is identical."""
+@pytest.mark.parametrize("writing", ["part_*", "train_*"])
+def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path, writing):
+    """A worker process killed (SIGKILL) while its task writes (a partition's staged
+    episodes, or a final shard): Ray runs the task again, the dead attempt's partial folder
+    is never read, and the dataset is identical."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i} " * 40, f"answer {i} " * 40) for i in range(1500)])
     opts = PrepareOptions(val_split=0.05)
     prepare([src], tmp_path / "local", opts)
-    with kill_first_writer(tmp_path, ".ray*/_parts/part_*.tmp-*") as killed:
+    with kill_first_writer(tmp_path, f".ray*/_parts/{writing}.tmp-*") as killed:
         prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=200_000))
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
