@@ -53,7 +53,8 @@ def kept_lengths(parts: list[StagedPart]) -> np.ndarray:
     """The lengths of the episodes the run keeps, in input order (what the split draws from)."""
     if not parts:
         return np.empty(0, np.int64)
-    return np.concatenate([p.lengths if p.keep is None else p.lengths[p.keep] for p in parts]).astype(np.int64)
+    return np.concatenate([p.lengths if p.keep is None else p.lengths[p.keep] for p in parts]).astype(np.int64,
+                                                                                                    copy=False)
 
 
 def plan_shards(parts: list[StagedPart], is_val: np.ndarray, shard_tokens: int, splits: tuple[str, ...]
@@ -64,7 +65,7 @@ def plan_shards(parts: list[StagedPart], is_val: np.ndarray, shard_tokens: int, 
     lengths = kept_lengths(parts)
     counts = [p.kept for p in parts]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # kept episodes before each part
-    local = [np.arange(p.lengths.shape[0]) if p.keep is None else np.flatnonzero(p.keep) for p in parts]
+    local = [None if p.keep is None else np.flatnonzero(p.keep) for p in parts]  # kept -> staged index
     jobs: list[ShardJob] = []
     for split in splits:
         chosen = is_val if split == "val" else ~is_val
@@ -84,7 +85,8 @@ def plan_shards(parts: list[StagedPart], is_val: np.ndarray, shard_tokens: int, 
                     break
                 if lo >= hi:
                     continue
-                loc = local[p][lo - offsets[p]:hi - offsets[p]]
+                a0, a1 = lo - int(offsets[p]), hi - int(offsets[p])
+                loc = np.arange(a0, a1) if local[p] is None else local[p][a0:a1]
                 first, stop = int(loc[0]), int(loc[-1]) + 1
                 mine = chosen[lo:hi]
                 if loc.shape[0] == stop - first and mine.all():
