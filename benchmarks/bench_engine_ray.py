@@ -12,8 +12,8 @@ user's ``ray start --head`` would be), ``--rounds`` times each, and reports:
   measured within one run: this machine's cores are shared, absolute times are noisy);
 * Ray's fixed costs: starting the cluster, and a run on a tiny input (task start-up,
   the tokenizer sent to each worker);
-* the driver's own share of a Ray run: copying the staged episodes into the train/val
-  shards (seconds and MB/s of token + mask bytes), the step that bounds a cluster;
+* (the driver copies no token: tasks write the final shards; benchmarks/bench_coordinator.py
+  measures what the driver reads, writes and computes);
 * that both datasets are byte-identical.
 
 Ray starts its worker processes at nice 15 (below every other process of a shared machine);
@@ -36,19 +36,8 @@ sys.path.insert(0, str(HERE))
 
 from corpus import WORK, generated_corpus, identical  # noqa: E402
 
-import sftdata.prepare.split as split_module  # noqa: E402
 from sftdata.engine.prepare_ray import ray_prepare_executor  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-
-COPY = {"s": 0.0, "bytes": 0}
-_split = split_module._split_staging
-
-
-def _timed_split(src, *args, **kw):
-    t = time.perf_counter()
-    _split(src, *args, **kw)
-    COPY["s"] += time.perf_counter() - t
-    COPY["bytes"] += src.num_tokens * (src.token_dtype.itemsize + 1)
 
 
 def timed(src: Path, out: Path, opts: PrepareOptions, executor=None) -> float:
@@ -79,10 +68,8 @@ def main() -> None:
     tiny_local = timed(tiny, out / "tiny_local", opts)
     tiny_ray = timed(tiny, out / "tiny_ray", opts, executor)
     runs: dict[str, list[float]] = {"local": [], "ray": []}
-    split_module._split_staging = _timed_split
     for _ in range(args.rounds):
         runs["local"].append(timed(src, out / "local", opts))
-        COPY.update(s=0.0, bytes=0)
         runs["ray"].append(timed(src, out / "ray", opts, executor))
     same = identical(out / "local", out / "ray")
     best = {k: min(v) for k, v in runs.items()}
@@ -94,8 +81,6 @@ def main() -> None:
         "ray_per_worker_mb_per_s": round(mb / best["ray"] / args.cpus, 2),
         "ray_cluster_start_s": round(init_s, 2),
         "tiny_input_s": {"local": round(tiny_local, 2), "ray": round(tiny_ray, 2)},
-        "driver_copy_s": round(COPY["s"], 2),
-        "driver_copy_mb_per_s": round(COPY["bytes"] / 1e6 / max(COPY["s"], 1e-9), 1),
         "byte_identical": same,
     }
     print(json.dumps(result, indent=2))

@@ -96,7 +96,8 @@ def pack_command(
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="bfd: order among equal lengths and of the "
                                       "rows.")] = DEFAULT_SEED,
     shard_tokens: Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
-                                              "(whole rows).")] = DEFAULT_SHARD_TOKENS,
+                                              "(whole rows). A shard is a task of verify; 100000000 gives the "
+                                              "fewer, larger shards of earlier versions.")] = DEFAULT_SHARD_TOKENS,
     overwrite: OverwriteOpt = False,
     force: ForceOpt = False,
     wait: WaitOpt = False,

@@ -63,7 +63,8 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
                                       "is dropped with the rest; a record whose first pair does not fit is "
                                       "rejected (too_long). Default: no filter.")]
 ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
-                                              "(an episode never spans shards).")]
+                                              "(an episode never spans shards). A shard is a task of pack and verify; "
+                                              "100000000 gives the fewer, larger shards of earlier versions.")]
 TemplateMaxStepsOpt = Annotated[int, typer.Option(
     "--template-max-steps", metavar="N", help="With a model's chat template: the steps one render of a record may "
     "take, plus 8 per character of the record (a step: a loop iteration, a call, a filter, or 16 characters the "
@@ -83,6 +84,10 @@ TokenizerOpt = Annotated[str | None, typer.Option(
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
                                                    "(default: all cores; more than the cores are capped). The "
                                                    "output is byte-identical for any value.")]
+SourceSha256Opt = Annotated[bool, typer.Option(
+    "--source-sha256", metavar="", help="Record every input's whole-file sha256, however large. Without it, a plain JSONL file "
+                            "over 1 GiB that workers read in ranges records its block hash only (block_sha256: "
+                            "each range's task hashes its own 4 MiB blocks; docs/FORMAT.md).")]
 MemoMbOpt = Annotated[float, typer.Option(
     "--memo-mb", metavar="MB", help="Memory (MiB, all workers together) for the memo of encoded texts: a system "
                                     "prompt, tool schema or message text seen before is not tokenized again. The "
@@ -239,6 +244,7 @@ def _prepare_command(mode: str, doc: str):
         dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
         decontaminate: DecontaminateOpt = None,
         decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
+        source_sha256: SourceSha256Opt = False,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
@@ -252,7 +258,7 @@ def _prepare_command(mode: str, doc: str):
                               allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
                               decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
                               memo_mb=memo_mb, template_max_steps=template_max_steps,
-                              template_max_output=template_max_output)
+                              template_max_output=template_max_output, source_sha256=source_sha256)
         run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
     command.__name__ = f"prepare_{mode}"

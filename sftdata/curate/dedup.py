@@ -75,6 +75,8 @@ class Deduplicator:
     def decide(self, keys: RecordKeys) -> list[Drop]:
         """The records of ``keys`` to drop (all ``exact``/``near`` duplicates of earlier
         kept records); the others are kept and indexed."""
+        if len(keys.records) == 0:  # a partitioned run's results carry none: decided over its staged keys
+            return []
         if self.mode == "off":  # only counted: a set of the keys seen, no record kept by name
             seen = self.exact
             before = len(seen)

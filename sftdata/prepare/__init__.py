@@ -3,19 +3,23 @@
 ``prepare(inputs, output_dir, PrepareOptions(...))`` (run.py) is what the CLI and scripts
 call. Its parts, one job a module: ``options`` (what it takes and gives), ``chunk`` (one
 chunk of records rendered and masked), ``pool`` (worker processes, results in input
-order), ``partition_task`` (a worker reading its own byte range of the input: the unit
-the Ray engine runs too), ``split`` (the exact seeded train/val split), ``run`` (the run
-itself: each chunk's records curated in input order, the split, the commit).
+order; the pool as a runner of tasks), ``partition_task`` (a worker reading its own
+partition of the input: the unit the Ray engine runs too), ``plan`` (the final shards
+planned from the episodes' lengths), ``shard_task`` (a worker writing one final shard),
+``partitioned`` (a partitioned run's waves of tasks), ``split`` (the exact seeded
+train/val split), ``run`` (the run itself: each result's records curated in input
+order, the split, the commit).
 """
 
 from .chunk import process_chunk
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
-from .partition_task import PartNumbering, PartSummary, local_parts, partition_settings, prepare_partition, range_cuts
+from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
+from .pool import local_parts
 from .run import choose_tokenizer, default_workers, local_results, prepare
 from .split import split_assignment
 
 __all__ = [
     "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
     "PrepareSummary", "Progress", "StagedPart", "choose_tokenizer", "default_workers", "local_parts", "local_results",
-    "partition_settings", "prepare", "prepare_partition", "process_chunk", "range_cuts", "split_assignment",
+    "partition_settings", "prepare", "prepare_partition", "process_chunk", "split_assignment",
 ]

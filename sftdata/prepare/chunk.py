@@ -168,4 +168,5 @@ def shifted(res: ChunkResult, first: int) -> ChunkResult:
         res.mismatches = [(r + first, where) for r, where in res.mismatches]
         if res.keys is not None:
             res.keys.records = res.keys.records + first
+            res.keys.contaminated = [(r + first, *rest) for r, *rest in res.keys.contaminated]
     return res

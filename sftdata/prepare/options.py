@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -12,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from ..chat.tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
-from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, RecordKeys
+from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, CurateSettings, RecordKeys
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TURN_COUNTS, TurnPolicy
@@ -52,6 +51,7 @@ class PrepareOptions:
     memo_policy: str = "frequency"  # what the memo keeps when full (memo.POLICIES; benchmarks compare them)
     template_max_steps: int = DEFAULT_MAX_STEPS  # a chat template's steps per render, plus 8 per character
     template_max_output: int | None = None  # characters one render may return (None: max_record_bytes)
+    source_sha256: bool = False  # record every input's whole-file sha256, however large (sources.records_sha256)
 
     @property
     def policy(self) -> TurnPolicy:
@@ -145,6 +145,8 @@ class PrepareOptions:
                 out["dedup_threshold"] = self.dedup_threshold
         if self.decontaminate:
             out.update(decontaminate=[str(p) for p in self.decontaminate], decontaminate_ngram=self.decontaminate_ngram)
+        if self.source_sha256:
+            out["source_sha256"] = True
         return out
 
 
@@ -259,21 +261,45 @@ class ChunkResult:
 
 @dataclass(frozen=True)
 class StagedPart:
-    """Episodes an engine's task wrote to a shard folder of its own, in input order; its
-    ``sources`` are numbered from the start of their input: ``record_offset`` is added."""
+    """Episodes a worker or task wrote to a shard folder of its own, in input order; its
+    ``sources`` are numbered from the start of their input: ``record_offset`` is added.
+    ``lengths`` (each episode's tokens) and ``sources`` are what the coordinator plans the
+    final shards with (``plan``); ``keep``, the episodes its curating keeps (None: all)."""
 
     path: str
     episodes: int
     tokens: int
     record_offset: int = 0
+    lengths: np.ndarray | None = field(default=None, compare=False)
+    sources: np.ndarray | None = field(default=None, compare=False)  # global record numbers, one per episode
+    keep: np.ndarray | None = field(default=None, compare=False)
+    keys_dir: str | None = None  # its records' duplicate keys, staged beside it (curate_tasks)
+
+    @property
+    def kept(self) -> int:
+        """The episodes the run keeps."""
+        return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
+
+
+class TaskRunner(Protocol):
+    """Where a run's tasks run: a pool of ``--workers`` processes (``pool.PoolRunner``) or a
+    Ray cluster (``sftdata.engine``). The same functions run in either; results are small."""
+
+    cpus: int
+    depth: int | None  # tasks in flight at most (None: every task submitted at once)
+    tokenizer: bytes | None  # what a partition task is given to rebuild the tokenizer (None: the worker's own)
+    curate: object  # what a partition task is given of the curating settings (None: the worker's own)
+
+    def partitions(self, infos: list[SourceInfo]) -> list: ...
+    def submit(self, fn, args: tuple, doing: str): ...
+    def result(self, handle, doing: str): ...
+    def close(self, stopped: bool) -> None: ...
 
 
 class Executor(Protocol):
-    """What runs ``process_chunk`` over the inputs (``--engine``): yields the chunk
-    results in input order with the input bytes read so far, and leaves in ``infos``
-    each input's ``first_record``, ``records``, ``sha256`` and ``bytes``. It may write
-    the episodes itself (``ChunkResult.staged``), in folders under ``stage_dir``."""
+    """An engine (``--engine``): ``start`` gives the runner of one partitioned run, whose
+    tasks read the inputs themselves, stage their episodes under ``stage_dir`` and write
+    the final shards (``prepare.partitioned``)."""
 
-    def __call__(self, infos: list[SourceInfo], opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer,
-                 profile: TemplateProfile | None, token_dtype: np.dtype, stage_dir: Path
-                 ) -> Iterator[tuple[ChunkResult, int]]: ...
+    def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
+              stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

@@ -1,17 +1,22 @@
-"""Worker processes for prepare: the pool, chunks of records, results in input order."""
+"""Worker processes for prepare: the pool, chunks of records, results in input order, and the
+pool as a partitioned run's runner (``PoolRunner``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings
 from ..errors import SftDataError
 from ..records.turns import TurnPolicy
-from ..sources import RawRecord
+from ..sources import RawRecord, SourceInfo
+from ..sources.partitions import Partition, plan_partitions
+from ..store.format import STOP_FILE
 from ..template import TemplateProfile
 from ..util.lifetime import die_with_parent
 from .chunk import curated_chunk
@@ -20,6 +25,12 @@ from .options import ChunkResult, PrepareOptions
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
 WORKER: dict = {}
+# --workers > 1 on plain JSONL: the input is cut into ranges of at most MAX_PART_BYTES (the progress bar moves once
+# per range), each at most 1/(TAIL_WAYS x workers) of what is left and at least MIN_PART_BYTES, so that the last
+# ranges are small and the workers finish together
+MAX_PART_BYTES = 4 << 20
+MIN_PART_BYTES = 256 << 10
+TAIL_WAYS = 2
 
 
 def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
@@ -87,42 +98,80 @@ def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOp
         for items, pos in chunks:
             yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
-    jobs = ((_worker_run, (items,), items[0].where, pos) for items, pos in chunks)
-    yield from in_order(worker_pool(opts, tok, profile, curate), jobs, 2 * opts.workers)
-
-
-def in_order(pool, jobs: Iterator[tuple[Callable, tuple, str, object]], depth: int) -> Iterator[tuple[object, object]]:
-    """``(result, tag)`` of each job ``(function, args, where, tag)`` of ``jobs``, run in
-    ``pool``, in the jobs' order with at most ``depth`` in flight; the pool is shut down at
-    the end. A worker that dies breaks the pool: the error names ``where`` of the job
-    waited for (or being submitted)."""
-    from concurrent.futures.process import BrokenProcessPool
-
-    pending: deque = deque()
-
-    def take() -> tuple[object, object]:
-        fut, where, tag = pending.popleft()
-        try:
-            return fut.result(), tag
-        except BrokenProcessPool:
-            raise _broken(where) from None
-
+    runner = PoolRunner(opts, tok, profile, None, curate)
     try:
-        for fn, args, where, tag in jobs:
-            try:
-                pending.append((pool.submit(fn, *args), where, tag))
-            except BrokenProcessPool:
-                raise _broken(where) from None
-            if len(pending) >= depth:
-                yield take()
-        while pending:
-            yield take()
+        yield from in_order(runner, _worker_run, (((items,), f"the records from {items[0].where} on were being "
+                                                   f"prepared", pos) for items, pos in chunks))
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        runner.close(False)
 
 
-def _broken(where: str) -> SftDataError:
+def in_order(runner, fn: Callable, jobs: Iterable[tuple[tuple, str, object]]) -> Iterator[tuple[object, object]]:
+    """``(fn(*args), tag)`` of each job ``(args, doing, tag)``, run by ``runner`` (a
+    ``PoolRunner``, or an engine's runner: ``options.TaskRunner``), in the jobs' order with at
+    most ``runner.depth`` in flight (None: all at once); a failure says what the job was
+    ``doing`` ("the records from in.jsonl:line 5 on were being prepared")."""
+    pending: deque = deque()
+    for args, doing, tag in jobs:
+        pending.append((runner.submit(fn, args, doing), doing, tag))
+        if runner.depth is not None and len(pending) >= runner.depth:
+            handle, doing, tag = pending.popleft()
+            yield runner.result(handle, doing), tag
+    while pending:
+        handle, doing, tag = pending.popleft()
+        yield runner.result(handle, doing), tag
+
+
+def _broken(doing: str) -> SftDataError:
     return SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
-                        f"memory) while the records from {where} on were being prepared; nothing was "
-                        f"written. Free memory, or rerun with fewer --workers (--workers 1 uses no "
-                        f"worker process)")
+                        f"memory) while {doing}; nothing was written. Free memory, or rerun with fewer "
+                        f"--workers (--workers 1 uses no worker process)")
+
+
+class PoolRunner:
+    """A run's tasks in ``--workers`` local processes (``worker_pool``), which hold the
+    run's tokenizer, memo and curating settings: partition tasks get ``tokenizer`` and
+    ``curate`` None. A partitioned run's
+    ranges are guided (``local_parts``): the last ones small, so the workers finish
+    together. At most 2 x workers tasks in flight."""
+
+    tokenizer = None
+    curate = None
+
+    def __init__(self, opts: PrepareOptions, tok, profile: TemplateProfile | None, stage_dir: Path | None,
+                 curate: CurateSettings = CurateSettings()):
+        self.cpus, self.depth, self.stage_dir = opts.workers, 2 * opts.workers, stage_dir
+        self.pool = worker_pool(opts, tok, profile, curate)
+
+    def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
+        return local_parts(infos, self.cpus)
+
+    def submit(self, fn: Callable, args: tuple, doing: str):
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self.pool.submit(fn, *args)
+        except BrokenProcessPool:
+            raise _broken(doing) from None
+
+    def result(self, future, doing: str):
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            raise _broken(doing) from None
+
+    def close(self, stopped: bool) -> None:
+        """The pool shut down; a run that stopped early tells the tasks still running to
+        write nothing more (``STOP_FILE``, checked before every chunk)."""
+        if stopped and self.stage_dir is not None:
+            with contextlib.suppress(OSError):  # the staging area is gone already: nothing can be written in it
+                (self.stage_dir / STOP_FILE).touch()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def local_parts(infos: list[SourceInfo], workers: int) -> list[Partition]:
+    """The ranges ``workers`` local workers read, in input order (guided sizes: at most
+    ``MAX_PART_BYTES``, then shrinking to ``MIN_PART_BYTES`` towards the end)."""
+    return plan_partitions(infos, MAX_PART_BYTES, shrink=(TAIL_WAYS * workers, MIN_PART_BYTES))

@@ -259,11 +259,28 @@ class ParquetReader:
                     f"Rewrite the file with smaller pages (pyarrow: data_page_size) or raise --max-record-bytes")
 
     def __iter__(self) -> Iterator[tuple[int, bytes | TooLarge | BadValue]]:
+        return self.rows_of(range(self._file.metadata.num_row_groups), 0)
+
+    def group_spans(self) -> list[tuple[int, int]]:
+        """(rows, first byte) of each row group, the byte its first column chunk starts at:
+        what a partition of row groups is planned from (the footer alone is read)."""
+        meta = self._file.metadata
+        out = []
+        for index in range(meta.num_row_groups):
+            group = meta.row_group(index)
+            starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+                      for c in (group.column(j) for j in range(group.num_columns))]
+            out.append((group.num_rows, min(starts, default=0)))
+        return out
+
+    def rows_of(self, groups: range, first_row: int) -> Iterator[tuple[int, bytes | TooLarge | BadValue]]:
+        """The records of row groups ``groups``, numbered from ``first_row`` (the rows of
+        the groups before them)."""
         meta = self._file.metadata
         names = [c for c, _ in self.cols]
-        row = 0
+        row = first_row
         unreturned = 0  # row-group bytes read since the heap's free pages were last returned
-        for index in range(meta.num_row_groups):
+        for index in groups:
             group = meta.row_group(index)
             self._check_pages(index, group)
             try:

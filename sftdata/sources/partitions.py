@@ -17,32 +17,58 @@ relative to the input, so they are exactly those of a sequential read.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..util import hashing
+from ..util.hashing import BlockHasher, file_hashes
 from .lines import LineReader
-from .records import RawRecord, SourceInfo, _record, iter_records
+from .records import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, _parquet, _record, iter_records
 from .streams import READ_BYTES, unreadable
 
+PROBE_BYTES = 16 << 10  # read at a cut first, to find the next line start
 PART_BYTES = 64 << 20  # the size a JSONL input is cut into (the last piece of an input may be smaller)
+SCAN_BYTES = 8 << 20  # read at once by ``scan_range``
 
 
 @dataclass(frozen=True)
 class Partition:
     """Input ``source`` (its index among the inputs), bytes ``[start, end)``; ``end`` is
-    None for a whole input read as ``iter_records`` reads it."""
+    None for a whole input read as ``iter_records`` reads it. A Parquet file's partition is
+    its row groups ``groups = (first, stop, rows before them)``; its bytes (the ranges of
+    a file's partitions cover it, from 0 to its size) are the ones its scan hashes."""
 
     index: int
     source: int
     info: SourceInfo
     start: int = 0
     end: int | None = None
+    groups: tuple[int, int, int] | None = None
 
     @property
     def whole(self) -> bool:
         return self.end is None
+
+
+WHOLE_SHA256_BYTES = 1 << 30  # a file read in partitions has its whole-file sha256 recorded up to this size
+
+
+def records_sha256(info: SourceInfo, asked: bool = False) -> bool:
+    """Whether the metadata records the input's whole-file sha256 (a property of the input,
+    the same for any number of workers): always for an input one reader reads whole
+    anyway (compressed, a JSON array, a URL, stdin); for a file that workers read in
+    partitions, when it is at most ``WHOLE_SHA256_BYTES`` (hashing it whole takes about a
+    second, in a task beside the others) or when ``asked`` (``--source-sha256``). Every
+    input's block hash is recorded: its blocks are hashed by the tasks that read them."""
+    return asked or not splittable(info) or info.bytes <= WHOLE_SHA256_BYTES
+
+
+def first_where(part: Partition, lines_before: int) -> str:
+    """Where the first record of ``part`` is (``file:line N``), for messages."""
+    unit = {"json": "item 0", "parquet": f"row {lines_before}"}.get(part.info.container, f"line {lines_before + 1}")
+    return f"{part.info.path}:{unit}"
 
 
 def splittable(info: SourceInfo) -> bool:
@@ -51,27 +77,63 @@ def splittable(info: SourceInfo) -> bool:
             and info.encoding in ("utf-8", "utf-8-sig") and info.size_known)
 
 
+def in_row_groups(info: SourceInfo) -> bool:
+    """A local Parquet file: its row groups can be read apart."""
+    return info.kind == "file" and info.container == "parquet" and info.size_known
+
+
+def partitionable(info: SourceInfo) -> bool:
+    """An input workers read in partitions: plain JSONL in byte ranges, Parquet in row groups."""
+    return splittable(info) or in_row_groups(info)
+
+
+def _group_partitions(info: SourceInfo, size_at, done: int) -> list[tuple[int, int, tuple[int, int, int]]]:
+    """(start, end, groups) of the partitions of a Parquet file: whole row groups of about
+    ``size_at(bytes planned)`` bytes each; the byte ranges cover the file, in order."""
+    with _parquet(info, DEFAULT_MAX_RECORD_BYTES) as reader:
+        spans = reader.group_spans()
+    starts, at = [], 0
+    for _, s in spans:  # groups are written in order; held so even if a footer says otherwise
+        at = min(max(at, s), info.bytes)
+        starts.append(at)
+    groups, g, rows = [], 0, 0
+    while g < len(spans):
+        first, first_rows, want = g, rows, size_at(done + starts[g])
+        while True:
+            rows += spans[g][0]
+            g += 1
+            if g >= len(spans) or starts[g] - starts[first] >= want:
+                break
+        groups.append((first, g, first_rows))
+    bounds = [0] + [starts[a] for a, _, _ in groups[1:]] + [info.bytes]
+    return [(bounds[k], bounds[k + 1], grp) for k, grp in enumerate(groups)]
+
+
 def _next_line_start(f, offset: int, size: int) -> int:
-    """The first line start at or after ``offset`` (``size`` at the end of the file)."""
+    """The first line start at or after ``offset`` (``size`` at the end of the file). The
+    coordinator runs it once per cut: it reads ``PROBE_BYTES`` (a few lines), then twice as
+    much each time up to ``READ_BYTES``, so what it reads grows with the cuts, not the input."""
     if offset <= 0:
         return 0
     f.seek(offset - 1)
-    pos = offset - 1
+    pos, want = offset - 1, PROBE_BYTES
     while pos < size:
-        block = f.read(READ_BYTES)
+        block = f.read(want)
         if not block:
             return size
         nl = block.find(b"\n")
         if nl >= 0:
             return pos + nl + 1
         pos += len(block)
+        want = min(2 * want, READ_BYTES)
     return size
 
 
 def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
                     shrink: tuple[int, int] | None = None) -> list[Partition]:
     """The partitions of ``infos`` in input order: byte ranges of about ``part_bytes``
-    for each plain local JSONL file, each other input whole.
+    for each plain local JSONL file, whole row groups of about as many bytes for each
+    local Parquet file, each other input whole.
 
     ``shrink=(ways, min_bytes)`` (guided sizes, for tasks taken in order by ``ways``-times
     fewer workers): each range is at most ``part_bytes`` and at most ``1/ways`` of the
@@ -80,7 +142,7 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
 
         50 MB, part_bytes 4 MB, shrink (4, 256 KB):  4 4 4 4 4 4 4 4 4 3.5 2.6 2.0 ... 0.34 0.26 0.26
     """
-    left = sum(i.bytes for i in infos if splittable(i))
+    left = sum(i.bytes for i in infos if partitionable(i))
 
     def size_at(done: int) -> int:  # the next range's size, ``done`` bytes of the plain files planned
         if shrink is None:
@@ -92,11 +154,19 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
     done = 0  # bytes of the plain files planned so far
     for si, info in enumerate(infos):
         plain = dataclasses.replace(info, first_record=0, records=0, _opened=None)
-        if not splittable(info) or info.bytes <= size_at(done):
+        if not partitionable(info) or info.bytes <= size_at(done):
             out.append(Partition(len(out), si, plain))
-            done += info.bytes if splittable(info) else 0
+            done += info.bytes if partitionable(info) else 0
             continue
         size = info.bytes
+        if in_row_groups(info):
+            groups = _group_partitions(info, size_at, done)
+            if len(groups) == 1:
+                out.append(Partition(len(out), si, plain))
+            else:
+                out.extend([Partition(len(out) + k, si, plain, a, b, g) for k, (a, b, g) in enumerate(groups)])
+            done += size
+            continue
         try:
             with open(info.path, "rb") as f:
                 if shrink is None:  # cut near each multiple of part_bytes
@@ -114,68 +184,56 @@ def plan_partitions(infos: list[SourceInfo], part_bytes: int = PART_BYTES,
     return out
 
 
-def line_counts(path: str, cuts: list[int]) -> list[int]:
-    """The number of lines before each cut (newlines counted: ~GB/s, so the tasks of the
-    ranges wait for it only briefly)."""
-    with SequentialScan(path, hashed=False) as scan:
-        return [scan.lines_before(c) for c in sorted(cuts)]
+@dataclass(frozen=True)
+class RangeScan:
+    """What one pass over a byte range found: the newlines in it (``lines``: the lines that
+    start in it, for a range that starts and ends on line starts), and the digests of the
+    input's hash blocks that start in it (``util.hashing``), the first being block
+    ``first_block``."""
+
+    lines: int
+    first_block: int
+    digests: tuple[bytes, ...]
+
+
+def scan_range(path: str, start: int, end: int, size: int, count_lines: bool = True) -> RangeScan:
+    """One read of bytes ``[start, end)`` of the file at ``path`` (``size`` bytes): its
+    newlines counted (at GB/s) and the hash blocks starting in it hashed (the last of them
+    read on past ``end``). The task of every range runs it, so the lines before a range and
+    the input's block hash come from many readers at once, none reading the whole input."""
+    block = hashing.HASH_BLOCK_BYTES
+    first = -(-start // block)
+    hash_from = first * block
+    hashed = hash_from < end  # a block starts in the range
+    stop = max(end, min(size, -(-end // block) * block)) if hashed else end
+    blocks, lines, pos = BlockHasher(), 0, start
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start)
+            while pos < stop and (data := f.read(min(SCAN_BYTES, stop - pos))):
+                mv = memoryview(data)
+                if count_lines and pos < end:
+                    lines += data.count(b"\n", 0, end - pos)
+                if hashed and pos + len(data) > hash_from:
+                    blocks.update(mv[max(0, hash_from - pos):])
+                pos += len(data)
+    except FileNotFoundError:
+        raise InputError(f"input file {path} does not exist (it was there when the run started)") from None
+    except OSError as e:
+        raise unreadable(path, e) from None
+    if pos < stop:
+        raise InputError(f"input file {path} is shorter than when the run started ({pos:,} bytes, was {size:,}); "
+                         f"it changed while it was read: run again on a file nothing writes to")
+    return RangeScan(lines, first, tuple(blocks.finish()))
 
 
 def file_digest(path: str) -> tuple[str, int]:
     """(sha256, size) of a file: what a sequential read records of an input."""
-    with SequentialScan(path) as scan:
-        return scan.digest()
-
-
-class SequentialScan:
-    """One input read once from its start, as its ranges are handed out: the lines before
-    each range's start (``lines_before``, offsets ascending; newlines counted at a few GB/s)
-    and, at the end, the input's sha256 and size (``digest``), as a sequential read records
-    them. The local workers' driver counts as it goes, so the first range starts at once
-    and no task waits for a pass over the whole file (``line_counts`` does that pass for
-    tasks that cannot be handed out in order). A context manager: the file is closed.
-    ``hashed=False``: lines only (no ``digest``)."""
-
-    def __init__(self, path: str, hashed: bool = True):
-        self.path, self.pos, self.lines = path, 0, 0
-        self._hash = hashlib.sha256() if hashed else None
-        try:
-            self._f = open(path, "rb")  # closed by close() (a context manager)
-        except OSError as e:
-            raise unreadable(path, e) from None
-
-    def _read(self, n: int) -> bytes:
-        try:
-            block = self._f.read(n)
-        except OSError as e:
-            raise unreadable(self.path, e) from None
-        if self._hash is not None:
-            self._hash.update(block)
-        self.pos += len(block)
-        return block
-
-    def lines_before(self, offset: int) -> int:
-        """The number of lines before byte ``offset`` (at or after the last offset asked)."""
-        if offset < self.pos:
-            raise ValueError(f"offsets must come in ascending order: {offset} after {self.pos}")
-        while self.pos < offset and (block := self._read(min(8 << 20, offset - self.pos))):
-            self.lines += block.count(b"\n")
-        return self.lines
-
-    def digest(self) -> tuple[str, int]:
-        """(sha256, size) of the whole input (``file_digest``'s answer); reads the rest of it."""
-        while self._read(8 << 20):
-            pass
-        return self._hash.hexdigest(), self.pos
-
-    def close(self) -> None:
-        self._f.close()
-
-    def __enter__(self) -> SequentialScan:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    try:
+        sha, _ = file_hashes(path, whole=True)
+        return sha, os.stat(path).st_size
+    except OSError as e:
+        raise unreadable(path, e) from None
 
 
 class _Range:
@@ -197,13 +255,22 @@ def iter_partition(part: Partition, lines_before: int, max_record_bytes: int
                    ) -> Iterator[tuple[RawRecord | None, int]]:
     """(record, bytes of the partition read) for each record of ``part``, numbered from
     the start of its input, then ``(None, record numbers the partition used)`` (lines,
-    blank ones too; for a whole input also left in ``part.info.records`` with its
-    ``sha256`` and ``bytes``)."""
+    blank ones too, or rows; for a whole input also left in ``part.info.records`` with its
+    ``sha256`` and ``bytes``). ``lines_before``: the lines (rows) of the input before it."""
     if part.whole:
         yield from iter_records(part.info, max_record_bytes)
         yield None, part.info.records
         return
     info, start = part.info, part.start
+    if part.groups is not None:
+        first, stop, before = part.groups
+        n = 0
+        with _parquet(info, max_record_bytes) as reader:
+            for row, item in reader.rows_of(range(first, stop), before):
+                yield _record(info, row, item, "row", max_record_bytes), part.end - part.start
+                n += 1
+        yield None, n
+        return
     if start == 0 and info.encoding == "utf-8-sig":
         start = 3  # the byte order mark: not part of the first line
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..util.hashing import sha256_file
+from ..util.hashing import block_record, combine_blocks, file_hashes
 from .hub import HubPin
 from .inputs import Input
 from .json_array import ArrayError, ArrayReader
@@ -65,10 +65,13 @@ class SourceInfo:
     size_known: bool = True
     hub: HubPin | None = None  # a Hub dataset's revision and the commit ``path`` is pinned to
     _opened: Any = field(default=None, repr=False)  # a stream's state after sniffing (it cannot be opened twice)
+    block_sha256: str | None = None  # the block hash of the bytes read (util.hashing.combine_blocks)
 
     def as_dict(self) -> dict:
         out = {"path": self.path, "sha256": self.sha256, "bytes": self.bytes, "container": self.container,
                "compressed": self.compressed, "first_record": self.first_record, "records": self.records}
+        if self.block_sha256 is not None:
+            out["block_sha256"] = block_record(self.block_sha256)
         return out if self.hub is None else {**out, **self.hub.as_dict()}
 
 
@@ -198,7 +201,7 @@ def _parquet_records(info: SourceInfo, max_bytes: int) -> Iterator[tuple[RawReco
     info.records = reader.rows
     if info.kind == "file":
         try:
-            info.sha256 = sha256_file(info.path)
+            info.sha256, info.block_sha256 = file_hashes(info.path)
         except OSError as e:
             raise unreadable(info.path, e) from None
 
@@ -240,6 +243,7 @@ def iter_records(info: SourceInfo, max_record_bytes: int = DEFAULT_MAX_RECORD_BY
         raw.close()
     info.records = reader.items if is_array else reader.lines
     info.sha256 = raw.hash.hexdigest()
+    info.block_sha256 = combine_blocks(raw.blocks.finish())
     info.bytes = raw.bytes
 
 

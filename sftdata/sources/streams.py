@@ -2,7 +2,8 @@
 
 Every input, a local file, stdin or a URL, is read once, front to back, in bounded
 chunks: the first bytes are read ahead to sniff what the input is (``Prefixed`` puts
-them back), and the sha256 recorded in the metadata is computed on the way (``Counted``).
+them back), and the sha256 and block hash recorded in the metadata are computed on the
+way (``Counted``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import lzma
 import zlib
 
 from ..errors import InputError
+from ..util.hashing import BlockHasher
 from .sniff import HEAD_BYTES
 
 READ_BYTES = 1 << 20  # one read of the decompressed text; a record longer than this is read in pieces
 
 
 class Counted(io.RawIOBase):
-    """The bytes of ``f`` as read, counted (``bytes``) and hashed (``sha256``). With
+    """The bytes of ``f`` as read, counted (``bytes``) and hashed (``hash``, ``blocks``). With
     ``remote``, any exception of the reading library becomes an ``OSError`` (a network
     library's own errors are not ``OSError``s, and no traceback may reach a user)."""
 
@@ -30,6 +32,7 @@ class Counted(io.RawIOBase):
         self._f = f
         self._remote = remote
         self.hash = hashlib.sha256()
+        self.blocks = BlockHasher()
         self.bytes = 0
 
     def readable(self) -> bool:
@@ -47,6 +50,7 @@ class Counted(io.RawIOBase):
         n = len(data)
         b[:n] = data
         self.hash.update(data)
+        self.blocks.update(data)
         self.bytes += n
         return n
 

@@ -39,7 +39,9 @@ SPLITS = ("train", "val")
 STAGING_SPLIT = "_staging"  # in a run's staging folder: episodes in input order, before the train/val split
 PARTS_DIR = "_parts"  # in a run's staging folder: where an engine's tasks write (removed before the commit)
 STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped early, tasks write nothing more
-DEFAULT_SHARD_TOKENS = 100_000_000
+# 16M tokens (64 MB of uint32 ids): a terabyte's dataset is ~13,000 shards, tasks enough for
+# pack and verify on any cluster; 100M was the default before (``--shard-tokens 100000000``)
+DEFAULT_SHARD_TOKENS = 16_000_000
 # dataset_metadata.json cannot list its own sha256 in "files": it records, under this key,
 # {"version": 1, "sha256": sha256 of its canonical JSON without this key} (``metadata_sha256``)
 # so that an edit of any value shows; datasets written before it have no such key

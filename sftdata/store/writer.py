@@ -109,6 +109,27 @@ class ValueStats:
         return {"token_id_range": [self.token_min, self.token_max], "mask_value_range": [self.mask_min, self.mask_max]}
 
 
+def _fit(bounds: np.ndarray, i: int, room: int) -> int:
+    """The end ``j`` of the items ``[i, j)`` that fit in ``room`` tokens, at least one
+    (``bounds``: 0, then the cumulative tokens of the items)."""
+    return max(i + 1, int(np.searchsorted(bounds, bounds[i] + room, side="right")) - 1)
+
+
+def shard_starts(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """The first item of each shard the rolling rule opens for items of ``lengths``
+    appended in order, however they are appended: what a coordinator plans shards with
+    before any is written (``prepare.plan``)::
+
+        shard_starts([3, 3, 3, 9, 1], 6) -> [0, 2, 3, 4]      (3+3 | 3 | 9 | 1)
+    """
+    bounds = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+    out, i, n = [], 0, bounds.shape[0] - 1
+    while i < n:
+        out.append(i)
+        i = _fit(bounds, i, capacity)
+    return np.asarray(out, dtype=np.int64)
+
+
 class _ShardedSplit:
     """What both split writers share: a split's shards, opened in name order, each with its
     files written through ``_HashedFile``, and the one rolling rule. An item (an episode, a
@@ -155,8 +176,7 @@ class _ShardedSplit:
         while i < n:
             if self._files is None or (self._filled > 0 and self._filled + lengths[i] > self.capacity):
                 self._open_shard()
-            fit = np.searchsorted(bounds[i + 1:] - bounds[i], self.capacity - self._filled, side="right")
-            j = i + max(1, int(fit))  # as many whole items as fit, at least one
+            j = _fit(bounds, i, self.capacity - self._filled)
             self._filled += int(bounds[j] - bounds[i])
             yield i, j
             i = j

@@ -1,6 +1,8 @@
 """``verify --sources``: are the input files the metadata records (``sources``: path,
 bytes, sha256 as prepare read them) still there and unchanged? Only then can the dataset
-be reproduced from them. Without ``--sources`` no input file is read.
+be reproduced from them. Without ``--sources`` no input file is read. An input that
+records no whole-file sha256 (a large file read in ranges: ``sources.records_sha256``)
+is compared by its block hash (``block_sha256``, ``util.hashing.combine_blocks``).
 
 A relative path is resolved against the current folder, as prepare was given it.
 """
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..store.format import METADATA_FILE, Problem
-from ..util.hashing import sha256_file
+from ..util.hashing import HASH_BLOCK_BYTES, file_hashes, sha256_file
 
 MATCHES, MISSING, CHANGED, UNREADABLE = "matches", "missing", "changed", "unreadable"
 
@@ -56,6 +58,10 @@ def check_source(rec: dict, hash_file: Callable[[Path], str] = sha256_file) -> S
         if out.bytes is not None and out.found_bytes != out.bytes:
             out.status, out.reason = CHANGED, f"is {out.found_bytes:,} bytes; {METADATA_FILE} recorded {out.bytes:,}"
             return out
+        block = rec.get("block_sha256")
+        if out.sha256 is None and isinstance(block, dict) and block.get("block_bytes") == HASH_BLOCK_BYTES \
+                and isinstance(block.get("sha256"), str):
+            return _by_blocks(out, block["sha256"], file_hashes(p, whole=False)[1])
         out.found_sha256 = hash_file(p)
     except OSError as e:
         out.status, out.reason = UNREADABLE, f"cannot be read ({e.strerror or e})"
@@ -66,6 +72,15 @@ def check_source(rec: dict, hash_file: Callable[[Path], str] = sha256_file) -> S
                       f"{(out.sha256 or 'none')[:16]}...")
     else:
         out.status = MATCHES
+    return out
+
+
+def _by_blocks(out: SourceCheck, recorded: str, found: str) -> SourceCheck:
+    if found == recorded:
+        out.status = MATCHES
+    else:
+        out.status = CHANGED
+        out.reason = f"has block hash {found[:16]}..., {METADATA_FILE} recorded {recorded[:16]}... (block_sha256)"
     return out
 
 

@@ -157,3 +157,20 @@ def test_the_scripts_use_library_functions_only():
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "sftdata.prepare" in mods or name != "prepare_sft_common.py"
         assert not [m for m in mods if m.startswith("sftdata.cli")], name
+
+
+def test_source_sha256_records_the_whole_file_sha256_of_a_large_input_read_in_ranges(tmp_path, monkeypatch):
+    import hashlib
+
+    import sftdata.sources.partitions as partitions
+
+    monkeypatch.setattr(partitions, "WHOLE_SHA256_BYTES", 100)  # "large": over 100 bytes
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(50)])
+    for name, flag in (("plain", []), ("asked", ["--source-sha256"])):
+        r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / name), "-j", "2", "-q", *flag])
+        assert r.exit_code == 0, r.output
+    plain, asked = (json.loads((tmp_path / n / "dataset_metadata.json").read_text()) for n in ("plain", "asked"))
+    assert plain["sources"][0]["sha256"] is None and "source_sha256" not in plain["options"]
+    assert asked["sources"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert asked["options"]["source_sha256"] is True
+    assert asked["sources"][0]["block_sha256"] == plain["sources"][0]["block_sha256"]

@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import os
+import random
 import sys
 from types import SimpleNamespace
 
@@ -50,12 +51,46 @@ def test_ray_prepare_is_byte_identical_to_local(ray_cluster, inputs, tmp_path, p
     assert not list(tmp_path.glob("*/_parts")) and sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
 
 
+def test_ray_reads_a_parquet_file_in_row_groups(ray_cluster, tmp_path):
+    """Each task reads whole row groups, numbered from the rows before them (the footer's):
+    the dataset, the rejects and the input's hashes of a local run."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [json.dumps(chat(f"question {i % 40}", f"answer {i % 40}")) for i in range(60)]  # 40-59 repeat 0-19
+    rows[17] = "{broken"
+    pq.write_table(pa.table({"record": rows}), tmp_path / "in.parquet", row_group_size=6)
+    opts = PrepareOptions(val_split=0.1, shard_tokens=500, dedup="exact")
+    local = prepare([tmp_path / "in.parquet"], tmp_path / "local", opts)
+    prepare([tmp_path / "in.parquet"], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert local.rejected == {"duplicate": 19, "invalid_json": 1}
+
+
 def test_ray_prepare_tool_with_workers_of_one_partition_each(ray_cluster, tmp_path):
     src = ROOT / "sample_data" / "tools.jsonl"
     opts = PrepareOptions(mode="tool", val_split=0.2)
     prepare([src], tmp_path / "local", opts)
     prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1))  # one line each
     same_dataset(tmp_path / "local", tmp_path / "ray")
+
+
+@pytest.mark.parametrize("dedup", ["near", "exact"])
+def test_dedup_and_decontamination_on_ray_drop_what_the_local_run_drops(ray_cluster, tmp_path, dedup):
+    """Signatures and keys computed in the tasks, grouped by bucket across tasks, and the
+    candidates decided in input order by the driver: the dataset of a local run."""
+    pytest.importorskip("rensa")
+    words = [random.Random(i).choices(range(5000), k=160) for i in range(60)]
+    base = [chat(f"question {i}: " + " ".join(f"w{x}" for x in ws[:40]), " ".join(f"r{x}" for x in ws[40:]))
+            for i, ws in enumerate(words)]
+    near = [chat(r["messages"][0]["content"], r["messages"][1]["content"] + " and one more") for r in base[::7]]
+    src = write_jsonl(tmp_path / "in.jsonl", base + base[5:25:3] + ["oops"] + near + base[:3])
+    ev = write_jsonl(tmp_path / "ev.jsonl", [{"q": base[11]["messages"][1]["content"]}])
+    opts = PrepareOptions(dedup=dedup, decontaminate=(str(ev),), val_split=0.1, shard_tokens=2000)
+    local = prepare([src], tmp_path / "local", opts)
+    ray = prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=5000))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    assert local.dedup == ray.dedup and local.rejected == ray.rejected
+    assert local.rejected == {"contaminated": 2, "duplicate": {"near": 18, "exact": 9}[dedup], "invalid_json": 1}
 
 
 def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
@@ -69,13 +104,15 @@ def test_the_cli_runs_prepare_on_ray(ray_cluster, inputs, tmp_path):
     assert tool.exit_code == 0, tool.output
 
 
-def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path):
-    """A worker process killed (SIGKILL) while its task writes: Ray runs the task again,
-    the dead attempt's partial folder is never read, and the dataset is identical."""
+@pytest.mark.parametrize("writing", ["part_*", "train_*"])
+def test_a_killed_worker_is_retried_and_the_output_is_the_same(ray_cluster, tmp_path, writing):
+    """A worker process killed (SIGKILL) while its task writes (a partition's staged
+    episodes, or a final shard): Ray runs the task again, the dead attempt's partial folder
+    is never read, and the dataset is identical."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i} " * 40, f"answer {i} " * 40) for i in range(1500)])
     opts = PrepareOptions(val_split=0.05)
     prepare([src], tmp_path / "local", opts)
-    with kill_first_writer(tmp_path, ".ray*/_parts/part_*.tmp-*") as killed:
+    with kill_first_writer(tmp_path, f".ray*/_parts/{writing}.tmp-*") as killed:
         prepare([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=200_000))
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")

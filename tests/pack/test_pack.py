@@ -56,7 +56,7 @@ def test_bfd_output_layout_metadata_and_rebuild(source, tmp_path):
     assert out.kind == "packed" and out.layout == "sharded" and sorted(out.splits) == ["train", "val"]
     meta = out.metadata
     assert meta["packing"] == {"block_size": 255, "row_len": 256, "strategy": "bfd", "overlong": "truncate",
-                               "pad_token_id": 100257, "seed": 1, "shard_tokens": 100_000_000, "pad_seq_id": -1,
+                               "pad_token_id": 100257, "seed": 1, "shard_tokens": 16_000_000, "pad_seq_id": -1,
                                "segment_fields": ["row", "offset", "length", "prefix", "episode",
                                                   "episode_start", "source"]}
     assert meta["source"]["path"] == str(source.resolve())

@@ -86,17 +86,48 @@ def test_near_drops_the_near_copy_too(src, tmp_path):
     assert strict.rejected == {"duplicate": 2}  # the near copy is below 0.99
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_byte_identical_for_any_worker_count(src, tmp_path, workers, monkeypatch):
+@pytest.mark.parametrize("dedup", ["near", "exact", "off"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_byte_identical_for_any_worker_count(tmp_path, workers, dedup, monkeypatch):
+    """Workers reading ranges of the input stage their records' keys; group tasks find the
+    equal keys bucket by bucket and the parent decides the candidates alone: the drops,
+    rejects and counts of the one decision in input order."""
     pytest.importorskip("rensa")
     import sftdata.prepare.pool as prep
 
     monkeypatch.setattr(prep, "CHUNK_RECORDS", 3)  # several chunks: the decision crosses chunk borders
+    monkeypatch.setattr(prep, "MAX_PART_BYTES", 3000)  # several ranges: the groups cross the workers' ranges
+    monkeypatch.setattr(prep, "MIN_PART_BYTES", 3000)
+    recs = records()
+    src = write_jsonl(tmp_path / "in.jsonl", recs + recs[3:7] + ["oops"] + [recs[9], recs[1]])
     ev = write_jsonl(tmp_path / "ev.jsonl", [{"prompt": records()[3]["messages"][1]["content"][:400]}])
-    opts = dict(dedup="near", decontaminate=(str(ev),), val_split=0.2)
-    prepare([src], tmp_path / "one", PrepareOptions(workers=1, **opts))
-    prepare([src], tmp_path / "many", PrepareOptions(workers=workers, **opts))
+    opts = dict(dedup=dedup, decontaminate=(str(ev),), val_split=0.2)
+    one = prepare([src], tmp_path / "one", PrepareOptions(workers=1, **opts))
+    many = prepare([src], tmp_path / "many", PrepareOptions(workers=workers, **opts))
     assert files(tmp_path / "one") == files(tmp_path / "many")
+    assert one.dedup == many.dedup and one.rejected == many.rejected
+    assert one.rejected["contaminated"] == 2 and one.rejected.get("duplicate", 0) == {"near": 8, "exact": 7}.get(dedup, 0)
+
+
+def test_several_inputs_in_ranges_drop_the_records_one_process_drops(tmp_path, monkeypatch):
+    """Records are numbered from their input's start in a worker: the contaminated ones and
+    the keys of the second input are placed after the first input's records."""
+    pytest.importorskip("rensa")
+    import sftdata.prepare.pool as prep
+
+    monkeypatch.setattr(prep, "MAX_PART_BYTES", 3000)
+    monkeypatch.setattr(prep, "MIN_PART_BYTES", 3000)
+    recs = records()
+    a = write_jsonl(tmp_path / "a.jsonl", recs[:6])
+    b = write_jsonl(tmp_path / "b.jsonl", [recs[7], recs[3], "oops", recs[1], recs[6], recs[7]])
+    ev = write_jsonl(tmp_path / "ev.jsonl", [{"prompt": recs[6]["messages"][1]["content"][:400]}])
+    opts = dict(dedup="near", decontaminate=(str(ev),), val_split=0.2)
+    one = prepare([a, b], tmp_path / "one", PrepareOptions(workers=1, **opts))
+    many = prepare([a, b], tmp_path / "many", PrepareOptions(workers=2, **opts))
+    assert files(tmp_path / "one") == files(tmp_path / "many")
+    assert [(r["record"], r["reason"]) for r in rejects(tmp_path / "many")] == [
+        (7, "duplicate"), (8, "invalid_json"), (9, "duplicate"), (10, "contaminated"), (11, "duplicate")]
+    assert one.rejected == many.rejected == {"contaminated": 1, "duplicate": 3, "invalid_json": 1}
 
 
 def test_contaminated_records_name_the_eval_file_and_item(src, tmp_path):
@@ -158,9 +189,3 @@ def test_the_cli_flags_and_the_hint_to_drop_duplicates(src, tmp_path):
     assert r.exit_code == 0 and orjson.loads(r.stdout)["dedup"] == {"mode": "exact", "exact_duplicates": 2}
     r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "c"), "--dedup", "some"])
     assert r.exit_code == 2 and "--dedup must be one of off, exact, near, not 'some'" in r.stderr
-
-
-def test_another_engine_is_refused_with_curation(src, tmp_path):
-    never = lambda *a: iter(())  # noqa: E731  (an engine that is not asked to run)
-    with pytest.raises(UsageError, match="--dedup and --decontaminate run with --engine local"):
-        prepare([src], tmp_path / "x", PrepareOptions(dedup="exact"), executor=never)

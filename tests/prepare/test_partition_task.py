@@ -1,16 +1,13 @@
 """--workers > 1 on plain JSONL: each worker reads its own byte range of the input (the
-partitions --engine ray uses) and the output is byte-identical to one worker's."""
+partitions --engine ray uses), stages its episodes, and the workers write the final shards
+the parent planned: the output is byte-identical to one worker's."""
 
 import gzip
 import json
-from collections import Counter
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from sftdata.errors import SftDataError
-from sftdata.prepare import ChunkResult, PrepareOptions, local_parts, partition_task, pool, prepare, run
+from sftdata.prepare import PrepareOptions, local_parts, pool, prepare, run
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
 from tests.helpers.data import chat, write_jsonl
@@ -55,8 +52,8 @@ def tree_bytes(root):
 @pytest.fixture
 def small_ranges(monkeypatch):
     """Ranges of about 2 KB, so a small input is cut into many."""
-    monkeypatch.setattr(partition_task, "MIN_PART_BYTES", 2000)
-    monkeypatch.setattr(partition_task, "MAX_PART_BYTES", 2000)
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 2000)
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 2000)
     monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
 
 
@@ -70,8 +67,8 @@ def summary_of(s):
 @pytest.fixture
 def guided_ranges(monkeypatch):
     """Ranges of at most 3 KB shrinking to 300 bytes at the end (the default sizes, scaled down)."""
-    monkeypatch.setattr(partition_task, "MIN_PART_BYTES", 300)
-    monkeypatch.setattr(partition_task, "MAX_PART_BYTES", 3000)
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 300)
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 3000)
     monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
 
 
@@ -141,8 +138,8 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     packed = tmp_path / "in.jsonl.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     calls = []
-    real = run.partition_results
-    monkeypatch.setattr(run, "partition_results", lambda *a: calls.append(1) or real(*a))
+    real = run.partitioned_results
+    monkeypatch.setattr(run, "partitioned_results", lambda *a: calls.append(1) or real(*a))
     prepare([packed], tmp_path / "one", PrepareOptions(mode="tool", val_split=0.1))
     prepare([packed], tmp_path / "two", PrepareOptions(mode="tool", val_split=0.1, workers=2))
     prepare([packed], tmp_path / "near", PrepareOptions(mode="tool", workers=2, dedup="exact"))
@@ -155,20 +152,3 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     named = ("dataset_metadata.json", "rejects.jsonl")  # they name the input
     assert all(one[k] == three[k] for k in one if k not in named)
     assert one["rejects.jsonl"].replace(b"in.jsonl.gz", b"in.jsonl") == three["rejects.jsonl"]
-
-
-def test_a_range_hands_its_tokens_over_in_a_file_read_once_and_removed(tmp_path):
-    ids, mask = np.array([5, 70000, 9], np.uint32), np.array([0, 1, 1], np.uint8)
-    res = ChunkResult(ids, mask, np.array([3]), np.array([0]), [], Counter(), Counter(), 0, 0, 1)
-    path = Path(partition_task._hand_off(tmp_path / "range_000000.bin", [res, res], np.dtype(np.uint32)))
-    assert path.read_bytes() == ids.tobytes() * 2 + mask.tobytes() * 2
-    s = partition_task.PartSummary(0, partition_task.empty_result(), 2, None, 2, 6, handoff=str(path))
-    partition_task._take_handoff(s, np.dtype(np.uint32))
-    assert s.result.ids.tolist() == [5, 70000, 9] * 2 and s.result.mask.tolist() == [0, 1, 1] * 2
-    assert not path.exists() and s.handoff is None
-    partition_task._hand_off(path, [res], np.dtype(np.uint32))
-    short = partition_task.PartSummary(0, partition_task.empty_result(), 1, None, 1, 4, handoff=str(path))
-    with pytest.raises(SftDataError, match=rf"the tokens a worker handed over in {path} were cut short \(3 ids and 0 "
-                                           r"mask values of 4\); nothing was written"):
-        partition_task._take_handoff(short, np.dtype(np.uint32))
-    assert path.exists()  # named by the message; the failed run's staging folder goes with it

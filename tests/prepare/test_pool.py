@@ -83,8 +83,17 @@ def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
         done[i].set()
         return i * i
 
-    jobs = ((job, (i,), f"job {i}", f"tag {i}") for i in range(12))
-    got = list(pool.in_order(ThreadPoolExecutor(4), jobs, 3))
+    class Threads:  # a runner (prepare.options.TaskRunner) over 4 threads, 3 jobs in flight at most
+        depth, threads = 3, ThreadPoolExecutor(4)
+
+        def submit(self, fn, args, doing):
+            return self.threads.submit(fn, *args)
+
+        def result(self, future, doing):
+            return future.result()
+
+    jobs = (((i,), f"job {i}", f"tag {i}") for i in range(12))
+    got = list(pool.in_order(Threads(), job, jobs))
     assert got == [(i * i, f"tag {i}") for i in range(12)]
     assert finished == [2, 1, 0, 5, 4, 3, 8, 7, 6, 11, 10, 9]  # the results came back out of order
     assert most[0] <= 3

@@ -2,12 +2,11 @@
 order, and the same bytes whether the episodes go through the staging shard or straight
 to train."""
 
-import functools
+import dataclasses
 
 import numpy as np
 
-from sftdata.curate import CurateSettings
-from sftdata.prepare import PrepareOptions, prepare, run, split, split_assignment
+from sftdata.prepare import PrepareOptions, pool, prepare, split, split_assignment
 from sftdata.store import open_dataset
 from tests.helpers.data import chat, write_jsonl
 
@@ -33,13 +32,14 @@ def _files(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_the_staging_split(tmp_path):
+def test_no_val_split_writes_train_directly_with_the_same_bytes_as_through_staged_parts(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "in.jsonl", records(40) + ["nope"])
     opts = PrepareOptions(shard_tokens=120)  # several train shards
     direct = prepare([src], tmp_path / "direct", opts)
-    # an executor sends the episodes through the staging shard and the split, as with a val split
-    staged = prepare([src], tmp_path / "staged", opts, executor=functools.partial(run.local_results,
-                                                                                   curate=CurateSettings()))
+    # two workers stage their ranges' episodes, and write the shards the parent planned from their lengths
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 500)
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 500)
+    staged = prepare([src], tmp_path / "staged", dataclasses.replace(opts, workers=2))
     assert direct.shards == staged.shards == {"train": direct.shards["train"]} and direct.shards["train"] > 2
     assert _files(tmp_path / "direct") == _files(tmp_path / "staged")
     assert not (tmp_path / "direct" / "_staging").exists()

@@ -292,15 +292,15 @@ def test_a_pyarrow_whose_reader_class_differs_is_read_through_parquet_file(tmp_p
                                         separators=(",", ":")).encode())
 
 
-def test_a_parquet_sources_sha256_is_of_its_bytes_read_a_buffer_at_a_time(tmp_path, monkeypatch):
-    import sftdata.sources.records as records
+def test_a_parquet_sources_sha256_is_of_its_bytes_read_a_buffer_at_a_time(tmp_path):
+    from sftdata.util.hashing import file_hashes
 
     pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "a.parquet")
     data = (tmp_path / "a.parquet").read_bytes()
-    monkeypatch.setattr(records, "READ_BYTES", 1000)  # many reads, the last one short
-    assert len(data) % 1000 and records.sha256_file(str(tmp_path / "a.parquet")) == hashlib.sha256(data).hexdigest()
+    # many reads, the last one short
+    assert len(data) % 1000 and file_hashes(tmp_path / "a.parquet", read_bytes=1000)[0] == hashlib.sha256(data).hexdigest()
     (tmp_path / "empty").write_bytes(b"")
-    assert records.sha256_file(str(tmp_path / "empty")) == hashlib.sha256(b"").hexdigest()
+    assert file_hashes(tmp_path / "empty")[0] == hashlib.sha256(b"").hexdigest()
     s = prepare([tmp_path / "a.parquet"], tmp_path / "ds", PrepareOptions(workers=1))
     assert s.episodes == {"train": 30}
     assert open_dataset(tmp_path / "ds").metadata["sources"][0]["sha256"] == hashlib.sha256(data).hexdigest()
@@ -324,3 +324,56 @@ def test_arrows_memory_while_reading_is_about_a_batch_and_a_page_not_a_column_ch
     n, pool, peak = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                    env=env).stdout.split()
     assert (n, pool) == ("600", "system") and int(peak) < 1 << 20
+
+
+def files_of(path) -> dict:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_row_groups_are_partitions_read_as_a_sequential_read_reads_them(tmp_path):
+    """A local Parquet file is cut into whole row groups (the footer's offsets); each
+    partition's rows are numbered from the rows before it, its bytes cover the file, and
+    the scans of its ranges give the block hash a sequential read records."""
+    from sftdata.sources import iter_records
+    from sftdata.sources.partitions import iter_partition, plan_partitions, scan_range
+    from sftdata.util.hashing import combine_blocks, file_hashes
+
+    bad = ["not json"] * 1 + [None]
+    rows = [json.dumps(r) for r in RECORDS[:12]] + bad + [json.dumps(r) for r in RECORDS[12:]]
+    pq.write_table(pa.table({"record": rows}), tmp_path / "a.parquet", row_group_size=5)
+    info = inspect_source(tmp_path / "a.parquet")
+    parts = plan_partitions([info], 1)  # every row group a partition
+    assert [p.groups for p in parts] == [(g, g + 1, 5 * g) for g in range(7)]
+    assert parts[0].start == 0 and parts[-1].end == info.bytes
+    assert all(a.end == b.start for a, b in zip(parts, parts[1:]))
+    seq = [(r.record, r.where, r.raw, r.reject) for r, _ in iter_records(inspect_source(tmp_path / "a.parquet"))]
+    got, used = [], 0
+    for p in parts:
+        for rec, pos in iter_partition(p, p.groups[2], 1 << 20):
+            if rec is None:
+                used += pos
+            else:
+                got.append((rec.record, rec.where, rec.raw, rec.reject))
+    assert got == seq and used == 32 and got[13][1] == f"{tmp_path / 'a.parquet'}:row 13"
+    digests = [d for p in parts for d in scan_range(str(tmp_path / "a.parquet"), p.start, p.end, info.bytes,
+                                                     count_lines=False).digests]
+    assert combine_blocks(digests) == file_hashes(tmp_path / "a.parquet")[1]
+    two = plan_partitions([info], parts[2].start - parts[1].start + 1)  # a little over a row group: two each
+    assert two[0].groups == (0, 2, 0) and [p.index for p in two] == list(range(len(two)))
+    assert [p.groups[1] for p in two[:-1]] == [p.groups[0] for p in two[1:]] and two[-1].groups[1] == 7
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_reading_row_groups_write_the_one_process_dataset(tmp_path, monkeypatch, workers):
+    import sftdata.prepare.pool as pool
+
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 1)  # a partition per row group
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 1)
+    rows = [json.dumps(r) for r in RECORDS] + ["{oops"] + [json.dumps(r) for r in RECORDS[:4]]
+    pq.write_table(pa.table({"record": rows}), tmp_path / "a.parquet", row_group_size=4)
+    src = write_jsonl(tmp_path / "b.jsonl", RECORDS[3:9])
+    opts = dict(val_split=0.2, shard_tokens=300, dedup="exact")
+    one = prepare([tmp_path / "a.parquet", src], tmp_path / "one", PrepareOptions(workers=1, **opts))
+    many = prepare([tmp_path / "a.parquet", src], tmp_path / "many", PrepareOptions(workers=workers, **opts))
+    assert files_of(tmp_path / "one") == files_of(tmp_path / "many")
+    assert one.rejected == many.rejected == {"duplicate": 10, "invalid_json": 1}

@@ -8,13 +8,14 @@ import pytest
 from sftdata.errors import InputError
 from sftdata.sources import inspect_source, iter_records
 from sftdata.sources.partitions import (
-    SequentialScan,
     file_digest,
     iter_partition,
-    line_counts,
     plan_partitions,
+    records_sha256,
+    scan_range,
     splittable,
 )
+from sftdata.util import hashing
 
 MAX = 1 << 20
 
@@ -24,15 +25,22 @@ def sequential(path):
     return [(r.record, r.where, r.raw, r.reject) for r, _ in iter_records(info, MAX)], info
 
 
+def lines_before(info, parts):
+    """The lines before each partition, from the scans of the ranges before it."""
+    out, before = [], 0
+    for p in parts:
+        out.append(before)
+        if not p.whole:
+            before += scan_range(info.path, p.start, p.end, info.bytes).lines
+    return out
+
+
 def by_partitions(path, part_bytes):
     info = inspect_source(path)
     parts = plan_partitions([info], part_bytes)
-    cuts = [p.start for p in parts if p.start]
-    counts = line_counts(info.path, cuts)
     sha, size = file_digest(info.path)
     out, lines = [], 0
-    for p in parts:
-        before = counts[cuts.index(p.start)] if p.start else 0
+    for p, before in zip(parts, lines_before(info, parts)):
         for rec, pos in iter_partition(p, before, MAX):
             if rec is None:
                 lines += pos
@@ -64,8 +72,8 @@ def test_a_line_longer_than_the_record_bound_is_rejected_in_a_range_too(tmp_path
     path.write_bytes(b'{"a": 1}\n' + b'{"x": "' + b"y" * 5000 + b'"}\n{"z": 0}\n')
     info = inspect_source(path)
     parts = plan_partitions([info], 100)
-    counts = line_counts(info.path, [p.start for p in parts if p.start])
-    recs = [r for p in parts for r, _ in iter_partition(p, counts[0] if p.start else 0, 1000) if r is not None]
+    recs = [r for p, before in zip(parts, lines_before(info, parts)) for r, _ in iter_partition(p, before, 1000)
+            if r is not None]
     assert [(r.record, r.where.rsplit(":", 1)[1], r.reject and r.reject[0]) for r in recs] == [
         (0, "line 1", None), (1, "line 2", "record_too_large"), (2, "line 3", None)]
 
@@ -85,22 +93,47 @@ def test_only_plain_local_jsonl_is_cut(tmp_path):
     assert all(p.info.first_record == 0 for p in parts) and [p.index for p in parts] == list(range(len(parts)))
 
 
-def test_a_sequential_scan_counts_the_lines_before_each_cut_and_hashes_the_input(tmp_path):
+@pytest.mark.parametrize("block", [1, 5, 16, 1 << 20])
+@pytest.mark.parametrize("part_bytes", [1, 7, 40, 10**6])
+def test_the_scans_of_the_ranges_count_their_lines_and_hash_every_block_once(tmp_path, monkeypatch, block,
+                                                                            part_bytes):
+    """Each range's scan counts its newlines and hashes the blocks that start in it (reading
+    on past its end to finish the last): together, the lines and the block hash a sequential
+    read of the whole input gives, whatever the cut and the block size."""
+    monkeypatch.setattr(hashing, "HASH_BLOCK_BYTES", block)
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n{"b": 2}\n' + b'{"x": "' + b"y" * 3000 + b'"}\n{"z": 0}')
     info = inspect_source(path)
-    cuts = [p.start for p in plan_partitions([info], 7) if p.start]
-    with SequentialScan(info.path) as scan:
-        assert [scan.lines_before(c) for c in cuts] == line_counts(info.path, cuts) == [1, 3, 4]
-        assert scan.lines_before(cuts[-1]) == 4  # the same offset again: nothing more read
-        with pytest.raises(ValueError, match=f"offsets must come in ascending order: 3 after {cuts[-1]}"):
-            scan.lines_before(3)
-        read = sequential(path)[1]  # what a sequential read of the input records
-        assert scan.digest() == file_digest(info.path) == (read.sha256, read.bytes)
-    with SequentialScan(info.path) as scan:  # asked for the digest at once
-        assert scan.digest() == (read.sha256, read.bytes)
-    with pytest.raises(InputError, match=f"input file {tmp_path / 'gone.jsonl'} cannot be read"):
-        SequentialScan(str(tmp_path / "gone.jsonl"))
+    read = sequential(path)[1]  # what a sequential read of the input records
+    parts = [p for p in plan_partitions([info], part_bytes) if not p.whole] or \
+        plan_partitions([info], part_bytes, shrink=(1, 1))
+    scans = [scan_range(info.path, p.start if not p.whole else 0, p.end or info.bytes, info.bytes) for p in parts]
+    assert sum(s.lines for s in scans) == 4 and read.records == 5  # the last line has no newline
+    firsts = [s.first_block for s in scans if s.digests]
+    digests = [d for s in scans for d in s.digests]
+    assert firsts == sorted(firsts) and len(digests) == -(-info.bytes // block)  # each block once, in order
+    assert hashing.combine_blocks(digests) == read.block_sha256 == hashing.file_hashes(path)[1]
+    assert file_digest(info.path) == (read.sha256, read.bytes)
+    if part_bytes == 7:
+        assert [s.lines for s in scans] == [1, 2, 1, 0]  # lines before the cuts: 1, 3, 4
+    path.write_bytes(b"short")  # changed after the run planned it
+    with pytest.raises(InputError, match=rf"input file {path} is shorter than when the run started \(5 bytes, was "
+                                         rf"{info.bytes:,}\); it changed while it was read"):
+        scan_range(info.path, 0, info.bytes, info.bytes)
+    with pytest.raises(InputError, match=f"input file {tmp_path / 'gone.jsonl'} does not exist"):
+        scan_range(str(tmp_path / "gone.jsonl"), 0, 10, 10)
+
+
+def test_the_whole_file_sha256_is_recorded_where_cheap_or_asked(tmp_path, monkeypatch):
+    plain = tmp_path / "a.jsonl"
+    plain.write_bytes(b'{"a": 1}\n' * 100)
+    packed = tmp_path / "b.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"a": 1}\n' * 100))
+    a, b = inspect_source(plain), inspect_source(packed)
+    assert records_sha256(a) and records_sha256(b)
+    monkeypatch.setattr("sftdata.sources.partitions.WHOLE_SHA256_BYTES", 100)  # a.jsonl is "large" now
+    assert not records_sha256(a) and records_sha256(a, asked=True)
+    assert records_sha256(b)  # read whole by one reader anyway: hashed on the way
 
 
 def test_guided_ranges_shrink_towards_the_end_and_read_the_records_of_a_sequential_read(tmp_path):
@@ -123,10 +156,51 @@ def test_guided_ranges_shrink_towards_the_end_and_read_the_records_of_a_sequenti
     assert sizes[-3] < 600 and sizes.index(max(sizes)) < len(sizes) // 3
     for info in infos:  # per input: the records of a sequential read, numbered from its start
         own = [p for p in parts if p.source == infos.index(info)]
-        counts = line_counts(info.path, [p.start for p in own if p.start])
-        got = [(r.record, r.where, r.raw) for k, p in enumerate(own)
-               for r, _ in iter_partition(p, counts[k - 1] if k else 0, MAX) if r is not None]
+        got = [(r.record, r.where, r.raw) for p, before in zip(own, lines_before(info, own))
+               for r, _ in iter_partition(p, before, MAX) if r is not None]
         want_records, _ = sequential(info.path)
         assert got == [(r, w, raw) for r, w, raw, _ in want_records]
     whole = plan_partitions([inspect_source(b)], 10**6, shrink=(4, 10**6))  # within the first range's size
     assert len(whole) == 1 and whole[0].whole
+
+
+def test_cutting_reads_a_few_lines_per_cut_and_follows_a_long_line_to_its_end(tmp_path, monkeypatch):
+    """The coordinator finds each cut's line start with a probe of PROBE_BYTES, doubled
+    while no newline shows: what it reads grows with the cuts, not with the input."""
+    import builtins
+
+    from sftdata.sources import partitions
+
+    path = tmp_path / "in.jsonl"
+    short = b'{"messages": []}\n' * 20_000  # 340,000 bytes of 17-byte lines
+    path.write_bytes(short + b'"' + b"x" * 100_000 + b'"\n' + short)
+    read = []
+    real_open = builtins.open
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def seek(self, pos):
+            return self.f.seek(pos)
+
+        def read(self, n):
+            read.append(n)
+            return self.f.read(n)
+
+    info = inspect_source(path)
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: Counted(real_open(p, *a, **k)) if str(p) == str(path)
+                        else real_open(p, *a, **k))
+    parts = plan_partitions([info], 100_000)
+    monkeypatch.undo()
+    assert [(p.start, p.end) for p in parts] == [(0, 100_011), (100_011, 200_005), (200_005, 300_016),
+                                                 (300_016, 440_003), (440_003, 500_013), (500_013, 600_007),
+                                                 (600_007, 700_001), (700_001, 780_003)]
+    probe = partitions.PROBE_BYTES  # the cut at 400,000 falls in the long line: a probe, then twice as much
+    assert read == [probe, probe, probe, probe, 2 * probe, probe, probe, probe]

@@ -392,3 +392,24 @@ def test_an_edited_source_record_is_caught_twice(own):
     edit_metadata(own, lambda m: m["sources"][0].__setitem__("sha256", "0" * 64), reseal=False)
     r = verify(own, sources=True)
     assert failed(r) == {"metadata_checksum": 1, "sources": 1} and r.reproducible is False
+
+
+def test_a_source_read_in_ranges_without_its_sha256_is_compared_by_its_block_hash(tmp_path, monkeypatch):
+    """A plain JSONL file over WHOLE_SHA256_BYTES read by workers in ranges records its block
+    hash only: --sources compares that."""
+    import sftdata.sources.partitions as partitions
+    from tests.helpers.data import chat, write_jsonl
+
+    monkeypatch.setattr(partitions, "WHOLE_SHA256_BYTES", 100)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(50)])
+    prepare([src], tmp_path / "ds", PrepareOptions(workers=2))
+    rec = json.loads((tmp_path / "ds" / "dataset_metadata.json").read_text())["sources"][0]
+    assert rec["sha256"] is None and rec["block_sha256"]["block_bytes"] == 4 << 20
+    r = verify(tmp_path / "ds", sources=True)
+    assert r.reproducible is True and (r.sources[0].status, r.sources[0].reason) == ("matches", "")
+    src.write_bytes(src.read_bytes().replace(b"answer 7", b"answer 8"))
+    r = verify(tmp_path / "ds", sources=True)
+    found = hashlib.sha256(hashlib.sha256(src.read_bytes()).digest()).hexdigest()
+    assert r.reproducible is False and (r.sources[0].status, r.sources[0].reason) == (
+        "changed", f"has block hash {found[:16]}..., dataset_metadata.json recorded "
+        f"{rec['block_sha256']['sha256'][:16]}... (block_sha256)")

@@ -1,0 +1,80 @@
+"""The second wave of a partitioned run: a worker (a ``--workers`` process, or a Ray task)
+writes one final shard from the staged episodes the coordinator's plan names.
+
+::
+
+    _parts/part_000003/s/shard_00000 ─┐  episodes [4, 9) of part 3, those the plan takes
+    _parts/part_000004/s/shard_00000 ─┴► _parts/train_000001.tmp-PID-RANDOM/s/shard_00000
+                                          ──rename──► train/shard_00001   (its record back)
+
+The shard is written by the split writer itself, so its bytes, sha256 and record are the
+ones the single-process run writes at that place. A task whose worker died leaves its
+``.tmp-`` folder, never renamed; a retry writes the shard again and replaces one that an
+attempt completed but could not report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ..records.rejects import writing
+from ..store.format import STOP_FILE, shard_name
+from ..store.shard import Shard
+from ..store.writer import SplitWriter
+from .plan import Piece, ShardJob
+
+COPY_TOKENS = 1 << 20  # tokens read at once from a staged part (bounds a task's memory)
+
+
+def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None:
+    """The episodes of ``piece`` appended to ``writer``, about ``COPY_TOKENS`` at a time."""
+    src = Shard(Path(piece.path), token_dtype)
+    index = src.index
+    i = piece.first
+    while i < piece.stop:
+        base = int(index[i, 0])
+        ends = index[i:piece.stop, 0].astype(np.int64) + index[i:piece.stop, 1].astype(np.int64)
+        j = i + max(1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
+        lens = index[i:j, 1].astype(np.int64)
+        toks, mask = src.read_range(base, int(ends[j - i - 1]))
+        srcs = src.sources[i:j].astype(np.int64) + piece.record_offset
+        if piece.take is None:
+            writer.add_many(toks, mask, lens, srcs)
+        else:
+            take = piece.take[i - piece.first:j - piece.first]
+            if take.any():
+                per_token = np.repeat(take, lens)
+                writer.add_many(toks[per_token], mask[per_token], lens[take], srcs[take])
+        i = j
+
+
+def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str) -> dict | None:
+    """One task: the shard ``job`` names, written under ``stage_dir`` and renamed to
+    ``root/SPLIT/shard_NNNNN``; returns its record (the split writer's: counts, every
+    file's bytes and sha256, value ranges). None when the run has stopped. ``output``: the
+    run's output, named by a failed write."""
+    stop = Path(stage_dir) / STOP_FILE
+    if stop.exists():
+        return None
+    dtype = np.dtype(token_dtype)
+    name = shard_name(job.index)
+    tmp = Path(stage_dir) / f"{job.split}_{job.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    writer = SplitWriter(tmp, "s", dtype, 1 << 62)
+    with writing(tmp, output):
+        for piece in job.pieces:
+            if stop.exists():
+                return None
+            copy_piece(piece, dtype, writer)
+        record = writer.close()["shards"][0]
+    final = Path(root) / job.split / name
+    if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
+        shutil.rmtree(final)
+    os.rename(tmp / "s" / "shard_00000", final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {**record, "name": name}

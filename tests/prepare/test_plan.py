@@ -1,0 +1,94 @@
+"""The coordinator's plan (prepare/plan.py) and the shard task (prepare/shard_task.py): the
+final shards planned from the staged parts' lengths alone, each written by a task, are the
+shards the split writer writes when it is given the kept episodes in input order."""
+
+import numpy as np
+import pytest
+
+from sftdata.prepare.options import StagedPart
+from sftdata.prepare.plan import plan_shards
+from sftdata.prepare.shard_task import write_shard
+from sftdata.store.format import PARTS_DIR, STOP_FILE
+from sftdata.store.writer import SplitWriter, shard_starts
+from tests.helpers.engines import files
+
+
+def test_shard_starts_is_the_writers_rolling_rule_however_the_items_are_appended(tmp_path):
+    assert shard_starts([3, 3, 3, 9, 1], 6).tolist() == [0, 2, 3, 4]
+    assert shard_starts([], 6).tolist() == []
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        lengths = rng.integers(1, 40, size=int(rng.integers(1, 60)))
+        cap = int(rng.integers(1, 120))
+        w = SplitWriter(tmp_path / str(trial), "s", np.dtype(np.uint16), cap)
+        i = 0
+        while i < lengths.size:  # appended in batches of random sizes
+            j = min(lengths.size, i + int(rng.integers(1, 7)))
+            ln = lengths[i:j]
+            w.add_many(np.ones(int(ln.sum()), np.uint16), np.zeros(int(ln.sum()), np.uint8), ln, np.arange(i, j))
+            i = j
+        counts = [s["episodes"] for s in w.close()["shards"]]
+        assert np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist() == shard_starts(lengths, cap).tolist()
+
+
+def staged_parts(root, rng, sizes):
+    """Parts of ``sizes`` episodes each, staged by split writers as partition tasks stage
+    them; returns the parts and every episode as (ids, mask, record) in input order."""
+    parts, episodes, record = [], [], 0
+    for k, n in enumerate(sizes):
+        w = SplitWriter(root / f"part_{k}", "s", np.dtype(np.uint32), 1 << 62)
+        lengths = rng.integers(1, 25, size=n)
+        ids = rng.integers(0, 70000, size=int(lengths.sum())).astype(np.uint32)
+        mask = rng.integers(0, 2, size=ids.size).astype(np.uint8)
+        sources = np.arange(n) * 2  # records numbered from the start of their input: every other one
+        if n:
+            w.add_many(ids, mask, lengths, sources)
+        w.close()
+        ends = np.cumsum(lengths)
+        episodes += [(ids[e - ln:e], mask[e - ln:e], int(s) + record) for e, ln, s in zip(ends, lengths, sources)]
+        parts.append(StagedPart(str(root / f"part_{k}" / "s" / "shard_00000"), n, int(lengths.sum()), record,
+                                lengths.astype(np.int64), sources + record))
+        record += 1000
+    return parts, episodes
+
+
+@pytest.mark.parametrize("shard_tokens", [1, 40, 100, 10**6])
+def test_the_planned_shards_written_by_tasks_are_the_split_writers(tmp_path, shard_tokens):
+    rng = np.random.default_rng(shard_tokens)
+    parts, episodes = staged_parts(tmp_path / "stage", rng, [7, 0, 12, 1, 9])
+    keep = [rng.random(p.episodes) < 0.8 for p in parts]  # the coordinator's curating dropped some episodes
+    parts = [StagedPart(p.path, p.episodes, p.tokens, p.record_offset, p.lengths, p.sources, k)
+             for p, k in zip(parts, keep)]
+    kept = [e for e, k in zip(episodes, np.concatenate(keep)) if k]
+    is_val = np.zeros(len(kept), bool)
+    is_val[rng.permutation(len(kept))[:5]] = True
+    want = {name: SplitWriter(tmp_path / "want", name, np.dtype(np.uint32), shard_tokens) for name in ("train", "val")}
+    for (ids, mask, record), v in zip(kept, is_val):  # the single-process run: one episode at a time
+        want["val" if v else "train"].add_many(ids, mask, [ids.size], [record])
+    want_meta = {name: w.close() for name, w in want.items()}
+    got = tmp_path / "got"
+    (got / PARTS_DIR).mkdir(parents=True)
+    (got / "train").mkdir()
+    (got / "val").mkdir()
+    jobs = plan_shards(parts, is_val, shard_tokens, ("train", "val"))
+    records = [write_shard(job, "uint32", str(got), str(got / PARTS_DIR), "out") for job in jobs]
+    assert [r for r, j in zip(records, jobs) if j.split == "train"] == want_meta["train"]["shards"]
+    assert [r for r, j in zip(records, jobs) if j.split == "val"] == want_meta["val"]["shards"]
+    assert [j.tokens for j in jobs] == [r["tokens"] for r in records]
+    assert list((got / PARTS_DIR).iterdir()) == []  # each task's folder renamed into place, then removed
+    assert files(got) == files(tmp_path / "want")
+
+
+def test_an_empty_val_split_is_one_empty_shard_and_a_stopped_run_writes_nothing(tmp_path):
+    rng = np.random.default_rng(1)
+    parts, _ = staged_parts(tmp_path / "stage", rng, [3])
+    jobs = plan_shards(parts, np.zeros(3, bool), 100, ("train", "val"))
+    assert [(j.split, j.index, len(j.pieces)) for j in jobs] == [("train", 0, 1), ("val", 0, 0)]
+    (tmp_path / "ds" / PARTS_DIR).mkdir(parents=True)
+    (tmp_path / "ds" / "val").mkdir()
+    rec = write_shard(jobs[1], "uint32", str(tmp_path / "ds"), str(tmp_path / "ds" / PARTS_DIR), "out")
+    assert (rec["name"], rec["episodes"], rec["tokens"]) == ("shard_00000", 0, 0)
+    assert sorted(p.stat().st_size for p in (tmp_path / "ds" / "val" / "shard_00000").iterdir()) == [0, 0, 0, 0]
+    (tmp_path / "ds" / PARTS_DIR / STOP_FILE).touch()
+    assert write_shard(jobs[0], "uint32", str(tmp_path / "ds"), str(tmp_path / "ds" / PARTS_DIR), "out") is None
+    assert not (tmp_path / "ds" / "train").exists()
