@@ -23,6 +23,9 @@ reply (per episode when the record is served one reply per episode), each ending
 end-of-turn id of the stored rule, holding the reply's text and each call's name.
 
 Per (template, file): records read, kept, rejected by reason, repairs, and the comparison.
+The zoo's folders name no pad token (their pad is the EOS, which some templates end turns
+with), so every run passes ``--allow-pad-as-stop``: it changes no token, only what the
+loader pads with.
 """
 
 from __future__ import annotations
