@@ -137,7 +137,9 @@ DEEPSEEK_EDGES = ["abc123def 4567", "a  1", "a \t 12", "x\u200by \u200b \u200d",
 def test_deepseek_v3s_three_split_regexes_run_as_one_pattern_with_the_library_ids(trained, tmp_path):
     folder = edited(trained, tmp_path / "deepseek", lambda d: d.update(pre_tokenizer=DEEPSEEK_CHAIN))
     tok = load_hf_tokenizer(folder)
-    assert (tok.engine, tok.engine_choice.reason) == ("tiktoken", PROVEN)
+    assert (tok.engine, tok.engine_choice.reason) == (
+        "tiktoken", "byte-level BPE with one split regex (DeepSeek V3's three Split regexes as one pattern): ids proven "
+                    "equal to the tokenizers library at load")
     assert tok.engine_choice.evidence["split_regexes"] == "DeepSeek V3's three Split regexes as one pattern"
     assert tok.engine_choice.evidence["self_check"]["ids_and_offsets_equal"] is True
     assert fast_plan(json.loads((folder / "tokenizer.json").read_text())).pat_str == \
