@@ -20,7 +20,8 @@ episode names the repair. A kept episode equal to none of them is a difference.
 
 For each kept episode the trained tokens are checked too: one trained run per assistant
 reply (per episode when the record is served one reply per episode), each ending with an
-end-of-turn id of the stored rule, holding the reply's text and each call's name.
+end-of-turn id of the stored rule, holding the reply's text and each call's name; and
+``sftdata verify`` runs on each dataset.
 
 Per (template, file): records read, kept, rejected by reason, repairs, and the comparison.
 The zoo's folders name no pad token (their pad is the EOS, which some templates end turns
@@ -237,9 +238,12 @@ def check(folder: Path, data: Path, out: Path, command: str, hf, extra: list[str
                         break
             if problem:
                 mask_bad.append(f"record {r}: {problem}")
+    verified = subprocess.run([sys.executable, "-m", "sftdata", "verify", str(out)], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     row.update(identical=sum(matched.values()), identical_as=dict(matched), differ=len(differ),
                differ_first=differ[:5], appended_stop=stopped, mask_problems=len(mask_bad),
-               mask_first=mask_bad[:5])
+               mask_first=mask_bad[:5], verify="OK" if verified.returncode == 0 else
+               (verified.stdout.strip().splitlines() or ["failed"])[-1][:200])
     return row
 
 
@@ -284,6 +288,7 @@ def main() -> None:
             print(json.dumps(row, ensure_ascii=False) if a.json else
                   f"{name:18} {f:48} " + ("REFUSED " + row["refused"] if "refused" in row else
                   f"read {row['read']} kept {row['kept']} identical {row['identical']} differ {row['differ']} "
+                  f"verify {row['verify']} "
                   f"mask {row['mask_problems']} rejected {row['rejected']} repaired {row['repaired']} "
                   f"as {row['identical_as']} stop {row['appended_stop']} ignored {row['reasoning_ignored']} "
                   f"per-reply {row['per_reply_records']} {row['differ_first'] or ''} {row['mask_first'] or ''}"),
