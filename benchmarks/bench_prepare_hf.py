@@ -206,8 +206,8 @@ def main() -> None:
         runs.setdefault(name, []).append(t)
 
     cli = [sys.executable, "-m", "sftdata", "prepare-chat", str(src), "-o", str(out), "--tokenizer", str(folder),
-           "--overwrite", "--quiet"]
-    opts = PrepareOptions(tokenizer=str(folder), workers=1, overwrite=True)
+           "--force", "--quiet"]  # --force: an up-to-date target would be skipped (issue 35)
+    opts = PrepareOptions(tokenizer=str(folder), workers=1, overwrite=True, force=True)
     for _ in range(a.repeat):
         add("tokenizers encode_batch", timed(lambda: raw.encode_batch(texts, add_special_tokens=False)))
         add("tiktoken core (fast engine)", timed(lambda: [tok.encode_rendered(t) for t in texts]))

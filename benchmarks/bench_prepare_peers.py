@@ -119,7 +119,7 @@ def _env() -> dict:
 
 def run_ours(src: Path, out: Path, workers: int, folder: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "sftdata", "prepare-chat", str(src), "-o", str(out), "-j", str(workers), "-q",
-           "--json", "--overwrite", "--val-split", "0"]
+           "--json", "--force", "--val-split", "0"]  # --force: an up-to-date target would be skipped
     if folder is not None:
         cmd += ["--tokenizer", str(folder), "--chat-template", "llama3"]
     res = measure(cmd, _env())

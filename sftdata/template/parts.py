@@ -9,8 +9,10 @@ knowledge of any template, each part's text (or its JSON) must occur in the rend
 * a reply's text (stripped: templates trim), its ``reasoning_content``, and each call's
   name and each key and value of its arguments must occur in the reply's span (a string
   as written or JSON-escaped; a number, boolean or null as JSON or as Python writes it);
-* each tool result's text must occur in the render, as must each tool's name and the
-  names of its parameters.
+* each tool result's text must occur in the render, as must each tool's name, its
+  description and the names of its parameters, outside the replies' spans: a template
+  that renders no schema (DeepSeek V3.1) still writes a called function's name and
+  argument names in the call, which is not the schema.
 """
 
 from __future__ import annotations
@@ -94,20 +96,36 @@ def missing_reply_part(message: dict, window: str, k: int) -> tuple[str, str] | 
     return None
 
 
-def missing_context_part(text: str, messages: list[dict], tools: list[dict] | None) -> tuple[str, str] | None:
-    """The first tool result or tool schema of ``messages`` and ``tools`` that ``text`` does not hold."""
+def _outside(text: str, spans: Mapping[int, tuple[int, int]]) -> str:
+    """``text`` with each reply's span cut out (a NUL where it was)."""
+    out, at = [], 0
+    for a, b in sorted(v for k, v in spans.items() if k >= 0):
+        if a >= at:
+            out += [text[at:a], "\x00"]
+        at = max(at, b)
+    return "".join(out) + text[at:]
+
+
+def missing_context_part(text: str, messages: list[dict], tools: list[dict] | None,
+                         schema_text: str | None = None) -> tuple[str, str] | None:
+    """The first tool result or tool schema of ``messages`` and ``tools`` that ``text`` does
+    not hold (a schema is looked for in ``schema_text``: the render less the replies' spans)."""
     for i, m in enumerate(messages):
         if m.get("role") == "tool" and not _found(_text(m.get("content")), text):
             return DROPS["tool_results"], f"the tool result of message {i}"
+    schema_text = text if schema_text is None else schema_text
     for spec in tools or ():
         fn = spec.get("function", spec) if isinstance(spec, Mapping) else {}
         name = fn.get("name")
-        if isinstance(name, str) and name not in text:
+        if isinstance(name, str) and name not in schema_text:
             return DROPS["tools"], f"the tool schema {name!r}"
+        description = fn.get("description")
+        if isinstance(description, str) and not _found(description, schema_text):
+            return DROPS["tools"], f"the tool schema {name!r} (its description)"
         params = fn.get("parameters")
         props = params.get("properties") if isinstance(params, Mapping) else None
         for p in props if isinstance(props, Mapping) else ():
-            if p not in text:
+            if p not in schema_text:
                 return DROPS["tools"], f"the tool schema {name!r} (its parameter {p!r})"
     return None
 
@@ -126,4 +144,4 @@ def missing_part(text: str, messages: list[dict], spans: Mapping[int, tuple[int,
         found = missing_reply_part(m, text[a:b], k)
         if found is not None:
             return found
-    return missing_context_part(text, messages, tools)
+    return missing_context_part(text, messages, tools, text if whole else _outside(text, spans))

@@ -562,6 +562,8 @@ def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
 
 
 def _check_parts(text: str, messages, spans, tools, name: str) -> None:
-    missing = missing_part(text, messages, spans, tools)
+    # tool schemas are checked record by record (template_drops_tools): a template that
+    # renders calls and results but no schema (DeepSeek V3.1) serves records without schemas
+    missing = missing_part(text, messages, spans, None)
     if missing is not None:
         raise TemplateError(f"chat template {name}: its render drops {missing[1]} ({missing[0]})")

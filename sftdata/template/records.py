@@ -173,10 +173,17 @@ def _proven(out: TemplateRender, dropped: int, profile: TemplateProfile, tok: HF
             p = ep.rule_mismatch
             which = f"episode {i + 1} of {len(out.episodes)} (one per reply: {out.per_reply}), " if out.per_reply else ""
             trained = "trains" if ep.mask[p] else "leaves untrained"
-            raise RecordError("rule_mismatch", f"{which}token {p} ({tok.token_text(int(ep.ids[p]))!r}): the template's "
+            text = tok.token_text(int(ep.ids[p]))
+            if ep.mask[p] and not text.strip():
+                fix = ("; the reply opens with whitespace that the tokenizer joins with the end of the assistant "
+                       "header into one token, so the header is not in the token ids: remove the reply's leading "
+                       "whitespace in the record")
+            else:
+                fix = "; --per-reply (each reply the last of its own episode) or --train-on last may prove it"
+            raise RecordError("rule_mismatch", f"{which}token {p} ({text!r}): the template's "
                               f"render {trained} it, the mask rule learned from chat template {profile.template.name} "
                               f"does not; verify and pack re-derive masks with that rule, so this record cannot be "
-                              f"proven and is not written", where)
+                              f"proven and is not written{fix}", where)
     return RecordEpisodes(out.episodes, out.per_reply, dropped)
 
 

@@ -90,7 +90,9 @@ def choose_engine(requested: str, doc: dict, file_sha256: str, library: Callable
         if mismatch is not None:
             return _refused(requested, f"the self-check found a difference: {mismatch}")
         evidence = {**evidence, "cached_proof": False}
-    return EngineChoice(FAST, PROVEN, requested, {**fast.evidence, "self_check": evidence}, fast)
+    combined = fast.evidence.get("split_regexes")  # a chain of Split regexes run as one pattern
+    reason = PROVEN.replace("one split regex", f"one split regex ({combined})") if combined else PROVEN
+    return EngineChoice(FAST, reason, requested, {**fast.evidence, "self_check": evidence}, fast)
 
 
 def _refused(requested: str, why: str) -> EngineChoice:

@@ -3,7 +3,7 @@ tiktoken's BPE core: same ids, several times faster than the ``tokenizers`` libr
 
 A ``tokenizer.json`` qualifies when its model is BPE without dropout, byte fallback,
 continuing-subword prefix or end-of-word suffix; its pre-tokenizer is ONE Split regex
-(behaviour Isolated) followed by ByteLevel (no prefix space, no regex of its own), or
+(behaviour Isolated; or a known chain of them, below) followed by ByteLevel (no prefix space, no regex of its own), or
 ByteLevel alone with GPT-2's regex; its normalizer is none or NFC; and its added tokens
 have no lstrip / rstrip / single_word and none is a prefix of another. Then:
 
@@ -19,6 +19,11 @@ have no lstrip / rstrip / single_word and none is a prefix of another. Then:
   and one array lookup maps them to ids;
 * with ``ignore_merges`` false (Qwen), a word that is itself a vocabulary token must
   encode to that token by merges (tiktoken returns it directly): checked for every token.
+
+Several chained Split regexes (behaviour Isolated) run as one pattern only where sftdata
+knows a single pattern that splits every text into the same pieces (``COMBINED_SPLITS``:
+DeepSeek V3's three, shared by R1, V3.1, V3.2 and V4); the load-time self-check proves it
+on the tokenizer itself, like any pattern, and any difference sends ``auto`` to the library.
 
 What is refused says why (``FastPlan.reason``); the conversion and its checks are kept in
 the user's cache (``sftdata.util.cache``) keyed by the file's sha256. ``bpe_self_check`` then
@@ -36,7 +41,38 @@ from ..util.cache import Entry, cached, write_entry
 from .ranks import arrays_to_ranks, ranks_to_arrays
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CACHE_KIND = "hf-bpe"
+CACHE_KIND = "hf-bpe-2"  # 2: chained Split regexes can qualify (entries that refused them are not reused)
+
+# DeepSeek V3's pre-tokenizer (R1, V3.1, V3.2, V4 and VL2 ship the same): three Split
+# regexes, each applied to the pieces the one before left, then ByteLevel.
+_CJK = "\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff"
+DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    f"[{_CJK}]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+"
+    "[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+# The same pieces from one pattern. A digit run of up to three and a run of the CJK
+# range come first, as the first two regexes isolate them; the third regex's
+# alternatives follow with every class minus digits and that range (its pieces never
+# hold them) and ``(?!\S)`` also true before them (a piece ends there); the last
+# alternative is the text the third regex leaves unmatched (control and format
+# characters not before a letter), which the library keeps as a piece and tiktoken
+# would drop.
+_NOT = f"\\p{{N}}{_CJK}"
+_LM = f"[\\p{{L}}\\p{{M}}--[{_CJK}]]"
+COMBINED_SPLITS: dict[tuple[str, ...], tuple[str, str]] = {
+    DEEPSEEK_V3_SPLITS: ("DeepSeek V3's three Split regexes", (
+        r"\p{N}{1,3}"
+        f"|[{_CJK}]+"
+        r"""|[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"""
+        f"|[^\\r\\n\\p{{L}}\\p{{P}}\\p{{S}}{_NOT}]?{_LM}+"
+        f"| ?[\\p{{P}}\\p{{S}}--[{_CJK}]]+[\\r\\n]*"
+        r"|\s*[\r\n]+"
+        f"|\\s+(?![^\\s{_NOT}])"
+        r"|\s+"
+        f"|(?:[^\\p{{L}}\\p{{M}}\\p{{P}}\\p{{S}}\\s{_NOT}](?!{_LM}))+")),
+}
 
 
 def byte_alphabet() -> dict[str, int]:
@@ -89,8 +125,18 @@ def _pre_tokenizer_plan(pre) -> tuple[str | None, str]:
     kinds = [s.get("type") if isinstance(s, dict) else None for s in steps]
     splits = [s for s in steps if isinstance(s, dict) and s.get("type") == "Split"]
     if len(splits) > 1:
-        return (f"its pre-tokenizer chains {len(splits)} Split regexes (as DeepSeek V3's does); tiktoken runs "
-                f"one", "")
+        if kinds[-1:] != ["ByteLevel"] or any(k not in ("Split", "ByteLevel") for k in kinds[:-1]):
+            return f"its pre-tokenizer is {' + '.join(str(k) for k in kinds)}, not Split regexes + ByteLevel", ""
+        chain = tuple((s.get("pattern") or {}).get("Regex") for s in splits)
+        if chain not in COMBINED_SPLITS:
+            return (f"its pre-tokenizer chains {len(splits)} Split regexes, and tiktoken runs one: sftdata knows a "
+                    f"single pattern for {', '.join(n for n, _ in COMBINED_SPLITS.values())} only"), ""
+        for split in splits:
+            if split.get("behavior") != "Isolated" or split.get("invert"):
+                return f"its Split pre-tokenizer has behavior {split.get('behavior')!r}" \
+                       f"{' inverted' if split.get('invert') else ''}, not Isolated", ""
+        splits = [{**splits[0], "pattern": {"Regex": COMBINED_SPLITS[chain][1]}}]
+        steps = [splits[0], steps[-1]]
     if kinds[-1:] != ["ByteLevel"] or any(k not in ("Split", "ByteLevel") for k in kinds) or len(steps) > 2:
         return f"its pre-tokenizer is {' + '.join(str(k) for k in kinds)}, not one Split regex + ByteLevel", ""
     level = steps[-1]
@@ -250,12 +296,14 @@ def convert(doc: dict) -> tuple[dict, dict[str, np.ndarray]]:
     for content, (r, i, _) in specials.items():
         rank_to_id[r] = i
         lengths[r] = len(content.encode("utf-8"))
+    combined = [name for name, pat in COMBINED_SPLITS.values() if pat == plan.pat_str]
     meta = {"eligible": True, "reason": None, "pat_str": plan.pat_str, "nfc": plan.nfc, "identity": identity,
             "specials": specials,
             "evidence": {"merges": len(pairs), "merged_tokens": len(merged), "merges_in_rank_order": True,
                          "ids_in_merge_order": in_order,
                          "id_lookup": not identity, "ignore_merges": ignore_merges,
-                         "tokens_encode_to_themselves": "not needed (ignore_merges)" if ignore_merges else True}}
+                         "tokens_encode_to_themselves": "not needed (ignore_merges)" if ignore_merges else True,
+                         **({"split_regexes": f"{combined[0]} as one pattern"} if combined else {})}}
     return meta, {**ranks_to_arrays(ranks), "rank_to_id": rank_to_id, "byte_lengths": lengths}
 
 

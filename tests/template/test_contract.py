@@ -129,8 +129,9 @@ def test_prepare_tool_refuses_up_front_a_template_that_renders_no_tool_call(fold
 
 
 def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders):
-    """The tool probe's reply opens after the special token before it, so tools are supported."""
-    record = {"tools": [WEATHER], "messages": [
+    """The tool probe's reply opens after the special token before it, so tools are
+    supported (this template renders calls and results, no schema: the record has none)."""
+    record = {"messages": [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
@@ -143,6 +144,27 @@ def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders
     assert ep.ids.tolist() == hf_ids(folders["headerless"], messages, tools) and ep.rule_mismatch is None
     assert [tok.decode(ep.ids[a:b]) for a, b in zip(*_runs(ep.mask))] == [
         '<|call|>get_weather<|sep|>{"city": "Paris"}<|call_end|><|eos|>', "It is 18C.<|eos|>"]
+
+
+def test_a_schema_written_only_in_its_call_is_dropped_not_rendered(folders):
+    """The template renders the call (its name and argument names) but not the schema the
+    record gives: the record is refused, as transformers' render holds no schema either."""
+    record = {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        {"role": "assistant", "content": "It is 18C."}]}
+    res, profile, tok = episodes_of(folders["headerless"], record)
+    assert profile.tools_supported
+    assert isinstance(res, RecordError) and (res.reason, res.detail) == (
+        "template_drops_tools", "chat template model drops the tool schema 'get_weather' from its "
+        "render, so it would be lost (never kept altered); use a chat template that renders the tools it is given "
+        "(or write the tool schemas into the record's system message)")
+    messages, tools = reference_messages(record)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders["headerless"]))
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert "get_weather" in text and "Weather" not in text.replace("Weather in Paris?", "")
 
 
 def _runs(mask):

