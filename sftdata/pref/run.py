@@ -136,25 +136,88 @@ def _reject_line(record: int, where: str, reason: str, message: str) -> bytes:
     return orjson.dumps(dict(zip(REJECT_KEYS, (record, where.rsplit(":", 1)[0], where, reason, message))))
 
 
-def _pair_rows(rec, tok, profile, rule, policy, opts: PrefOptions, special, where: str, counts: Counter):
-    """The episodes of one preference record after the truncation cut, or raises RecordError."""
-    pr = parse_preference(decode_json(rec, where) if isinstance(rec, (bytes, str)) else rec, where, opts.form)
-    out = render_record(pr, tok, profile, rule, policy, where)
+@dataclass(frozen=True)
+class Context:
+    """What rendering a row needs, learned once per run (and again by verify)."""
+
+    tok: object
+    profile: object
+    rule: object
+    policy: TurnPolicy
+    opts: PrefOptions
+    special: np.ndarray
+    rl: bool
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kept row: its kind, episodes (ids, mask), KTO label, RL columns, form, repairs."""
+
+    kind: str
+    parts: list
+    label: int | None = None
+    columns: bytes | None = None
+    form: str = ""
+    repairs: tuple = ()
+    prompt_cut: bool = False
+    completion_cut: bool = False
+
+
+def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
+    """The tokenizer, template profile and mask rule of ``opts``, and the tokenizer state."""
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, False)
+    ctx = Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
+                  _special_flags(tok), rl)
+    return ctx, state
+
+
+def _columns(raw, obj: dict, names) -> bytes:
+    """The JSON object of ``columns.jsonl``: each column's JSON text as written in the input,
+    as a JSON string (``value_texts``); a row from a Parquet file, the value's JSON text."""
+    texts = value_texts(raw) if isinstance(raw, (bytes, bytearray)) else {}
+    out = []
+    for k in names:
+        q = orjson.dumps(k)
+        text = texts[q].decode("utf-8") if q in texts else orjson.dumps(obj[k]).decode("utf-8")
+        out.append(b"%s: %s" % (q, orjson.dumps(text)))
+    return b"{" + b", ".join(out) + b"}"
+
+
+def record_row(raw: bytes, where: str, ctx: Context) -> Row:
+    """The row of one input record under ``ctx``, or raises ``RecordError``: prepare writes
+    it, verify renders it again and compares."""
+    obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+    opts = ctx.opts
+    if ctx.rl:
+        pr = parse_prompt(obj, where)
+        ids = render_prompt(pr, ctx.tok, ctx.profile, ctx.policy, where)
+        budget = opts.truncation.max_prompt_length
+        if budget is not None and ids.shape[0] > budget:
+            raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over --max-prompt-length "
+                              f"{budget:,}; an RL prompt is never cut", where)
+        return Row(KIND_PROMPTS, [(ids, np.zeros(ids.shape[0], dtype=np.uint8))],
+                   columns=_columns(raw, obj, pr.columns))
+    pr = parse_preference(obj, where, opts.form)
+    out = render_record(pr, ctx.tok, ctx.profile, ctx.rule, ctx.policy, where)
+    special = ctx.special
     cut = plan_cut(special[out.prompt], [special[c] for c in out.completions], list(out.masks), opts.truncation)
     if cut.reason is not None:
         raise RecordError(cut.reason, cut.message, where)
     prompt = out.prompt[cut.prompt_start:]
     parts = [(prompt, np.zeros(prompt.shape[0], dtype=np.uint8))]
     for c, m, e in zip(out.completions, out.masks, cut.ends):
-        mask = completion_mask(rule, prompt, c[:e])
+        mask = completion_mask(ctx.rule, prompt, c[:e])
         if not np.array_equal(mask, m[:e]):
             raise RecordError("prompt_cut_changes_mask", f"cut to {prompt.shape[0]:,} prompt tokens (--truncation "
                               f"{opts.truncation.policy}), the mask rule no longer trains the completion as the whole "
                               f"render does (the reply's context is cut away); raise --max-prompt-length", where)
         parts.append((c[:e], mask))
-    counts["prompts_cut"] += cut.prompt_cut
-    counts["completions_cut"] += any(e < c.shape[0] for c, e in zip(out.completions, cut.ends))
-    return pr, parts, out.repairs
+    return Row(KIND_KTO if pr.label is not None else KIND_PAIRS, parts,
+               label=None if pr.label is None else int(pr.label), form=pr.form, repairs=out.repairs,
+               prompt_cut=cut.prompt_cut,
+               completion_cut=any(e < c.shape[0] for c, e in zip(out.completions, cut.ends)))
 
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
@@ -168,12 +231,8 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
         raise UsageError("no input files given")
     t0 = time.perf_counter()
     output_dir = local_path(output_dir)
-    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
-    state = tok.state() if profile is None else tokenizer_state(tok, profile)
-    check_state_stops(state, False)
-    rule = rule_from_state(state)
-    policy = TurnPolicy(reasoning=opts.reasoning)
-    special = _special_flags(tok)
+    ctx, state = open_context(opts, rl)
+    tok, profile = ctx.tok, ctx.profile
     infos = [inspect_source(src) for src in expand_inputs(inputs)]
     known = all(i.size_known for i in infos)
     total = sum(i.bytes for i in infos) if known else None
@@ -182,7 +241,6 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     rows = _Rows()
     kind = KIND_PROMPTS if rl else None
     records = 0
-    budget = opts.truncation.max_prompt_length if rl else None
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         rejects = w.path / REJECTS_FILE
         with open(rejects, "wb") as rej:
@@ -191,37 +249,24 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
                 try:
                     if raw.reject is not None:
                         raise RecordError(*raw.reject, raw.where)
-                    if rl:
-                        obj = decode_json(raw.raw, raw.where)
-                        pr = parse_prompt(obj, raw.where)
-                        ids = render_prompt(pr, tok, profile, policy, raw.where)
-                        if budget is not None and ids.shape[0] > budget:
-                            raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over "
-                                              f"--max-prompt-length {budget:,}; an RL prompt is never cut", raw.where)
-                        texts = value_texts(raw.raw) if isinstance(raw.raw, (bytes, bytearray)) else {}
-                        named = {orjson.dumps(k): k for k in pr.columns}
-                        body = b"{" + b", ".join(
-                            b"%s: %s" % (q, orjson.dumps(texts[q].decode("utf-8") if q in texts else
-                                                         orjson.dumps(obj[k]).decode("utf-8")))
-                            for q, k in named.items()) + b"}"
-                        rows.add([(ids, np.zeros(ids.shape[0], dtype=np.uint8))], raw.record)
-                        rows.columns.append(body)
-                        continue
-                    pr, parts, reps = _pair_rows(raw.raw, tok, profile, rule, policy, opts, special, raw.where,
-                                                 counts)
-                    row_kind = KIND_KTO if pr.label is not None else KIND_PAIRS
+                    row = record_row(raw.raw, raw.where, ctx)
                     if kind is None:
-                        kind = row_kind
-                    elif kind != row_kind:
-                        raise RecordError("mixed_kinds", f"a {row_kind} row in a {kind} dataset (the first kept row "
+                        kind = row.kind
+                    elif kind != row.kind:
+                        raise RecordError("mixed_kinds", f"a {row.kind} row in a {kind} dataset (the first kept row "
                                           f"decided); prepare pairs and KTO rows into separate datasets", raw.where)
-                    rows.add(parts, raw.record)
-                    if pr.label is not None:
-                        rows.labels.append(int(pr.label))
-                        labels["desirable" if pr.label else "undesirable"] += 1
-                    forms[pr.form] += 1
-                    for r in reps:
+                    rows.add(row.parts, raw.record)
+                    if row.columns is not None:
+                        rows.columns.append(row.columns)
+                    if row.label is not None:
+                        rows.labels.append(row.label)
+                        labels["desirable" if row.label else "undesirable"] += 1
+                    if row.form:
+                        forms[row.form] += 1
+                    for r in row.repairs:
                         repaired[r] += 1
+                    counts["prompts_cut"] += row.prompt_cut
+                    counts["completions_cut"] += row.completion_cut
                 except RecordError as e:
                     if opts.strict:
                         raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
