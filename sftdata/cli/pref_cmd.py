@@ -14,6 +14,7 @@ from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json
 from .options import (
+    AllowPadAsStopOpt,
     ChatTemplateOpt,
     ForceOpt,
     JsonOpt,
@@ -103,6 +104,7 @@ def prepare_pref_cmd(
     seed: SeedOpt = DEFAULT_SEED,
     shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
     reasoning: ReasoningOpt = "keep",
+    allow_pad_as_stop: AllowPadAsStopOpt = False,
     strict: StrictOpt = False,
     overwrite: OverwriteOpt = False,
     force: ForceOpt = False,
@@ -132,7 +134,8 @@ def prepare_pref_cmd(
                        template_vars=parse_template_vars(template_var), form=form,
                        truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
                        seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force,
-                       wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning)
+                       wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
+                       allow_pad_as_stop=allow_pad_as_stop)
     _run(opts, inputs, output_dir, False, as_json, quiet)
 
 
@@ -145,6 +148,7 @@ def prepare_rl_cmd(
     chat_template: ChatTemplateOpt = None,
     template_var: TemplateVarOpt = None,
     max_prompt_length: MaxPromptLengthOpt = None,
+    allow_pad_as_stop: AllowPadAsStopOpt = False,
     val_split: ValSplitOpt = 0.0,
     seed: SeedOpt = DEFAULT_SEED,
     shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
@@ -167,10 +171,11 @@ def prepare_rl_cmd(
     Examples:
 
     * `sftdata prepare-rl gsm8k.jsonl -o data/grpo --tokenizer qwen3/ --max-prompt-length 1024`
+    * `sftdata prepare-rl prompts/ -o data/grpo --val-split 0.05 --json` (a folder; a JSON summary)
     """
     opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
                        template_vars=parse_template_vars(template_var),
                        truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
                        shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
-                       max_record_bytes=max_record_bytes)
+                       max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop)
     _run(opts, inputs, output_dir, True, as_json, quiet)

@@ -72,6 +72,7 @@ class PrefOptions:
     wait: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     reasoning: str = "keep"
+    allow_pad_as_stop: bool = False
 
     def validate(self) -> None:
         if self.form not in FORMS:
@@ -84,7 +85,7 @@ class PrefOptions:
         return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "template_vars": self.template_vars,
                 "format": self.form, "truncation": self.truncation.recorded(), "val_split": self.val_split,
                 "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
-                "max_record_bytes": self.max_record_bytes}
+                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop}
 
 
 @dataclass
@@ -167,7 +168,7 @@ def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
     """The tokenizer, template profile and mask rule of ``opts``, and the tokenizer state."""
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
-    check_state_stops(state, False)
+    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
     ctx = Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
                   _special_flags(tok), rl)
     return ctx, state

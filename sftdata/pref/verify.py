@@ -65,7 +65,8 @@ def _options(meta: dict) -> PrefOptions:
     return PrefOptions(tokenizer=o.get("tokenizer"), chat_template=o.get("chat_template"),
                        template_vars=o.get("template_vars"), form=o.get("format", "auto"),
                        truncation=Truncation(t.get("max_length"), t.get("max_prompt_length"), t.get("policy", "keep-end")),
-                       reasoning=o.get("reasoning", "keep"), max_record_bytes=o.get("max_record_bytes", 1 << 30))
+                       reasoning=o.get("reasoning", "keep"),
+                       allow_pad_as_stop=bool(o.get("allow_pad_as_stop")), max_record_bytes=o.get("max_record_bytes", 1 << 30))
 
 
 def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
