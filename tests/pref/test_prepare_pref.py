@@ -177,3 +177,15 @@ def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_
     assert lines[1]["message"].startswith('shares the 5-word sequence "purple with the rings of" with item')
     with pytest.raises(UsageError, match="--dedup for pairs is exact or off"):
         prepare_pref([inp], tmp_path / "near", PrefOptions(dedup="near"))
+
+
+def test_the_episode_reader_refuses_a_pairs_dataset_by_name(tmp_path):
+    from sftdata.errors import DatasetError
+    from sftdata.store import open_dataset
+
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
+    prepare_pref([inp], tmp_path / "ds", PrefOptions())
+    with pytest.raises(DatasetError, match=r"dataset_metadata.json: this is a pairs dataset \(sftdata prepare-pref / "
+                                           r"prepare-rl\), which this reader of episodes and packed rows does not "
+                                           r"serve\. To fix: check it with `sftdata verify`"):
+        open_dataset(tmp_path / "ds")
