@@ -24,12 +24,14 @@ from .format import (
     FORMAT_VERSION,
     METADATA_FILE,
     RECREATE,
+    ROW_KINDS,
     SPLITS,
     TOKENIZER_FILE,
     TOKENS_FILE,
     Problem,
     choose_token_dtype,
     detect_layout,
+    format_version_for,
     in_check_order,
     list_shards,
     packed_row_len,
@@ -135,6 +137,11 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
+    kind = meta.get("kind")
+    if kind in ROW_KINDS and meta.get("format_version") == format_version_for(kind):
+        return meta, [Problem("metadata", METADATA_FILE, "", f"this is a {kind} dataset (sftdata prepare-pref / "
+                              f"prepare-rl), which this reader of episodes and packed rows does not serve",
+                              "check it with `sftdata verify`; docs/PREFERENCE.md says what reads pairs")]
     if meta.get("format_version") != FORMAT_VERSION:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {meta.get('format_version')!r} is not "
                               f"known (this sftdata reads {FORMAT_VERSION})",
