@@ -97,3 +97,37 @@ def _token_arrays(root: Path, cfg: LoaderConfig) -> dict:
             if split == "train":
                 raise
     return splits
+
+
+def make_pair_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, padding_free: bool = False,
+                     backend: str = "auto", device: str = "cpu", rank: int | None = None,
+                     world_size: int | None = None, audit_dir: str | Path | None = None,
+                     tokenizer: str | Path | None = None) -> Loader:
+    """The ``Loader`` of a dataset of preference pairs, KTO rows or RL prompts (``sftdata
+    prepare-pref`` / ``prepare-rl``): ``get_batch`` returns a ``PairBatch`` (docs/LOADER.md,
+    "Pairs, KTO rows and RL prompts"). The order, resume state, audit log and ranks are
+    those of ``make_loader`` over row ids; ``padding_free`` gives one row per batch with
+    ``cu_seqlens`` instead of padded rows. Other arguments as ``make_loader``."""
+    if isinstance(cfg, dict):
+        cfg = LoaderConfig.from_dict(cfg)
+    if not isinstance(cfg, LoaderConfig):
+        raise ConfigError(f"make_pair_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
+    if is_mixture_file(dataset_dir):
+        raise ConfigError(f"{dataset_dir} is a mixture file; make_pair_loader reads one pairs, KTO or prompts "
+                          f"dataset (mixtures of them are not supported yet)")
+    root = dataset_path(dataset_dir)
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder {root} does not exist; create it with "
+                           f"`sftdata prepare-pref ... --output-dir {root}`")
+    backend = resolve_backend(backend)
+    rank, world_size = resolve_rank(rank, world_size)
+    ds = open_dataset(root, token_dtype=cfg.token_dtype)
+    if tokenizer is not None:
+        check_tokenizer(ds.root, ds.metadata, ds.tokenizer_state, tokenizer)
+    check_value_ranges(ds.root, ds.metadata, ds.tokenizer_state)
+    from .pairs import PairSource  # lazy: an SFT training process never loads the pair code
+
+    source = PairSource(cfg, ds, world_size, padding_free=padding_free)
+    adir = audit_dir if audit_dir is not None else cfg.audit_dir
+    audit = AuditLog(adir) if adir is not None and rank == 0 else None
+    return Loader(cfg, source, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)

@@ -24,16 +24,22 @@ from .format import (
     FORMAT_VERSION,
     METADATA_FILE,
     RECREATE,
+    ROW_ENTRIES,
+    ROW_FORMAT_VERSION,
+    ROW_KINDS,
+    SFT_KINDS,
     SPLITS,
     TOKENIZER_FILE,
     TOKENS_FILE,
     Problem,
     choose_token_dtype,
     detect_layout,
+    format_version_for,
     in_check_order,
     list_shards,
     packed_row_len,
     read_json,
+    row_files,
     shard_files,
     shard_record,
 )
@@ -63,7 +69,7 @@ class Dataset:
 
     root: Path
     layout: str  # "sharded" | "flat"
-    kind: str  # "episodes" | "packed"
+    kind: str  # "episodes" | "packed", or a row kind: "pairs" | "kto" | "prompts" (sftdata.store.rows)
     token_dtype: np.dtype
     metadata: dict | None
     tokenizer_state: dict | None
@@ -73,6 +79,11 @@ class Dataset:
     def packing(self) -> dict | None:
         """The packing options of a packed dataset (block_size, row_len, strategy, ...)."""
         return (self.metadata or {}).get("packing") if self.kind == "packed" else None
+
+    @property
+    def entries(self) -> int:
+        """Index entries per row: 1 (an episode, a packed row), or a row kind's (a pair: 3)."""
+        return ROW_ENTRIES.get(self.kind, 1)
 
     @property
     def shards(self) -> list[Shard]:
@@ -135,10 +146,18 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
-    if meta.get("format_version") != FORMAT_VERSION:
-        return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {meta.get('format_version')!r} is not "
-                              f"known (this sftdata reads {FORMAT_VERSION})",
+    version, kind = meta.get("format_version"), meta.get("kind", "episodes")
+    if version not in (FORMAT_VERSION, ROW_FORMAT_VERSION):
+        return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {version!r} is not "
+                              f"known (this sftdata reads {FORMAT_VERSION} and {ROW_FORMAT_VERSION})",
                               "upgrade sftdata, or re-create the dataset with this one")]
+    if kind not in SFT_KINDS + ROW_KINDS:
+        return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
+                              f"{', '.join(SFT_KINDS + ROW_KINDS)})", "upgrade sftdata, or re-create the dataset "
+                              "with this one")]
+    if version != format_version_for(kind):
+        return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
+                              f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
     return meta, []
 
 
@@ -239,7 +258,7 @@ def _scan(root: Path, token_dtype) -> Scan:
         elif not packed:
             bounds = episode_bounds(shard)
             problems += check_index(shard, bounds)
-            if markers is not None:
+            if markers is not None and kind not in ROW_KINDS:  # a prompt ends with the generation prompt, not EOS
                 problems += check_eos(shard, bounds, markers)
     if meta is not None:
         problems += check_counts(meta, shards, packed=packed)
@@ -260,9 +279,10 @@ def _open_splits(scan: Scan, packed: bool) -> None:
             continue
         shards, first = [], 0
         for d in list_shards(ds.root, split):
-            shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed)
+            shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed,
+                          entries=ds.entries)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
-            scan.problems += missing_files(shard, shard_files(packed) + listed)
+            scan.problems += missing_files(shard, shard_files(packed) + row_files(ds.kind) + listed)
             first += shard.num_items
             shards.append(shard)
         if shards:
