@@ -46,6 +46,44 @@ DEFAULT_SHARD_TOKENS = 100_000_000
 METADATA_CHECKSUM = "metadata_checksum"
 METADATA_CHECKSUM_VERSION = 1
 
+# ---------------------------------------------------------------------- kinds
+# dataset_metadata.json "kind". The chat SFT kinds keep format_version 1; the preference
+# and RL kinds are format_version 2, so an sftdata that predates them says "upgrade"
+# instead of misreading them as episodes.
+KIND_EPISODES = "episodes"
+KIND_PACKED = "packed"
+KIND_PAIRS = "pairs"  # DPO/ORPO/IPO: per pair THREE consecutive episodes: prompt, chosen, rejected
+KIND_KTO = "kto"  # per row TWO consecutive episodes: prompt, completion; LABELS_FILE per shard
+KIND_PROMPTS = "prompts"  # RL (GRPO): per row ONE episode, the prompt; COLUMNS_FILE per shard
+PREFERENCE_FORMAT_VERSION = 2
+KIND_FORMAT_VERSIONS = {KIND_EPISODES: FORMAT_VERSION, KIND_PACKED: FORMAT_VERSION, KIND_PAIRS: PREFERENCE_FORMAT_VERSION,
+                        KIND_KTO: PREFERENCE_FORMAT_VERSION, KIND_PROMPTS: PREFERENCE_FORMAT_VERSION}
+KNOWN_FORMAT_VERSIONS = (FORMAT_VERSION, PREFERENCE_FORMAT_VERSION)
+ROW_KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)  # kinds whose rows are groups of episodes
+ENTRIES_PER_ROW = {KIND_PAIRS: 3, KIND_KTO: 2, KIND_PROMPTS: 1}  # episodes.idx entries per row
+PAIR_PARTS = ("prompt", "chosen", "rejected")  # the order of a pair's entries
+KTO_PARTS = ("prompt", "completion")
+# sources.idx of a row kind: ONE uint64 per row (the input record), not one per episode
+LABELS_FILE = "labels.bin"  # kto: uint8 per row, 1 desirable, 0 undesirable
+LABEL_DTYPE = np.dtype(np.uint8)
+COLUMNS_FILE = "columns.jsonl"  # prompts: one line per row, {"row", "record", "columns": {name: JSON text}}
+# the metadata of a row kind adds "pairs"/"rows": {"train": N, "val": M} and "truncation" (the policy used)
+TRUNCATION_POLICIES = ("keep-end", "keep-start", "drop")  # what happens to a prompt over its budget
+
+
+def format_version_for(kind: str) -> int:
+    """The format_version a folder of ``kind`` is written with (2: pairs, kto, prompts;
+    1: episodes, packed and every other folder sftdata writes, e.g. an export)."""
+    return KIND_FORMAT_VERSIONS.get(kind, FORMAT_VERSION)
+
+
+def row_shard_files(kind: str) -> tuple[str, ...]:
+    """The files every shard folder of a row kind holds: the episode files, plus
+    ``labels.bin`` (kto) or ``columns.jsonl`` (prompts)."""
+    extra = {KIND_KTO: (LABELS_FILE,), KIND_PROMPTS: (COLUMNS_FILE,)}.get(kind, ())
+    return (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE, *extra)
+
+
 # ---------------------------------------------------------------------- dtypes
 IDX_DTYPE = np.dtype("<u8")  # episodes.idx, sources.idx, segments.idx
 EPISODE_RECORD_BYTES = 2 * IDX_DTYPE.itemsize  # (start, length)

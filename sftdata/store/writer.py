@@ -21,8 +21,8 @@ from .format import (
     DEFAULT_SHARD_TOKENS,
     EPISODES_FILE,
     FORMAT_NAME,
-    FORMAT_VERSION,
     IDX_DTYPE,
+    KIND_EPISODES,
     MASK_DTYPE,
     MASK_FILE,
     METADATA_CHECKSUM,
@@ -32,6 +32,7 @@ from .format import (
     SOURCES_FILE,
     TOKENS_FILE,
     dumps_json,
+    format_version_for,
     metadata_sha256,
     shard_name,
 )
@@ -351,7 +352,8 @@ class DatasetWriter:
         for p in sorted(self.path.iterdir()):
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **metadata, "files": files}
+        version = format_version_for(metadata.get("kind", KIND_EPISODES))  # 2 for pairs, kto, prompts
+        meta = {"format": FORMAT_NAME, "format_version": version, **metadata, "files": files}
         meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
         meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
         with naming(self.path / METADATA_FILE):
