@@ -298,34 +298,3 @@ def is_mixture_file(path: str | Path) -> bool:
         return False
     return isinstance(obj, dict) and obj.get("format") == MIXTURE_FORMAT
 
-
-# ---------------------------------------------------------------------- pairs, KTO rows, RL prompts
-# The preference and RL kinds (docs/FORMAT.md, "Pairs and prompts") are format_version 2, so an
-# sftdata that knows only version 1 refuses them with its "upgrade" message instead of reading
-# their entries as episodes. A row of these kinds is ROW_ENTRIES[kind] consecutive entries of
-# episodes.idx, laid contiguously in tokens.bin, never across shards; sources.idx holds one
-# record number per row:
-#   pairs    prompt, chosen completion, rejected completion
-#   kto      prompt, completion  (+ labels.bin: uint8 per row, 1 desirable, 0 undesirable)
-#   prompts  prompt              (+ columns.jsonl: {"row", "record", "columns": {name: JSON text}})
-# The prompt's mask is 0; a completion's is the template's mask rule.
-SFT_KINDS = ("episodes", "packed")
-KIND_PAIRS = "pairs"
-KIND_KTO = "kto"
-KIND_PROMPTS = "prompts"
-ROW_ENTRIES = {KIND_PAIRS: 3, KIND_KTO: 2, KIND_PROMPTS: 1}
-ROW_KINDS = tuple(ROW_ENTRIES)
-ROW_FORMAT_VERSION = 2
-LABELS_FILE = "labels.bin"  # kto: one uint8 label per row
-LABEL_DTYPE = np.dtype(np.uint8)
-COLUMNS_FILE = "columns.jsonl"  # prompts: every other column of each row, byte-exact
-
-
-def format_version_for(kind: str) -> int:
-    """The ``format_version`` a dataset of ``kind`` records."""
-    return ROW_FORMAT_VERSION if kind in ROW_ENTRIES else FORMAT_VERSION
-
-
-def row_files(kind: str) -> tuple[str, ...]:
-    """The files a shard of a row kind holds beside ``shard_files(False)``."""
-    return {KIND_KTO: (LABELS_FILE,), KIND_PROMPTS: (COLUMNS_FILE,)}.get(kind, ())

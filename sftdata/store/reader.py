@@ -19,15 +19,15 @@ import numpy as np
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
 from .format import (
+    ENTRIES_PER_ROW,
     EPISODES_FILE,
     FORMAT_NAME,
-    FORMAT_VERSION,
+    KIND_EPISODES,
+    KIND_PACKED,
+    KNOWN_FORMAT_VERSIONS,
     METADATA_FILE,
     RECREATE,
-    ROW_ENTRIES,
-    ROW_FORMAT_VERSION,
     ROW_KINDS,
-    SFT_KINDS,
     SPLITS,
     TOKENIZER_FILE,
     TOKENS_FILE,
@@ -39,7 +39,7 @@ from .format import (
     list_shards,
     packed_row_len,
     read_json,
-    row_files,
+    row_shard_files,
     shard_files,
     shard_record,
 )
@@ -59,6 +59,7 @@ from .structure import (
 T = TypeVar("T")
 GENERATION_TRIES = 5  # reads of a dataset that keeps being replaced, before giving up
 # the order problems are reported in: the most specific first (counts are often a consequence)
+DATASET_KINDS = (KIND_EPISODES, KIND_PACKED, *ROW_KINDS)  # what "kind" a dataset's metadata may say
 STRUCTURE_CHECKS = ("metadata", "tokenizer", "files", "sizes", "index", "eos", "rows", "segments", "counts")
 
 
@@ -83,7 +84,7 @@ class Dataset:
     @property
     def entries(self) -> int:
         """Index entries per row: 1 (an episode, a packed row), or a row kind's (a pair: 3)."""
-        return ROW_ENTRIES.get(self.kind, 1)
+        return ENTRIES_PER_ROW.get(self.kind, 1)
 
     @property
     def shards(self) -> list[Shard]:
@@ -147,13 +148,13 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
     version, kind = meta.get("format_version"), meta.get("kind", "episodes")
-    if version not in (FORMAT_VERSION, ROW_FORMAT_VERSION):
+    if version not in KNOWN_FORMAT_VERSIONS:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {version!r} is not "
-                              f"known (this sftdata reads {FORMAT_VERSION} and {ROW_FORMAT_VERSION})",
+                              f"known (this sftdata reads {' and '.join(map(str, KNOWN_FORMAT_VERSIONS))})",
                               "upgrade sftdata, or re-create the dataset with this one")]
-    if kind not in SFT_KINDS + ROW_KINDS:
+    if kind not in DATASET_KINDS:
         return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
-                              f"{', '.join(SFT_KINDS + ROW_KINDS)})", "upgrade sftdata, or re-create the dataset "
+                              f"{', '.join(DATASET_KINDS)})", "upgrade sftdata, or re-create the dataset "
                               "with this one")]
     if version != format_version_for(kind):
         return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
@@ -282,7 +283,8 @@ def _open_splits(scan: Scan, packed: bool) -> None:
             shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed,
                           entries=ds.entries)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
-            scan.problems += missing_files(shard, shard_files(packed) + row_files(ds.kind) + listed)
+            files = row_shard_files(ds.kind) if ds.kind in ROW_KINDS else shard_files(packed)
+            scan.problems += missing_files(shard, files + listed)
             first += shard.num_items
             shards.append(shard)
         if shards:

@@ -1,5 +1,5 @@
 """Reading the row kinds (preference pairs, KTO rows, RL prompts): a split's index entries
-seen as rows of ``format.ROW_ENTRIES[kind]`` entries, and the refusal an SFT reader gives
+seen as rows of ``format.ENTRIES_PER_ROW[kind]`` entries, and the refusal an SFT reader gives
 one of them.
 
 A pair is three consecutive entries of ``episodes.idx`` (prompt, chosen, rejected), never
@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ..errors import DatasetError
-from .format import COLUMNS_FILE, KIND_KTO, KIND_PAIRS, KIND_PROMPTS, ROW_ENTRIES
+from .format import COLUMNS_FILE, ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from .reader import Dataset
 from .shard import Split
 
@@ -34,7 +34,7 @@ PAIR_LOADER = "sftdata.loader.make_pair_loader"
 
 
 def is_row_kind(ds: Dataset) -> bool:
-    return ds.kind in ROW_ENTRIES
+    return ds.kind in ENTRIES_PER_ROW
 
 
 def refuse_row_kind(ds: Dataset, reader: str) -> None:
@@ -47,7 +47,7 @@ def refuse_row_kind(ds: Dataset, reader: str) -> None:
                            f"\"Pairs, KTO rows and RL prompts\")")
 
 
-def require_row_kind(ds: Dataset, reader: str, kinds=tuple(ROW_ENTRIES)) -> None:
+def require_row_kind(ds: Dataset, reader: str, kinds=tuple(ENTRIES_PER_ROW)) -> None:
     """``DatasetError`` unless ``ds`` is one of ``kinds``."""
     if ds.kind not in kinds:
         raise DatasetError(f"{ds.root} is a {ds.kind} dataset: {reader} reads {' or '.join(kinds)} datasets "
@@ -65,7 +65,7 @@ class RowSplit:
 
     @property
     def entries(self) -> int:
-        return ROW_ENTRIES[self.kind]
+        return ENTRIES_PER_ROW[self.kind]
 
     @property
     def num_rows(self) -> int:

@@ -70,7 +70,7 @@ class Shard:
         self.split = split if split is not None else self.path.parent.name
         self.first_gid = int(first_gid)
         self.packed = packed
-        self.entries = int(entries)  # index entries per row: 1, or a pair dataset's (format.ROW_ENTRIES)
+        self.entries = int(entries)  # index entries per row: 1, or a pair dataset's (format.ENTRIES_PER_ROW)
         self._map()
 
     def _map(self) -> None:

@@ -17,10 +17,10 @@ import orjson
 from sftdata.store import TOKENIZER_FILE
 from sftdata.store.format import (
     COLUMNS_FILE,
+    ENTRIES_PER_ROW,
     EPISODES_FILE,
     LABELS_FILE,
     MASK_FILE,
-    ROW_ENTRIES,
     SOURCES_FILE,
     TOKENS_FILE,
     shard_name,
@@ -56,10 +56,10 @@ def sequence(row: int, side: int, lengths) -> tuple[np.ndarray, np.ndarray]:
 def write_rows(path: Path, kind: str, lengths, *, rows_per_shard: int = 1 << 30, val_lengths=None, records=None,
                labels=None, columns=None, vocab: int = 1 << 20) -> Path:
     """A ``kind`` dataset (pairs, kto, prompts) whose train row ``r`` has parts of
-    ``lengths[r]`` tokens (a tuple of ROW_ENTRIES[kind] lengths), ``rows_per_shard`` rows
+    ``lengths[r]`` tokens (a tuple of ENTRIES_PER_ROW[kind] lengths), ``rows_per_shard`` rows
     per shard. ``records``: each train row's input record (default 10 + 2r); ``labels``
     (kto): default r % 2; ``columns`` (prompts): default {"answer": "\\"<r>\\""}."""
-    k = ROW_ENTRIES[kind]
+    k = ENTRIES_PER_ROW[kind]
     with DatasetWriter(path) as w:
         splits, pairs = {}, {}
         for split, lens in (("train", lengths), ("val", val_lengths)):
@@ -79,7 +79,7 @@ def write_rows(path: Path, kind: str, lengths, *, rows_per_shard: int = 1 << 30,
                              "trained_tokens": sum(s["trained_tokens"] for s in shards), "shards": shards}
             pairs[split] = len(lens)
         w.write_json(TOKENIZER_FILE, {"eos_id": PAD, "vocab_size": vocab, "special_tokens": {"<|EOS|>": PAD}})
-        w.commit({"format_version": 2, "kind": kind, "token_dtype": "uint32", "splits": splits, "pairs": pairs,
+        w.commit({"kind": kind, "token_dtype": "uint32", "splits": splits, "pairs": pairs,
                   "truncation": {"max_length": None, "max_prompt_length": None, "mode": "keep-end"}})
     return Path(path)
 
