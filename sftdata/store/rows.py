@@ -122,15 +122,20 @@ class RowSplit:
         return np.concatenate([p, c]), np.concatenate([pm, cm])
 
     def columns(self, rows) -> list[dict]:
-        """RL prompts: each row's other columns, ``{name: the input's JSON text}``."""
+        """RL prompts: each row's other columns, parsed (``columns_text``: as written)."""
+        return [orjson.loads(t) for t in self.columns_text(rows)]
+
+    def columns_text(self, rows) -> list[bytes]:
+        """RL prompts: each row's ``columns`` object exactly as ``columns.jsonl`` holds it
+        (the input's JSON text of every value, byte for byte)."""
         if self.kind != KIND_PROMPTS:
             raise DatasetError(f"split {self.split.name!r} holds {self.kind}, which have no columns")
         table = self._columns
         return [table[int(r)] for r in np.asarray(rows, dtype=np.int64)]
 
     @cached_property
-    def _columns(self) -> list[dict]:
-        out: list[dict] = []
+    def _columns(self) -> list[bytes]:
+        out: list[bytes] = []
         for sh in self.split.shards:
             path = sh.path / COLUMNS_FILE
             try:
@@ -140,21 +145,28 @@ class RowSplit:
                                    f"`sftdata prepare-rl`") from None
             first = int(sh.first_gid)
             for n, line in enumerate(lines, 1):
-                try:
-                    obj = orjson.loads(line)
-                    cols = obj["columns"]
-                    ok = obj["row"] == first + n - 1 and isinstance(cols, dict)
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    ok = False
-                if not ok:
-                    raise DatasetError(f"{path}, line {n}: expected {{\"row\": {first + n - 1}, \"record\": ..., "
-                                       f"\"columns\": {{...}}}}; the file is damaged. Re-create the dataset with "
-                                       f"`sftdata prepare-rl`")
-                out.append(cols)
+                out.append(_columns_of(line, first + n - 1, path, n))
             if len(lines) != sh.num_items:
                 raise DatasetError(f"{path} holds {len(lines):,} rows, its shard {sh.num_items:,}; the file is "
                                    f"damaged. Re-create the dataset with `sftdata prepare-rl`")
         return out
+
+
+def _columns_of(line: bytes, row: int, path, n: int) -> bytes:
+    """The bytes of the ``columns`` object of one ``columns.jsonl`` line, checked: the line
+    is ``{"row": row, "record": ..., "columns": {...}}`` (``columns`` last)."""
+    try:
+        obj = orjson.loads(line)
+        ok = obj["row"] == row and isinstance(obj["columns"], dict)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        ok = False
+    key = b'"columns":'
+    at = line.find(key)
+    text = line[at + len(key):].strip()[:-1].strip() if ok and at >= 0 else b""
+    if not text.startswith(b"{") or not text.endswith(b"}"):
+        raise DatasetError(f"{path}, line {n}: expected {{\"row\": {row}, \"record\": ..., \"columns\": {{...}}}}; "
+                           f"the file is damaged. Re-create the dataset with `sftdata prepare-rl`")
+    return text
 
 
 def row_split(ds: Dataset, split: str) -> RowSplit:
