@@ -54,11 +54,12 @@ def sequence(row: int, side: int, lengths) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_rows(path: Path, kind: str, lengths, *, rows_per_shard: int = 1 << 30, val_lengths=None, records=None,
-               labels=None, columns=None, vocab: int = 1 << 20) -> Path:
+               labels=None, columns=None, vocab: int = 1 << 20, tokens=part_tokens) -> Path:
     """A ``kind`` dataset (pairs, kto, prompts) whose train row ``r`` has parts of
     ``lengths[r]`` tokens (a tuple of ENTRIES_PER_ROW[kind] lengths), ``rows_per_shard`` rows
     per shard. ``records``: each train row's input record (default 10 + 2r); ``labels``
-    (kto): default r % 2; ``columns`` (prompts): default {"answer": "\\"<r>\\""}."""
+    (kto): default r % 2; ``columns`` (prompts): default {"answer": "\\"<r>\\""}; ``tokens(row, part,
+    n)``: the ids of a part (default ``part_tokens``)."""
     k = ENTRIES_PER_ROW[kind]
     with DatasetWriter(path) as w:
         splits, pairs = {}, {}
@@ -73,7 +74,7 @@ def write_rows(path: Path, kind: str, lengths, *, rows_per_shard: int = 1 << 30,
             for s0 in range(0, max(len(lens), 1), rows_per_shard):
                 rows = range(s0, min(s0 + rows_per_shard, len(lens)))
                 shards.append(_write_shard(w.path / split / shard_name(len(shards)), kind, rows, lens, recs,
-                                           labels, columns, first))
+                                           labels, columns, tokens))
                 first += len(rows)
             splits[split] = {"episodes": sum(s["episodes"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
                              "trained_tokens": sum(s["trained_tokens"] for s in shards), "shards": shards}
@@ -84,13 +85,13 @@ def write_rows(path: Path, kind: str, lengths, *, rows_per_shard: int = 1 << 30,
     return Path(path)
 
 
-def _write_shard(d: Path, kind: str, rows, lens, recs, labels, columns, first: int) -> dict:
+def _write_shard(d: Path, kind: str, rows, lens, recs, labels, columns, tokens) -> dict:
     d.mkdir(parents=True)
     toks, masks, idx = [], [], []
     pos = 0
     for r in rows:
         for part, n in enumerate(lens[r]):
-            toks.append(part_tokens(r, part, n))
+            toks.append(tokens(r, part, n))
             masks.append(part_mask(part, n))
             idx.append((pos, n))
             pos += n
