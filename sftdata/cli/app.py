@@ -53,6 +53,10 @@ COMMANDS = {
     "prepare-tool": Command("prepare_cmd", "Prepare tool-calling conversations (OpenAI `tools` + `tool_calls` + "
                                            "`role: tool`, or\nShareGPT/glaive `function_call` / `observation` "
                                            "turns) into a dataset."),
+    "prepare-pref": Command("pref_cmd", "Prepare preference records (DPO/ORPO pairs, KTO rows) into a pair "
+                                        "dataset, split in token space."),
+    "prepare-rl": Command("pref_cmd", "Prepare RL prompts (GRPO) rendered with the generation prompt, every other "
+                                      "column kept byte-exact."),
     "replay-order": Command("replay_cmd", "Print the episodes a training step (or a whole epoch) trained on, with "
                                           "their shard,\nlength and input record number, exactly as the loader "
                                           "ordered them."),

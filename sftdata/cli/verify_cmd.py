@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import orjson
 import typer
 from rich.console import Group
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
@@ -13,7 +14,8 @@ from rich.text import Text
 from ..engine import check_engine
 from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
-from ..store.format import is_mixture_file
+from ..pref.verify import verify_rows
+from ..store.format import METADATA_FILE, ROW_KINDS, is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
@@ -184,7 +186,11 @@ def verify_cmd(
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
         step = lambda done, total: lazy.update("verify", completed=done, total=total)
-        if mixture:
+        row_kind = not mixture and (path / METADATA_FILE).is_file() and \
+            orjson.loads((path / METADATA_FILE).read_bytes()).get("kind") in ROW_KINDS
+        if row_kind:  # pairs, kto, prompts: every row re-derived (docs/PREFERENCE.md)
+            report = verify_rows(path, rerender=not quick)
+        elif mixture:
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
             rerender = None

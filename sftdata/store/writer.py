@@ -18,11 +18,17 @@ from ..errors import OutputExistsError
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from .format import (
+    COLUMNS_FILE,
     DEFAULT_SHARD_TOKENS,
+    ENTRIES_PER_ROW,
     EPISODES_FILE,
     FORMAT_NAME,
     IDX_DTYPE,
     KIND_EPISODES,
+    KIND_KTO,
+    KIND_PROMPTS,
+    LABEL_DTYPE,
+    LABELS_FILE,
     MASK_DTYPE,
     MASK_FILE,
     METADATA_CHECKSUM,
@@ -34,6 +40,7 @@ from .format import (
     dumps_json,
     format_version_for,
     metadata_sha256,
+    row_shard_files,
     shard_name,
 )
 from .fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
@@ -338,6 +345,10 @@ class DatasetWriter:
                      shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PackedSplitWriter:
         return PackedSplitWriter(self.path, name, token_dtype, row_len, shard_tokens)
 
+    def row_split(self, name: str, kind: str, token_dtype: np.dtype,
+                  shard_tokens: int = DEFAULT_SHARD_TOKENS) -> RowSplitWriter:
+        return RowSplitWriter(self.path, name, kind, token_dtype, shard_tokens)
+
     def write_json(self, relname: str, obj) -> None:
         with naming(self.path / relname):
             (self.path / relname).write_bytes(dumps_json(obj))
@@ -505,6 +516,77 @@ class PackedSplitWriter(_ShardedSplit):
             "rows": sum(s["rows"] for s in self.shards),
             "row_len": self.row_len,
             "segments": sum(s["segments"] for s in self.shards),
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
+            "shards": self.shards,
+        }
+
+
+class RowSplitWriter(_ShardedSplit):
+    """Appends rows of a row kind (``pairs``: prompt, chosen, rejected; ``kto``: prompt,
+    completion, plus a label; ``prompts``: the prompt, plus its columns) to a split's
+    shards: each row's ``ENTRIES_PER_ROW`` episodes laid contiguously, one ``sources.idx``
+    entry per row, and a row never spans shards."""
+
+    def __init__(self, root: Path, split: str, kind: str, token_dtype: np.dtype, shard_tokens: int):
+        self.kind = kind
+        self.per_row = ENTRIES_PER_ROW[kind]
+        self.FILES = row_shard_files(kind)
+        self.rows = 0  # rows written to the split so far (the row id of columns.jsonl)
+        super().__init__(root, split, token_dtype, shard_tokens)
+
+    def _new_record(self, name: str) -> dict:
+        self._stats = ValueStats()
+        return {"name": name, "rows": 0, "episodes": 0, "tokens": 0, "trained_tokens": 0}
+
+    def _finish_record(self, files: dict) -> None:
+        self.shards[-1]["files"] = files
+        self.shards[-1].update(self._stats.as_dict())
+
+    def add_rows(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray,
+                 labels: np.ndarray | None = None, columns: list[bytes] | None = None) -> None:
+        """Append rows given as one concatenated ids/mask array, each episode's length
+        (``per_row`` per row), each row's input record (``sources``), and per row its
+        label (kto) or the body of its ``columns.jsonl`` line (prompts: the JSON object
+        of ``columns``, bytes)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        sources = np.asarray(sources, dtype=np.int64)
+        n = sources.shape[0]
+        if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or lengths.shape != (n * self.per_row,):
+            raise ValueError("ids, mask, lengths and sources disagree in size")
+        if (self.kind == KIND_KTO) != (labels is not None) or (self.kind == KIND_PROMPTS) != (columns is not None):
+            raise ValueError(f"a {self.kind} split takes {'labels' if self.kind == KIND_KTO else 'columns'}")
+        ep_bounds = np.concatenate([[0], np.cumsum(lengths)])
+        row_len = lengths.reshape(n, self.per_row).sum(axis=1)
+        for i, j in self._runs(row_len):
+            a, b = int(ep_bounds[i * self.per_row]), int(ep_bounds[j * self.per_row])
+            cur, f = self.shards[-1], self._files
+            lens = lengths[i * self.per_row:j * self.per_row]
+            idx = np.empty((lens.shape[0], 2), dtype=IDX_DTYPE)
+            idx[:, 0] = cur["tokens"] + np.concatenate([[0], np.cumsum(lens)[:-1]])
+            idx[:, 1] = lens
+            f[TOKENS_FILE].write(np.ascontiguousarray(ids[a:b], dtype=self.token_dtype))
+            f[MASK_FILE].write(np.ascontiguousarray(mask[a:b], dtype=MASK_DTYPE))
+            f[EPISODES_FILE].write(idx)
+            f[SOURCES_FILE].write(np.ascontiguousarray(sources[i:j], dtype=IDX_DTYPE))
+            if labels is not None:
+                f[LABELS_FILE].write(np.ascontiguousarray(labels[i:j], dtype=LABEL_DTYPE))
+            if columns is not None:
+                f[COLUMNS_FILE].write(b"".join(
+                    b'{"row": %d, "record": %d, "columns": %s}\n' % (self.rows + k - i, int(sources[k]), columns[k])
+                    for k in range(i, j)))
+            cur["rows"] += j - i
+            cur["episodes"] += lens.shape[0]
+            cur["tokens"] += b - a
+            cur["trained_tokens"] += int(np.count_nonzero(mask[a:b]))
+            self._stats.add(ids[a:b], mask[a:b])
+            self.rows += j - i
+
+    def close(self) -> dict:
+        self._close_all()
+        return {
+            "rows": sum(s["rows"] for s in self.shards),
+            "episodes": sum(s["episodes"] for s in self.shards),
             "tokens": sum(s["tokens"] for s in self.shards),
             "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
             "shards": self.shards,

@@ -24,7 +24,8 @@ UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"
 # declared typer and rich, .ci/floors.txt) draws the same help with other spacing
 FLOORS_RUN = pytest.mark.skipif(os.environ.get("SFTDATA_FLOORS") == "1",
                                 reason="help snapshots are drawn by the main install's typer and rich")
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "prepare-pref", "prepare-rl", "pack", "mix", "export", "inspect",
+            "report", "verify", "replay-order", "clean"]
 runner = CliRunner()
 
 
@@ -69,7 +70,7 @@ def test_help_text_is_unchanged(name):
 
 # json keys can depend on the data: dict keys that are data (reasons, shard names,
 # dtype names) are folded so only the structure is compared
-DATA_KEYED = ("rejected", "repaired", "reasons", "counts", "by_reason", "repairs", "histogram", "files")
+DATA_KEYED = ("rejected", "repaired", "reasons", "counts", "by_reason", "repairs", "histogram", "files", "forms")
 
 
 def _fold(value):
@@ -103,6 +104,9 @@ def test_json_keys_are_unchanged(tmp_path):
         "replay-order": ["replay-order", chat, "--config", ROOT / "configs/sft/tiny.json", "--step", "1", "--json"],
         "replay-order packed": ["replay-order", packed, "--config", ROOT / "configs/sft/tiny.json", "--step", "0",
                                 "--json"],
+        "prepare-pref": ["prepare-pref", ROOT / "sample_data/pairs.jsonl", "-o", tmp_path / "pairs", "--json"],
+        "verify pairs": ["verify", tmp_path / "pairs", "--json"],
+        "prepare-rl": ["prepare-rl", ROOT / "sample_data/rl_prompts.jsonl", "-o", tmp_path / "rl", "--json"],
         "mix": ["mix", f"{chat}:0.8", f"{tool}:0.2", "-o", tmp_path / "mix.json", "--json"],
         "inspect mixture": ["inspect", tmp_path / "mix.json", "--json"],
         "verify mixture": ["verify", tmp_path / "mix.json", "--quick", "--json"],

@@ -14,7 +14,8 @@ from sftdata.cli.app import COMMANDS as REGISTRY
 from tests.helpers.imports import modules_after
 
 runner = CliRunner()
-COMMANDS = ["prepare-chat", "prepare-tool", "pack", "mix", "export", "inspect", "report", "verify", "replay-order", "clean"]
+COMMANDS = ["prepare-chat", "prepare-tool", "prepare-pref", "prepare-rl", "pack", "mix", "export", "inspect",
+            "report", "verify", "replay-order", "clean"]
 EXAMPLE = re.compile(r"`(sftdata [^`]+)`")
 
 

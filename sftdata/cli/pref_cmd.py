@@ -1,0 +1,181 @@
+"""``sftdata prepare-pref`` and ``sftdata prepare-rl``: thin commands over ``pref.prepare_pref``,
+with prepare-chat's option definitions (imported, not copied)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..order.batches import DEFAULT_SEED
+from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
+from ..sources import DEFAULT_MAX_RECORD_BYTES
+from ..store.format import DEFAULT_SHARD_TOKENS
+from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json
+from .options import (
+    AllowPadAsStopOpt,
+    ChatTemplateOpt,
+    ForceOpt,
+    JsonOpt,
+    MaxRecordBytesOpt,
+    OverwriteOpt,
+    QuietOpt,
+    ReasoningOpt,
+    TemplateVarOpt,
+    WaitOpt,
+    parse_template_vars,
+)
+from .prepare_cmd import InputsArg, OutputOpt, SeedOpt, ShardTokensOpt, StrictOpt, TokenizerOpt, ValSplitOpt
+
+MaxLengthOpt = Annotated[int | None, typer.Option(
+    "--max-length", metavar="N", help="Prompt + each completion at most N tokens: both completions are cut to the "
+    "same budget (never inside a run of special tokens, never to no trained token), per --truncation. Default: no "
+    "limit.")]
+MaxPromptLengthOpt = Annotated[int | None, typer.Option(
+    "--max-prompt-length", metavar="N", help="The prompt at most N tokens (default: --max-length - 1). prepare-rl: "
+    "a longer prompt is rejected (prompt_too_long), never cut.")]
+TruncationOpt = Annotated[str, typer.Option(
+    "--truncation", metavar="keep-end|keep-start|drop", help="keep-end: a long prompt loses its start (cut where a "
+    "turn begins), completions their end; keep-start: prompts are never cut (a long one drops the pair), "
+    "completions lose their end; drop: nothing is cut, a pair over a budget is dropped. Counted in the summary.")]
+FormatOpt = Annotated[str, typer.Option(
+    "--format", metavar="auto|trl|kto|ultrafeedback|llamafactory", help="The record form (auto: by each record's "
+    "keys; docs/PREFERENCE.md).")]
+
+
+def _table(s: PrefSummary) -> Table:
+    t = Table(title=f"Prepared {s.output_dir} ({s.kind})", show_header=True, header_style="bold")
+    t.add_column("", no_wrap=True)
+    t.add_column("value", justify="right")
+    t.add_row("records read", f"{s.records_read:,}")
+    what = {"pairs": "pairs", "kto": "rows", "prompts": "prompts"}[s.kind]
+    for split, n in s.rows.items():
+        t.add_row(f"{what} ({split})", f"{n:,}")
+    for split, n in s.tokens.items():
+        t.add_row(f"tokens ({split})", f"{n:,}")
+    for form, n in s.forms.items():
+        t.add_row(f"  form: {form}", f"{n:,}")
+    for label, n in s.labels.items():
+        t.add_row(f"  {label}", f"{n:,}")
+    if s.kind != "prompts":
+        t.add_row("prompts cut (--max-prompt-length)", f"{s.truncated.get('prompts_cut', 0):,}")
+        t.add_row("completions cut (--max-length)", f"{s.truncated.get('completions_cut', 0):,}")
+    rej = sum(s.rejected.values())
+    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
+    for reason, n in s.rejected.items():
+        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
+    for reason, n in s.repaired.items():
+        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    t.add_row("time", f"{s.seconds:.2f} s")
+    return t
+
+
+def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool) -> None:
+    name = "prepare-rl" if rl else "prepare-pref"
+    with LazyProgress(make_progress(quiet or as_json)) as bar:
+        def on_progress(p):
+            bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+
+        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl)
+    if as_json:
+        with after_writing(output_dir):
+            print_json(summary.as_dict())
+    elif not quiet:
+        err_console.print(_table(summary))
+        if summary.rejected:
+            err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl",
+                              style="yellow")
+
+
+@app.command("prepare-pref")
+@handle_errors
+def prepare_pref_cmd(
+    inputs: InputsArg,
+    output_dir: OutputOpt,
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    template_var: TemplateVarOpt = None,
+    max_length: MaxLengthOpt = None,
+    max_prompt_length: MaxPromptLengthOpt = None,
+    truncation: TruncationOpt = "keep-end",
+    form: FormatOpt = "auto",
+    val_split: ValSplitOpt = 0.0,
+    seed: SeedOpt = DEFAULT_SEED,
+    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+    reasoning: ReasoningOpt = "keep",
+    allow_pad_as_stop: AllowPadAsStopOpt = False,
+    strict: StrictOpt = False,
+    overwrite: OverwriteOpt = False,
+    force: ForceOpt = False,
+    wait: WaitOpt = False,
+    max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Prepare preference records (DPO/ORPO pairs, KTO rows) into a pair dataset, split in token space.
+
+    Each pair is written as its prompt once and its two completions (KTO: one, with its
+    label): the prompt's ids are the template's render of the prompt with the generation
+    prompt, and both `prompt + chosen` and `prompt + rejected` begin with exactly those
+    ids (a pair where they do not is rejected as prompt_not_prefix, never re-split in
+    text). Each completion is trained through its end-of-turn token by the dataset's one
+    mask rule; `sftdata verify` re-derives every pair. Forms: TRL (conversational or
+    standard, explicit or implicit prompt), KTO, UltraFeedback scored completions,
+    LLaMA-Factory pairwise; docs/PREFERENCE.md.
+
+    Examples:
+
+    * `sftdata prepare-pref pairs.jsonl -o data/dpo --tokenizer llama3/ --max-length 2048`
+    * `sftdata prepare-pref dpo_en_demo.json -o data/dpo --format llamafactory --truncation drop`
+    * `sftdata prepare-pref kto.jsonl -o data/kto --tokenizer qwen3/` (a "kto" dataset)
+    """
+    opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
+                       template_vars=parse_template_vars(template_var), form=form,
+                       truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
+                       seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force,
+                       wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
+                       allow_pad_as_stop=allow_pad_as_stop)
+    _run(opts, inputs, output_dir, False, as_json, quiet)
+
+
+@app.command("prepare-rl")
+@handle_errors
+def prepare_rl_cmd(
+    inputs: InputsArg,
+    output_dir: OutputOpt,
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    template_var: TemplateVarOpt = None,
+    max_prompt_length: MaxPromptLengthOpt = None,
+    allow_pad_as_stop: AllowPadAsStopOpt = False,
+    val_split: ValSplitOpt = 0.0,
+    seed: SeedOpt = DEFAULT_SEED,
+    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
+    strict: StrictOpt = False,
+    overwrite: OverwriteOpt = False,
+    force: ForceOpt = False,
+    wait: WaitOpt = False,
+    max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Prepare RL prompts (GRPO) rendered with the generation prompt, every other column kept byte-exact.
+
+    Each row's prompt (`prompt`: a string or messages; else `messages`) is rendered as
+    `apply_chat_template(prompt, tools=..., add_generation_prompt=True)` and tokenized
+    (a "prompts" dataset, nothing trained); every other column (ground truth, metadata) is
+    written to columns.jsonl beside it as the input's own JSON text, keyed by row and input
+    record. A prompt over --max-prompt-length is rejected, never cut. docs/PREFERENCE.md.
+
+    Examples:
+
+    * `sftdata prepare-rl gsm8k.jsonl -o data/grpo --tokenizer qwen3/ --max-prompt-length 1024`
+    * `sftdata prepare-rl prompts/ -o data/grpo --val-split 0.05 --json` (a folder; a JSON summary)
+    """
+    opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
+                       template_vars=parse_template_vars(template_var),
+                       truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
+                       shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
+                       max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop)
+    _run(opts, inputs, output_dir, True, as_json, quiet)

@@ -1,0 +1,330 @@
+"""The preference and RL pipelines: records -> pairs (or KTO rows, or prompts) -> split -> dataset.
+
+::
+
+    inputs ──read (sources)──► records ──parse_preference──► render_record (token-space split,
+        proven) ──► one truncation cut per pair ──► exact seeded split of the rows
+        ──► train/ val/ shards (RowSplitWriter) ──► metadata (written last) ──► rename
+
+The inputs, rejects (``rejects.jsonl``, the same reasons and lines as prepare-chat), the
+tokenizer and template profile, the split and the committing writer are prepare's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from .. import __version__
+from ..chat.loss_rule import rule_from_state
+from ..chat.pair_rule import completion_mask
+from ..chat.serving import check_state_stops
+from ..errors import RecordError, UsageError
+from ..prepare.options import Progress
+from ..prepare.run import _all_rejected, choose_tokenizer
+from ..prepare.split import split_assignment
+from ..records.conversation import decode_json
+from ..records.preference import FORMS, parse_preference, parse_prompt, value_texts
+from ..records.rejects import REJECT_KEYS, writing
+from ..records.turns import TurnPolicy
+from ..sources import DEFAULT_MAX_RECORD_BYTES, expand_inputs, inspect_source, iter_all
+from ..store.format import (
+    DEFAULT_SHARD_TOKENS,
+    ENTRIES_PER_ROW,
+    KIND_KTO,
+    KIND_PAIRS,
+    KIND_PROMPTS,
+    REJECTS_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    token_dtype_for,
+)
+from ..store.location import local_path
+from ..store.serving_file import write_serving
+from ..store.writer import DatasetWriter
+from ..template import template_summary, tokenizer_state
+from ..tokenize.identity import recorded_identity
+from .render import render_prompt, render_record
+from .truncate import Truncation, plan_cut
+
+
+@dataclass(frozen=True)
+class PrefOptions:
+    """What ``prepare-pref`` and ``prepare-rl`` are given (the CLI's options)."""
+
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    template_vars: dict | None = None
+    form: str = "auto"
+    truncation: Truncation = Truncation()
+    val_split: float = 0.0
+    seed: int = 1337
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    strict: bool = False
+    overwrite: bool = False
+    force: bool = False
+    wait: bool = False
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    reasoning: str = "keep"
+    allow_pad_as_stop: bool = False
+
+    def validate(self) -> None:
+        if self.form not in FORMS:
+            raise UsageError(f"--format must be one of {', '.join(FORMS)}, got {self.form!r}")
+        if not 0.0 <= self.val_split < 1.0:
+            raise UsageError(f"--val-split must be in [0, 1), got {self.val_split}")
+        self.truncation.validate()
+
+    def recorded(self) -> dict:
+        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "template_vars": self.template_vars,
+                "format": self.form, "truncation": self.truncation.recorded(), "val_split": self.val_split,
+                "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
+                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop}
+
+
+@dataclass
+class PrefSummary:
+    output_dir: str
+    kind: str
+    records_read: int = 0
+    rows: dict = field(default_factory=dict)  # split -> pairs / KTO rows / prompts
+    tokens: dict = field(default_factory=dict)
+    trained_tokens: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
+    repaired: dict = field(default_factory=dict)
+    forms: dict = field(default_factory=dict)  # record form -> rows kept
+    truncated: dict = field(default_factory=dict)  # prompts_cut, completions_cut (rows)
+    labels: dict = field(default_factory=dict)  # kto: desirable / undesirable rows
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"output_dir": self.output_dir, "kind": self.kind, "records_read": self.records_read,
+                "rows": self.rows, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
+                "rejected": self.rejected, "repaired": self.repaired, "forms": self.forms,
+                "truncated": self.truncated, "labels": self.labels, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class _Rows:
+    """Kept rows in input order: their episodes' ids and masks, record numbers, labels, columns."""
+
+    ids: list = field(default_factory=list)
+    masks: list = field(default_factory=list)
+    sources: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+    columns: list = field(default_factory=list)
+
+    def add(self, parts: list[tuple[np.ndarray, np.ndarray]], record: int) -> None:
+        self.ids.append([p for p, _ in parts])
+        self.masks.append([m for _, m in parts])
+        self.sources.append(record)
+
+
+def _special_flags(tok) -> np.ndarray:
+    """bool per id: whether it is one of the tokenizer's special tokens."""
+    flags = np.zeros(tok.vocab_size + 1, dtype=bool)
+    flags[[i for i in tok.special_tokens.values() if i is not None and i <= tok.vocab_size]] = True
+    return flags
+
+
+def _reject_line(record: int, where: str, reason: str, message: str) -> bytes:
+    return orjson.dumps(dict(zip(REJECT_KEYS, (record, where.rsplit(":", 1)[0], where, reason, message))))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What rendering a row needs, learned once per run (and again by verify)."""
+
+    tok: object
+    profile: object
+    rule: object
+    policy: TurnPolicy
+    opts: PrefOptions
+    special: np.ndarray
+    rl: bool
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kept row: its kind, episodes (ids, mask), KTO label, RL columns, form, repairs."""
+
+    kind: str
+    parts: list
+    label: int | None = None
+    columns: bytes | None = None
+    form: str = ""
+    repairs: tuple = ()
+    prompt_cut: bool = False
+    completion_cut: bool = False
+
+
+def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
+    """The tokenizer, template profile and mask rule of ``opts``, and the tokenizer state."""
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
+    ctx = Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
+                  _special_flags(tok), rl)
+    return ctx, state
+
+
+def _columns(raw, obj: dict, names) -> bytes:
+    """The JSON object of ``columns.jsonl``: each column's JSON text as written in the input,
+    as a JSON string (``value_texts``); a row from a Parquet file, the value's JSON text."""
+    texts = value_texts(raw) if isinstance(raw, (bytes, bytearray)) else {}
+    out = []
+    for k in names:
+        q = orjson.dumps(k)
+        text = texts[q].decode("utf-8") if q in texts else orjson.dumps(obj[k]).decode("utf-8")
+        out.append(b"%s: %s" % (q, orjson.dumps(text)))
+    return b"{" + b", ".join(out) + b"}"
+
+
+def record_row(raw: bytes, where: str, ctx: Context) -> Row:
+    """The row of one input record under ``ctx``, or raises ``RecordError``: prepare writes
+    it, verify renders it again and compares."""
+    obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+    opts = ctx.opts
+    if ctx.rl:
+        pr = parse_prompt(obj, where)
+        ids = render_prompt(pr, ctx.tok, ctx.profile, ctx.policy, where)
+        budget = opts.truncation.max_prompt_length
+        if budget is not None and ids.shape[0] > budget:
+            raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over --max-prompt-length "
+                              f"{budget:,}; an RL prompt is never cut", where)
+        return Row(KIND_PROMPTS, [(ids, np.zeros(ids.shape[0], dtype=np.uint8))],
+                   columns=_columns(raw, obj, pr.columns))
+    pr = parse_preference(obj, where, opts.form)
+    out = render_record(pr, ctx.tok, ctx.profile, ctx.rule, ctx.policy, where)
+    special = ctx.special
+    cut = plan_cut(special[out.prompt], [special[c] for c in out.completions], list(out.masks), opts.truncation)
+    if cut.reason is not None:
+        raise RecordError(cut.reason, cut.message, where)
+    prompt = out.prompt[cut.prompt_start:]
+    parts = [(prompt, np.zeros(prompt.shape[0], dtype=np.uint8))]
+    for c, m, e in zip(out.completions, out.masks, cut.ends):
+        mask = completion_mask(ctx.rule, prompt, c[:e])
+        if not np.array_equal(mask, m[:e]):
+            raise RecordError("prompt_cut_changes_mask", f"cut to {prompt.shape[0]:,} prompt tokens (--truncation "
+                              f"{opts.truncation.policy}), the mask rule no longer trains the completion as the whole "
+                              f"render does (the reply's context is cut away); raise --max-prompt-length", where)
+        parts.append((c[:e], mask))
+    return Row(KIND_KTO if pr.label is not None else KIND_PAIRS, parts,
+               label=None if pr.label is None else int(pr.label), form=pr.form, repairs=out.repairs,
+               prompt_cut=cut.prompt_cut,
+               completion_cut=any(e < c.shape[0] for c, e in zip(out.completions, cut.ends)))
+
+
+def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
+                 progress: Callable[[Progress], None] | None = None, rl: bool = False) -> PrefSummary:
+    """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
+    kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``).
+    Raises ``SftDataError``s; every record that cannot be written exactly is rejected by
+    name into ``rejects.jsonl``."""
+    opts.validate()
+    if not inputs:
+        raise UsageError("no input files given")
+    t0 = time.perf_counter()
+    output_dir = local_path(output_dir)
+    ctx, state = open_context(opts, rl)
+    tok, profile = ctx.tok, ctx.profile
+    infos = [inspect_source(src) for src in expand_inputs(inputs)]
+    known = all(i.size_known for i in infos)
+    total = sum(i.bytes for i in infos) if known else None
+    dtype = token_dtype_for(tok.vocab_size)
+    rejected, repaired, forms, counts, labels = Counter(), Counter(), Counter(), Counter(), Counter()
+    rows = _Rows()
+    kind = KIND_PROMPTS if rl else None
+    records = 0
+    with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
+        rejects = w.path / REJECTS_FILE
+        with open(rejects, "wb") as rej:
+            for raw, pos in iter_all(infos, opts.max_record_bytes):
+                records += 1
+                try:
+                    if raw.reject is not None:
+                        raise RecordError(*raw.reject, raw.where)
+                    row = record_row(raw.raw, raw.where, ctx)
+                    if kind is None:
+                        kind = row.kind
+                    elif kind != row.kind:
+                        raise RecordError("mixed_kinds", f"a {row.kind} row in a {kind} dataset (the first kept row "
+                                          f"decided); prepare pairs and KTO rows into separate datasets", raw.where)
+                    rows.add(row.parts, raw.record)
+                    if row.columns is not None:
+                        rows.columns.append(row.columns)
+                    if row.label is not None:
+                        rows.labels.append(row.label)
+                        labels["desirable" if row.label else "undesirable"] += 1
+                    if row.form:
+                        forms[row.form] += 1
+                    for r in row.repairs:
+                        repaired[r] += 1
+                    counts["prompts_cut"] += row.prompt_cut
+                    counts["completions_cut"] += row.completion_cut
+                except RecordError as e:
+                    if opts.strict:
+                        raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
+                                          "--strict to skip and count bad records)", raw.where, raw.record) from None
+                    rejected[e.reason] += 1
+                    with writing(rejects, output_dir):
+                        rej.write(_reject_line(raw.record, raw.where, e.reason, e.detail) + b"\n")
+                if progress:
+                    progress(Progress(pos, total, records, 0))
+        n = len(rows.sources)
+        if n == 0:
+            raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)
+        kind = kind or KIND_PAIRS
+        is_val = split_assignment(n, opts.val_split, opts.seed)
+        if n - int(is_val.sum()) == 0:
+            raise UsageError(f"--val-split {opts.val_split} of {n} rows leaves no training row; lower --val-split")
+        splits_meta = {}
+        with writing(w.path, output_dir):
+            for split in SPLITS:
+                pick = np.flatnonzero(is_val if split == "val" else ~is_val)
+                if split == "val" and pick.size == 0:
+                    continue
+                sw = w.row_split(split, kind, dtype, opts.shard_tokens)
+                eps = [e for i in pick.tolist() for e in rows.ids[i]]
+                ms = [m for i in pick.tolist() for m in rows.masks[i]]
+                sw.add_rows(np.concatenate(eps), np.concatenate(ms), np.array([e.shape[0] for e in eps]),
+                            np.asarray(rows.sources, dtype=np.int64)[pick],
+                            labels=np.asarray(rows.labels, dtype=np.uint8)[pick] if kind == KIND_KTO else None,
+                            columns=[rows.columns[i] for i in pick.tolist()] if kind == KIND_PROMPTS else None)
+                splits_meta[split] = sw.close()
+            w.write_json(TOKENIZER_FILE, state)
+            write_serving(w.path, state, dtype)
+        summary = PrefSummary(str(output_dir), kind, records_read=records, rejected=dict(sorted(rejected.items())),
+                              repaired=dict(sorted(repaired.items())), forms=dict(sorted(forms.items())),
+                              truncated={"prompts_cut": counts["prompts_cut"],
+                                         "completions_cut": counts["completions_cut"]},
+                              labels=dict(sorted(labels.items())))
+        for split, m in splits_meta.items():
+            summary.rows[split] = m["rows"]
+            summary.tokens[split] = m["tokens"]
+            summary.trained_tokens[split] = m["trained_tokens"]
+        metadata = {
+            "kind": kind,
+            "created_by": f"sftdata {__version__}",
+            "token_dtype": dtype.name,
+            "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
+            "tokenizer_identity": recorded_identity(state).as_dict(),
+            "entries_per_row": ENTRIES_PER_ROW[kind],
+            "splits": splits_meta,
+            "pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows),
+            "truncation": opts.truncation.recorded(),
+            "sources": [i.as_dict() for i in infos],
+            "options": opts.recorded(),
+            "counts": {"records_read": records, "rejected": summary.rejected, "repaired": summary.repaired,
+                       "forms": summary.forms, "truncated": summary.truncated, "labels": summary.labels},
+        }
+        with writing(w.path, output_dir):
+            w.commit(metadata)
+    summary.seconds = time.perf_counter() - t0
+    return summary
