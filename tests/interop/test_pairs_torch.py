@@ -12,10 +12,13 @@ import re
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError
+from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.template import PRESETS
 from sftdata.torch import PairDataset, PreferenceCollator, SFTDataset, UnpairedPreferenceCollator, pretokenized
+from tests.helpers.data import write_jsonl
 from tests.helpers.loader import make_dataset
 from tests.helpers.pairs import PAIR_LENGTHS, part_mask, part_tokens, write_rows
-from tests.helpers.templates import train_tokenizer
+from tests.helpers.templates import TOKENS, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -86,25 +89,42 @@ trl = pytest.importorskip("trl", reason="TRL is not installed")
 pytest.importorskip("datasets", reason="TRL's trainers take a datasets.Dataset")
 
 
+WORDS = "sky blue green red sun rain cloud wind snow day night".split()
+
+
+def chat_pair(i: int) -> dict:
+    w = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
+    return {"prompt": [{"role": "user", "content": f"What about the {w[0]}?"}],
+            "chosen": [{"role": "assistant", "content": f"The {w[0]} is {w[1]}."}],
+            "rejected": [{"role": "assistant", "content": f"No {w[1]}."}]}
+
+
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    folder = train_tokenizer(tmp_path_factory.mktemp("tok") / "t", ["<pad>", "<|eot|>"], eos="<|eot|>",
-                             config={"pad_token": "<pad>"}, vocab_size=300)
-    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token="<|eot|>",
-                                                pad_token="<pad>")
+def model_dir(tmp_path_factory):
+    """A tokenizer folder with ChatML's template (trained offline on the tests' corpus)."""
+    specials, bos, eos, extra = TOKENS["chatml"]
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "chatml", specials, bos, eos, extra,
+                           {"chat_template": PRESETS["chatml"], "pad_token": "<|endoftext|>"})
 
 
-def in_vocab(tokenizer):
-    """The fixture's part ids folded into the tokenizer's vocabulary (past <pad> and <|eot|>)."""
-    v = len(tokenizer)
-    return lambda r, part, n: part_tokens(r, part, n) % (v - 2) + 2
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def prepared(tmp_path, model_dir, records, rl=False):
+    """``records`` prepared by ``prepare_pref`` (``rl``: prepare-rl) under the model's template."""
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    prepare_pref([inp], tmp_path / "ds", PrefOptions(tokenizer=str(model_dir)), rl=rl)
+    return tmp_path / "ds"
 
 
 def tiny_model(tokenizer):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   pad_token_id=0, eos_token_id=1, bos_token_id=None)
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                   bos_token_id=None)
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -130,42 +150,47 @@ def trained(model, before) -> bool:
     return any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_dpo_trainer_runs_2_steps_on_our_pairs_with_our_masks(tokenizer, tmp_path):
-    ds = PairDataset(write_rows(tmp_path / "p", "pairs", PAIR_LENGTHS, tokens=in_vocab(tokenizer)))
+def test_dpo_trainer_runs_2_steps_on_prepared_pairs_with_their_masks(model_dir, tokenizer, tmp_path):
+    ds = PairDataset(prepared(tmp_path, model_dir, [chat_pair(i) for i in range(6)]))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ds[0]["chosen_ids"][-2] == im_end and ds[0]["chosen_mask"][-2:] == [1, 0]  # the newline after: not trained
     model = tiny_model(tokenizer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    spy = Spy(PreferenceCollator(pad_id=tokenizer.pad_token_id))
+    spy = Spy(PreferenceCollator(pad_id=ds.pad_id))
     trainer = pretokenized(trl.DPOTrainer)(model=model, ref_model=tiny_model(tokenizer), args=args(trl.DPOConfig, tmp_path),
                                            train_dataset=ds.to_hf(tmp_path / "hf"), processing_class=tokenizer,
                                            data_collator=spy)
     trainer.train()
     assert trainer.state.global_step == 2 and len(spy.items) >= 2 and trained(model, before)  # (a batch may be prefetched)
     for items, batch in zip(spy.items, spy.batches):
-        for it in items:  # every item is the dataset's row, masks included
-            assert {k: it[k] for k in ds[(it["record"] - 10) // 2]} == ds[(it["record"] - 10) // 2]
-        want = PreferenceCollator(tokenizer.pad_token_id).numpy(items)
+        for it in items:  # every item is the dataset's row (record = row: no val split), masks included
+            assert {k: it[k] for k in ds[it["record"]]} == ds[it["record"]]
+        want = PreferenceCollator(ds.pad_id).numpy(items)
         assert {k: v.tolist() for k, v in batch.items()} == {k: v.tolist() for k, v in want.items()}
 
 
-def test_kto_trainer_runs_2_steps_on_our_rows(tokenizer, tmp_path):
-    ds = PairDataset(write_rows(tmp_path / "k", "kto", [(3, 2), (2, 3), (1, 2), (2, 2)], tokens=in_vocab(tokenizer)))
+def test_kto_trainer_runs_2_steps_on_prepared_rows(model_dir, tokenizer, tmp_path):
+    rows = [{"prompt": p["prompt"], "completion": p["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+            for i, p in enumerate(chat_pair(i) for i in range(4))]
+    ds = PairDataset(prepared(tmp_path, model_dir, rows))
+    assert ds.kind == "kto"
     model = tiny_model(tokenizer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    spy = Spy(UnpairedPreferenceCollator(pad_id=tokenizer.pad_token_id))
+    spy = Spy(UnpairedPreferenceCollator(pad_id=ds.pad_id))
     trainer = pretokenized(trl.KTOTrainer)(model=model, ref_model=tiny_model(tokenizer),
                                            args=args(trl.KTOConfig, tmp_path, train_sampling_strategy="sequential"),
                                            train_dataset=ds.to_hf(tmp_path / "hf"), processing_class=tokenizer,
                                            data_collator=spy)
     trainer.train()
     assert trainer.state.global_step == 2 and trained(model, before)
-    assert [[it["record"] for it in items] for items in spy.items] == [[10, 12], [14, 16]]
+    assert [[it["record"] for it in items] for items in spy.items[:2]] == [[0, 1], [2, 3]]
     assert spy.batches[0]["label"].tolist() == [False, True]
 
 
-def test_grpo_trainer_runs_2_steps_on_our_prompts_and_rewards_see_the_columns(tokenizer, tmp_path):
-    cols = [{"answer": f'"{i}"'} for i in range(4)]
-    ds = PairDataset(write_rows(tmp_path / "q", "prompts", [(3,), (2,), (4,), (2,)], columns=cols,
-                                tokens=in_vocab(tokenizer)))
+def test_grpo_trainer_runs_2_steps_on_prepared_prompts_and_rewards_see_the_columns(model_dir, tokenizer, tmp_path):
+    records = [{"prompt": chat_pair(i)["prompt"], "answer": i * 1.5, "meta": {"id": f"q{i}"}} for i in range(4)]
+    ds = PairDataset(prepared(tmp_path, model_dir, records, rl=True))
+    assert ds[1]["answer"] == "1.5" and ds[1]["meta"] == '{"id": "q1"}'  # the input's JSON text, byte for byte
     seen = []
 
     def reward(prompts, completions, answer, **kw):
@@ -179,6 +204,9 @@ def test_grpo_trainer_runs_2_steps_on_our_prompts_and_rewards_see_the_columns(to
                                             train_dataset=ds.to_hf(tmp_path / "hf"), processing_class=tokenizer)
     trainer.train()
     assert trainer.state.global_step == 2 and len(seen) == 2
-    by_answer = {c["answer"]: ds[i]["prompt"] for i, c in enumerate(cols)}
+    by_answer = {ds[i]["answer"]: ds[i]["prompt"] for i in range(len(ds))}
     for prompts, answers in seen:  # the reward sees each prompt's ids with its own row's column
         assert [by_answer[a] for a in answers] == prompts
+    want = tokenizer.apply_chat_template(records[0]["prompt"], add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+    assert ds[0]["prompt"] == list(want)  # the prompt is the model template's render with the generation prompt

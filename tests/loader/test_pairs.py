@@ -11,6 +11,8 @@ import pytest
 
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import LoaderConfig, PairBatch, make_loader, make_pair_loader
+from sftdata.pref import PrefOptions, prepare_pref
+from tests.helpers.data import write_jsonl
 from tests.helpers.loader import make_dataset
 from tests.helpers.pairs import PAD, PAIR_LENGTHS, sequence, write_rows
 
@@ -195,3 +197,20 @@ def test_the_torch_backend_gives_tensors_for_every_array(tmp_path):
     ds = write_rows(tmp_path / "p", "pairs", PAIR_LENGTHS[:4])
     b = make_pair_loader(cfg(), ds, backend="torch").get_batch("train")
     assert all(isinstance(t, torch.Tensor) for t in (b.ids, b.records, b.prompt_lengths, b.chosen.x, b.rejected.mask))
+
+
+def test_prepared_pairs_start_both_sides_with_the_same_prompt_tokens(tmp_path):
+    """``prepare-pref`` output (sftdata's markers): every batch row of both sides starts with
+    the prompt's ids, ``<|ASSISTANT|>`` last, and the mask starts after it."""
+    recs = [{"prompt": [{"role": "user", "content": f"Question {i}?"}],
+             "chosen": [{"role": "assistant", "content": "Yes. " * (i + 1)}],
+             "rejected": [{"role": "assistant", "content": "No."}]} for i in range(5)]
+    prepare_pref([write_jsonl(tmp_path / "in.jsonl", recs)], tmp_path / "ds", PrefOptions())
+    loader = make_pair_loader(cfg(batch_size=5, block_size=64), tmp_path / "ds", backend="numpy")
+    b = loader.get_batch("train")
+    assistant = loader.source.tokenizer_state["special_tokens"]["<|ASSISTANT|>"]
+    for i, p in enumerate(b.prompt_lengths.tolist()):
+        assert b.chosen.x[i, :p].tolist() == b.rejected.x[i, :p].tolist()
+        assert b.chosen.x[i, p - 1] == assistant
+        assert not b.chosen.mask[i, :p - 1].any() and b.chosen.mask[i, p - 1] == 1  # y at p-1: the first reply token
+    assert sorted(b.records.tolist()) == [0, 1, 2, 3, 4]
