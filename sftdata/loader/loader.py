@@ -67,7 +67,7 @@ def is_opened_mixture(data) -> bool:
 
 def is_mixture_source(source) -> bool:
     mod = _loaded_module("sftdata.loader.mixture")
-    return mod is not None and isinstance(source, mod.MixtureSource)
+    return mod is not None and isinstance(source, mod.MixtureSource)  # PairMixtureSource is one too
 
 
 def is_pair_source(source) -> bool:

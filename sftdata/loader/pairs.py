@@ -46,7 +46,7 @@ from .indexed import resolve_pad_id
 
 SIDES = {KIND_PAIRS: ("chosen", "rejected"), KIND_KTO: ("completion",), KIND_PROMPTS: ("prompt",)}
 ITEMS = {KIND_PAIRS: "pairs", KIND_KTO: "rows", KIND_PROMPTS: "prompts"}
-ROW_ARRAYS = ("ids", "records", "prompt_lengths", "labels")
+ROW_ARRAYS = ("ids", "records", "prompt_lengths", "labels", "members")
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +75,7 @@ class PairBatch:
     labels: object = None
     columns: list | None = None
     trained_tokens: int | None = None
+    members: object = None  # a mixture: each row's member (its index in the mixture file), ``ids`` its own
 
     @property
     def completion(self) -> Batch | None:

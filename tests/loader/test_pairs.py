@@ -12,6 +12,8 @@ import pytest
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import LoaderConfig, PairBatch, make_loader, make_pair_loader
 from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.replay.mixture import replay_mixture
+from sftdata.store.mixture import make_mixture
 from tests.helpers.data import write_jsonl
 from tests.helpers.loader import make_dataset
 from tests.helpers.pairs import PAD, PAIR_LENGTHS, sequence, write_rows
@@ -214,3 +216,22 @@ def test_prepared_pairs_start_both_sides_with_the_same_prompt_tokens(tmp_path):
         assert b.chosen.x[i, p - 1] == assistant
         assert not b.chosen.mask[i, :p - 1].any() and b.chosen.mask[i, p - 1] == 1  # y at p-1: the first reply token
     assert sorted(b.records.tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_a_mixture_of_pair_datasets_gives_each_step_the_pairs_replay_order_names(pairs, tmp_path):
+    other = write_rows(tmp_path / "b", "pairs", [(2, 2, 2), (3, 3, 3), (1, 2, 1)], records=[100, 101, 102])
+    make_mixture([("a", str(pairs), 0.5), ("b", str(other), 0.5)], tmp_path / "mix.json", seed=11)
+    loader = make_pair_loader(cfg(batch_size=3), tmp_path / "mix.json", backend="numpy")
+    assert loader.cfg.epoch_seed == 11  # the mixture's seed
+    for step in range(4):
+        b = loader.get_batch("train")
+        r = replay_mixture(tmp_path / "mix.json", cfg(batch_size=3), step=step)
+        assert r.items == "pairs"
+        assert (r.columns["dataset"].tolist(), r.columns["pair"].tolist(), r.columns["record"].tolist()) == (
+            b.members.tolist(), b.ids.tolist(), b.records.tolist())
+        for i, (m, p) in enumerate(zip(b.members.tolist(), b.ids.tolist())):
+            lengths = PAIR_LENGTHS if m == 0 else [(2, 2, 2), (3, 3, 3), (1, 2, 1)]
+            toks, _ = sequence(p, 1, lengths[p])
+            assert b.rejected.x[i, :toks.size - 1].tolist() == toks[:-1].tolist()
+    with pytest.raises(ConfigError, match=r"padding_free is not supported for a mixture of pairs yet"):
+        make_pair_loader(cfg(), tmp_path / "mix.json", backend="numpy", padding_free=True)
