@@ -121,6 +121,12 @@ def draw_overview(ov: Overview) -> Group:
                                         f"{ov.packed_from.get('metadata_sha256')})"))
     if ov.serving:
         head.append("\n" + one_line(serving_line(ov.serving)))
+    if ov.rows:
+        parts_of = {"pairs": "prompt, chosen, rejected", "kto": "prompt, completion", "prompts": "prompt"}
+        counts = ", ".join(f"{n:,} in {one_line(s)}" for s, n in ov.rows["splits"].items())
+        head.append("\n" + one_line(f"{ov.kind}: {counts} · each {ov.rows['per_row']} index entries "
+                                     f"({parts_of.get(ov.kind, '')}); the tables count entries · "
+                                     f"`--row N` shows one"))
     head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
     parts.append(head)
     if ov.packing:

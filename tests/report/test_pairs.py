@@ -95,3 +95,12 @@ def test_the_report_draws_each_sampled_pair_side_by_side(pairs, tmp_path):
     assert page.count('data-kind="pairs"') == 2
     assert page.count('data-side="chosen"') == 2 and page.count('data-side="rejected"') == 2
     assert "Sample pairs" in page
+
+
+def test_the_overview_counts_pairs(pairs):
+    r = runner.invoke(app, ["inspect", str(pairs), "--json"])
+    assert orjson.loads(r.stdout)["rows"] == {"per_row": 3, "splits": {"train": 2},
+                                              "truncation": orjson.loads((pairs / "dataset_metadata.json")
+                                                                         .read_bytes())["truncation"]}
+    text = runner.invoke(app, ["inspect", str(pairs)], env={"NO_COLOR": "1"}).stdout
+    assert "pairs: 2 in train · each 3 index entries (prompt, chosen, rejected)" in text
