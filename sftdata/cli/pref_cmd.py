@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..curate import DEFAULT_NGRAM
 from ..order.batches import DEFAULT_SEED
 from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
@@ -16,6 +17,9 @@ from .app import LazyProgress, after_writing, app, err_console, handle_errors, m
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
+    DecontaminateNgramOpt,
+    DecontaminateOpt,
+    DedupOpt,
     ForceOpt,
     JsonOpt,
     MaxRecordBytesOpt,
@@ -61,6 +65,11 @@ def _table(s: PrefSummary) -> Table:
     if s.kind != "prompts":
         t.add_row("prompts cut (--max-prompt-length)", f"{s.truncated.get('prompts_cut', 0):,}")
         t.add_row("completions cut (--max-length)", f"{s.truncated.get('completions_cut', 0):,}")
+    if s.dedup:
+        t.add_row("exact duplicates" + (" (dropped)" if s.dedup["mode"] != "off" else " (kept)"),
+                  f"{s.dedup['exact_duplicates']:,}")
+    for f in (s.decontamination or {}).get("files", []):
+        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
     rej = sum(s.rejected.values())
     t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
     for reason, n in s.rejected.items():
@@ -110,6 +119,9 @@ def prepare_pref_cmd(
     force: ForceOpt = False,
     wait: WaitOpt = False,
     max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+    dedup: DedupOpt = "off",
+    decontaminate: DecontaminateOpt = None,
+    decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -122,7 +134,9 @@ def prepare_pref_cmd(
     text). Each completion is trained through its end-of-turn token by the dataset's one
     mask rule; `sftdata verify` re-derives every pair. Forms: TRL (conversational or
     standard, explicit or implicit prompt), KTO, UltraFeedback scored completions,
-    LLaMA-Factory pairwise; docs/PREFERENCE.md.
+    LLaMA-Factory pairwise; docs/PREFERENCE.md. `--dedup exact` drops a pair whose prompt
+    and completions repeat an earlier pair's; `--decontaminate EVAL` drops a pair whose
+    prompt or either completion shares a word sequence with an evaluation item.
 
     Examples:
 
@@ -135,7 +149,8 @@ def prepare_pref_cmd(
                        truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
                        seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force,
                        wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
-                       allow_pad_as_stop=allow_pad_as_stop)
+                       allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
+                       decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, False, as_json, quiet)
 
 
@@ -157,6 +172,9 @@ def prepare_rl_cmd(
     force: ForceOpt = False,
     wait: WaitOpt = False,
     max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
+    dedup: DedupOpt = "off",
+    decontaminate: DecontaminateOpt = None,
+    decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -177,5 +195,6 @@ def prepare_rl_cmd(
                        template_vars=parse_template_vars(template_var),
                        truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
                        shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
-                       max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop)
+                       max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop,
+                       dedup=dedup, decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, True, as_json, quiet)

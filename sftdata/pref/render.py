@@ -30,7 +30,7 @@ from ..errors import RecordError, TemplateError, TokenizerFailure
 from ..records.conversation import Conversation, parse_record
 from ..records.preference import PreferenceRecord, PromptRecord
 from ..records.turns import TurnPolicy
-from ..template import TemplateProfile, check_texts, episodes_of, fit_to_template, plan_record, tool_schemas
+from ..template import TemplateProfile, check_texts, fit_to_template, plan_record, tool_schemas
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class PairRender:
     completions: tuple[np.ndarray, ...]
     masks: tuple[np.ndarray, ...]
     repairs: tuple[str, ...] = ()
+    conversations: tuple[Conversation, ...] = ()  # each side as read (prompt + completion), for curation
 
 
 def _side(obj: dict, n_completion: int, where: str, policy: TurnPolicy) -> tuple[Conversation, int]:
@@ -72,9 +73,20 @@ def _not_prefix(tok, prompt: np.ndarray, whole: np.ndarray, side: str, where: st
                        where)
 
 
-def _template_side(conv: Conversation, k: int, tok, profile: TemplateProfile, where: str
+def _located(enc, spans) -> np.ndarray:
+    """The mask of the replies the render located (``spans``: (message, start, end) characters)."""
+    lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
+    mask = np.zeros(enc.ids.shape[0], dtype=np.uint8)
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        mask[a:b] = 1
+    return mask
+
+
+def _template_side(conv: Conversation, k: int, tok, profile: TemplateProfile, where: str, prompts: dict
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
-    """(prompt ids, whole ids, whole located mask, repairs) of one side under a template."""
+    """(prompt ids, whole ids, whole located mask, repairs) of one side under a template;
+    ``prompts``: the prompt renders of the pair's sides so far (chosen's prompt, when the
+    same messages, tools and variables, is rendered and tokenized once)."""
     conv = fit_to_template(conv, profile, where)
     plan, turns, repairs = plan_record(conv, profile, tok, where)
     if len(turns) != len(conv.turns):
@@ -84,12 +96,14 @@ def _template_side(conv: Conversation, k: int, tok, profile: TemplateProfile, wh
         raise RecordError("template_rewrites_history", f"chat template {profile.template.name} renders each reply "
                           f"of this completion exactly only as the last of the conversation ({plan.per_reply}); a "
                           f"completion of several replies cannot be one render", where)
-    render = episodes_of(plan, [tok.encode_rendered(plan.texts[-1])], profile, where) if plan.per_reply else \
-        episodes_of(plan, [tok.encode_rendered(t) for t in plan.texts], profile, where)
-    ep = render.episodes[-1]
-    messages = profile.messages(conv, turns)
-    text = profile.render_fn(tool_schemas(conv), conv.template_kwargs)(messages[:k], add_generation_prompt=True)
-    return tok.encode_rendered(text).ids, ep.ids, ep.mask, repairs
+    enc = tok.encode_rendered(plan.texts[-1])  # the whole conversation (per reply: the render up to its last reply)
+    messages, tools = profile.messages(conv, turns)[:k], tool_schemas(conv)
+    key = repr((messages, tools, conv.template_kwargs))
+    prompt = prompts.get(key)
+    if prompt is None:
+        text = profile.render_fn(tools, conv.template_kwargs)(messages, add_generation_prompt=True)
+        prompt = prompts[key] = tok.encode_rendered(text).ids
+    return prompt, enc.ids, _located(enc, plan.spans[-1]), repairs
 
 
 def _marker_side(conv: Conversation, k: int, tok: ChatTokenizer, where: str
@@ -109,15 +123,17 @@ def render_record(rec: PreferenceRecord, tok, profile: TemplateProfile | None, r
     """The record's prompt once and each completion, split in token space (module
     docstring). Raises ``RecordError``."""
     prompt = None
-    completions, masks, repairs = [], [], []
+    prompts: dict = {}
+    completions, masks, repairs, convs = [], [], [], []
     sides = ("chosen", "rejected") if len(rec.completions) == 2 else ("completion",)
     try:
         for side, obj, c in zip(sides, rec.conversations(), rec.completions):
             conv, k = _side(obj, len(c), where, policy)
+            convs.append(conv)
             if profile is None:
                 p, whole, located, rep = _marker_side(conv, k, tok, where)
             else:
-                p, whole, located, rep = _template_side(conv, k, tok, profile, where)
+                p, whole, located, rep = _template_side(conv, k, tok, profile, where, prompts)
             if prompt is None:
                 prompt = p
             elif not np.array_equal(prompt, p):
@@ -145,7 +161,7 @@ def render_record(rec: PreferenceRecord, tok, profile: TemplateProfile | None, r
         raise RecordError(e.reason, str(e), where) from None
     if len(completions) == 2 and np.array_equal(completions[0], completions[1]):
         raise RecordError("identical_completions", "chosen and rejected render to the same tokens", where)
-    return PairRender(prompt, tuple(completions), tuple(masks), tuple(sorted(set(repairs))))
+    return PairRender(prompt, tuple(completions), tuple(masks), tuple(sorted(set(repairs))), tuple(convs))
 
 
 def render_prompt(rec: PromptRecord, tok, profile: TemplateProfile | None, policy: TurnPolicy,

@@ -25,6 +25,7 @@ from .. import __version__
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
+from ..curate import DEFAULT_NGRAM, Deduplicator, RecordKeys, canonical_text, exact_key, load_evals
 from ..errors import RecordError, UsageError
 from ..prepare.options import Progress
 from ..prepare.run import _all_rejected, choose_tokenizer
@@ -73,8 +74,14 @@ class PrefOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     reasoning: str = "keep"
     allow_pad_as_stop: bool = False
+    dedup: str = "off"  # off | exact
+    decontaminate: tuple = ()
+    decontaminate_ngram: int = DEFAULT_NGRAM
 
     def validate(self) -> None:
+        if self.dedup not in ("off", "exact"):
+            raise UsageError(f"--dedup for pairs is exact or off (near duplicates are not found for pairs yet), got "
+                             f"{self.dedup!r}")
         if self.form not in FORMS:
             raise UsageError(f"--format must be one of {', '.join(FORMS)}, got {self.form!r}")
         if not 0.0 <= self.val_split < 1.0:
@@ -85,7 +92,9 @@ class PrefOptions:
         return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "template_vars": self.template_vars,
                 "format": self.form, "truncation": self.truncation.recorded(), "val_split": self.val_split,
                 "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
-                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop}
+                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop,
+                "dedup": self.dedup, "decontaminate": list(self.decontaminate),
+                "decontaminate_ngram": self.decontaminate_ngram}
 
 
 @dataclass
@@ -101,13 +110,16 @@ class PrefSummary:
     forms: dict = field(default_factory=dict)  # record form -> rows kept
     truncated: dict = field(default_factory=dict)  # prompts_cut, completions_cut (rows)
     labels: dict = field(default_factory=dict)  # kto: desirable / undesirable rows
+    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (counted either way)
+    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {"output_dir": self.output_dir, "kind": self.kind, "records_read": self.records_read,
                 "rows": self.rows, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "rejected": self.rejected, "repaired": self.repaired, "forms": self.forms,
-                "truncated": self.truncated, "labels": self.labels, "seconds": round(self.seconds, 3)}
+                "truncated": self.truncated, "labels": self.labels, "dedup": self.dedup,
+                "decontamination": self.decontamination, "seconds": round(self.seconds, 3)}
 
 
 @dataclass
@@ -162,6 +174,7 @@ class Row:
     repairs: tuple = ()
     prompt_cut: bool = False
     completion_cut: bool = False
+    text: str = ""  # the canonical text of the prompt and every completion (curation)
 
 
 def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
@@ -198,8 +211,9 @@ def record_row(raw: bytes, where: str, ctx: Context) -> Row:
         if budget is not None and ids.shape[0] > budget:
             raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over --max-prompt-length "
                               f"{budget:,}; an RL prompt is never cut", where)
+        text = "\n".join(str(m.get("content", m.get("value", ""))) for m in pr.prompt)
         return Row(KIND_PROMPTS, [(ids, np.zeros(ids.shape[0], dtype=np.uint8))],
-                   columns=_columns(raw, obj, pr.columns))
+                   columns=_columns(raw, obj, pr.columns), text=text)
     pr = parse_preference(obj, where, opts.form)
     out = render_record(pr, ctx.tok, ctx.profile, ctx.rule, ctx.policy, where)
     special = ctx.special
@@ -209,6 +223,9 @@ def record_row(raw: bytes, where: str, ctx: Context) -> Row:
     prompt = out.prompt[cut.prompt_start:]
     parts = [(prompt, np.zeros(prompt.shape[0], dtype=np.uint8))]
     for c, m, e in zip(out.completions, out.masks, cut.ends):
+        if not cut.prompt_cut and e == c.shape[0]:  # uncut: the mask render_record proved
+            parts.append((c, m))
+            continue
         mask = completion_mask(ctx.rule, prompt, c[:e])
         if not np.array_equal(mask, m[:e]):
             raise RecordError("prompt_cut_changes_mask", f"cut to {prompt.shape[0]:,} prompt tokens (--truncation "
@@ -218,7 +235,26 @@ def record_row(raw: bytes, where: str, ctx: Context) -> Row:
     return Row(KIND_KTO if pr.label is not None else KIND_PAIRS, parts,
                label=None if pr.label is None else int(pr.label), form=pr.form, repairs=out.repairs,
                prompt_cut=cut.prompt_cut,
-               completion_cut=any(e < c.shape[0] for c, e in zip(out.completions, cut.ends)))
+               completion_cut=any(e < c.shape[0] for c, e in zip(out.completions, cut.ends)),
+               text="\n\n".join(canonical_text(c) for c in out.conversations))
+
+
+def _curated(row: Row, record: int, where: str, dedup: Deduplicator, evals, contaminated: Counter) -> None:
+    """Raise ``RecordError`` when the row shares an n-gram with an evaluation item (its
+    prompt or any completion: ``contaminated``) or repeats an earlier kept row exactly
+    (``duplicate``, with ``--dedup exact``; counted either way). Decided in input order."""
+    if evals is not None:
+        hit = evals.first_hit(row.text)
+        if hit is not None:
+            fi, number, ewhere = evals.items[hit[0]]
+            contaminated[fi] += 1
+            raise RecordError("contaminated", f"shares the {evals.n}-word sequence \"{hit[1]}\" with item {number} of "
+                              f"the evaluation file {evals.files[fi]} ({ewhere}); dropped so that the evaluation stays "
+                              f"unseen", where)
+    keys = RecordKeys(np.array([record], dtype=np.int64), [where], [exact_key(row.text)], None, [])
+    for d in dedup.decide(keys):
+        raise RecordError("duplicate", d.message().replace("the same conversation as", "the same prompt and "
+                                                           "completions as"), where)
 
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
@@ -240,6 +276,10 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     dtype = token_dtype_for(tok.vocab_size)
     rejected, repaired, forms, counts, labels = Counter(), Counter(), Counter(), Counter(), Counter()
     rows = _Rows()
+    dedup = Deduplicator(opts.dedup)
+    evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
+        if opts.decontaminate else None
+    contaminated: Counter = Counter()
     kind = KIND_PROMPTS if rl else None
     records = 0
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
@@ -251,6 +291,7 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
                     if raw.reject is not None:
                         raise RecordError(*raw.reject, raw.where)
                     row = record_row(raw.raw, raw.where, ctx)
+                    _curated(row, raw.record, raw.where, dedup, evals, contaminated)
                     if kind is None:
                         kind = row.kind
                     elif kind != row.kind:
@@ -323,7 +364,13 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
             "options": opts.recorded(),
             "counts": {"records_read": records, "rejected": summary.rejected, "repaired": summary.repaired,
                        "forms": summary.forms, "truncated": summary.truncated, "labels": summary.labels},
+            "dedup": dedup.counts(),
         }
+        summary.dedup = dedup.counts()
+        if evals is not None:
+            summary.decontamination = {"ngram": evals.n, "files": [
+                {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}
+            metadata["decontamination"] = summary.decontamination
         with writing(w.path, output_dir):
             w.commit(metadata)
     summary.seconds = time.perf_counter() - t0

@@ -158,3 +158,22 @@ def test_verify_finds_a_changed_mask(tmp_path):
     assert [(c.name, c.status) for c in r.checks] == [("checksums", "failed"), ("layout", "ok"), ("masks", "failed"),
                                                       ("pairs", "failed")]
     assert r.problems[1].message == "the prompt holds trained tokens"
+
+
+def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_path):
+    other = {**PAIR, "rejected": [{"role": "assistant", "content": "Purple, with the rings of saturn in view tonight."}]}
+    spaced = {**PAIR, "prompt": [{"role": "user", "content": "What  color is the sky?"}]}  # whitespace aside: the same
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR, spaced, other])
+    ev = write_jsonl(tmp_path / "eval.jsonl", [{"question": "purple with the rings of saturn in view"}])
+    s = prepare_pref([inp], tmp_path / "ds", PrefOptions(dedup="exact", decontaminate=(str(ev),),
+                                                         decontaminate_ngram=5))
+    assert s.rows == {"train": 1} and s.rejected == {"contaminated": 1, "duplicate": 1}
+    assert s.dedup == {"mode": "exact", "exact_duplicates": 1}
+    assert s.decontamination["files"][0]["contaminated"] == 1
+    lines = [orjson.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_bytes().splitlines()]
+    assert [(x["record"], x["reason"]) for x in lines] == [(1, "duplicate"), (2, "contaminated")]
+    assert lines[0]["message"].startswith("the same prompt and completions as record 0 (")
+    # the completion is what matched: decontamination reads completions, not only prompts
+    assert lines[1]["message"].startswith('shares the 5-word sequence "purple with the rings of" with item')
+    with pytest.raises(UsageError, match="--dedup for pairs is exact or off"):
+        prepare_pref([inp], tmp_path / "near", PrefOptions(dedup="near"))
