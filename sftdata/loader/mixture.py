@@ -18,10 +18,11 @@ from ..order.mixture import MixtureOrder
 from ..packing.layout import PAD_SEQ_ID
 from ..packing.varlen import varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
+from ..store.rows import ROW_ITEMS
 from .batch import FIELDS, Batch
 from .guards import check_trains_something, check_value_ranges
 from .indexed import EpisodeSource, PackedSource
-from .pairs import ITEMS, PairBatch, PairSource
+from .pairs import PairBatch, PairSource
 
 log = logging.getLogger("sftdata.loader")
 
@@ -140,7 +141,7 @@ class PairMixtureSource(MixtureSource):
         self.world_size = world_size
         self.root = om.path
         self.mode = om.kind
-        self.items = ITEMS[om.kind]
+        self.items = ROW_ITEMS[om.kind]
         self.members = [PairSource(cfg, ds, world_size) for ds in om.datasets]
         self.splits = om.splits
         self.tokenizer_state = om.datasets[0].tokenizer_state

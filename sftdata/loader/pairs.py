@@ -39,13 +39,12 @@ from ..order.budget import row_batch_order
 from ..order.config import LoaderConfig
 from ..store.format import KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.reader import Dataset
-from ..store.rows import RowSplit, require_row_kind
+from ..store.rows import ROW_ITEMS, RowSplit, require_row_kind
 from ..util.ranges import trained_per_episode
 from .batch import Batch
 from .indexed import resolve_pad_id
 
 SIDES = {KIND_PAIRS: ("chosen", "rejected"), KIND_KTO: ("completion",), KIND_PROMPTS: ("prompt",)}
-ITEMS = {KIND_PAIRS: "pairs", KIND_KTO: "rows", KIND_PROMPTS: "prompts"}
 ROW_ARRAYS = ("ids", "records", "prompt_lengths", "labels", "members")
 
 
@@ -189,7 +188,7 @@ class PairSource:
         self.ds = ds
         self.kind = ds.kind
         self.mode = ds.kind  # dataset_mode in logs, audit lines and the state
-        self.items = ITEMS[ds.kind]
+        self.items = ROW_ITEMS[ds.kind]
         self.sides = len(SIDES[ds.kind])
         self.world_size = world_size
         self.root = ds.root

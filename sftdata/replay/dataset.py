@@ -22,7 +22,7 @@ from ..order.config import LoaderConfig
 from ..store.format import ROW_KINDS
 from ..store.location import dataset_path
 from ..store.reader import Dataset, has_episode_index, open_dataset
-from ..store.rows import RowSplit
+from ..store.rows import ROW_ID_COLUMN, ROW_ITEMS, RowSplit
 from ..store.shard import Split, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
@@ -263,8 +263,6 @@ def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, sp
                   [sh.name for sh in sp.shards], getattr(o, "budget", None), **(resize or {}))
 
 
-ROW_ITEMS = {"pairs": "pairs", "kto": "rows", "prompts": "prompts"}  # the loader's names (loader.pairs.ITEMS)
-ROW_COLUMN = {"pairs": "pair", "kto": "row", "prompts": "prompt"}  # the id column of a row kind
 
 
 def _row_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
@@ -273,7 +271,7 @@ def _row_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split:
     tokens (every part) and its input record number."""
     rs = RowSplit(ds.kind, sp)
     ids = cols.pop("episode")
-    name = ROW_COLUMN[ds.kind]
+    name = ROW_ID_COLUMN[ds.kind]
     cols[name] = ids
     cols["shard"] = sp.shard_of(ids * rs.entries)
     cols["length"] = rs.part_lengths[ids].sum(axis=1) if ids.size else np.zeros(0, np.int64)

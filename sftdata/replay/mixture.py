@@ -18,9 +18,9 @@ from ..order.config import LoaderConfig
 from ..order.mixture import MixtureOrder
 from ..store.format import ROW_KINDS
 from ..store.mixture import OpenedMixture, mixture_order, open_mixture
-from ..store.rows import RowSplit
+from ..store.rows import ROW_ID_COLUMN, ROW_ITEMS, RowSplit
 from ..store.shard import split_segments
-from .dataset import ROW_COLUMN, ROW_ITEMS, Replay, epoch_head, not_in_epoch
+from .dataset import Replay, epoch_head, not_in_epoch
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "dataset", "episode", "shard", "length", "record")
 EPOCH_COLUMNS = ("epoch", "position", "dataset", "episode", "shard", "length", "record", "step", "rank", "slot")
@@ -77,7 +77,7 @@ def replay_mixture(path: str | Path, cfg: LoaderConfig, *, split: str = "train",
         names = PACKED_STEP_COLUMNS if step is not None else PACKED_EPOCH_COLUMNS
     elif om.kind in ROW_KINDS:  # pairs, KTO rows, RL prompts: each row's id, shard, tokens and record
         shard_names = _row_columns(om, split, cols, member, local)
-        name = ROW_COLUMN[om.kind]
+        name = ROW_ID_COLUMN[om.kind]
         names = tuple(name if c == "episode" else c for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS))
         items = ROW_ITEMS[om.kind]
     else:
@@ -129,7 +129,7 @@ def _row_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarray, 
         if rs.records is not None:
             record[sel] = rs.records[ids]
         shard_names += [s.name for s in rs.split.shards]
-    cols.update({ROW_COLUMN[om.kind]: local, "shard": shard, "length": length, "record": record})
+    cols.update({ROW_ID_COLUMN[om.kind]: local, "shard": shard, "length": length, "record": record})
     return shard_names
 
 

@@ -40,7 +40,7 @@ from .format import METADATA_FILE, MIXTURE_FORMAT, ROW_KINDS, dumps_json, is_mix
 from .fsops import create_file, refuse_link
 from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
-from .rows import RowSplit
+from .rows import ROW_ITEMS, RowSplit
 from .shard import split_segments
 
 # tokenizer_state keys that say where a tokenizer was read from, not which one it is
@@ -203,9 +203,6 @@ class OpenedMixture:
         return out
 
 
-MIXTURE_ITEMS = {"packed": "rows", "pairs": "pairs", "kto": "rows", "prompts": "prompts"}  # what an order's ids name
-
-
 def mixture_order(cfg: LoaderConfig, om: OpenedMixture, split: str, world_size: int = 1) -> MixtureOrder:
     """The order of ``split`` of a mixture: the loader's, ``replay-order``'s and
     ``inspect``'s (the mixture's seed; the config's batch size, shuffle, drop_last and
@@ -221,7 +218,7 @@ def mixture_order(cfg: LoaderConfig, om: OpenedMixture, split: str, world_size: 
                         batch_size=cfg.batch_size, world_size=world_size, seed=om.mixture.seed,
                         shuffle=cfg.epoch_shuffle, drop_last=cfg.epoch_drop_last, names=om.names,
                         what=f"split {split!r} of the mixture {om.path}",
-                        items=MIXTURE_ITEMS.get(om.kind, "episodes"))
+                        items="rows" if om.kind == "packed" else ROW_ITEMS.get(om.kind, "episodes"))
 
 
 def open_mixture(path: str | Path, *, token_dtype=None) -> OpenedMixture:

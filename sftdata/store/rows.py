@@ -31,6 +31,8 @@ from .shard import Split
 DESCRIBE = {KIND_PAIRS: "preference pairs (prompt, chosen, rejected)", KIND_KTO: "KTO rows (prompt, completion, label)",
             KIND_PROMPTS: "RL prompts (prompt, columns)"}
 PAIR_LOADER = "sftdata.loader.make_pair_loader"
+ROW_ITEMS = {KIND_PAIRS: "pairs", KIND_KTO: "rows", KIND_PROMPTS: "prompts"}  # what the order's ids name (logs, replay)
+ROW_ID_COLUMN = {KIND_PAIRS: "pair", KIND_KTO: "row", KIND_PROMPTS: "prompt"}  # replay-order's id column
 
 
 def is_row_kind(ds: Dataset) -> bool:

@@ -12,9 +12,18 @@ import re
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError
+from sftdata.loader import LoaderConfig
 from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.replay.dataset import replay_order
 from sftdata.template import PRESETS
-from sftdata.torch import PairDataset, PreferenceCollator, SFTDataset, UnpairedPreferenceCollator, pretokenized
+from sftdata.torch import (
+    PairDataset,
+    PreferenceCollator,
+    SFTDataset,
+    SFTSampler,
+    UnpairedPreferenceCollator,
+    pretokenized,
+)
 from tests.helpers.data import write_jsonl
 from tests.helpers.loader import make_dataset
 from tests.helpers.pairs import PAIR_LENGTHS, part_mask, part_tokens, write_rows
@@ -72,6 +81,17 @@ def test_the_kto_collator_adds_the_label_and_trls_mismatched_kl_pairs():
     assert out["KL_input_ids"].tolist() == [[1, 6, 0, 0], [4, 5, 2, 3]]  # each prompt with the previous completion
     assert out["KL_completion_mask"].tolist() == [[0, 1, 0, 0], [0, 0, 1, 0]]
     assert "KL_input_ids" not in UnpairedPreferenceCollator(0, kl=False).numpy(items)
+
+
+def test_the_sampler_hands_out_the_pairs_replay_order_lists(pairs):
+    cfg = LoaderConfig(batch_size=2, block_size=12, epoch_seed=9)
+    sampler = SFTSampler(PairDataset(pairs), cfg)
+    ids = list(sampler)
+    assert len(ids) == 8  # 4 steps of 2: the ninth pair is dropped (epoch_drop_last)
+    for step in range(4):
+        assert ids[2 * step:2 * step + 2] == replay_order(pairs, cfg, step=step).columns["pair"].tolist()
+    with pytest.raises(ConfigError, match=r"^SFTSampler orders an SFTDataset or a PairDataset, got list$"):
+        SFTSampler([], cfg)
 
 
 def test_sft_readers_refuse_a_pairs_dataset_and_the_pair_dataset_an_sft_one(pairs, tmp_path):
