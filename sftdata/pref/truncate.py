@@ -16,8 +16,11 @@ A completion's cut never falls inside a run of special tokens (moved back to bef
 run), and never leaves it empty: a completion that would keep no trained token drops the
 pair (``completion_truncated_to_empty``)::
 
-    prompt  <s> <u> a b <E> <a>        P = 4, keep-end:  <u> ... no: cut at a run start
-    chosen  x y z <E>                  budget 3: x y z   (before <E>, not inside a run)
+    prompt   <s> <u> a b c <E> <u> d <E> <a>      --max-prompt-length 5, keep-end: the first
+             S   S   T T T  S   S  T  S   S       run start within the last 5 tokens is the
+                             ^ cut here           <E> of the first turn: 5 tokens kept
+    chosen   x y z <E> \n                         --max-length 8: budget 3, "x y z"
+    rejected p q <E>                              the same budget: "p q <E>" (3 tokens)
 """
 
 from __future__ import annotations

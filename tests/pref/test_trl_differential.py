@@ -146,3 +146,29 @@ def test_trl_extract_prompt_takes_a_prefix_of_one_side_as_the_prompt():
     # and when they first differ at a user message, TRL's completions start with the user's turn
     got = extract_prompt({"chosen": [u, a, u2, a2], "rejected": [u, a, {"role": "user", "content": "x"}, a2]})
     assert got["prompt"] == [u, a] and got["chosen"][0]["role"] == "user"
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("name", ("llama-3.1", "qwen3"))
+def test_rl_prompts_equal_apply_chat_template_with_tools_and_the_generation_prompt(tmp_path, name):
+    rows = [{"prompt": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "answer": "18C",
+             "chat_template_kwargs": DATE},
+            {"prompt": [{"role": "system", "content": "Answer with a number."},
+                        {"role": "user", "content": "What is 2 ** 10?"}], "answer": 1024, "chat_template_kwargs": DATE}]
+    inp = write_jsonl(tmp_path / "rl.jsonl", rows)
+    model = zoo_model(tmp_path / "models", name)
+    prepare_pref([inp], tmp_path / "ds", PrefOptions(tokenizer=str(model.folder), allow_pad_as_stop=True), rl=True)
+    d = tmp_path / "ds" / "train" / "shard_00000"
+    meta = orjson.loads((tmp_path / "ds" / "dataset_metadata.json").read_bytes())
+    ids = np.fromfile(d / "tokens.bin", dtype=np.dtype(meta["token_dtype"]))
+    idx = np.fromfile(d / "episodes.idx", dtype="<u8").reshape(-1, 2).tolist()
+    tok = AutoTokenizer.from_pretrained(str(model.folder))
+    for (a, n), row in zip(idx, rows):
+        want = tok.apply_chat_template(row["prompt"], tools=row.get("tools"), add_generation_prompt=True,
+                                       tokenize=True, **DATE)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        assert ids[a:a + n].tolist() == list(want)
