@@ -14,7 +14,6 @@ from rich.text import Text
 from ..engine import check_engine
 from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
-from ..pref.verify import verify_rows
 from ..store.format import METADATA_FILE, ROW_KINDS, is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
@@ -189,6 +188,8 @@ def verify_cmd(
         row_kind = not mixture and (path / METADATA_FILE).is_file() and \
             orjson.loads((path / METADATA_FILE).read_bytes()).get("kind") in ROW_KINDS
         if row_kind:  # pairs, kto, prompts: every row re-derived (docs/PREFERENCE.md)
+            from ..pref.verify import verify_rows  # lazy: a row dataset's re-render loads the prepare pipeline
+
             report = verify_rows(path, rerender=not quick)
         elif mixture:
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
