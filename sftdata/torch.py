@@ -1,5 +1,7 @@
 """``from sftdata.torch import SFTDataset, SFTSampler, collate``: sftdata datasets for
-``transformers``, TRL and plain PyTorch training loops (docs/INTEROP.md).
+``transformers``, TRL and plain PyTorch training loops (docs/INTEROP.md); for pairs, KTO
+rows and RL prompts ``PairDataset``, ``PreferenceCollator`` (TRL's ``DPOTrainer``),
+``UnpairedPreferenceCollator`` (``KTOTrainer``) and ``pretokenized`` (docs/TRAINING.md).
 
 Importing this module needs numpy only; calling ``collate()`` needs PyTorch and says
 ``pip install 'sftdata[torch]'`` in one line when it is missing.
@@ -7,6 +9,17 @@ Importing this module needs numpy only; calling ``collate()`` needs PyTorch and 
 
 from __future__ import annotations
 
-from .interop import Collator, SFTDataset, SFTSampler, check_model, collate
+from .interop import (
+    Collator,
+    PairDataset,
+    PreferenceCollator,
+    SFTDataset,
+    SFTSampler,
+    UnpairedPreferenceCollator,
+    check_model,
+    collate,
+    pretokenized,
+)
 
-__all__ = ["Collator", "SFTDataset", "SFTSampler", "check_model", "collate"]
+__all__ = ["Collator", "SFTDataset", "SFTSampler", "check_model", "collate", "PairDataset", "PreferenceCollator",
+           "UnpairedPreferenceCollator", "pretokenized"]

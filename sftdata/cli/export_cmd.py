@@ -50,6 +50,11 @@ def export_command(
     record; packed: seq_episodes, seq_records). Streamed in chunks of whole rows, so
     memory stays flat; written atomically (docs/INTEROP.md).
 
+    Pairs (`sftdata prepare-pref`): one row per pair with TRL's tokenized columns,
+    prompt_input_ids, chosen_input_ids, rejected_input_ids, and each completion's loss
+    mask; KTO rows: completion_input_ids and label; RL prompts: prompt_input_ids and
+    columns. Each row also carries row and record (its input record number).
+
     Examples:
 
     * `sftdata export data/chat_sft -o exports/chat_sft`

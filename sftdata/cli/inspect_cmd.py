@@ -21,6 +21,7 @@ from rich.text import Text
 from ..errors import UsageError
 from ..report import PERCENTILES, EpisodeView, Histogram, Overview, RowView, overview, views
 from ..report.mixture import mixture_overview
+from ..report.pairs import PairView
 from ..store.format import is_mixture_file
 from .app import app, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
@@ -38,7 +39,8 @@ EpisodeOpt = Annotated[list[int] | None, typer.Option(
                                           "repeatable.")]
 RowOpt = Annotated[list[int] | None, typer.Option(
     "--row", "-r", metavar="ID", help="Packed datasets: row id within --split (segments, positions, padding); "
-                                      "repeatable.")]
+                                      "pairs, KTO rows and RL prompts: the pair (row) id, as replay-order prints "
+                                      "it; repeatable.")]
 RecordOpt = Annotated[int | None, typer.Option(
     "--record", metavar="N", help="Show the episode (packed: the rows) made from input record N (0-based, as "
                                   "in rejects.jsonl); any split.")]
@@ -119,6 +121,12 @@ def draw_overview(ov: Overview) -> Group:
                                         f"{ov.packed_from.get('metadata_sha256')})"))
     if ov.serving:
         head.append("\n" + one_line(serving_line(ov.serving)))
+    if ov.rows:
+        parts_of = {"pairs": "prompt, chosen, rejected", "kto": "prompt, completion", "prompts": "prompt"}
+        counts = ", ".join(f"{n:,} in {one_line(s)}" for s, n in ov.rows["splits"].items())
+        head.append("\n" + one_line(f"{ov.kind}: {counts} · each {ov.rows['per_row']} index entries "
+                                     f"({parts_of.get(ov.kind, '')}); the tables count entries · "
+                                     f"`--row N` shows one"))
     head.append(f"\n{ov.bytes_on_disk:,} bytes on disk")
     parts.append(head)
     if ov.packing:
@@ -320,6 +328,28 @@ def draw_row(v: RowView, tokens: bool) -> Group:
     return Group(*parts)
 
 
+def draw_pair(v: PairView, tokens: bool) -> Group:
+    """The prompt once, then chosen and rejected side by side (KTO: the completion and its
+    label; an RL prompt: its columns), trained text green inside ⟦ ⟧."""
+    head = Text(f"{one_line(v.split)} {'pair' if v.kind == 'pairs' else v.kind + ' row'} {v.row}", style="bold")
+    rec = "" if v.record is None else f" · input record {v.record}"
+    label = "" if v.label is None else f" · label {'desirable' if v.label else 'undesirable'}"
+    head.append(f"{rec}{label} · {one_line(v.shard)} · prompt {v.prompt_length:,} tokens (never trained)")
+    parts: list = [Rule(style="dim"), head, Text("prompt", style="cyan"), pieces_text(v.prompt)]
+    if v.sides:
+        t = Table(header_style="bold cyan", show_lines=False, expand=True)
+        for s in v.sides:
+            t.add_column(f"{s.name} · {s.length:,} tokens, {s.trained_tokens:,} trained", ratio=1, overflow="fold")
+        t.add_row(*(pieces_text(s.pieces) for s in v.sides))
+        parts.append(t)
+    if v.columns is not None:
+        parts.append(Text("columns ", style="cyan") + Text(one_line(v.columns)))
+    if tokens:
+        for s in v.sides:
+            parts += [Text(f"{s.name}: prompt + {s.name}", style="cyan"), token_table(s)]
+    return Group(*parts)
+
+
 def draw_episode(v: EpisodeView, tokens: bool) -> Group:
     head = Text(f"{one_line(v.split)} episode {v.episode}", style="bold")
     rec = "" if v.record is None else f" · input record {v.record}"
@@ -365,6 +395,7 @@ def inspect_cmd(
     * `sftdata inspect data/chat_sft --episode 0 --tokens` (one episode, one line per token)
     * `sftdata inspect data/chat_sft --record 17` (the episode made from input record 17)
     * `sftdata inspect data/chat_sft_packed --row 3`
+    * `sftdata inspect data/pref --row 0` (a pair: chosen and rejected side by side)
     * `sftdata inspect data/mix.json --epochs 5` (a mixture: each member's rows and tokens per epoch)
     """
     if is_mixture_file(path):
@@ -382,11 +413,13 @@ def inspect_cmd(
         found, notes = views(path, split, episodes=episode, rows=row, record=record, sample=sample, seed=seed,
                              tokens=tokens, token_dtype=token_dtype, tokenizer=tokenizer)
         if as_json:
-            key = "rows" if found and isinstance(found[0], RowView) else "episodes"
+            key = "rows" if found and isinstance(found[0], RowView) else "pairs" if found and isinstance(
+                found[0], PairView) else "episodes"
             print_json({key: [v.as_dict() for v in found], "notes": notes})
             return
         for v in found:
-            out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_episode(v, tokens))
+            out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_pair(v, tokens)
+                              if isinstance(v, PairView) else draw_episode(v, tokens))
         for n in notes:
             out_console.print(Text(f"note: {one_line(n)}", style="yellow"))
         return

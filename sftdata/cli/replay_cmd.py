@@ -58,12 +58,12 @@ def _table(r: Replay) -> Group:
     batch = f"batch {r.batch_size}" if r.batch_tokens is None else f"batches of up to {r.batch_tokens:,} tokens"
     held = (f"mixture of {', '.join(r.dataset_names)}: {r.num_eligible:,} items in epoch {r.epoch} (min "
             f"{r.episode_min_tokens} tokens)" if r.dataset_names else
-            f"{r.num_eligible:,} eligible of {r.num_episodes:,} episodes (min {r.episode_min_tokens} tokens)")
+            f"{r.num_eligible:,} eligible of {r.num_episodes:,} {r.items} (min {r.episode_min_tokens} tokens)")
     caption = f"{held}; {seed}; {batch} x {r.world_size} rank(s); drop_last={str(r.drop_last).lower()}"
     if r.resume_from is not None:
         caption += (f"; resumed at step {r.resume_from:,} after batch {r.from_batch_size} x {r.from_world_size} "
                     f"rank(s)")
-    shown = len(r.columns["episode"])
+    shown = r.shown
     if shown < r.total_rows:
         caption += f"; showing {shown:,} of {r.total_rows:,} rows (--head K, --csv for all)"
     t = Table(header_style="bold", show_edge=False, pad_edge=False)  # no edges: 9 columns fit 80 characters

@@ -8,14 +8,18 @@
 * ``dataset``: ``SFTDataset``, items as ``transformers`` models take them (numpy arrays);
 * ``collate``: the batch dicts (padded, or padding-free with flash-attention varlen kwargs);
 * ``sampler``: ``SFTSampler``, the loader's order (``sftdata.order``), so ``replay-order``
-  answers for a run that used it.
+  answers for a run that used it;
+* ``pairs``: ``PairDataset``, ``PreferenceCollator`` and ``pretokenized`` for TRL's
+  ``DPOTrainer``, ``KTOTrainer`` and ``GRPOTrainer`` on pairs, KTO rows and RL prompts.
 
 Torch is imported only where tensors are made (the collators); docs/INTEROP.md.
 """
 
 from .collate import Collator, collate, flatten, positions_of, require_torch, sequence_bounds
 from .dataset import SFTDataset, check_model
+from .pairs import PairDataset, PreferenceCollator, UnpairedPreferenceCollator, pretokenized
 from .sampler import SFTSampler
 
 __all__ = ["Collator", "SFTDataset", "SFTSampler", "check_model", "collate", "flatten", "positions_of",
-           "require_torch", "sequence_bounds"]
+           "require_torch", "sequence_bounds", "PairDataset", "PreferenceCollator", "UnpairedPreferenceCollator",
+           "pretokenized"]

@@ -37,6 +37,7 @@ from ..loader import IGNORE_INDEX, check_tokenizer
 from ..loader.indexed import recorded_pad_id
 from ..packing.layout import PAD_SEQ_ID, Segments, row_layout
 from ..store.reader import open_dataset
+from ..store.rows import refuse_row_kind
 from ..store.shard import split_segments
 
 
@@ -69,6 +70,7 @@ class SFTDataset:
 
     def _open(self) -> None:
         ds = open_dataset(self.path, token_dtype=self.token_dtype)
+        refuse_row_kind(ds, "SFTDataset")
         self.dataset = ds
         self.split = ds.split(self.split_name)
         self.kind = ds.kind

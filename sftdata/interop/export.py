@@ -8,6 +8,10 @@ with the columns ``transformers`` models take, ``labels`` aligned with ``input_i
     packed:    row, input_ids, labels, attention_mask (0 on row padding), position_ids,
                seq_lengths, seq_episodes, seq_records (one per segment)
 
+Pairs, KTO rows and RL prompts: one row per pair with TRL's tokenized columns
+(``prompt_input_ids``, ``chosen_input_ids``, ``rejected_input_ids``; KTO's
+``completion_input_ids`` and ``label``), see ``export_rows``.
+
 ``record`` is the 0-based input record number (null when the dataset does not know it).
 
 Streamed: a split is read a chunk of whole items at a time (plain file reads, so memory
@@ -31,15 +35,17 @@ from .. import __version__
 from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..loader import IGNORE_INDEX, dataset_identity
 from ..packing.layout import PAD_SEQ_ID, row_layout
-from ..store.format import METADATA_FILE, read_json
+from ..store.format import METADATA_FILE, ROW_KINDS, read_json
 from ..store.fsops import OUTPUT_DIR_FIX, refuse_link
 from ..store.location import remote_url
 from ..store.object_cache import remote_metadata
 from ..store.reader import open_dataset
+from ..store.rows import RowSplit
 from ..store.shard import Split, split_segments
 from ..store.writer import DatasetWriter
 from ..util.oserrors import naming
 from ..util.ranges import range_index, whole_runs
+from .export_rows import RowJsonlSink, RowParquetSink, row_chunks, row_columns
 
 FORMATS = ("parquet", "jsonl")
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few ms to decode
@@ -76,7 +82,7 @@ class ExportReport:
     dataset: str
     output_dir: str
     format: str
-    kind: str  # of the dataset: episodes | packed
+    kind: str  # of the dataset: episodes | packed | pairs | kto | prompts
     columns: list[str]
     splits: dict[str, SplitExport] = field(default_factory=dict)
     seconds: float = 0.0
@@ -112,8 +118,12 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
         if ds.split(name).num_items and not ds.split(name).has_mask:
             raise DatasetError(f"split {name!r} of {source} has no mask.bin, so labels cannot say which tokens are "
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
-    sink_cls = _parquet_sink() if options.format == "parquet" else JsonlSink
-    columns = PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
+    rows = ds.kind in ROW_KINDS  # pairs, KTO rows, RL prompts: TRL's tokenized columns (export_rows)
+    parquet = options.format == "parquet"
+    sink_cls = _parquet_sink() if parquet else JsonlSink  # says which extra --format parquet needs
+    if rows:
+        sink_cls = RowParquetSink if parquet else RowJsonlSink
+    columns = row_columns(ds.kind) if rows else PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
     report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns)
     provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
                   "sftdata_version": __version__}
@@ -123,16 +133,21 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
             # a full disk or a file-size limit names the file (its write errors carry no name)
             with naming(w.path / out.file, f"while exporting to {url or target}"), \
-                    sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}) as sink:
-                chunks = (packed_chunks(sp, ds.packing, options.row_group_tokens) if ds.kind == "packed"
-                          else episode_chunks(sp, options.row_group_tokens))
+                    sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}, PARQUET_KEY) as sink:
+                if rows:
+                    chunks = row_chunks(RowSplit(ds.kind, sp), options.row_group_tokens)
+                elif ds.kind == "packed":
+                    chunks = packed_chunks(sp, ds.packing, options.row_group_tokens)
+                else:
+                    chunks = episode_chunks(sp, options.row_group_tokens)
+                total = sp.num_items // ds.entries
                 for chunk in chunks:
                     sink.write(chunk)
                     out.rows += chunk.rows
-                    out.tokens += int(chunk.attention.sum())
-                    out.trained_tokens += int(np.count_nonzero(chunk.labels != IGNORE_INDEX))
+                    out.tokens += chunk.token_count
+                    out.trained_tokens += chunk.trained_count
                     if progress is not None:
-                        progress(ExportProgress(name, out.rows, sp.num_items))
+                        progress(ExportProgress(name, out.rows, total))
             out.bytes = (w.path / out.file).stat().st_size
         w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
             **provenance, "format": options.format, "columns": columns,
@@ -180,6 +195,14 @@ class Chunk:
     @property
     def rows(self) -> int:
         return self.offsets.shape[0] - 1
+
+    @property
+    def token_count(self) -> int:
+        return int(self.attention.sum())
+
+    @property
+    def trained_count(self) -> int:
+        return int(np.count_nonzero(self.labels != IGNORE_INDEX))
 
 
 def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
@@ -239,7 +262,7 @@ class ParquetSink:
     """One Parquet file; each chunk is one row group. The file's key-value metadata
     says where it came from (``sftdata``: source, identity, split, kind)."""
 
-    def __init__(self, path: Path, kind: str, provenance: dict):
+    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -252,7 +275,7 @@ class ParquetSink:
         else:
             fields = [("episode", pa.int64()), ("record", pa.int64()), ("input_ids", tokens), ("labels", tokens),
                       ("attention_mask", mask)]
-        self.schema = pa.schema(fields, metadata={PARQUET_KEY: orjson.dumps(provenance)})
+        self.schema = pa.schema(fields, metadata={key: orjson.dumps(provenance)})
         self.path = path
         self._writer = None
 
@@ -285,7 +308,7 @@ class ParquetSink:
 class JsonlSink:
     """One JSON object per line, the columns as keys (unknown record numbers as null)."""
 
-    def __init__(self, path: Path, kind: str, provenance: dict):
+    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY):
         self.path = path
         self._f = None
 

@@ -30,8 +30,11 @@ import numpy as np
 from ..errors import ConfigError
 from ..loader import dataset_identity
 from ..order.batches import BatchOrder, episode_order, row_order
+from ..order.budget import row_batch_order
 from ..order.config import LoaderConfig
+from ..store.rows import ROW_ITEMS
 from .dataset import SFTDataset
+from .pairs import PairDataset
 
 STATE_FORMAT = "sftdata-sampler-state"
 STATE_VERSION = 1
@@ -43,10 +46,10 @@ class SFTSampler:
     gives. Iterating yields the ids of the steps of the current epoch, from
     ``start_step`` on; ``len()`` counts them."""
 
-    def __init__(self, dataset: SFTDataset, config: LoaderConfig | None = None, *, world_size: int = 1,
+    def __init__(self, dataset: SFTDataset | PairDataset, config: LoaderConfig | None = None, *, world_size: int = 1,
                  rank: int | None = None):
-        if not isinstance(dataset, SFTDataset):
-            raise ConfigError(f"SFTSampler orders an SFTDataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, (SFTDataset, PairDataset)):
+            raise ConfigError(f"SFTSampler orders an SFTDataset or a PairDataset, got {type(dataset).__name__}")
         cfg = config if config is not None else LoaderConfig()
         if not isinstance(cfg, LoaderConfig):
             raise ConfigError(f"config must be a LoaderConfig (LoaderConfig.from_file(...) reads the file "
@@ -63,8 +66,11 @@ class SFTSampler:
         if getattr(cfg, "batch_tokens", None) is not None:
             raise ConfigError("batch_tokens sizes the batches of sftdata's own Loader; this sampler yields "
                               "batch_size indices per step: leave batch_tokens null here")
-        if dataset.kind == "packed":
-            self.order: BatchOrder = row_order(cfg, len(dataset), world_size, what=what)
+        if isinstance(dataset, PairDataset):  # pair ids, in the pair loader's order (make_pair_loader)
+            self.order: BatchOrder = row_batch_order(cfg, dataset.rows.sequence_lengths, world_size, what=what,
+                                                     items=ROW_ITEMS[dataset.kind])
+        elif dataset.kind == "packed":
+            self.order = row_order(cfg, len(dataset), world_size, what=what)
         else:
             self.order = episode_order(cfg, dataset.lengths, world_size, what=what)
         self.epoch = 0

@@ -8,6 +8,9 @@
     batch = loader.get_batch("train")                           # a Batch, (batch_size, block_size) fields
     x, y, mask = batch                                          # episodes with use_loss_mask
 
+    pairs = make_pair_loader(cfg, "data/pref")                  # preference pairs, KTO rows, RL prompts
+    pb = pairs.get_batch("train")                               # a PairBatch: pb.chosen, pb.rejected (Batch)
+
 One ``Loader`` (loader.py) over a small source that says which ids are in step N and
 builds their batch: ``EpisodeSource`` (indexed.py, one episode per row),
 ``PackedSource`` (indexed.py, packed rows), ``WindowSource`` (windows.py, token windows).
@@ -31,7 +34,7 @@ from .batch import (
 )
 from .indexed import EpisodeSource, PackedSource, episode_batch, packed_batch, resolve_pad_id
 from .loader import STATE_FORMAT, STATE_VERSION, Loader, dataset_identity, open_source
-from .make import check_tokenizer, detect_mode, make_loader
+from .make import check_tokenizer, detect_mode, make_loader, make_pair_loader
 from .windows import WindowDataset, WindowSource, split_corpus
 
 # The names the specification's training scripts use: every loader is a Loader, every
@@ -47,4 +50,15 @@ __all__ = [
     "packed_batch", "PackedDataLoader", "PackedBatch", "EpisodeSource", "PackedSource", "WindowSource",
     "open_source", "resolve_pad_id", "dataset_identity", "BatchIterable", "torch_iterable", "to_backend",
     "resolve_backend", "resolve_rank", "STATE_FORMAT", "STATE_VERSION", "check_tokenizer",
+    "make_pair_loader", "PairBatch", "PairSource",
 ]
+
+
+def __getattr__(name: str):
+    """``PairBatch`` and ``PairSource`` (pairs.py), loaded when first named: an SFT
+    training process never loads the pair code."""
+    if name in ("PairBatch", "PairSource"):
+        from . import pairs  # lazy: loaded for pairs, KTO rows and RL prompts only
+
+        return getattr(pairs, name)
+    raise AttributeError(f"module 'sftdata.loader' has no attribute {name!r}")

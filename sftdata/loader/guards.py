@@ -24,7 +24,9 @@ from ..util.memory import check_fits
 # peak bytes per (row, position) cell while a batch is built: x and y int64, the float32
 # mask, packed rows' position_ids and seq_ids and their work arrays (measured with
 # tracemalloc, numpy backend; tests/test_safety_results.py)
-BATCH_BYTES_PER_CELL = {"sft_episode": 24, "packed": 64, "token_stream": 20}
+BATCH_BYTES_PER_CELL = {"sft_episode": 24, "packed": 64, "token_stream": 20,
+                        # pair rows (estimated, not measured): each side's gather work besides its x, y, mask
+                        "pairs": 2 * 48, "kto": 48, "prompts": 48}
 
 
 def check_batch_fits(cfg: LoaderConfig, mode: str, device: str = "cpu") -> None:

@@ -58,6 +58,7 @@ from ..packing import Segments
 from ..packing.layout import PAD_SEQ_ID, row_layout
 from ..packing.varlen import varlen_layout, varlen_width
 from ..store.reader import Dataset
+from ..store.rows import refuse_row_kind
 from ..store.shard import Split, split_segments
 from ..tokenize import is_hf_state
 from ..util.ranges import trained_per_episode
@@ -171,6 +172,7 @@ class EpisodeSource(_IndexedSource):
     items = "episodes"
 
     def __init__(self, cfg: LoaderConfig, ds: Dataset, world_size: int = 1):
+        refuse_row_kind(ds, "the SFT loader (make_loader)")
         if "train" not in ds.splits:
             raise DatasetError(f"{ds.root} has no train split with an episode index")
         if cfg.pad_to_multiple_of not in (None, 1):

@@ -8,6 +8,7 @@ and the batch of those ids (``batch(split, ids)``)::
     EpisodeSource   episode ids                x, y (+ mask)                      epochs, or random
     PackedSource    row ids (-1 = padding)     x, y, mask, position_ids, seq_ids  one pass
     WindowSource    window ids                 x, y                               random
+    PairSource      pair / row ids             PairBatch: chosen, rejected ...    epochs, or random
 
 Everything else is here, once: the step counter of each split, ``get_batch``, the end
 of a one-pass order, the resumable state and its fingerprint, the torch conversion, the
@@ -47,24 +48,31 @@ STATE_VERSION_ORIGINS = 2
 LAYOUT_KEYS = ("batch_size", "world_size")
 # fingerprint keys a state saved by an older sftdata may lack, or a dataset may not have
 OPTIONAL_FINGERPRINT = ("dataset_content_sha256",)
-SOURCES = (EpisodeSource, PackedSource, WindowSource)  # and MixtureSource (mixture.py), loaded for mixtures only
+SOURCES = (EpisodeSource, PackedSource, WindowSource)  # and MixtureSource (mixture.py), loaded for mixtures only,
+# and PairSource (pairs.py), loaded for pairs, KTO rows and RL prompts only
 
 
-def _mixture_module(name: str):
-    """``sftdata.store.mixture`` or ``sftdata.loader.mixture`` when already imported, else
-    None: an object can be an opened mixture or a mixture source only once a mixture was
-    opened, so a loader of one dataset never loads the mixture code."""
+def _loaded_module(name: str):
+    """The module ``name`` (``sftdata.store.mixture``, ``sftdata.loader.mixture``,
+    ``sftdata.loader.pairs``) when already imported, else None: an object can be an opened
+    mixture, a mixture source or a pair source only once one was opened, so a loader of
+    one SFT dataset never loads the mixture or pair code."""
     return sys.modules.get(name)
 
 
 def is_opened_mixture(data) -> bool:
-    mod = _mixture_module("sftdata.store.mixture")
+    mod = _loaded_module("sftdata.store.mixture")
     return mod is not None and isinstance(data, mod.OpenedMixture)
 
 
 def is_mixture_source(source) -> bool:
-    mod = _mixture_module("sftdata.loader.mixture")
-    return mod is not None and isinstance(source, mod.MixtureSource)
+    mod = _loaded_module("sftdata.loader.mixture")
+    return mod is not None and isinstance(source, mod.MixtureSource)  # PairMixtureSource is one too
+
+
+def is_pair_source(source) -> bool:
+    mod = _loaded_module("sftdata.loader.pairs")  # loaded once a pairs dataset was opened
+    return mod is not None and isinstance(source, mod.PairSource)
 
 
 class Source(Protocol):
@@ -108,7 +116,7 @@ def open_source(cfg: LoaderConfig, data, world_size: int = 1, root=None) -> Sour
     """The source of ``data``: an opened ``Dataset`` (episodes or packed rows), an
     ``OpenedMixture`` (several datasets at weights), a mapping ``{split: [token arrays]}``
     (token windows), or a source itself."""
-    if isinstance(data, SOURCES) or is_mixture_source(data):
+    if isinstance(data, SOURCES) or is_mixture_source(data) or is_pair_source(data):
         if data.world_size != world_size:
             raise ConfigError(f"the source was made for world_size {data.world_size}, the loader has {world_size}")
         return data
@@ -230,7 +238,9 @@ class Loader:
             self._emit_events(split, step)
         return self._counted(self.source.batch(split, self.batch_ids(split, step) if ids is None else ids))
 
-    def _counted(self, batch: Batch) -> Batch:
+    def _counted(self, batch):
+        if not isinstance(batch, Batch):  # a PairBatch counts its sides itself
+            return batch.counted()
         return replace(batch, trained_tokens=trained_count(batch.x, batch.mask, self.end_id))
 
     # -- loss normalisation: every rank sums the per-item counts of every rank's items itself

@@ -10,6 +10,7 @@ from ..order.config import LoaderConfig
 from ..store.format import METADATA_FILE, TOKENIZER_FILE, is_mixture_file, read_json
 from ..store.location import dataset_path
 from ..store.reader import has_episode_index, open_dataset, open_token_stream
+from ..store.rows import require_row_kind
 from .batch import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader
@@ -97,3 +98,49 @@ def _token_arrays(root: Path, cfg: LoaderConfig) -> dict:
             if split == "train":
                 raise
     return splits
+
+
+def make_pair_loader(cfg: LoaderConfig | dict, dataset_dir: str | Path, *, padding_free: bool = False,
+                     backend: str = "auto", device: str = "cpu", rank: int | None = None,
+                     world_size: int | None = None, audit_dir: str | Path | None = None,
+                     tokenizer: str | Path | None = None) -> Loader:
+    """The ``Loader`` of a dataset of preference pairs, KTO rows or RL prompts (``sftdata
+    prepare-pref`` / ``prepare-rl``): ``get_batch`` returns a ``PairBatch`` (docs/LOADER.md,
+    "Pairs, KTO rows and RL prompts"). The order, resume state, audit log and ranks are
+    those of ``make_loader`` over row ids; ``padding_free`` gives one row per batch with
+    ``cu_seqlens`` instead of padded rows. A mixture file (``sftdata mix`` of pairs
+    datasets) gives its members at their weights (padded rows; ``PairBatch.members`` says
+    whose each row is). Other arguments as ``make_loader``."""
+    if isinstance(cfg, dict):
+        cfg = LoaderConfig.from_dict(cfg)
+    if not isinstance(cfg, LoaderConfig):
+        raise ConfigError(f"make_pair_loader needs a LoaderConfig (or a dict), got {type(cfg).__name__}")
+    backend = resolve_backend(backend)
+    rank, world_size = resolve_rank(rank, world_size)
+    from .pairs import PairSource  # lazy: an SFT training process never loads the pair code
+
+    mixture = is_mixture_file(dataset_dir)
+    if mixture:
+        from ..store.mixture import open_mixture  # lazy: the mixture code loads only for a mixture file
+        from .mixture import PairMixtureSource, mixture_config  # lazy: the mixture code loads only for a mixture
+
+        om = open_mixture(dataset_dir, token_dtype=cfg.token_dtype)
+        datasets = om.datasets
+        for ds in datasets:
+            require_row_kind(ds, "make_pair_loader")
+        cfg = mixture_config(cfg, om)  # the mixture file fixes the seed
+    else:
+        root = dataset_path(dataset_dir)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
+        if not root.is_dir():
+            raise DatasetError(f"dataset folder {root} does not exist; create it with "
+                               f"`sftdata prepare-pref ... --output-dir {root}`")
+        datasets = [open_dataset(root, token_dtype=cfg.token_dtype)]
+    for ds in datasets:
+        if tokenizer is not None:
+            check_tokenizer(ds.root, ds.metadata, ds.tokenizer_state, tokenizer)
+        check_value_ranges(ds.root, ds.metadata, ds.tokenizer_state)
+    source = (PairMixtureSource(cfg, om, world_size, padding_free=padding_free) if mixture
+              else PairSource(cfg, datasets[0], world_size, padding_free=padding_free))
+    adir = audit_dir if audit_dir is not None else cfg.audit_dir
+    audit = AuditLog(adir) if adir is not None and rank == 0 else None
+    return Loader(cfg, source, backend=backend, device=device, rank=rank, world_size=world_size, audit=audit)

@@ -18,9 +18,11 @@ from ..order.mixture import MixtureOrder
 from ..packing.layout import PAD_SEQ_ID
 from ..packing.varlen import varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
+from ..store.rows import ROW_ITEMS
 from .batch import FIELDS, Batch
 from .guards import check_trains_something, check_value_ranges
 from .indexed import EpisodeSource, PackedSource
+from .pairs import PairBatch, PairSource
 
 log = logging.getLogger("sftdata.loader")
 
@@ -120,6 +122,64 @@ class MixtureSource:
 
     def notes(self) -> list[tuple[int, str]]:
         return []
+
+
+class PairMixtureSource(MixtureSource):
+    """A mixture of pairs (KTO rows, RL prompts) datasets: each member read by its own
+    ``PairSource``, the order the mixture's (``mixture_order``), each batch's rows put back
+    in the order's slots with ``members`` saying whose they are. Padded rows only (every
+    member's are ``block_size`` wide)."""
+
+    tag = "PairMixtureLoader"
+
+    def __init__(self, cfg: LoaderConfig, om: OpenedMixture, world_size: int = 1, *, padding_free: bool = False):
+        if padding_free:
+            raise ConfigError(f"the mixture {om.path}: padding_free is not supported for a mixture of {om.kind} "
+                              f"yet; read it with padded rows (padding_free=False)")
+        self.cfg = cfg
+        self.om = om
+        self.world_size = world_size
+        self.root = om.path
+        self.mode = om.kind
+        self.items = ROW_ITEMS[om.kind]
+        self.members = [PairSource(cfg, ds, world_size) for ds in om.datasets]
+        self.splits = om.splits
+        self.tokenizer_state = om.datasets[0].tokenizer_state
+        self.pad_id = self.members[0].pad_id
+        self.end_id = None
+        self._orders = {}
+
+    def batch(self, split: str, ids: np.ndarray) -> PairBatch:
+        member, local = self.order(split).locate(ids)
+        n = ids.shape[0]
+        parts = [(np.flatnonzero(member == i), i) for i in np.unique(member[member >= 0]).tolist()]
+        built = [(sel, self.members[i].batch(split, local[sel])) for sel, i in parts]
+        first = built[0][1]
+
+        def merged(get):
+            v = get(first)
+            if v is None:
+                return None
+            a = np.empty((n,) + v.shape[1:], dtype=v.dtype)
+            for sel, b in built:
+                a[sel] = get(b)
+            return a
+
+        def side(name):
+            if getattr(first, name) is None:
+                return None
+            return Batch(*(merged(lambda b, f=f: getattr(getattr(b, name), f)) for f in ("x", "y", "mask")))
+
+        columns = None
+        if first.columns is not None:
+            columns = [None] * n
+            for sel, b in built:
+                for j, c in zip(sel.tolist(), b.columns):
+                    columns[j] = c
+        return PairBatch(kind=first.kind, ids=np.asarray(local, dtype=np.int64), records=merged(lambda b: b.records),
+                         prompt_lengths=merged(lambda b: b.prompt_lengths), chosen=side("chosen"),
+                         rejected=side("rejected"), labels=merged(lambda b: b.labels), columns=columns,
+                         members=np.asarray(member, dtype=np.int64))
 
 
 def _segments_of(seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

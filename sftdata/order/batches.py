@@ -429,13 +429,14 @@ class BatchOrder:
             raise UsageError(f"step {step} is outside the one pass over the {self.items} (steps 0..{total - 1})")
 
 
-def episode_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int = 1, what: str = "split") -> BatchOrder:
+def episode_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int = 1, what: str = "split",
+                  items: str = "episodes") -> BatchOrder:
     """The order of an episode split: episodes of at least ``episode_min_tokens`` tokens,
     ``batch_sampling_mode`` (default epoch), endless epochs."""
     return BatchOrder(eligible_ids(lengths, cfg.episode_min_tokens), batch_size=cfg.batch_size,
                       world_size=world_size, seed=cfg.epoch_seed, shuffle=cfg.epoch_shuffle,
                       drop_last=cfg.epoch_drop_last, sampling=cfg.batch_sampling_mode or "epoch", what=what,
-                      items="episodes")
+                      items=items)
 
 
 def row_order(cfg: OrderSettings, num_rows: int, world_size: int = 1, what: str = "split") -> BatchOrder:

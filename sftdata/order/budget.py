@@ -31,24 +31,26 @@ from ..errors import ConfigError, UsageError
 from .batches import BatchOrder, OrderSettings, StepEvent, eligible_ids, episode_order, epoch_permutation
 
 
-def budget_bounds(widths: np.ndarray, budget: int) -> np.ndarray:
+def budget_bounds(widths: np.ndarray, budget: int, rows_per_item: int = 1) -> np.ndarray:
     """Start positions of the rank batches of ``widths`` (one row width per item, in visiting
     order), and ``len(widths)`` last: each batch holds the most consecutive items with
-    ``rows x max(width) <= budget`` (at least one). One vectorised search per batch::
+    ``rows x max(width) <= budget`` (at least one), an item being ``rows_per_item`` rows
+    (a preference pair: 2, its chosen and rejected sequences). One vectorised search per batch::
 
         >>> budget_bounds(np.array([5, 3, 4, 6, 6, 2, 2, 2, 2, 2, 8, 3]), 12).tolist()
         [0, 2, 4, 6, 10, 11, 12]
     """
     w = np.asarray(widths, dtype=np.int64)
     n = w.shape[0]
-    most = max(1, int(budget) // max(1, int(w.min()) if n else 1))  # no batch holds more items than this
+    r = int(rows_per_item)
+    most = max(1, int(budget) // (r * max(1, int(w.min()) if n else 1)))  # no batch holds more items than this
     window = 16
     out = [0]
     i = 0
     while i < n:
         while True:
             seg = w[i:i + window]
-            cost = np.maximum.accumulate(seg) * np.arange(1, seg.shape[0] + 1, dtype=np.int64)  # nondecreasing
+            cost = np.maximum.accumulate(seg) * np.arange(r, r * seg.shape[0] + 1, r, dtype=np.int64)  # nondecreasing
             k = int(np.searchsorted(cost, int(budget), side="right"))
             if k < seg.shape[0] or i + window >= n or window >= most:
                 break
@@ -70,7 +72,7 @@ class TokenBudgetOrder:
     drop_last = True
 
     def __init__(self, ids: np.ndarray, widths: np.ndarray, *, budget: int, world_size: int = 1, seed: int = 1337,
-                 shuffle: bool = True, what: str = "split", items: str = "episodes"):
+                 shuffle: bool = True, what: str = "split", items: str = "episodes", rows_per_item: int = 1):
         self._ids = np.asarray(ids, dtype=np.int64)
         self._widths = np.asarray(widths, dtype=np.int64)  # by position in ``ids``
         self.budget = int(budget)
@@ -80,6 +82,7 @@ class TokenBudgetOrder:
         self.what = what
         self.items = items
         self.batch_size = None  # rows vary per batch
+        self.rows_per_item = int(rows_per_item)  # a pair is two rows (chosen, rejected) of its width
         if self.n == 0:
             raise ConfigError(f"{what} has no eligible item to train on (every one is shorter than the minimum "
                               f"length, or the split is empty); lower episode_min_tokens or check the dataset")
@@ -117,7 +120,7 @@ class TokenBudgetOrder:
             if epoch < 0:
                 raise UsageError(f"epoch must be >= 0, got {epoch}")
             perm = epoch_permutation(self.n, self.seed, epoch) if self.shuffle else np.arange(self.n)
-            b = budget_bounds(self._widths[perm], self.budget)
+            b = budget_bounds(self._widths[perm], self.budget, self.rows_per_item)
             if len(self._plans) >= 64:  # keep the plans of the epochs in use, and the step table
                 self._plans.pop(min(self._plans))
             self._plans[epoch] = b
@@ -187,6 +190,14 @@ class TokenBudgetOrder:
         return events
 
 
+def _check_budget_settings(cfg: OrderSettings) -> None:
+    if (cfg.batch_sampling_mode or "epoch") != "epoch":
+        raise ConfigError("batch_tokens needs batch_sampling_mode=epoch (random sampling draws a fixed number of rows)")
+    if not cfg.epoch_drop_last:
+        raise ConfigError("batch_tokens needs epoch_drop_last=true: the rank batches that do not fill a last global "
+                          "step are trained by the next epoch's shuffle instead of stretching a step across epochs")
+
+
 def episode_batch_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int = 1, what: str = "split"):
     """The order of an episode split as the loader follows it: ``order.episode_order``,
     or with ``batch_tokens`` set, a ``TokenBudgetOrder`` (rows up to ``block_size`` wide)."""
@@ -197,12 +208,34 @@ def episode_batch_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int
     if budget < block:
         raise ConfigError(f"batch_tokens {budget} is smaller than one row of block_size {block}; set batch_tokens "
                           f">= {block}")
-    if (cfg.batch_sampling_mode or "epoch") != "epoch":
-        raise ConfigError("batch_tokens needs batch_sampling_mode=epoch (random sampling draws a fixed number of rows)")
-    if not cfg.epoch_drop_last:
-        raise ConfigError("batch_tokens needs epoch_drop_last=true: the rank batches that do not fill a last global "
-                          "step are trained by the next epoch's shuffle instead of stretching a step across epochs")
+    _check_budget_settings(cfg)
     ids = eligible_ids(lengths, cfg.episode_min_tokens)
     widths = np.minimum(np.asarray(lengths, dtype=np.int64)[ids], block)
     return TokenBudgetOrder(ids, widths, budget=budget, world_size=world_size, seed=cfg.epoch_seed,
                             shuffle=cfg.epoch_shuffle, what=what, items="episodes")
+
+
+def row_batch_order(cfg: OrderSettings, lengths: np.ndarray, world_size: int = 1, what: str = "split",
+                    items: str = "pairs"):
+    """The order of a split of rows of several sequences (docs/LOADER.md, "Pairs, KTO rows
+    and RL prompts"): ``lengths`` is ``(rows, sides)``, the tokens of each sequence a row
+    trains (a pair: ``prompt + chosen``, ``prompt + rejected``). The same orders as
+    episodes (``episode_order``: seed, shuffle, epochs, ranks, resume), over row ids: a
+    row is eligible when its shortest sequence has ``episode_min_tokens``; with
+    ``batch_tokens`` a row costs ``sides`` rows of its longest sequence's width (up to
+    ``block_size``), so a budget counts both sides of every pair."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(len(lengths), -1)
+    sides = lengths.shape[1]
+    shortest = lengths.min(axis=1) if lengths.size else np.zeros(0, np.int64)
+    budget = getattr(cfg, "batch_tokens", None)
+    if budget is None:
+        return episode_order(cfg, shortest, world_size, what, items)
+    block = int(cfg.block_size)
+    if budget < sides * block:
+        raise ConfigError(f"batch_tokens {budget} is smaller than one {items[:-1]} ({sides} rows of block_size "
+                          f"{block}); set batch_tokens >= {sides * block}")
+    _check_budget_settings(cfg)
+    ids = eligible_ids(shortest, cfg.episode_min_tokens)
+    widths = np.minimum(lengths.max(axis=1)[ids], block)
+    return TokenBudgetOrder(ids, widths, budget=budget, world_size=world_size, seed=cfg.epoch_seed,
+                            shuffle=cfg.epoch_shuffle, what=what, items=items, rows_per_item=sides)

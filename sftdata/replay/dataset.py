@@ -17,10 +17,12 @@ import numpy as np
 from ..errors import DatasetError, UsageError
 from ..order.audit import AuditCheck, check_audit
 from ..order.batches import BatchOrder, Order, row_order
-from ..order.budget import TokenBudgetOrder, episode_batch_order
+from ..order.budget import TokenBudgetOrder, episode_batch_order, row_batch_order
 from ..order.config import LoaderConfig
+from ..store.format import ROW_KINDS
 from ..store.location import dataset_path
 from ..store.reader import Dataset, has_episode_index, open_dataset
+from ..store.rows import ROW_ID_COLUMN, ROW_ITEMS, RowSplit
 from ..store.shard import Split, split_segments
 
 STEP_COLUMNS = ("step", "rank", "slot", "epoch", "position", "episode", "shard", "length", "record")
@@ -55,6 +57,7 @@ class Replay:
     from_batch_size: int | None = None  # the layout of the steps before it
     from_world_size: int | None = None
     dataset_names: list = field(default_factory=list)  # a mixture's members (the dataset column)
+    items: str = "episodes"  # what the order's ids name: episodes, or a row kind's pairs / rows / prompts
 
     def _names(self, column: str) -> list | None:
         return {"shard": self.shard_names, "dataset": self.dataset_names}.get(column)
@@ -76,10 +79,15 @@ class Replay:
     def csv_chunks(self, rows_per_chunk: int = 1_000_000):
         """The rows as CSV bytes (header first), a bounded number of rows at a time."""
         yield (",".join(self.columns) + "\n").encode()
-        n = len(self.columns["episode"])
+        n = self.shown
         for a in range(0, n, rows_per_chunk):
             yield csv_bytes([(c[a:a + rows_per_chunk], self._names(k)) if self._names(k) is not None
                              else c[a:a + rows_per_chunk] for k, c in self.columns.items()])
+
+    @property
+    def shown(self) -> int:
+        """Rows listed (``total_rows`` unless --head cut them)."""
+        return len(next(iter(self.columns.values()))) if self.columns else 0
 
     def rows(self, start: int = 0, stop: int | None = None) -> list[dict]:
         cols = self.column_lists(start, stop)
@@ -91,6 +99,8 @@ class Replay:
                                               "batch_size", "world_size", "episode_min_tokens", "num_episodes",
                                               "num_eligible", "epoch", "step", "rank", "total_rows", "resume_from",
                                               "from_batch_size", "from_world_size")}
+        if self.items != "episodes":
+            meta["items"] = self.items
         if self.batch_tokens is not None:
             meta["batch_tokens"] = self.batch_tokens
         return {**meta, "rows": self.rows()}
@@ -107,6 +117,9 @@ def _open(dataset_dir, cfg: LoaderConfig) -> Dataset:
 def split_order(ds: Dataset, cfg: LoaderConfig, split: str, world_size: int = 1) -> Order:
     """The order the loader follows on ``split`` of ``ds``: episodes, or packed rows."""
     sp, what = ds.split(split), f"split {split!r} of {ds.root}"
+    if ds.kind in ROW_KINDS:  # pairs, KTO rows, RL prompts: the pair loader's order over row ids
+        return row_batch_order(cfg, RowSplit(ds.kind, sp).sequence_lengths, world_size, what=what,
+                               items=ROW_ITEMS[ds.kind])
     if ds.kind == "packed":
         if cfg.batch_tokens is not None:
             raise UsageError(f"{ds.root} is packed: its batches are batch_size rows; --batch-tokens is for "
@@ -237,6 +250,8 @@ def not_in_epoch(o, step: int, epoch: int) -> UsageError:
 
 def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
                     total: int, resize: dict | None = None) -> Replay:
+    if ds.kind in ROW_KINDS:
+        return _row_replay(ds, sp, cfg, o, cols, split, epoch, step, rank, total, resize)
     ids = cols["episode"]
     shard = sp.shard_of(ids)
     cols["shard"] = shard  # an index into shard_names (names are looked up when rows are drawn)
@@ -246,6 +261,27 @@ def _episode_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, sp
     return Replay(str(ds.root), split, o.sampling, o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
                   cfg.episode_min_tokens, sp.num_episodes, o.n, epoch, step, rank, total, cols,
                   [sh.name for sh in sp.shards], getattr(o, "budget", None), **(resize or {}))
+
+
+
+
+def _row_replay(ds: Dataset, sp: Split, cfg: LoaderConfig, o, cols: dict, split: str, epoch, step, rank,
+                total: int, resize: dict | None = None) -> Replay:
+    """The rows of a pairs, KTO or prompts split: each pair (row) id with its shard, its
+    tokens (every part) and its input record number."""
+    rs = RowSplit(ds.kind, sp)
+    ids = cols.pop("episode")
+    name = ROW_ID_COLUMN[ds.kind]
+    cols[name] = ids
+    cols["shard"] = sp.shard_of(ids * rs.entries)
+    cols["length"] = rs.part_lengths[ids].sum(axis=1) if ids.size else np.zeros(0, np.int64)
+    cols["record"] = rs.records[ids] if rs.records is not None else np.full(ids.shape, -1, np.int64)
+    order = [name if c == "episode" else c for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS)]
+    cols = {c: np.asarray(cols[c], dtype=np.int64) for c in order}
+    return Replay(str(ds.root), split, o.sampling, o.seed, o.shuffle, o.drop_last, o.batch_size, o.world_size,
+                  cfg.episode_min_tokens, rs.num_rows, o.n, epoch, step, rank, total, cols,
+                  [sh.name for sh in sp.shards], getattr(o, "budget", None), **(resize or {}),
+                  items=ROW_ITEMS[ds.kind])
 
 
 def _budget_replay(ds: Dataset, cfg: LoaderConfig, o: TokenBudgetOrder, *, split: str, epoch: int | None,

@@ -16,7 +16,9 @@ from ..errors import UsageError
 from ..order.audit import AuditCheck, check_audit
 from ..order.config import LoaderConfig
 from ..order.mixture import MixtureOrder
+from ..store.format import ROW_KINDS
 from ..store.mixture import OpenedMixture, mixture_order, open_mixture
+from ..store.rows import ROW_ID_COLUMN, ROW_ITEMS, RowSplit
 from ..store.shard import split_segments
 from .dataset import Replay, epoch_head, not_in_epoch
 
@@ -69,19 +71,25 @@ def replay_mixture(path: str | Path, cfg: LoaderConfig, *, split: str = "train",
                 "rank": np.where(slot >= 0, slot // bs, -1), "slot": np.where(slot >= 0, slot % bs, -1)}
     member, local = o.locate(ids)
     cols["dataset"] = member
+    items = "episodes"
     if om.kind == "packed":
         cols, shard_names = _packed_columns(om, split, cols, member, local), []
         names = PACKED_STEP_COLUMNS if step is not None else PACKED_EPOCH_COLUMNS
+    elif om.kind in ROW_KINDS:  # pairs, KTO rows, RL prompts: each row's id, shard, tokens and record
+        shard_names = _row_columns(om, split, cols, member, local)
+        name = ROW_ID_COLUMN[om.kind]
+        names = tuple(name if c == "episode" else c for c in (STEP_COLUMNS if step is not None else EPOCH_COLUMNS))
+        items = ROW_ITEMS[om.kind]
     else:
         shard_names = _episode_columns(om, split, cols, member, local)
         names = STEP_COLUMNS if step is not None else EPOCH_COLUMNS
     total = cols["dataset"].shape[0]
     k = total if head is None else min(int(head), total)
     cols = {c: np.asarray(cols[c][:k], dtype=np.int64) for c in names}
-    num_items = sum(ds.split(split).num_items for ds in om.datasets)
+    num_items = sum(ds.split(split).num_items // ds.entries for ds in om.datasets)
     return Replay(str(path), split, "epoch", o.seed, o.shuffle, o.drop_last, bs, world_size, cfg.episode_min_tokens,
                   num_items, o.epoch_size(epoch), epoch, step, rank, total, cols, shard_names,
-                  dataset_names=om.names)
+                  dataset_names=om.names, items=items)
 
 
 def _episode_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarray, local: np.ndarray) -> list[str]:
@@ -104,6 +112,24 @@ def _episode_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarr
         record[sel] = rec
         shard_names += [s.name for s in sp.shards]
     cols.update(episode=local, shard=shard, length=length, record=record)
+    return shard_names
+
+
+def _row_columns(om: OpenedMixture, split: str, cols: dict, member: np.ndarray, local: np.ndarray) -> list[str]:
+    """Add the row's id (pair, row, prompt), shard, length (every part) and record."""
+    n = member.shape[0]
+    shard, length, record = (np.full(n, -1, dtype=np.int64) for _ in range(3))
+    shard_names: list[str] = []
+    for i, ds in enumerate(om.datasets):
+        sel = member == i
+        rs = RowSplit(ds.kind, ds.split(split))
+        ids = local[sel]
+        shard[sel] = len(shard_names) + rs.split.shard_of(ids * rs.entries)
+        length[sel] = rs.part_lengths[ids].sum(axis=1) if ids.size else 0
+        if rs.records is not None:
+            record[sel] = rs.records[ids]
+        shard_names += [s.name for s in rs.split.shards]
+    cols.update({ROW_ID_COLUMN[om.kind]: local, "shard": shard, "length": length, "record": record})
     return shard_names
 
 

@@ -184,6 +184,9 @@ def dataset_report(path: str | Path, *, split: str = "train", sample: int = 8, s
             records_all.append(sp.sources)
         lengths = np.concatenate([sp.lengths for sp in ds.splits.values()])
         trained = None if any(t is None for t in trained_all) else np.concatenate(trained_all)
+        if ds.entries > 1:  # pairs, KTO rows: one record per row, so the files count rows (all their parts)
+            lengths = lengths.reshape(-1, ds.entries).sum(axis=1)
+            trained = None if trained is None else trained.reshape(-1, ds.entries).sum(axis=1)
         records = None if any(r is None for r in records_all) else np.concatenate(records_all)
         if records is not None:
             files = file_table(ov.sources, records, lengths, trained, rejects.by_file)

@@ -15,6 +15,7 @@ from importlib.resources import files
 import orjson
 
 from .. import __version__
+from ..store.format import ROW_KINDS
 from .collect import DatasetReport
 from .html_samples import LEGEND, samples_html
 from .html_sections import (
@@ -177,7 +178,7 @@ def sections_of(reports: list[DatasetReport], names: list[str]) -> list[Section]
         if files is not None:
             out.append(files)
     out.append(rejects_section(reports, names))
-    what = "rows" if first.packed else "episodes"
+    what = "rows" if first.packed else "pairs" if first.overview.kind in ROW_KINDS else "episodes"
     legend = LEGEND if not first.packed else LEGEND.replace(
         "</div>", '<span><span class="run i sw">purple italics</span>: context the packer injected</span></div>', 1)
     samples = "".join((f"<h3>{escape(name)}</h3>" if len(reports) > 1 else "")

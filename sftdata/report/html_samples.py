@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
+from .pairs import SamplePair
 from .samples import SampleEpisode, SampleRow
 from .tokens import Run
 
@@ -93,6 +94,30 @@ def row_html(s: SampleRow, seed: int, dataset: str) -> str:
             f'<summary>{head}</summary><div class="body">{"".join(parts)}</div></details>')
 
 
+def pair_html(s: SamplePair, seed: int, dataset: str) -> str:
+    """The prompt once, then chosen and rejected (KTO: the completion) side by side."""
+    what = "pair" if s.kind == "pairs" else f"{s.kind} row"
+    rec = "" if s.record is None else f" · input record {s.record:,}"
+    label = "" if s.label is None else f" · label {'desirable' if s.label else 'undesirable'}"
+    head = (f'<b>{escape(s.split)} {what} {s.row:,}</b>{rec}{label} · prompt {s.prompt_length:,} tokens'
+            f' <span class="why">· {_why(s.chosen, "--row", seed)}</span>')
+    cut = sum(x.shown < x.length for x in s.sides) + (s.prompt_shown < s.prompt_length)
+    more = (f'<p class="more">… some tokens are not shown here; <code>sftdata inspect {escape(dataset)} --split '
+            f'{escape(s.split)} --row {s.row} --tokens</code> shows them all.</p>') if cut else ""
+    cols = "".join(f'<div class="side" data-side="{escape(x.name)}"><div class="head">{escape(x.name)} · '
+                   f'{x.length:,} tokens{_share(x.trained_tokens, x.length)}</div>'
+                   f'<div class="tokens">{runs_html(x.runs)}</div></div>' for x in s.sides)
+    grid = (f'<div class="sides" style="display:grid;grid-template-columns:repeat({len(s.sides)},1fr);gap:12px">'
+            f'{cols}</div>') if s.sides else ""
+    columns = (f'<div class="head">columns</div><div class="tokens">{escape(s.columns, quote=False)}</div>'
+               if s.columns is not None else "")
+    body = (f'<div class="head">prompt (never trained)</div><div class="tokens">{runs_html(s.prompt)}</div>'
+            f'{grid}{columns}{more}')
+    is_open = " open" if s.prompt_shown + sum(x.shown for x in s.sides) <= OPEN_UP_TO else ""
+    return (f'<details class="sample" data-kind="{escape(s.kind)}" data-split="{escape(s.split)}" data-row="{s.row}"'
+            f'{is_open}><summary>{head}</summary><div class="body">{body}</div></details>')
+
+
 LEGEND = ('<div class="legend"><span><span class="run t sw">green text</span> is trained (loss mask 1): the model '
           'learns to write it</span><span><span class="sw" style="color:#6b7280">grey text</span> is context only '
           '(mask 0)</span><span class="run m"><span class="k">&lt;|USER|&gt;</span></span> chat markers'
@@ -103,5 +128,6 @@ LEGEND = ('<div class="legend"><span><span class="run t sw">green text</span> is
 def samples_html(samples: list, seed: int, dataset: str) -> str:
     if not samples:
         return '<p class="intro">No episodes drawn (<code>--sample 0</code>).</p>'
-    draw = row_html if isinstance(samples[0], SampleRow) else episode_html
+    draw = row_html if isinstance(samples[0], SampleRow) else pair_html if isinstance(samples[0], SamplePair) \
+        else episode_html
     return "".join(draw(s, seed, dataset) for s in samples)

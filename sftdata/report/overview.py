@@ -107,6 +107,7 @@ class Overview:
     packed_from: dict | None = None  # packed: the source dataset's path and metadata sha256
     notes: list[str] = field(default_factory=list)
     serving: dict | None = None  # serving.json (stop ids, pad id, BOS policy, template); None: an older dataset
+    rows: dict | None = None  # pairs, KTO rows, RL prompts: entries per row, rows per split, the truncation used
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -258,4 +259,7 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
         options=dict(meta.get("options") or {}), rejected=rejected, rejected_total=sum(rejected.values()),
         rejects_file=str(rejects) if rejects.is_file() else None, counts=counts, packing=packing,
         packed_from=None if src is None else {"path": src.get("path"), "metadata_sha256": src.get("metadata_sha256")},
-        notes=notes, serving=serving)
+        notes=notes, serving=serving,
+        rows=None if ds.entries == 1 else {"per_row": ds.entries, "splits": {n: sp.num_items // ds.entries
+                                                                             for n, sp in ds.splits.items()},
+                                           "truncation": meta.get("truncation")})

@@ -13,7 +13,9 @@ import numpy as np
 from ..chat.loss_rule import LossRule, MarkerRule
 from ..errors import UsageError
 from ..packing.plan import row_mask
+from ..store.format import ROW_KINDS
 from ..store.reader import Dataset
+from .pairs import SamplePair, sample_pair
 from .tokens import Run, token_runs
 from .views import Tokenizer, read_episode, read_row, sample_ids
 
@@ -117,9 +119,16 @@ def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: boo
 
 def samples(ds: Dataset, split: str, tok: Tokenizer, *, sample: int, seed: int, episodes: list[int] | None = None,
             rows: list[int] | None = None, token_budget: int = TOKEN_BUDGET, rule: LossRule | None = None
-            ) -> list[SampleEpisode] | list[SampleRow]:
-    """The episodes (packed: rows) the page draws token by token, ``token_budget`` tokens
-    in all (at least ``MIN_SHOWN`` each)."""
+            ) -> list[SampleEpisode] | list[SampleRow] | list[SamplePair]:
+    """The episodes (packed: rows; pairs, KTO rows, RL prompts: ``SamplePair``s) the page
+    draws token by token, ``token_budget`` tokens in all (at least ``MIN_SHOWN`` each)."""
+    if ds.kind in ROW_KINDS:
+        if episodes:
+            raise UsageError(f"{ds.root} holds {ds.kind}: use --row N to choose the pairs (rows) the report shows")
+        sp = ds.split(split)
+        chosen = pick(sp.num_items // ds.entries, rows, sample, seed)
+        limit = budget(len(chosen), token_budget)
+        return [sample_pair(ds, split, r, tok, chosen=c, limit=limit) for r, c in chosen]
     packed = ds.kind == "packed"
     if packed and episodes:
         raise UsageError("a packed dataset holds rows: use --row R to choose the rows the report shows")

@@ -36,7 +36,7 @@ from ..chat.tokenizer import ChatTokenizer, load_tokenizer, recorded_tokenizer
 from ..errors import DatasetError, UsageError
 from ..packing.layout import row_layout
 from ..packing.plan import row_mask
-from ..store.format import REJECTS_FILE, TOKENIZER_FILE
+from ..store.format import REJECTS_FILE, ROW_KINDS, TOKENIZER_FILE
 from ..store.reader import Dataset
 from ..store.shard import split_segments
 from ..tokenize import is_hf_state
@@ -301,7 +301,8 @@ def views(path: str | Path, split: str = "train", *, episodes: list[int] | None 
           rows: list[int] | None = None, record: int | None = None, sample: int | None = None, seed: int = 0,
           tokens: bool = False, token_dtype=None, tokenizer: str | None = None
           ) -> tuple[list[EpisodeView] | list[RowView], list[str]]:
-    """What ``inspect --episode/--row/--record/--sample`` shows, and notes about it.
+    """What ``inspect --episode/--row/--record/--sample`` shows, and notes about it: on a
+    pairs, KTO or prompts dataset ``PairView``s (``--row`` names the pair).
 
     ``tokenizer`` decodes an older flat layout (which records none; default cl100k_base),
     or names where the tokenizer.json of a dataset made with a model's tokenizer is now.
@@ -312,6 +313,11 @@ def views(path: str | Path, split: str = "train", *, episodes: list[int] | None 
         raise UsageError("give exactly one of --episode, --row, --record or --sample")
     ds = open_checked(path, token_dtype, tokenizer)
     tok, rule, notes = dataset_tokenizer(ds, tokenizer)
+    if ds.kind in ROW_KINDS:
+        from .pairs import pair_view, select_pairs  # lazy: pairs.py builds on this module's pieces
+
+        found = select_pairs(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
+        return [pair_view(ds, s, r, tok, tokens=tokens) for s, r in found], notes
     if ds.kind == "packed":
         found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
         return [row_view(ds, s, r, tok, rule, tokens=tokens) for s, r in found], notes

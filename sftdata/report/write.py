@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OutputExistsError, UsageError
+from ..store.format import ROW_KINDS
 from ..store.fsops import refuse_link
 from ..store.reader import open_dataset
 from ..util.oserrors import naming
@@ -89,7 +90,7 @@ def write_report(path: str | Path, output: str | Path, *, compare: str | Path | 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    key = "row" if reports[0].packed else "episode"
+    key = "row" if reports[0].packed or reports[0].overview.kind in ROW_KINDS else "episode"
     drawn = [{"split": s.split, key: getattr(s, key)} for s in reports[0].samples]
     return ReportSummary(output=str(output), bytes=len(data), seconds=round(time.perf_counter() - t0, 3),
                          dataset=str(path), compare=None if compare is None else str(compare),

@@ -299,3 +299,4 @@ def is_mixture_file(path: str | Path) -> bool:
     except (OSError, orjson.JSONDecodeError):
         return False
     return isinstance(obj, dict) and obj.get("format") == MIXTURE_FORMAT
+

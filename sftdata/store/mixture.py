@@ -36,10 +36,11 @@ from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
-from .format import METADATA_FILE, MIXTURE_FORMAT, dumps_json, is_mixture_file
+from .format import METADATA_FILE, MIXTURE_FORMAT, ROW_KINDS, dumps_json, is_mixture_file
 from .fsops import create_file, refuse_link
 from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
+from .rows import ROW_ITEMS, RowSplit
 from .shard import split_segments
 
 # tokenizer_state keys that say where a tokenizer was read from, not which one it is
@@ -182,11 +183,17 @@ class OpenedMixture:
 
     def items(self, split: str, min_tokens: int) -> list[MemberItems]:
         """Each member's eligible items of ``split`` and their tokens: episodes of at
-        least ``min_tokens`` tokens; packed rows, all, with their real (unpadded) tokens."""
+        least ``min_tokens`` tokens; packed rows, all, with their real (unpadded) tokens;
+        pairs (KTO rows, RL prompts) whose shortest sequence has ``min_tokens``, with the
+        tokens of every sequence a trainer reads (``prompt + chosen`` and ``prompt + rejected``)."""
         out = []
         for ds in self.datasets:
             sp = ds.split(split)
-            if ds.kind == "packed":
+            if ds.kind in ROW_KINDS:
+                lens = RowSplit(ds.kind, sp).sequence_lengths
+                ids = eligible_ids(lens.min(axis=1) if lens.size else np.zeros(0, np.int64), min_tokens)
+                out.append(MemberItems(ids, lens.sum(axis=1)[ids], lens.shape[0]))
+            elif ds.kind == "packed":
                 seg = split_segments(sp)
                 real = np.bincount(seg.row, weights=seg.length, minlength=sp.num_rows).astype(np.int64)
                 out.append(MemberItems(np.arange(sp.num_rows, dtype=np.int64), real, sp.num_rows))
@@ -211,7 +218,7 @@ def mixture_order(cfg: LoaderConfig, om: OpenedMixture, split: str, world_size: 
                         batch_size=cfg.batch_size, world_size=world_size, seed=om.mixture.seed,
                         shuffle=cfg.epoch_shuffle, drop_last=cfg.epoch_drop_last, names=om.names,
                         what=f"split {split!r} of the mixture {om.path}",
-                        items="rows" if om.kind == "packed" else "episodes")
+                        items="rows" if om.kind == "packed" else ROW_ITEMS.get(om.kind, "episodes"))
 
 
 def open_mixture(path: str | Path, *, token_dtype=None) -> OpenedMixture:

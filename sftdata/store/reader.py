@@ -19,9 +19,12 @@ import numpy as np
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
 from .format import (
+    ENTRIES_PER_ROW,
     EPISODES_FILE,
     FORMAT_NAME,
-    FORMAT_VERSION,
+    KIND_EPISODES,
+    KIND_PACKED,
+    KNOWN_FORMAT_VERSIONS,
     METADATA_FILE,
     RECREATE,
     ROW_KINDS,
@@ -36,6 +39,7 @@ from .format import (
     list_shards,
     packed_row_len,
     read_json,
+    row_shard_files,
     shard_files,
     shard_record,
 )
@@ -55,6 +59,7 @@ from .structure import (
 T = TypeVar("T")
 GENERATION_TRIES = 5  # reads of a dataset that keeps being replaced, before giving up
 # the order problems are reported in: the most specific first (counts are often a consequence)
+DATASET_KINDS = (KIND_EPISODES, KIND_PACKED, *ROW_KINDS)  # what "kind" a dataset's metadata may say
 STRUCTURE_CHECKS = ("metadata", "tokenizer", "files", "sizes", "index", "eos", "rows", "segments", "counts")
 
 
@@ -65,7 +70,7 @@ class Dataset:
 
     root: Path
     layout: str  # "sharded" | "flat"
-    kind: str  # "episodes" | "packed"
+    kind: str  # "episodes" | "packed", or a row kind: "pairs" | "kto" | "prompts" (sftdata.store.rows)
     token_dtype: np.dtype
     metadata: dict | None
     tokenizer_state: dict | None
@@ -75,6 +80,11 @@ class Dataset:
     def packing(self) -> dict | None:
         """The packing options of a packed dataset (block_size, row_len, strategy, ...)."""
         return (self.metadata or {}).get("packing") if self.kind == "packed" else None
+
+    @property
+    def entries(self) -> int:
+        """Index entries per row: 1 (an episode, a packed row), or a row kind's (a pair: 3)."""
+        return ENTRIES_PER_ROW.get(self.kind, 1)
 
     @property
     def shards(self) -> list[Shard]:
@@ -137,15 +147,18 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
-    kind = meta.get("kind")
-    if kind in ROW_KINDS and meta.get("format_version") == format_version_for(kind):
-        return meta, [Problem("metadata", METADATA_FILE, "", f"this is a {kind} dataset (sftdata prepare-pref / "
-                              f"prepare-rl), which this reader of episodes and packed rows does not serve",
-                              "check it with `sftdata verify`; docs/PREFERENCE.md says what reads pairs")]
-    if meta.get("format_version") != FORMAT_VERSION:
-        return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {meta.get('format_version')!r} is not "
-                              f"known (this sftdata reads {FORMAT_VERSION})",
+    version, kind = meta.get("format_version"), meta.get("kind", "episodes")
+    if version not in KNOWN_FORMAT_VERSIONS:
+        return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {version!r} is not "
+                              f"known (this sftdata reads {' and '.join(map(str, KNOWN_FORMAT_VERSIONS))})",
                               "upgrade sftdata, or re-create the dataset with this one")]
+    if kind not in DATASET_KINDS:
+        return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
+                              f"{', '.join(DATASET_KINDS)})", "upgrade sftdata, or re-create the dataset "
+                              "with this one")]
+    if version != format_version_for(kind):
+        return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
+                              f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
     return meta, []
 
 
@@ -246,7 +259,7 @@ def _scan(root: Path, token_dtype) -> Scan:
         elif not packed:
             bounds = episode_bounds(shard)
             problems += check_index(shard, bounds)
-            if markers is not None:
+            if markers is not None and kind not in ROW_KINDS:  # a prompt ends with the generation prompt, not EOS
                 problems += check_eos(shard, bounds, markers)
     if meta is not None:
         problems += check_counts(meta, shards, packed=packed)
@@ -267,9 +280,11 @@ def _open_splits(scan: Scan, packed: bool) -> None:
             continue
         shards, first = [], 0
         for d in list_shards(ds.root, split):
-            shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed)
+            shard = Shard(d, ds.token_dtype, root=ds.root, split=split, first_gid=first, packed=packed,
+                          entries=ds.entries)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
-            scan.problems += missing_files(shard, shard_files(packed) + listed)
+            files = row_shard_files(ds.kind) if ds.kind in ROW_KINDS else shard_files(packed)
+            scan.problems += missing_files(shard, files + listed)
             first += shard.num_items
             shards.append(shard)
         if shards:

@@ -20,6 +20,8 @@ from .format import (
     EPISODE_RECORD_BYTES,
     EPISODES_FILE,
     IDX_DTYPE,
+    LABEL_DTYPE,
+    LABELS_FILE,
     MASK_FILE,
     METADATA_FILE,
     RECREATE,
@@ -60,7 +62,7 @@ class Shard:
     """
 
     def __init__(self, path: Path, token_dtype, name: str | None = None, *, root: Path | None = None,
-                 split: str | None = None, first_gid: int = 0, packed: bool = False):
+                 split: str | None = None, first_gid: int = 0, packed: bool = False, entries: int = 1):
         self.path = Path(path)
         self.name = name or self.path.name
         self.token_dtype = np.dtype(token_dtype)
@@ -68,6 +70,7 @@ class Shard:
         self.split = split if split is not None else self.path.parent.name
         self.first_gid = int(first_gid)
         self.packed = packed
+        self.entries = int(entries)  # index entries per row: 1, or a pair dataset's (format.ENTRIES_PER_ROW)
         self._map()
 
     def _map(self) -> None:
@@ -79,6 +82,7 @@ class Shard:
         mp = p / MASK_FILE
         self.mask = map_values(mp, mask_dtype_for(mp.stat().st_size, self.num_tokens)) if mp.is_file() else None
         self.sources = map_values(p / SOURCES_FILE, IDX_DTYPE)
+        self.labels = map_values(p / LABELS_FILE, LABEL_DTYPE) if self.entries > 1 else None  # kto rows
         seg, k = map_values(p / SEGMENTS_FILE, IDX_DTYPE), len(SEGMENT_FIELDS)
         self.segments = None if seg is None else seg[:seg.shape[0] // k * k].reshape(-1, k)
 
@@ -154,12 +158,14 @@ class Shard:
 
     def __getstate__(self):
         return {"path": str(self.path), "token_dtype": self.token_dtype.str, "name": self.name,
-                "root": str(self.root), "split": self.split, "first_gid": self.first_gid, "packed": self.packed}
+                "root": str(self.root), "split": self.split, "first_gid": self.first_gid, "packed": self.packed,
+                "entries": self.entries}
 
     def __setstate__(self, state):
         self.path, self.root = Path(state["path"]), Path(state["root"])
         self.name, self.split, self.first_gid, self.packed = (state[k] for k in ("name", "split", "first_gid", "packed"))
         self.token_dtype = np.dtype(state["token_dtype"])
+        self.entries = int(state.get("entries", 1))
         self._map()
         problems = missing_files(self, (TOKENS_FILE, EPISODES_FILE)) + size_problems(self)
         if problems:  # changed since it was opened
@@ -201,10 +207,19 @@ def size_problems(shard: Shard, record: dict | None = None) -> list[Problem]:
         out.append(Problem("sizes", shard.file(SEGMENTS_FILE), "", f"{gs:,} bytes is not a multiple of "
                            f"{SEGMENT_RECORD_BYTES} ({k} uint64 per segment): the index is truncated", REPACK,
                            shard.split, byte=gs - gs % SEGMENT_RECORD_BYTES))
-    if shard.sources is not None and shard.sources.shape[0] != shard.num_items:
+    per = shard.entries
+    if per > 1 and shard.num_items % per:
+        out.append(Problem("sizes", shard.file(EPISODES_FILE), "", f"{shard.num_items:,} index entries are not "
+                           f"whole rows of {per} (a row never spans shards): the index is truncated", fix,
+                           shard.split, code="partial_row"))
+    if shard.sources is not None and shard.sources.shape[0] != shard.num_items // per:
+        what = "episodes" if per == 1 else f"rows ({per} entries each)"
         out.append(Problem("sizes", shard.file(SOURCES_FILE), "", f"{shard.sources.shape[0]:,} record numbers for "
-                           f"{shard.num_items:,} episodes: there must be exactly one per episode", fix,
-                           shard.split))
+                           f"{shard.num_items // per:,} {what}: there must be exactly one per "
+                           f"{'episode' if per == 1 else 'row'}", fix, shard.split))
+    if shard.labels is not None and shard.labels.shape[0] != shard.num_items // per:
+        out.append(Problem("sizes", shard.file(LABELS_FILE), "", f"{shard.labels.shape[0]:,} labels for "
+                           f"{shard.num_items // per:,} rows: there must be exactly one per row", fix, shard.split))
     recorded = (record or {}).get("files") or {}
     off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()
            if isinstance(r, dict) and size(fn) is not None and r.get("bytes") is not None and size(fn) != r["bytes"]]

@@ -9,6 +9,7 @@ import re
 import shlex
 
 import numpy as np
+import orjson
 import pytest
 from typer.testing import CliRunner
 
@@ -71,9 +72,16 @@ def namespaces(tmp_path_factory):
 def test_every_example_section_ran(namespaces):
     _, ran = namespaces
     headings = [h for h in ran if h.startswith("### ")]
-    assert len(headings) == 3, headings
+    assert len(headings) == 4, headings
     assert ran["### `transformers.Trainer`, packed rows, padding-free, in sftdata's order"]["trainer"].state.global_step == 3
     assert ran["### TRL `SFTTrainer`, its own dataset preparation off"]["trainer"].state.global_step == 3
+
+
+def test_the_pairs_export_example_writes_trls_columns(namespaces):
+    work, _ = namespaces
+    first = orjson.loads((work / "exports/pref/train.jsonl").read_bytes().splitlines()[0])
+    assert list(first) == ["row", "record", "prompt_input_ids", "chosen_input_ids", "rejected_input_ids",
+                           "chosen_loss_mask", "rejected_loss_mask"]
 
 
 def test_the_trainer_example_trains_in_the_order_replay_order_lists(namespaces):

@@ -280,7 +280,7 @@ def test_the_sampler_resumes_at_a_step_and_refuses_another_order(source):  # noq
         again.load_state_dict({"step": 3})
     with pytest.raises(ConfigError, match="step must be an integer >= 0"):
         s.state_dict(-1)
-    with pytest.raises(ConfigError, match="SFTSampler orders an SFTDataset, got list"):
+    with pytest.raises(ConfigError, match="SFTSampler orders an SFTDataset or a PairDataset, got list"):
         SFTSampler([1, 2], cfg)
     with pytest.raises(ConfigError, match=r"rank must be None or an integer in 0\.\.1, got 2"):
         SFTSampler(ds, cfg, world_size=2, rank=2)

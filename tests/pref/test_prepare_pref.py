@@ -180,12 +180,16 @@ def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_
 
 
 def test_the_episode_reader_refuses_a_pairs_dataset_by_name(tmp_path):
+    """The store reads every kind; what reads episodes (the SFT loader, SFTDataset, pack)
+    refuses a pairs dataset by name and says what reads it (tests/loader/test_pairs.py)."""
     from sftdata.errors import DatasetError
+    from sftdata.loader import LoaderConfig, make_loader
     from sftdata.store import open_dataset
 
     inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
     prepare_pref([inp], tmp_path / "ds", PrefOptions())
-    with pytest.raises(DatasetError, match=r"dataset_metadata.json: this is a pairs dataset \(sftdata prepare-pref / "
-                                           r"prepare-rl\), which this reader of episodes and packed rows does not "
-                                           r"serve\. To fix: check it with `sftdata verify`"):
-        open_dataset(tmp_path / "ds")
+    assert open_dataset(tmp_path / "ds").kind == "pairs"
+    with pytest.raises(DatasetError, match=r"ds is a pairs dataset \(preference pairs \(prompt, chosen, rejected\)\), "
+                                           r"not SFT episodes: the SFT loader \(make_loader\) reads episodes or packed "
+                                           r"rows; read it with sftdata.loader.make_pair_loader"):
+        make_loader(LoaderConfig(batch_size=1, block_size=64), tmp_path / "ds", backend="numpy")
