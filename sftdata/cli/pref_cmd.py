@@ -14,6 +14,7 @@ from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json
+from .build_output import show_rebuild, show_up_to_date
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
@@ -86,10 +87,14 @@ def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: 
         def on_progress(p):
             bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
 
-        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl)
+        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
+                               planned=None if quiet or as_json else show_rebuild)
     if as_json:
         with after_writing(output_dir):
             print_json(summary.as_dict())
+    elif summary.up_to_date:
+        if not quiet:
+            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
     elif not quiet:
         err_console.print(_table(summary))
         if summary.rejected:

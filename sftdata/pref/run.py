@@ -27,6 +27,7 @@ from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
 from ..curate import DEFAULT_NGRAM, Deduplicator, RecordKeys, canonical_text, exact_key, load_evals
 from ..errors import RecordError, UsageError
+from ..prepare.build import plan_build
 from ..prepare.options import Progress
 from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
@@ -35,6 +36,7 @@ from ..records.preference import FORMS, parse_preference, parse_prompt, value_te
 from ..records.rejects import REJECT_KEYS, writing
 from ..records.turns import TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, expand_inputs, inspect_source, iter_all
+from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import (
     DEFAULT_SHARD_TOKENS,
     ENTRIES_PER_ROW,
@@ -113,13 +115,32 @@ class PrefSummary:
     dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (counted either way)
     decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     seconds: float = 0.0
+    build_key: str | None = None  # the dataset's build key (store.build_key)
+    up_to_date: bool = False  # the target held this build already: nothing was done
+    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
+    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
 
     def as_dict(self) -> dict:
         return {"output_dir": self.output_dir, "kind": self.kind, "records_read": self.records_read,
                 "rows": self.rows, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "rejected": self.rejected, "repaired": self.repaired, "forms": self.forms,
                 "truncated": self.truncated, "labels": self.labels, "dedup": self.dedup,
-                "decontamination": self.decontamination, "seconds": round(self.seconds, 3)}
+                "decontamination": self.decontamination, "seconds": round(self.seconds, 3),
+                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
+                "libraries_changed": list(self.libraries_changed)}
+
+    @classmethod
+    def of_dataset(cls, output_dir: str, meta: dict) -> PrefSummary:
+        """The summary of the dataset a run found up to date, from its metadata."""
+        counts, kind = meta.get("counts") or {}, meta.get("kind", KIND_PAIRS)
+        out = cls(output_dir, kind, records_read=counts.get("records_read", 0), rejected=counts.get("rejected") or {},
+                  repaired=counts.get("repaired") or {}, forms=counts.get("forms") or {},
+                  truncated=counts.get("truncated") or {}, labels=counts.get("labels") or {},
+                  dedup=meta.get("dedup") or {}, decontamination=meta.get("decontamination") or {}, up_to_date=True)
+        for split, m in (meta.get("splits") or {}).items():
+            out.rows[split], out.tokens[split] = m.get("rows", 0), m.get("tokens", 0)
+            out.trained_tokens[split] = m.get("trained_tokens", 0)
+        return out
 
 
 @dataclass
@@ -258,11 +279,17 @@ def _curated(row: Row, record: int, where: str, dedup: Deduplicator, evals, cont
 
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
-                 progress: Callable[[Progress], None] | None = None, rl: bool = False) -> PrefSummary:
+                 progress: Callable[[Progress], None] | None = None, rl: bool = False,
+                 planned: Callable[[BuildCheck], None] | None = None) -> PrefSummary:
     """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
     kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``).
     Raises ``SftDataError``s; every record that cannot be written exactly is rejected by
-    name into ``rejects.jsonl``."""
+    name into ``rejects.jsonl``.
+
+    The build key is prepare-chat's (``prepare.build``, of kind "pairs" or "prompts"): a
+    target that holds this build is up to date (nothing is read or written; the summary
+    is the dataset's, ``up_to_date``); another is refused without ``overwrite`` naming what
+    changed, ``force`` rebuilds regardless; ``planned`` is called with the decision first."""
     opts.validate()
     if not inputs:
         raise UsageError("no input files given")
@@ -270,7 +297,18 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     output_dir = local_path(output_dir)
     ctx, state = open_context(opts, rl)
     tok, profile = ctx.tok, ctx.profile
-    infos = [inspect_source(src) for src in expand_inputs(inputs)]
+    options = {**opts.recorded(), "tokenizer": tok.path or tok.name}
+    plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force,
+                      kind=KIND_PROMPTS if rl else KIND_PAIRS)
+    if plan.check.up_to_date:
+        summary = PrefSummary.of_dataset(str(output_dir), plan.check.target.metadata)
+        summary.build_key, summary.libraries_changed = plan.check.key, library_changes(plan.check.target.metadata)
+        summary.seconds = time.perf_counter() - t0
+        return summary
+    plan.check.refuse_unless(opts.overwrite or opts.force)
+    if planned is not None:
+        planned(plan.check)
+    infos = [inspect_source(src) for src in plan.inputs]
     known = all(i.size_known for i in infos)
     total = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)
@@ -361,12 +399,15 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
             "pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows),
             "truncation": opts.truncation.recorded(),
             "sources": [i.as_dict() for i in infos],
-            "options": opts.recorded(),
+            "options": options,
             "counts": {"records_read": records, "rejected": summary.rejected, "repaired": summary.repaired,
                        "forms": summary.forms, "truncated": summary.truncated, "labels": summary.labels},
             "dedup": dedup.counts(),
         }
         summary.dedup = dedup.counts()
+        summary.changed = list(plan.check.changes)
+        metadata[BUILD] = plan.record(infos, state, options)  # from the inputs as read
+        summary.build_key = metadata[BUILD]["key"]
         if evals is not None:
             summary.decontamination = {"ngram": evals.n, "files": [
                 {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}
