@@ -108,3 +108,20 @@ def test_near_duplicate_pairs_are_dropped_naming_the_kept_pair(tmp_path):
     # with 2 workers (started anew: MinHash's threads do not survive a fork) the same dataset
     s2 = prepare_pref([src], tmp_path / "ds2", PrefOptions(dedup="near", workers=2))
     assert s2.rows == s.rows and tree_bytes(tmp_path / "ds") == tree_bytes(tmp_path / "ds2")
+
+
+def test_the_cli_takes_workers_and_writes_the_same_bytes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from sftdata.cli import app
+
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 2)
+    src = write_jsonl(tmp_path / "in.jsonl", _pairs(12))
+    runner = CliRunner()
+    for j in ("1", "2"):
+        r = runner.invoke(app, ["prepare-pref", str(src), "-o", str(tmp_path / f"ds{j}"), "-j", j, "--val-split",
+                                "0.25", "--dedup", "exact", "--quiet"])
+        assert r.exit_code == 0, r.output
+    assert tree_bytes(tmp_path / "ds1") == tree_bytes(tmp_path / "ds2")
+    r = runner.invoke(app, ["prepare-pref", str(src), "-o", str(tmp_path / "ds0"), "-j", "0"])
+    assert (r.exit_code, r.output) == (2, "error: --workers must be at least 1, got 0\n")
