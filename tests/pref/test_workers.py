@@ -125,3 +125,24 @@ def test_the_cli_takes_workers_and_writes_the_same_bytes(tmp_path, monkeypatch):
     assert tree_bytes(tmp_path / "ds1") == tree_bytes(tmp_path / "ds2")
     r = runner.invoke(app, ["prepare-pref", str(src), "-o", str(tmp_path / "ds0"), "-j", "0"])
     assert (r.exit_code, r.output) == (2, "error: --workers must be at least 1, got 0\n")
+
+
+def test_rows_are_written_chunk_by_chunk_not_held_until_the_end(tmp_path, monkeypatch):
+    from sftdata.store.writer import RowSplitWriter
+
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
+    calls = []
+    add_rows = RowSplitWriter.add_rows
+
+    def spy(self, ids, mask, lengths, sources, **kw):
+        calls.append((self.split, np.asarray(sources).tolist()))
+        return add_rows(self, ids, mask, lengths, sources, **kw)
+
+    monkeypatch.setattr(RowSplitWriter, "add_rows", spy)
+    src = write_jsonl(tmp_path / "in.jsonl", [_pair(i) for i in range(10)])
+    prepare_pref([src], tmp_path / "ds", PrefOptions())  # no val split: straight into train
+    assert calls == [("train", [0, 1, 2, 3]), ("train", [4, 5, 6, 7]), ("train", [8, 9])]
+    calls.clear()
+    prepare_pref([src], tmp_path / "ds2", PrefOptions(val_split=0.2, seed=1))  # staged, then split
+    assert [c[0] for c in calls] == ["_staging"] * 3 + ["train", "val"]
+    assert [c[1] for c in calls[:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
