@@ -8,18 +8,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..curate import DEFAULT_NGRAM
+from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..order.batches import DEFAULT_SEED
 from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json
+from .build_output import show_rebuild, show_up_to_date
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
     DecontaminateNgramOpt,
     DecontaminateOpt,
     DedupOpt,
+    DedupThresholdOpt,
     ForceOpt,
     JsonOpt,
     MaxRecordBytesOpt,
@@ -30,7 +32,17 @@ from .options import (
     WaitOpt,
     parse_template_vars,
 )
-from .prepare_cmd import InputsArg, OutputOpt, SeedOpt, ShardTokensOpt, StrictOpt, TokenizerOpt, ValSplitOpt
+from .prepare_cmd import (
+    InputsArg,
+    OutputOpt,
+    SeedOpt,
+    ShardTokensOpt,
+    StrictOpt,
+    TokenizerOpt,
+    ValSplitOpt,
+    WorkersOpt,
+    usable_workers,
+)
 
 MaxLengthOpt = Annotated[int | None, typer.Option(
     "--max-length", metavar="N", help="Prompt + each completion at most N tokens: both completions are cut to the "
@@ -86,10 +98,14 @@ def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: 
         def on_progress(p):
             bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
 
-        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl)
+        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
+                               planned=None if quiet or as_json else show_rebuild)
     if as_json:
         with after_writing(output_dir):
             print_json(summary.as_dict())
+    elif summary.up_to_date:
+        if not quiet:
+            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
     elif not quiet:
         err_console.print(_table(summary))
         if summary.rejected:
@@ -114,12 +130,14 @@ def prepare_pref_cmd(
     shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
     reasoning: ReasoningOpt = "keep",
     allow_pad_as_stop: AllowPadAsStopOpt = False,
+    workers: WorkersOpt = None,
     strict: StrictOpt = False,
     overwrite: OverwriteOpt = False,
     force: ForceOpt = False,
     wait: WaitOpt = False,
     max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
     dedup: DedupOpt = "off",
+    dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
     decontaminate: DecontaminateOpt = None,
     decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
     as_json: JsonOpt = False,
@@ -135,7 +153,7 @@ def prepare_pref_cmd(
     mask rule; `sftdata verify` re-derives every pair. Forms: TRL (conversational or
     standard, explicit or implicit prompt), KTO, UltraFeedback scored completions,
     LLaMA-Factory pairwise; docs/PREFERENCE.md. `--dedup exact` drops a pair whose prompt
-    and completions repeat an earlier pair's; `--decontaminate EVAL` drops a pair whose
+    and completions repeat an earlier pair's (`near`: nearly, by MinHash of its tokens); `--decontaminate EVAL` drops a pair whose
     prompt or either completion shares a word sequence with an evaluation item.
 
     Examples:
@@ -149,8 +167,9 @@ def prepare_pref_cmd(
                        truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
                        seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force,
                        wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
-                       allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
-                       decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
+                       allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
+                       workers=usable_workers(workers, quiet), decontaminate=tuple(decontaminate or ()),
+                       decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, False, as_json, quiet)
 
 
@@ -164,6 +183,7 @@ def prepare_rl_cmd(
     template_var: TemplateVarOpt = None,
     max_prompt_length: MaxPromptLengthOpt = None,
     allow_pad_as_stop: AllowPadAsStopOpt = False,
+    workers: WorkersOpt = None,
     val_split: ValSplitOpt = 0.0,
     seed: SeedOpt = DEFAULT_SEED,
     shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
@@ -173,6 +193,7 @@ def prepare_rl_cmd(
     wait: WaitOpt = False,
     max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
     dedup: DedupOpt = "off",
+    dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
     decontaminate: DecontaminateOpt = None,
     decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
     as_json: JsonOpt = False,
@@ -196,5 +217,6 @@ def prepare_rl_cmd(
                        truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
                        shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
                        max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop,
-                       dedup=dedup, decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
+                       dedup=dedup, dedup_threshold=dedup_threshold, workers=usable_workers(workers, quiet),
+                       decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, True, as_json, quiet)

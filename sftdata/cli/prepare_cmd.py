@@ -154,6 +154,19 @@ def min_val_split(n: int) -> float:
     return round(math.ceil(f / step) * step, 12)
 
 
+def usable_workers(workers: int | None, quiet: bool) -> int:
+    """``--workers`` as run: all cores when not given; more than the cores are capped (with
+    a warning unless ``quiet``), as more processes than cores only cost memory and start-up."""
+    cores = default_workers()
+    if workers is None:
+        return cores
+    if workers > cores:
+        if not quiet:
+            warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
+        return cores
+    return workers
+
+
 def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "local", ray_address: str | None = None,
                 as_json: bool = False, quiet: bool = False) -> None:
     """Run prepare with ``opts`` (the command's options, built once) and draw its progress
@@ -161,11 +174,7 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
-    cores = default_workers()
-    if opts.workers > cores:  # more processes than cores only costs memory and start-up
-        if not quiet:
-            warn(f"--workers {opts.workers}: this machine gives sftdata {cores} core(s); using {cores}")
-        opts = replace(opts, workers=cores)
+    opts = replace(opts, workers=usable_workers(opts.workers, quiet))
     mode, val_split = opts.mode, opts.val_split
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 

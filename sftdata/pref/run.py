@@ -12,9 +12,12 @@ tokenizer and template profile, the split and the committing writer are prepare'
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,16 +28,29 @@ from .. import __version__
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
-from ..curate import DEFAULT_NGRAM, Deduplicator, RecordKeys, canonical_text, exact_key, load_evals
+from ..curate import (
+    DEFAULT_NGRAM,
+    DEFAULT_THRESHOLD,
+    CurateSettings,
+    Deduplicator,
+    RecordKeys,
+    canonical_text,
+    exact_key,
+    load_evals,
+)
+from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError, UsageError
+from ..prepare.build import plan_build
 from ..prepare.options import Progress
+from ..prepare.pool import PoolRunner, chunks_of, in_order, process_pool, worker_started
 from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
 from ..records.preference import FORMS, parse_preference, parse_prompt, value_texts
 from ..records.rejects import REJECT_KEYS, writing
 from ..records.turns import TurnPolicy
-from ..sources import DEFAULT_MAX_RECORD_BYTES, expand_inputs, inspect_source, iter_all
+from ..sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
+from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import (
     DEFAULT_SHARD_TOKENS,
     ENTRIES_PER_ROW,
@@ -42,16 +58,17 @@ from ..store.format import (
     KIND_PAIRS,
     KIND_PROMPTS,
     REJECTS_FILE,
-    SPLITS,
+    STAGING_SPLIT,
     TOKENIZER_FILE,
     token_dtype_for,
 )
 from ..store.location import local_path
 from ..store.serving_file import write_serving
-from ..store.writer import DatasetWriter
+from ..store.writer import DatasetWriter, RowSplitWriter
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .render import render_prompt, render_record
+from .split import split_rows
 from .truncate import Truncation, plan_cut
 
 
@@ -74,14 +91,16 @@ class PrefOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     reasoning: str = "keep"
     allow_pad_as_stop: bool = False
-    dedup: str = "off"  # off | exact
+    dedup: str = "off"  # off | exact | near
+    dedup_threshold: float = DEFAULT_THRESHOLD
     decontaminate: tuple = ()
     decontaminate_ngram: int = DEFAULT_NGRAM
+    workers: int = 1  # processes that render the records (the dataset is the same for any number)
 
     def validate(self) -> None:
-        if self.dedup not in ("off", "exact"):
-            raise UsageError(f"--dedup for pairs is exact or off (near duplicates are not found for pairs yet), got "
-                             f"{self.dedup!r}")
+        Deduplicator(self.dedup, self.dedup_threshold)  # the mode and threshold checked as prepare-chat's
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
         if self.form not in FORMS:
             raise UsageError(f"--format must be one of {', '.join(FORMS)}, got {self.form!r}")
         if not 0.0 <= self.val_split < 1.0:
@@ -94,7 +113,8 @@ class PrefOptions:
                 "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
                 "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop,
                 "dedup": self.dedup, "decontaminate": list(self.decontaminate),
-                "decontaminate_ngram": self.decontaminate_ngram}
+                "decontaminate_ngram": self.decontaminate_ngram,
+                **({"dedup_threshold": self.dedup_threshold} if self.dedup == "near" else {})}
 
 
 @dataclass
@@ -113,29 +133,32 @@ class PrefSummary:
     dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (counted either way)
     decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     seconds: float = 0.0
+    build_key: str | None = None  # the dataset's build key (store.build_key)
+    up_to_date: bool = False  # the target held this build already: nothing was done
+    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
+    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
 
     def as_dict(self) -> dict:
         return {"output_dir": self.output_dir, "kind": self.kind, "records_read": self.records_read,
                 "rows": self.rows, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "rejected": self.rejected, "repaired": self.repaired, "forms": self.forms,
                 "truncated": self.truncated, "labels": self.labels, "dedup": self.dedup,
-                "decontamination": self.decontamination, "seconds": round(self.seconds, 3)}
+                "decontamination": self.decontamination, "seconds": round(self.seconds, 3),
+                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
+                "libraries_changed": list(self.libraries_changed)}
 
-
-@dataclass
-class _Rows:
-    """Kept rows in input order: their episodes' ids and masks, record numbers, labels, columns."""
-
-    ids: list = field(default_factory=list)
-    masks: list = field(default_factory=list)
-    sources: list = field(default_factory=list)
-    labels: list = field(default_factory=list)
-    columns: list = field(default_factory=list)
-
-    def add(self, parts: list[tuple[np.ndarray, np.ndarray]], record: int) -> None:
-        self.ids.append([p for p, _ in parts])
-        self.masks.append([m for _, m in parts])
-        self.sources.append(record)
+    @classmethod
+    def of_dataset(cls, output_dir: str, meta: dict) -> PrefSummary:
+        """The summary of the dataset a run found up to date, from its metadata."""
+        counts, kind = meta.get("counts") or {}, meta.get("kind", KIND_PAIRS)
+        out = cls(output_dir, kind, records_read=counts.get("records_read", 0), rejected=counts.get("rejected") or {},
+                  repaired=counts.get("repaired") or {}, forms=counts.get("forms") or {},
+                  truncated=counts.get("truncated") or {}, labels=counts.get("labels") or {},
+                  dedup=meta.get("dedup") or {}, decontamination=meta.get("decontamination") or {}, up_to_date=True)
+        for split, m in (meta.get("splits") or {}).items():
+            out.rows[split], out.tokens[split] = m.get("rows", 0), m.get("tokens", 0)
+            out.trained_tokens[split] = m.get("trained_tokens", 0)
+        return out
 
 
 def _special_flags(tok) -> np.ndarray:
@@ -239,30 +262,208 @@ def record_row(raw: bytes, where: str, ctx: Context) -> Row:
                text="\n\n".join(canonical_text(c) for c in out.conversations))
 
 
-def _curated(row: Row, record: int, where: str, dedup: Deduplicator, evals, contaminated: Counter) -> None:
-    """Raise ``RecordError`` when the row shares an n-gram with an evaluation item (its
-    prompt or any completion: ``contaminated``) or repeats an earlier kept row exactly
-    (``duplicate``, with ``--dedup exact``; counted either way). Decided in input order."""
-    if evals is not None:
-        hit = evals.first_hit(row.text)
+@dataclass
+class PrefChunk:
+    """What one chunk of records became (picklable: sent back from a worker): per record in
+    input order ``(record, where, Row)`` or ``(record, where, (reason, message))``, and the
+    curating keys of its rows (``RecordKeys``, rows in the same order)."""
+
+    records: int
+    outcomes: list
+    keys: RecordKeys
+
+
+def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> RecordKeys:
+    """The curating keys of ``rows`` ((record, where, row), input order): the exact key of
+    each row's canonical text (prompt and every completion), the first evaluation item it
+    shares an n-gram with, and with ``--dedup near`` the MinHash signature of the shingles
+    of its tokens (prompt, then each completion), as prepare-chat's records have."""
+    evals, exact, contaminated = curate.evals, [], []
+    for record, where, row in rows:
+        exact.append(exact_key(row.text))
+        hit = evals.first_hit(row.text) if evals is not None else None
         if hit is not None:
-            fi, number, ewhere = evals.items[hit[0]]
-            contaminated[fi] += 1
-            raise RecordError("contaminated", f"shares the {evals.n}-word sequence \"{hit[1]}\" with item {number} of "
-                              f"the evaluation file {evals.files[fi]} ({ewhere}); dropped so that the evaluation stays "
+            contaminated.append((record, where, hit[0], hit[1]))
+    sigs = None
+    if curate.dedup == "near":
+        ids = [p for _, _, row in rows for p, _ in row.parts]
+        flat = np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)
+        sizes = np.array([sum(p.shape[0] for p, _ in row.parts) for _, _, row in rows], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        shingles, offsets = shingle_hashes(flat, ends - sizes, ends, curate.shingle)
+        sigs = signatures(shingles, offsets, curate.num_perm, curate.seed)
+    return RecordKeys(np.array([r for r, _, _ in rows], dtype=np.int64), [w for _, w, _ in rows], exact, sigs,
+                      contaminated)
+
+
+def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
+    """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
+    outcomes, rows, at = [], [], []
+    for rec in items:
+        if rec.reject is not None:  # decided while reading (too large to read)
+            outcomes.append((rec.record, rec.where, rec.reject))
+            continue
+        try:
+            row = record_row(rec.raw, rec.where, ctx)
+        except RecordError as e:
+            outcomes.append((rec.record, rec.where, (e.reason, e.detail)))
+            continue
+        at.append(len(outcomes))
+        rows.append((rec.record, rec.where, row))
+        outcomes.append(rows[-1])
+    keys = row_keys(rows, curate)
+    for i, (record, where, row) in zip(at, rows):  # the text has served (keys): not sent back
+        outcomes[i] = (record, where, dataclasses.replace(row, text=""))
+    return PrefChunk(len(items), outcomes, keys)
+
+
+PREF_WORKER: dict = {}
+
+
+def _pref_worker_init(parent_pid: int, ctx: Context, curate: CurateSettings) -> None:
+    worker_started(parent_pid)
+    PREF_WORKER["ctx"], PREF_WORKER["curate"] = ctx, curate
+
+
+def _pref_worker_run(items: Sequence[RawRecord]) -> PrefChunk:
+    return pref_chunk(items, PREF_WORKER["ctx"], PREF_WORKER["curate"])
+
+
+def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, workers: int
+                 ) -> Iterator[tuple[PrefChunk, int]]:
+    """Chunk results in input order (prepare's chunks); with ``workers`` > 1 rendered by
+    that many processes (prepare's pool, at most 2 x workers chunks in flight)."""
+    chunks = chunks_of(iter_all(infos, ctx.opts.max_record_bytes))
+    if workers <= 1:
+        for items, pos in chunks:
+            yield pref_chunk(items, ctx, curate), pos
+        return
+    runner = PoolRunner(ctx.opts, None, None, None, curate,
+                        pool=process_pool(workers, _pref_worker_init, (ctx, curate), curate))
+    try:
+        yield from in_order(runner, _pref_worker_run, (((items,), f"the records from {items[0].where} on were "
+                                                        f"being prepared", pos) for items, pos in chunks))
+    finally:
+        runner.close(False)
+
+
+class _Gather:
+    """The driver's decisions on each record in input order (contamination, duplicates, the
+    dataset's kind, --strict), the kept rows written as they come, the counts."""
+
+    def __init__(self, w: DatasetWriter, opts: PrefOptions, rl: bool, dtype: np.dtype, evals):
+        self.w, self.opts, self.dtype, self.evals = w, opts, dtype, evals
+        self.kind = KIND_PROMPTS if rl else None
+        self.dedup = Deduplicator(opts.dedup, opts.dedup_threshold)
+        self.contaminated: Counter = Counter()
+        self.rejected, self.repaired, self.forms, self.counts, self.labels = (Counter() for _ in range(5))
+        self.records = 0
+        self.direct = opts.val_split == 0  # no split to draw: rows go straight to train, in input order
+        self.writer: RowSplitWriter | None = None
+        self.hits: dict = {}  # the chunk's contaminated rows: record -> (evaluation item, shared words)
+
+    def _curate(self, record: int, where: str, keys: RecordKeys, i: int) -> None:
+        """Raise ``RecordError`` when the row shares an n-gram with an evaluation item (its
+        prompt or any completion: ``contaminated``) or repeats an earlier kept row
+        (``duplicate``: exactly with ``--dedup exact``, or nearly with ``near``; exact ones
+        counted either way)."""
+        hit = self.hits.get(record)
+        if hit is not None:
+            ev = self.evals
+            fi, number, ewhere = ev.items[hit[0]]
+            self.contaminated[fi] += 1
+            raise RecordError("contaminated", f"shares the {ev.n}-word sequence \"{hit[1]}\" with item {number} of "
+                              f"the evaluation file {ev.files[fi]} ({ewhere}); dropped so that the evaluation stays "
                               f"unseen", where)
-    keys = RecordKeys(np.array([record], dtype=np.int64), [where], [exact_key(row.text)], None, [])
-    for d in dedup.decide(keys):
-        raise RecordError("duplicate", d.message().replace("the same conversation as", "the same prompt and "
-                                                           "completions as"), where)
+        one = RecordKeys(keys.records[i:i + 1], [where], keys.exact[i:i + 1],
+                         None if keys.signatures is None else keys.signatures[i:i + 1], [])
+        for d in self.dedup.decide(one):
+            raise RecordError("duplicate", d.message().replace("the same conversation as", "the same prompt and "
+                                                               "completions as"), where)
+
+    def add(self, res: PrefChunk, rej, rejects: Path, output_dir) -> None:
+        """One chunk's records, in input order."""
+        self.hits = {c[0]: (c[2], c[3]) for c in res.keys.contaminated}
+        kept, lines, k = [], [], 0
+        for record, where, out in res.outcomes:
+            try:
+                if isinstance(out, tuple):
+                    raise RecordError(*out, where)
+                row, i = out, k
+                k += 1
+                self._curate(record, where, res.keys, i)
+                if self.kind is None:
+                    self.kind = row.kind
+                elif self.kind != row.kind:
+                    raise RecordError("mixed_kinds", f"a {row.kind} row in a {self.kind} dataset (the first kept row "
+                                      f"decided); prepare pairs and KTO rows into separate datasets", where)
+            except RecordError as e:
+                if self.opts.strict:
+                    raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
+                                      "--strict to skip and count bad records)", where, record) from None
+                self.rejected[e.reason] += 1
+                lines.append(_reject_line(record, where, e.reason, e.detail) + b"\n")
+                continue
+            kept.append((record, row))
+            if row.label is not None:
+                self.labels["desirable" if row.label else "undesirable"] += 1
+            if row.form:
+                self.forms[row.form] += 1
+            for r in row.repairs:
+                self.repaired[r] += 1
+            self.counts["prompts_cut"] += row.prompt_cut
+            self.counts["completions_cut"] += row.completion_cut
+        self.records += res.records
+        if lines:
+            with writing(rejects, output_dir):
+                rej.write(b"".join(lines))
+        if kept:
+            with writing(self.w.path, output_dir):
+                self._write(kept)
+
+    def _write(self, kept: list[tuple[int, Row]]) -> None:
+        if self.writer is None:
+            self.writer = self.w.row_split("train", self.kind, self.dtype, self.opts.shard_tokens) if self.direct \
+                else self.w.row_split(STAGING_SPLIT, self.kind, self.dtype, 1 << 62)
+        parts = [p for _, row in kept for p in row.parts]
+        self.writer.add_rows(np.concatenate([p for p, _ in parts]), np.concatenate([m for _, m in parts]),
+                             np.array([p.shape[0] for p, _ in parts], dtype=np.int64),
+                             np.array([r for r, _ in kept], dtype=np.int64),
+                             labels=np.array([row.label for _, row in kept], dtype=np.uint8)
+                             if self.kind == KIND_KTO else None,
+                             columns=[row.columns for _, row in kept] if self.kind == KIND_PROMPTS else None)
+
+    def splits(self) -> dict:
+        """Each split's metadata: the staged rows split (exact and seeded, prepare's), or
+        train as written."""
+        staged = self.writer.close()
+        if self.direct:
+            return {"train": staged}
+        n = staged["rows"]
+        is_val = split_assignment(n, self.opts.val_split, self.opts.seed)
+        if n - int(is_val.sum()) == 0:
+            raise UsageError(f"--val-split {self.opts.val_split} of {n} rows leaves no training row; lower --val-split")
+        writers = {False: self.w.row_split("train", self.kind, self.dtype, self.opts.shard_tokens),
+                   True: self.w.row_split("val", self.kind, self.dtype, self.opts.shard_tokens)
+                   if is_val.any() else None}
+        split_rows(self.w.path / STAGING_SPLIT / staged["shards"][0]["name"], self.kind, self.dtype, is_val, writers)
+        out = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True])) if wr is not None}
+        shutil.rmtree(self.w.path / STAGING_SPLIT)
+        return out
 
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
-                 progress: Callable[[Progress], None] | None = None, rl: bool = False) -> PrefSummary:
+                 progress: Callable[[Progress], None] | None = None, rl: bool = False,
+                 planned: Callable[[BuildCheck], None] | None = None) -> PrefSummary:
     """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
     kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``).
     Raises ``SftDataError``s; every record that cannot be written exactly is rejected by
-    name into ``rejects.jsonl``."""
+    name into ``rejects.jsonl``.
+
+    The build key is prepare-chat's (``prepare.build``, of kind "pairs" or "prompts"): a
+    target that holds this build is up to date (nothing is read or written; the summary
+    is the dataset's, ``up_to_date``); another is refused without ``overwrite`` naming what
+    changed, ``force`` rebuilds regardless; ``planned`` is called with the decision first."""
     opts.validate()
     if not inputs:
         raise UsageError("no input files given")
@@ -270,77 +471,41 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     output_dir = local_path(output_dir)
     ctx, state = open_context(opts, rl)
     tok, profile = ctx.tok, ctx.profile
-    infos = [inspect_source(src) for src in expand_inputs(inputs)]
+    options = {**opts.recorded(), "tokenizer": tok.path or tok.name}
+    plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force,
+                      kind=KIND_PROMPTS if rl else KIND_PAIRS)
+    if plan.check.up_to_date:
+        summary = PrefSummary.of_dataset(str(output_dir), plan.check.target.metadata)
+        summary.build_key, summary.libraries_changed = plan.check.key, library_changes(plan.check.target.metadata)
+        summary.seconds = time.perf_counter() - t0
+        return summary
+    plan.check.refuse_unless(opts.overwrite or opts.force)
+    if planned is not None:
+        planned(plan.check)
+    infos = [inspect_source(src) for src in plan.inputs]
     known = all(i.size_known for i in infos)
     total = sum(i.bytes for i in infos) if known else None
     dtype = token_dtype_for(tok.vocab_size)
-    rejected, repaired, forms, counts, labels = Counter(), Counter(), Counter(), Counter(), Counter()
-    rows = _Rows()
-    dedup = Deduplicator(opts.dedup)
     evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
         if opts.decontaminate else None
-    contaminated: Counter = Counter()
-    kind = KIND_PROMPTS if rl else None
-    records = 0
+    curate = CurateSettings(opts.dedup, evals)
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
+        g = _Gather(w, opts, rl, dtype, evals)
         rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as rej:
-            for raw, pos in iter_all(infos, opts.max_record_bytes):
-                records += 1
-                try:
-                    if raw.reject is not None:
-                        raise RecordError(*raw.reject, raw.where)
-                    row = record_row(raw.raw, raw.where, ctx)
-                    _curated(row, raw.record, raw.where, dedup, evals, contaminated)
-                    if kind is None:
-                        kind = row.kind
-                    elif kind != row.kind:
-                        raise RecordError("mixed_kinds", f"a {row.kind} row in a {kind} dataset (the first kept row "
-                                          f"decided); prepare pairs and KTO rows into separate datasets", raw.where)
-                    rows.add(row.parts, raw.record)
-                    if row.columns is not None:
-                        rows.columns.append(row.columns)
-                    if row.label is not None:
-                        rows.labels.append(row.label)
-                        labels["desirable" if row.label else "undesirable"] += 1
-                    if row.form:
-                        forms[row.form] += 1
-                    for r in row.repairs:
-                        repaired[r] += 1
-                    counts["prompts_cut"] += row.prompt_cut
-                    counts["completions_cut"] += row.completion_cut
-                except RecordError as e:
-                    if opts.strict:
-                        raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
-                                          "--strict to skip and count bad records)", raw.where, raw.record) from None
-                    rejected[e.reason] += 1
-                    with writing(rejects, output_dir):
-                        rej.write(_reject_line(raw.record, raw.where, e.reason, e.detail) + b"\n")
+        with open(rejects, "wb") as rej, closing(pref_results(infos, ctx, curate, opts.workers)) as results:
+            for res, pos in results:
+                g.add(res, rej, rejects, output_dir)
                 if progress:
-                    progress(Progress(pos, total, records, 0))
-        n = len(rows.sources)
-        if n == 0:
+                    progress(Progress(pos, total, g.records, 0))
+        records, rejected, dedup, contaminated = g.records, g.rejected, g.dedup, g.contaminated
+        if g.writer is None:
             raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)
-        kind = kind or KIND_PAIRS
-        is_val = split_assignment(n, opts.val_split, opts.seed)
-        if n - int(is_val.sum()) == 0:
-            raise UsageError(f"--val-split {opts.val_split} of {n} rows leaves no training row; lower --val-split")
-        splits_meta = {}
+        kind = g.kind
         with writing(w.path, output_dir):
-            for split in SPLITS:
-                pick = np.flatnonzero(is_val if split == "val" else ~is_val)
-                if split == "val" and pick.size == 0:
-                    continue
-                sw = w.row_split(split, kind, dtype, opts.shard_tokens)
-                eps = [e for i in pick.tolist() for e in rows.ids[i]]
-                ms = [m for i in pick.tolist() for m in rows.masks[i]]
-                sw.add_rows(np.concatenate(eps), np.concatenate(ms), np.array([e.shape[0] for e in eps]),
-                            np.asarray(rows.sources, dtype=np.int64)[pick],
-                            labels=np.asarray(rows.labels, dtype=np.uint8)[pick] if kind == KIND_KTO else None,
-                            columns=[rows.columns[i] for i in pick.tolist()] if kind == KIND_PROMPTS else None)
-                splits_meta[split] = sw.close()
+            splits_meta = g.splits()
             w.write_json(TOKENIZER_FILE, state)
             write_serving(w.path, state, dtype)
+        repaired, forms, counts, labels = g.repaired, g.forms, g.counts, g.labels
         summary = PrefSummary(str(output_dir), kind, records_read=records, rejected=dict(sorted(rejected.items())),
                               repaired=dict(sorted(repaired.items())), forms=dict(sorted(forms.items())),
                               truncated={"prompts_cut": counts["prompts_cut"],
@@ -361,12 +526,15 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
             "pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows),
             "truncation": opts.truncation.recorded(),
             "sources": [i.as_dict() for i in infos],
-            "options": opts.recorded(),
+            "options": options,
             "counts": {"records_read": records, "rejected": summary.rejected, "repaired": summary.repaired,
                        "forms": summary.forms, "truncated": summary.truncated, "labels": summary.labels},
             "dedup": dedup.counts(),
         }
         summary.dedup = dedup.counts()
+        summary.changed = list(plan.check.changes)
+        metadata[BUILD] = plan.record(infos, state, options)  # from the inputs as read
+        summary.build_key = metadata[BUILD]["key"]
         if evals is not None:
             summary.decontamination = {"ngram": evals.n, "files": [
                 {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}

@@ -45,6 +45,7 @@ class PlannedBuild:
     evals: list[Input]
     evals_looked: list[Looked]
     check: BuildCheck
+    kind: str = "episodes"  # the build's kind in its key: "episodes" (prepare-chat/-tool), "pairs", "prompts"
 
     def record(self, infos: list[SourceInfo], state: dict, options: dict) -> dict:
         """The metadata's ``BUILD`` record, from the inputs as read (``infos``: their sha256)
@@ -62,7 +63,7 @@ class PlannedBuild:
             ident = recordable(before, look(inp))
             evals.append(input_component(inp.name, sha, ident))
             identities.append({"path": inp.name, "identity": ident})
-        return build_record(components(inputs, evals, state, options), identities)
+        return build_record(components(inputs, evals, state, options, self.kind), identities)
 
     def planned(self, state: dict, options: dict) -> tuple[dict | None, str | None]:
         """The components of this run as far as they can be known before it (None, and why
@@ -83,23 +84,25 @@ class PlannedBuild:
         for inp, looked in zip(self.evals, self.evals_looked):
             sha, _ = known_sha256(inp, looked, recorded.get(inp.name), written)
             evals.append(input_component(inp.name, sha, looked.identity))
-        return components(inputs, evals, state, options), None
+        return components(inputs, evals, state, options, self.kind), None
 
 
-def components(inputs: list[dict], evals: list[dict], state: dict, options: dict) -> dict:
-    """A prepare build's components (``store.build_key``)."""
-    out = {**base_components("episodes"), "inputs": inputs, "tokenizer": tokenizer_component(state),
+def components(inputs: list[dict], evals: list[dict], state: dict, options: dict, kind: str = "episodes") -> dict:
+    """A prepare build's components (``store.build_key``); ``kind``: what the command builds."""
+    out = {**base_components(kind), "inputs": inputs, "tokenizer": tokenizer_component(state),
            "options": options}
     return {**out, "evals": evals} if evals else out
 
 
 def plan_build(output_dir, inputs: list[Input], eval_paths: Sequence[str], state: dict, options: dict,
-               force: bool = False) -> PlannedBuild:
+               force: bool = False, kind: str = "episodes") -> PlannedBuild:
     """Look at the inputs and the target; hash the inputs only when the target records a
-    build key to compare with."""
+    build key to compare with. ``kind``: "episodes" (prepare-chat, prepare-tool), "pairs"
+    (prepare-pref, KTO rows included) or "prompts" (prepare-rl)."""
     evals = eval_inputs(eval_paths)
     target = read_target(output_dir)
-    plan = PlannedBuild(inputs, [look(i) for i in inputs], evals, [look(i) for i in evals], BuildCheck(None, target))
+    plan = PlannedBuild(inputs, [look(i) for i in inputs], evals, [look(i) for i in evals], BuildCheck(None, target),
+                       kind)
     plan.check = check_target(target, lambda: plan.planned(state, options), state, force)
     return plan
 

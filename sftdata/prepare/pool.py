@@ -33,15 +33,20 @@ MIN_PART_BYTES = 256 << 10
 TAIL_WAYS = 2
 
 
-def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
-                 policy: TurnPolicy, curate: CurateSettings = CurateSettings(),
-                 opts: PrepareOptions | None = None) -> None:
+def worker_started(parent_pid: int) -> None:
+    """What every worker process does first (prepare's, prepare-pref's)."""
     die_with_parent(parent_pid)  # a kill -9 of the parent must not leave workers running
     # Ctrl-C reaches the whole process group: the parent stops the run and terminates the
     # pool; a worker that died of it would print a traceback and leave a task unanswered
     # (pool.terminate() then hangs). SIGTERM (how the pool ends workers) keeps its default.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
+                 policy: TurnPolicy, curate: CurateSettings = CurateSettings(),
+                 opts: PrepareOptions | None = None) -> None:
+    worker_started(parent_pid)
     WORKER["tok"] = tok  # pickled to a spawned worker: each kind reloads itself and checks its hash
     WORKER["profile"] = profile
     WORKER["mode"] = mode
@@ -70,19 +75,24 @@ def chunks_of(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[R
         yield buf, pos
 
 
-def worker_pool(opts: PrepareOptions, tok, profile: TemplateProfile | None, curate: CurateSettings):
-    """``opts.workers`` worker processes (``_worker_init``) in a ``ProcessPoolExecutor``: a
-    worker that dies (killed by the system, out of memory) breaks the pool and ends the run
-    with an error. A ``multiprocessing.Pool`` would wait forever for the task it held."""
+def process_pool(workers: int, initializer: Callable, initargs: tuple, curate: CurateSettings):
+    """``workers`` processes, each started by ``initializer(parent pid, *initargs)``, in a
+    ``ProcessPoolExecutor``: a worker that dies (killed by the system, out of memory)
+    breaks the pool and ends the run with an error. A ``multiprocessing.Pool`` would wait
+    forever for the task it held. (prepare's and prepare-pref's workers alike.)"""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     # rensa (--dedup near) runs a thread pool: a process forked from one that has used it
     # waits forever for its threads, so near-dedup workers start from a new interpreter
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and curate.dedup != "near" else "spawn")
-    return ProcessPoolExecutor(opts.workers, mp_context=ctx, initializer=_worker_init,
-                               initargs=(os.getpid(), tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
-                                         opts))
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=(os.getpid(), *initargs))
+
+
+def worker_pool(opts: PrepareOptions, tok, profile: TemplateProfile | None, curate: CurateSettings):
+    """``opts.workers`` prepare workers (``_worker_init``): ``process_pool``."""
+    return process_pool(opts.workers, _worker_init, (tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
+                                                     opts), curate)
 
 
 def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
@@ -139,9 +149,10 @@ class PoolRunner:
     curate = None
 
     def __init__(self, opts: PrepareOptions, tok, profile: TemplateProfile | None, stage_dir: Path | None,
-                 curate: CurateSettings = CurateSettings()):
+                 curate: CurateSettings = CurateSettings(), pool=None):
+        """``pool``: a ``process_pool`` of other workers (prepare-pref's) instead of prepare's."""
         self.cpus, self.depth, self.stage_dir = opts.workers, 2 * opts.workers, stage_dir
-        self.pool = worker_pool(opts, tok, profile, curate)
+        self.pool = pool if pool is not None else worker_pool(opts, tok, profile, curate)
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
         return local_parts(infos, self.cpus)

@@ -35,7 +35,7 @@ import orjson
 
 from .. import __version__
 from ..errors import OutputExistsError
-from .format import FORMAT_VERSION, METADATA_FILE, TOKENIZER_FILE
+from .format import METADATA_FILE, TOKENIZER_FILE, format_version_for
 from .location import local_path, remote_url
 from .manifest import manifest_of
 
@@ -123,7 +123,7 @@ def build_record(components: dict, identities: list[dict]) -> dict:
 
 
 def base_components(kind: str) -> dict:
-    return {"kind": kind, "format_version": FORMAT_VERSION, "sftdata": __version__, "code": code_version()}
+    return {"kind": kind, "format_version": format_version_for(kind), "sftdata": __version__, "code": code_version()}
 
 
 def build_key(components: dict) -> str:

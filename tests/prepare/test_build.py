@@ -127,7 +127,7 @@ def test_the_code_version_rebuilds_and_is_named(tmp_path, src, monkeypatch):
 
 
 def test_the_format_version_rebuilds_and_is_named(tmp_path, src, monkeypatch):
-    changed = _rebuilt(tmp_path, src, change=lambda: monkeypatch.setattr(bk, "FORMAT_VERSION", 2))
+    changed = _rebuilt(tmp_path, src, change=lambda: monkeypatch.setattr(bk, "format_version_for", lambda kind: 2))
     assert changed == ["the format version changed (1 -> 2)"]
 
 
