@@ -42,14 +42,20 @@ class DirectUpload:
         ``DatasetError`` naming the object."""
         fs, root = remote_fs(self.url, "writing", DatasetError)
         key = f"{root}/{rel}"
-        with open(local, "rb") as src, fs.open(key, "wb", block_size=self.part_bytes) as dst:
-            while block := src.read(self.part_bytes):
-                dst.write(block)  # the file system sends a part each time its buffer fills
-        h, size = hashlib.sha256(), 0
-        with fs.open(key, "rb", block_size=READ_BYTES) as got:
-            while block := got.read(READ_BYTES):
-                h.update(block)
-                size += len(block)
+        try:
+            with open(local, "rb") as src, fs.open(key, "wb", block_size=self.part_bytes) as dst:
+                while block := src.read(self.part_bytes):
+                    dst.write(block)  # the file system sends a part each time its buffer fills
+            h, size = hashlib.sha256(), 0
+            with fs.open(key, "rb", block_size=READ_BYTES) as got:
+                while block := got.read(READ_BYTES):
+                    h.update(block)
+                    size += len(block)
+        except Exception as e:  # noqa: BLE001 - the store's own errors (credentials, network, a missing bucket)
+            raise DatasetError(
+                f"{self.url}/{rel}: a worker could not put this object ({type(e).__name__}: {e}). The workers "
+                f"upload the shards they write themselves: each machine running them needs the store's "
+                f"credentials and endpoint (for S3: the AWS_* variables, ~/.aws or an instance role)") from None
         if h.hexdigest() != sha256:
             raise DatasetError(
                 f"{self.url}/{rel}: the uploaded object's sha256 is {h.hexdigest()}, but the file written was "

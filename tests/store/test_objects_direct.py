@@ -120,3 +120,21 @@ def test_an_object_that_differs_from_its_file_is_an_error_naming_it(s3, tmp_path
             rf"{hashlib.sha256(b'tokens').hexdigest()}, but the file written was {wrong} \(6 bytes; the store gave "
             rf"back 6\): the upload was corrupted. Nothing was committed; run again$")):
         up.put(tmp_path / "f", "val/shard_00002/mask.bin", wrong)
+
+
+def test_an_empty_file_is_an_empty_object(s3, tmp_path):
+    """An empty split's shard files are empty: each still becomes an object."""
+    (tmp_path / "f").write_bytes(b"")
+    up = DirectUpload(f"s3://{BUCKET}/sft/empty")
+    assert up.put(tmp_path / "f", "val/shard_00000/tokens.bin", hashlib.sha256(b"").hexdigest()) == 0
+    assert s3.cat_file(f"{BUCKET}/sft/empty/val/shard_00000/tokens.bin") == b""
+
+
+def test_a_worker_that_cannot_put_an_object_says_which_and_what_it_needs(s3, tmp_path):
+    (tmp_path / "f").write_bytes(b"tokens")
+    up = DirectUpload("s3://sftdata-no-such-bucket/sft/ds")
+    with pytest.raises(DatasetError, match=(
+            r"^s3://sftdata-no-such-bucket/sft/ds/train/shard_00000/tokens.bin: a worker could not put this object "
+            r"\(.+\)\. The workers upload the shards they write themselves: each machine running them needs the "
+            r"store's credentials and endpoint \(for S3: the AWS_\* variables, ~/.aws or an instance role\)$")):
+        up.put(tmp_path / "f", "train/shard_00000/tokens.bin", hashlib.sha256(b"tokens").hexdigest())
