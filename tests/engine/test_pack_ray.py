@@ -99,13 +99,18 @@ def test_the_cli_packs_on_ray(ray_cluster, source, tmp_path):
     assert (r.exit_code, r.output.strip()) == (2, "error: --ray-address needs --engine ray")
 
 
-def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster, source, tmp_path):
+@pytest.mark.parametrize("opts, pattern, executor", [
+    (PackOptions(block_size=64, shard_tokens=300), "train_*.tmp-*", dict(shards_per_task=1)),
+    # a task over part of a shard: its piece is built again, the merge reads the retry's
+    (PackOptions(block_size=64, shard_tokens=50_000), "train_*_row_*.tmp-*", dict(rows_per_task=40)),
+])
+def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster, source, tmp_path, opts, pattern,
+                                                                   executor):
     """A worker process killed (SIGKILL) while its task writes rows: Ray runs the task
     again, the dead attempt's partial shards are never adopted, the dataset is identical."""
-    opts = PackOptions(block_size=64, shard_tokens=300)
     pack(source, tmp_path / "local", opts)
-    with kill_first_writer(tmp_path, ".ray*/_parts/train_*.tmp-*") as killed:
-        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=1))
+    with kill_first_writer(tmp_path, f".ray*/_parts/{pattern}") as killed:
+        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(**executor))
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
