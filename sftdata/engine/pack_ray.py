@@ -13,6 +13,11 @@ from the plan: a task that starts at a shard boundary writes exactly the shards
 ``--engine local`` writes there, byte for byte. The driver renames them into the split's
 folder (no copy), and the split's metadata is the writer's own summary of them.
 
+A split of fewer shards than ``TASKS_PER_CPU`` per CPU (few large shards) is cut finer:
+each shard into pieces of consecutive rows, a task each (the same ``build_shards``, a
+one-shard split of its own), and one ``merge_shard`` task per shard that concatenates
+the pieces' files and rebases their row numbers (``store.shard_merge``): the same bytes.
+
 What crosses the network: to a task, its slice of the plan (the segments of its rows:
 56 bytes each) and the source split's index (one object for all tasks); back, its
 shards' records (sizes, sha256, counts) and three trained-token counts. Tokens go from
@@ -37,11 +42,15 @@ from ..pack import PackProgress
 from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
 from ..packing.plan import PackPlan
 from ..store.format import PARTS_DIR, STOP_FILE, shard_name
+from ..store.shard_merge import merge_packed_pieces
 from ..store.writer import PackedSplitWriter
 from .cluster import RayCluster, connect, import_ray
 from .tasks import TASK_RETRIES, get_result, stop_tasks
 
 TASKS_PER_CPU = 4  # row ranges per CPU: enough for the last ones to balance, few enough to start cheaply
+
+
+MIN_PIECE_ROWS = 64  # a task over part of a shard builds at least this many rows
 
 
 @dataclass
@@ -52,6 +61,7 @@ class RowsPart:
     path: str | None  # the folder holding its shards (None: the run stopped)
     shards: list[dict]
     built: RowsBuilt
+    pieces: tuple[str, ...] = ()  # a merged shard: its pieces' folders, removed once it is adopted
 
 
 def plan_slice(plan: PackPlan, r0: int, r1: int) -> PackPlan:
@@ -72,14 +82,38 @@ def shard_ranges(num_rows: int, rows_per_shard: int, cpus: int, shards_per_task:
     return [(k, min(shards, k + per)) for k in range(0, shards, per)]
 
 
+def row_tasks(num_rows: int, rows_per_shard: int, cpus: int, shards_per_task: int | None = None,
+              rows_per_task: int | None = None) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """The tasks of one split: ``(k0, k1, pieces)`` per unit of output shards ``[k0, k1)``,
+    ``pieces`` the row ranges ``[r0, r1)`` its tasks build. A unit is a range of whole
+    shards built by one task (``shard_ranges``); where the split has fewer shards than
+    ``TASKS_PER_CPU`` per CPU (or ``rows_per_task`` asks), each shard is a unit of its own
+    cut into pieces of about ``rows_per_task`` rows (at least ``MIN_PIECE_ROWS``), one
+    task each, whose files one more task merges (``store.shard_merge``)."""
+    shards = -(-num_rows // rows_per_shard)
+    want = TASKS_PER_CPU * cpus
+    if rows_per_task is None and shards_per_task is None and shards < want:
+        rows_per_task = max(MIN_PIECE_ROWS, -(-num_rows // want))
+    if rows_per_task is None or rows_per_task >= rows_per_shard:
+        return [(k0, k1, [(k0 * rows_per_shard, min(num_rows, k1 * rows_per_shard))])
+                for k0, k1 in shard_ranges(num_rows, rows_per_shard, cpus, shards_per_task)]
+    out = []
+    for k in range(shards):
+        s0, s1 = k * rows_per_shard, min(num_rows, (k + 1) * rows_per_shard)
+        out.append((k, k + 1, [(r, min(s1, r + rows_per_task)) for r in range(s0, s1, rows_per_task)]))
+    return out
+
+
 def build_shards(split, plan: PackPlan, seg_whole: np.ndarray, extra: np.ndarray, rule, pad_id: int,
-                 token_dtype: str, row_len: int, shard_tokens: int, first_shard: int, stage_dir: str) -> RowsPart:
-    """One task: the rows of ``plan`` (a slice starting at output shard ``first_shard``)
-    into shard folders of its own under ``stage_dir``."""
+                 token_dtype: str, row_len: int, shard_tokens: int, first_shard: int, stage_dir: str,
+                 first_row: int | None = None) -> RowsPart:
+    """One task: the rows of ``plan`` (a slice starting at output shard ``first_shard``,
+    or, with ``first_row``, a piece of that shard starting at that row) into shard folders
+    of its own under ``stage_dir``."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return RowsPart(first_shard, None, [], RowsBuilt())
-    name = f"{split.name}_{first_shard:06d}"
+    name = f"{split.name}_{first_shard:06d}" + ("" if first_row is None else f"_row_{first_row:012d}")
     final = Path(stage_dir) / name
     tmp = Path(stage_dir) / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
@@ -94,36 +128,68 @@ def build_shards(split, plan: PackPlan, seg_whole: np.ndarray, extra: np.ndarray
     return RowsPart(first_shard, str(final / "s"), shards, built)
 
 
+def merge_shard(split_name: str, first_shard: int, row_len: int, stage_dir: str, *parts: RowsPart) -> RowsPart:
+    """One task: output shard ``first_shard`` from the pieces ``parts`` built (each a
+    one-shard folder of consecutive rows), byte-identical to building its rows at once."""
+    stop = Path(stage_dir) / STOP_FILE
+    if stop.exists() or any(p.path is None for p in parts):
+        return RowsPart(first_shard, None, [], RowsBuilt())
+    name = f"{split_name}_{first_shard:06d}"
+    final = Path(stage_dir) / name
+    tmp = Path(stage_dir) / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    (tmp / "s").mkdir(parents=True)
+    record = merge_packed_pieces([(Path(p.path) / p.shards[0]["name"], p.shards[0]) for p in parts], row_len,
+                                 tmp / "s" / shard_name(0), shard_name(0))
+    if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    built = RowsBuilt(sum(p.built.trained for p in parts), sum(p.built.trained_whole for p in parts),
+                      sum(p.built.trained_extra for p in parts))
+    return RowsPart(first_shard, str(final / "s"), [record], built, tuple(str(Path(p.path).parent) for p in parts))
+
+
 def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, writer: PackedSplitWriter, rule,
              pad_id: int, extra: np.ndarray, progress: Callable[[PackProgress], None] | None = None,
-             shards_per_task: int | None = None) -> RowsBuilt:
-    """The Ray executor's body for one split: submit a task per range of shards, then
-    adopt their shards into ``writer``'s split folder in order."""
+             shards_per_task: int | None = None, rows_per_task: int | None = None) -> RowsBuilt:
+    """The Ray executor's body for one split: submit a task per range of shards (or per
+    piece of a shard, and a merge task per shard: ``row_tasks``), then adopt their shards
+    into ``writer``'s split folder in order."""
     ray = cluster.ray
     per = writer.rows_per_shard
-    ranges = shard_ranges(plan.num_rows, per, cluster.cpus, shards_per_task)
+    units = row_tasks(plan.num_rows, per, cluster.cpus, shards_per_task, rows_per_task)
     stage_dir = writer.dir.parent / PARTS_DIR
     stage_dir.mkdir(exist_ok=True)
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(build_shards)
+    merge = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(merge_shard)
     split_ref, rule_ref = ray.put(split), ray.put(rule)
-    extras = np.array_split(np.asarray(extra, np.int64), len(ranges))  # the episodes each task counts
+    # the episodes each build task counts
+    extras = iter(np.array_split(np.asarray(extra, np.int64), sum(len(pieces) for _, _, pieces in units)))
     shard_tokens = per * plan.row_len
-    refs = []
-    for (k0, k1), ex in zip(ranges, extras):
-        r0, r1 = k0 * per, min(plan.num_rows, k1 * per)
-        a, b = plan.segments.row_range(r0, r1)
-        refs.append(task.remote(split_ref, plan_slice(plan, r0, r1), seg_whole[a:b], ex, rule_ref, pad_id,
-                                writer.token_dtype.name, plan.row_len, shard_tokens, k0, str(stage_dir)))
+    refs, every = [], []  # per unit, the task giving its shards; every task submitted
+    for k0, _, pieces in units:
+        built = []
+        for r0, r1 in pieces:
+            a, b = plan.segments.row_range(r0, r1)
+            built.append(task.remote(split_ref, plan_slice(plan, r0, r1), seg_whole[a:b], next(extras), rule_ref,
+                                     pad_id, writer.token_dtype.name, plan.row_len, shard_tokens, k0, str(stage_dir),
+                                     r0 if len(pieces) > 1 else None))
+        every += built
+        refs.append(built[0] if len(pieces) == 1 else merge.remote(split.name, k0, plan.row_len, str(stage_dir),
+                                                                   *built))
+        if len(pieces) > 1:
+            every.append(refs[-1])
     out, got = RowsBuilt(), 0
     writer.dir.mkdir(parents=True, exist_ok=True)
     try:
-        for (k0, k1), ref in zip(ranges, refs):
+        for (k0, k1, _), ref in zip(units, refs):
             part: RowsPart = get_result(ray, ref, "packing")
             got += 1
             for i, rec in enumerate(part.shards):  # the task's shard i is the split's shard k0 + i
                 name = shard_name(k0 + i)
                 os.rename(Path(part.path) / rec["name"], writer.dir / name)
                 writer.shards.append({**rec, "name": name})
+            for piece in part.pieces:
+                shutil.rmtree(piece, ignore_errors=True)
             out.trained += part.built.trained
             out.trained_whole += part.built.trained_whole
             out.trained_extra += part.built.trained_extra
@@ -131,19 +197,23 @@ def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, 
                 progress(PackProgress(split.name, min(plan.num_rows, k1 * per), plan.num_rows))
     finally:
         if got < len(refs):  # stopped early (an error, Ctrl-C): no task may write on into the staging area
-            stop_tasks(ray, refs[got:], stage_dir)
+            stop_tasks(ray, every, stage_dir)
     shutil.rmtree(stage_dir, ignore_errors=True)
     return out
 
 
-def ray_pack_executor(address: str | None = None, shards_per_task: int | None = None) -> RowsExecutor:
+def ray_pack_executor(address: str | None = None, shards_per_task: int | None = None,
+                      rows_per_task: int | None = None) -> RowsExecutor:
     """A rows executor for ``sftdata.pack.pack`` that builds the rows as tasks on the Ray
-    cluster at ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray
-    installed, a ``UsageError`` now, before anything is read or written."""
+    cluster at ``address`` (else ``RAY_ADDRESS``, else a local one): ranges of
+    ``shards_per_task`` whole output shards, or pieces of ``rows_per_task`` rows of one
+    (default: pieces where the split has fewer shards than ``TASKS_PER_CPU`` per CPU;
+    ``row_tasks``). Without Ray installed, a ``UsageError`` now, before anything is read
+    or written."""
     import_ray()
 
     def run(split, plan, seg_whole, writer, rule, pad_id, extra, progress=None):
         return run_rows(connect(address), split, plan, seg_whole, writer, rule, pad_id, extra, progress,
-                        shards_per_task)
+                        shards_per_task, rows_per_task)
 
     return run

@@ -14,7 +14,8 @@ What crosses the network: the partition descriptors and the tokenizer (pickled, 
 hundred bytes: what rebuilds it; each worker rebuilds it once) to the tasks; back, a
 summary per partition (counts, rejected records, keys, 16 bytes per episode) and a record
 per final shard. Tokens go from a partition task to the staging area and from there to
-their final shard through a task, never through the driver; the dataset is byte-identical
+their final shard through a task (with an object-store output, put straight into the
+bucket by that task: ``store.object_upload``), never through the driver; the dataset is byte-identical
 to ``--engine local`` for any number of workers.
 
 A task whose worker dies is retried by Ray (``max_retries``); the dead attempt's
@@ -53,8 +54,9 @@ class RayRunner:
     depth = None
 
     def __init__(self, cluster: RayCluster, tok, profile, stage_dir: Path, curate: CurateSettings,
-                 part_bytes: int | None = None):
+                 part_bytes: int | None = None, task_env: dict[str, str] | None = None):
         self.ray, self.cpus, self.stage_dir, self.part_bytes = cluster.ray, cluster.cpus, stage_dir, part_bytes
+        self.options = {"runtime_env": {"env_vars": dict(task_env)}} if task_env else {}
         self.tokenizer = pickle.dumps((tok, profile))
         self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
         self._remote: dict = {}
@@ -70,7 +72,7 @@ class RayRunner:
     def submit(self, fn, args: tuple, doing: str):
         task = self._remote.get(fn)
         if task is None:
-            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(fn)
+            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES, **self.options)(fn)
         ref = task.remote(*args)
         self._pending.add(ref)
         return ref
@@ -90,16 +92,20 @@ class RayRunner:
 class RayExecutor:
     """``prepare``'s executor on the Ray cluster at ``address`` (``Executor``)."""
 
-    def __init__(self, address: str | None = None, part_bytes: int | None = None):
+    def __init__(self, address: str | None = None, part_bytes: int | None = None,
+                 task_env: dict[str, str] | None = None):
         import_ray()  # without Ray: a UsageError now, before anything is read or written
-        self.address, self.part_bytes = address, part_bytes
+        self.address, self.part_bytes, self.task_env = address, part_bytes, task_env
 
     def start(self, opts: PrepareOptions, tok, profile, stage_dir: Path, curate: CurateSettings) -> RayRunner:
-        return RayRunner(connect(self.address), tok, profile, stage_dir, curate, self.part_bytes)
+        return RayRunner(connect(self.address), tok, profile, stage_dir, curate, self.part_bytes, self.task_env)
 
 
-def ray_prepare_executor(address: str | None = None, part_bytes: int | None = None) -> Executor:
+def ray_prepare_executor(address: str | None = None, part_bytes: int | None = None,
+                         task_env: dict[str, str] | None = None) -> Executor:
     """An ``Executor`` for ``sftdata.prepare.prepare`` that runs on the Ray cluster at
-    ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray installed, a
-    ``UsageError`` now, before anything is read or written."""
-    return RayExecutor(address, part_bytes)
+    ``address`` (else ``RAY_ADDRESS``, else a local one). ``task_env``: environment
+    variables the tasks run with (Ray's ``runtime_env``), e.g. an object store's endpoint
+    for tasks that upload their shards (the nodes' own settings otherwise). Without Ray
+    installed, a ``UsageError`` now, before anything is read or written."""
+    return RayExecutor(address, part_bytes, task_env)

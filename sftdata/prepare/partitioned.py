@@ -15,6 +15,8 @@ run in local worker processes and as Ray tasks (``options.TaskRunner``)::
                                              ──►    write_shard: one final shard, from the
                                                     staged parts it covers, renamed into place
     metadata (the shards' records), commit   ◄──    its record: counts, every file's sha256
+                                                    (an object-store output: the shard's files
+                                                    put straight into the bucket by the worker)
 
 The coordinator reads no record and no token and writes no shard: its bytes grow with
 the episodes (their lengths) and the rejects, not with the tokens. Each input's
@@ -25,7 +27,7 @@ sha256 by one task beside the others where it is recorded (``records_sha256``).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +35,8 @@ import numpy as np
 from ..curate import Deduplicator, Drop, RecordKeys
 from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
-from ..store.format import shard_name
+from ..store.format import shard_files, shard_name
+from ..store.object_upload import DirectUpload
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
 from .options import ChunkResult, PrepareOptions, StagedPart, TaskRunner
@@ -153,17 +156,22 @@ def decide_duplicates(runner: TaskRunner, parts: list[StagedPart], dedup: Dedupl
 
 
 def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[StagedPart], is_val: np.ndarray,
-                  token_dtype: np.dtype, opts: PrepareOptions, output: str) -> dict:
+                  token_dtype: np.dtype, opts: PrepareOptions, output: str,
+                  direct: Callable[[list[str]], DirectUpload | None] | None = None) -> dict:
     """The final shards, planned here (``plan_shards``) and written by the workers
-    (``write_shard``) into ``root``'s split folders; returns each split's metadata (the
-    shards' records in order) and removes what was staged."""
+    (``write_shard``) into ``root``'s split folders, or, where ``direct`` (given every
+    planned object) gives a ``DirectUpload``, put by them straight into the object-store
+    target; returns each split's metadata (the shards' records in order) and removes
+    what was staged."""
     splits = ("train", "val") if opts.val_split > 0 else ("train",)
     for split in splits:
         (root / split).mkdir()
     jobs = plan_shards(parts, is_val, opts.shard_tokens, splits)
+    upload = None if direct is None else direct(
+        [f"{job.split}/{shard_name(job.index)}/{f}" for job in jobs for f in shard_files(False)])
     shards: dict[str, list[dict]] = {split: [] for split in splits}
     for rec, job in in_order(runner, write_shard, (
-            ((job, token_dtype.name, str(root), str(stage_dir), output),
+            ((job, token_dtype.name, str(root), str(stage_dir), output, upload),
              f"{job.split}/{shard_name(job.index)} was being written", job) for job in jobs)):
         shards[job.split].append(rec)
     shutil.rmtree(stage_dir, ignore_errors=True)

@@ -357,7 +357,7 @@ class _Run:
                 splits_meta = {"train": self.staged}
             elif runner is not None:
                 splits_meta = write_planned(runner, w.path, w.path / PARTS_DIR, self.parts, is_val, self.dtype, opts,
-                                            str(output_dir))
+                                            str(output_dir), direct=w.direct_upload)
             else:
                 splits_meta = split_parts(w, self.staged, self.parts, is_val, self.dtype, opts)
             w.write_json(TOKENIZER_FILE, self.state)

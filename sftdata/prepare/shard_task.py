@@ -8,8 +8,10 @@ writes one final shard from the staged episodes the coordinator's plan names.
                                           ──rename──► train/shard_00001   (its record back)
 
 The shard is written by the split writer itself, so its bytes, sha256 and record are the
-ones the single-process run writes at that place. A task whose worker died leaves its
-``.tmp-`` folder, never renamed; a retry writes the shard again and replaces one that an
+ones the single-process run writes at that place. With an object-store output the shard's
+files go from the ``.tmp-`` folder straight to the bucket (``store.object_upload``),
+never through the coordinator. A task whose worker died leaves its ``.tmp-`` folder,
+never renamed; a retry writes the shard again and replaces one that an
 attempt completed but could not report.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..records.rejects import writing
 from ..store.format import STOP_FILE, shard_name
+from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
 from ..store.writer import SplitWriter
 from .plan import Piece, ShardJob
@@ -53,9 +56,12 @@ def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None
         i = j
 
 
-def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str) -> dict | None:
+def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str,
+                upload: DirectUpload | None = None) -> dict | None:
     """One task: the shard ``job`` names, written under ``stage_dir`` and renamed to
-    ``root/SPLIT/shard_NNNNN``; returns its record (the split writer's: counts, every
+    ``root/SPLIT/shard_NNNNN``, or, with ``upload`` (an object-store output), put straight
+    into the bucket as ``SPLIT/shard_NNNNN/FILE`` (each object checked against its sha256)
+    and its local copy removed; returns its record (the split writer's: counts, every
     file's bytes and sha256, value ranges). None when the run has stopped. ``output``: the
     run's output, named by a failed write."""
     stop = Path(stage_dir) / STOP_FILE
@@ -72,6 +78,15 @@ def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, outp
                 return None
             copy_piece(piece, dtype, writer)
         record = writer.close()["shards"][0]
+    if upload is not None:
+        try:
+            for fname, f in record["files"].items():
+                if stop.exists():
+                    return None
+                upload.put(tmp / "s" / "shard_00000" / fname, f"{job.split}/{name}/{fname}", f["sha256"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {**record, "name": name}
     final = Path(root) / job.split / name
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)

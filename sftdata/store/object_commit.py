@@ -13,7 +13,9 @@ target (same checks, same bytes); then, for an ``s3://`` (``gs://``, any fsspec)
 2. **The target is checked** as a local folder is (``manifest``): empty, or with
    ``--overwrite`` an sftdata dataset holding nothing but the objects its metadata lists.
    Objects a dead writer's lock lists (its partial upload) are sftdata's and removed.
-3. **Upload**: the lock records the objects this run will write; then every file but
+3. **Upload**: with ``open_direct``, the tasks that write the final shards put them
+   themselves (``object_upload``), once the lock records them; the coordinator then
+   uploads only the rest. Otherwise the lock records the objects this run will write; then every file but
    ``dataset_metadata.json``; then ``dataset_metadata.json`` LAST: its presence commits
    the dataset, and readers refuse a prefix without it (``object_cache``).
 4. ``--overwrite``: the old dataset's ``dataset_metadata.json`` is deleted *before* the
@@ -40,6 +42,7 @@ from ..errors import DatasetError, OutputExistsError
 from .format import METADATA_FILE, read_json
 from .lock import owner_alive, owner_record
 from .manifest import manifest_of, named
+from .object_upload import DirectUpload
 from .objects import identity, list_objects, lock_key, remote_fs
 
 log = logging.getLogger("sftdata.store")
@@ -141,6 +144,7 @@ class ObjectCommit:
         self.old_meta_deleted = False
         self.committed = False
         self._before: dict | None = None
+        self.direct: list[str] = []  # the objects the tasks put themselves (``open_direct``)
 
     def key(self, rel: str) -> str:
         return f"{self.root}/{rel}"
@@ -199,27 +203,58 @@ class ObjectCommit:
             return None
         return set(listed[0])
 
-    def upload(self, staging: Path) -> None:
-        """Upload the finished dataset in ``staging``, ``dataset_metadata.json`` last."""
-        now = {k: identity(v) for k, v in list_objects(self.fs, self.root).items()}
-        if now != self._before:
+    def _unchanged(self) -> None:
+        """Refuse a target that changed since ``begin`` (the objects the tasks put, and the
+        old metadata this run deleted, aside)."""
+        direct = set(self.direct)
+        now = {k: identity(v) for k, v in list_objects(self.fs, self.root).items() if k not in direct}
+        before = {k: v for k, v in (self._before or {}).items()
+                  if k not in direct and not (self.old_meta_deleted and k == METADATA_FILE)}
+        if now != before:
             raise OutputExistsError(
                 f"{self.url} {'changed' if self._before else 'appeared'} while this run was writing it, so nothing "
-                f"was uploaded and it was left as it is; run again (with --overwrite to replace it)")
-        files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
-        files = [f for f in files if f != METADATA_FILE]
-        read_json(staging / METADATA_FILE)  # the commit object is whole before anything is sent
-        self.lock.note(writing=sorted(set(files) | set(self.old) | {METADATA_FILE}))
-        if self.old:  # from here the old dataset is no dataset: no reader pairs its metadata with a new file
+                f"more was uploaded and it was left as it is; run again (with --overwrite to replace it)")
+
+    def _start_writing(self, files: list[str]) -> None:
+        """Before the first object is put: the lock object lists every object this run may
+        write, and an old dataset's metadata is deleted (from here it is no dataset: no
+        reader pairs its metadata with a new file)."""
+        self.lock.note(writing=sorted(set(files) | set(self.direct) | set(self.old) | {METADATA_FILE}))
+        if self.old and not self.old_meta_deleted:
             self.fs.rm_file(self.key(METADATA_FILE))
             self.old_meta_deleted = True
+
+    def open_direct(self, planned: list[str]) -> DirectUpload:
+        """Let the tasks put the objects ``planned`` (paths relative to the dataset)
+        themselves (``object_upload``): the target checked, the lock object listing them,
+        an old dataset's metadata deleted, before the first task puts one."""
+        self._unchanged()
+        self.direct = sorted(set(self.direct) | set(planned))
+        self._start_writing([])
+        return DirectUpload(self.url)
+
+    def upload(self, staging: Path) -> None:
+        """Upload the finished dataset in ``staging``, ``dataset_metadata.json`` last; the
+        objects the tasks put (``open_direct``) are not uploaded again, and must be there."""
+        self._unchanged()
+        files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+        files = [f for f in files if f != METADATA_FILE and f not in set(self.direct)]
+        read_json(staging / METADATA_FILE)  # the commit object is whole before anything is sent
+        if self.direct:
+            there = set(list_objects(self.fs, self.root))
+            missing = [o for o in self.direct if o not in there]
+            if missing:
+                raise DatasetError(f"{self.url}: {len(missing)} object(s) the tasks put are missing ({named(missing)}); "
+                                   f"nothing was committed; run again")
+        self._start_writing(files)
         for i in range(0, len(files), UPLOAD_BATCH):
             batch = files[i:i + UPLOAD_BATCH]
             put_files(self.fs, [str(staging / f) for f in batch], [self.key(f) for f in batch])
             self.uploaded += batch
         put_commit(self.fs, str(staging / METADATA_FILE), self.key(METADATA_FILE))
         self.committed = True
-        stale = [o for o in self.old if o not in set(files) and o != METADATA_FILE]
+        new = set(files) | set(self.direct)
+        stale = [o for o in self.old if o not in new and o != METADATA_FILE]
         self._remove(stale)  # the replaced dataset's objects the new one does not reuse
         self.lock.release()
 
@@ -229,7 +264,10 @@ class ObjectCommit:
         if self.committed or not self.lock.held:
             self.lock.release()
             return
-        gone = sorted(set(self.uploaded) | (set(self.old) if self.old_meta_deleted else set()))
+        gone = set(self.uploaded) | (set(self.old) if self.old_meta_deleted else set())
+        if self.direct:  # what the tasks put (those that stopped before their upload put nothing)
+            gone |= set(self.direct) & set(list_objects(self.fs, self.root))
+        gone = sorted(gone)
         try:
             self._remove(gone)
         finally:

@@ -49,6 +49,7 @@ from .location import local_path, remote_url
 from .lock import WriterLock, make_staging, release_staging, replaced_name, write_folder_record
 from .manifest import check_replaceable, named, signature, survey
 from .object_commit import ObjectCommit
+from .object_upload import DirectUpload
 from .objects import upload_home
 
 log = logging.getLogger("sftdata.store")
@@ -368,6 +369,12 @@ class DatasetWriter:
     def row_split(self, name: str, kind: str, token_dtype: np.dtype,
                   shard_tokens: int = DEFAULT_SHARD_TOKENS) -> RowSplitWriter:
         return RowSplitWriter(self.path, name, kind, token_dtype, shard_tokens)
+
+    def direct_upload(self, planned: list[str]) -> DirectUpload | None:
+        """An object-store target: let the tasks put the files ``planned`` (paths in the
+        dataset) straight into it (``object_upload``); ``commit`` then uploads only the
+        rest. None for a local target (the tasks write into ``path``)."""
+        return None if self.remote is None else self.remote.open_direct(planned)
 
     def write_json(self, relname: str, obj) -> None:
         with naming(self.path / relname):

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.pack_ray import plan_slice, ray_pack_executor, shard_ranges
+from sftdata.engine.pack_ray import MIN_PIECE_ROWS, plan_slice, ray_pack_executor, row_tasks, shard_ranges
 from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.packing.strategies import plan_bfd
@@ -34,21 +34,27 @@ def report_without_timing(r) -> dict:
     return d
 
 
-@pytest.mark.parametrize("opts, per_task", [
-    (PackOptions(block_size=128, shard_tokens=1000), None),  # 7 rows per shard, tasks of several shards
-    (PackOptions(block_size=128, shard_tokens=1000), 1),  # one shard per task
-    (PackOptions(block_size=64, overlong="split", seed=5, shard_tokens=700), 3),
-    (PackOptions(block_size=100, overlong="keep_end", shard_tokens=50_000), 1),  # one shard per split
-    (PackOptions(block_size=96, strategy="stream", shard_tokens=1000), 2),  # injected context, cut episodes
-    (PackOptions(block_size=150, overlong="drop", shard_tokens=302), 1),  # lossy: the warning and the hint
+@pytest.mark.parametrize("opts, per_task, rows", [
+    (PackOptions(block_size=128, shard_tokens=1000), None, None),  # 7 rows per shard, tasks of several shards
+    (PackOptions(block_size=128, shard_tokens=1000), 1, None),  # one shard per task
+    (PackOptions(block_size=64, overlong="split", seed=5, shard_tokens=700), 3, None),
+    (PackOptions(block_size=100, overlong="keep_end", shard_tokens=50_000), 1, None),  # one shard per split
+    (PackOptions(block_size=96, strategy="stream", shard_tokens=1000), 2, None),  # injected context, cut episodes
+    (PackOptions(block_size=150, overlong="drop", shard_tokens=302), 1, None),  # lossy: the warning and the hint
+    # tasks over part of a shard, merged: one shard per split cut by default (fewer shards than 4 per CPU)
+    (PackOptions(block_size=100, overlong="keep_end", shard_tokens=50_000), None, None),
+    (PackOptions(block_size=100, overlong="keep_end", shard_tokens=50_000), None, 37),  # pieces of 37 rows
+    (PackOptions(block_size=64, overlong="split", seed=5, shard_tokens=4000), None, 11),  # several shards, cut
+    (PackOptions(block_size=96, strategy="stream", shard_tokens=200_000), None, 29),  # cut episodes across pieces
 ])
-def test_ray_pack_is_byte_identical_to_local(ray_cluster, source, tmp_path, opts, per_task):
+def test_ray_pack_is_byte_identical_to_local(ray_cluster, source, tmp_path, opts, per_task, rows):
     local = pack(source, tmp_path / "local", opts)
-    ray = pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task))
+    ray = pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task,
+                                                                          rows_per_task=rows))
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert report_without_timing(local) == report_without_timing(ray)
     shards = len(list((tmp_path / "ray" / "train").iterdir()))
-    assert shards == 1 if opts.shard_tokens == 50_000 else shards >= 4
+    assert shards == 1 if opts.shard_tokens >= 50_000 else shards >= 4
     assert local.warnings == ray.warnings and len(ray.warnings) == 2  # every split loses trained tokens here
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]  # no staging, no _parts left
     assert not list((tmp_path / "ray").rglob("_parts"))
@@ -66,6 +72,18 @@ def test_plan_slices_and_shard_ranges_cover_the_plan(source):
     assert shard_ranges(0, 7, 2) == []
 
 
+def test_row_tasks_cut_shards_into_pieces_only_when_there_are_too_few():
+    assert row_tasks(100, 7, 2) == [(k0, k1, [(7 * k0, min(100, 7 * k1))]) for k0, k1 in shard_ranges(100, 7, 2)]
+    assert row_tasks(100, 7, 2, shards_per_task=5) == [(0, 5, [(0, 35)]), (5, 10, [(35, 70)]), (10, 15, [(70, 100)])]
+    # 2 shards of 300 rows on 2 CPUs: fewer than 4 per CPU, so pieces of 75 rows (at least MIN_PIECE_ROWS)
+    assert row_tasks(600, 300, 2) == [(0, 1, [(0, 75), (75, 150), (150, 225), (225, 300)]),
+                                      (1, 2, [(300, 375), (375, 450), (450, 525), (525, 600)])]
+    assert row_tasks(100, 90, 2) == [(0, 1, [(0, MIN_PIECE_ROWS), (MIN_PIECE_ROWS, 90)]), (1, 2, [(90, 100)])]
+    assert row_tasks(100, 90, 2, rows_per_task=40) == [(0, 1, [(0, 40), (40, 80), (80, 90)]), (1, 2, [(90, 100)])]
+    assert row_tasks(100, 90, 2, rows_per_task=90) == [(0, 1, [(0, 90)]), (1, 2, [(90, 100)])]  # whole shards
+    assert row_tasks(0, 7, 2) == []
+
+
 def test_the_cli_packs_on_ray(ray_cluster, source, tmp_path):
     args = ["pack", str(source), "-b", "128", "--shard-tokens", "1000", "--json", "--quiet"]
     r = runner.invoke(app, [*args, "-o", str(tmp_path / "ray"), "--engine", "ray"])
@@ -81,13 +99,18 @@ def test_the_cli_packs_on_ray(ray_cluster, source, tmp_path):
     assert (r.exit_code, r.output.strip()) == (2, "error: --ray-address needs --engine ray")
 
 
-def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster, source, tmp_path):
+@pytest.mark.parametrize("opts, pattern, executor", [
+    (PackOptions(block_size=64, shard_tokens=300), "train_*.tmp-*", dict(shards_per_task=1)),
+    # a task over part of a shard: its piece is built again, the merge reads the retry's
+    (PackOptions(block_size=64, shard_tokens=50_000), "train_*_row_*.tmp-*", dict(rows_per_task=40)),
+])
+def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster, source, tmp_path, opts, pattern,
+                                                                   executor):
     """A worker process killed (SIGKILL) while its task writes rows: Ray runs the task
     again, the dead attempt's partial shards are never adopted, the dataset is identical."""
-    opts = PackOptions(block_size=64, shard_tokens=300)
     pack(source, tmp_path / "local", opts)
-    with kill_first_writer(tmp_path, ".ray*/_parts/train_*.tmp-*") as killed:
-        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=1))
+    with kill_first_writer(tmp_path, f".ray*/_parts/{pattern}") as killed:
+        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(**executor))
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]

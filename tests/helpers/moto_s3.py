@@ -53,3 +53,60 @@ def objects(fs, url: str) -> dict[str, bytes]:
     root = url.removeprefix("s3://")
     fs.invalidate_cache()
     return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root + "/")}
+
+
+class CountingFS:
+    """An fsspec file system that counts what is sent through it: {key: bytes} for every
+    put, pipe and write (``sent``); everything else is the wrapped file system's."""
+
+    def __init__(self, fs):
+        self._fs = fs
+        self.sent: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def _count(self, key: str, n: int) -> None:
+        key = self._fs._strip_protocol(key)
+        self.sent[key] = self.sent.get(key, 0) + n
+
+    def put(self, lpath, rpath, **kw):
+        for local, remote in zip(lpath, rpath) if isinstance(lpath, list) else [(lpath, rpath)]:
+            self._count(remote, os.path.getsize(local))
+        return self._fs.put(lpath, rpath, **kw)
+
+    def put_file(self, lpath, rpath, **kw):
+        self._count(rpath, os.path.getsize(lpath))
+        return self._fs.put_file(lpath, rpath, **kw)
+
+    def pipe_file(self, path, value, **kw):
+        self._count(path, len(value))
+        return self._fs.pipe_file(path, value, **kw)
+
+    def open(self, path, mode="rb", **kw):
+        f = self._fs.open(path, mode, **kw)
+        if "r" not in mode:
+            write = f.write
+
+            def counted(data):
+                self._count(path, len(data))
+                return write(data)
+            f.write = counted
+        return f
+
+
+def count_coordinator(monkeypatch) -> list[CountingFS]:
+    """Wrap the file system the coordinator commits through (``store.object_commit``) in a
+    ``CountingFS``; returns the list each run's wrapper is appended to. Workers and tasks
+    open their own (``store.object_upload``), uncounted."""
+    from sftdata.store import object_commit
+
+    seen: list[CountingFS] = []
+    real = object_commit.remote_fs
+
+    def wrapped(url, verb, error):
+        fs, root = real(url, verb, error)
+        seen.append(CountingFS(fs))
+        return seen[-1], root
+    monkeypatch.setattr(object_commit, "remote_fs", wrapped)
+    return seen

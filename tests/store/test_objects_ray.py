@@ -4,16 +4,19 @@ A bucket of its own, removed at the end (moto's state outlives its server in thi
 
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine.pack_ray import ray_pack_executor
+from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from tests.helpers.data import chat, write_jsonl
-from tests.helpers.moto_s3 import moto_s3, objects
+from tests.helpers.moto_s3 import count_coordinator, moto_s3, objects
 
 runner = CliRunner()
 BUCKET = "sftdata-ray-test"
@@ -42,3 +45,25 @@ def test_ray_pack_and_verify_of_an_object_store_dataset_equal_local(ray_cluster,
     ja, jb = orjson.loads(a.stdout), orjson.loads(b.stdout)
     ja.pop("seconds"), jb.pop("seconds")
     assert ja == jb
+
+
+def test_ray_tasks_put_the_shards_and_the_driver_only_the_metadata(ray_cluster, s3, tmp_path, monkeypatch):
+    """prepare --engine ray to s3://: each write_shard task puts its shard's objects itself
+    (the endpoint and keys given to the tasks as environment variables); the driver sends
+    the metadata objects alone; the objects are those one local process writes."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"answer {i} " * (i % 7 + 1)) for i in range(60)])
+    opts = PrepareOptions(val_split=0.2, shard_tokens=400)
+    prepare([src], tmp_path / "local", opts)
+    want = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
+            for p in sorted((tmp_path / "local").rglob("*")) if p.is_file()}
+    counted = count_coordinator(monkeypatch)
+    env = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                                      "AWS_ENDPOINT_URL")}
+    url = f"s3://{BUCKET}/sft/direct"
+    prepare([src], url, opts, executor=ray_prepare_executor(task_env=env))
+    got = objects(s3, url)
+    assert got == want and len([k for k in got if k.endswith("tokens.bin")]) == 4
+    (fs,) = counted
+    root = f"{BUCKET}/sft/direct/"
+    assert {k.removeprefix(root): n for k, n in fs.sent.items() if k.startswith(root)} == {
+        k: len(v) for k, v in got.items() if not k.startswith(("train/", "val/"))}
