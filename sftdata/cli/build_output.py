@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..store.build_key import BuildCheck
-from .app import err_console, warn
+from .app import after_writing, err_console, print_json, warn
 
 
 def show_rebuild(check: BuildCheck) -> None:
@@ -24,3 +24,23 @@ def show_up_to_date(output_dir: str, key: str | None, libraries_changed: list[st
     if libraries_changed:
         warn(f"{output_dir} was made with other library versions ({'; '.join(libraries_changed)}): "
              f"`sftdata verify {output_dir} --retokenize 200` checks that they still render and encode it alike")
+
+
+def show_prepared(summary, table, output_dir, as_json: bool, quiet: bool) -> bool:
+    """A prepare command's result: its ``--json``, the up-to-date line, or the ``table`` of
+    ``summary`` and where its rejects are. True where the command may add notes of its own
+    (a build that ran, not ``--quiet``)."""
+    if as_json:
+        with after_writing(output_dir):
+            print_json(summary.as_dict())
+        return False
+    if summary.up_to_date:
+        if not quiet:
+            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
+        return False
+    if quiet:
+        return False
+    err_console.print(table(summary))
+    if summary.rejected:
+        err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl", style="yellow")
+    return True

@@ -13,8 +13,8 @@ from ..order.batches import DEFAULT_SEED
 from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
-from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json
-from .build_output import show_rebuild, show_up_to_date
+from .app import LazyProgress, app, handle_errors, make_progress
+from .build_output import show_prepared, show_rebuild
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
@@ -100,17 +100,7 @@ def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: 
 
         summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
                                planned=None if quiet or as_json else show_rebuild)
-    if as_json:
-        with after_writing(output_dir):
-            print_json(summary.as_dict())
-    elif summary.up_to_date:
-        if not quiet:
-            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
-    elif not quiet:
-        err_console.print(_table(summary))
-        if summary.rejected:
-            err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl",
-                              style="yellow")
+    show_prepared(summary, _table, output_dir, as_json, quiet)
 
 
 @app.command("prepare-pref")

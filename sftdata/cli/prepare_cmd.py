@@ -20,8 +20,8 @@ from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from ..template import DEFAULT_MAX_STEPS
 from ..tokenize.memo import DEFAULT_MEMO_MB
-from .app import LazyProgress, after_writing, app, err_console, handle_errors, make_progress, print_json, warn
-from .build_output import show_rebuild, show_up_to_date
+from .app import LazyProgress, app, err_console, handle_errors, make_progress, warn
+from .build_output import show_prepared, show_rebuild
 from .options import (
     AllowPadAsStopOpt,
     ChatTemplateOpt,
@@ -184,17 +184,7 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
 
         summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor,
                           planned=None if quiet or as_json else show_rebuild)
-    if as_json:
-        with after_writing(output_dir):
-            print_json(summary.as_dict())
-    elif summary.up_to_date:
-        if not quiet:
-            show_up_to_date(summary.output_dir, summary.build_key, summary.libraries_changed)
-    elif not quiet:
-        err_console.print(summary_table(summary))
-        if summary.rejected:
-            err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl",
-                              style="yellow")
+    if show_prepared(summary, summary_table, output_dir, as_json, quiet):
         exact = summary.dedup.get("exact_duplicates", 0)
         if exact and summary.dedup.get("mode") == "off":
             warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "
