@@ -45,10 +45,7 @@ from ..store.format import PARTS_DIR, STOP_FILE, shard_name
 from ..store.shard_merge import merge_packed_pieces
 from ..store.writer import PackedSplitWriter
 from .cluster import RayCluster, connect, import_ray
-from .tasks import TASK_RETRIES, get_result, stop_tasks
-
-TASKS_PER_CPU = 4  # row ranges per CPU: enough for the last ones to balance, few enough to start cheaply
-
+from .tasks import TASK_RETRIES, TASKS_PER_CPU, get_result, stop_tasks
 
 MIN_PIECE_ROWS = 64  # a task over part of a shard builds at least this many rows
 

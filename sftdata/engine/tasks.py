@@ -14,6 +14,7 @@ from ..errors import SftDataError
 from ..store.format import STOP_FILE
 
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
+TASKS_PER_CPU = 4  # tasks per CPU when cutting work finer: enough for the last ones to balance, few enough to start cheaply
 STOP_SECONDS = 60  # how long a run that stops early waits for its tasks to stop
 
 

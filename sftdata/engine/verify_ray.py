@@ -7,6 +7,9 @@
                               mask rule, stops; packed: per segment, padding), trained
                               tokens, sha256 of its files, value ranges (``verify.shards``);
                               --retokenize: one task per shard holding sampled episodes
+            (fewer than TASKS_PER_CPU shards per CPU: tasks over parts of a shard's
+            episodes or rows, ``verify.shards.piece_checks``, and one hashing its files,
+            merged in part order by ``verify.shards.merge_pieces``: the same report)
             merge in shard order ◄── problems and small figures; then counts, checksums,
             ranges, references, serving, as --engine local; the references' token
             comparison (packed: every segment against its source episode) again one task
@@ -32,9 +35,9 @@ from ..store.shard import Shard
 from ..tokenize.hf import hf_tokenizer_from_state
 from ..verify.references import compare_shard_tokens
 from ..verify.retokenize import Retokenized, retokenize_shard
-from ..verify.shards import ShardChecks, shard_checks
+from ..verify.shards import PieceChecks, ShardChecks, file_checks, merge_pieces, piece_checks, shard_checks, shard_parts
 from .cluster import RayCluster, connect, import_ray
-from .tasks import TASK_RETRIES, get_result
+from .tasks import TASK_RETRIES, TASKS_PER_CPU, get_result
 
 
 def check_remote(where: dict, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool) -> ShardChecks:
@@ -43,22 +46,49 @@ def check_remote(where: dict, ctx, stops, jobs, meta, meta_sealed: bool, quick: 
     return shard_checks(Shard(**where), ctx, stops, jobs, meta, meta_sealed, quick)
 
 
+def piece_remote(where: dict, ctx, stops, part, k: int, n: int) -> PieceChecks:
+    """One task over part of a shard (``verify.shards.piece_checks``)."""
+    return piece_checks(Shard(**where), ctx, stops, part, k, n)
+
+
+def files_remote(where: dict, jobs, meta, meta_sealed: bool, quick: bool) -> tuple[dict, dict | None]:
+    """One task: the sha256 of a cut shard's files and its ranges (``verify.shards.file_checks``)."""
+    return file_checks(Shard(**where), jobs, meta, meta_sealed, quick)
+
+
 def _where(sh: Shard) -> dict:
     return {"path": sh.path, "token_dtype": sh.token_dtype.str, "name": sh.name, "root": sh.root, "split": sh.split,
             "first_gid": sh.first_gid, "packed": sh.packed}
 
 
-def run_shards(cluster: RayCluster, shards, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool
-               ) -> Iterator[ShardChecks]:
-    """Submit a task per shard (the largest first: they finish last otherwise), then yield
-    their results in shard order."""
+def run_shards(cluster: RayCluster, shards, ctx, stops, jobs, meta, meta_sealed: bool, quick: bool,
+               items_per_task: int | None = None) -> Iterator[ShardChecks]:
+    """Submit a task per shard (the largest first: they finish last otherwise), or, for a
+    split of fewer than ``TASKS_PER_CPU`` shards per CPU (or when ``items_per_task``
+    asks), tasks over parts of a shard plus one hashing its files; then yield the results
+    in shard order, a cut shard's parts merged (``verify.shards.merge_pieces``)."""
     ray = cluster.ray
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(check_remote)
+    piece = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(piece_remote)
+    files = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(files_remote)
     ctx_ref, stops_ref, meta_ref = ray.put(ctx), ray.put(stops), ray.put(meta)
+    parts = shard_parts(shards, ctx, TASKS_PER_CPU * cluster.cpus, items_per_task)
     order = sorted(range(len(shards)), key=lambda i: -shards[i].data_bytes)
-    refs = {i: task.remote(_where(shards[i]), ctx_ref, stops_ref, jobs[i], meta_ref, meta_sealed, quick) for i in order}
+    refs: dict = {}
+    for i in order:
+        w = _where(shards[i])
+        if parts[i] is None:
+            refs[i] = task.remote(w, ctx_ref, stops_ref, jobs[i], meta_ref, meta_sealed, quick)
+        else:
+            n = len(parts[i])
+            refs[i] = (files.remote(w, jobs[i], meta_ref, meta_sealed, quick),
+                       [piece.remote(w, ctx_ref, stops_ref, p, k, n) for k, p in enumerate(parts[i])])
     for i in range(len(shards)):
-        yield get_result(ray, refs[i], "verifying")
+        if parts[i] is None:
+            yield get_result(ray, refs[i], "verifying")
+        else:
+            found = [get_result(ray, r, "verifying") for r in refs[i][1]]
+            yield merge_pieces(shards[i], ctx, stops, found, get_result(ray, refs[i][0], "verifying"))
 
 
 _TOKENIZERS: dict = {}  # per worker process: the tokenizer of --retokenize, built once per state
@@ -83,12 +113,14 @@ def compare_remote(where: dict, sp, row_len: int) -> list:
 class RayVerifyExecutor:
     """``verify``'s per-shard work as tasks on the Ray cluster at ``address``."""
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, items_per_task: int | None = None):
         import_ray()  # without Ray: a UsageError now, before anything is read
         self.address = address
+        self.items_per_task = items_per_task
 
     def check(self, shards, ctx, stops, jobs, meta, meta_sealed, quick) -> Iterator[ShardChecks]:
-        return run_shards(connect(self.address), shards, ctx, stops, jobs, meta, meta_sealed, quick)
+        return run_shards(connect(self.address), shards, ctx, stops, jobs, meta, meta_sealed, quick,
+                          self.items_per_task)
 
     def compare_tokens(self, shards, sp, row_len: int) -> Iterator[list]:
         ray = connect(self.address).ray
@@ -107,9 +139,11 @@ class RayVerifyExecutor:
             yield get_result(ray, ref, "verifying")
 
 
-def ray_verify_executor(address: str | None = None) -> RayVerifyExecutor:
+def ray_verify_executor(address: str | None = None, items_per_task: int | None = None) -> RayVerifyExecutor:
     """A shard executor for ``sftdata.verify.verify`` that checks each shard (and
     re-encodes each shard's ``--retokenize`` sample) as a task on the Ray cluster at
-    ``address`` (else ``RAY_ADDRESS``, else a local one). Without Ray installed, a
-    ``UsageError`` now, before anything is read."""
-    return RayVerifyExecutor(address)
+    ``address`` (else ``RAY_ADDRESS``, else a local one). A split of fewer than
+    ``TASKS_PER_CPU`` shards per CPU is checked in parts of its shards' episodes (rows);
+    ``items_per_task=N`` sets the part size (the report is the same). Without Ray
+    installed, a ``UsageError`` now, before anything is read."""
+    return RayVerifyExecutor(address, items_per_task)

@@ -152,13 +152,52 @@ def check_tokenizer(scan: Scan, tokenizer: str | None) -> TokenizerCheck:
 CHUNK_TOKENS = 1 << 20
 
 
+Part = tuple[int, int | None]  # a range [lo, hi) of a shard's episodes (packed: rows); hi None: to the end
+
+
+@dataclass
+class Tally:
+    """What the content checks found in a range of a shard: each check's first problem
+    (raw, in the shard's order) and how many episodes (rows) it counted. Tallies of
+    consecutive ranges merge (``merge``) into the whole shard's tally exactly: a check's
+    first problem is the first range's that has one, its counts add up (every episode or
+    row is counted in the one chunk that holds it whole)."""
+
+    first: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+    def merge(self, later: Tally) -> None:
+        """Add the tally of the range right after this one's."""
+        for k, v in later.first.items():
+            self.first.setdefault(k, v)
+        for k, n in later.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + n
+
+
 def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                   tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None) -> list[Problem]:
     """Token ids, mask values and the mask rule of the usable episodes (``bounds``), one
     chunk of whole episodes at a time; ``stops`` also sees each chunk (the stops check)."""
     if shard.tokens is None:
         return []
+    return content_problems(shard, vocab, content_tally(shard, bounds, vocab, tick, stops)) + \
+        ([] if stops is None else stops.shard_problems(shard))
+
+
+def content_problems(shard: Shard, vocab: Vocab | None, tally: Tally) -> list[Problem]:
+    """The problems of a shard's (merged) episodes tally."""
+    return _content_problems(shard, vocab, tally.first, {"vocab": 0, "mask_values": 0, "mask_rule": 0} | tally.counts)
+
+
+def content_tally(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
+                  tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None,
+                  part: Part = (0, None)) -> Tally:
+    """``check_content``'s findings over the usable episodes of ``part`` (local ids), unmade
+    into problems: ``stops`` keeps its own."""
+    if shard.tokens is None:
+        return Tally()
     use = np.flatnonzero(bounds.usable)
+    use = use[(use >= part[0]) & (use < (len(bounds.usable) if part[1] is None else part[1]))]
     s, ln = bounds.starts[use], bounds.lengths[use]
     csum = np.cumsum(ln)
     mask = shard.mask
@@ -208,7 +247,7 @@ def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
         if stops is not None and m is not None:
             stops.add(shard, ids, m if binary else (m != 0).astype(np.uint8), off, use[i:j], cs)
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-    return _content_problems(shard, vocab, first, counts) + ([] if stops is None else stops.shard_problems(shard))
+    return Tally(first, counts)
 
 
 def _content_problems(shard: Shard, vocab: Vocab | None, first: dict, counts: dict) -> list[Problem]:
@@ -256,16 +295,37 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
     """Token ids, mask values, the per-segment mask rule and the padding, a chunk of rows
     at a time. The mask rule and the padding need sound segments (``segments_ok``: the
     reader's segments check passed on this shard)."""
-    rows = readable_rows(shard, row_len)
-    if shard.tokens is None or rows == 0:
+    if shard.tokens is None or readable_rows(shard, row_len) == 0:
         return []
+    return packed_problems(shard, vocab, pad_id, row_len,
+                           packed_tally(shard, vocab, pad_id, row_len, segments_ok, tick, stops)) + \
+        ([] if stops is None else stops.shard_problems(shard))
+
+
+def packed_problems(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len: int, tally: Tally
+                    ) -> list[Problem]:
+    """The problems of a packed shard's (merged) tally."""
+    return _packed_problems(shard, vocab, pad_id, row_len, tally.first,
+                            {"vocab": 0, "mask_values": 0, "mask_rule": 0, "padding": 0} | tally.counts)
+
+
+def packed_tally(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len: int, segments_ok: bool,
+                 tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None,
+                 part: Part = (0, None)) -> Tally:
+    """``check_packed_content``'s findings over the rows of ``part``, unmade into problems
+    (``stops`` keeps its own). A chunk starts at the part's first row: chunks never cross
+    a row, so where they start changes no finding."""
+    readable = readable_rows(shard, row_len)
+    rows = readable if part[1] is None else min(readable, part[1])
+    if shard.tokens is None or rows <= part[0]:
+        return Tally()
     seg = decode_segments(shard.segments) if segments_ok else None
     mask, L = shard.mask, row_len
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}
     counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0, "padding": 0}
     step = max(1, CHUNK_TOKENS // L)
-    for r0 in range(0, rows, step):
+    for r0 in range(part[0], rows, step):
         r1 = min(rows, r0 + step)
         ids = np.asarray(shard.tokens[r0 * L:r1 * L])
         m = None if mask is None else np.asarray(mask[r0 * L:r1 * L])
@@ -308,8 +368,7 @@ def check_packed_content(shard: Shard, vocab: Vocab | None, pad_id: int | None, 
             stops.add(shard, ids, m if binary else (m != 0).astype(np.uint8),
                       np.arange(r1 - r0 + 1, dtype=np.int64) * L, rows_, rows_ * L)
         tick(int(ids.nbytes) + (0 if m is None else int(m.nbytes)))
-    return _packed_problems(shard, vocab, pad_id, row_len, first, counts) + \
-        ([] if stops is None else stops.shard_problems(shard))
+    return Tally(first, counts)
 
 
 def _packed_problems(shard: Shard, vocab, pad_id, L: int, first: dict, counts: dict) -> list[Problem]:

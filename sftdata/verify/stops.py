@@ -16,6 +16,8 @@ data is read once; every episode that cannot stop is listed (``cannot_stop``).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..chat.loss_rule import LossRule
@@ -85,6 +87,27 @@ class StopFindings:
             mine["count"] += rec["count"]
             room = LISTED - len(mine[self.items])
             mine[self.items] += rec[self.items][:max(room, 0)]
+
+    def fresh(self) -> StopFindings:
+        """A copy with nothing found yet (the same rule, ids and options)."""
+        out = copy.copy(self)
+        out.cannot_stop, out._first, out._counts = {}, {}, {"unstoppable": 0, "pad": 0, "empty": 0}
+        return out
+
+    def part_state(self) -> tuple[dict, dict]:
+        """What was found in the chunks added since the last ``shard_problems`` (a range of
+        a shard checked elsewhere): each finding's first, and the counts."""
+        return dict(self._first), dict(self._counts)
+
+    def absorb_part(self, state: tuple[dict, dict], cannot_stop: dict[str, dict]) -> None:
+        """Add a range's ``part_state`` and ``cannot_stop``, ranges in shard order: the same as
+        adding their chunks here (the first finding is the first range's, counts add up)."""
+        first, counts = state
+        for k, v in first.items():
+            self._first.setdefault(k, v)
+        for k, n in counts.items():
+            self._counts[k] += n
+        self.absorb(cannot_stop)
 
     def shard_problems(self, shard: Shard) -> list[Problem]:
         """The problems of the shard whose chunks were added since the last call."""

@@ -168,3 +168,45 @@ def test_verify_with_its_engine_imports_no_other_pipeline():
     assert {"sftdata.cli.verify_cmd", "sftdata.engine.verify_ray", "sftdata.verify"} <= mods
     assert not {"sftdata.prepare", "sftdata.pack", "sftdata.engine.pack_ray", "sftdata.engine.prepare_ray",
                 "sftdata.report", "sftdata.loader"} & mods
+
+
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory):
+    """An episodes dataset of one shard per split (about 1,000 train episodes) and its pack."""
+    d = tmp_path_factory.mktemp("one-shard")
+    rng = np.random.default_rng(5)
+    (d / "chats.jsonl").write_bytes(b"\n".join(orjson.dumps(random_conversation(rng, i, 20, 40))
+                                               for i in range(1200)) + b"\n")
+    prepare([d / "chats.jsonl"], d / "episodes", PrepareOptions(val_split=0.2, workers=1, shard_tokens=10**8))
+    pack(d / "episodes", d / "packed", PackOptions(block_size=128, shard_tokens=10**8))
+    return d
+
+
+@pytest.mark.parametrize("kind", ["episodes", "packed"])
+def test_a_split_of_one_shard_is_verified_in_parts_on_ray_with_the_local_report(ray_cluster, one_shard, tmp_path,
+                                                                               kind):
+    """Two shards on a 2-CPU cluster: each cut into parts (by default, and of 150 episodes
+    or rows), problems planted in three of them; the report, --json and the exit code are
+    the local ones."""
+    path = tmp_path / kind
+    shutil.copytree(one_shard / kind, path)
+    assert [p.name for p in (path / "train").iterdir() if p.is_dir()] == ["shard_00000"]
+    clean = verify(path)
+    assert as_dict(verify(path, executor=ray_verify_executor(items_per_task=150))) == as_dict(clean) and clean.ok
+    sh = path / "train" / "shard_00000"
+    ids, mask = np.fromfile(sh / "tokens.bin", np.uint32), np.fromfile(sh / "mask.bin", np.uint8)
+    ones = np.flatnonzero(mask == 1)
+    mask[ones[np.searchsorted(ones, [ids.size // 5, ids.size // 2])]] = 0  # mask rule and stops, two parts
+    ids[[ids.size // 3, ids.size * 4 // 5]] = 2**32 - 1  # past the vocabulary, two parts
+    ids.tofile(sh / "tokens.bin")
+    mask.tofile(sh / "mask.bin")
+    local = verify(path)
+    assert {"vocab", "mask_rule", "stops", "checksums"} <= {c.name for c in local.checks if c.status == "failed"}
+    for items in (None, 150):
+        assert as_dict(verify(path, executor=ray_verify_executor(items_per_task=items))) == as_dict(local)
+    loc = runner.invoke(app, ["verify", str(path), "--json"])
+    ray = runner.invoke(app, ["verify", str(path), "--json", "--engine", "ray"])
+    assert (loc.exit_code, ray.exit_code) == (1, 1)
+    a, b = orjson.loads(loc.stdout), orjson.loads(ray.stdout)
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
