@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Benchmark: ``verify --engine ray`` of a dataset of few large shards, a task per shard
+against tasks over parts of a shard (``verify.shards.shard_parts``).
+
+    python benchmarks/bench_verify_pieces.py [--mb 50] [--cpus 2] [--rounds 3]
+
+Prepares a generated corpus (benchmarks/corpus.py) once with ``--shard-tokens 100000000``
+(one shard per split), then on a local Ray cluster of ``CPUS`` CPUs verifies it,
+alternately ``--rounds`` times: a task per shard (``items_per_task`` larger than any
+shard) against the default (each shard in parts of its episodes, a task each, and a task
+hashing its files). Reports each run's wall and CPU seconds (this process and the cluster
+it started, from /proc), the tasks, and that both reports equal the local one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from bench_engine_ray_pack_verify import data_bytes, report_dict, timed  # noqa: E402
+from corpus import WORK, generated_corpus  # noqa: E402
+
+from sftdata.engine.tasks import TASKS_PER_CPU  # noqa: E402
+from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.store.reader import scan_dataset  # noqa: E402
+from sftdata.verify import verify  # noqa: E402
+from sftdata.verify.shards import ShardContext, shard_parts  # noqa: E402
+
+BIG = 100_000_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=float, default=50)
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import ray
+
+    out = WORK / "verify_pieces"
+    shutil.rmtree(out, ignore_errors=True)
+    prepare([generated_corpus(args.mb)], out / "ds", PrepareOptions(workers=args.cpus, val_split=0.01,
+                                                                    shard_tokens=BIG))
+    local = report_dict(verify(out / "ds"))
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    whole, pieces = ray_verify_executor(items_per_task=10**12), ray_verify_executor()
+    verify(out / "ds", executor=whole)  # warm the workers once
+    runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
+    same = True
+    for _ in range(args.rounds):
+        for name, ex in (("whole", whole), ("pieces", pieces)):
+            w, c, r = timed(lambda ex=ex: verify(out / "ds", executor=ex))
+            runs[name].append((w, c))
+            same = same and report_dict(r) == local
+    shards = scan_dataset(out / "ds").dataset.shards
+    parts = shard_parts(shards, ShardContext(False, None, None, None, False), TASKS_PER_CPU * args.cpus)
+    result = {
+        "dataset_mb": round(data_bytes(out / "ds") / 1e6, 1), "cpus": args.cpus, "shards": len(shards),
+        "tasks": {"whole": len(shards), "pieces": sum(1 if p is None else len(p) + 1 for p in parts)},
+        **{f"{k}_wall_s": [round(w, 2) for w, _ in v] for k, v in runs.items()},
+        **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
+        "pieces_over_whole_best": round(min(w for w, _ in runs["whole"]) / min(w for w, _ in runs["pieces"]), 3),
+        "pieces_over_whole_median": round(statistics.median(w for w, _ in runs["whole"])
+                                          / statistics.median(w for w, _ in runs["pieces"]), 3),
+        "reports_equal_local": same,
+        "load_average": os.getloadavg()[0],
+    }
+    ray.shutdown()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
