@@ -71,7 +71,7 @@ def test_under_a_model_template_the_prompt_is_the_render_with_the_generation_pro
     prompt = tok.encode_rendered(text).ids.tolist()
     whole = tok.encode_rendered(text + "It is blue.<|im_end|>\n").ids.tolist()
     _, ids, mask, idx, _ = _shard(tmp_path / "ds")
-    p, c = idx[0, 1], idx[1, 1]
+    p, c = int(idx[0, 1]), int(idx[1, 1])  # Python ints: NumPy 1.x turns uint64 - int into float64
     assert ids[:p].tolist() == prompt and ids[p:p + c].tolist() == whole[len(prompt):]
     im_end = tok.special_tokens["<|im_end|>"]
     # trained through <|im_end|>, the newline after it not
