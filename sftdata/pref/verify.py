@@ -39,6 +39,7 @@ from ..store.format import (
     read_json,
     recorded_files,
 )
+from ..store.reader import read_one_generation
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
 from .run import PrefOptions, open_context, record_row
@@ -71,9 +72,15 @@ def _options(meta: dict) -> PrefOptions:
 
 def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
     """Verify the row dataset at ``path`` (module docstring). ``rerender``: run the
-    ``pairs`` check (it reads the recorded inputs and needs the tokenizer)."""
-    t0 = time.perf_counter()
+    ``pairs`` check (it reads the recorded inputs and needs the tokenizer). A dataset
+    replaced while it is verified is verified again (``read_one_generation``): the report
+    is of the old dataset or of the new one, never of a mix."""
     root = Path(path)
+    return read_one_generation(root, lambda: _verify_rows(root, rerender))
+
+
+def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
+    t0 = time.perf_counter()
     meta = read_json(root / METADATA_FILE)
     kind = meta.get("kind")
     per_row = int(meta.get("entries_per_row") or 0)
@@ -93,6 +100,9 @@ def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
                    {})
         for fn, r in (rec.get("files") or {}).items():
             p = sh / fn
+            if p.is_file():
+                report.bytes_read += p.stat().st_size
+                report.bytes_hashed += p.stat().st_size
             if not p.is_file() or p.stat().st_size != r.get("bytes") or sha256_file(p) != r.get("sha256"):
                 problem("checksums", f"{split}/{sh.name}/{fn}", "", "the file is missing or its size or sha256 is not "
                         "the metadata's", "re-create the dataset with `sftdata prepare-pref`")

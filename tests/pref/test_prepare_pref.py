@@ -147,6 +147,16 @@ def test_rl_prompts_keep_every_other_column_byte_exact(tmp_path):
     assert verify_rows(tmp_path / "ds").ok
 
 
+def test_verify_counts_the_bytes_of_every_shard_file_it_hashed(tmp_path):
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
+    prepare_pref([inp], tmp_path / "ds", PrefOptions())
+    meta = orjson.loads((tmp_path / "ds" / "dataset_metadata.json").read_bytes())
+    listed = sum(f["bytes"] for split in meta["splits"].values() for sh in split["shards"]
+                 for f in sh["files"].values())
+    r = verify_rows(tmp_path / "ds")
+    assert r.ok and listed > 0 and r.bytes_hashed == r.bytes_read == listed
+
+
 def test_verify_finds_a_changed_mask(tmp_path):
     inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
     prepare_pref([inp], tmp_path / "ds", PrefOptions())
