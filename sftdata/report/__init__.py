@@ -23,6 +23,7 @@ from .overview import (
     overview,
     share_histogram,
 )
+from .select import views
 from .views import (
     EpisodeToken,
     EpisodeView,
@@ -38,7 +39,6 @@ from .views import (
     sample_ids,
     select_rows,
     spans_of,
-    views,
 )
 from .write import ReportSummary, write_report
 

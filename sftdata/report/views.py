@@ -26,7 +26,6 @@ request, one line per token with its ``seq_id`` and ``position_id``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -36,12 +35,11 @@ from ..chat.tokenizer import ChatTokenizer, load_tokenizer, recorded_tokenizer
 from ..errors import DatasetError, UsageError
 from ..packing.layout import row_layout
 from ..packing.plan import row_mask
-from ..store.format import REJECTS_FILE, ROW_KINDS, TOKENIZER_FILE
+from ..store.format import REJECTS_FILE, TOKENIZER_FILE
 from ..store.reader import Dataset
 from ..store.shard import split_segments
 from ..tokenize import is_hf_state
 from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state
-from .overview import open_checked
 
 Tokenizer = ChatTokenizer | HFTokenizer
 
@@ -295,39 +293,3 @@ def dataset_tokenizer(ds: Dataset, tokenizer: str | None = None) -> tuple[Tokeni
     tok = load_tokenizer(tokenizer)
     return tok, MarkerRule(tok.ids), [f"the dataset records no tokenizer: decoded with {tok.name} (pass "
                                       f"--tokenizer to choose)"]
-
-
-def views(path: str | Path, split: str = "train", *, episodes: list[int] | None = None,
-          rows: list[int] | None = None, record: int | None = None, sample: int | None = None, seed: int = 0,
-          tokens: bool = False, token_dtype=None, tokenizer: str | None = None
-          ) -> tuple[list[EpisodeView] | list[RowView], list[str]]:
-    """What ``inspect --episode/--row/--record/--sample`` shows, and notes about it: on a
-    pairs, KTO or prompts dataset ``PairView``s (``--row`` names the pair).
-
-    ``tokenizer`` decodes an older flat layout (which records none; default cl100k_base),
-    or names where the tokenizer.json of a dataset made with a model's tokenizer is now.
-    Views are decoded with the dataset's tokenizer and compared with its mask rule.
-    """
-    chosen = sum(x is not None for x in (episodes or None, rows or None, record, sample))
-    if chosen != 1:
-        raise UsageError("give exactly one of --episode, --row, --record or --sample")
-    ds = open_checked(path, token_dtype, tokenizer)
-    tok, rule, notes = dataset_tokenizer(ds, tokenizer)
-    if ds.kind in ROW_KINDS:
-        from .pairs import pair_view, select_pairs  # lazy: pairs.py builds on this module's pieces
-
-        found = select_pairs(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
-        return [pair_view(ds, s, r, tok, tokens=tokens) for s, r in found], notes
-    if ds.kind == "packed":
-        found = select_rows(ds, split, rows=rows, episodes=episodes, record=record, sample=sample, seed=seed)
-        return [row_view(ds, s, r, tok, rule, tokens=tokens) for s, r in found], notes
-    if rows:
-        raise UsageError("--row is for packed datasets; this one holds episodes: use --episode")
-    if record is not None:
-        split, gid = find_record(ds, record)
-        ids = [gid]
-    elif sample is not None:
-        ids = sample_ids(ds.split(split).num_episodes, sample, seed)
-    else:
-        ids = list(episodes)
-    return [episode_view(ds, split, i, tok, rule, tokens=tokens) for i in ids], notes
