@@ -85,6 +85,33 @@ def timed(fn) -> tuple[float, float, object]:
     return time.perf_counter() - t, time.process_time() - c + descendants_cpu() - r, out
 
 
+def one_shard_dataset(name: str, mb: float, cpus: int) -> Path:
+    """WORK/name/ds: a generated corpus of ``mb`` prepared into one shard per split (100 M
+    tokens a shard: the layout of older datasets, where a task per shard leaves CPUs idle)."""
+    out = WORK / name
+    shutil.rmtree(out, ignore_errors=True)
+    prepare([generated_corpus(mb)], out / "ds", PrepareOptions(workers=cpus, val_split=0.01,
+                                                               shard_tokens=100_000_000))
+    return out / "ds"
+
+
+def local_ray(cpus: int) -> None:
+    """A local Ray cluster of ``cpus`` CPUs, its workers at the driver's priority."""
+    import ray
+
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def whole_against_pieces(runs: dict[str, list[tuple[float, float]]]) -> dict:
+    """The (wall, CPU) seconds of each round of ``whole`` and ``pieces``, and pieces' speed-up."""
+    return {**{f"{k}_wall_s": [round(w, 2) for w, _ in v] for k, v in runs.items()},
+            **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
+            "pieces_over_whole_best": round(min(w for w, _ in runs["whole"]) / min(w for w, _ in runs["pieces"]), 3),
+            "pieces_over_whole_median": round(statistics.median(w for w, _ in runs["whole"])
+                                              / statistics.median(w for w, _ in runs["pieces"]), 3)}
+
+
 def report_dict(r) -> dict:
     d = r.as_dict()
     d.pop("seconds")

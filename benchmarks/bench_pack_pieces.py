@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,12 +26,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_engine_ray_pack_verify import data_bytes, timed  # noqa: E402
-from corpus import WORK, generated_corpus, identical  # noqa: E402
+from bench_engine_ray_pack_verify import data_bytes, local_ray, one_shard_dataset, timed, whole_against_pieces  # noqa: E402
+from corpus import identical  # noqa: E402
 
 from sftdata.engine.pack_ray import ray_pack_executor, row_tasks  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
-from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 
 BIG = 100_000_000
 
@@ -47,14 +44,11 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    out = WORK / "pack_pieces"
-    shutil.rmtree(out, ignore_errors=True)
-    prepare([generated_corpus(args.mb)], out / "ds", PrepareOptions(workers=args.cpus, val_split=0.01,
-                                                                    shard_tokens=BIG))
+    ds = one_shard_dataset("pack_pieces", args.mb, args.cpus)
+    out = ds.parent
     kopts = PackOptions(block_size=args.block_size, shard_tokens=BIG, force=True)  # rebuilt every run
     pack(out / "ds", out / "p_local", kopts)
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    local_ray(args.cpus)
     whole, pieces = ray_pack_executor(shards_per_task=1), ray_pack_executor()
     pack(out / "ds", out / "p_whole", kopts, executor=whole)  # warm the workers once
     runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
@@ -70,11 +64,7 @@ def main() -> None:
         "train_rows": rows, "train_shards": -(-rows // per),
         "train_tasks": {"whole": len(row_tasks(rows, per, args.cpus, shards_per_task=1)),
                         "pieces": sum(len(p) + (len(p) > 1) for _, _, p in row_tasks(rows, per, args.cpus))},
-        **{f"{k}_wall_s": [round(w, 2) for w, _ in v] for k, v in runs.items()},
-        **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
-        "pieces_over_whole_best": round(min(w for w, _ in runs["whole"]) / min(w for w, _ in runs["pieces"]), 3),
-        "pieces_over_whole_median": round(statistics.median(w for w, _ in runs["whole"])
-                                          / statistics.median(w for w, _ in runs["pieces"]), 3),
+        **whole_against_pieces(runs),
         "byte_identical": identical(out / "p_local", out / "p_whole") and identical(out / "p_local", out / "p_pieces"),
         "load_average": os.getloadavg()[0],
     }

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,12 +24,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_engine_ray_pack_verify import data_bytes, report_dict, timed  # noqa: E402
-from corpus import WORK, generated_corpus  # noqa: E402
+from bench_engine_ray_pack_verify import data_bytes, local_ray, one_shard_dataset, report_dict, timed, whole_against_pieces  # noqa: E402
 
 from sftdata.engine.tasks import TASKS_PER_CPU  # noqa: E402
 from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
-from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.store.reader import scan_dataset  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
 from sftdata.verify.shards import ShardContext, shard_parts  # noqa: E402
@@ -47,13 +43,10 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    out = WORK / "verify_pieces"
-    shutil.rmtree(out, ignore_errors=True)
-    prepare([generated_corpus(args.mb)], out / "ds", PrepareOptions(workers=args.cpus, val_split=0.01,
-                                                                    shard_tokens=BIG))
+    ds = one_shard_dataset("verify_pieces", args.mb, args.cpus)
+    out = ds.parent
     local = report_dict(verify(out / "ds"))
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    local_ray(args.cpus)
     whole, pieces = ray_verify_executor(items_per_task=10**12), ray_verify_executor()
     verify(out / "ds", executor=whole)  # warm the workers once
     runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
@@ -68,11 +61,7 @@ def main() -> None:
     result = {
         "dataset_mb": round(data_bytes(out / "ds") / 1e6, 1), "cpus": args.cpus, "shards": len(shards),
         "tasks": {"whole": len(shards), "pieces": sum(1 if p is None else len(p) + 1 for p in parts)},
-        **{f"{k}_wall_s": [round(w, 2) for w, _ in v] for k, v in runs.items()},
-        **{f"{k}_cpu_s": [round(c, 2) for _, c in v] for k, v in runs.items()},
-        "pieces_over_whole_best": round(min(w for w, _ in runs["whole"]) / min(w for w, _ in runs["pieces"]), 3),
-        "pieces_over_whole_median": round(statistics.median(w for w, _ in runs["whole"])
-                                          / statistics.median(w for w, _ in runs["pieces"]), 3),
+        **whole_against_pieces(runs),
         "reports_equal_local": same,
         "load_average": os.getloadavg()[0],
     }
