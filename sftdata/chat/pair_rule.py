@@ -34,3 +34,25 @@ def completion_mask(rule: LossRule, prompt: np.ndarray, completion: np.ndarray) 
     ids = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(completion, dtype=np.int64),
                           np.array([closing_id(rule)], dtype=np.int64)])
     return np.ascontiguousarray(rule.masks(ids, np.array([ids.shape[0]], dtype=np.int64))[n:n + k], dtype=np.uint8)
+
+
+def completion_masks(rule: LossRule, pieces) -> list[np.ndarray]:
+    """``[completion_mask(rule, prompt, completion) for prompt, completion in pieces]`` in
+    one call of the rule over every ``prompt + completion + closing`` laid end to end (each
+    masked as if alone: ``LossRule.masks``)."""
+    if not pieces:
+        return []
+    close = np.array([closing_id(rule)], dtype=np.int64)
+    parts, lengths = [], []
+    for prompt, completion in pieces:
+        parts += (np.asarray(prompt), np.asarray(completion), close)
+        lengths.append(int(prompt.shape[0]) + int(completion.shape[0]) + 1)
+    ids = np.concatenate(parts).astype(np.int64, copy=False)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    mask = rule.masks(ids, lengths)
+    ends = np.cumsum(lengths)
+    out = []
+    for (_, completion), end in zip(pieces, ends.tolist()):
+        k = int(completion.shape[0])
+        out.append(np.ascontiguousarray(mask[end - 1 - k:end - 1], dtype=np.uint8))
+    return out

@@ -18,13 +18,15 @@ mask the render itself located (``rule_mismatch``) and train at least one token
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..chat.loss_rule import LossRule
-from ..chat.pair_rule import completion_mask
+from ..chat.pair_rule import completion_masks
 from ..chat.render import render as render_markers
+from ..chat.template_rule import spans_mask
 from ..chat.tokenizer import ChatTokenizer
 from ..errors import RecordError, TemplateError, TokenizerFailure
 from ..records.conversation import Conversation, parse_record
@@ -73,21 +75,31 @@ def _not_prefix(tok, prompt: np.ndarray, whole: np.ndarray, side: str, where: st
                        where)
 
 
-def _located(enc, spans) -> np.ndarray:
-    """The mask of the replies the render located (``spans``: (message, start, end) characters)."""
-    lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
-    mask = np.zeros(enc.ids.shape[0], dtype=np.uint8)
-    for a, b in zip(lo.tolist(), hi.tolist()):
-        mask[a:b] = 1
-    return mask
+@dataclass
+class _Side:
+    """One side of a record, planned: its conversation, repairs and, once encoded, the
+    prompt's ids, the whole render's ids and the mask of the replies the render located.
+    Under a template these come from the chunk's one encoding (``prompt_at``, ``whole_at``:
+    indices of the texts; ``spans``: the located replies' characters)."""
+
+    name: str
+    conv: Conversation
+    repairs: tuple[str, ...]
+    prompt: np.ndarray | None = None
+    whole: np.ndarray | None = None
+    located: np.ndarray | None = None
+    prompt_at: int = -1
+    whole_at: int = -1
+    spans: tuple = ()
 
 
-def _template_side(conv: Conversation, k: int, tok, profile: TemplateProfile, where: str, prompts: dict
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
-    """(prompt ids, whole ids, whole located mask, repairs) of one side under a template;
-    ``prompts``: the prompt renders of the pair's sides so far (chosen's prompt, when the
-    same messages, tools and variables, is rendered and tokenized once)."""
-    conv = fit_to_template(conv, profile, where)
+def _template_side(side: _Side, k: int, tok, profile: TemplateProfile, where: str, prompts: dict,
+                   texts: list[str]) -> _Side:
+    """Plan one side under a template: its whole render and its prompt's render with the
+    generation prompt join ``texts`` (encoded later, with the chunk's); ``prompts``: the
+    text index of each prompt rendered for the pair so far (chosen's prompt, when the same
+    messages, tools and variables, is rendered and tokenized once)."""
+    conv = fit_to_template(side.conv, profile, where)
     plan, turns, repairs = plan_record(conv, profile, tok, where)
     if len(turns) != len(conv.turns):
         raise RecordError("completion_not_assistant", "the template renders this side only after repairs that "
@@ -96,14 +108,16 @@ def _template_side(conv: Conversation, k: int, tok, profile: TemplateProfile, wh
         raise RecordError("template_rewrites_history", f"chat template {profile.template.name} renders each reply "
                           f"of this completion exactly only as the last of the conversation ({plan.per_reply}); a "
                           f"completion of several replies cannot be one render", where)
-    enc = tok.encode_rendered(plan.texts[-1])  # the whole conversation (per reply: the render up to its last reply)
     messages, tools = profile.messages(conv, turns)[:k], tool_schemas(conv)
     key = repr((messages, tools, conv.template_kwargs))
-    prompt = prompts.get(key)
-    if prompt is None:
+    at = prompts.get(key)
+    if at is None:
         text = profile.render_fn(tools, conv.template_kwargs)(messages, add_generation_prompt=True)
-        prompt = prompts[key] = tok.encode_rendered(text).ids
-    return prompt, enc.ids, _located(enc, plan.spans[-1]), repairs
+        at = prompts[key] = len(texts)
+        texts.append(text)
+    texts.append(plan.texts[-1])  # the whole conversation (per reply: the render up to its last reply)
+    side.repairs, side.prompt_at, side.whole_at, side.spans = repairs, at, len(texts) - 1, plan.spans[-1]
+    return side
 
 
 def _marker_side(conv: Conversation, k: int, tok: ChatTokenizer, where: str
@@ -118,50 +132,143 @@ def _marker_side(conv: Conversation, k: int, tok: ChatTokenizer, where: str
     return ids[:end], ids, r.mask, tuple(conv.repairs)
 
 
-def render_record(rec: PreferenceRecord, tok, profile: TemplateProfile | None, rule: LossRule,
-                  policy: TurnPolicy, where: str) -> PairRender:
-    """The record's prompt once and each completion, split in token space (module
-    docstring). Raises ``RecordError``."""
-    prompt = None
+def _plan(rec: PreferenceRecord, tok, profile: TemplateProfile | None, policy: TurnPolicy, where: str,
+          texts: list[str]) -> list[_Side]:
+    """Every side of ``rec``, planned (with sftdata's markers: rendered and tokenized)."""
     prompts: dict = {}
-    completions, masks, repairs, convs = [], [], [], []
-    sides = ("chosen", "rejected") if len(rec.completions) == 2 else ("completion",)
+    sides = []
+    names = ("chosen", "rejected") if len(rec.completions) == 2 else ("completion",)
     try:
-        for side, obj, c in zip(sides, rec.conversations(), rec.completions):
+        for name, obj, c in zip(names, rec.conversations(), rec.completions):
             conv, k = _side(obj, len(c), where, policy)
-            convs.append(conv)
+            side = _Side(name, conv, ())
             if profile is None:
-                p, whole, located, rep = _marker_side(conv, k, tok, where)
+                side.prompt, side.whole, side.located, side.repairs = _marker_side(conv, k, tok, where)
             else:
-                p, whole, located, rep = _template_side(conv, k, tok, profile, where, prompts)
-            if prompt is None:
-                prompt = p
-            elif not np.array_equal(prompt, p):
-                raise RecordError("prompt_differs", f"the prompt renders differently beside chosen and {side} (token "
-                                  f"{_first_difference(prompt, p)}); give both completions one prompt", where)
-            n = prompt.shape[0]
-            if whole.shape[0] <= n or not np.array_equal(whole[:n], prompt):
-                raise _not_prefix(tok, prompt, whole, side, where)
-            comp = np.ascontiguousarray(whole[n:])
-            mask = completion_mask(rule, prompt, comp)
-            if not np.array_equal(mask, located[n:]):
-                p_ = int(np.flatnonzero(mask != located[n:])[0])
-                raise RecordError("rule_mismatch", f"{side}: token {p_} of the completion "
-                                  f"({tok.token_text(int(comp[p_]))!r}) is {'trained' if located[n + p_] else 'not'} "
-                                  f"in the render but {'trained' if mask[p_] else 'not'} by the mask rule; verify "
-                                  f"could not prove it, so the pair is left out", where)
-            if not mask.any():
-                raise RecordError("empty_completion", f"the {side} completion trains no token", where)
-            completions.append(comp)
-            masks.append(mask)
-            repairs += rep
+                _template_side(side, k, tok, profile, where, prompts, texts)
+            sides.append(side)
     except TemplateError as e:
         raise RecordError(e.reason, str(e), where) from None
     except TokenizerFailure as e:
         raise RecordError(e.reason, str(e), where) from None
+    return sides
+
+
+def _encode(planned: list, texts: list[str], tok, wheres: Sequence[str]) -> None:
+    """Fill each template side's ids and located mask from one encoding of every text (a
+    record whose texts the tokenizers library fails on becomes its ``RecordError`` in
+    ``planned``: the others are encoded again, record by record)."""
+    sides = [(i, s) for i, p in enumerate(planned) if not isinstance(p, RecordError) for s in p if s.whole_at >= 0]
+    if not sides:
+        return
+    try:
+        encoded = tok.encode_rendered_many(texts)
+    except TokenizerFailure:
+        encoded = [None] * len(texts)
+        for i, p in enumerate(planned):
+            if isinstance(p, RecordError):
+                continue
+            at = sorted({a for s in p for a in (s.prompt_at, s.whole_at) if a >= 0})
+            try:
+                for a, e in zip(at, tok.encode_rendered_many([texts[a] for a in at])):
+                    encoded[a] = e
+            except TokenizerFailure as e:
+                planned[i] = RecordError(e.reason, str(e), wheres[i])
+        sides = [(i, s) for i, s in sides if not isinstance(planned[i], RecordError)]
+        if not sides:
+            return
+    wholes = [encoded[s.whole_at] for _, s in sides]
+    lo, hi = tok.token_ranges_many([texts[s.whole_at] for _, s in sides], wholes,
+                                   [[(a, b) for _, a, b in s.spans] for _, s in sides])
+    n_tok = np.fromiter((e.ids.shape[0] for e in wholes), dtype=np.int64, count=len(wholes))
+    n_span = np.fromiter((len(s.spans) for _, s in sides), dtype=np.int64, count=len(sides))
+    tok_start = np.cumsum(n_tok) - n_tok
+    owner = np.repeat(np.arange(len(sides)), n_span)
+    located = spans_mask(int(n_tok.sum()), lo + tok_start[owner], np.maximum(hi, lo) + tok_start[owner])
+    for (_, s), e, a, n in zip(sides, wholes, tok_start.tolist(), n_tok.tolist()):
+        s.prompt, s.whole, s.located = encoded[s.prompt_at].ids, e.ids, located[a:a + n]
+
+
+def _split(sides: list[_Side], tok, where: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each side split after the pair's one prompt: ``(prompt, completion, located mask of
+    the completion)``. Raises ``RecordError`` (``prompt_differs``, ``prompt_not_prefix``)."""
+    prompt = sides[0].prompt
+    out = []
+    for s in sides:
+        if not np.array_equal(prompt, s.prompt):
+            raise RecordError("prompt_differs", f"the prompt renders differently beside chosen and {s.name} (token "
+                              f"{_first_difference(prompt, s.prompt)}); give both completions one prompt", where)
+        n = prompt.shape[0]
+        if s.whole.shape[0] <= n or not np.array_equal(s.whole[:n], prompt):
+            raise _not_prefix(tok, prompt, s.whole, s.name, where)
+        out.append((prompt, np.ascontiguousarray(s.whole[n:]), s.located[n:]))
+    return out
+
+
+def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], tok, where: str) -> PairRender:
+    """The record's ``PairRender`` once each completion's rule mask is known. Raises
+    ``RecordError`` (``rule_mismatch``, ``empty_completion``, ``identical_completions``)."""
+    for s, (_, comp, located), mask in zip(sides, split, masks):
+        if not np.array_equal(mask, located):
+            p_ = int(np.flatnonzero(mask != located)[0])
+            raise RecordError("rule_mismatch", f"{s.name}: token {p_} of the completion "
+                              f"({tok.token_text(int(comp[p_]))!r}) is {'trained' if located[p_] else 'not'} "
+                              f"in the render but {'trained' if mask[p_] else 'not'} by the mask rule; verify "
+                              f"could not prove it, so the pair is left out", where)
+        if not mask.any():
+            raise RecordError("empty_completion", f"the {s.name} completion trains no token", where)
+    completions = tuple(c for _, c, _ in split)
     if len(completions) == 2 and np.array_equal(completions[0], completions[1]):
         raise RecordError("identical_completions", "chosen and rejected render to the same tokens", where)
-    return PairRender(prompt, tuple(completions), tuple(masks), tuple(sorted(set(repairs))), tuple(convs))
+    repairs = tuple(sorted({r for s in sides for r in s.repairs}))
+    return PairRender(split[0][0], completions, tuple(masks), repairs, tuple(s.conv for s in sides))
+
+
+def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: TemplateProfile | None,
+                   rule: LossRule, policy: TurnPolicy) -> list[PairRender | RecordError]:
+    """``render_record`` of each ``(record, where)``: its ``PairRender`` or the
+    ``RecordError`` it raises. The chunk is rendered first, then every text is tokenized
+    in one call, then the located masks and every completion's rule mask are made for the
+    chunk at once (``completion_masks``): the same proof, record by record, at a fraction
+    of the per-record cost."""
+    texts: list[str] = []
+    planned: list = []
+    for rec, where in items:
+        try:
+            planned.append(_plan(rec, tok, profile, policy, where, texts))
+        except RecordError as e:
+            planned.append(e)
+    wheres = [w for _, w in items]
+    _encode(planned, texts, tok, wheres)
+    splits: list = []
+    for p, where in zip(planned, wheres):
+        try:
+            splits.append(p if isinstance(p, RecordError) else _split(p, tok, where))
+        except RecordError as e:
+            splits.append(e)
+    pieces = [(prompt, comp) for sp in splits if not isinstance(sp, RecordError) for prompt, comp, _ in sp]
+    masks = iter(completion_masks(rule, pieces))
+    out: list[PairRender | RecordError] = []
+    for p, sp, where in zip(planned, splits, wheres):
+        if isinstance(sp, RecordError):
+            out.append(sp)
+            continue
+        got = [next(masks) for _ in sp]
+        try:
+            out.append(_finish(p, sp, got, tok, where))
+        except RecordError as e:
+            out.append(e)
+    return out
+
+
+def render_record(rec: PreferenceRecord, tok, profile: TemplateProfile | None, rule: LossRule,
+                  policy: TurnPolicy, where: str) -> PairRender:
+    """The record's prompt once and each completion, split in token space (module
+    docstring). Raises ``RecordError``."""
+    (out,) = render_records([(rec, where)], tok, profile, rule, policy)
+    if isinstance(out, RecordError):
+        raise out
+    return out
 
 
 def render_prompt(rec: PromptRecord, tok, profile: TemplateProfile | None, policy: TurnPolicy,

@@ -46,7 +46,7 @@ from ..prepare.pool import PoolRunner, chunks_of, in_order, process_pool, worker
 from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
-from ..records.preference import FORMS, parse_preference, parse_prompt, value_texts
+from ..records.preference import FORMS, PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.rejects import REJECT_KEYS, writing
 from ..records.turns import TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
@@ -67,7 +67,7 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
-from .render import render_prompt, render_record
+from .render import PairRender, render_prompt, render_records
 from .split import split_rows
 from .truncate import Truncation, plan_cut
 
@@ -224,21 +224,51 @@ def _columns(raw, obj: dict, names) -> bytes:
 
 def record_row(raw: bytes, where: str, ctx: Context) -> Row:
     """The row of one input record under ``ctx``, or raises ``RecordError``: prepare writes
-    it, verify renders it again and compares."""
-    obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+    it (``record_rows``, a chunk at once), verify renders it again and compares."""
+    (row,) = record_rows([(raw, where)], ctx)
+    if isinstance(row, RecordError):
+        raise row
+    return row
+
+
+def _prompt_row(obj: dict, raw, where: str, ctx: Context) -> Row:
+    pr = parse_prompt(obj, where)
+    ids = render_prompt(pr, ctx.tok, ctx.profile, ctx.policy, where)
+    budget = ctx.opts.truncation.max_prompt_length
+    if budget is not None and ids.shape[0] > budget:
+        raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over --max-prompt-length "
+                          f"{budget:,}; an RL prompt is never cut", where)
+    text = "\n".join(str(m.get("content", m.get("value", ""))) for m in pr.prompt)
+    return Row(KIND_PROMPTS, [(ids, np.zeros(ids.shape[0], dtype=np.uint8))],
+               columns=_columns(raw, obj, pr.columns), text=text)
+
+
+def record_rows(items: Sequence[tuple[bytes, str]], ctx: Context) -> list[Row | RecordError]:
+    """``record_row`` of each ``(raw, where)``: its ``Row`` or the ``RecordError`` it
+    raises. Preference records are rendered as one chunk (``render_records``)."""
+    out: list = [None] * len(items)
+    pending: list[tuple[int, PreferenceRecord, str]] = []
+    for i, (raw, where) in enumerate(items):
+        try:
+            obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+            if ctx.rl:
+                out[i] = _prompt_row(obj, raw, where, ctx)
+            else:
+                pending.append((i, parse_preference(obj, where, ctx.opts.form), where))
+        except RecordError as e:
+            out[i] = e
+    renders = render_records([(pr, where) for _, pr, where in pending], ctx.tok, ctx.profile, ctx.rule, ctx.policy)
+    for (i, pr, where), r in zip(pending, renders):
+        try:
+            out[i] = r if isinstance(r, RecordError) else _pair_row(pr, r, where, ctx)
+        except RecordError as e:
+            out[i] = e
+    return out
+
+
+def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -> Row:
+    """The row of a rendered preference record under the truncation policy."""
     opts = ctx.opts
-    if ctx.rl:
-        pr = parse_prompt(obj, where)
-        ids = render_prompt(pr, ctx.tok, ctx.profile, ctx.policy, where)
-        budget = opts.truncation.max_prompt_length
-        if budget is not None and ids.shape[0] > budget:
-            raise RecordError("prompt_too_long", f"the prompt is {ids.shape[0]:,} tokens, over --max-prompt-length "
-                              f"{budget:,}; an RL prompt is never cut", where)
-        text = "\n".join(str(m.get("content", m.get("value", ""))) for m in pr.prompt)
-        return Row(KIND_PROMPTS, [(ids, np.zeros(ids.shape[0], dtype=np.uint8))],
-                   columns=_columns(raw, obj, pr.columns), text=text)
-    pr = parse_preference(obj, where, opts.form)
-    out = render_record(pr, ctx.tok, ctx.profile, ctx.rule, ctx.policy, where)
     special = ctx.special
     cut = plan_cut(special[out.prompt], [special[c] for c in out.completions], list(out.masks), opts.truncation)
     if cut.reason is not None:
@@ -246,7 +276,7 @@ def record_row(raw: bytes, where: str, ctx: Context) -> Row:
     prompt = out.prompt[cut.prompt_start:]
     parts = [(prompt, np.zeros(prompt.shape[0], dtype=np.uint8))]
     for c, m, e in zip(out.completions, out.masks, cut.ends):
-        if not cut.prompt_cut and e == c.shape[0]:  # uncut: the mask render_record proved
+        if not cut.prompt_cut and e == c.shape[0]:  # uncut: the mask render_records proved
             parts.append((c, m))
             continue
         mask = completion_mask(ctx.rule, prompt, c[:e])
@@ -299,14 +329,15 @@ def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> Record
 def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
     """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
     outcomes, rows, at = [], [], []
+    readable = [rec for rec in items if rec.reject is None]
+    made = iter(record_rows([(rec.raw, rec.where) for rec in readable], ctx))
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             outcomes.append((rec.record, rec.where, rec.reject))
             continue
-        try:
-            row = record_row(rec.raw, rec.where, ctx)
-        except RecordError as e:
-            outcomes.append((rec.record, rec.where, (e.reason, e.detail)))
+        row = next(made)
+        if isinstance(row, RecordError):
+            outcomes.append((rec.record, rec.where, (row.reason, row.detail)))
             continue
         at.append(len(outcomes))
         rows.append((rec.record, rec.where, row))

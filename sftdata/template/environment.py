@@ -105,6 +105,7 @@ def _environment():
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=make_dict,
                        namespace=SafeNamespace)
+    env.fixed_types = env.fixed_types | {SafeNamespace}
     limit_callables(env)
     return env
 

@@ -85,3 +85,29 @@ def test_load_chat_template_sources(tmp_path):
         load_chat_template("nope")
     with pytest.raises(TemplateError, match=r"ships no chat template; pass --chat-template"):
         load_chat_template("model")
+
+
+def test_attribute_decisions_kept_per_type_are_jinjas_own_every_time():
+    """The environment keeps the sandbox's answer per (type, attribute) for builtin types and
+    Jinja's loop and namespace objects: a second and third render answer as the first, and
+    as Jinja's own sandbox does (a dict's methods before its keys, a key otherwise)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ours = compile_template("t", "t").environment
+    theirs = ImmutableSandboxedEnvironment()
+    ns = ours.globals["namespace"](a=1)
+    cases = [({"a": 1}, "keys"), ({"a": 1}, "a"), ({"a": 1}, "pop"), ([1], "append"), ([1], "index"), ("s", "split"),
+             ("s", "__class__"), ("s", "_x"), ({1}, "add"), ((1,), "count"), (1, "real"), (ns, "a"), (ns, "__class__")]
+    for _ in range(3):
+        for obj, attr in cases:
+            try:
+                value = getattr(obj, attr)
+            except AttributeError:
+                value = None
+            assert ours.is_safe_attribute(obj, attr, value) == theirs.is_safe_attribute(obj, attr, value), (obj, attr)
+    text = "{% for m in messages %}{{ m.content }}|{{ m.keys is defined }}|{{ m.missing is defined }}|{% endfor %}"
+    for _ in range(3):
+        assert run(text).text == 'héllo "x" <b>|True|False|ok|True|False|'
+    with pytest.raises(TemplateError, match=r"SecurityError: .*pop"):
+        run("{% set x = messages[0].pop('role') %}")
+    assert run("{{ messages[0].items() | list | length }}").text == "2"
