@@ -551,7 +551,7 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
             "created_by": f"sftdata {__version__}",
             "token_dtype": dtype.name,
             "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
-            "tokenizer_identity": recorded_identity(state).as_dict(),
+            "tokenizer_identity": recorded_identity(state, tok).as_dict(),
             "entries_per_row": ENTRIES_PER_ROW[kind],
             "splits": splits_meta,
             "pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows),

@@ -379,7 +379,7 @@ class _Run:
             "created_by": f"sftdata {__version__}",
             "token_dtype": self.dtype.name,
             "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
-            "tokenizer_identity": recorded_identity(self.state).as_dict(),  # what a training process checks its tokenizer by
+            "tokenizer_identity": recorded_identity(self.state, tok).as_dict(),  # what a training process checks its tokenizer by
             "splits": splits_meta,
             "sources": [i.as_dict() for i in self.infos],
             "options": self.options,

@@ -35,6 +35,7 @@ from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
 from .guard import check_document, library_call, read_limited
 from .hub import is_hub_id, resolve_hub
+from .identity import document_identity
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
 MAX_TOKEN_ID = 2**32 - 1
@@ -172,6 +173,7 @@ class HFTokenizer:
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
         self.hub: dict | None = None  # a Hub model id's repo_id, revision and resolved commit (``hub``)
+        self.identity = None  # its ``TokenizerIdentity`` (``load_hf_tokenizer`` sets it)
         self.file_sha256 = hashlib.sha256(data).hexdigest()
         model = doc["model"]
         self._vocab: dict | None = model.get("vocab") if isinstance(model.get("vocab"), dict) else None
@@ -439,7 +441,9 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
-    return HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map, engine=engine)
+    tok = HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map, engine=engine)
+    tok.identity = document_identity(file, data, doc)  # what a dataset records: from these bytes, not read again
+    return tok
 
 
 def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",

@@ -102,7 +102,12 @@ def _token(value) -> str | None:
 def hf_identity(file: Path) -> TokenizerIdentity:
     """A ``tokenizer.json`` and the config files beside it."""
     data = file.read_bytes()
-    doc = orjson.loads(data)
+    return document_identity(file, data, orjson.loads(data))
+
+
+def document_identity(file: Path, data: bytes, doc) -> TokenizerIdentity:
+    """``hf_identity`` of a ``tokenizer.json`` already read (``data``) and parsed (``doc``):
+    a tokenizer loaded for a run is known by the bytes it was loaded from, not read again."""
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
         raise TokenizerError(f"{file} is not a Hugging Face tokenizer.json (no 'model')")
     added = {str(t.get("content")): int(t["id"]) for t in doc.get("added_tokens") or ()
@@ -169,11 +174,15 @@ def identity_of(spec: str | Path) -> TokenizerIdentity:
 
 
 # ---------------------------------------------------------------------- what a dataset records
-def recorded_identity(state: dict) -> TokenizerIdentity:
+def recorded_identity(state: dict, tok=None) -> TokenizerIdentity:
     """The identity prepare records (the metadata's ``tokenizer_identity``) for the tokenizer
     of ``state`` (its ``tokenizer_state.json``): a tiktoken table's recorded sha256, a
-    model's ``tokenizer.json`` (and the config beside it) read again."""
+    model's ``tokenizer.json`` (and the config beside it): the identity ``tok`` (the
+    tokenizer the run loaded from those bytes) took at load, else the file read again."""
     if is_hf_state(state):
+        known = getattr(tok, "identity", None)
+        if known is not None and known.file_sha256 == state.get("file_sha256"):
+            return known
         return hf_identity(Path(state["path"]))
     return TokenizerIdentity("tiktoken", state.get("ranks_sha256"),
                              name=state.get("name") if state.get("source") != "file" else None)

@@ -81,3 +81,20 @@ def test_reading_an_identity_loads_no_tokenizer_library(folder):
             f"identity_of('cl100k_base'); print([m for m in ('tokenizers', 'tiktoken', 'jinja2') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_loaded_tokenizer_is_known_by_the_bytes_it_was_loaded_from(folder):
+    """prepare records the identity the tokenizer took at load (its file is not read again):
+    the same as reading the files; a state naming other bytes is read from the file."""
+    pytest.importorskip("tokenizers")
+    from sftdata.tokenize.hf import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(folder)
+    assert tok.identity == identity.hf_identity(folder / "tokenizer.json")
+    state = tok.state()
+    assert identity.recorded_identity(state, tok) is tok.identity
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    doc["added_tokens"] = [t for t in doc["added_tokens"] if t["content"] != "<|im_sep|>"] or doc["added_tokens"][:-1]
+    (folder / "tokenizer.json").write_text(json.dumps(doc))  # the file changed since the load
+    reread = identity.recorded_identity({**state, "file_sha256": "0" * 64}, tok)
+    assert reread == identity.hf_identity(folder / "tokenizer.json") and reread != tok.identity
