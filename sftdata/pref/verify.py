@@ -16,12 +16,13 @@ Checks, in order, each a ``CheckResult`` of the usual report:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..chat.loss_rule import rule_from_state
-from ..chat.pair_rule import completion_mask
+from ..chat.pair_rule import completion_masks
 from ..errors import RecordError, SftDataError
 from ..sources import inspect_source, iter_all
 from ..store.format import (
@@ -42,7 +43,7 @@ from ..store.format import (
 from ..store.reader import read_one_generation
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
-from .run import PrefOptions, open_context, record_row
+from .run import PrefOptions, open_context, record_rows
 from .truncate import Truncation
 
 CHECKS = (("checksums", "every listed file's size and sha256"),
@@ -50,14 +51,33 @@ CHECKS = (("checksums", "every listed file's size and sha256"),
           ("masks", "prompts untrained; completions masked by the one rule, none empty"),
           ("pairs", "every row rendered again from its input record: the same ids and masks"))
 MAX_PROBLEMS = 20
+ROW_BATCH = 512  # rows checked, or rendered again, at once
 
 
-def _rows(shard: Path, dtype: np.dtype, per_row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    tokens = np.fromfile(shard / TOKENS_FILE, dtype=dtype)
-    mask = np.fromfile(shard / MASK_FILE, dtype=np.uint8)
-    idx = np.fromfile(shard / EPISODES_FILE, dtype=IDX_DTYPE).reshape(-1, 2).astype(np.int64)
-    sources = np.fromfile(shard / SOURCES_FILE, dtype=IDX_DTYPE).astype(np.int64)
-    return tokens, mask, idx, sources
+@dataclass(frozen=True)
+class _Shard:
+    """One shard's rows: ``episodes.idx`` and ``sources.idx`` read whole (16 and 8 bytes a
+    row entry), the tokens and masks memory-mapped, read a batch of rows at a time."""
+
+    rel: str
+    path: Path
+    idx: np.ndarray      # (rows * per_row, 2) int64
+    sources: np.ndarray  # (rows,) int64
+
+    def arrays(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        return _mapped(self.path / TOKENS_FILE, dtype), _mapped(self.path / MASK_FILE, np.dtype(np.uint8))
+
+
+def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
+    """The file as a read-only array (memory-mapped; an empty file as an empty array)."""
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _row_entries(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, r: int, per_row: int) -> list:
+    return [(np.asarray(tokens[a:a + n], dtype=np.int64), np.asarray(mask[a:a + n]))
+            for a, n in idx[r * per_row:(r + 1) * per_row].tolist()]
 
 
 def _options(meta: dict) -> PrefOptions:
@@ -113,13 +133,15 @@ def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
     state = read_json(root / TOKENIZER_FILE)
     rule = rule_from_state(state)
     dtype = np.dtype(meta.get("token_dtype", "uint32")).newbyteorder("<")
-    stored: dict[int, list] = {}  # record -> [(ids, mask) per entry]
+    readable: list[_Shard] = []
     for split, sh in shards:
         rel = f"{split}/{sh.name}"
-        tokens, mask, idx, sources = _rows(sh, dtype, per_row)
+        idx = np.fromfile(sh / EPISODES_FILE, dtype=IDX_DTYPE).reshape(-1, 2).astype(np.int64)
+        sources = np.fromfile(sh / SOURCES_FILE, dtype=IDX_DTYPE).astype(np.int64)
+        n_tokens = (sh / TOKENS_FILE).stat().st_size // dtype.itemsize
         if per_row < 1 or idx.shape[0] != per_row * sources.shape[0] or \
                 (idx.size and (idx[0, 0] != 0 or np.any(idx[1:, 0] != idx[:-1].sum(axis=1)))) or \
-                int(idx[:, 1].sum()) != tokens.shape[0]:
+                int(idx[:, 1].sum()) != n_tokens or (sh / MASK_FILE).stat().st_size != n_tokens:
             problem("layout", f"{rel}/{EPISODES_FILE}", "", f"{idx.shape[0]:,} entries for {sources.shape[0]:,} rows "
                     f"of {per_row} (or not contiguous)", "re-create the dataset with `sftdata prepare-pref`")
             continue
@@ -128,22 +150,11 @@ def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
             if labels.shape[0] != sources.shape[0] or np.any(labels > 1):
                 problem("layout", f"{rel}/{LABELS_FILE}", "", "not one 0/1 label per row",
                         "re-create the dataset with `sftdata prepare-pref`")
-        for r in range(sources.shape[0]):
-            ents = [(tokens[a:a + n], mask[a:a + n]) for a, n in idx[r * per_row:(r + 1) * per_row].tolist()]
-            where = f"row {r}, record {int(sources[r])}"
-            prompt, pmask = ents[0]
-            if pmask.any():
-                problem("masks", f"{rel}/{MASK_FILE}", where, "the prompt holds trained tokens",
-                        "re-create the dataset with `sftdata prepare-pref`")
-            for i, (c, m) in enumerate(ents[1:]):
-                want = completion_mask(rule, prompt.astype(np.int64), c.astype(np.int64))
-                if not np.array_equal(want, m) or not m.any():
-                    problem("masks", f"{rel}/{MASK_FILE}", f"{where}, completion {i}",
-                            "the mask is not the rule's, or trains nothing",
-                            "re-create the dataset with `sftdata prepare-pref`")
-            stored[int(sources[r])] = [(e.astype(np.int64), m.copy()) for e, m in ents]
+        shard = _Shard(rel, sh, idx, sources)
+        _check_masks(shard, dtype, rule, per_row, problem)
+        readable.append(shard)
     if rerender:
-        _rerender(meta, stored, problem)
+        _rerender(meta, readable, dtype, per_row, problem)
     report.problems = [p for name, _ in CHECKS for p in found[name]]
     for name, desc in CHECKS:
         status = "skipped" if name == "pairs" and not rerender else ("failed" if found[name] else "ok")
@@ -154,7 +165,41 @@ def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
     return report
 
 
-def _rerender(meta: dict, stored: dict, problem) -> None:
+def _check_masks(sh: _Shard, dtype: np.dtype, rule, per_row: int, problem) -> None:
+    """The ``masks`` check of one shard, ``ROW_BATCH`` rows at a time: no prompt trains a
+    token (one cumulative sum), and each completion's mask is the rule's
+    (``completion_masks``: one rule call per batch) and trains at least one token."""
+    tokens, mask = sh.arrays(dtype)
+    rows = sh.sources.shape[0]
+    starts, lengths = sh.idx[:, 0].reshape(rows, per_row), sh.idx[:, 1].reshape(rows, per_row)
+    for lo in range(0, rows, ROW_BATCH):
+        hi = min(rows, lo + ROW_BATCH)
+        a, b = int(starts[lo, 0]), int(starts[hi - 1, -1] + lengths[hi - 1, -1])
+        toks, msk = np.asarray(tokens[a:b], dtype=np.int64), np.asarray(mask[a:b])
+        trained = np.concatenate([[0], np.cumsum(msk, dtype=np.int64)])
+        p0 = starts[lo:hi, 0] - a
+        for r in np.flatnonzero(trained[p0 + lengths[lo:hi, 0]] - trained[p0] > 0).tolist():
+            problem("masks", f"{sh.rel}/{MASK_FILE}", f"row {lo + r}, record {int(sh.sources[lo + r])}",
+                    "the prompt holds trained tokens", "re-create the dataset with `sftdata prepare-pref`")
+        pieces, at = [], []
+        for r in range(lo, hi):
+            p = toks[starts[r, 0] - a:starts[r, 0] - a + lengths[r, 0]]
+            for i in range(1, per_row):
+                s = starts[r, i] - a
+                pieces.append((p, toks[s:s + lengths[r, i]]))
+                at.append((r, i, s))
+        for (r, i, s), want in zip(at, completion_masks(rule, pieces)):
+            m = msk[s:s + want.shape[0]]
+            if not np.array_equal(want, m) or not m.any():
+                problem("masks", f"{sh.rel}/{MASK_FILE}", f"row {r}, record {int(sh.sources[r])}, completion {i - 1}",
+                        "the mask is not the rule's, or trains nothing",
+                        "re-create the dataset with `sftdata prepare-pref`")
+
+
+def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, problem) -> None:
+    """The ``pairs`` check: the recorded inputs read again in order, the records that have a
+    row rendered again ``ROW_BATCH`` at a time (``record_rows``) and compared with the row
+    (read from its memory-mapped shard; the shards' rows are found by record number)."""
     rl = meta.get("kind") == "prompts"
     ctx, _ = open_context(_options(meta), rl)
     try:
@@ -163,23 +208,49 @@ def _rerender(meta: dict, stored: dict, problem) -> None:
         problem("pairs", "(inputs)", "", f"the recorded inputs cannot be read ({e})", "give the inputs back at the "
                 "recorded paths, or skip this check")
         return
+    records = np.concatenate([sh.sources for sh in shards] or [np.empty(0, np.int64)])
+    owner = np.repeat(np.arange(len(shards)), [sh.sources.shape[0] for sh in shards])
+    row_of = np.concatenate([np.arange(sh.sources.shape[0]) for sh in shards] or [np.empty(0, np.int64)])
+    order = np.argsort(records, kind="stable")
+    records, owner, row_of = records[order], owner[order], row_of[order]
+    opened: dict[int, tuple] = {}  # the shards' mapped arrays, the last few (rows come in input order)
+
+    def stored(k: int) -> list:
+        s = int(owner[k])
+        if s not in opened:
+            if len(opened) >= 4:
+                opened.pop(next(iter(opened)))
+            opened[s] = shards[s].arrays(dtype)
+        return _row_entries(*opened[s], shards[s].idx, int(row_of[k]), per_row)
+
     seen = 0
+    batch: list = []
+
+    def compare() -> None:
+        rows = record_rows([(raw.raw, raw.where) for raw, _ in batch], ctx)
+        for (raw, k), row in zip(batch, rows):
+            if isinstance(row, RecordError):
+                problem("pairs", raw.where, f"record {raw.record}", f"rendered again, the record is rejected "
+                        f"({row.reason}: {row.detail})", "re-create the dataset from these inputs")
+                continue
+            want = stored(k)
+            same = len(row.parts) == len(want) and all(np.array_equal(a.astype(np.int64), b) and np.array_equal(m, n)
+                                                       for (a, m), (b, n) in zip(row.parts, want))
+            if not same:
+                problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
+                        "stored row", "re-create the dataset from these inputs with this sftdata")
+        batch.clear()
+
     for raw, _ in iter_all(infos, ctx.opts.max_record_bytes):
-        want = stored.get(raw.record)
-        if want is None:
+        k = int(np.searchsorted(records, raw.record))
+        if k >= records.shape[0] or records[k] != raw.record:
             continue
         seen += 1
-        try:
-            row = record_row(raw.raw, raw.where, ctx)
-        except RecordError as e:
-            problem("pairs", raw.where, f"record {raw.record}", f"rendered again, the record is rejected ({e.reason}: "
-                    f"{e.detail})", "re-create the dataset from these inputs")
-            continue
-        same = len(row.parts) == len(want) and all(np.array_equal(a.astype(np.int64), b) and np.array_equal(m, n)
-                                                   for (a, m), (b, n) in zip(row.parts, want))
-        if not same:
-            problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
-                    "stored row", "re-create the dataset from these inputs with this sftdata")
-    if seen != len(stored):
-        problem("pairs", "(inputs)", "", f"{len(stored) - seen:,} stored rows have no record in the recorded inputs",
-                "re-create the dataset from its inputs")
+        batch.append((raw, k))
+        if len(batch) >= ROW_BATCH:
+            compare()
+    if batch:
+        compare()
+    if seen != records.shape[0]:
+        problem("pairs", "(inputs)", "", f"{records.shape[0] - seen:,} stored rows have no record in the recorded "
+                "inputs", "re-create the dataset from its inputs")

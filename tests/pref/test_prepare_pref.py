@@ -170,6 +170,35 @@ def test_verify_finds_a_changed_mask(tmp_path):
     assert r.problems[1].message == "the prompt holds trained tokens"
 
 
+def test_verify_reads_rows_a_batch_at_a_time_and_names_each_problem_where_it_is(tmp_path, monkeypatch):
+    """Masks checked and rows rendered again a batch at a time (here 2 rows): problems in
+    the second and third batch are each named by row, record and completion, the others
+    found clean; a stored row with no record in the inputs is counted."""
+    import sftdata.pref.verify as v
+
+    monkeypatch.setattr(v, "ROW_BATCH", 2)
+    rows = [{**PAIR, "chosen": [{"role": "assistant", "content": f"It is blue, {i} times."}]} for i in range(5)]
+    inp = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    prepare_pref([inp], tmp_path / "ds", PrefOptions())
+    assert verify_rows(tmp_path / "ds").ok
+    d, ids, mask, idx, _ = _shard(tmp_path / "ds")
+    a, n = (int(x) for x in idx[3 * 3 + 2])  # row 3's rejected: its last trained token left untrained
+    mask[a + n - 2] = 0
+    mask.tofile(d / "mask.bin")
+    a, _ = (int(x) for x in idx[2 * 3 + 1])  # row 2's chosen: a token changed, its mask still the rule's
+    ids[a] = ids[a] + 1
+    ids.tofile(d / "tokens.bin")
+    r = verify_rows(tmp_path / "ds")
+    got = [(p.check, p.where, p.message) for p in r.problems if p.check in ("masks", "pairs")]
+    assert got == [("masks", "row 3, record 3, completion 1", "the mask is not the rule's, or trains nothing"),
+                   ("pairs", "record 2", "rendered again, its ids or masks differ from the stored row"),
+                   ("pairs", "record 3", "rendered again, its ids or masks differ from the stored row")]
+    write_jsonl(inp, rows[:4])  # record 4 gone from the inputs
+    r = verify_rows(tmp_path / "ds")
+    assert [p.message for p in r.problems if p.check == "pairs"][-1] == \
+        "1 stored rows have no record in the recorded inputs"
+
+
 def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_path):
     other = {**PAIR, "rejected": [{"role": "assistant", "content": "Purple, with the rings of saturn in view tonight."}]}
     spaced = {**PAIR, "prompt": [{"role": "user", "content": "What  color is the sky?"}]}  # whitespace aside: the same
