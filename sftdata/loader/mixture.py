@@ -19,6 +19,7 @@ from ..packing.layout import PAD_SEQ_ID
 from ..packing.varlen import varlen_layout
 from ..store.mixture import OpenedMixture, mixture_order
 from ..store.rows import ROW_ITEMS
+from ..util.ranges import range_index
 from .batch import FIELDS, Batch
 from .guards import check_trains_something, check_value_ranges
 from .indexed import EpisodeSource, PackedSource
@@ -127,22 +128,21 @@ class MixtureSource:
 class PairMixtureSource(MixtureSource):
     """A mixture of pairs (KTO rows, RL prompts) datasets: each member read by its own
     ``PairSource``, the order the mixture's (``mixture_order``), each batch's rows put back
-    in the order's slots with ``members`` saying whose they are. Padded rows only (every
-    member's are ``block_size`` wide)."""
+    in the order's slots with ``members`` saying whose they are: padded rows (every
+    member's are ``block_size`` wide), or with ``padding_free`` one row of every sequence
+    in slot order, each pair's sides together (``merge_packed``)."""
 
     tag = "PairMixtureLoader"
 
     def __init__(self, cfg: LoaderConfig, om: OpenedMixture, world_size: int = 1, *, padding_free: bool = False):
-        if padding_free:
-            raise ConfigError(f"the mixture {om.path}: padding_free is not supported for a mixture of {om.kind} "
-                              f"yet; read it with padded rows (padding_free=False)")
         self.cfg = cfg
+        self.padding_free = bool(padding_free)
         self.om = om
         self.world_size = world_size
         self.root = om.path
         self.mode = om.kind
         self.items = ROW_ITEMS[om.kind]
-        self.members = [PairSource(cfg, ds, world_size) for ds in om.datasets]
+        self.members = [PairSource(cfg, ds, world_size, padding_free=padding_free) for ds in om.datasets]
         self.splits = om.splits
         self.tokenizer_state = om.datasets[0].tokenizer_state
         self.pad_id = self.members[0].pad_id
@@ -170,6 +170,8 @@ class PairMixtureSource(MixtureSource):
                 return None
             return Batch(*(merged(lambda b, f=f: getattr(getattr(b, name), f)) for f in ("x", "y", "mask")))
 
+        packed = merge_packed([(sel, b.packed) for sel, b in built], n, self.members[0].sides) \
+            if self.padding_free else None
         columns = None
         if first.columns is not None:
             columns = [None] * n
@@ -178,8 +180,31 @@ class PairMixtureSource(MixtureSource):
                     columns[j] = c
         return PairBatch(kind=first.kind, ids=np.asarray(local, dtype=np.int64), records=merged(lambda b: b.records),
                          prompt_lengths=merged(lambda b: b.prompt_lengths), chosen=side("chosen"),
-                         rejected=side("rejected"), labels=merged(lambda b: b.labels), columns=columns,
-                         members=np.asarray(member, dtype=np.int64))
+                         rejected=side("rejected"), packed=packed, labels=merged(lambda b: b.labels),
+                         columns=columns, members=np.asarray(member, dtype=np.int64))
+
+
+def merge_packed(built: list[tuple[np.ndarray, Batch]], n: int, sides: int) -> Batch:
+    """The padding-free ``Batch`` of a mixture's ``n`` slots from each member's own
+    (``(slots, packed batch)``: its rows in those slots' order, ``sides`` sequences a row):
+    every row's sequences moved to its slot, so the row is the one a padding-free batch of
+    one dataset would hold in that order (a pair's sides together, never split)."""
+    streams = [b for _, b in built]
+    base = np.cumsum([0] + [int(b.x.shape[1]) for b in streams])
+    starts = np.zeros(n, np.int64)
+    lens = np.zeros((n, sides), np.int64)
+    for (sel, b), at in zip(built, base[:-1].tolist()):
+        cu = np.asarray(b.cu_seqlens, dtype=np.int64)
+        seq = np.diff(cu).reshape(-1, sides)
+        starts[sel] = at + cu[:-1:sides]
+        lens[sel] = seq
+    take = range_index(starts, lens.sum(axis=1))
+    joined = {f: np.concatenate([getattr(b, f)[0] for b in streams]) for f in ("x", "y", "mask", "position_ids")}
+    n_seq = lens.reshape(-1)
+    cu = np.concatenate([[0], np.cumsum(n_seq)]).astype(np.int32)
+    return Batch(joined["x"][take][None, :], joined["y"][take][None, :], joined["mask"][take][None, :],
+                 joined["position_ids"][take][None, :], np.repeat(np.arange(n_seq.size, dtype=np.int64), n_seq)[None, :],
+                 cu_seqlens=cu, cu_seqlens_padded=cu.copy(), max_seqlen=int(n_seq.max()) if n_seq.size else 0)
 
 
 def _segments_of(seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

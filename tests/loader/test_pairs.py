@@ -233,5 +233,33 @@ def test_a_mixture_of_pair_datasets_gives_each_step_the_pairs_replay_order_names
             lengths = PAIR_LENGTHS if m == 0 else [(2, 2, 2), (3, 3, 3), (1, 2, 1)]
             toks, _ = sequence(p, 1, lengths[p])
             assert b.rejected.x[i, :toks.size - 1].tolist() == toks[:-1].tolist()
-    with pytest.raises(ConfigError, match=r"padding_free is not supported for a mixture of pairs yet"):
-        make_pair_loader(cfg(), tmp_path / "mix.json", backend="numpy", padding_free=True)
+
+
+def test_a_padding_free_mixture_holds_each_slots_pair_side_by_side_in_the_orders_slots(pairs, tmp_path):
+    """The one row of a padding-free mixture batch is what a padding-free batch of one
+    dataset would hold for the same pairs in the same order: each slot's chosen then
+    rejected, from the member the order names, with cu_seqlens, positions and seq ids."""
+    b_lengths = [(2, 2, 2), (3, 3, 3), (1, 2, 1)]
+    other = write_rows(tmp_path / "b", "pairs", b_lengths, records=[100, 101, 102])
+    make_mixture([("a", str(pairs), 0.5), ("b", str(other), 0.5)], tmp_path / "mix.json", seed=11)
+    loader = make_pair_loader(cfg(batch_size=3), tmp_path / "mix.json", backend="numpy", padding_free=True)
+    padded = make_pair_loader(cfg(batch_size=3), tmp_path / "mix.json", backend="numpy")
+    both = 0
+    for step in range(6):
+        b, ref = loader.get_batch("train"), padded.get_batch("train")
+        assert (b.members.tolist(), b.ids.tolist()) == (ref.members.tolist(), ref.ids.tolist())
+        assert b.chosen is None and b.rejected is None
+        seqs = [sequence(p, side, (PAIR_LENGTHS if m == 0 else b_lengths)[p])
+                for m, p in zip(b.members.tolist(), b.ids.tolist()) for side in (0, 1)]
+        lens = [t.size for t, _ in seqs]
+        p = b.packed
+        assert p.cu_seqlens.tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
+        assert p.max_seqlen == max(lens)
+        assert p.x[0].tolist() == np.concatenate([t for t, _ in seqs]).tolist()
+        assert p.y[0].tolist() == np.concatenate([np.append(t[1:], PAD) for t, _ in seqs]).tolist()
+        assert p.mask[0].tolist() == np.concatenate([np.append(m[1:], 0) for _, m in seqs]).tolist()
+        assert p.position_ids[0].tolist() == np.concatenate([np.arange(n) for n in lens]).tolist()
+        assert p.seq_ids[0].tolist() == np.repeat(np.arange(len(lens)), lens).tolist()
+        assert b.trained_tokens == ref.trained_tokens == int(p.mask.sum())
+        both += len(set(b.members.tolist())) == 2
+    assert both > 0  # some steps mix the two members
