@@ -40,6 +40,19 @@ def expected_row(row: int, side: int, width: int, lengths=PAIR_LENGTHS):
     return full[:-1], full[1:], m[1:]
 
 
+def assert_packed(p, seqs) -> None:
+    """``p`` (a padding-free batch) holds exactly the sequences ``seqs`` ((ids, mask) each)
+    back to back: y each one's next token, padding after its last, positions restarting."""
+    lens = [t.size for t, _ in seqs]
+    assert p.cu_seqlens.tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
+    assert p.max_seqlen == max(lens)
+    assert p.x[0].tolist() == np.concatenate([t for t, _ in seqs]).tolist()
+    assert p.y[0].tolist() == np.concatenate([np.append(t[1:], PAD) for t, _ in seqs]).tolist()
+    assert p.mask[0].tolist() == np.concatenate([np.append(m[1:], 0) for _, m in seqs]).tolist()
+    assert p.position_ids[0].tolist() == np.concatenate([np.arange(n) for n in lens]).tolist()
+    assert p.seq_ids[0].tolist() == np.repeat(np.arange(len(lens)), lens).tolist()
+
+
 def test_each_side_is_the_prompt_then_its_completion_with_the_completions_mask(pairs):
     loader = make_pair_loader(cfg(), pairs, backend="numpy")
     b = loader.get_batch("train")
@@ -133,15 +146,8 @@ def test_padding_free_rows_hold_each_pair_side_by_side_with_cu_seqlens(pairs):
     p = b.packed
     seqs = [sequence(0, 0, PAIR_LENGTHS[0]), sequence(0, 1, PAIR_LENGTHS[0]),
             sequence(1, 0, PAIR_LENGTHS[1]), sequence(1, 1, PAIR_LENGTHS[1])]
-    lens = [t.size for t, _ in seqs]
-    assert p.x.shape == (1, sum(lens))
-    assert p.cu_seqlens.tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
-    assert p.max_seqlen == max(lens)
-    assert p.x[0].tolist() == np.concatenate([t for t, _ in seqs]).tolist()
-    assert p.y[0].tolist() == np.concatenate([np.append(t[1:], PAD) for t, _ in seqs]).tolist()
-    assert p.mask[0].tolist() == np.concatenate([np.append(m[1:], 0) for _, m in seqs]).tolist()
-    assert p.position_ids[0].tolist() == np.concatenate([np.arange(n) for n in lens]).tolist()
-    assert p.seq_ids[0].tolist() == np.repeat(np.arange(4), lens).tolist()
+    assert p.x.shape == (1, sum(t.size for t, _ in seqs))
+    assert_packed(p, seqs)
     assert b.trained_tokens == loader.trained_tokens_at("train", 0) == int(p.mask.sum())
 
 
@@ -245,21 +251,13 @@ def test_a_padding_free_mixture_holds_each_slots_pair_side_by_side_in_the_orders
     loader = make_pair_loader(cfg(batch_size=3), tmp_path / "mix.json", backend="numpy", padding_free=True)
     padded = make_pair_loader(cfg(batch_size=3), tmp_path / "mix.json", backend="numpy")
     both = 0
-    for step in range(6):
+    for _ in range(6):
         b, ref = loader.get_batch("train"), padded.get_batch("train")
         assert (b.members.tolist(), b.ids.tolist()) == (ref.members.tolist(), ref.ids.tolist())
         assert b.chosen is None and b.rejected is None
         seqs = [sequence(p, side, (PAIR_LENGTHS if m == 0 else b_lengths)[p])
                 for m, p in zip(b.members.tolist(), b.ids.tolist()) for side in (0, 1)]
-        lens = [t.size for t, _ in seqs]
-        p = b.packed
-        assert p.cu_seqlens.tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
-        assert p.max_seqlen == max(lens)
-        assert p.x[0].tolist() == np.concatenate([t for t, _ in seqs]).tolist()
-        assert p.y[0].tolist() == np.concatenate([np.append(t[1:], PAD) for t, _ in seqs]).tolist()
-        assert p.mask[0].tolist() == np.concatenate([np.append(m[1:], 0) for _, m in seqs]).tolist()
-        assert p.position_ids[0].tolist() == np.concatenate([np.arange(n) for n in lens]).tolist()
-        assert p.seq_ids[0].tolist() == np.repeat(np.arange(len(lens)), lens).tolist()
-        assert b.trained_tokens == ref.trained_tokens == int(p.mask.sum())
+        assert_packed(b.packed, seqs)
+        assert b.trained_tokens == ref.trained_tokens == int(b.packed.mask.sum())
         both += len(set(b.members.tolist())) == 2
     assert both > 0  # some steps mix the two members
