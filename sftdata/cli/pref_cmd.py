@@ -9,6 +9,9 @@ import typer
 from rich.table import Table
 
 from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
+from ..engine import check_engine
+from ..engine.pref_ray import ray_pref_executor
+from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
@@ -22,11 +25,13 @@ from .options import (
     DecontaminateOpt,
     DedupOpt,
     DedupThresholdOpt,
+    EngineOpt,
     ForceOpt,
     JsonOpt,
     MaxRecordBytesOpt,
     OverwriteOpt,
     QuietOpt,
+    RayAddressOpt,
     ReasoningOpt,
     TemplateVarOpt,
     WaitOpt,
@@ -92,14 +97,18 @@ def _table(s: PrefSummary) -> Table:
     return t
 
 
-def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool) -> None:
+def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
+         ray_address: str | None = None) -> None:
     name = "prepare-rl" if rl else "prepare-pref"
+    executor = ray_pref_executor(ray_address) if check_engine(engine) == "ray" else None
+    if ray_address is not None and executor is None:
+        raise UsageError("--ray-address needs --engine ray")
     with LazyProgress(make_progress(quiet or as_json)) as bar:
         def on_progress(p):
             bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
 
         summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
-                               planned=None if quiet or as_json else show_rebuild)
+                               planned=None if quiet or as_json else show_rebuild, executor=executor)
     show_prepared(summary, _table, output_dir, as_json, quiet)
 
 
@@ -121,6 +130,8 @@ def prepare_pref_cmd(
     reasoning: ReasoningOpt = "keep",
     allow_pad_as_stop: AllowPadAsStopOpt = False,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
     strict: StrictOpt = False,
     overwrite: OverwriteOpt = False,
     force: ForceOpt = False,
@@ -151,6 +162,8 @@ def prepare_pref_cmd(
     * `sftdata prepare-pref pairs.jsonl -o data/dpo --tokenizer llama3/ --max-length 2048`
     * `sftdata prepare-pref dpo_en_demo.json -o data/dpo --format llamafactory --truncation drop`
     * `sftdata prepare-pref kto.jsonl -o data/kto --tokenizer qwen3/` (a "kto" dataset)
+    * `sftdata prepare-pref big/ -o /shared/dpo --tokenizer qwen3/ --engine ray` (chunks rendered by tasks on a
+      Ray cluster; the dataset byte-identical)
     """
     opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
                        template_vars=parse_template_vars(template_var), form=form,
@@ -160,7 +173,7 @@ def prepare_pref_cmd(
                        allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
                        workers=usable_workers(workers, quiet), decontaminate=tuple(decontaminate or ()),
                        decontaminate_ngram=decontaminate_ngram)
-    _run(opts, inputs, output_dir, False, as_json, quiet)
+    _run(opts, inputs, output_dir, False, as_json, quiet, engine, ray_address)
 
 
 @app.command("prepare-rl")
@@ -174,6 +187,8 @@ def prepare_rl_cmd(
     max_prompt_length: MaxPromptLengthOpt = None,
     allow_pad_as_stop: AllowPadAsStopOpt = False,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
     val_split: ValSplitOpt = 0.0,
     seed: SeedOpt = DEFAULT_SEED,
     shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
@@ -209,4 +224,4 @@ def prepare_rl_cmd(
                        max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop,
                        dedup=dedup, dedup_threshold=dedup_threshold, workers=usable_workers(workers, quiet),
                        decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
-    _run(opts, inputs, output_dir, True, as_json, quiet)
+    _run(opts, inputs, output_dir, True, as_json, quiet, engine, ray_address)

@@ -13,6 +13,8 @@ tokenizer and template profile, the split and the committing writer are prepare'
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import pickle
 import shutil
 import time
 from collections import Counter
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -360,11 +363,46 @@ def _pref_worker_run(items: Sequence[RawRecord]) -> PrefChunk:
     return pref_chunk(items, PREF_WORKER["ctx"], PREF_WORKER["curate"])
 
 
-def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, workers: int
-                 ) -> Iterator[tuple[PrefChunk, int]]:
+_TASK_CONTEXTS: dict[bytes, Context] = {}  # a cluster worker's contexts, by their pickle's digest
+
+
+def pref_task(ctx_blob: bytes, curate: CurateSettings, items: Sequence[RawRecord]) -> PrefChunk:
+    """``pref_chunk`` as a cluster task (``--engine ray``): the run's context arrives
+    pickled (the tokenizer as its path and sha256) and is rebuilt once per worker."""
+    key = hashlib.blake2b(ctx_blob, digest_size=16).digest()
+    ctx = _TASK_CONTEXTS.get(key)
+    if ctx is None:
+        _TASK_CONTEXTS.clear()
+        ctx = _TASK_CONTEXTS[key] = pickle.loads(ctx_blob)  # noqa: S301 - the run's own context, pickled by this run
+    return pref_chunk(items, ctx, curate)
+
+
+class PrefExecutor(Protocol):
+    """Where a run's chunks are rendered when not in this machine's processes (``--engine
+    ray``: ``sftdata.engine.pref_ray``): ``start`` gives a task runner (``in_order``'s:
+    ``submit``, ``result``, ``close``, ``depth``) that runs ``pref_task`` with the
+    context and curating settings it was started with (``shared`` puts a value once)."""
+
+    def start(self, ctx: Context, curate: CurateSettings): ...
+
+
+def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, workers: int,
+                 executor: PrefExecutor | None = None) -> Iterator[tuple[PrefChunk, int]]:
     """Chunk results in input order (prepare's chunks); with ``workers`` > 1 rendered by
-    that many processes (prepare's pool, at most 2 x workers chunks in flight)."""
+    that many processes (prepare's pool, at most 2 x workers chunks in flight); with an
+    ``executor``, by its tasks (a Ray cluster; as many chunks in flight as it says)."""
     chunks = chunks_of(iter_all(infos, ctx.opts.max_record_bytes))
+    if executor is not None:
+        runner = executor.start(ctx, curate)
+        blob, shared = runner.shared(pickle.dumps(ctx)), runner.shared(curate)
+        try:
+            yield from in_order(runner, pref_task, (((blob, shared, items), f"the records from {items[0].where} on "
+                                                     f"were being prepared", pos) for items, pos in chunks))
+        except BaseException:
+            runner.close(True)
+            raise
+        runner.close(False)
+        return
     if workers <= 1:
         for items, pos in chunks:
             yield pref_chunk(items, ctx, curate), pos
@@ -485,7 +523,8 @@ class _Gather:
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
                  progress: Callable[[Progress], None] | None = None, rl: bool = False,
-                 planned: Callable[[BuildCheck], None] | None = None) -> PrefSummary:
+                 planned: Callable[[BuildCheck], None] | None = None,
+                 executor: PrefExecutor | None = None) -> PrefSummary:
     """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
     kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``).
     Raises ``SftDataError``s; every record that cannot be written exactly is rejected by
@@ -494,7 +533,9 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     The build key is prepare-chat's (``prepare.build``, of kind "pairs" or "prompts"): a
     target that holds this build is up to date (nothing is read or written; the summary
     is the dataset's, ``up_to_date``); another is refused without ``overwrite`` naming what
-    changed, ``force`` rebuilds regardless; ``planned`` is called with the decision first."""
+    changed, ``force`` rebuilds regardless; ``planned`` is called with the decision first.
+    ``executor``: render the chunks on a cluster (``sftdata.engine.pref_ray``; this process
+    still reads the inputs and writes the rows, so the dataset is byte-identical)."""
     opts.validate()
     if not inputs:
         raise UsageError("no input files given")
@@ -523,7 +564,7 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         g = _Gather(w, opts, rl, dtype, evals)
         rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as rej, closing(pref_results(infos, ctx, curate, opts.workers)) as results:
+        with open(rejects, "wb") as rej, closing(pref_results(infos, ctx, curate, opts.workers, executor)) as results:
             for res, pos in results:
                 g.add(res, rej, rejects, output_dir)
                 if progress:

@@ -13,33 +13,11 @@ from sftdata.pref.verify import verify_rows
 from sftdata.prepare import pool
 from sftdata.prepare.split import split_assignment
 from tests.helpers.data import write_jsonl
-
-
-def tree_bytes(root) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _pair(i: int) -> dict:
-    return {"prompt": [{"role": "user", "content": f"question number {i} " + "and more " * (i % 5)}],
-            "chosen": [{"role": "assistant", "content": f"the right answer to {i}"}],
-            "rejected": [{"role": "assistant", "content": f"a wrong answer, not {i}" + "!" * (i % 3)}]}
-
-
-def _pairs(n: int) -> list:
-    rows = [_pair(i) for i in range(n)]
-    rows[4] = {"bad": 1}  # rejected: not a preference record
-    rows[9] = _pair(2)  # an exact duplicate of record 2
-    return rows
-
-
-def _kto(n: int) -> list:
-    return [{"prompt": [{"role": "user", "content": f"q {i}"}], "completion": [{"role": "assistant",
-             "content": f"answer {i}"}], "label": i % 3 != 0} for i in range(n)]
-
-
-def _prompts(n: int) -> list:
-    return [{"prompt": [{"role": "user", "content": f"what is {i} + {i}?"}], "answer": 2 * i,
-             "meta": {"id": f"p{i}", "w": 1.50}} for i in range(n)]
+from tests.helpers.pref_records import kto_rows as _kto
+from tests.helpers.pref_records import pair as _pair
+from tests.helpers.pref_records import pair_rows as _pairs
+from tests.helpers.pref_records import prompt_rows as _prompts
+from tests.helpers.pref_records import tree_bytes
 
 
 @pytest.mark.parametrize(("make", "rl"), [(_pairs, False), (_kto, False), (_prompts, True)])

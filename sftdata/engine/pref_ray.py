@@ -1,0 +1,73 @@
+"""``prepare-pref`` / ``prepare-rl`` on a Ray cluster (``--engine ray``): each chunk of
+records rendered, split and proven by a task (``pref.run.pref_task``).
+
+::
+
+    this process: read the inputs ──► chunk ──► task on the cluster ──► the chunk's rows and keys
+                  (prepare's chunks)            (renders, proves)        back, in input order
+                  ◄── decides each record in input order (rejects, duplicates, kind), writes the rows
+
+What crosses the network: each chunk's raw records to its task, and its rows (ids and
+masks) back; the run's context (the tokenizer as its path and sha256, the template
+profile, the options) and the curating settings are put once. At most 2 x the cluster's
+CPUs chunks are in flight, so memory stays bounded by them. The decisions and the
+writing are this process's, the same code as ``--engine local``: the dataset is
+byte-identical for any cluster. A task whose worker dies is retried (``max_retries``); a
+run that stops early leaves the tasks still running unread (they write nothing).
+"""
+
+from __future__ import annotations
+
+from ..curate import CurateSettings
+from .cluster import RayCluster, connect, import_ray
+from .tasks import TASK_RETRIES, get_result
+
+
+class RayPrefRunner:
+    """A prepare-pref run's tasks on a Ray cluster (``in_order``'s runner)."""
+
+    def __init__(self, cluster: RayCluster):
+        self.ray = cluster.ray
+        self.depth = 2 * max(1, cluster.cpus)
+        self._remote: dict = {}
+        self._pending: set = set()
+
+    def shared(self, value):
+        """``value`` put in the cluster's object store once (every task gets the object)."""
+        return self.ray.put(value)
+
+    def submit(self, fn, args: tuple, doing: str):
+        task = self._remote.get(fn)
+        if task is None:
+            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(fn)
+        ref = task.remote(*args)
+        self._pending.add(ref)
+        return ref
+
+    def result(self, ref, doing: str):
+        out = get_result(self.ray, ref, doing)
+        self._pending.discard(ref)
+        return out
+
+    def close(self, stopped: bool) -> None:
+        """The tasks still running are let finish unread: they write nothing (never
+        ``ray.cancel``, which can abort the driver inside Ray when a task completes as it
+        is cancelled)."""
+        self._pending.clear()
+
+
+class RayPrefExecutor:
+    """``prepare_pref``'s executor on the Ray cluster at ``address`` (``pref.run.PrefExecutor``)."""
+
+    def __init__(self, address: str | None = None):
+        import_ray()  # without Ray: a UsageError now, before anything is read or written
+        self.address = address
+
+    def start(self, ctx, curate: CurateSettings) -> RayPrefRunner:
+        return RayPrefRunner(connect(self.address))
+
+
+def ray_pref_executor(address: str | None = None) -> RayPrefExecutor:
+    """An executor for ``sftdata.pref.prepare_pref`` on the Ray cluster at ``address`` (else
+    ``RAY_ADDRESS``, else a local one). Without Ray installed, a ``UsageError`` now."""
+    return RayPrefExecutor(address)
