@@ -132,51 +132,84 @@ def _marker_side(conv: Conversation, k: int, tok: ChatTokenizer, where: str
     return ids[:end], ids, r.mask, tuple(conv.repairs)
 
 
+@dataclass
+class _Planned:
+    """A record's sides planned, in order, up to ``error``: what stopped side
+    ``len(sides)`` (its parsing, rendering or, later, tokenizing); None: every side."""
+
+    sides: list[_Side]
+    error: RecordError | None = None
+
+
 def _plan(rec: PreferenceRecord, tok, profile: TemplateProfile | None, policy: TurnPolicy, where: str,
-          texts: list[str]) -> list[_Side]:
-    """Every side of ``rec``, planned (with sftdata's markers: rendered and tokenized)."""
+          texts: list[str]) -> _Planned:
+    """The sides of ``rec`` planned in order (with sftdata's markers: rendered and
+    tokenized), up to the first that cannot be."""
     prompts: dict = {}
-    sides = []
+    sides: list[_Side] = []
     names = ("chosen", "rejected") if len(rec.completions) == 2 else ("completion",)
-    try:
-        for name, obj, c in zip(names, rec.conversations(), rec.completions):
+    for name, obj, c in zip(names, rec.conversations(), rec.completions):
+        try:
             conv, k = _side(obj, len(c), where, policy)
             side = _Side(name, conv, ())
             if profile is None:
                 side.prompt, side.whole, side.located, side.repairs = _marker_side(conv, k, tok, where)
             else:
                 _template_side(side, k, tok, profile, where, prompts, texts)
-            sides.append(side)
-    except TemplateError as e:
-        raise RecordError(e.reason, str(e), where) from None
-    except TokenizerFailure as e:
-        raise RecordError(e.reason, str(e), where) from None
-    return sides
+        except RecordError as e:
+            return _Planned(sides, e)
+        except (TemplateError, TokenizerFailure) as e:
+            return _Planned(sides, RecordError(e.reason, str(e), where))
+        sides.append(side)
+    return _Planned(sides)
 
 
-def _encode(planned: list, texts: list[str], tok, wheres: Sequence[str]) -> None:
-    """Fill each template side's ids and located mask from one encoding of every text (a
-    record whose texts the tokenizers library fails on becomes its ``RecordError`` in
-    ``planned``: the others are encoded again, record by record)."""
-    sides = [(i, s) for i, p in enumerate(planned) if not isinstance(p, RecordError) for s in p if s.whole_at >= 0]
-    if not sides:
+def _stop(p: _Planned, i: int, e: TokenizerFailure, where: str) -> None:
+    """Side ``i`` of ``p`` failed in the tokenizers library: the record stops there."""
+    p.sides[i:] = []
+    p.error = RecordError(e.reason, str(e), where)
+
+
+def _encode(planned: list[_Planned], texts: list[str], tok, wheres: Sequence[str]) -> None:
+    """Fill each template side's ids and located mask from one encoding of every text and
+    one location of every side's replies. Where the tokenizers library fails on the chunk,
+    each record's sides are done again one by one, and a side it fails on stops its record
+    there (``tokenizer_error``), the others unaffected."""
+    pending = [(i, s) for i, p in enumerate(planned) for s in p.sides if s.whole_at >= 0]
+    if not pending:
         return
     try:
         encoded = tok.encode_rendered_many(texts)
     except TokenizerFailure:
         encoded = [None] * len(texts)
         for i, p in enumerate(planned):
-            if isinstance(p, RecordError):
-                continue
-            at = sorted({a for s in p for a in (s.prompt_at, s.whole_at) if a >= 0})
-            try:
-                for a, e in zip(at, tok.encode_rendered_many([texts[a] for a in at])):
-                    encoded[a] = e
-            except TokenizerFailure as e:
-                planned[i] = RecordError(e.reason, str(e), wheres[i])
-        sides = [(i, s) for i, s in sides if not isinstance(planned[i], RecordError)]
-        if not sides:
-            return
+            for j, s in enumerate(list(p.sides)):
+                at = [a for a in (s.prompt_at, s.whole_at) if a >= 0 and encoded[a] is None]
+                try:
+                    for a, e in zip(at, tok.encode_rendered_many([texts[a] for a in at]) if len(at) > 1 else
+                                    [tok.encode_rendered(texts[a]) for a in at]):
+                        encoded[a] = e
+                except TokenizerFailure as e:
+                    _stop(p, j, e, wheres[i])
+                    break
+        pending = [(i, s) for i, p in enumerate(planned) for s in p.sides if s.whole_at >= 0]
+    try:
+        _locate(pending, encoded, texts, tok)
+    except TokenizerFailure:
+        for i, p in enumerate(planned):
+            for j, s in enumerate(list(p.sides)):
+                try:
+                    _locate([(i, s)], encoded, texts, tok)
+                except TokenizerFailure as e:
+                    _stop(p, j, e, wheres[i])
+                    break
+
+
+def _locate(sides: list[tuple[int, _Side]], encoded: list, texts: list[str], tok) -> None:
+    """Each side's ids, its prompt's, and the mask of the replies its render located."""
+    sides = [(i, s) for i, s in sides if s.whole_at >= 0]
+    if not sides:
+        return
     wholes = [encoded[s.whole_at] for _, s in sides]
     lo, hi = tok.token_ranges_many([texts[s.whole_at] for _, s in sides], wholes,
                                    [[(a, b) for _, a, b in s.spans] for _, s in sides])
@@ -189,25 +222,29 @@ def _encode(planned: list, texts: list[str], tok, wheres: Sequence[str]) -> None
         s.prompt, s.whole, s.located = encoded[s.prompt_at].ids, e.ids, located[a:a + n]
 
 
-def _split(sides: list[_Side], tok, where: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Each side split after the pair's one prompt: ``(prompt, completion, located mask of
-    the completion)``. Raises ``RecordError`` (``prompt_differs``, ``prompt_not_prefix``)."""
-    prompt = sides[0].prompt
-    out = []
-    for s in sides:
+def _split(p: _Planned, tok, where: str) -> tuple[list, RecordError | None]:
+    """The record's sides split after its one prompt, in order, up to the first that
+    cannot be: ``[(prompt, completion, located mask of the completion)]`` and the error
+    that stopped them (``prompt_differs``, ``prompt_not_prefix``, or the planning's)."""
+    out: list = []
+    for s in p.sides:
+        prompt = p.sides[0].prompt
         if not np.array_equal(prompt, s.prompt):
-            raise RecordError("prompt_differs", f"the prompt renders differently beside chosen and {s.name} (token "
-                              f"{_first_difference(prompt, s.prompt)}); give both completions one prompt", where)
+            return out, RecordError("prompt_differs", f"the prompt renders differently beside chosen and {s.name} "
+                                    f"(token {_first_difference(prompt, s.prompt)}); give both completions one prompt",
+                                    where)
         n = prompt.shape[0]
         if s.whole.shape[0] <= n or not np.array_equal(s.whole[:n], prompt):
-            raise _not_prefix(tok, prompt, s.whole, s.name, where)
+            return out, _not_prefix(tok, prompt, s.whole, s.name, where)
         out.append((prompt, np.ascontiguousarray(s.whole[n:]), s.located[n:]))
-    return out
+    return out, p.error
 
 
-def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], tok, where: str) -> PairRender:
-    """The record's ``PairRender`` once each completion's rule mask is known. Raises
-    ``RecordError`` (``rule_mismatch``, ``empty_completion``, ``identical_completions``)."""
+def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], error: RecordError | None, tok,
+            where: str) -> PairRender:
+    """The record's ``PairRender`` once each split side's rule mask is known; raises the
+    first side's error in order: a split side's ``rule_mismatch`` or ``empty_completion``,
+    else ``error`` (what stopped the sides after them), else ``identical_completions``."""
     for s, (_, comp, located), mask in zip(sides, split, masks):
         if not np.array_equal(mask, located):
             p_ = int(np.flatnonzero(mask != located)[0])
@@ -217,6 +254,8 @@ def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], tok, where
                               f"could not prove it, so the pair is left out", where)
         if not mask.any():
             raise RecordError("empty_completion", f"the {s.name} completion trains no token", where)
+    if error is not None:
+        raise error
     completions = tuple(c for _, c, _ in split)
     if len(completions) == 2 and np.array_equal(completions[0], completions[1]):
         raise RecordError("identical_completions", "chosen and rejected render to the same tokens", where)
@@ -230,32 +269,19 @@ def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: 
     ``RecordError`` it raises. The chunk is rendered first, then every text is tokenized
     in one call, then the located masks and every completion's rule mask are made for the
     chunk at once (``completion_masks``): the same proof, record by record, at a fraction
-    of the per-record cost."""
+    of the per-record cost. A record's refusal is its first side's first failing step, the
+    sides in order (chosen, then rejected), as when the record is rendered alone."""
     texts: list[str] = []
-    planned: list = []
-    for rec, where in items:
-        try:
-            planned.append(_plan(rec, tok, profile, policy, where, texts))
-        except RecordError as e:
-            planned.append(e)
     wheres = [w for _, w in items]
+    planned = [_plan(rec, tok, profile, policy, where, texts) for rec, where in items]
     _encode(planned, texts, tok, wheres)
-    splits: list = []
-    for p, where in zip(planned, wheres):
-        try:
-            splits.append(p if isinstance(p, RecordError) else _split(p, tok, where))
-        except RecordError as e:
-            splits.append(e)
-    pieces = [(prompt, comp) for sp in splits if not isinstance(sp, RecordError) for prompt, comp, _ in sp]
-    masks = iter(completion_masks(rule, pieces))
+    splits = [_split(p, tok, where) for p, where in zip(planned, wheres)]
+    masks = iter(completion_masks(rule, [(prompt, comp) for done, _ in splits for prompt, comp, _ in done]))
     out: list[PairRender | RecordError] = []
-    for p, sp, where in zip(planned, splits, wheres):
-        if isinstance(sp, RecordError):
-            out.append(sp)
-            continue
-        got = [next(masks) for _ in sp]
+    for p, (done, error), where in zip(planned, splits, wheres):
+        got = [next(masks) for _ in done]
         try:
-            out.append(_finish(p, sp, got, tok, where))
+            out.append(_finish(p.sides[:len(done)], done, got, error, tok, where))
         except RecordError as e:
             out.append(e)
     return out

@@ -69,10 +69,12 @@ class _Shard:
 
 
 def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
-    """The file as a read-only array (memory-mapped; an empty file as an empty array)."""
-    if path.stat().st_size == 0:
+    """The file's whole items as a read-only array (memory-mapped; an empty file as an
+    empty array). The layout check has refused a file that is not whole items."""
+    n = path.stat().st_size // dtype.itemsize
+    if n == 0:
         return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
 
 
 def _row_entries(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, r: int, per_row: int) -> list:
@@ -138,8 +140,9 @@ def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
         rel = f"{split}/{sh.name}"
         idx = np.fromfile(sh / EPISODES_FILE, dtype=IDX_DTYPE).reshape(-1, 2).astype(np.int64)
         sources = np.fromfile(sh / SOURCES_FILE, dtype=IDX_DTYPE).astype(np.int64)
-        n_tokens = (sh / TOKENS_FILE).stat().st_size // dtype.itemsize
-        if per_row < 1 or idx.shape[0] != per_row * sources.shape[0] or \
+        token_bytes = (sh / TOKENS_FILE).stat().st_size
+        n_tokens = token_bytes // dtype.itemsize
+        if per_row < 1 or idx.shape[0] != per_row * sources.shape[0] or token_bytes % dtype.itemsize or \
                 (idx.size and (idx[0, 0] != 0 or np.any(idx[1:, 0] != idx[:-1].sum(axis=1)))) or \
                 int(idx[:, 1].sum()) != n_tokens or (sh / MASK_FILE).stat().st_size != n_tokens:
             problem("layout", f"{rel}/{EPISODES_FILE}", "", f"{idx.shape[0]:,} entries for {sources.shape[0]:,} rows "

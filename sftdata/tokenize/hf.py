@@ -394,7 +394,7 @@ class HFTokenizer:
 
     def __setstate__(self, state):
         other = load_hf_tokenizer(Path(state["path"]).parent if Path(state["path"]).name == "tokenizer.json"
-                                  else state["path"], engine=state.get("engine", "auto"))
+                                  else state["path"], engine=state.get("engine", "auto"), identity=False)
         if other.file_sha256 != state["file_sha256"]:
             raise TokenizerError(f"{state['path']} changed since this tokenizer was loaded (sha256 differs)")
         self.__dict__.update(other.__dict__)
@@ -410,14 +410,16 @@ def is_hf_tokenizer_spec(spec: str) -> bool:
         is_hub_id(str(spec))
 
 
-def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
+def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool = True) -> HFTokenizer:
     """Load ``spec``: a ``tokenizer.json`` file, or a folder holding one plus, when present,
     ``tokenizer_config.json`` and ``special_tokens_map.json`` (read from the file's own
     folder too when a file is given), or a Hub model id (``hub.resolve_hub``). ``engine``:
-    ``auto``, ``tiktoken`` or ``hf`` (``tokenizer_engine``)."""
+    ``auto``, ``tiktoken`` or ``hf`` (``tokenizer_engine``). ``identity``: take its
+    ``TokenizerIdentity`` from the bytes read (hashing the vocabulary: about a tenth of the
+    load; a worker's copy, rebuilt from a pickle, needs none)."""
     if isinstance(spec, str) and is_hub_id(spec):
         folder, hub = resolve_hub(spec)
-        tok = load_hf_tokenizer(folder, engine)
+        tok = load_hf_tokenizer(folder, engine, identity=identity)
         tok.hub, tok.source = hub, "hub"
         return tok
     path = Path(spec)
@@ -442,7 +444,8 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto") -> HFTokenizer:
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
     tok = HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map, engine=engine)
-    tok.identity = document_identity(file, data, doc)  # what a dataset records: from these bytes, not read again
+    if identity:
+        tok.identity = document_identity(file, data, doc)  # what a dataset records: from these bytes, not read again
     return tok
 
 

@@ -199,6 +199,21 @@ def test_verify_reads_rows_a_batch_at_a_time_and_names_each_problem_where_it_is(
         "1 stored rows have no record in the recorded inputs"
 
 
+def test_verify_reports_a_token_file_that_is_not_whole_tokens(tmp_path):
+    """A stray byte after the last token: named by checksums and layout, never a crash."""
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
+    prepare_pref([inp], tmp_path / "ds", PrefOptions())
+    d = tmp_path / "ds" / "train" / "shard_00000"
+    with open(d / "tokens.bin", "ab") as f:
+        f.write(b"\x00")
+    r = verify_rows(tmp_path / "ds")
+    # a shard whose layout is refused is not read further (its rows neither checked nor rendered again)
+    assert [(c.name, c.status) for c in r.checks] == [("checksums", "failed"), ("layout", "failed"), ("masks", "ok"),
+                                                      ("pairs", "ok")]
+    assert [p.file for p in r.problems if p.check == "layout"] == ["train/shard_00000/episodes.idx"]
+    assert not r.ok
+
+
 def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_path):
     other = {**PAIR, "rejected": [{"role": "assistant", "content": "Purple, with the rings of saturn in view tonight."}]}
     spaced = {**PAIR, "prompt": [{"role": "user", "content": "What  color is the sky?"}]}  # whitespace aside: the same

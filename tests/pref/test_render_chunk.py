@@ -86,3 +86,47 @@ def test_the_masks_of_many_completions_in_one_call_are_each_ones_own(tmp_path, t
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     assert [g.dtype for g in got] == [np.dtype(np.uint8)] * len(pieces)
     assert sum(int(g.sum()) for g in got) > 0 and completion_masks(ctx.rule, []) == []
+
+
+def test_a_record_is_refused_for_its_first_sides_first_failing_step(tmp_path):
+    """Chosen is checked through to its end before rejected: a chosen that fails late (its
+    render does not begin with the prompt) is the refusal even when rejected fails early
+    (a special token in its text, or an empty reply); a clean chosen lets rejected's be."""
+    ctx = _context(tmp_path, True)
+    late = "\n\nHello"  # the reply's leading newlines join the generation prompt's: not a prefix
+    cases = [(_pair(late, "A <|im_end|> here"), "prompt_not_prefix"),
+             (_pair(late, ""), "prompt_not_prefix"),
+             (_pair("Fine.", "A <|im_end|> here"), "special_token_in_text"),
+             (_pair("Fine.", late), "prompt_not_prefix")]
+    items = [(parse_preference(r, f"line {i}"), f"line {i}") for i, (r, _) in enumerate(cases)]
+    got = render_records(items, ctx.tok, ctx.profile, ctx.rule, ctx.policy)
+    assert [g.reason for g in got] == [want for _, want in cases]
+    assert "the chosen render" in got[0].detail and "the rejected render" in got[3].detail
+
+
+@pytest.mark.parametrize("stage", ["encode", "locate"])
+def test_a_tokenizer_failure_stays_with_its_record_and_side(tmp_path, monkeypatch, stage):
+    """The tokenizers library failing on one text of the chunk (encoding it, or locating
+    its replies' tokens) refuses that record alone, as tokenizer_error at the side it hit;
+    the chunk's other records come out as they do with no failure."""
+    from sftdata.errors import TokenizerFailure
+
+    ctx = _context(tmp_path, True)
+    tok = ctx.tok
+    records = [RECORDS[0], _pair("Fine.", "BOOM goes the tokenizer."), RECORDS[3], RECORDS[4]]
+    items = [(parse_preference(r, f"line {i}"), f"line {i}") for i, r in enumerate(records)]
+    clean = [_outcome(r) for r in render_records(items, tok, ctx.profile, ctx.rule, ctx.policy)]
+    real_many, real_one, real_ranges = tok.encode_rendered_many, tok.encode_rendered, tok.token_ranges_many
+
+    def boom(texts):
+        if any("BOOM" in t for t in texts):
+            raise TokenizerFailure("the tokenizers library panicked encoding a rendered text: boom")
+
+    if stage == "encode":
+        monkeypatch.setattr(tok, "encode_rendered_many", lambda texts: boom(texts) or real_many(texts))
+        monkeypatch.setattr(tok, "encode_rendered", lambda text: boom([text]) or real_one(text))
+    else:
+        monkeypatch.setattr(tok, "token_ranges_many", lambda texts, *a: boom(texts) or real_ranges(texts, *a))
+    got = [_outcome(r) for r in render_records(items, tok, ctx.profile, ctx.rule, ctx.policy)]
+    assert got[1] == ("error", "tokenizer_error", "the tokenizers library panicked encoding a rendered text: boom")
+    assert got[:1] + got[2:] == clean[:1] + clean[2:] and clean[1][0] == "row"

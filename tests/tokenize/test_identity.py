@@ -98,3 +98,17 @@ def test_a_loaded_tokenizer_is_known_by_the_bytes_it_was_loaded_from(folder):
     (folder / "tokenizer.json").write_text(json.dumps(doc))  # the file changed since the load
     reread = identity.recorded_identity({**state, "file_sha256": "0" * 64}, tok)
     assert reread == identity.hf_identity(folder / "tokenizer.json") and reread != tok.identity
+
+
+def test_a_workers_copy_of_a_tokenizer_skips_the_identity(folder):
+    """A tokenizer rebuilt from its pickle (a worker's) takes no identity (only the run that
+    records the dataset needs it); the run's own keeps it."""
+    pytest.importorskip("tokenizers")
+    import pickle
+
+    from sftdata.tokenize.hf import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(folder)
+    copy = pickle.loads(pickle.dumps(tok))
+    assert copy.identity is None and tok.identity is not None and copy.file_sha256 == tok.file_sha256
+    assert load_hf_tokenizer(folder, identity=False).identity is None
