@@ -97,8 +97,9 @@ def _template_side(side: _Side, k: int, tok, profile: TemplateProfile, where: st
                    texts: list[str]) -> _Side:
     """Plan one side under a template: its whole render and its prompt's render with the
     generation prompt join ``texts`` (encoded later, with the chunk's); ``prompts``: the
-    text index of each prompt rendered for the pair so far (chosen's prompt, when the same
-    messages, tools and variables, is rendered and tokenized once)."""
+    text index of each prompt rendered in the chunk so far, by its messages, tools and
+    variables (the render is a function of them): chosen's and rejected's prompt, and the
+    prompt of several pairs of one prompt (UltraFeedback's), are rendered and tokenized once."""
     conv = fit_to_template(side.conv, profile, where)
     plan, turns, repairs = plan_record(conv, profile, tok, where)
     if len(turns) != len(conv.turns):
@@ -142,10 +143,10 @@ class _Planned:
 
 
 def _plan(rec: PreferenceRecord, tok, profile: TemplateProfile | None, policy: TurnPolicy, where: str,
-          texts: list[str]) -> _Planned:
+          texts: list[str], prompts: dict) -> _Planned:
     """The sides of ``rec`` planned in order (with sftdata's markers: rendered and
-    tokenized), up to the first that cannot be."""
-    prompts: dict = {}
+    tokenized), up to the first that cannot be; ``prompts``: the chunk's prompt renders
+    so far (``_template_side``)."""
     sides: list[_Side] = []
     names = ("chosen", "rejected") if len(rec.completions) == 2 else ("completion",)
     for name, obj, c in zip(names, rec.conversations(), rec.completions):
@@ -273,7 +274,8 @@ def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: 
     sides in order (chosen, then rejected), as when the record is rendered alone."""
     texts: list[str] = []
     wheres = [w for _, w in items]
-    planned = [_plan(rec, tok, profile, policy, where, texts) for rec, where in items]
+    prompts: dict = {}
+    planned = [_plan(rec, tok, profile, policy, where, texts, prompts) for rec, where in items]
     _encode(planned, texts, tok, wheres)
     splits = [_split(p, tok, where) for p, where in zip(planned, wheres)]
     masks = iter(completion_masks(rule, [(prompt, comp) for done, _ in splits for prompt, comp, _ in done]))

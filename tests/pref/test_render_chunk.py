@@ -30,6 +30,7 @@ RECORDS = [
     {"prompt": [U], "completion": [{"role": "assistant", "content": "Blue."}], "label": True},  # KTO
     _pair("A <|im_end|> in text.", "Fine."),  # special_token_in_text under chatml
     _pair("Last one.", "Really the last."),
+    _pair("It is blue, again.", "Green, again."),  # record 0's prompt: rendered and tokenized once in a chunk
 ]
 
 
@@ -67,7 +68,8 @@ def test_a_chunk_renders_exactly_as_its_records_one_by_one(tmp_path, template):
     assert [_outcome(r) for r in chunk] == [_outcome(r) for r in alone]
     kinds = [o[1] if o[0] == "error" else "row" for o in map(_outcome, chunk)]
     special = "special_token_in_text" if template else "row"  # sftdata's markers encode text as text
-    assert kinds == ["row", special, "no_assistant_turn", "row", "row", special, "row"]
+    assert kinds == ["row", special, "no_assistant_turn", "row", "row", special, "row", "row"]
+    assert chunk[7].prompt.tolist() == chunk[0].prompt.tolist()
     assert [r.where for r in chunk if isinstance(r, RecordError)] == \
         [w for r, (_, w) in zip(chunk, items) if isinstance(r, RecordError)]
     assert render_records([], ctx.tok, ctx.profile, ctx.rule, ctx.policy) == []
@@ -130,3 +132,25 @@ def test_a_tokenizer_failure_stays_with_its_record_and_side(tmp_path, monkeypatc
     got = [_outcome(r) for r in render_records(items, tok, ctx.profile, ctx.rule, ctx.policy)]
     assert got[1] == ("error", "tokenizer_error", "the tokenizers library panicked encoding a rendered text: boom")
     assert got[:1] + got[2:] == clean[:1] + clean[2:] and clean[1][0] == "row"
+
+
+def test_a_prompt_shared_by_pairs_of_a_chunk_is_rendered_once(tmp_path, monkeypatch):
+    """Three pairs of one prompt (UltraFeedback's several pairs per prompt) and one of
+    another: two renders with the generation prompt in the chunk, the rows as alone."""
+    from sftdata.template.chat_template import ChatTemplate
+
+    ctx = _context(tmp_path, True)
+    records = [_pair(f"Blue {i}.", f"Green {i}.") for i in range(3)] + \
+        [_pair("Yes.", "No.", ({"role": "user", "content": "Another question?"},))]
+    items = [(parse_preference(r, f"line {i}"), f"line {i}") for i, r in enumerate(records)]
+    alone = [_outcome(render_record(rec, ctx.tok, ctx.profile, ctx.rule, ctx.policy, w)) for rec, w in items]
+    real, prompts = ChatTemplate.render, []
+
+    def counting(self, messages, **kw):
+        if kw.get("add_generation_prompt"):
+            prompts.append(messages[-1]["content"])
+        return real(self, messages, **kw)
+
+    monkeypatch.setattr(ChatTemplate, "render", counting)
+    chunk = [_outcome(r) for r in render_records(items, ctx.tok, ctx.profile, ctx.rule, ctx.policy)]
+    assert prompts == ["What color is the sky?", "Another question?"] and chunk == alone
