@@ -20,34 +20,20 @@ from __future__ import annotations
 
 from ..curate import CurateSettings
 from .cluster import RayCluster, connect, import_ray
-from .tasks import TASK_RETRIES, get_result
+from .tasks import RayTasks
 
 
-class RayPrefRunner:
-    """A prepare-pref run's tasks on a Ray cluster (``in_order``'s runner)."""
+class RayPrefRunner(RayTasks):
+    """A prepare-pref run's tasks on a Ray cluster (``in_order``'s runner): at most 2 x the
+    cluster's CPUs in flight."""
 
     def __init__(self, cluster: RayCluster):
-        self.ray = cluster.ray
+        super().__init__(cluster.ray)
         self.depth = 2 * max(1, cluster.cpus)
-        self._remote: dict = {}
-        self._pending: set = set()
 
     def shared(self, value):
         """``value`` put in the cluster's object store once (every task gets the object)."""
         return self.ray.put(value)
-
-    def submit(self, fn, args: tuple, doing: str):
-        task = self._remote.get(fn)
-        if task is None:
-            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(fn)
-        ref = task.remote(*args)
-        self._pending.add(ref)
-        return ref
-
-    def result(self, ref, doing: str):
-        out = get_result(self.ray, ref, doing)
-        self._pending.discard(ref)
-        return out
 
     def close(self, stopped: bool) -> None:
         """The tasks still running are let finish unread: they write nothing (never

@@ -34,7 +34,7 @@ from ..prepare import Executor, PrepareOptions
 from ..sources import SourceInfo
 from ..sources.partitions import PART_BYTES, Partition, plan_partitions
 from .cluster import RayCluster, connect, import_ray
-from .tasks import TASK_RETRIES, get_result, stop_tasks
+from .tasks import RayTasks, stop_tasks
 
 MIN_PART_BYTES = 1 << 20
 PARTS_PER_CPU = 16  # partitions per CPU of the cluster: the last ones to finish leave CPUs idle briefly
@@ -47,7 +47,7 @@ def part_bytes_for(infos: list[SourceInfo], cpus: int, part_bytes: int | None = 
     return int(min(PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_CPU * cpus))))
 
 
-class RayRunner:
+class RayRunner(RayTasks):
     """A run's tasks on a Ray cluster (``options.TaskRunner``): every task submitted at once,
     1 CPU each, retried when its worker dies; stopping early writes ``STOP`` and waits."""
 
@@ -55,12 +55,10 @@ class RayRunner:
 
     def __init__(self, cluster: RayCluster, tok, profile, stage_dir: Path, curate: CurateSettings,
                  part_bytes: int | None = None, task_env: dict[str, str] | None = None):
-        self.ray, self.cpus, self.stage_dir, self.part_bytes = cluster.ray, cluster.cpus, stage_dir, part_bytes
-        self.options = {"runtime_env": {"env_vars": dict(task_env)}} if task_env else {}
+        super().__init__(cluster.ray, {"runtime_env": {"env_vars": dict(task_env)}} if task_env else None)
+        self.cpus, self.stage_dir, self.part_bytes = cluster.cpus, stage_dir, part_bytes
         self.tokenizer = pickle.dumps((tok, profile))
         self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
-        self._remote: dict = {}
-        self._pending: set = set()
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
         for info in infos:
@@ -68,19 +66,6 @@ class RayRunner:
                 raise UsageError("--engine ray reads files and URLs, which its tasks open themselves; stdin (-) can "
                                  "only be read here: use --engine local, or save the input to a file")
         return plan_partitions(infos, part_bytes_for(infos, self.cpus, self.part_bytes))
-
-    def submit(self, fn, args: tuple, doing: str):
-        task = self._remote.get(fn)
-        if task is None:
-            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES, **self.options)(fn)
-        ref = task.remote(*args)
-        self._pending.add(ref)
-        return ref
-
-    def result(self, ref, doing: str):
-        out = get_result(self.ray, ref, doing)
-        self._pending.discard(ref)
-        return out
 
     def close(self, stopped: bool) -> None:
         """A run that stopped early (an error, Ctrl-C): no task may write on into the staging area."""

@@ -45,3 +45,28 @@ def stop_tasks(ray, refs, stage_dir: Path) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
     except Exception:  # noqa: BLE001  (the cluster is gone: nothing runs on it)
         pass
+
+
+class RayTasks:
+    """A run's tasks on a Ray cluster (the runner ``prepare.pool.in_order`` drives): each
+    function made a remote task once (1 CPU, retried when its worker dies, with
+    ``options``), the refs not yet collected kept in ``pending``."""
+
+    def __init__(self, ray, options: dict | None = None):
+        self.ray = ray
+        self.options = options or {}
+        self._remote: dict = {}
+        self._pending: set = set()
+
+    def submit(self, fn, args: tuple, doing: str):
+        task = self._remote.get(fn)
+        if task is None:
+            task = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=TASK_RETRIES, **self.options)(fn)
+        ref = task.remote(*args)
+        self._pending.add(ref)
+        return ref
+
+    def result(self, ref, doing: str):
+        out = get_result(self.ray, ref, doing)
+        self._pending.discard(ref)
+        return out
