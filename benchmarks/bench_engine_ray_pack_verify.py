@@ -103,6 +103,20 @@ def local_ray(cpus: int) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
+def alternate_rounds(rounds: int, whole, pieces) -> tuple[dict[str, list[tuple[float, float]]], list]:
+    """``whole()`` once to warm the cluster's workers, then ``rounds`` rounds of ``whole()``
+    and ``pieces()`` alternated: each run's (wall, CPU) seconds by name, and every result."""
+    whole()
+    runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
+    results = []
+    for _ in range(rounds):
+        for name, fn in (("whole", whole), ("pieces", pieces)):
+            w, c, r = timed(fn)
+            runs[name].append((w, c))
+            results.append(r)
+    return runs, results
+
+
 def whole_against_pieces(runs: dict[str, list[tuple[float, float]]]) -> dict:
     """The (wall, CPU) seconds of each round of ``whole`` and ``pieces``, and pieces' speed-up."""
     return {**{f"{k}_wall_s": [round(w, 2) for w, _ in v] for k, v in runs.items()},

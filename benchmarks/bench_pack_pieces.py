@@ -26,7 +26,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_engine_ray_pack_verify import data_bytes, local_ray, one_shard_dataset, timed, whole_against_pieces  # noqa: E402
+from bench_engine_ray_pack_verify import (  # noqa: E402
+    alternate_rounds,
+    data_bytes,
+    local_ray,
+    one_shard_dataset,
+    whole_against_pieces,
+)
 from corpus import identical  # noqa: E402
 
 from sftdata.engine.pack_ray import ray_pack_executor, row_tasks  # noqa: E402
@@ -50,12 +56,8 @@ def main() -> None:
     pack(out / "ds", out / "p_local", kopts)
     local_ray(args.cpus)
     whole, pieces = ray_pack_executor(shards_per_task=1), ray_pack_executor()
-    pack(out / "ds", out / "p_whole", kopts, executor=whole)  # warm the workers once
-    runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
-    for _ in range(args.rounds):
-        for name, ex in (("whole", whole), ("pieces", pieces)):
-            w, c, _ = timed(lambda ex=ex, name=name: pack(out / "ds", out / f"p_{name}", kopts, executor=ex))
-            runs[name].append((w, c))
+    runs, _ = alternate_rounds(args.rounds, lambda: pack(out / "ds", out / "p_whole", kopts, executor=whole),
+                               lambda: pack(out / "ds", out / "p_pieces", kopts, executor=pieces))
     rows = json.loads((out / "p_local" / "dataset_metadata.json").read_bytes())["splits"]["train"]["rows"]
     per = BIG // args.block_size
     mb = data_bytes(out / "p_local") / 1e6

@@ -24,7 +24,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_engine_ray_pack_verify import data_bytes, local_ray, one_shard_dataset, report_dict, timed, whole_against_pieces  # noqa: E402
+from bench_engine_ray_pack_verify import (  # noqa: E402
+    alternate_rounds,
+    data_bytes,
+    local_ray,
+    one_shard_dataset,
+    report_dict,
+    whole_against_pieces,
+)
 
 from sftdata.engine.tasks import TASKS_PER_CPU  # noqa: E402
 from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
@@ -48,14 +55,9 @@ def main() -> None:
     local = report_dict(verify(out / "ds"))
     local_ray(args.cpus)
     whole, pieces = ray_verify_executor(items_per_task=10**12), ray_verify_executor()
-    verify(out / "ds", executor=whole)  # warm the workers once
-    runs: dict[str, list[tuple[float, float]]] = {"whole": [], "pieces": []}
-    same = True
-    for _ in range(args.rounds):
-        for name, ex in (("whole", whole), ("pieces", pieces)):
-            w, c, r = timed(lambda ex=ex: verify(out / "ds", executor=ex))
-            runs[name].append((w, c))
-            same = same and report_dict(r) == local
+    runs, reports = alternate_rounds(args.rounds, lambda: verify(out / "ds", executor=whole),
+                                     lambda: verify(out / "ds", executor=pieces))
+    same = all(report_dict(r) == local for r in reports)
     shards = scan_dataset(out / "ds").dataset.shards
     parts = shard_parts(shards, ShardContext(False, None, None, None, False), TASKS_PER_CPU * args.cpus)
     result = {

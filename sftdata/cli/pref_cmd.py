@@ -97,6 +97,13 @@ def _table(s: PrefSummary) -> Table:
     return t
 
 
+def _options(template_var, decontaminate, workers, quiet: bool, **fields) -> PrefOptions:
+    """The run's options from the command's: ``--template-var`` parsed, the evaluation files
+    as a tuple, ``--workers`` capped at the cores (both commands read them alike)."""
+    return PrefOptions(template_vars=parse_template_vars(template_var), decontaminate=tuple(decontaminate or ()),
+                       workers=usable_workers(workers, quiet), **fields)
+
+
 def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
          ray_address: str | None = None) -> None:
     name = "prepare-rl" if rl else "prepare-pref"
@@ -165,14 +172,11 @@ def prepare_pref_cmd(
     * `sftdata prepare-pref big/ -o /shared/dpo --tokenizer qwen3/ --engine ray` (chunks rendered by tasks on a
       Ray cluster; the dataset byte-identical)
     """
-    opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
-                       template_vars=parse_template_vars(template_var), form=form,
-                       truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
-                       seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force,
-                       wait=wait, max_record_bytes=max_record_bytes, reasoning=reasoning,
-                       allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
-                       workers=usable_workers(workers, quiet), decontaminate=tuple(decontaminate or ()),
-                       decontaminate_ngram=decontaminate_ngram)
+    opts = _options(template_var, decontaminate, workers, quiet, tokenizer=tokenizer, chat_template=chat_template,
+                    form=form, truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
+                    seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
+                    max_record_bytes=max_record_bytes, reasoning=reasoning, allow_pad_as_stop=allow_pad_as_stop,
+                    dedup=dedup, dedup_threshold=dedup_threshold, decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, False, as_json, quiet, engine, ray_address)
 
 
@@ -217,11 +221,9 @@ def prepare_rl_cmd(
     * `sftdata prepare-rl gsm8k.jsonl -o data/grpo --tokenizer qwen3/ --max-prompt-length 1024`
     * `sftdata prepare-rl prompts/ -o data/grpo --val-split 0.05 --json` (a folder; a JSON summary)
     """
-    opts = PrefOptions(tokenizer=tokenizer, chat_template=chat_template,
-                       template_vars=parse_template_vars(template_var),
-                       truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
-                       shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
-                       max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop,
-                       dedup=dedup, dedup_threshold=dedup_threshold, workers=usable_workers(workers, quiet),
-                       decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram)
+    opts = _options(template_var, decontaminate, workers, quiet, tokenizer=tokenizer, chat_template=chat_template,
+                    truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
+                    shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
+                    max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
+                    dedup_threshold=dedup_threshold, decontaminate_ngram=decontaminate_ngram)
     _run(opts, inputs, output_dir, True, as_json, quiet, engine, ray_address)

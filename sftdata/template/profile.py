@@ -382,27 +382,22 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     added = sorted((t for t in tok.added_tokens if t.strip()), key=len, reverse=True)
     draft = TemplateProfile(template, vars_, template.has_generation_blocks, "", Layout((), ()),
                             MaskRule((), ()), style, why, content, user_variables=user_vars)
-    needs_tools = False
+    def probe(conv: Conversation, with_tools: bool) -> tuple[list[dict], list[dict] | None]:
+        return draft.messages(conv), tool_schemas(conv) or ([_WEATHER] if with_tools else None)
 
-    def probe(conv: Conversation) -> tuple[list[dict], list[dict] | None]:
-        return draft.messages(conv), tool_schemas(conv) or ([_WEATHER] if needs_tools else None)
-
-    required = [probe(c) for c in PROBES]
-    try:
-        for messages, tools in required:
-            render_full(messages, tools)
-    except TemplateLimitError:  # past its limits: refused, never taken as refusing
-        raise
-    except TemplateError as e:  # a template for tool use only (Hermes' tool_use) renders nothing without tools
-        needs_tools = True
-        required = [probe(c) for c in PROBES]
+    refused: TemplateError | None = None
+    for needs_tools in (False, True):  # a template for tool use only (Hermes' tool_use) renders nothing without tools
+        required = [probe(c, needs_tools) for c in PROBES]
         try:
             for messages, tools in required:
                 render_full(messages, tools)
+            break
         except TemplateLimitError:  # past its limits: refused, never taken as refusing
             raise
-        except TemplateError:
-            raise e from None  # it is refused with its message
+        except TemplateError as e:
+            if refused is not None:
+                raise refused from None  # it is refused with its first message
+            refused = e
     lone = [{"role": "user", "content": "Hi there"}]
     tools = [_WEATHER] if needs_tools else None
     try:
@@ -417,7 +412,7 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     accepted = list(required)
     unsupported: dict[str, str] = {}
     for cap in CAPABILITIES:
-        messages, tools = probe(CAPABILITY_PROBES[cap])
+        messages, tools = probe(CAPABILITY_PROBES[cap], needs_tools)
         try:
             text = render_full(messages, tools).text
             if cap == "system" and "Be brief." not in text:
@@ -437,7 +432,7 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         except (TemplateError, NotLocated) as e:
             unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
                 f"in the whole render ({e.why})"
-    renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"]))
+    renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
         unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
     return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,

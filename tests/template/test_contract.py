@@ -128,15 +128,18 @@ def test_prepare_tool_refuses_up_front_a_template_that_renders_no_tool_call(fold
         "records without tools")
 
 
+CALL_TURNS = [  # a question, a tool call, its result, the answer
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    {"role": "assistant", "content": "It is 18C."}]
+
+
 def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders):
     """The tool probe's reply opens after the special token before it, so tools are
     supported (this template renders calls and results, no schema: the record has none)."""
-    record = {"messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
-        {"role": "assistant", "content": "It is 18C."}]}
+    record = {"messages": CALL_TURNS}
     res, profile, tok = episodes_of(folders["headerless"], record)
     assert profile.tools_supported and profile.layout.header_texts == ("<|Assistant|>", "<|out_end|>")
     messages, tools = reference_messages(record)
@@ -149,12 +152,7 @@ def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders
 def test_a_schema_written_only_in_its_call_is_dropped_not_rendered(folders):
     """The template renders the call (its name and argument names) but not the schema the
     record gives: the record is refused, as transformers' render holds no schema either."""
-    record = {"tools": [WEATHER], "messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
-        {"role": "assistant", "content": "It is 18C."}]}
+    record = {"tools": [WEATHER], "messages": CALL_TURNS}
     res, profile, tok = episodes_of(folders["headerless"], record)
     assert profile.tools_supported
     assert isinstance(res, RecordError) and (res.reason, res.detail) == (
