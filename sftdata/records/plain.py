@@ -3,7 +3,8 @@
 A *plain* record is an object with a ``messages`` list of ``{"role", "content"}``
 messages (or a ShareGPT ``conversations`` list of ``{"from", "value"}``), every message
 exactly those two keys with string content, no ``tools`` / ``functions`` key, an
-optional top-level ``system`` string, then: system messages first, user and assistant
+optional top-level ``system`` string and valid ``chat_template_kwargs`` (kept as the
+general parser keeps them), then: system messages first, user and assistant
 strictly alternating from a user message, none blank, the last one the assistant's, no
 assistant reply opening with ``<think>``. Its conversation is its messages as turns (the
 system texts that are not blank joined by a blank line): nothing to repair, reject or
@@ -20,15 +21,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import RecordError
 from .content import THINK_OPEN
-from .turns import CHAT_ROLES, TEMPLATE_KWARGS, Conversation, Turn
+from .turns import CHAT_ROLES, TEMPLATE_KWARGS, Conversation, Turn, read_template_kwargs
 
 _OTHER = {"user": "assistant", "assistant": "user"}
 
 
 def plain_conversation(obj: Any) -> Conversation | None:
     """The conversation of a plain record (module docstring), or None."""
-    if type(obj) is not dict or "tools" in obj or "functions" in obj or TEMPLATE_KWARGS in obj:
+    if type(obj) is not dict or "tools" in obj or "functions" in obj:
+        return None
+    kwargs = template_kwargs(obj)
+    if kwargs is False:
         return None
     if "messages" in obj:
         msgs, role_key, text_key = obj["messages"], "role", "content"
@@ -66,7 +71,18 @@ def plain_conversation(obj: Any) -> Conversation | None:
         expect = _OTHER[role]
     if expect != "user" or not turns:  # empty, or the last turn is not the assistant's
         return None
-    return with_system(systems, turns)
+    return with_system(systems, turns, kwargs=kwargs)
+
+
+def template_kwargs(obj: dict) -> dict | None | bool:
+    """The record's ``chat_template_kwargs`` as the general parser reads them (None: none),
+    or False where it would refuse them (it then names the record)."""
+    if TEMPLATE_KWARGS not in obj:
+        return None
+    try:
+        return read_template_kwargs(obj, "")
+    except RecordError:
+        return False
 
 
 def opens_thinking(text: str) -> bool:
@@ -75,9 +91,12 @@ def opens_thinking(text: str) -> bool:
     return text.startswith(THINK_OPEN) or (text[:1].isspace() and text.lstrip().startswith(THINK_OPEN))
 
 
-def with_system(systems: list[str], turns: list[Turn], tools: tuple = (), specs: tuple = ()) -> Conversation:
+def with_system(systems: list[str], turns: list[Turn], tools: tuple = (), specs: tuple = (),
+                kwargs: dict | None = None) -> Conversation:
     """The conversation of ``turns`` after one system turn: the ``systems`` texts that are
     not blank, joined by a blank line (none when all are blank); ``specs``: the tool
-    schemas as the record gave them (``Conversation.tool_specs``)."""
+    schemas as the record gave them (``Conversation.tool_specs``); ``kwargs``: its
+    ``chat_template_kwargs``."""
     system = "\n\n".join(t for t in systems if t.strip())
-    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools, tool_specs=specs)
+    return Conversation((Turn("system", system), *turns) if system else tuple(turns), tools, tool_specs=specs,
+                        template_kwargs=kwargs)

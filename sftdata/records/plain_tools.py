@@ -10,7 +10,8 @@ A *plain tool* record is what tool-calling datasets mostly hold, in either forma
   message exactly ``from`` and a string ``value``, a ``function_call`` turn holding a
   call;
 
-no ``functions`` key, an optional top-level ``system`` string, and then: system messages
+no ``functions`` key, an optional top-level ``system`` string, valid
+``chat_template_kwargs`` (kept), and then: system messages
 first, a user message next, no two user or two assistant turns in a row (but consecutive
 ``function_call`` turns, which are one turn's calls), every call's results right after it
 in call order (by ``tool_call_id`` when given) before anything else, every call naming a
@@ -30,16 +31,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RecordError
-from .plain import opens_thinking, with_system
+from .plain import opens_thinking, template_kwargs, with_system
 from .tools import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tool_specs, sharegpt_calls, str_id
-from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, TEMPLATE_KWARGS, USER_ALIASES, Conversation, ToolCall, Turn
+from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
 
 _OPENAI = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES, **dict.fromkeys(RESULT_ROLES, "tool")}
 _SHAREGPT = {**_OPENAI, **dict.fromkeys(CALL_FROMS, "call")}
 
 
 def _messages(obj: Any) -> tuple[list, dict] | None:
-    if type(obj) is not dict or "functions" in obj or TEMPLATE_KWARGS in obj:
+    if type(obj) is not dict or "functions" in obj:
         return None
     if "messages" in obj:
         msgs, kinds = obj["messages"], _OPENAI
@@ -56,6 +57,9 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
     if found is None:
         return None
     msgs, kinds = found
+    kwargs = template_kwargs(obj)
+    if kwargs is False:
+        return None
     sharegpt = kinds is _SHAREGPT
     top = obj.get("system")
     if top is not None and type(top) is not str:
@@ -149,4 +153,4 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
         last = "call" if calls else "assistant"
     if last not in ("assistant", "call"):
         return None
-    return with_system(systems, turns, tools, specs)
+    return with_system(systems, turns, tools, specs, kwargs)

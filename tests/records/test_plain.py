@@ -18,7 +18,10 @@ TEXTS = ["hi", "Hello there.", "", "   ", "\n", None, 7, ["a", {"type": "text", 
 EXTRA = [{"weight": 0}, {"name": "bob"}, {"reasoning_content": "r"}, {"refusal": "no"},
          {"tool_calls": []}, {"train": True}]
 TOP = [{"system": "Be kind."}, {"system": "  "}, {"system": None}, {"system": 5}, {"tools": []},
-       {"tools": "[]"}, {"functions": None}, {"label": True}, {"id": "x1"}]
+       {"tools": "[]"}, {"functions": None}, {"label": True}, {"id": "x1"},
+       {"chat_template_kwargs": {"enable_thinking": False}}, {"chat_template_kwargs": {}},
+       {"chat_template_kwargs": None}, {"chat_template_kwargs": ["enable_thinking"]},
+       {"chat_template_kwargs": {"add_generation_prompt": True}}]
 
 
 def message(rng: random.Random, sharegpt: bool, role=None, text=None) -> dict:
@@ -86,6 +89,14 @@ def test_a_plain_record_becomes_its_messages_as_turns():
                                                     Turn("assistant", " Hello ")))
 
 
+def test_a_plain_record_keeps_its_template_variables():
+    rec = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
+           "chat_template_kwargs": {"enable_thinking": False, "date_string": "1 Jan"}}
+    assert plain_conversation(rec) == Conversation((Turn("user", "Hi"), Turn("assistant", "Yo")), template_kwargs={
+        "enable_thinking": False, "date_string": "1 Jan"})
+    assert plain_conversation({**rec, "chat_template_kwargs": {}}).template_kwargs is None  # as the general parser
+
+
 @pytest.mark.parametrize("rec", [
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]},
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " <think>r</think>a"}]},
@@ -96,6 +107,8 @@ def test_a_plain_record_becomes_its_messages_as_turns():
     {"messages": [{"role": "user", "content": "q"}]},
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": []},
     {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+     "chat_template_kwargs": {"messages": []}},  # refused by the general parser, which names the record
 ])
 def test_records_that_need_the_general_parser_are_left_to_it(rec):
     assert plain_conversation(rec) is None

@@ -121,6 +121,9 @@ def records(n: int, seed: int = 0) -> list:
         if rng.random() < 0.1:
             rec.update(rng.choice([{"system": "Top."}, {"system": 5}, {"functions": SCHEMAS}, {"id": 3},
                                    {"messages": [], "conversations": []}]))
+        if rng.random() < 0.2:
+            rec["chat_template_kwargs"] = rng.choice([{"enable_thinking": False}, {"date_string": "1 Jan"}, {},
+                                                      None, "no", {"tools": []}])
         out.append(rec)
     return out
 
@@ -153,6 +156,9 @@ def test_a_plain_glaive_record_becomes_its_turns():
         (Turn("system", "Sys."), Turn("user", "q"), Turn("assistant", "", (ToolCall("f", {"x": 1}),)),
          Turn("tool", "42"), Turn("assistant", " It is 42. ")), ({"name": "f", "parameters": {"type": "object"}},),
         tool_specs=({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},))
+    kwargs = {"enable_thinking": True}
+    assert plain_tool_conversation({**rec, "chat_template_kwargs": kwargs}).template_kwargs == kwargs
+    assert plain_tool_conversation({**rec, "chat_template_kwargs": {"tools": []}}) is None  # the general parser's
 
 
 def test_a_plain_openai_record_keeps_call_ids_and_drops_blank_text_beside_calls():
