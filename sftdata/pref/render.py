@@ -19,6 +19,7 @@ mask the render itself located (``rule_mismatch``) and train at least one token
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,8 @@ from ..records.conversation import Conversation, parse_record
 from ..records.preference import PreferenceRecord, PromptRecord
 from ..records.turns import TurnPolicy
 from ..template import TemplateProfile, check_texts, fit_to_template, plan_record, tool_schemas
+
+ENCODE_BATCH = 64  # the fewest texts of a chunk encoded on a second thread (fewer: not worth the hand-over)
 
 
 @dataclass(frozen=True)
@@ -171,17 +174,41 @@ def _stop(p: _Planned, i: int, e: TokenizerFailure, where: str) -> None:
     p.error = RecordError(e.reason, str(e), where)
 
 
-def _encode(planned: list[_Planned], texts: list[str], tok, wheres: Sequence[str]) -> None:
-    """Fill each template side's ids and located mask from one encoding of every text and
-    one location of every side's replies. Where the tokenizers library fails on the chunk,
-    each record's sides are done again one by one, and a side it fails on stops its record
-    there (``tokenizer_error``), the others unaffected."""
+class _Encoding:
+    """A chunk's texts being tokenized. With a ``pool`` (one thread), the texts the fast
+    engine handles are joined here and its core encodes them on the pool's thread while
+    this one goes on (the next chunk renders meanwhile: the core lets go of the
+    interpreter); ``result`` then adds what only the library encodes, on this thread.
+    Without one, or for a chunk under ``ENCODE_BATCH`` texts, ``result`` encodes them all.
+    The ids are those of encoding each text alone either way."""
+
+    def __init__(self, tok, texts: list[str], pool: Executor | None):
+        self.batch = self.job = None
+        if pool is not None and len(texts) >= ENCODE_BATCH and getattr(tok, "encodes_apart", False):
+            self.batch = tok.fast_batch(texts)
+            if self.batch is not None:
+                self.job = pool.submit(tok.encode_fast_batch, self.batch)
+
+    def result(self, tok, texts: list[str]) -> list | None:
+        """Each text's ``Encoded``; None: the tokenizer failed on some text."""
+        try:
+            if self.job is None:
+                return tok.encode_rendered_many(texts) if texts else []
+            return tok.encode_rendered_rest(texts, tok.fast_batch_results(self.batch, self.job.result(), len(texts)))
+        except TokenizerFailure:
+            return None
+
+
+def _encode(planned: list[_Planned], texts: list[str], tok, wheres: Sequence[str], encoded: list | None) -> None:
+    """Fill each template side's ids and located mask from the encoding of every text
+    (``_Encoding``'s) and one location of every side's replies. Where the tokenizers
+    library failed on the chunk (``encoded`` None) or fails locating, each record's sides
+    are done again one by one, and a side it fails on stops its record there
+    (``tokenizer_error``), the others unaffected."""
     pending = [(i, s) for i, p in enumerate(planned) for s in p.sides if s.whole_at >= 0]
     if not pending:
         return
-    try:
-        encoded = tok.encode_rendered_many(texts)
-    except TokenizerFailure:
+    if encoded is None:
         encoded = [None] * len(texts)
         for i, p in enumerate(planned):
             for j, s in enumerate(list(p.sides)):
@@ -264,19 +291,31 @@ def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], error: Rec
     return PairRender(split[0][0], completions, tuple(masks), repairs, tuple(s.conv for s in sides))
 
 
-def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: TemplateProfile | None,
-                   rule: LossRule, policy: TurnPolicy) -> list[PairRender | RecordError]:
-    """``render_record`` of each ``(record, where)``: its ``PairRender`` or the
-    ``RecordError`` it raises. The chunk is rendered first, then every text is tokenized
-    in one call, then the located masks and every completion's rule mask are made for the
-    chunk at once (``completion_masks``): the same proof, record by record, at a fraction
-    of the per-record cost. A record's refusal is its first side's first failing step, the
-    sides in order (chosen, then rejected), as when the record is rendered alone."""
+@dataclass
+class RenderingChunk:
+    """A chunk rendered, its texts being tokenized (``start_records``)."""
+
+    planned: list[_Planned]
+    wheres: list[str]
+    texts: list[str]
+    encoding: _Encoding
+
+
+def start_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: TemplateProfile | None,
+                  policy: TurnPolicy, pool: Executor | None = None) -> RenderingChunk:
+    """The first half of ``render_records``: every record of the chunk parsed and
+    rendered, and its texts' tokenizing started (on ``pool``'s thread when given:
+    ``_Encoding``)."""
     texts: list[str] = []
-    wheres = [w for _, w in items]
     prompts: dict = {}
     planned = [_plan(rec, tok, profile, policy, where, texts, prompts) for rec, where in items]
-    _encode(planned, texts, tok, wheres)
+    return RenderingChunk(planned, [w for _, w in items], texts, _Encoding(tok, texts, pool))
+
+
+def finish_records(chunk: RenderingChunk, tok, rule: LossRule) -> list[PairRender | RecordError]:
+    """The second half of ``render_records``: the chunk's ids, split and proven."""
+    planned, wheres = chunk.planned, chunk.wheres
+    _encode(planned, chunk.texts, tok, wheres, chunk.encoding.result(tok, chunk.texts))
     splits = [_split(p, tok, where) for p, where in zip(planned, wheres)]
     masks = iter(completion_masks(rule, [(prompt, comp) for done, _ in splits for prompt, comp, _ in done]))
     out: list[PairRender | RecordError] = []
@@ -287,6 +326,19 @@ def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: 
         except RecordError as e:
             out.append(e)
     return out
+
+
+def render_records(items: Sequence[tuple[PreferenceRecord, str]], tok, profile: TemplateProfile | None,
+                   rule: LossRule, policy: TurnPolicy) -> list[PairRender | RecordError]:
+    """``render_record`` of each ``(record, where)``: its ``PairRender`` or the
+    ``RecordError`` it raises. The chunk is rendered first, then every text is tokenized
+    in one call, then the located masks and every completion's rule mask are made for the
+    chunk at once (``completion_masks``): the same proof, record by record, at a fraction
+    of the per-record cost. A record's refusal is its first side's first failing step, the
+    sides in order (chosen, then rejected), as when the record is rendered alone. A run
+    renders the next chunk while this one's texts are tokenized (``start_records``,
+    ``finish_records``)."""
+    return finish_records(start_records(items, tok, profile, policy), tok, rule)
 
 
 def render_record(rec: PreferenceRecord, tok, profile: TemplateProfile | None, rule: LossRule,

@@ -19,6 +19,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError, UsageError
 from ..prepare.build import plan_build
 from ..prepare.options import Progress
-from ..prepare.pool import PoolRunner, chunks_of, in_order, process_pool, worker_started
+from ..prepare.pool import PoolRunner, chunks_of, in_order, overlapped, process_pool, worker_started
 from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
@@ -70,7 +71,7 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
-from .render import PairRender, render_prompt, render_records
+from .render import PairRender, RenderingChunk, finish_records, render_prompt, start_records
 from .split import split_rows
 from .truncate import Truncation, plan_cut
 
@@ -246,9 +247,19 @@ def _prompt_row(obj: dict, raw, where: str, ctx: Context) -> Row:
                columns=_columns(raw, obj, pr.columns), text=text)
 
 
-def record_rows(items: Sequence[tuple[bytes, str]], ctx: Context) -> list[Row | RecordError]:
-    """``record_row`` of each ``(raw, where)``: its ``Row`` or the ``RecordError`` it
-    raises. Preference records are rendered as one chunk (``render_records``)."""
+@dataclass
+class StartedRows:
+    """``start_rows``' chunk: per record its outcome so far (a ``Row`` of an RL prompt, a
+    ``RecordError``, or None while its pair renders), the preference records rendering."""
+
+    out: list
+    pending: list[tuple[int, PreferenceRecord, str]]
+    rendering: RenderingChunk
+
+
+def start_rows(items: Sequence[tuple[bytes, str]], ctx: Context, pool: Executor | None = None) -> StartedRows:
+    """The first half of ``record_rows``: the records read and rendered, their texts being
+    tokenized (on ``pool``'s thread when given: ``render.start_records``)."""
     out: list = [None] * len(items)
     pending: list[tuple[int, PreferenceRecord, str]] = []
     for i, (raw, where) in enumerate(items):
@@ -260,13 +271,25 @@ def record_rows(items: Sequence[tuple[bytes, str]], ctx: Context) -> list[Row | 
                 pending.append((i, parse_preference(obj, where, ctx.opts.form), where))
         except RecordError as e:
             out[i] = e
-    renders = render_records([(pr, where) for _, pr, where in pending], ctx.tok, ctx.profile, ctx.rule, ctx.policy)
-    for (i, pr, where), r in zip(pending, renders):
+    rendering = start_records([(pr, where) for _, pr, where in pending], ctx.tok, ctx.profile, ctx.policy, pool)
+    return StartedRows(out, pending, rendering)
+
+
+def finish_rows(started: StartedRows, ctx: Context) -> list[Row | RecordError]:
+    """The second half of ``record_rows``: each record's ``Row`` or ``RecordError``."""
+    out = started.out
+    for (i, pr, where), r in zip(started.pending, finish_records(started.rendering, ctx.tok, ctx.rule)):
         try:
             out[i] = r if isinstance(r, RecordError) else _pair_row(pr, r, where, ctx)
         except RecordError as e:
             out[i] = e
     return out
+
+
+def record_rows(items: Sequence[tuple[bytes, str]], ctx: Context) -> list[Row | RecordError]:
+    """``record_row`` of each ``(raw, where)``: its ``Row`` or the ``RecordError`` it
+    raises. Preference records are rendered as one chunk (``render_records``)."""
+    return finish_rows(start_rows(items, ctx), ctx)
 
 
 def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -> Row:
@@ -329,12 +352,25 @@ def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> Record
                       contaminated)
 
 
-def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
-    """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
+@dataclass
+class StartedChunk:
+    """``start_chunk``'s chunk of input records, its readable ones rendering."""
+
+    items: Sequence[RawRecord]
+    rows: StartedRows
+
+
+def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None) -> StartedChunk:
+    """The first half of ``pref_chunk``: the chunk rendered, its texts being tokenized
+    (on ``pool``'s thread when given, while the caller starts the next chunk)."""
+    return StartedChunk(items, start_rows([(rec.raw, rec.where) for rec in items if rec.reject is None], ctx, pool))
+
+
+def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) -> PrefChunk:
+    """The second half of ``pref_chunk``: the chunk's rows and their keys."""
     outcomes, rows, at = [], [], []
-    readable = [rec for rec in items if rec.reject is None]
-    made = iter(record_rows([(rec.raw, rec.where) for rec in readable], ctx))
-    for rec in items:
+    made = iter(finish_rows(started.rows, ctx))
+    for rec in started.items:
         if rec.reject is not None:  # decided while reading (too large to read)
             outcomes.append((rec.record, rec.where, rec.reject))
             continue
@@ -348,7 +384,12 @@ def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings)
     keys = row_keys(rows, curate)
     for i, (record, where, row) in zip(at, rows):  # the text has served (keys): not sent back
         outcomes[i] = (record, where, dataclasses.replace(row, text=""))
-    return PrefChunk(len(items), outcomes, keys)
+    return PrefChunk(len(started.items), outcomes, keys)
+
+
+def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
+    """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
+    return finish_chunk(start_chunk(items, ctx), ctx, curate)
 
 
 PREF_WORKER: dict = {}
@@ -403,9 +444,10 @@ def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, 
             raise
         runner.close(False)
         return
-    if workers <= 1:
-        for items, pos in chunks:
-            yield pref_chunk(items, ctx, curate), pos
+    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders
+        with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool:
+            for started, pos in overlapped(chunks, lambda items: start_chunk(items, ctx, pool)):
+                yield finish_chunk(started, ctx, curate), pos
         return
     runner = PoolRunner(ctx.opts, None, None, None, curate,
                         pool=process_pool(workers, _pref_worker_init, (ctx, curate), curate))

@@ -16,6 +16,7 @@ Checks, in order, each a ``CheckResult`` of the usual report:
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_masks
 from ..errors import RecordError, SftDataError
+from ..prepare.pool import overlapped
 from ..sources import inspect_source, iter_all
 from ..store.format import (
     EPISODES_FILE,
@@ -43,7 +45,7 @@ from ..store.format import (
 from ..store.reader import read_one_generation
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
-from .run import PrefOptions, open_context, record_rows
+from .run import PrefOptions, finish_rows, open_context, start_rows
 from .truncate import Truncation
 
 CHECKS = (("checksums", "every listed file's size and sha256"),
@@ -201,8 +203,9 @@ def _check_masks(sh: _Shard, dtype: np.dtype, rule, per_row: int, problem) -> No
 
 def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, problem) -> None:
     """The ``pairs`` check: the recorded inputs read again in order, the records that have a
-    row rendered again ``ROW_BATCH`` at a time (``record_rows``) and compared with the row
-    (read from its memory-mapped shard; the shards' rows are found by record number)."""
+    row rendered again ``ROW_BATCH`` at a time (``record_rows``; each batch tokenized while
+    the next renders) and compared with the row (read from its memory-mapped shard; the
+    shards' rows are found by record number)."""
     rl = meta.get("kind") == "prompts"
     ctx, _ = open_context(_options(meta), rl)
     try:
@@ -227,10 +230,23 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
         return _row_entries(*opened[s], shards[s].idx, int(row_of[k]), per_row)
 
     seen = 0
-    batch: list = []
 
-    def compare() -> None:
-        rows = record_rows([(raw.raw, raw.where) for raw, _ in batch], ctx)
+    def batches():
+        nonlocal seen
+        batch: list = []
+        for raw, _ in iter_all(infos, ctx.opts.max_record_bytes):
+            k = int(np.searchsorted(records, raw.record))
+            if k >= records.shape[0] or records[k] != raw.record:
+                continue
+            seen += 1
+            batch.append((raw, k))
+            if len(batch) >= ROW_BATCH:
+                yield batch, batch
+                batch = []
+        if batch:
+            yield batch, batch
+
+    def compare(rows: list, batch: list) -> None:
         for (raw, k), row in zip(batch, rows):
             if isinstance(row, RecordError):
                 problem("pairs", raw.where, f"record {raw.record}", f"rendered again, the record is rejected "
@@ -242,18 +258,11 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
             if not same:
                 problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
                         "stored row", "re-create the dataset from these inputs with this sftdata")
-        batch.clear()
 
-    for raw, _ in iter_all(infos, ctx.opts.max_record_bytes):
-        k = int(np.searchsorted(records, raw.record))
-        if k >= records.shape[0] or records[k] != raw.record:
-            continue
-        seen += 1
-        batch.append((raw, k))
-        if len(batch) >= ROW_BATCH:
-            compare()
-    if batch:
-        compare()
+    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool:  # a batch tokenized as the next renders
+        for started, batch in overlapped(batches(), lambda b: start_rows([(raw.raw, raw.where) for raw, _ in b], ctx,
+                                                                         pool)):
+            compare(finish_rows(started, ctx), batch)
     if seen != records.shape[0]:
         problem("pairs", "(inputs)", "", f"{records.shape[0] - seen:,} stored rows have no record in the recorded "
                 "inputs", "re-create the dataset from its inputs")

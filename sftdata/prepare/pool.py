@@ -116,6 +116,31 @@ def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOp
         runner.close(False)
 
 
+def overlapped(jobs: Iterable[tuple[object, object]], start: Callable) -> Iterator[tuple[object, object]]:
+    """``(start(item), tag)`` of each ``(item, tag)`` of ``jobs``, each yielded once the
+    next one is started: what ``start`` leaves running in the background (a chunk's
+    tokenizing, on a thread) goes on while the next item starts. An error getting or
+    starting the next item is raised after the item before it is yielded, as one item
+    at a time would."""
+    prev = None
+    it = iter(jobs)
+    while True:
+        try:
+            item, tag = next(it)
+            cur = (start(item), tag)
+        except StopIteration:
+            break
+        except Exception:
+            if prev is not None:
+                yield prev
+            raise
+        if prev is not None:
+            yield prev
+        prev = cur
+    if prev is not None:
+        yield prev
+
+
 def in_order(runner, fn: Callable, jobs: Iterable[tuple[tuple, str, object]]) -> Iterator[tuple[object, object]]:
     """``(fn(*args), tag)`` of each job ``(args, doing, tag)``, run by ``runner`` (a
     ``PoolRunner``, or an engine's runner: ``options.TaskRunner``), in the jobs' order with at

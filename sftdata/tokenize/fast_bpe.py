@@ -352,18 +352,34 @@ class FastBPE:
         a separator with no border (no prefix that is also a suffix) cannot begin inside a
         text, and a special token reaching into one would leave fewer separators than
         joins, which sends the texts one by one. None: no separator, or a lone surrogate."""
+        joined = self.join_rendered(texts)
+        return None if joined is None else self.cut_joined(self.encode_joined(joined[0]), len(texts), joined[1])
+
+    def join_rendered(self, texts: list[str]) -> tuple[str, str] | None:
+        """``(the texts joined, the separator)`` for ``encode_joined`` (``encode_rendered_many``);
+        None for fewer than two texts, or no separator."""
         if len(texts) < 2:
             return None
         plain = "\x00".join(texts)
         sep = next((c for c in self._separators if c not in plain), None)
-        if sep is None:
-            return None
+        return None if sep is None else (sep.join(texts), sep)
+
+    def encode_joined(self, joined: str) -> np.ndarray | None:
+        """The ranks of ``join_rendered``'s text (None: a lone surrogate). The core lets go
+        of the interpreter while it encodes: another thread may call this while this one
+        goes on."""
         try:
-            ranks = self._ranks(sep.join(texts), self._all)
+            return self._ranks(joined, self._all)
         except UnicodeEncodeError:
             return None
+
+    def cut_joined(self, ranks: np.ndarray | None, n: int, sep: str) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """``encode_joined``'s ranks of ``n`` texts cut at the separators: each text's
+        ``(ids, ranks)``; None where they cannot be (``encode_rendered_many``)."""
+        if ranks is None:
+            return None
         cuts = np.flatnonzero(ranks == self._special_rank[sep])
-        if cuts.size != len(texts) - 1:
+        if cuts.size != n - 1:
             return None
         ids = self._ids(ranks)
         starts = [0, *(cuts + 1).tolist()]

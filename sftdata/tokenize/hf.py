@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +158,17 @@ def default_pad(named: int | None, special: dict[str, int], eos_id: int | None, 
     return eos_id, "eos"
 
 
+@dataclass(frozen=True)
+class FastBatch:
+    """Texts joined for one call of the fast engine's core: ``texts`` (those it handles),
+    ``at`` (their places among the texts given), ``joined`` by the separator ``sep``."""
+
+    texts: list[str]
+    at: list[int]
+    joined: str
+    sep: str
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` with its config. Build it with ``load_hf_tokenizer``."""
 
@@ -288,18 +300,52 @@ class HFTokenizer:
     def encode_rendered_many(self, texts: Sequence[str]) -> list[Encoded]:
         """``encode_rendered`` of each text; the fast engine's in one call (what the core
         costs per call, mostly taking in the set of special tokens, is paid once)."""
+        batch = self.fast_batch(texts)
+        ranks = None if batch is None else self.encode_fast_batch(batch)
+        return self.encode_rendered_rest(texts, self.fast_batch_results(batch, ranks, len(texts)))
+
+    @property
+    def encodes_apart(self) -> bool:
+        """True when texts can be encoded on a second thread (``fast_batch``)."""
+        return self._fast is not None
+
+    def fast_batch(self, texts: Sequence[str]) -> FastBatch | None:
+        """The texts the fast engine handles joined for one call of its core
+        (``encode_fast_batch``, which may run on another thread); None: no fast engine, or
+        the texts cannot be joined (they are then encoded one by one)."""
         fast = self._fast
         if fast is None:
-            return [self.encode_rendered(t) for t in texts]
+            return None
         mine = [i for i, t in enumerate(texts) if fast.handles(t)]
-        got = fast.encode_rendered_many([texts[i] for i in mine])
-        if got is None:
-            return [self.encode_rendered(t) for t in texts]
-        out: list = [None] * len(texts)
-        for i, (ids, ranks) in zip(mine, got):
-            out[i] = Encoded(ids, text_len=len(texts[i]), ranks=ranks,
-                             make_offsets=lambda text=texts[i], ranks=ranks: fast.offsets(text, ranks))
-        return [e if e is not None else self.encode_rendered(t) for e, t in zip(out, texts)]
+        chosen = [texts[i] for i in mine]
+        joined = fast.join_rendered(chosen)
+        return None if joined is None else FastBatch(chosen, mine, *joined)
+
+    @library_call("encoding rendered texts")
+    def encode_fast_batch(self, batch: FastBatch) -> np.ndarray | None:
+        """The core's ranks of a ``fast_batch`` (None: it holds a lone surrogate). Nothing
+        here touches the library or Python objects another thread uses, and the core lets
+        go of the interpreter while it encodes: run it on a second thread while this one
+        renders."""
+        return self._fast.encode_joined(batch.joined)
+
+    def fast_batch_results(self, batch: FastBatch | None, ranks: np.ndarray | None, n: int) -> list[Encoded | None]:
+        """Each of the ``n`` texts' ``Encoded`` from a batch's ranks; None where the fast
+        engine did not encode it (``encode_rendered_rest`` does)."""
+        out: list = [None] * n
+        fast = self._fast
+        cut = None if batch is None else fast.cut_joined(ranks, len(batch.texts), batch.sep)
+        if cut is None:
+            return out
+        for i, text, (ids, r) in zip(batch.at, batch.texts, cut):
+            out[i] = Encoded(ids, text_len=len(text), ranks=r,
+                             make_offsets=lambda text=text, ranks=r: fast.offsets(text, ranks))
+        return out
+
+    @library_call("encoding rendered texts")
+    def encode_rendered_rest(self, texts: Sequence[str], done: Sequence[Encoded | None]) -> list[Encoded]:
+        """``done`` (``encode_rendered_fast``'s) with each None encoded by ``encode_rendered``."""
+        return [e if e is not None else self.encode_rendered(t) for e, t in zip(done, texts)]
 
     @library_call("locating tokens")
     def token_ranges_many(self, texts: Sequence[str], encoded: Sequence[Encoded],

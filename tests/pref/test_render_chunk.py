@@ -53,12 +53,28 @@ def _outcome(r):
     return ("row", r.prompt.tolist(), [c.tolist() for c in r.completions], [m.tolist() for m in r.masks], r.repairs)
 
 
-@pytest.mark.parametrize("template", [False, True], ids=["markers", "chatml"])
-def test_a_chunk_renders_exactly_as_its_records_one_by_one(tmp_path, template):
+@pytest.mark.parametrize("template,beside", [(False, False), (True, False), (True, True)],
+                         ids=["markers", "chatml", "chatml-encoded-beside"])
+def test_a_chunk_renders_exactly_as_its_records_one_by_one(tmp_path, monkeypatch, template, beside):
+    """``beside``: the chunk's texts are encoded on a second thread (a run's, while its next
+    chunk renders: ``start_records`` with a pool), and then finished: the same outcome."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sftdata.pref.render as render
+
     ctx = _context(tmp_path, template)
     items = [(parse_preference(r, f"pairs.jsonl line {i + 1}"), f"pairs.jsonl line {i + 1}")
              for i, r in enumerate(RECORDS)]
-    chunk = render_records(items, ctx.tok, ctx.profile, ctx.rule, ctx.policy)
+    monkeypatch.setattr(render, "ENCODE_BATCH", 2)
+    threads, real = [], getattr(ctx.tok, "encode_fast_batch", None)
+    if real is not None:
+        monkeypatch.setattr(ctx.tok, "encode_fast_batch",
+                            lambda batch: threads.append(threading.current_thread().name) or real(batch))
+    with ThreadPoolExecutor(1, thread_name_prefix="beside") as pool:
+        started = render.start_records(items, ctx.tok, ctx.profile, ctx.policy, pool if beside else None)
+        chunk = render.finish_records(started, ctx.tok, ctx.rule)
+    assert threads == (["beside_0"] if beside else ["MainThread"] if template else [])
     alone = []
     for rec, where in items:
         try:
@@ -111,6 +127,9 @@ def test_a_tokenizer_failure_stays_with_its_record_and_side(tmp_path, monkeypatc
     """The tokenizers library failing on one text of the chunk (encoding it, or locating
     its replies' tokens) refuses that record alone, as tokenizer_error at the side it hit;
     the chunk's other records come out as they do with no failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sftdata.pref.render as render
     from sftdata.errors import TokenizerFailure
 
     ctx = _context(tmp_path, True)
@@ -125,11 +144,16 @@ def test_a_tokenizer_failure_stays_with_its_record_and_side(tmp_path, monkeypatc
             raise TokenizerFailure("the tokenizers library panicked encoding a rendered text: boom")
 
     if stage == "encode":
+        monkeypatch.setattr(render, "ENCODE_BATCH", 2)  # the chunk is encoded on the pool's thread
+        real_fast = tok.encode_fast_batch
+        monkeypatch.setattr(tok, "encode_fast_batch", lambda batch: boom(batch.texts) or real_fast(batch))
         monkeypatch.setattr(tok, "encode_rendered_many", lambda texts: boom(texts) or real_many(texts))
         monkeypatch.setattr(tok, "encode_rendered", lambda text: boom([text]) or real_one(text))
     else:
         monkeypatch.setattr(tok, "token_ranges_many", lambda texts, *a: boom(texts) or real_ranges(texts, *a))
-    got = [_outcome(r) for r in render_records(items, tok, ctx.profile, ctx.rule, ctx.policy)]
+    with ThreadPoolExecutor(1) as pool:
+        got = [_outcome(r) for r in render.finish_records(render.start_records(items, tok, ctx.profile, ctx.policy,
+                                                                               pool), tok, ctx.rule)]
     assert got[1] == ("error", "tokenizer_error", "the tokenizers library panicked encoding a rendered text: boom")
     assert got[:1] + got[2:] == clean[:1] + clean[2:] and clean[1][0] == "row"
 

@@ -97,3 +97,29 @@ def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
     assert got == [(i * i, f"tag {i}") for i in range(12)]
     assert finished == [2, 1, 0, 5, 4, 3, 8, 7, 6, 11, 10, 9]  # the results came back out of order
     assert most[0] <= 3
+
+
+def test_overlapped_starts_the_next_item_before_yielding_the_one_before():
+    events = []
+
+    def start(item):
+        events.append(f"start {item}")
+        return item * 10
+
+    def jobs(fail_at=None):
+        for i in range(3):
+            if i == fail_at:
+                raise ValueError(f"item {i} unreadable")
+            events.append(f"read {i}")
+            yield i, f"tag {i}"
+
+    for got, tag in pool.overlapped(jobs(), start):
+        events.append(f"yield {got} {tag}")
+    assert events == ["read 0", "start 0", "read 1", "start 1", "yield 0 tag 0", "read 2", "start 2",
+                      "yield 10 tag 1", "yield 20 tag 2"]
+    events.clear()
+    with pytest.raises(ValueError, match="item 2 unreadable"):  # after item 1, as one at a time
+        for got, _ in pool.overlapped(jobs(fail_at=2), start):
+            events.append(f"yield {got}")
+    assert events == ["read 0", "start 0", "read 1", "start 1", "yield 0", "yield 10"]
+    assert list(pool.overlapped(iter(()), start)) == []

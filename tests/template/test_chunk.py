@@ -266,6 +266,16 @@ def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path):
     hf = load_hf_tokenizer(tmp_path / "chatml", engine="hf")
     assert [e.ids.tolist() for e in hf.encode_rendered_many(texts)] == \
         [e.ids.tolist() for e in tok.encode_rendered_many(texts)]
+    # the pieces a run uses to encode on a second thread: joined here, encoded there, cut here
+    batch = tok.fast_batch(texts)
+    assert tok.encodes_apart and batch.texts == texts and batch.sep != first
+    got = tok.fast_batch_results(batch, tok.encode_fast_batch(batch), len(texts))
+    assert [e.ids.tolist() for e in got] == [tok.encode_rendered(t).ids.tolist() for t in texts]
+    assert tok.fast_batch(["only one"]) is None and tok.fast_batch([f"x{s}y" for s in fast._separators]) is None
+    surrogate = tok.fast_batch(["a", "b\ud800c"])
+    assert tok.encode_fast_batch(surrogate) is None  # left to the library, one by one
+    assert tok.fast_batch_results(surrogate, None, 2) == [None, None]
+    assert not hf.encodes_apart and hf.fast_batch(texts) is None
 
 
 def test_the_special_token_scan_matches_exactly_the_special_tokens():
