@@ -52,6 +52,8 @@ _COMPARISON_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "l
 # environment's own namespace class, are added to them), saving a quarter of a render's time.
 _FIXED_TYPES = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
 _DICT_NAMES = frozenset(dir(dict))  # a plain dict's attributes: any other name is a key or undefined
+_FORMATS = frozenset({"format", "format_map"})  # the str methods Jinja's sandbox wraps
+_PLAIN_RECEIVERS = frozenset({str, dict, list, tuple})  # whose builtin methods are called directly (``call``)
 
 
 def budget_of(context) -> Budget:
@@ -335,12 +337,20 @@ def limited_environment_class():
 
         def getattr(self, obj, attribute):
             """Jinja's ``getattr`` (the attribute first, then the item), without raising and
-            catching ``AttributeError`` for a plain dict's keys (``message.content``)."""
-            if type(obj) is dict and attribute not in _DICT_NAMES:
+            catching ``AttributeError`` for a plain dict's keys (``message.content``), and
+            at once for an attribute of a fixed type already found safe (``str.split``):
+            what Jinja's returns (it wraps only ``format`` and ``format_map``)."""
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_NAMES:
                 try:
                     return obj[attribute]
                 except (TypeError, LookupError):
                     return self.undefined(obj=obj, name=attribute)
+            if self.safe_attributes.get((kind, attribute)) and attribute not in _FORMATS:
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    pass
             return super().getattr(obj, attribute)
 
         def call_binop(self, context, operator, left, right):
@@ -376,7 +386,15 @@ def limited_environment_class():
                     b.afford(size)
             b.enter()
             try:
-                result = super().call(__context, __obj, *args, **kwargs)
+                if receiver is not None and method is __obj and type(receiver) in _PLAIN_RECEIVERS and \
+                        name not in _FORMATS:
+                    # a builtin method of a str, dict, list or tuple (getattr found it safe): Jinja's
+                    # sandbox and Context.call would only drop the loop and block variables and call it
+                    kwargs.pop("_loop_vars", None)
+                    kwargs.pop("_block_vars", None)
+                    result = __obj(*args, **kwargs)
+                else:
+                    result = super().call(__context, __obj, *args, **kwargs)
             finally:
                 b.depth -= 1
             b.build(result_size(result))

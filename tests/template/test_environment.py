@@ -111,3 +111,38 @@ def test_attribute_decisions_kept_per_type_are_jinjas_own_every_time():
     with pytest.raises(TemplateError, match=r"SecurityError: .*pop"):
         run("{% set x = messages[0].pop('role') %}")
     assert run("{{ messages[0].items() | list | length }}").text == "2"
+
+
+def test_getattr_and_calls_of_plain_values_are_jinjas_own_every_time():
+    """A fixed type's attribute found safe is read at once, and a builtin method of a str,
+    dict, list or tuple is called at once (in a loop too, where Jinja passes its loop
+    variables along): every render, the text Jinja's own sandbox writes, and its refusals."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    theirs = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    text = ("{% for m in messages %}{{ m.content.split(' ')[0].strip('\"').upper() }}|{{ m.get('role') }}|"
+            "{{ m.items() | list | length }}|{{ [1, 2].index(2) }}|{{ (3, 3).count(3) }}|{{ 'a{}'.format(m.role) }}|"
+            "{{ '-'.join(m.keys()) }}|{{ m.content.startswith('ok') }}|{{ loop.index }}{% endfor %}"
+            "{% macro f(x) %}[{{ x.lower() }}]{% endmacro %}{{ f('AB') }}{{ 'x'.rjust(3, '.') }}")
+    want = theirs.from_string(text).render(messages=MSGS)
+    assert want == "HÉLLO|user|2|1|2|auser|role-content|False|1OK|assistant|2|1|2|aassistant|role-content|True|2[ab]..x"
+    for _ in range(3):
+        assert run(text).text == want
+    def jinjas(t):
+        try:
+            return theirs.from_string(t).render(messages=MSGS)
+        except Exception as e:  # noqa: BLE001 - whatever Jinja raises, ours names it
+            return type(e).__name__
+
+    def ours(t):
+        try:
+            return run(t).text
+        except TemplateError as e:
+            return str(e).split(": ")[1]
+
+    odd = ["{{ messages.append(1) }}", "{{ 'a'.__class__ }}|{{ 'a'._x is defined }}", "{{ messages[0].update({}) }}",
+           "{{ '{0.__class__}'.format(1) }}", "{{ 'a'.split(1) }}", "{% for m in messages %}{{ m.pop() }}{% endfor %}"]
+    want = [jinjas(t) for t in odd]
+    assert want == ["SecurityError", "|False", "SecurityError", "", "TypeError", "SecurityError"]
+    for _ in range(2):
+        assert [ours(t) for t in odd] == want
