@@ -73,7 +73,7 @@ from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .render import PairRender, RenderingChunk, finish_records, render_prompt, start_records
 from .split import split_rows
-from .truncate import Truncation, plan_cut
+from .truncate import Cut, Truncation, plan_cut
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,8 @@ def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -
     """The row of a rendered preference record under the truncation policy."""
     opts = ctx.opts
     special = ctx.special
-    cut = plan_cut(special[out.prompt], [special[c] for c in out.completions], list(out.masks), opts.truncation)
+    cut = plan_cut(special[out.prompt], [special[c] for c in out.completions], list(out.masks), opts.truncation) \
+        if opts.truncation.limited else Cut(0, tuple(c.shape[0] for c in out.completions))
     if cut.reason is not None:
         raise RecordError(cut.reason, cut.message, where)
     prompt = out.prompt[cut.prompt_start:]

@@ -51,6 +51,11 @@ class Truncation:
                              f"{self.max_length} to a completion; make it smaller")
 
     @property
+    def limited(self) -> bool:
+        """False when nothing is ever cut (no --max-length or --max-prompt-length)."""
+        return self.max_length is not None or self.max_prompt_length is not None
+
+    @property
     def prompt_budget(self) -> int | None:
         if self.max_prompt_length is not None:
             return self.max_prompt_length
