@@ -71,6 +71,7 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
+from ..util.collector import fewer_collections
 from .render import PairRender, RenderingChunk, finish_records, render_prompt, start_records
 from .split import split_rows
 from .truncate import Cut, Truncation, plan_cut
@@ -564,6 +565,7 @@ class _Gather:
         return out
 
 
+@fewer_collections()  # a run's many short-lived objects: the collector held back (util.collector)
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
                  progress: Callable[[Progress], None] | None = None, rl: bool = False,
                  planned: Callable[[BuildCheck], None] | None = None,
