@@ -129,12 +129,16 @@ def compile_template(text: str, name: str = "template"):
     import jinja2
 
     try:
-        return env.from_string(text)
+        compiled = env.from_string(text)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template {name} does not compile: {e.message} (line {e.lineno})") from None
     except (RecursionError, MemoryError, SyntaxError):  # expressions nested thousands deep
         raise TemplateError(f"chat template {name} does not compile: it nests expressions or blocks too deeply "
                             f"for Python") from None
+    # the environment's globals are set once, before any template compiles: a plain dict of them
+    # (Jinja keeps a ChainMap) is copied into each render's context without a lookup per name (5 µs a render)
+    compiled.globals = dict(compiled.globals)
+    return compiled
 
 
 def _split_generation(raw: str) -> Rendered:
