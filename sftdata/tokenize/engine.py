@@ -11,7 +11,7 @@ texts: a second start neither converts nor checks again, and never loads the lib
 library, saying why; ``tiktoken`` insists (an error says why it cannot); ``hf`` always
 uses the library.
 
-    >>> choice = choose_engine("auto", doc, sha256, library, added, "llama3")
+    >>> choice = choose_engine("auto", lambda: doc, sha256, library, added, "llama3")
     >>> choice.engine, choice.reason
     ('tiktoken', 'byte-level BPE with one split regex: ids proven equal to the tokenizers library at load')
 """
@@ -65,11 +65,12 @@ def proof_key(added_tokens: Sequence[str]) -> dict:
             "texts_sha256": hashlib.sha256(texts).hexdigest()}
 
 
-def choose_engine(requested: str, doc: dict, file_sha256: str, library: Callable[[], object],
+def choose_engine(requested: str, doc: Callable[[], dict], file_sha256: str, library: Callable[[], object],
                   added_tokens: Sequence[str], name: str = "hf") -> EngineChoice:
-    """The engine for a loaded ``tokenizer.json`` (``doc`` parsed; ``library()`` gives the
-    ``tokenizers.Tokenizer`` without post-processor, loaded only when the self-check must
-    run). Raises ``TokenizerError`` when ``tiktoken`` is requested and cannot be proven."""
+    """The engine for a loaded ``tokenizer.json`` (``doc()`` gives it parsed, called only
+    when the conversion is not in the cache; ``library()`` gives the ``tokenizers.Tokenizer``
+    without post-processor, loaded only when the self-check must run). Raises
+    ``TokenizerError`` when ``tiktoken`` is requested and cannot be proven."""
     check_engine(requested)
     if requested == LIBRARY:
         return EngineChoice(LIBRARY, "--tokenizer-engine hf", requested)

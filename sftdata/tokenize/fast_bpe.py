@@ -33,6 +33,7 @@ compares both engines on a multilingual text set every time a tokenizer is loade
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -410,10 +411,12 @@ class FastBPE:
         return np.cumsum(self._lengths[ranks])
 
 
-def load_fast_bpe(doc: dict, file_sha256: str, name: str = "hf") -> tuple[FastBPE | None, str | None, Entry]:
+def load_fast_bpe(doc: Callable[[], dict], file_sha256: str, name: str = "hf"
+                  ) -> tuple[FastBPE | None, str | None, Entry]:
     """``(FastBPE, None, entry)`` for an eligible ``tokenizer.json``, else ``(None, why not,
-    entry)``; the conversion (the cache ``entry``) comes from the user's cache after the first load."""
-    meta, arrays = cached(CACHE_KIND, file_sha256, lambda: convert(doc))
+    entry)``; the conversion (the cache ``entry``) comes from the user's cache after the
+    first load (``doc()``, the parsed file, is called only to convert)."""
+    meta, arrays = cached(CACHE_KIND, file_sha256, lambda: convert(doc()))
     if not meta.get("eligible"):
         return None, meta.get("reason") or "not eligible", (meta, arrays)
     return FastBPE(meta, arrays, name), None, (meta, arrays)

@@ -75,17 +75,29 @@ def read_limited(path: Path) -> bytes:
 
 
 # -- tokenizer.json's content -----------------------------------------------------------------
-def check_document(doc: dict, path: Path) -> None:
-    """Refuse a parsed tokenizer.json with too many merges or vocabulary entries, or a
-    regular expression that backtracks without bound, before the library loads it."""
-    cap = int(_limit(MAX_MERGES_ENV, DEFAULT_MAX_MERGES, "merges and vocabulary entries"))
+def document_sizes(doc: dict) -> dict[str, int]:
+    """How many merges and vocabulary entries a parsed tokenizer.json has (``check_sizes``)."""
     model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+    return {key: len(model.get(key) or ()) for key in ("merges", "vocab")}
+
+
+def check_sizes(sizes: dict[str, int], path: Path) -> None:
+    """Refuse a tokenizer.json with more merges or vocabulary entries than the limit
+    (``$SFTDATA_MAX_TOKENIZER_MERGES``, read now: a file loaded before is checked again)."""
+    cap = int(_limit(MAX_MERGES_ENV, DEFAULT_MAX_MERGES, "merges and vocabulary entries"))
     for key in ("merges", "vocab"):
-        n = len(model.get(key) or ())
+        n = sizes[key]
         if n > cap:
             raise TokenizerError(f"{path} has {n:,} {'merges' if key == 'merges' else 'vocabulary entries'}, more "
                                  f"than the {cap:,} a tokenizer may have (real ones have up to about 500,000); if "
                                  f"you trust it, raise the limit: {MAX_MERGES_ENV}={n}")
+
+
+def check_document(doc: dict, path: Path) -> None:
+    """Refuse a parsed tokenizer.json with too many merges or vocabulary entries
+    (``check_sizes``), or a regular expression that backtracks without bound, before the
+    library loads it."""
+    check_sizes(document_sizes(doc), path)
     for where, pattern in _patterns({k: v for k, v in doc.items() if k != "model"}, "tokenizer.json"):
         why = backtracking(pattern)
         if why is not None:

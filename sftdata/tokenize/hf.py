@@ -22,6 +22,7 @@ A folder may hold ``tokenizer_config.json`` (``bos_token``, ``eos_token``, ``pad
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,13 +31,15 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from .. import __version__
 from ..errors import TokenizerError
+from ..util.cache import read_entry, write_entry
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
-from .guard import check_document, library_call, read_limited
+from .guard import check_document, check_sizes, document_sizes, library_call, read_limited
 from .hub import is_hub_id, resolve_hub
-from .identity import document_identity
+from .identity import facts_identity, vocabulary_sha256
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
 MAX_TOKEN_ID = 2**32 - 1
@@ -138,6 +141,37 @@ def _check_ids(doc: dict, path: Path) -> int:
     return top
 
 
+FACTS_KIND = "hf-facts"  # the cache's entries of ``document_facts``, by the file's sha256
+FACTS_FORMAT = 1  # raised when what they hold, or what their checks mean, changes
+_FACT_KEYS = ("max_id", "dict_vocab", "sizes", "added", "vocabulary")
+
+
+def document_facts(doc: dict, path: Path) -> dict:
+    """What loading a ``tokenizer.json`` takes from the parsed file besides the fast engine's
+    conversion (kept in the user's cache by the file's sha256, so that a second load
+    parses none of it): the highest id, the added tokens ``[id, content, special]``,
+    whether the vocabulary is a dict (BPE, WordPiece) or a list (Unigram), the number of
+    merges and vocabulary entries (checked against the limits again at every load:
+    ``guard.check_sizes``), and the vocabulary's identity hash. Refuses a file that is not
+    a tokenizer.json (``_check_ids``)."""
+    max_id = _check_ids(doc, path)
+    return {"max_id": max_id, "dict_vocab": isinstance(doc["model"].get("vocab"), dict), "sizes": document_sizes(doc),
+            "added": [[int(t["id"]), str(t.get("content")), bool(t.get("special"))]
+                      for t in doc.get("added_tokens") or () if isinstance(t, dict)],
+            "vocabulary": vocabulary_sha256(doc)}
+
+
+def _cached_facts(sha256: str) -> dict | None:
+    """``document_facts`` of the file with this sha256 from the cache, when this version of
+    sftdata wrote them (its checks passed on those very bytes); else None."""
+    hit = read_entry(FACTS_KIND, sha256)
+    meta = hit[0] if hit is not None else None
+    if not isinstance(meta, dict) or meta.get("sftdata") != __version__ or meta.get("format") != FACTS_FORMAT:
+        return None
+    facts = meta.get("facts")
+    return facts if isinstance(facts, dict) and set(facts) == set(_FACT_KEYS) else None
+
+
 def default_pad(named: int | None, special: dict[str, int], eos_id: int | None, bos_id: int | None
                 ) -> tuple[int | None, str]:
     """The pad id and where it comes from. The config's ``pad_token`` when it names one;
@@ -174,11 +208,13 @@ class HFTokenizer:
 
     kind = HF_KIND
 
-    def __init__(self, *, path: Path, data: bytes, doc: dict, config: dict, special_map: dict,
-                 engine: str = "auto"):
+    def __init__(self, *, path: Path, data: bytes, facts: dict, config: dict, special_map: dict,
+                 engine: str = "auto", doc: dict | None = None, file_sha256: str | None = None):
         _require_tokenizers()
-        max_id = _check_ids(doc, path)
+        max_id = facts["max_id"]
         self._data: bytes | None = data  # the library loads it on first use (a proven fast engine may never)
+        self._doc = doc  # the parsed file, when it was parsed (``_document``: parsed when first needed)
+        self._doc_data = data
         self._lib = None
         self._data_path = path
         self.path = str(path.resolve())
@@ -186,13 +222,11 @@ class HFTokenizer:
         self.source = "file"
         self.hub: dict | None = None  # a Hub model id's repo_id, revision and resolved commit (``hub``)
         self.identity = None  # its ``TokenizerIdentity`` (``load_hf_tokenizer`` sets it)
-        self.file_sha256 = hashlib.sha256(data).hexdigest()
-        model = doc["model"]
-        self._vocab: dict | None = model.get("vocab") if isinstance(model.get("vocab"), dict) else None
-        if self._vocab is None:
+        self.file_sha256 = file_sha256 or hashlib.sha256(data).hexdigest()
+        self._dict_vocab = facts["dict_vocab"]
+        if not self._dict_vocab:
             self._library()  # a Unigram vocabulary: ids by position, as the library reads them
-        added = sorted((int(t["id"]), str(t.get("content")), bool(t.get("special")))
-                       for t in doc.get("added_tokens") or () if isinstance(t, dict))
+        added = sorted((i, c, special) for i, c, special in facts["added"])
         self.added_tokens: dict[str, int] = {c: i for i, c, _ in added}
         self.special_tokens: dict[str, int] = {c: i for i, c, special in added if special}
         self.vocab_size = max([max_id, *self.added_tokens.values()]) + 1
@@ -213,11 +247,24 @@ class HFTokenizer:
         self.chat_templates: dict[str, str] = folder_templates(path.parent, config)
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         # tiktoken's core where it is proven to give the library's ids (``tokenizer_engine``)
-        self.engine_choice: EngineChoice = choose_engine(engine, doc, self.file_sha256, self._library,
+        self.engine_choice: EngineChoice = choose_engine(engine, self._document, self.file_sha256, self._library,
                                                          list(self.added_tokens), self.name)
         self._fast = self.engine_choice.fast
         if self._fast is None:
             self._library()  # a file the library cannot load is an error now, not at the first encode
+
+    def _document(self) -> dict:
+        """The parsed ``tokenizer.json`` (parsed here when the load took what it needs from
+        the cache: ``document_facts``)."""
+        if self._doc is None:
+            self._doc = orjson.loads(self._doc_data)
+        return self._doc
+
+    @functools.cached_property
+    def _vocab(self) -> dict | None:
+        """The model's vocabulary (token string -> id), None for a Unigram list; read from the
+        file the first time a token that is not an added token is looked up."""
+        return self._document()["model"]["vocab"] if self._dict_vocab else None
 
     @library_call("loading it")
     def _library(self):
@@ -479,19 +526,29 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
     else:
         raise TokenizerError(f"tokenizer {spec} does not exist; give a tokenizer.json or a folder holding one")
     data = read_limited(file)  # refused by its size before it is read
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an object")
-    check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
+    sha256 = hashlib.sha256(data).hexdigest()
+    facts, doc = _cached_facts(sha256), None  # a file this version loaded before: not parsed again
+    if facts is not None:
+        check_sizes(facts["sizes"], file)  # under today's limits; its regexes passed on these very bytes
+    else:
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an "
+                                 f"object")
+        check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
+        facts = document_facts(doc, file)
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
-    tok = HFTokenizer(path=file, data=data, doc=doc, config=config, special_map=special_map, engine=engine)
-    if identity:
-        tok.identity = document_identity(file, data, doc)  # what a dataset records: from these bytes, not read again
+    tok = HFTokenizer(path=file, data=data, facts=facts, config=config, special_map=special_map, engine=engine,
+                      doc=doc, file_sha256=sha256)
+    if doc is not None:  # loaded: the checks passed on these bytes, remembered for the next load
+        write_entry(FACTS_KIND, sha256, {"sftdata": __version__, "format": FACTS_FORMAT, "facts": facts}, {})
+    if identity:  # what a dataset records: from these bytes, not read again
+        tok.identity = facts_identity(file, sha256, facts, lambda text: tok._vocab.get(text) if tok._dict_vocab else None)
     return tok
 
 

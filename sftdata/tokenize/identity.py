@@ -105,30 +105,44 @@ def hf_identity(file: Path) -> TokenizerIdentity:
     return document_identity(file, data, orjson.loads(data))
 
 
+def vocabulary_sha256(doc: dict) -> str:
+    """The identity hash of a parsed ``tokenizer.json``'s vocabulary (``VOCAB_KEYS``, canonical JSON)."""
+    return sha256_json({k: doc.get(k) for k in VOCAB_KEYS})
+
+
 def document_identity(file: Path, data: bytes, doc) -> TokenizerIdentity:
     """``hf_identity`` of a ``tokenizer.json`` already read (``data``) and parsed (``doc``):
     a tokenizer loaded for a run is known by the bytes it was loaded from, not read again."""
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
         raise TokenizerError(f"{file} is not a Hugging Face tokenizer.json (no 'model')")
-    added = {str(t.get("content")): int(t["id"]) for t in doc.get("added_tokens") or ()
-             if isinstance(t, dict) and isinstance(t.get("id"), int)}
+    added = [[t["id"], str(t.get("content")), False] for t in doc.get("added_tokens") or ()
+             if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    vocab = doc["model"].get("vocab") if isinstance(doc["model"].get("vocab"), dict) else {}
+    return facts_identity(file, hashlib.sha256(data).hexdigest(), {"added": added,
+                          "vocabulary": vocabulary_sha256(doc)}, vocab.get)
+
+
+def facts_identity(file: Path, file_sha256: str, facts: dict, vocab_id) -> TokenizerIdentity:
+    """The identity of a ``tokenizer.json`` from what its load kept (``hf.document_facts``:
+    its added tokens ``[id, content, special]`` and vocabulary hash; ``vocab_id``: a
+    token string's id in the model's vocabulary, None for none) and the config files beside it."""
+    added = {c: int(i) for i, c, _ in facts["added"]}
     folder = file.parent
     config = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     smap = _json(folder / "special_tokens_map.json") if (folder / "special_tokens_map.json").is_file() else {}
-    vocab = doc["model"].get("vocab") if isinstance(doc["model"].get("vocab"), dict) else {}
     special = dict(added)
     for key in ("bos_token", "eos_token"):
         text = _token(config.get(key)) or _token(smap.get(key))
         if text is not None:
-            special[f"<{key[:3]}>"] = added.get(text, vocab.get(text))
+            special[f"<{key[:3]}>"] = added[text] if text in added else vocab_id(text)
     templates = config.get("chat_template")
     named = {"default": templates} if isinstance(templates, str) else {
         t["name"]: t["template"] for t in templates or () if isinstance(t, dict) and isinstance(t.get("template"), str)}
     if not named and (folder / TEMPLATE_FILE).is_file():
         named = {"default": (folder / TEMPLATE_FILE).read_text(encoding="utf-8")}
-    return TokenizerIdentity("hf", sha256_json({k: doc.get(k) for k in VOCAB_KEYS}), special,
+    return TokenizerIdentity("hf", facts["vocabulary"], special,
                              {k: hashlib.sha256(v.encode()).hexdigest() for k, v in named.items()},
-                             file_sha256=hashlib.sha256(data).hexdigest())
+                             file_sha256=file_sha256)
 
 
 def hub_folder(spec: str) -> Path:

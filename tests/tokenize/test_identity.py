@@ -112,3 +112,42 @@ def test_a_workers_copy_of_a_tokenizer_skips_the_identity(folder):
     copy = pickle.loads(pickle.dumps(tok))
     assert copy.identity is None and tok.identity is not None and copy.file_sha256 == tok.file_sha256
     assert load_hf_tokenizer(folder, identity=False).identity is None
+
+
+def test_a_second_load_takes_what_it_needs_from_the_cache_and_parses_nothing(folder, monkeypatch):
+    """A tokenizer.json this version loaded before is not parsed again (its facts, fast
+    engine and proof are in the user's cache, by the file's sha256): the same tokenizer,
+    state and identity; a token that is not an added one is looked up in the file, read
+    then; a lowered size limit still refuses it; with the cache off every load parses."""
+    pytest.importorskip("tokenizers")
+    import orjson
+
+    from sftdata.errors import TokenizerError
+    from sftdata.tokenize import hf
+
+    first = hf.load_hf_tokenizer(folder)
+    parsed = []
+    real = orjson.loads
+
+    def counting(data):
+        parsed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(hf.orjson, "loads", counting)
+    size = (folder / "tokenizer.json").stat().st_size
+    second = hf.load_hf_tokenizer(folder)
+    assert parsed.count(size) == 0  # the tokenizer.json was not parsed
+    assert second.state() == first.state() and second.identity == first.identity
+    assert (second.added_tokens, second.special_tokens, second.vocab_size) == \
+        (first.added_tokens, first.special_tokens, first.vocab_size)
+    text = "<|im_start|>user\nHello there<|im_end|>\n"
+    assert second.encode_rendered(text).ids.tolist() == first.encode_rendered(text).ids.tolist()
+    the = second.token_id("Ġthe")
+    assert parsed.count(size) == 1 and the == first.token_id("Ġthe") is not None  # read when first asked
+    monkeypatch.setenv("SFTDATA_MAX_TOKENIZER_MERGES", "10")
+    with pytest.raises(TokenizerError, match="merges, more than the 10 a tokenizer may have"):
+        hf.load_hf_tokenizer(folder)
+    monkeypatch.delenv("SFTDATA_MAX_TOKENIZER_MERGES")
+    monkeypatch.setenv("SFTDATA_CACHE_DIR", "off")
+    parsed.clear()
+    assert hf.load_hf_tokenizer(folder).identity == first.identity and parsed.count(size) == 1
