@@ -62,7 +62,7 @@ def _side(obj: dict, n_completion: int, where: str, policy: TurnPolicy) -> tuple
     return conv, k
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
     """``np.array_equal`` of two 1-d arrays, at a fraction of its cost for short ones."""
     if a is b:
         return True
@@ -266,12 +266,12 @@ def _split(p: _Planned, tok, where: str) -> tuple[list, RecordError | None]:
     out: list = []
     for s in p.sides:
         prompt = p.sides[0].prompt
-        if not _same(prompt, s.prompt):
+        if not equal_arrays(prompt, s.prompt):
             return out, RecordError("prompt_differs", f"the prompt renders differently beside chosen and {s.name} "
                                     f"(token {_first_difference(prompt, s.prompt)}); give both completions one prompt",
                                     where)
         n = prompt.shape[0]
-        if s.whole.shape[0] <= n or not _same(s.whole[:n], prompt):
+        if s.whole.shape[0] <= n or not equal_arrays(s.whole[:n], prompt):
             return out, _not_prefix(tok, prompt, s.whole, s.name, where)
         out.append((prompt, np.ascontiguousarray(s.whole[n:]), s.located[n:]))
     return out, p.error
@@ -283,7 +283,7 @@ def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], error: Rec
     first side's error in order: a split side's ``rule_mismatch`` or ``empty_completion``,
     else ``error`` (what stopped the sides after them), else ``identical_completions``."""
     for s, (_, comp, located), mask in zip(sides, split, masks):
-        if not _same(mask, located):
+        if not equal_arrays(mask, located):
             p_ = int(np.flatnonzero(mask != located)[0])
             raise RecordError("rule_mismatch", f"{s.name}: token {p_} of the completion "
                               f"({tok.token_text(int(comp[p_]))!r}) is {'trained' if located[p_] else 'not'} "
@@ -294,7 +294,7 @@ def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], error: Rec
     if error is not None:
         raise error
     completions = tuple(c for _, c, _ in split)
-    if len(completions) == 2 and _same(completions[0], completions[1]):
+    if len(completions) == 2 and equal_arrays(completions[0], completions[1]):
         raise RecordError("identical_completions", "chosen and rejected render to the same tokens", where)
     repairs = tuple(sorted({r for s in sides for r in s.repairs}))
     return PairRender(split[0][0], completions, tuple(masks), repairs, tuple(s.conv for s in sides))

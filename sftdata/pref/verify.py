@@ -43,8 +43,10 @@ from ..store.format import (
     recorded_files,
 )
 from ..store.reader import read_one_generation
+from ..util.collector import fewer_collections
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
+from .render import equal_arrays
 from .run import PrefOptions, finish_rows, open_context, start_rows
 from .truncate import Truncation
 
@@ -94,6 +96,7 @@ def _options(meta: dict) -> PrefOptions:
                        allow_pad_as_stop=bool(o.get("allow_pad_as_stop")), max_record_bytes=o.get("max_record_bytes", 1 << 30))
 
 
+@fewer_collections()  # rendering every pair again makes as many short-lived objects as preparing them
 def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
     """Verify the row dataset at ``path`` (module docstring). ``rerender``: run the
     ``pairs`` check (it reads the recorded inputs and needs the tokenizer). A dataset
@@ -253,7 +256,7 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
                         f"({row.reason}: {row.detail})", "re-create the dataset from these inputs")
                 continue
             want = stored(k)
-            same = len(row.parts) == len(want) and all(np.array_equal(a.astype(np.int64), b) and np.array_equal(m, n)
+            same = len(row.parts) == len(want) and all(equal_arrays(a, b) and equal_arrays(m, n)
                                                        for (a, m), (b, n) in zip(row.parts, want))
             if not same:
                 problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
