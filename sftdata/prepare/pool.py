@@ -126,10 +126,11 @@ def overlapped(jobs: Iterable[tuple[object, object]], start: Callable) -> Iterat
     it = iter(jobs)
     while True:
         try:
-            item, tag = next(it)
-            cur = (start(item), tag)
-        except StopIteration:
-            break
+            try:
+                item, tag = next(it)
+            except StopIteration:
+                break
+            cur = (start(item), tag)  # a StopIteration from start is an error (PEP 479), not the end
         except Exception:
             if prev is not None:
                 yield prev

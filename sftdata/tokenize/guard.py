@@ -272,14 +272,17 @@ class _Redirect:
 _stderr = _Redirect()
 
 
-def library_call(action: str):
+def library_call(action: str, *, hold_stderr: bool = True):
     """Decorate an ``HFTokenizer`` method: what the ``tokenizers`` library (or tiktoken's
     core) raises or panics with in it becomes a ``TokenizerFailure`` naming the tokenizer
-    file and ``action``."""
+    file and ``action``. ``hold_stderr`` False: standard error is not redirected around the
+    call (a call made on a second thread for most of a run, while this one reports
+    progress: the process's standard error must stay the terminal)."""
     def wrap(method):
         @functools.wraps(method)
         def guarded(self, *args, **kwargs):
-            _stderr.enter()
+            if hold_stderr:
+                _stderr.enter()
             try:
                 return method(self, *args, **kwargs)
             except (TokenizerError, UsageError):
@@ -289,10 +292,12 @@ def library_call(action: str):
             except BaseException as e:
                 if not is_panic(e):
                     raise
-                _stderr.panicked = True
+                if hold_stderr:
+                    _stderr.panicked = True
                 raise TokenizerFailure(_failed(self.path, action, e)) from None
             finally:
-                _stderr.exit()
+                if hold_stderr:
+                    _stderr.exit()
         return guarded
     return wrap
 

@@ -252,10 +252,15 @@ class HFTokenizer:
         self._fast = self.engine_choice.fast
         if self._fast is None:
             self._library()  # a file the library cannot load is an error now, not at the first encode
+        if self._doc is not None and self._dict_vocab and "_vocab" not in self.__dict__:
+            self.__dict__["_vocab"] = self._doc["model"]["vocab"]  # parsed already: kept, the rest let go
+        if "_vocab" in self.__dict__ or not self._dict_vocab:
+            self._doc_data = None
+        self._doc = None
 
     def _document(self) -> dict:
-        """The parsed ``tokenizer.json`` (parsed here when the load took what it needs from
-        the cache: ``document_facts``)."""
+        """The parsed ``tokenizer.json`` while the load needs it (parsed here when the load
+        took what it needs from the cache: ``document_facts``)."""
         if self._doc is None:
             self._doc = orjson.loads(self._doc_data)
         return self._doc
@@ -263,8 +268,13 @@ class HFTokenizer:
     @functools.cached_property
     def _vocab(self) -> dict | None:
         """The model's vocabulary (token string -> id), None for a Unigram list; read from the
-        file the first time a token that is not an added token is looked up."""
-        return self._document()["model"]["vocab"] if self._dict_vocab else None
+        file the first time a token that is not an added token is looked up (the file's bytes
+        are let go then: the vocabulary alone is kept)."""
+        if not self._dict_vocab:
+            return None
+        vocab = (self._doc if self._doc is not None else orjson.loads(self._doc_data))["model"]["vocab"]
+        self._doc_data = None
+        return vocab
 
     @library_call("loading it")
     def _library(self):
@@ -368,12 +378,12 @@ class HFTokenizer:
         joined = fast.join_rendered(chosen)
         return None if joined is None else FastBatch(chosen, mine, *joined)
 
-    @library_call("encoding rendered texts")
+    @library_call("encoding rendered texts", hold_stderr=False)
     def encode_fast_batch(self, batch: FastBatch) -> np.ndarray | None:
         """The core's ranks of a ``fast_batch`` (None: it holds a lone surrogate). Nothing
         here touches the library or Python objects another thread uses, and the core lets
         go of the interpreter while it encodes: run it on a second thread while this one
-        renders."""
+        renders (standard error is left alone meanwhile: ``library_call``)."""
         return self._fast.encode_joined(batch.joined)
 
     def fast_batch_results(self, batch: FastBatch | None, ranks: np.ndarray | None, n: int) -> list[Encoded | None]:
@@ -539,10 +549,11 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
             raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an "
                                  f"object")
         check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
-        facts = document_facts(doc, file)
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
+    if facts is None:
+        facts = document_facts(doc, file)
     tok = HFTokenizer(path=file, data=data, facts=facts, config=config, special_map=special_map, engine=engine,
                       doc=doc, file_sha256=sha256)
     if doc is not None:  # loaded: the checks passed on these bytes, remembered for the next load

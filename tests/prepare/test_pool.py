@@ -123,3 +123,9 @@ def test_overlapped_starts_the_next_item_before_yielding_the_one_before():
             events.append(f"yield {got}")
     assert events == ["read 0", "start 0", "read 1", "start 1", "yield 0", "yield 10"]
     assert list(pool.overlapped(iter(()), start)) == []
+
+    def stops(item):  # a StopIteration escaping the work on an item is an error, never the end of the input
+        return next(iter(())) if item == 1 else item
+
+    with pytest.raises(RuntimeError, match="generator raised StopIteration"):
+        list(pool.overlapped(jobs(), stops))

@@ -240,7 +240,7 @@ def test_a_chunk_of_same_shaped_records_renders_one_sentinel_copy(toks):
     assert len(profile.renders) == 1
 
 
-def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path):
+def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path, monkeypatch):
     """Joined by a special token none of them holds, cut where it lies: the same ids and
     offsets as one call per text, for random Unicode with the added tokens mixed in, texts
     holding the first separator (the next is taken), and a lone surrogate (one by one)."""
@@ -276,6 +276,15 @@ def test_many_texts_encoded_in_one_call_are_each_texts_own(tmp_path):
     assert tok.encode_fast_batch(surrogate) is None  # left to the library, one by one
     assert tok.fast_batch_results(surrogate, None, 2) == [None, None]
     assert not hf.encodes_apart and hf.fast_batch(texts) is None
+    from sftdata.tokenize import guard  # the second thread's call leaves standard error alone (progress goes on)
+
+    held = []
+    monkeypatch.setattr(guard._stderr, "enter", lambda: held.append("enter"))
+    monkeypatch.setattr(guard._stderr, "exit", lambda: held.append("exit"))
+    tok.encode_fast_batch(batch)
+    assert held == []
+    tok.encode_rendered_many(texts)
+    assert held[:1] == ["enter"] and held.count("enter") == held.count("exit")
 
 
 def test_the_special_token_scan_matches_exactly_the_special_tokens():

@@ -122,6 +122,16 @@ def test_bad_tokenizer_files(tmp_path):
         load_hf_tokenizer(tmp_path)
     with pytest.raises(TokenizerError, match=r"does not exist"):
         load_hf_tokenizer(tmp_path / "missing.json")
+    folder = tmp_path / "both"  # a bad config is named before the tokenizer.json's ids are read
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                                       "added_tokens": [{"id": -1, "content": "<x>"}]}))
+    (folder / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match=r"tokenizer_config.json is not valid JSON"):
+        load_hf_tokenizer(folder)
+    (folder / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(TokenizerError, match=r"tokenizer.json: token ids must be non-negative integers$"):
+        load_hf_tokenizer(folder)
 
 
 def test_ids_beyond_uint32_are_refused(tmp_path):

@@ -138,6 +138,7 @@ def test_a_second_load_takes_what_it_needs_from_the_cache_and_parses_nothing(fol
     second = hf.load_hf_tokenizer(folder)
     assert parsed.count(size) == 0  # the tokenizer.json was not parsed
     assert second.state() == first.state() and second.identity == first.identity
+    assert first._doc is None and second._doc is None  # the parsed file is not kept (the vocabulary alone is)
     assert (second.added_tokens, second.special_tokens, second.vocab_size) == \
         (first.added_tokens, first.special_tokens, first.vocab_size)
     text = "<|im_start|>user\nHello there<|im_end|>\n"
