@@ -446,8 +446,9 @@ def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, 
             raise
         runner.close(False)
         return
-    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders
-        with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool:
+    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders; the
+        # run's many short-lived objects: the collector held back (util.collector; one process, no pool)
+        with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool, fewer_collections():
             for started, pos in overlapped(chunks, lambda items: start_chunk(items, ctx, pool)):
                 yield finish_chunk(started, ctx, curate), pos
         return
@@ -565,7 +566,6 @@ class _Gather:
         return out
 
 
-@fewer_collections()  # a run's many short-lived objects: the collector held back (util.collector)
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
                  progress: Callable[[Progress], None] | None = None, rl: bool = False,
                  planned: Callable[[BuildCheck], None] | None = None,

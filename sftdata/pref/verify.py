@@ -96,7 +96,6 @@ def _options(meta: dict) -> PrefOptions:
                        allow_pad_as_stop=bool(o.get("allow_pad_as_stop")), max_record_bytes=o.get("max_record_bytes", 1 << 30))
 
 
-@fewer_collections()  # rendering every pair again makes as many short-lived objects as preparing them
 def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
     """Verify the row dataset at ``path`` (module docstring). ``rerender``: run the
     ``pairs`` check (it reads the recorded inputs and needs the tokenizer). A dataset
@@ -262,7 +261,8 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
                 problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
                         "stored row", "re-create the dataset from these inputs with this sftdata")
 
-    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool:  # a batch tokenized as the next renders
+    # a batch tokenized as the next renders; the collector held back while every pair renders again
+    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool, fewer_collections():
         for started, batch in overlapped(batches(), lambda b: start_rows([(raw.raw, raw.where) for raw, _ in b], ctx,
                                                                          pool)):
             compare(finish_rows(started, ctx), batch)

@@ -62,7 +62,6 @@ from ..template import (
     tokenizer_state,
 )
 from ..tokenize.identity import recorded_identity
-from ..util.collector import fewer_collections
 from .build import plan_build
 from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart, TaskRunner
 from .partitioned import decide_duplicates, partitioned_results, write_planned
@@ -171,7 +170,6 @@ def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir
                                f"tool turns")
 
 
-@fewer_collections()  # a run's many short-lived objects: the collector held back (util.collector)
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,
             progress: Callable[[Progress], None] | None = None, executor: Executor | None = None,
             planned: Callable[[BuildCheck], None] | None = None) -> PrepareSummary:
