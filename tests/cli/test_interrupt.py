@@ -158,3 +158,50 @@ def test_sigterm_removes_the_temporary_folder(tmp_path, source):
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in Path(r.args[r.args.index("-o") + 1]).parent.iterdir()) == []
     _xfail_on_exit_race(r)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX signals")
+def test_ctrl_c_to_a_one_process_prepare_pref_leaves_nothing(tmp_path):
+    """prepare-pref at one process (its chunks tokenized on a second thread, the collector
+    held back: util/collector.py) stops on Ctrl-C as prepare-chat does: once it has written
+    tokens of its pairs from an input that never ends, the signal, exit 130, one line."""
+    pytest.importorskip("tokenizers")
+    from sftdata.template import PRESETS
+    from tests.helpers.templates import TOKENS, train_tokenizer
+
+    specials, bos, eos, extra = TOKENS["chatml"]
+    folder = train_tokenizer(tmp_path / "tok", specials, bos, eos, extra,
+                             {"chat_template": PRESETS["chatml"], "pad_token": "<|endoftext|>"})
+    pair = {"prompt": [{"role": "user", "content": "What is the weather in Paris in spring? " * 3}],
+            "chosen": [{"role": "assistant", "content": "Mild, with showers and long bright spells. " * 3}],
+            "rejected": [{"role": "assistant", "content": "Always snow, all day long, every day. " * 3}]}
+    work = tmp_path / "work"
+    work.mkdir()
+    err = tmp_path / "stderr.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    with open(err, "wb") as e:
+        p = subprocess.Popen([sys.executable, "-m", "sftdata", "prepare-pref", "-", "-o", str(work / "ds"),
+                              "--tokenizer", str(folder)], cwd=work, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=e, start_new_session=True)
+    feed = EndlessInput(p, (json.dumps(pair) + "\n").encode() * 2000)
+    try:
+        wait_for("prepare-pref to write tokens of its pairs", lambda: p.poll() is not None or any(
+            t.stat().st_size for t in work.glob(".ds.tmp-*/*/shard_*/tokens.bin")))
+        assert p.poll() is None, err.read_text()[-2000:]
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(SAFETY_S)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGABRT)
+            p.wait()
+            pytest.fail(f"no exit within {SAFETY_S:.0f} s of Ctrl-C; stderr and stacks: {err.read_text()[-6000:]}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        feed.close()
+    stderr = err.read_text()
+    assert p.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "error: interrupted; nothing was written to the output"
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert p.stdout.read() == b"" and sorted(x.name for x in work.iterdir()) == []
