@@ -30,6 +30,18 @@ def pytest_configure(config):
     os.environ["SFTDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="sftdata-test-cache-")
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
+    _interruptible()
+
+
+def _interruptible() -> None:
+    """A suite started in the background of a non-interactive shell (``bash .ci/run &`` in a
+    script) inherits Ctrl-C ignored, and so would every command a test starts: the Ctrl-C
+    tests (tests/cli/test_interrupt.py) would see their signal lost. A terminal's Ctrl-C
+    reaches a command with Python's own handler, so the suite takes it back."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # CLI output under test is never wrapped, whatever the terminal (COLUMNS=50 in the shell) or

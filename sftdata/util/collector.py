@@ -15,9 +15,8 @@ do not form cycles. Within ``fewer_collections()``:
 
 Nested or concurrent runs share one setting: the first in changes it, the last out
 restores what the process had. It is used only where one process does the work with no
-process pool beside it (prepare-pref's one-process loop, pairs verify's re-render): held
-around ``prepare-chat -j 2``, a Ctrl-C was lost in some loaded test runs (the run went
-on to the end), so prepare-chat does not use it.
+process pool beside it (prepare-pref's one-process loop, pairs verify's re-render);
+prepare-chat, whose workers are forked, does not use it.
 """
 
 from __future__ import annotations
