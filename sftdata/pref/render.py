@@ -18,8 +18,9 @@ mask the render itself located (``rule_mismatch``) and train at least one token
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from ..records.conversation import Conversation, parse_record
 from ..records.preference import PreferenceRecord, PromptRecord
 from ..records.turns import TurnPolicy
 from ..template import TemplateProfile, check_texts, fit_to_template, plan_record, tool_schemas
+from ..util.collector import fewer_collections
 
 ENCODE_BATCH = 64  # the fewest texts of a chunk encoded on a second thread (fewer: not worth the hand-over)
 
@@ -298,6 +300,15 @@ def _finish(sides: list[_Side], split: list, masks: list[np.ndarray], error: Rec
         raise RecordError("identical_completions", "chosen and rejected render to the same tokens", where)
     repairs = tuple(sorted({r for s in sides for r in s.repairs}))
     return PairRender(split[0][0], completions, tuple(masks), repairs, tuple(s.conv for s in sides))
+
+
+@contextmanager
+def one_process_run() -> Iterator[Executor]:
+    """What a one-process run of chunks holds while it renders (prepare-pref's loop, pairs
+    verify's re-render): the thread each chunk's texts are tokenized on (``start_records``'s
+    ``pool``), and the collector held back (``util.collector``; no process pool beside it)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool, fewer_collections():
+        yield pool
 
 
 @dataclass

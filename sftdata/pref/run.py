@@ -19,7 +19,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +71,7 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
-from ..util.collector import fewer_collections
-from .render import PairRender, RenderingChunk, finish_records, render_prompt, start_records
+from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
 from .split import split_rows
 from .truncate import Cut, Truncation, plan_cut
 
@@ -446,9 +445,8 @@ def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, 
             raise
         runner.close(False)
         return
-    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders; the
-        # run's many short-lived objects: the collector held back (util.collector; one process, no pool)
-        with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool, fewer_collections():
+    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders
+        with one_process_run() as pool:
             for started, pos in overlapped(chunks, lambda items: start_chunk(items, ctx, pool)):
                 yield finish_chunk(started, ctx, curate), pos
         return

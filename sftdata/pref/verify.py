@@ -16,7 +16,6 @@ Checks, in order, each a ``CheckResult`` of the usual report:
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +42,9 @@ from ..store.format import (
     recorded_files,
 )
 from ..store.reader import read_one_generation
-from ..util.collector import fewer_collections
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
-from .render import equal_arrays
+from .render import equal_arrays, one_process_run
 from .run import PrefOptions, finish_rows, open_context, start_rows
 from .truncate import Truncation
 
@@ -261,8 +259,7 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
                 problem("pairs", raw.where, f"record {raw.record}", "rendered again, its ids or masks differ from the "
                         "stored row", "re-create the dataset from these inputs with this sftdata")
 
-    # a batch tokenized as the next renders; the collector held back while every pair renders again
-    with ThreadPoolExecutor(1, thread_name_prefix="sftdata-encode") as pool, fewer_collections():
+    with one_process_run() as pool:  # a batch tokenized as the next renders
         for started, batch in overlapped(batches(), lambda b: start_rows([(raw.raw, raw.where) for raw, _ in b], ctx,
                                                                          pool)):
             compare(finish_rows(started, ctx), batch)

@@ -401,7 +401,7 @@ class HFTokenizer:
 
     @library_call("encoding rendered texts")
     def encode_rendered_rest(self, texts: Sequence[str], done: Sequence[Encoded | None]) -> list[Encoded]:
-        """``done`` (``encode_rendered_fast``'s) with each None encoded by ``encode_rendered``."""
+        """``done`` (``fast_batch_results``) with each None encoded by ``encode_rendered``."""
         return [e if e is not None else self.encode_rendered(t) for e, t in zip(done, texts)]
 
     @library_call("locating tokens")
