@@ -10,7 +10,8 @@ from rich.table import Table
 
 from ..interop.export import ExportOptions, ExportReport, export
 from .app import app, handle_errors, print_result, rows_bar
-from .options import DatasetArg, JsonOpt, QuietOpt, dataset_dir
+from .build_output import show_rebuild, show_up_to_date
+from .options import DatasetArg, ForceOpt, JsonOpt, QuietOpt, dataset_dir
 
 
 def report_table(r: ExportReport) -> Table:
@@ -38,22 +39,25 @@ def export_command(
     overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an earlier export at "
                                             "--output-dir once the new one is complete (never a dataset or other "
                                             "files).")] = False,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Export a dataset as Parquet or JSONL for Hugging Face `datasets`, pyarrow and other trainers.
 
-    One row per episode (or packed row) with the columns transformers models take:
-    input_ids, labels (-100 where the loss mask is 0, aligned with input_ids: the model
-    shifts them itself), attention_mask; packed rows add position_ids (restarting per
-    segment) and seq_lengths. Each row also carries its input record number (episode,
-    record; packed: seq_episodes, seq_records). Streamed in chunks of whole rows, so
-    memory stays flat; written atomically (docs/INTEROP.md).
+    One row per episode with the columns transformers models take: input_ids, labels
+    (-100 where the loss mask is 0, aligned with input_ids: the model shifts them
+    itself), attention_mask, and its episode and input record number. A packed dataset:
+    one row per sequence of each packed row (and its row), so that no collator (TRL's
+    SFTTrainer, padding-free or not, DataCollatorWithFlattening) lets two conversations
+    attend to each other. Streamed in chunks of whole rows, so memory stays flat;
+    written atomically; an unchanged dataset exported again with the same options is up
+    to date (docs/INTEROP.md).
 
     Pairs (`sftdata prepare-pref`): one row per pair with TRL's tokenized columns,
-    prompt_input_ids, chosen_input_ids, rejected_input_ids, and each completion's loss
-    mask; KTO rows: completion_input_ids and label; RL prompts: prompt_input_ids and
-    columns. Each row also carries row and record (its input record number).
+    prompt_ids, chosen_ids, rejected_ids, and each completion's mask (chosen_mask,
+    rejected_mask); KTO rows: completion_ids, completion_mask and label; RL prompts:
+    prompt (its ids) and columns. Each row also carries row and record.
 
     Examples:
 
@@ -61,8 +65,13 @@ def export_command(
     * `sftdata export data/chat_sft_packed -o exports/packed_jsonl --format jsonl --split train`
     """
     dataset = dataset_dir(dataset)
-    opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite)
+    opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite, force=force)
     bar, on_progress = rows_bar("export", quiet or as_json)
     with bar:
-        report = export(dataset, output_dir, opts, progress=on_progress)
+        report = export(dataset, output_dir, opts, progress=on_progress,
+                        planned=None if quiet or as_json else show_rebuild)
+    if report.up_to_date and not as_json:
+        if not quiet:
+            show_up_to_date(report.output_dir, report.build_key, [])
+        return
     print_result(report, report_table, as_json, quiet, output_dir)

@@ -36,12 +36,35 @@ from ..errors import ConfigError, DatasetError
 from ..loader import IGNORE_INDEX, check_tokenizer
 from ..loader.indexed import recorded_pad_id
 from ..packing.layout import PAD_SEQ_ID, Segments, row_layout
-from ..store.reader import open_dataset
+from ..store.reader import Dataset, open_dataset
 from ..store.rows import refuse_row_kind
 from ..store.shard import split_segments
 
 
-class SFTDataset:
+class TokenLimits:
+    """What a model's embedding must hold, for a dataset class opened as ``self.dataset``
+    (``SFTDataset``, ``PairDataset``): ``vocab_size``, ``max_token_id``, ``check_model``."""
+
+    dataset: Dataset
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary size of the dataset's tokenizer (a model's embedding must hold it)."""
+        v = (self.dataset.tokenizer_state or {}).get("vocab_size")
+        return int(v) if v is not None else None
+
+    @property
+    def max_token_id(self) -> int | None:
+        """The largest token id the dataset holds (every split), from the ranges its metadata
+        records per shard; else its tokenizer's largest id; None when it records neither."""
+        return largest_token_id(self.dataset.metadata, self.dataset.tokenizer_state)
+
+    def check_model(self, model) -> None:
+        """Refuse a model whose embedding cannot hold this dataset's ids (``check_model``)."""
+        check_model(model, self)
+
+
+class SFTDataset(TokenLimits):
     """The items of ``split`` of the dataset at ``path`` (episodes or packed rows).
 
     ``ds[i]`` is item ``i`` (global episode id, or row id of a packed dataset): a dict
@@ -115,22 +138,6 @@ class SFTDataset:
         """Stored length of every item (an episode's whole length; ``row_len`` for a row):
         what the order's ``episode_min_tokens`` is checked against."""
         return self.split.lengths
-
-    @property
-    def vocab_size(self) -> int | None:
-        """The vocabulary size of the dataset's tokenizer (a model's embedding must hold it)."""
-        v = (self.dataset.tokenizer_state or {}).get("vocab_size")
-        return int(v) if v is not None else None
-
-    @property
-    def max_token_id(self) -> int | None:
-        """The largest token id the dataset holds (every split), from the ranges its metadata
-        records per shard; else its tokenizer's largest id; None when it records neither."""
-        return largest_token_id(self.dataset.metadata, self.dataset.tokenizer_state)
-
-    def check_model(self, model) -> None:
-        """Refuse a model whose embedding cannot hold this dataset's ids (``check_model``)."""
-        check_model(model, self)
 
     @property
     def segments(self) -> Segments:
@@ -230,11 +237,17 @@ def _rows(layer) -> int | None:
     return int(weight.shape[0]) if weight is not None and getattr(weight, "ndim", 0) == 2 else None
 
 
-def check_model(model, *datasets: SFTDataset) -> None:
+def check_model(model, *datasets: TokenLimits) -> None:
     """Refuse ``model`` when its input embedding (or its output layer) has fewer rows than a
     dataset's largest token id + 1: such an id would index past the table (an error on a
     GPU, or silently the wrong row). Call it once, after loading the model and before
-    training (``transformers`` models, or any module with ``get_input_embeddings``)."""
+    training (``transformers`` models, or any module with ``get_input_embeddings``).
+    ``datasets``: ``SFTDataset`` and ``PairDataset`` objects (any split: the check covers
+    the whole dataset)."""
+    for ds in datasets:
+        if not isinstance(ds, TokenLimits):
+            raise ConfigError(f"check_model takes SFTDataset or PairDataset objects (sftdata.torch), got "
+                              f"{type(ds).__name__}; open the dataset with one of them first")
     layers = {"input embedding": getattr(model, "get_input_embeddings", lambda: None)(),
               "output layer": getattr(model, "get_output_embeddings", lambda: None)()}
     sizes = {name: _rows(layer) for name, layer in layers.items() if layer is not None}

@@ -1,16 +1,25 @@
 """``sftdata export``: a dataset's splits as Parquet or JSONL files other tools read.
 
-Every row is one item of ``sftdata.torch.SFTDataset`` (an episode, or a packed row),
-with the columns ``transformers`` models take, ``labels`` aligned with ``input_ids``
-(-100 where the mask is 0; the model shifts them itself)::
+Every row is one sequence a model is given alone, with the columns ``transformers``
+models take, ``labels`` aligned with ``input_ids`` (-100 where the mask is 0; the model
+shifts them itself)::
 
     episodes:  episode, record, input_ids, labels, attention_mask
-    packed:    row, input_ids, labels, attention_mask (0 on row padding), position_ids,
-               seq_lengths, seq_episodes, seq_records (one per segment)
+    packed:    row, episode, record, input_ids, labels, attention_mask   (one row per sequence of a packed row)
+
+A packed dataset is exported one sequence (segment) per row, in row order, ``row``
+naming the packed row it belongs to: every collator that pads or flattens examples
+(TRL's ``DataCollatorForLanguageModeling``, with or without ``padding_free``,
+``transformers``' ``DataCollatorWithFlattening``, ``DataCollatorForSeq2Seq``) then keeps
+the sequences apart. A whole packed row as one example cannot be: TRL's collator, by
+default (``SFTConfig(padding_free=False)``), gives every example an attention mask of
+ones of its own making, and ``DataCollatorWithFlattening`` takes each example for one
+sequence; both would let a row's conversations attend to each other (docs/INTEROP.md).
+Packed rows as stored are served by ``sftdata.torch.SFTDataset``.
 
 Pairs, KTO rows and RL prompts: one row per pair with TRL's tokenized columns
-(``prompt_input_ids``, ``chosen_input_ids``, ``rejected_input_ids``; KTO's
-``completion_input_ids`` and ``label``), see ``export_rows``.
+(``prompt_ids``, ``chosen_ids``, ``rejected_ids``; KTO's ``completion_ids`` and ``label``),
+see ``export_rows``.
 
 ``record`` is the 0-based input record number (null when the dataset does not know it).
 
@@ -18,7 +27,9 @@ Streamed: a split is read a chunk of whole items at a time (plain file reads, so
 stays flat in the dataset size), and each chunk is one Parquet row group of about
 ``row_group_tokens`` tokens. The output folder is written like a dataset (staging folder
 beside it, renamed on success, one writer at a time, ``dataset_metadata.json`` with
-``kind: "export"`` listing its files): ``--overwrite`` replaces only an earlier export.
+``kind: "export"`` listing its files) with a build key (``export_build``): re-exporting
+an unchanged dataset with the same options is up to date and does nothing; another
+build replaces an earlier export only with ``--overwrite``, naming what changed.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import orjson
 from .. import __version__
 from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..loader import IGNORE_INDEX, dataset_identity
-from ..packing.layout import PAD_SEQ_ID, row_layout
+from ..store.build_key import BUILD, BuildCheck, Target, base_components, build_record, check_target, read_target
 from ..store.format import METADATA_FILE, ROW_KINDS, read_json
 from ..store.fsops import OUTPUT_DIR_FIX, refuse_link
 from ..store.location import remote_url
@@ -43,6 +54,7 @@ from ..store.reader import open_dataset
 from ..store.rows import RowSplit
 from ..store.shard import Split, split_segments
 from ..store.writer import DatasetWriter
+from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from ..util.ranges import range_index, whole_runs
 from .export_rows import RowJsonlSink, RowParquetSink, row_chunks, row_columns
@@ -51,6 +63,9 @@ FORMATS = ("parquet", "jsonl")
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few ms to decode
 EXPORT_KIND = "export"
 PARQUET_KEY = b"sftdata"  # the Parquet file's key-value metadata: where it came from
+# the modules whose output is an export's bytes (its build key's code version)
+EXPORT_CODE = ("__init__.py", "interop/export.py", "interop/export_rows.py", "store/format.py", "store/writer.py",
+               "store/rows.py", "store/shard.py")
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,12 @@ class ExportOptions:
     splits: tuple[str, ...] | None = None  # None: every split of the dataset
     overwrite: bool = False
     row_group_tokens: int = ROW_GROUP_TOKENS
+    force: bool = False  # export again even when the target is up to date (implies overwrite)
+
+    def recorded(self) -> dict:
+        """The options that decide the export's bytes (its build key), as the CLI names them."""
+        return {"format": self.format, "split": list(self.splits) if self.splits else None,
+                "row_group_tokens": self.row_group_tokens}
 
 
 @dataclass(frozen=True)
@@ -87,19 +108,36 @@ class ExportReport:
     splits: dict[str, SplitExport] = field(default_factory=dict)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    build_key: str | None = None
+    up_to_date: bool = False  # the target held this export already: nothing was done
+    changed: list[str] = field(default_factory=list)  # why an earlier export was replaced
 
     def as_dict(self) -> dict:
         return {**asdict(self), "splits": {k: asdict(v) for k, v in self.splits.items()}}
 
+    @classmethod
+    def of_export(cls, dataset: str, output_dir: str, meta: dict) -> ExportReport:
+        """The report of the earlier export at ``output_dir`` (its metadata), up to date."""
+        e = meta.get("export") or {}
+        splits = {k: SplitExport(**v) for k, v in (e.get("files") or {}).items()}
+        return cls(dataset, output_dir, e.get("format", ""), e.get("kind", ""), list(e.get("columns") or []), splits,
+                   up_to_date=True)
+
 
 EPISODE_COLUMNS = ["episode", "record", "input_ids", "labels", "attention_mask"]
-PACKED_COLUMNS = ["row", "input_ids", "labels", "attention_mask", "position_ids", "seq_lengths", "seq_episodes",
-                  "seq_records"]
+PACKED_COLUMNS = ["row", "episode", "record", "input_ids", "labels", "attention_mask"]
 
 
 def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptions = ExportOptions(),
-           progress: Callable[[ExportProgress], None] | None = None) -> ExportReport:
-    """Write the splits of ``dataset_dir`` to ``output_dir/<split>.<format>``."""
+           progress: Callable[[ExportProgress], None] | None = None,
+           planned: Callable[[BuildCheck], None] | None = None) -> ExportReport:
+    """Write the splits of ``dataset_dir`` to ``output_dir/<split>.<format>``.
+
+    A target that is an earlier export with this build key (the source's metadata sha256,
+    the options, the export code) is up to date: nothing is done and the report
+    (``up_to_date``) is that export's. Another is refused without ``overwrite`` (``force``
+    exports again regardless), naming what changed; ``planned`` is called with the
+    decision to build before any work."""
     if options.format not in FORMATS:
         why = " (MosaicML MDS is not offered: docs/INTEROP.md says why)" if options.format == "mds" else ""
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {options.format!r}{why}")
@@ -108,10 +146,17 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
     t0 = time.perf_counter()
     source, target, url = Path(dataset_dir), Path(output_dir), remote_url(output_dir)
     ds = open_dataset(source)
+    replace = options.overwrite or options.force
     if url is None:
-        _check_target(source, target, options.overwrite)
-    elif options.overwrite:
+        _check_target(source, target, replace)
+    elif replace:
         _check_kind(url, remote_metadata(url))
+    plan = plan_export(source, url or target, options)
+    if plan.up_to_date:
+        report = ExportReport.of_export(str(source), url or str(target), plan.target.metadata)
+        report.build_key, report.seconds = plan.key, time.perf_counter() - t0
+        return report
+    plan.refuse_unless(replace)
     names = list(options.splits) if options.splits else list(ds.splits)
     for name in names:
         ds.split(name)  # an unknown split: the reader's message names the ones there are
@@ -119,15 +164,13 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
             raise DatasetError(f"split {name!r} of {source} has no mask.bin, so labels cannot say which tokens are "
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
     rows = ds.kind in ROW_KINDS  # pairs, KTO rows, RL prompts: TRL's tokenized columns (export_rows)
-    parquet = options.format == "parquet"
-    sink_cls = _parquet_sink() if parquet else JsonlSink  # says which extra --format parquet needs
-    if rows:
-        sink_cls = RowParquetSink if parquet else RowJsonlSink
-    columns = row_columns(ds.kind) if rows else PACKED_COLUMNS if ds.kind == "packed" else EPISODE_COLUMNS
-    report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns)
+    sink_cls, columns = _layout(ds.kind, options.format)
+    report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns, changed=list(plan.changes))
     provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
                   "sftdata_version": __version__}
-    with DatasetWriter(url or target, overwrite=options.overwrite) as w:
+    if planned is not None:
+        planned(plan)
+    with DatasetWriter(url or target, overwrite=replace) as w:
         for name in names:
             sp = ds.split(name)
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
@@ -149,12 +192,53 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
                     if progress is not None:
                         progress(ExportProgress(name, out.rows, total))
             out.bytes = (w.path / out.file).stat().st_size
+        record = build_record(export_components(source, _metadata_sha256(source), options), [])
+        report.build_key = record["key"]
         w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
             **provenance, "format": options.format, "columns": columns,
-            "files": {k: asdict(v) for k, v in report.splits.items()}}})
+            "files": {k: asdict(v) for k, v in report.splits.items()}}, BUILD: record})
         report.notes = list(w.notes)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _layout(kind: str, fmt: str) -> tuple[type, list[str]]:
+    """The writer class and the columns of an export of ``kind`` as ``fmt``."""
+    parquet = fmt == "parquet"
+    sink_cls = _parquet_sink() if parquet else JsonlSink  # says which extra --format parquet needs
+    if kind in ROW_KINDS:
+        return (RowParquetSink if parquet else RowJsonlSink), row_columns(kind)
+    return sink_cls, PACKED_COLUMNS if kind == "packed" else EPISODE_COLUMNS
+
+
+def export_components(source: Path, metadata_sha256: str | None, options: ExportOptions) -> dict:
+    """An export's build key components: the source dataset (its path and the sha256 of its
+    metadata, which holds the sha256 of every file of it), the options, the export code."""
+    return {**base_components(EXPORT_KIND, EXPORT_CODE), "source": {"path": str(source.resolve()),
+                                                                     "metadata_sha256": metadata_sha256},
+            "options": options.recorded()}
+
+
+def _metadata_sha256(source: Path) -> str | None:
+    try:
+        return sha256_file(source / METADATA_FILE)
+    except OSError:
+        return None
+
+
+def plan_export(source: Path, target, options: ExportOptions) -> BuildCheck:
+    """Is the target up to date? Only an earlier export is compared (a dataset or other
+    files there are the writer's, and ``_check_target``'s, to refuse)."""
+    def planned():
+        sha = _metadata_sha256(source)
+        if sha is None:
+            return None, f"the dataset {source} has no readable {METADATA_FILE}, so its content is not known"
+        return export_components(source, sha, options), None
+
+    t = read_target(target)
+    if t.metadata is not None and t.metadata.get("kind") != EXPORT_KIND:
+        t = Target(t.location, t.exists)  # not an export: no build key to compare
+    return check_target(t, planned, force=options.force)
 
 
 def _check_target(source: Path, target: Path, overwrite: bool) -> None:
@@ -189,8 +273,6 @@ class Chunk:
     labels: np.ndarray  # int64
     attention: np.ndarray  # int8
     scalars: dict[str, np.ndarray]  # per-row int64 columns (-1 = unknown)
-    positions: np.ndarray | None = None  # packed: int64 like input_ids
-    segments: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # packed: name -> (offsets, values)
 
     @property
     def rows(self) -> int:
@@ -227,7 +309,10 @@ def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
 
 
 def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
-    """The rows of a packed split in row order, whole rows of up to ``budget`` tokens."""
+    """The sequences (segments) of a packed split, one item each, in row order (and in
+    order within a row), whole rows of up to ``budget`` tokens a chunk: each sequence is
+    its own example, so a collator that pads or flattens examples never lets two
+    sequences of a row attend to each other (module docstring)."""
     L = int(packing["row_len"])
     seg = split_segments(sp)
     per = max(1, budget // L)
@@ -235,18 +320,14 @@ def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
         first = int(sp.item_offsets[si])
         for a in range(0, sh.num_items, per):
             b = min(sh.num_items, a + per)
+            s = seg.of_rows(np.arange(first + a, first + b, dtype=np.int64))
+            if not len(s):
+                continue
             toks, mask = sh.read_range(a * L, b * L)
-            rows = np.arange(first + a, first + b, dtype=np.int64)
-            s = seg.of_rows(rows)
-            local = s.row - (first + a)
-            seq, pos = row_layout(local, s.offset, s.length, b - a, L)
-            ids = toks.astype(np.int64)
-            counts = np.bincount(local, minlength=b - a)
-            seg_off = np.concatenate([[0], np.cumsum(counts)])
-            yield Chunk(np.arange(b - a + 1, dtype=np.int64) * L, ids, np.where(mask == 1, ids, IGNORE_INDEX),
-                        (seq.reshape(-1) != PAD_SEQ_ID).astype(np.int8), {"row": rows}, pos.reshape(-1),
-                        {"seq_lengths": (seg_off, s.length), "seq_episodes": (seg_off, s.episode),
-                         "seq_records": (seg_off, s.source)})
+            idx = range_index((s.row - (first + a)) * L + s.offset, s.length)
+            ids, trained = toks[idx].astype(np.int64), mask[idx] == 1
+            yield Chunk(np.concatenate([[0], np.cumsum(s.length)]), ids, np.where(trained, ids, IGNORE_INDEX),
+                        np.ones(ids.shape[0], dtype=np.int8), {"row": s.row, "episode": s.episode, "record": s.source})
 
 
 # ------------------------------------------------------------------------------ writers
@@ -268,13 +349,8 @@ class ParquetSink:
 
         self.pa, self.pq = pa, pq
         tokens, mask = pa.list_(pa.int64()), pa.list_(pa.int8())
-        if kind == "packed":
-            fields = [("row", pa.int64()), ("input_ids", tokens), ("labels", tokens), ("attention_mask", mask),
-                      ("position_ids", tokens), ("seq_lengths", tokens), ("seq_episodes", tokens),
-                      ("seq_records", tokens)]
-        else:
-            fields = [("episode", pa.int64()), ("record", pa.int64()), ("input_ids", tokens), ("labels", tokens),
-                      ("attention_mask", mask)]
+        lists = [("input_ids", tokens), ("labels", tokens), ("attention_mask", mask)]
+        fields = [(name, pa.int64()) for name in (PACKED_COLUMNS if kind == "packed" else EPISODE_COLUMNS)[:-3]] + lists
         self.schema = pa.schema(fields, metadata={key: orjson.dumps(provenance)})
         self.path = path
         self._writer = None
@@ -287,16 +363,11 @@ class ParquetSink:
         pa = self.pa
         off = pa.array(c.offsets.astype(np.int32))
 
-        def lists(values: np.ndarray, offsets=off, null_below: int | None = None):
-            mask = values < null_below if null_below is not None else None
-            return pa.ListArray.from_arrays(offsets, pa.array(values, mask=mask))
+        def lists(values: np.ndarray):
+            return pa.ListArray.from_arrays(off, pa.array(values))
 
         cols = {name: pa.array(v, mask=v < 0) for name, v in c.scalars.items()}
         cols.update(input_ids=lists(c.input_ids), labels=lists(c.labels), attention_mask=lists(c.attention))
-        if c.positions is not None:
-            cols["position_ids"] = lists(c.positions)
-            for name, (o, v) in c.segments.items():
-                cols[name] = lists(v, pa.array(o.astype(np.int32)), 0 if name == "seq_records" else None)
         table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         self._writer.write_table(table, row_group_size=max(1, c.rows))
 
@@ -323,11 +394,6 @@ class JsonlSink:
             a, b = int(o[k]), int(o[k + 1])
             row = {name: (None if v[k] < 0 else int(v[k])) for name, v in c.scalars.items()}
             row.update(input_ids=c.input_ids[a:b], labels=c.labels[a:b], attention_mask=c.attention[a:b])
-            if c.positions is not None:
-                row["position_ids"] = c.positions[a:b]
-                for name, (so, sv) in c.segments.items():
-                    part = sv[int(so[k]):int(so[k + 1])]
-                    row[name] = [None if x < 0 else x for x in part.tolist()] if name == "seq_records" else part
             lines.append(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY))
         self._f.write(b"\n".join(lines) + b"\n")
 

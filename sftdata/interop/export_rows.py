@@ -1,17 +1,24 @@
 """``sftdata export`` of pairs, KTO rows and RL prompts: TRL's tokenized columns, one row
 per pair (KTO row, prompt), with its input record number::
 
-    pairs:    row, record, prompt_input_ids, chosen_input_ids, rejected_input_ids,
-              chosen_loss_mask, rejected_loss_mask
-    kto:      row, record, prompt_input_ids, completion_input_ids, completion_loss_mask, label
-    prompts:  row, record, prompt_input_ids, columns
+    pairs:    row, record, prompt_ids, chosen_ids, rejected_ids, chosen_mask, rejected_mask
+    kto:      row, record, prompt_ids, completion_ids, completion_mask, label
+    prompts:  row, record, prompt, columns
 
-``prompt_input_ids + chosen_input_ids`` is exactly the dataset's ``prompt + chosen`` (the
-split was made in token space). ``*_loss_mask`` is the completion's mask as prepared (1 =
-trained; a template's tokens after its end of turn are 0, where TRL's own collator would
-train every completion token: ``sftdata.torch.PreferenceCollator`` uses this mask).
-``label`` is a boolean (TRL's KTO); ``columns`` the RL row's other columns, the JSON
-object ``columns.jsonl`` holds, byte for byte (a string column). ``record`` is null when unknown.
+The names are TRL 1.x's (``DPOTrainer`` keeps ``prompt_ids``, ``chosen_ids`` and
+``rejected_ids`` with its default ``remove_unused_columns=True``; ``KTOTrainer``
+``prompt_ids``, ``completion_ids`` and ``label``; ``GRPOTrainer`` ``prompt``) and
+``sftdata.torch.PairDataset``'s item keys, so a row of the export is an item of it.
+``prompt_ids + chosen_ids`` is exactly the dataset's ``prompt + chosen`` (the split was
+made in token space). ``*_mask`` is the completion's mask as prepared (1 = trained; a
+template's tokens after its end of turn are 0, where TRL's own collator would train
+every completion token: ``sftdata.torch.PreferenceCollator`` uses this mask; ``pretokenized``
+keeps these columns). ``label`` is a boolean (TRL's KTO); ``prompt`` the RL prompt's ids;
+``columns`` the RL row's other columns, the JSON object ``columns.jsonl`` holds, byte for
+byte (a string column). ``record`` is null when unknown.
+
+Exports of an earlier sftdata named these ``prompt_input_ids``, ``chosen_input_ids``,
+``*_loss_mask``: ``PreferenceCollator`` still reads them.
 """
 
 from __future__ import annotations
@@ -29,10 +36,15 @@ from ..util.ranges import range_index
 PARTS = {KIND_PAIRS: ("prompt", "chosen", "rejected"), KIND_KTO: ("prompt", "completion"), KIND_PROMPTS: ("prompt",)}
 
 
+def ids_column(kind: str, part: str) -> str:
+    """The column of a part's token ids: ``prompt_ids``, ``chosen_ids`` ... (an RL prompt's: ``prompt``)."""
+    return "prompt" if kind == KIND_PROMPTS else f"{part}_ids"
+
+
 def row_columns(kind: str) -> list[str]:
     """The columns of an export of ``kind``, in order."""
     parts = PARTS[kind]
-    cols = ["row", "record"] + [f"{p}_input_ids" for p in parts] + [f"{p}_loss_mask" for p in parts[1:]]
+    cols = ["row", "record"] + [ids_column(kind, p) for p in parts] + [f"{p}_mask" for p in parts[1:]]
     return cols + {KIND_KTO: ["label"], KIND_PROMPTS: ["columns"]}.get(kind, [])
 
 
@@ -52,14 +64,12 @@ class RowChunk:
 
     @property
     def token_count(self) -> int:
-        """Tokens of every sequence a trainer reads (the prompt once per side)."""
-        ids = [k for k in self.lists if k.endswith("_input_ids")]
-        prompt = int(self.lists["prompt_input_ids"][1].shape[0])
-        return sum(int(self.lists[k][1].shape[0]) for k in ids if k != "prompt_input_ids") + prompt * max(1, len(ids) - 1)
+        """The rows' tokens as the dataset stores them (the prompt once, as prepare-pref counts)."""
+        return sum(int(v.shape[0]) for k, (_, v) in self.lists.items() if not k.endswith("_mask"))
 
     @property
     def trained_count(self) -> int:
-        return sum(int(np.count_nonzero(v)) for k, (_, v) in self.lists.items() if k.endswith("_loss_mask"))
+        return sum(int(np.count_nonzero(v)) for k, (_, v) in self.lists.items() if k.endswith("_mask"))
 
 
 def row_chunks(rs: RowSplit, budget: int) -> Iterator[RowChunk]:
@@ -89,9 +99,9 @@ def row_chunks(rs: RowSplit, budget: int) -> Iterator[RowChunk]:
                 st, ln = starts[a:b, p] - lo, lengths[a:b, p]
                 idx = range_index(st, ln)
                 off = np.concatenate([[0], np.cumsum(ln)])
-                lists[f"{name}_input_ids"] = (off, toks[idx].astype(np.int64))
+                lists[ids_column(rs.kind, name)] = (off, toks[idx].astype(np.int64))
                 if p:
-                    lists[f"{name}_loss_mask"] = (off, (mask[idx] == 1).astype(np.int8))
+                    lists[f"{name}_mask"] = (off, (mask[idx] == 1).astype(np.int8))
             texts = {"columns": [t.decode() for t in rs.columns_text(rows)]} if rs.kind == KIND_PROMPTS else {}
             labels = rs.labels[rows].astype(bool) if rs.kind == KIND_KTO else None
             yield RowChunk(scalars, lists, texts, labels)
@@ -107,7 +117,7 @@ class RowParquetSink:
 
         self.pa, self.pq = pa, pq
         kinds = {"row": pa.int64(), "record": pa.int64(), "label": pa.bool_(), "columns": pa.string()}
-        fields = [(c, kinds.get(c, pa.list_(pa.int8() if c.endswith("_loss_mask") else pa.int64())))
+        fields = [(c, kinds.get(c, pa.list_(pa.int8() if c.endswith("_mask") else pa.int64())))
                   for c in row_columns(kind)]
         self.schema = pa.schema(fields, metadata={key: orjson.dumps(provenance)})
         self.path = path

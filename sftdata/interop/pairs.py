@@ -40,12 +40,14 @@ from ..store.format import KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.reader import open_dataset
 from ..store.rows import RowSplit, require_row_kind
 from .collate import require_torch
+from .dataset import TokenLimits
 
 
-class PairDataset:
+class PairDataset(TokenLimits):
     """The rows of ``split`` of a pairs, KTO or prompts dataset, as TRL's trainers take
     them (module docstring). ``tokenizer``: the model's tokenizer; a dataset made with
-    another is refused (``sftdata.loader.check_tokenizer``). Pickles by path."""
+    another is refused (``sftdata.loader.check_tokenizer``). ``vocab_size``,
+    ``max_token_id`` and ``check_model(model)`` as ``SFTDataset``'s. Pickles by path."""
 
     def __init__(self, path: str | Path, split: str = "train", *, tokenizer: str | Path | None = None):
         self.path = Path(path)

@@ -56,14 +56,14 @@ def sha256_json(value) -> str:
 
 
 @functools.cache
-def code_version(root: Path | None = None) -> str:
-    """sha256 of the paths and source text of every module of ``CODE_PATHS`` under ``root``
-    (default: this sftdata; once per process). Without the sources (an install of compiled
-    files only): of the version."""
+def code_version(root: Path | None = None, paths: tuple[str, ...] = CODE_PATHS) -> str:
+    """sha256 of the paths and source text of every module of ``paths`` (default
+    ``CODE_PATHS``) under ``root`` (default: this sftdata; once per process). Without the
+    sources (an install of compiled files only): of the version."""
     root = Path(__file__).resolve().parent.parent if root is None else root
     h = hashlib.sha256()
     try:
-        for rel in CODE_PATHS:
+        for rel in paths:
             p = root / rel
             for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
                 h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
@@ -122,8 +122,11 @@ def build_record(components: dict, identities: list[dict]) -> dict:
             "identities": identities, "libraries": library_versions()}
 
 
-def base_components(kind: str) -> dict:
-    return {"kind": kind, "format_version": format_version_for(kind), "sftdata": __version__, "code": code_version()}
+def base_components(kind: str, code_paths: tuple[str, ...] = CODE_PATHS) -> dict:
+    """The components every build has; ``code_paths``: the modules whose output is its
+    bytes (another command's than prepare's and pack's, e.g. export's)."""
+    return {"kind": kind, "format_version": format_version_for(kind), "sftdata": __version__,
+            "code": code_version(None, tuple(code_paths))}
 
 
 def build_key(components: dict) -> str:

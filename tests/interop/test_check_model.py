@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from sftdata.errors import ConfigError
-from sftdata.interop import SFTDataset, check_model
+from sftdata.interop import PairDataset, SFTDataset, check_model
 from sftdata.interop.dataset import largest_token_id
+from tests.helpers.pairs import PAIR_LENGTHS, write_rows
 
 
 def model(rows: int, out_rows: int | None = None):
@@ -56,3 +57,18 @@ def test_a_transformers_model_is_checked_and_passes_once_resized(source):
         check_model(m, ds)
     m.resize_token_embeddings(ds.vocab_size)
     check_model(m, ds)
+
+
+def test_every_dataset_class_is_checked(tmp_path):
+    pairs = write_rows(tmp_path / "pairs", "pairs", PAIR_LENGTHS)
+    ds = PairDataset(pairs)
+    top = ds.max_token_id
+    assert top == max(max(it["prompt_ids"] + it["chosen_ids"] + it["rejected_ids"]) for it in ds) == 8601
+    check_model(model(top + 1), ds)
+    ds.check_model(model(top + 1))
+    with pytest.raises(ConfigError, match=rf"^the model's input embedding has 8,601 rows, but {pairs} holds token id "
+                                          r"8,601: that id would index past it\. Resize it first"):
+        check_model(model(top), ds)
+    with pytest.raises(ConfigError, match=r"^check_model takes SFTDataset or PairDataset objects \(sftdata\.torch\), "
+                                          r"got str; open the dataset with one of them first$"):
+        check_model(model(top + 1), str(pairs))

@@ -5,6 +5,7 @@ anything but an earlier export."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tracemalloc
 
@@ -58,21 +59,22 @@ def test_episodes_read_back_with_datasets_equal_the_dataset(source, tmp_path):  
         assert rep.splits[split].trained_tokens == sum(int((ds[i]["labels"] != IGNORE_INDEX).sum()) for i in range(len(ds)))
 
 
-def test_packed_rows_read_back_with_datasets_equal_the_dataset(packed, tmp_path):
-    export(packed, tmp_path / "out")
+def test_a_packed_dataset_exports_one_row_per_sequence_equal_to_its_segment(packed, tmp_path):
+    rep = export(packed, tmp_path / "out")
+    assert rep.columns == ["row", "episode", "record", "input_ids", "labels", "attention_mask"]
     hf = load_with_datasets(tmp_path / "out", tmp_path)["train"]
     ds = SFTDataset(packed)
     seg = ds.segments
-    assert len(hf) == len(ds)
-    for i in range(len(ds)):
-        got, want = hf[i], ds[i]
-        for col in ("input_ids", "labels", "position_ids", "seq_lengths"):
-            assert got[col] == want[col].tolist(), (i, col)
-        real = int(want["seq_lengths"].sum())
-        assert got["attention_mask"] == [1] * real + [0] * (len(want["input_ids"]) - real)
-        assert got["row"] == i
-        assert got["seq_episodes"] == seg.episode[seg.row == i].tolist()
-        assert got["seq_records"] == seg.source[seg.row == i].tolist() == ds.records(i)
+    assert len(hf) == len(seg) == rep.splits["train"].rows and len(seg) > len(ds)  # rows hold several sequences
+    for k in range(len(seg)):
+        got, r, a, n = hf[k], int(seg.row[k]), int(seg.offset[k]), int(seg.length[k])
+        item = ds[r]
+        assert got["input_ids"] == item["input_ids"][a:a + n].tolist()
+        assert got["labels"] == item["labels"][a:a + n].tolist()  # the same trained targets as the packed row
+        assert got["attention_mask"] == [1] * n
+        assert (got["row"], got["episode"], got["record"]) == (r, int(seg.episode[k]), int(seg.source[k]))
+    assert rep.splits["train"].tokens == int(seg.length.sum())
+    assert rep.splits["train"].trained_tokens == sum(int((ds[i]["labels"] != IGNORE_INDEX).sum()) for i in range(len(ds)))
 
 
 def test_pyarrow_reads_row_groups_of_whole_rows_and_the_provenance(source, tmp_path):  # noqa: F811
@@ -137,13 +139,16 @@ def test_memory_stays_flat_in_the_dataset_size(tmp_path):
 def test_an_existing_output_is_refused_and_overwrite_replaces_only_an_export(source, packed, tmp_path):  # noqa: F811
     out = tmp_path / "out"
     export(source, out, ExportOptions(splits=("val",)))
-    with pytest.raises(OutputExistsError, match=r"already exists; pass --overwrite to replace it"):
+    with pytest.raises(OutputExistsError, match=r"out already exists and is not up to date: the option --split "
+                                                 r'changed \(\["val"\] -> none\)\. Pass --overwrite to rebuild it, or '
+                                                 r"choose another --output-dir$"):
         export(source, out)
     rep = export(source, out, ExportOptions(overwrite=True))
     assert sorted(rep.splits) == ["train", "val"] and (out / "train.parquet").is_file()
     (out / "notes.txt").write_text("mine")
+    assert export(source, out, ExportOptions(overwrite=True)).up_to_date  # nothing to do: notes.txt stays
     with pytest.raises(OutputExistsError, match=r"holds files sftdata did not write: notes.txt"):
-        export(source, out, ExportOptions(overwrite=True))
+        export(source, out, ExportOptions(overwrite=True, format="jsonl"))
     assert (out / "notes.txt").read_text() == "mine" and (out / "train.parquet").is_file()
     other = tmp_path / "other"
     other.mkdir()
@@ -157,6 +162,30 @@ def test_an_existing_output_is_refused_and_overwrite_replaces_only_an_export(sou
     for target in (source, source / "exp", source.parent):
         with pytest.raises(UsageError, match=r"would overlap the dataset .*; choose an --output-dir outside it"):
             export(source, target, ExportOptions(overwrite=True))
+
+
+def test_an_unchanged_export_is_up_to_date_and_a_changed_one_names_what_changed(source, tmp_path):  # noqa: F811
+    src, out = tmp_path / "d", tmp_path / "out"
+    shutil.copytree(source, src)
+    first = export(src, out, ExportOptions(splits=("val",)))
+    assert first.build_key is not None and not first.up_to_date and first.changed == []
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()}
+    again = export(src, out, ExportOptions(splits=("val",)))  # nothing written, the report is the export's
+    assert again.up_to_date and again.build_key == first.build_key and again.changed == []
+    assert (again.kind, again.columns, again.splits) == (first.kind, first.columns, first.splits)
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    fmt = export(src, out, ExportOptions(splits=("val",), format="jsonl", overwrite=True))
+    assert fmt.changed == ['the option --format changed ("parquet" -> "jsonl")'] and fmt.build_key != first.build_key
+    assert sorted(p.name for p in out.iterdir()) == [METADATA_FILE, "val.jsonl"]
+    shutil.rmtree(src)
+    make_dataset(src, [5, 7, 9])  # another dataset at the same path
+    with pytest.raises(OutputExistsError, match=r"already exists and is not up to date: the source dataset changed "
+                                                 rf"\(its {METADATA_FILE} sha256 [0-9a-f]{{12}}\.\.\. -> "
+                                                 r"[0-9a-f]{12}\.\.\.\)"):
+        export(src, out, ExportOptions(format="jsonl", splits=("train",)))
+    forced = export(src, out, ExportOptions(format="jsonl", splits=("train",), force=True))
+    assert forced.changed == ["--force rebuilds it whatever its build key says"] and forced.splits["train"].rows == 3
+    assert export(src, out, ExportOptions(format="jsonl", splits=("train",))).up_to_date
 
 
 def test_a_failed_export_leaves_nothing(source, tmp_path, monkeypatch):  # noqa: F811
@@ -192,10 +221,22 @@ def test_the_command_line(source, tmp_path):  # noqa: F811
     r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o"), "--split", "val", "--json"])
     assert r.exit_code == 0, r.output
     rep = orjson.loads(r.stdout)
-    assert sorted(rep) == ["columns", "dataset", "format", "kind", "notes", "output_dir", "seconds", "splits"]
+    assert sorted(rep) == ["build_key", "changed", "columns", "dataset", "format", "kind", "notes", "output_dir",
+                           "seconds", "splits", "up_to_date"]
     assert sorted(rep["splits"]) == ["val"] and rep["splits"]["val"]["file"] == "val.parquet"
+    assert rep["build_key"] is not None and rep["up_to_date"] is False and rep["changed"] == []
+    r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o"), "--split", "val"])
+    assert r.exit_code == 0 and " ".join(r.output.split()) == (f"{tmp_path / 'o'}: up to date (build key "
+                                                              f"{rep['build_key'][:12]}...); nothing to do (--force "
+                                                              f"rebuilds it)")
     r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o")])
-    assert r.exit_code == 1 and r.output.startswith("error: ") and "pass --overwrite" in r.output
+    assert r.exit_code == 1 and " ".join(r.output.split()) == (f"error: {tmp_path / 'o'} already exists and is not up "
+                                                              f'to date: the option --split changed (["val"] -> none). '
+                                                              f"Pass --overwrite to rebuild it, or choose another "
+                                                              f"--output-dir")
+    r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o"), "--overwrite"])
+    assert r.exit_code == 0 and " ".join(r.output.split()).startswith(f"rebuilding {tmp_path / 'o'}: the option "
+                                                                      f'--split changed (["val"] -> none)')
     r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "j"), "-f", "jsonl"])
     assert r.exit_code == 0 and "Exported" in r.output and "train.jsonl" in r.output
     r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "x"), "--format", "csv"])
