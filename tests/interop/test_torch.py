@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError, UsageError
+from sftdata.interop.export import export
 from sftdata.loader import IGNORE_INDEX, apply_ignore_index, make_loader
 from sftdata.order.config import LoaderConfig
 from sftdata.packing.attention import block_causal_mask
@@ -395,7 +396,9 @@ def test_a_packed_batch_gives_every_segment_the_logits_of_its_episode_alone(pack
     assert worst_leaky > 1e-2  # a 2D attention mask turns the position-id isolation off: why packed batches have none
 
 
-def test_a_trainer_run_trains_on_the_dataset_with_the_loss_by_hand_and_the_samplers_order(packed, tmp_path):
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_a_trainer_run_trains_on_the_dataset_with_the_loss_by_hand_and_the_samplers_order(packed, padding_free,
+                                                                                        tmp_path):
     ds = SFTDataset(packed)
     cfg = LoaderConfig(batch_size=4, block_size=PACKED_BLOCK, epoch_seed=21)
     model = tiny_llama(ds.vocab_size)
@@ -414,13 +417,139 @@ def test_a_trainer_run_trains_on_the_dataset_with_the_loss_by_hand_and_the_sampl
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=4,
                                           learning_rate=5e-3, report_to="none", use_cpu=True, save_strategy="no",
                                           logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
-    Recording(model=model.train(), args=args, train_dataset=ds, data_collator=collate()).train()
+    collator = collate(padding_free=padding_free)
+    Recording(model=model.train(), args=args, train_dataset=ds, data_collator=collator).train()
     assert len(seen) == 3
     sampler = SFTSampler(ds, cfg)
     probe = tiny_llama(ds.vocab_size)
     for step, (input_ids, weights, loss) in enumerate(seen):
         ids = sampler.step_ids(step)
-        assert torch.equal(input_ids, torch.from_numpy(np.stack([ds[int(i)]["input_ids"] for i in ids])))
+        assert torch.equal(input_ids, collator([ds[int(i)] for i in ids])["input_ids"])
         probe.load_state_dict(weights)
+        # each segment's loss as if run alone: the segments were kept apart
         assert abs(loss - packed_hand_loss(probe, ds, ids).item()) < 1e-5, step
     assert not torch.equal(seen[0][1]["model.embed_tokens.weight"], seen[2][1]["model.embed_tokens.weight"])
+
+
+# ------------------------------------------- TRL's SFTTrainer and HF's collators on the export
+trl = pytest.importorskip("trl", reason="TRL is not installed")
+datasets = pytest.importorskip("datasets", reason="TRL's trainers take a datasets.Dataset")
+pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(scope="module")
+def packed_export(packed, tmp_path_factory):
+    """The packed dataset's export as `datasets` reads it, and a dense renumbering of its
+    ids (a small output layer keeps the model fast; isolation does not depend on id values)."""
+    out = tmp_path_factory.mktemp("export") / "packed"
+    export(packed, out)
+    train = datasets.load_dataset("parquet", data_dir=str(out), split="train",
+                                  cache_dir=str(tmp_path_factory.mktemp("hf")))
+    vocab = np.unique(np.concatenate([np.asarray(r) for r in train["input_ids"]]))
+    dense = train.map(lambda r: {"input_ids": np.searchsorted(vocab, r["input_ids"]).tolist(),
+                                 "labels": [x if x < 0 else int(np.searchsorted(vocab, x)) for x in r["labels"]]})
+    return dense, vocab
+
+
+def densely(vocab: np.ndarray, ids) -> np.ndarray:
+    return np.clip(np.searchsorted(vocab, ids), 0, vocab.size - 1)
+
+
+def shared_row(packed) -> dict:
+    """The first packed row holding several sequences."""
+    ds = SFTDataset(packed)
+    return next(it for it in ds if len(it["seq_lengths"]) > 1)
+
+
+def second_segment_leak(model, row: dict, vocab: np.ndarray, collator) -> float:
+    """How far the second segment of a packed row, given to ``collator`` as one example,
+    is from the same segment alone."""
+    a, n = (int(x) for x in row["seq_lengths"][:2])
+    batch = collator([{"input_ids": densely(vocab, row["input_ids"]).tolist()}])
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits[0]
+        alone = model(input_ids=batch["input_ids"][:, a:a + n], use_cache=False).logits[0]
+    return (logits[a:a + n] - alone).abs().max().item()
+
+
+def stand_in_tokenizer():
+    """SFTTrainer wants a tokenizer (its pad token); the data is tokenized already."""
+    from tokenizers import Tokenizer, models
+
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<|EOS|>": 0}, unk_token="<|EOS|>")), eos_token="<|EOS|>")
+
+
+def sequences_of(batch) -> list[tuple[torch.Tensor, slice]]:
+    """(row of the batch, span) of every sequence a collated batch holds: a padded row's
+    tokens (its attention mask), or each run of a padding-free row's positions."""
+    if "attention_mask" in batch:
+        return [(r, slice(0, int(m.sum()))) for r, m in enumerate(batch["attention_mask"])]
+    pos = batch["position_ids"][0]
+    starts = torch.nonzero(pos == 0).flatten().tolist() + [pos.numel()]
+    return [(0, slice(a, b)) for a, b in zip(starts, starts[1:])]
+
+
+def worst_vs_alone(model, batch) -> tuple[float, list[list[int]]]:
+    """The largest difference between a sequence's logits in ``batch`` and the same
+    sequence run alone, and the sequences' ids."""
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits
+    worst, seqs = 0.0, []
+    for r, span in sequences_of(batch):
+        ids = batch["input_ids"][r, span]
+        with torch.no_grad():
+            alone = model(input_ids=ids[None], use_cache=False).logits[0]
+        worst = max(worst, (logits[r, span] - alone).abs().max().item())
+        seqs.append(ids.tolist())
+    return worst, seqs
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_sfttrainers_default_collator_keeps_every_sequence_of_a_packed_export_alone(packed_export, packed,
+                                                                                    padding_free, tmp_path):
+    train, vocab_ids = packed_export
+    vocab = vocab_ids.size
+    seen = []
+
+    class Recording(trl.SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.append(({k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)},
+                         {k: v.detach().clone() for k, v in model.state_dict().items()}))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    # TRL's defaults but for the run's length; padding_free=True needs max_length=None (TRL's own rule)
+    cfg = {"padding_free": True, "max_length": None} if padding_free else {}
+    args = trl.SFTConfig(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=4,
+                         learning_rate=5e-3, report_to="none", use_cpu=True, save_strategy="no",
+                         logging_strategy="no", disable_tqdm=True, **cfg)
+    trainer = Recording(model=tiny_llama(vocab), args=args, train_dataset=train, processing_class=stand_in_tokenizer())
+    assert type(trainer.data_collator).__name__ == "DataCollatorForLanguageModeling"  # TRL's own collator
+    assert trainer.data_collator.padding_free is padding_free
+    trainer.train()
+    assert len(seen) == 2
+    labels = {tuple(i): lab for i, lab in zip(train["input_ids"], train["labels"])}
+    probe = tiny_llama(vocab)
+    for batch, weights in seen:
+        assert ("attention_mask" in batch) is not padding_free
+        probe.load_state_dict(weights)
+        worst, seqs = worst_vs_alone(probe, batch)
+        assert len(seqs) == 4 and all(tuple(s) in labels for s in seqs)  # 4 exported sequences, each whole
+        for (r, span), ids in zip(sequences_of(batch), seqs):  # trained on exactly the exported labels
+            assert batch["labels"][r, span].tolist() == labels[tuple(ids)]
+        assert worst < 1e-5, worst
+    # a packed row as one example (what a row-per-row export gave it): its sequences see each other
+    assert second_segment_leak(probe, shared_row(packed), vocab_ids, trainer.data_collator) > 1e-2
+
+
+def test_hfs_flattening_collator_keeps_every_sequence_of_a_packed_export_alone(packed_export, packed):
+    train, vocab = packed_export
+    model = tiny_llama(vocab.size)
+    items = [train[i] for i in range(6)]
+    collator = transformers.DataCollatorWithFlattening()
+    worst, seqs = worst_vs_alone(model, collator(items))
+    assert seqs == [it["input_ids"] for it in items] and worst < 1e-5, worst
+    # a packed row as one example (what a row-per-row export gave it): its sequences see each other
+    assert second_segment_leak(model, shared_row(packed), vocab, collator) > 1e-2
