@@ -9,9 +9,11 @@ import os
 import pickle
 import re
 
+import orjson
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError
+from sftdata.interop.export import export
 from sftdata.loader import LoaderConfig
 from sftdata.pref import PrefOptions, prepare_pref
 from sftdata.replay.dataset import replay_order
@@ -106,7 +108,7 @@ def test_sft_readers_refuse_a_pairs_dataset_and_the_pair_dataset_an_sft_one(pair
 torch = pytest.importorskip("torch", reason="TRL's trainers need torch")
 transformers = pytest.importorskip("transformers", reason="TRL's trainers need transformers")
 trl = pytest.importorskip("trl", reason="TRL is not installed")
-pytest.importorskip("datasets", reason="TRL's trainers take a datasets.Dataset")
+datasets = pytest.importorskip("datasets", reason="TRL's trainers take a datasets.Dataset")
 
 
 WORDS = "sky blue green red sun rain cloud wind snow day night".split()
@@ -230,3 +232,80 @@ def test_grpo_trainer_runs_2_steps_on_prepared_prompts_and_rewards_see_the_colum
     want = tokenizer.apply_chat_template(records[0]["prompt"], add_generation_prompt=True, tokenize=True,
                                          return_dict=True)["input_ids"]
     assert ds[0]["prompt"] == list(want)  # the prompt is the model template's render with the generation prompt
+
+
+# ---------------------------------------- the same trainers from `sftdata export`, default configs
+def exported(ds_path, tmp_path):
+    """``sftdata export`` of the dataset, as `datasets` reads its Parquet back."""
+    export(ds_path, tmp_path / "export")
+    return datasets.load_dataset("parquet", data_dir=str(tmp_path / "export"), split="train",
+                                 cache_dir=str(tmp_path / "hf_export"))
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_dpo_trainer_with_a_default_config_trains_from_the_export(model_dir, tokenizer, ours, tmp_path):
+    path = prepared(tmp_path, model_dir, [chat_pair(i) for i in range(6)])
+    ds, train = PairDataset(path), exported(path, tmp_path)
+    model = tiny_model(tokenizer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = args(trl.DPOConfig, tmp_path)
+    assert cfg.remove_unused_columns is True  # TRL's default: columns it does not know are dropped
+    trainer = pretokenized(trl.DPOTrainer)(model=model, ref_model=tiny_model(tokenizer), args=cfg, train_dataset=train,
+                                           processing_class=tokenizer,
+                                           **({"data_collator": PreferenceCollator(ds.pad_id)} if ours else {}))
+    spy = trainer.data_collator = Spy(trainer.data_collator)
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(spy.items) >= 2 and trained(model, before)
+    for items, batch in zip(spy.items, spy.batches):
+        for it in items:  # TRL kept our columns: each item is the dataset's row, masks included ("row" dropped)
+            assert it == ds[it["record"]]
+        if ours:  # the prepared masks, not every completion token
+            want = PreferenceCollator(ds.pad_id).numpy(items)
+            assert {k: v.tolist() for k, v in batch.items()} == {k: v.tolist() for k, v in want.items()}
+        else:  # TRL's own collator reads the same ids (and trains every completion token)
+            assert type(spy.inner).__name__ == "DataCollatorForPreference"
+            want = PreferenceCollator(ds.pad_id).numpy([{k: it[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
+                                                        for it in items])
+            assert batch["input_ids"].tolist() == want["input_ids"].tolist()
+            assert batch["completion_mask"].tolist() == want["completion_mask"].tolist()
+
+
+def test_kto_trainer_with_a_default_config_trains_from_the_export(model_dir, tokenizer, tmp_path):
+    rows = [{"prompt": p["prompt"], "completion": p["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+            for i, p in enumerate(chat_pair(i) for i in range(4))]
+    path = prepared(tmp_path, model_dir, rows)
+    ds, train = PairDataset(path), exported(path, tmp_path)
+    model = tiny_model(tokenizer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    spy = Spy(UnpairedPreferenceCollator(pad_id=ds.pad_id))
+    cfg = args(trl.KTOConfig, tmp_path, train_sampling_strategy="sequential")
+    assert cfg.remove_unused_columns is True
+    trainer = pretokenized(trl.KTOTrainer)(model=model, ref_model=tiny_model(tokenizer), args=cfg, train_dataset=train,
+                                           processing_class=tokenizer, data_collator=spy)
+    trainer.train()
+    assert trainer.state.global_step == 2 and trained(model, before)
+    assert [[it["record"] for it in items] for items in spy.items[:2]] == [[0, 1], [2, 3]]
+    for items in spy.items[:2]:
+        assert [it == ds[it["record"]] for it in items] == [True, True]  # ids, mask and label kept
+    assert spy.batches[0]["label"].tolist() == [False, True]
+
+
+def test_grpo_trainer_with_a_default_config_trains_from_the_export(model_dir, tokenizer, tmp_path):
+    records = [{"prompt": chat_pair(i)["prompt"], "answer": i * 1.5} for i in range(4)]
+    path = prepared(tmp_path, model_dir, records, rl=True)
+    ds, train = PairDataset(path), exported(path, tmp_path)
+    seen = []
+
+    def reward(prompts, completions, record, columns, **kw):
+        seen.append((prompts, record, columns))
+        return [float(len(c)) for c in completions]
+
+    trainer = pretokenized(trl.GRPOTrainer)(model=tiny_model(tokenizer), reward_funcs=reward,
+                                            args=args(trl.GRPOConfig, tmp_path, num_generations=2,
+                                                      max_completion_length=4),
+                                            train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(seen) == 2
+    for prompts, recs, cols in seen:  # each prompt's ids with its own row's columns
+        assert prompts == [ds[r]["prompt"] for r in recs]
+        assert [orjson.loads(c)["answer"] for c in cols] == [ds[r]["answer"] for r in recs]
