@@ -121,7 +121,7 @@ def _items(path: str, split: str):
 
 def _side(item: dict, name: str) -> tuple[list[int], list[int]]:
     """``prompt + completion`` ids and its completion mask (0 over the prompt); an item
-    without a mask (TRL's own columns, or an export's) trains every completion token."""
+    without a mask (TRL's own columns) trains every completion token."""
     prompt = item.get("prompt_ids", item.get("prompt_input_ids"))
     ids = item.get(f"{name}_ids", item.get(f"{name}_input_ids"))
     if prompt is None or ids is None:

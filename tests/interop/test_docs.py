@@ -74,14 +74,14 @@ def test_every_example_section_ran(namespaces):
     headings = [h for h in ran if h.startswith("### ")]
     assert len(headings) == 4, headings
     assert ran["### `transformers.Trainer`, packed rows, padding-free, in sftdata's order"]["trainer"].state.global_step == 3
-    assert ran["### TRL `SFTTrainer`, its own dataset preparation off"]["trainer"].state.global_step == 3
+    ns = ran["### TRL `SFTTrainer` on the packed export, TRL's own collator"]
+    assert ns["trainer"].state.global_step == 3 and ns["trainer"].data_collator.padding_free is True
 
 
 def test_the_pairs_export_example_writes_trls_columns(namespaces):
     work, _ = namespaces
     first = orjson.loads((work / "exports/pref/train.jsonl").read_bytes().splitlines()[0])
-    assert list(first) == ["row", "record", "prompt_input_ids", "chosen_input_ids", "rejected_input_ids",
-                           "chosen_loss_mask", "rejected_loss_mask"]
+    assert list(first) == ["row", "record", "prompt_ids", "chosen_ids", "rejected_ids", "chosen_mask", "rejected_mask"]
 
 
 def test_the_trainer_example_trains_in_the_order_replay_order_lists(namespaces):

@@ -178,7 +178,7 @@ def test_links_planted_at_every_name_sftdata_creates_are_never_followed(tmp_path
         (0, ["pack", ds, "-o", work / "packed", "--block-size", "64", "-q"]),
         (0, ["pack", ds, "-o", work / "packed", "--block-size", "32", "-q", "--overwrite"]),
         (0, ["export", ds, "-o", work / "exported", "-q"]),
-        (0, ["export", ds, "-o", work / "exported", "-q", "--overwrite"]),
+        (0, ["export", ds, "-o", work / "exported", "-q", "--overwrite", "--format", "jsonl"]),
         (0, ["mix", f"{ds}:1", "-o", work / "mix.json"]),
         (0, ["mix", f"{ds}:2", "-o", work / "mix.json", "--overwrite"]),
         (1, ["prepare-chat", bad, "-o", work / "allbad", "-q"]),  # every record rejected: the rejects beside it
