@@ -1,6 +1,7 @@
 """Batches of 64 x 2048 for a transformers model: ``SFTDataset`` + ``collate`` through a
 ``DataLoader`` (2 workers) against the same batches built by Hugging Face ``datasets`` +
-``DataCollatorForSeq2Seq`` from the Parquet ``sftdata export`` wrote, in the same run.
+``DataCollatorForSeq2Seq`` from Parquet, in the same run: the episodes as ``sftdata export``
+wrote them, the packed rows as stored (the export holds one sequence per row).
 
     python benchmarks/bench_interop.py [--episodes 30000] [--batches 40] [--workers 2]
 
@@ -107,13 +108,27 @@ def main() -> None:
         print(f"dataset: {len(episodes):,} episodes, {int(episodes.lengths.sum()):,} tokens -> {len(packed):,} rows of "
               f"{BLOCK + 1} (built and exported in {time.perf_counter() - t:.1f} s); DataLoader num_workers="
               f"{args.workers}")
-        compare("packed rows   ", packed, tmp / "packed_export" / "train.parquet",
+        # the export holds one sequence per row (docs/INTEROP.md); the packed rows as stored, for the datasets side
+        rows_parquet(packed, tmp / "packed_rows.parquet")
+        compare("packed rows   ", packed, tmp / "packed_rows.parquet",
                 ["input_ids", "labels", "position_ids"], args, collate())
         # the episodes export is whole episodes: cut both sides to rows of 2048 the same way
         cut = tmp / "episodes_cut.parquet"
         _cut_parquet(tmp / "episodes_export" / "train.parquet", cut, BLOCK + 1)
         compare("episodes     ", episodes, cut, ["input_ids", "labels", "attention_mask"], args,
                 collate(pad_id=episodes.pad_id))
+
+
+def rows_parquet(ds: SFTDataset, dst: Path, chunk: int = 512) -> None:
+    """The packed rows of ``ds`` as stored (input_ids, labels, position_ids), one Parquet row each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c, pa.list_(pa.int64())) for c in ("input_ids", "labels", "position_ids")])
+    with pq.ParquetWriter(dst, schema) as w:
+        for a in range(0, len(ds), chunk):
+            items = ds.__getitems__(list(range(a, min(len(ds), a + chunk))))
+            w.write_table(pa.table({c: [it[c].tolist() for it in items] for c in schema.names}, schema=schema))
 
 
 def _cut_parquet(src: Path, dst: Path, keep: int) -> None:
