@@ -225,6 +225,10 @@ def test_the_command_line(source, tmp_path):  # noqa: F811
                            "seconds", "splits", "up_to_date"]
     assert sorted(rep["splits"]) == ["val"] and rep["splits"]["val"]["file"] == "val.parquet"
     assert rep["build_key"] is not None and rep["up_to_date"] is False and rep["changed"] == []
+    r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o"), "--split", "val", "--json"])
+    again = orjson.loads(r.stdout)
+    assert r.exit_code == 0 and again["up_to_date"] is True and again["build_key"] == rep["build_key"]
+    assert again["splits"] == rep["splits"] and again["columns"] == rep["columns"]
     r = runner.invoke(app, ["export", str(source), "-o", str(tmp_path / "o"), "--split", "val"])
     assert r.exit_code == 0 and " ".join(r.output.split()) == (f"{tmp_path / 'o'}: up to date (build key "
                                                               f"{rep['build_key'][:12]}...); nothing to do (--force "
