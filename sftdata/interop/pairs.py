@@ -126,7 +126,10 @@ def _side(item: dict, name: str) -> tuple[list[int], list[int]]:
     ids = item.get(f"{name}_ids", item.get(f"{name}_input_ids"))
     if prompt is None or ids is None:
         raise ConfigError(f"a preference item needs prompt_ids and {name}_ids (or prompt_input_ids and "
-                          f"{name}_input_ids); got keys {sorted(item)}")
+                          f"{name}_input_ids); got keys {sorted(item)}. A trainer with remove_unused_columns=True "
+                          f"(TRL's default) drops the columns it does not know: give it PairDataset(...).to_hf() or "
+                          f"the Parquet of `sftdata export` (TRL's names), or set remove_unused_columns=False for "
+                          f"a file with other names")
     mask = item.get(f"{name}_mask", item.get(f"{name}_loss_mask"))
     mask = [1] * len(ids) if mask is None else list(mask)
     return list(prompt) + list(ids), [0] * len(prompt) + mask

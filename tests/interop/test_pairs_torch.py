@@ -69,7 +69,11 @@ def test_the_dpo_collator_reads_exported_rows_and_trls_own_columns():
     trl_row = {"prompt_ids": [1], "chosen_ids": [2, 3], "rejected_ids": [4]}  # no mask: every completion token
     assert PreferenceCollator(0).numpy([trl_row])["completion_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
     with pytest.raises(ConfigError, match=re.escape("a preference item needs prompt_ids and chosen_ids (or "
-                                                    "prompt_input_ids and chosen_input_ids); got keys ['chosen']")):
+                                                    "prompt_input_ids and chosen_input_ids); got keys ['chosen']. "
+                                                    "A trainer with remove_unused_columns=True (TRL's default) drops "
+                                                    "the columns it does not know: give it PairDataset(...).to_hf() "
+                                                    "or the Parquet of `sftdata export` (TRL's names), or set "
+                                                    "remove_unused_columns=False for a file with other names")):
         PreferenceCollator(0).numpy([{"chosen": "text"}])
 
 
