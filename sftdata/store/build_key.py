@@ -44,6 +44,7 @@ BUILD_VERSION = 1  # of the layout of BUILD
 # the modules that decide a dataset's bytes, relative to the sftdata package (folders: every .py below)
 CODE_PATHS = ("__init__.py", "sources", "records", "tokenize", "chat", "template", "curate", "packing", "prepare",
               "pack", "store/format.py", "store/writer.py", "store/serving_file.py")
+CODE_NAMES = {"export": "the export code"}  # what a kind's "code" component is called when it changes
 LIBRARIES = ("tiktoken", "tokenizers", "jinja2")  # recorded beside sftdata's version (verify --retokenize)
 SPLIT_PARTS = ("chat_template",)  # a tokenizer state's objects whose keys are named one by one when they change
 NO_KEY = "no build key recorded (the dataset was made by an earlier sftdata)"
@@ -126,7 +127,7 @@ def base_components(kind: str, code_paths: tuple[str, ...] = CODE_PATHS) -> dict
     """The components every build has; ``code_paths``: the modules whose output is its
     bytes (another command's than prepare's and pack's, e.g. export's)."""
     return {"kind": kind, "format_version": format_version_for(kind), "sftdata": __version__,
-            "code": code_version(None, tuple(code_paths))}
+            "code": code_version() if tuple(code_paths) == CODE_PATHS else code_version(None, tuple(code_paths))}
 
 
 def build_key(components: dict) -> str:
@@ -283,8 +284,8 @@ def describe_changes(old: dict | None, new: dict, old_state: dict | None = None,
     if old.get("code") != new.get("code") or old.get("sftdata") != new.get("sftdata"):
         version = (f"sftdata {old.get('sftdata')} -> {new.get('sftdata')}, " if old.get("sftdata") != new.get("sftdata")
                    else "")
-        out.append(f"the rendering and masking code changed ({version}source sha256 {_sha(old.get('code'))} -> "
-                   f"{_sha(new.get('code'))})")
+        out.append(f"{CODE_NAMES.get(new.get('kind'), 'the rendering and masking code')} changed ({version}source "
+                   f"sha256 {_sha(old.get('code'))} -> {_sha(new.get('code'))})")
     known = {"kind", "inputs", "evals", "source", "tokenizer", "options", "format_version", "code", "sftdata"}
     out += [f"the build's {k} changed" for k in sorted((set(old) | set(new)) - known) if old.get(k) != new.get(k)]
     return out

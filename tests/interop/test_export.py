@@ -188,6 +188,17 @@ def test_an_unchanged_export_is_up_to_date_and_a_changed_one_names_what_changed(
     assert export(src, out, ExportOptions(format="jsonl", splits=("train",))).up_to_date
 
 
+def test_an_edit_of_the_export_code_rebuilds_naming_it(source, tmp_path, monkeypatch):  # noqa: F811
+    first = export(source, tmp_path / "out", ExportOptions(splits=("val",)))
+    real = export_mod.base_components
+    monkeypatch.setattr(export_mod, "base_components", lambda kind, paths: {**real(kind, paths), "code": "d" * 64})
+    again = export(source, tmp_path / "out", ExportOptions(splits=("val",), overwrite=True))
+    old = read_json(tmp_path / "out" / METADATA_FILE)  # the new record; the old key's code is this sftdata's
+    assert again.changed == [f"the export code changed (source sha256 {real('export', export_mod.EXPORT_CODE)['code'][:12]}"
+                             f"... -> dddddddddddd...)"]
+    assert old["build"]["key"] == again.build_key != first.build_key
+
+
 def test_a_failed_export_leaves_nothing(source, tmp_path, monkeypatch):  # noqa: F811
     def broken(self, chunk):
         raise OSError(28, "No space left on device")
