@@ -15,15 +15,24 @@ It is written to a temporary file in the same folder and renamed into place
 whose checksum, header or arrays do not read back is ignored and rebuilt; a cache that
 cannot be written (read-only home) only costs the rebuild.
 
-    >>> meta, arrays = cached("ranks", source_sha256, build)   # build() -> (meta, arrays)
+The cache is a convenience, never evidence: its seal only says an entry was not torn,
+not that it came from its source (anyone who can write the folder can write a whole,
+well-sealed entry). So every user checks a hit against its source before trusting it
+(``cached(..., check=)``: the ranks file's bytes, the tokenizer.json's vocabulary), and
+the checks that prove a dataset (``verify --sources``, ``--retokenize``) run inside
+``bypassed()``, which reads and writes no entry at all, in this process and the worker
+processes it starts.
+
+    >>> meta, arrays = cached("ranks", source_sha256, build, check)   # build() -> (meta, arrays)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +53,22 @@ def cache_dir() -> Path | None:
         return None if env.lower() == "off" else Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "sftdata"
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """No cache entry is read or written inside (``$SFTDATA_CACHE_DIR`` set to ``off``, so
+    the worker processes started inside do the same): what is built inside comes from
+    the sources alone."""
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = "off"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = old
 
 
 def entry_path(kind: str, key: str) -> Path | None:
@@ -122,10 +147,12 @@ def write_entry(kind: str, key: str, meta: dict, arrays: dict[str, np.ndarray]) 
         return None
 
 
-def cached(kind: str, key: str, build: Callable[[], Entry]) -> Entry:
-    """The entry ``kind``/``key`` from the cache, else ``build()`` stored there and returned."""
+def cached(kind: str, key: str, build: Callable[[], Entry], check: Callable[[Entry], bool] | None = None) -> Entry:
+    """The entry ``kind``/``key`` from the cache when ``check(entry)`` (held against its
+    source) says it is the one ``build()`` gives, else ``build()`` stored there and
+    returned."""
     hit = read_entry(kind, key)
-    if hit is not None:
+    if hit is not None and (check is None or check(hit)):
         return hit
     meta, arrays = build()
     write_entry(kind, key, meta, arrays)
