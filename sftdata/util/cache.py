@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 CACHE_ENV = "SFTDATA_CACHE_DIR"
+BYPASS_ENV = "SFTDATA_CACHE_BYPASS"  # set by ``bypassed()``: no entry read or written
 FORMAT = 1
 MAGIC = b"SFTDATA-CACHE\x01"
 _DTYPES = ("uint8", "uint32", "int64")
@@ -57,22 +58,23 @@ def cache_dir() -> Path | None:
 
 @contextlib.contextmanager
 def bypassed() -> Iterator[None]:
-    """No cache entry is read or written inside (``$SFTDATA_CACHE_DIR`` set to ``off``, so
-    the worker processes started inside do the same): what is built inside comes from
-    the sources alone."""
-    old = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = "off"
+    """No entry is read or written inside (``$SFTDATA_CACHE_BYPASS`` set, so the worker
+    processes started inside do the same): what is built inside comes from the sources
+    alone. The folder itself stays (a dataset in object storage is read through it)."""
+    old = os.environ.get(BYPASS_ENV)
+    os.environ[BYPASS_ENV] = "1"
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(CACHE_ENV, None)
+            os.environ.pop(BYPASS_ENV, None)
         else:
-            os.environ[CACHE_ENV] = old
+            os.environ[BYPASS_ENV] = old
 
 
 def entry_path(kind: str, key: str) -> Path | None:
-    root = cache_dir()
+    """Where entry ``kind``/``key`` lives; None when the cache is off or ``bypassed()``."""
+    root = None if os.environ.get(BYPASS_ENV) else cache_dir()
     return None if root is None else root / f"{kind}-v{FORMAT}-{key}.bin"
 
 

@@ -13,7 +13,17 @@ import pytest
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.tokenize import ranks as tokenizer_mod
 from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
-from sftdata.util.cache import CACHE_ENV, cache_dir, cached, decode_entry, encode_entry, entry_path, read_entry, write_entry
+from sftdata.util.cache import (
+    CACHE_ENV,
+    bypassed,
+    cache_dir,
+    cached,
+    decode_entry,
+    encode_entry,
+    entry_path,
+    read_entry,
+    write_entry,
+)
 from sftdata.util.hashing import sha256_file
 from tests.helpers.processes import SAFETY_S
 
@@ -184,3 +194,14 @@ def test_ranks_text_is_the_tiktoken_format(ranks):
 
     want = b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
     assert tokenizer_mod.ranks_text(ranks_to_arrays(ranks)) == want
+
+
+def test_bypassed_reads_and_writes_no_entry_here_or_in_a_worker(here):
+    write_entry("k", KEY, {"v": 1}, {})
+    with bypassed():
+        assert read_entry("k", KEY) is None and write_entry("k", KEY, {"v": 2}, {}) is None
+        assert cached("k", KEY, lambda: ({"v": 3}, {}))[0] == {"v": 3}
+        assert cache_dir() == here  # the folder stays (object-storage datasets are read through it)
+        with mp.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(read_entry, ("k", KEY)) is None
+    assert read_entry("k", KEY)[0] == {"v": 1}  # untouched, and read again outside
