@@ -67,11 +67,13 @@ def ranks_text(arrays: dict[str, np.ndarray]) -> bytes:
     b64[ends[lengths % 3 == 1] - 2] = ord("=")
     b64[ends[lengths % 3 != 0] - 1] = ord("=")
     ranks = np.asarray(arrays["ranks"], dtype=np.int64)[order]
-    places = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # a uint32's digits, most significant first
-    digits = (ranks[:, None] // places) % 10 + ord("0")
+    top = len(str(int(ranks.max()))) if ranks.size else 1
+    places = 10 ** np.arange(top - 1, -1, -1, dtype=np.int64)  # the digits, most significant first
+    text = np.empty((len(ranks), top + 1), dtype=np.uint8)
+    text[:, :top] = (ranks[:, None] // places) % 10 + ord("0")
+    text[:, top] = 10
     width = np.maximum(1, (ranks[:, None] >= places).sum(axis=1))
-    keep = np.arange(11) >= (11 - (width + 1))[:, None]  # a rank's digits and its newline, right-aligned
-    rank_text = np.concatenate([digits, np.full((len(ranks), 1), 10)], axis=1)[keep].astype(np.uint8)
+    rank_text = text[np.arange(top + 1) >= (top - width)[:, None]]  # a rank's digits and its newline
     rank_len = width + 1
     line_len = b64_len + 1 + rank_len
     line_start = np.cumsum(line_len) - line_len
