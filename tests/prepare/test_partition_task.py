@@ -15,6 +15,7 @@ from sftdata.errors import InputError
 from sftdata.prepare import PrepareOptions, local_parts, partition_task, pool, prepare, run
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
+from sftdata.util import hashing
 from tests.helpers.data import chat, write_jsonl
 
 BIG = 2**62 + 1  # beyond a float's exact integers, within 64 bits: kept exactly
@@ -220,3 +221,20 @@ def test_an_input_changed_after_its_ranges_were_read_fails_the_run_by_its_stat(t
                                          rf"versions of it, so no dataset was written"):
         prepare([src], tmp_path / "ds", PrepareOptions(workers=2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "rewritten"]
+
+
+@pytest.mark.parametrize("block", [64, 997])
+def test_hash_blocks_smaller_than_the_ranges_record_what_one_worker_records(tmp_path, guided_ranges, monkeypatch,
+                                                                           block):
+    """Each range's reader hashes the blocks its bytes lie in (blocks spanning two ranges are
+    hashed by both readers, and agree): the metadata's sha256 and block hash are those of a
+    sequential read, byte for byte, with blocks much smaller than the ranges or not
+    dividing them."""
+    monkeypatch.setattr(hashing, "HASH_BLOCK_BYTES", block)
+    src = write_jsonl(tmp_path / "a.jsonl", mixed_lines(200))
+    assert len(local_parts([inspect_source(src)], 2)) > 5
+    prepare([src], tmp_path / "one", PrepareOptions(mode="tool", workers=1))
+    prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2))
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    recorded = json.loads((tmp_path / "two" / "dataset_metadata.json").read_bytes())["sources"][0]
+    assert recorded["block_sha256"] == {"block_bytes": block, "sha256": hashing.file_hashes(src)[1]}
