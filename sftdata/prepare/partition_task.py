@@ -19,7 +19,7 @@ import numpy as np
 from ..curate import CurateSettings, RecordKeys
 from ..records.rejects import writing
 from ..sources import SourceInfo
-from ..sources.partitions import Partition, iter_partition
+from ..sources.partitions import Partition, RangeRead, ReadCheck, iter_partition
 from ..store.format import STOP_FILE
 from ..store.writer import SplitWriter
 from .chunk import empty_result, merged, process_chunk, shifted
@@ -46,6 +46,8 @@ class PartSummary:
     lengths: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     sources: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     keys: str | None = None  # the folder of its records' duplicate keys (curate_tasks)
+    lines_before: int = 0  # the lines of its input before it, as the run gave them
+    read: RangeRead | None = None  # a byte range of JSONL: what its reader hashed (``ReadCheck``)
 
 
 _TOKENIZERS: dict = {}  # per worker process: tokenizers rebuilt once, not once per task or per run
@@ -90,10 +92,10 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
     tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
     writer = SplitWriter(tmp, "s", np.dtype(settings["token_dtype"]), 1 << 62)
-    lines = [0]
+    lines, read = [0], []
 
     def records():
-        for rec, pos in iter_partition(part, lines_before, settings["max_record_bytes"]):
+        for rec, pos in iter_partition(part, lines_before, settings["max_record_bytes"], read):
             if rec is None:
                 lines[0] = pos
             else:
@@ -132,7 +134,7 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
                        meta["episodes"], meta["tokens"], sha, size, blocks,
                        np.concatenate(lengths) if lengths else np.empty(0, np.int64),
                        np.concatenate(sources) if sources else np.empty(0, np.int64),
-                       str(final / KEYS_DIR) if meta["episodes"] else None)
+                       str(final / KEYS_DIR) if meta["episodes"] else None, lines_before, read[0] if read else None)
 
 
 def partition_settings(opts: PrepareOptions, token_dtype: np.dtype, output: str, buckets: int) -> dict:
@@ -147,16 +149,21 @@ class PartNumbering:
     """Partition summaries, taken in input order, made into chunk results with global
     record numbers (the staged episodes as a ``StagedPart``); fills in each input's
     ``first_record``, ``records``, ``sha256``, ``bytes`` and ``block_sha256`` as it
-    completes."""
+    completes, the reads of its ranges held against each other (``ReadCheck``: an input
+    that changed while it was read fails the run). Made before any range is read: it takes
+    the inputs' state then."""
 
     def __init__(self, parts: list[Partition], infos: list[SourceInfo]):
         self.infos, self.last = infos, {p.source: p.index for p in parts}
         self.first_record, self.records_of, self.done = 0, Counter(), 0
+        self.check = ReadCheck(infos, parts)
 
     def place(self, p: Partition, s: PartSummary, hashes=None) -> tuple[ChunkResult, int]:
-        """``hashes``: the input's (sha256 or None, size, block hash), asked once its last
+        """``hashes``: the input's (sha256 or None, size, its scans' block hash or None,
+        the block hash of the read that took its sha256 or None), asked once its last
         partition is placed (a whole input's come with its summary)."""
         info = self.infos[p.source]
+        self.check.add(p, s.lines_before, s.records, s.read, self.last[p.source] == p.index)
         self.records_of[p.source] += s.records
         if p.whole:
             info.sha256, info.bytes, info.block_sha256 = s.sha256, s.bytes, s.block_sha256
@@ -168,6 +175,8 @@ class PartNumbering:
         if self.last[p.source] == p.index:  # the input is complete: its numbers are known
             info.first_record, info.records = self.first_record, self.records_of[p.source]
             if hashes is not None:
-                info.sha256, info.bytes, info.block_sha256 = hashes()
+                sha, size, scanned, whole = hashes()
+                info.sha256, info.bytes = sha, size
+                info.block_sha256 = self.check.block_hash(p.source, info, scanned, whole)
             self.first_record += info.records
         return res, self.done

@@ -4,11 +4,12 @@ run in local worker processes and as Ray tasks (``options.TaskRunner``)::
 
     coordinator (this process)                      workers / tasks
     ─────────────────────────────────────────       ─────────────────────────────────────────────
-    cut the inputs into partitions           ──►    scan_range: the newlines of a byte range and
-                                                    the input's hash blocks that start in it
+    cut the inputs into partitions           ──►    scan_range: the newlines of a byte range
+                                                    (Parquet: the hash blocks that start in it)
     the lines before each range (sums)       ◄──    (a few GB/s: the first wave ends at once)
-                                             ──►    prepare_partition: read, render, mask; the
-                                                    episodes staged in _parts/part_N
+                                             ──►    prepare_partition: read (hashing the blocks
+                                                    the bytes it parses lie in), render, mask;
+                                                    the episodes staged in _parts/part_N
     in input order: record numbers, rejects, ◄──    a summary: counts, rejects, keys, each
     curating, the exact split (split.py),           episode's length and record (16 bytes an
     the final shards planned (plan.py)              episode; no token)
@@ -20,8 +21,11 @@ run in local worker processes and as Ray tasks (``options.TaskRunner``)::
 
 The coordinator reads no record and no token and writes no shard: its bytes grow with
 the episodes (their lengths) and the rejects, not with the tokens. Each input's
-hashes: the block hash from the scans (or a whole input's reader), the whole-file
-sha256 by one task beside the others where it is recorded (``records_sha256``).
+hashes: the block hash from the reads of its ranges (Parquet: its scans; a whole input:
+its reader), the whole-file sha256 by one task beside the others where it is recorded
+(``records_sha256``); the reads are held against each other and the file's stat
+(``sources.partitions.ReadCheck``), so an input that changed while it was read fails the
+run by name instead of being recorded as something the dataset was not made from.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class _Scans:
     def __init__(self, runner: TaskRunner, infos: list[SourceInfo], parts: list[Partition]):
         self.ranged = [p for p in parts if not p.whole]
         self.results = in_order(runner, scan_range, (
-            ((infos[p.source].path, p.start, p.end, infos[p.source].bytes, p.groups is None), f"{infos[p.source].path} "
+            ((infos[p.source].path, p.start, p.end, infos[p.source].bytes, p.groups is None, p.groups is not None),
+             f"{infos[p.source].path} "
              f"(bytes {p.start:,} to {p.end:,}) was being scanned", p) for p in self.ranged))
         self.taken = 0
         self.lines: dict[int, int] = {}
@@ -91,6 +96,7 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
     stage_dir.mkdir(exist_ok=True)
     settings = partition_settings(opts, token_dtype, output, key_buckets(runner))
     scans = _Scans(runner, infos, parts)
+    numbering = PartNumbering(parts, infos)  # before any range is read: the inputs' state
     whole = {si: runner.submit(file_digest, (infos[si].path,), f"{infos[si].path} was being hashed")
              for si in sorted({p.source for p in scans.ranged}) if records_sha256(infos[si], opts.source_sha256)}
 
@@ -100,17 +106,18 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
             yield ((p, before, runner.tokenizer, runner.curate, settings, str(stage_dir)),
                    f"the records from {first_where(p, before)} on were being prepared", p)
 
-    numbering = PartNumbering(parts, infos)
     for s, p in in_order(runner, prepare_partition, jobs()):
         yield numbering.place(p, s, None if p.whole else lambda p=p: _hashes(runner, scans, whole, infos, p))
 
 
 def _hashes(runner: TaskRunner, scans: _Scans, whole: dict, infos: list[SourceInfo], last: Partition
-            ) -> tuple[str | None, int, str]:
-    """(whole-file sha256 or None, size, block hash) of the ranged input ending with ``last``."""
+            ) -> tuple[str | None, int, str | None, str | None]:
+    """(whole-file sha256 or None, size, the scans' block hash (Parquet's row groups; a JSONL
+    range's reader hashes its own bytes) or None, the block hash of the whole-file read or
+    None) of the ranged input ending with ``last``."""
     si = last.source
-    sha = runner.result(whole[si], f"{infos[si].path} was being hashed")[0] if si in whole else None
-    return sha, infos[si].bytes, scans.block_hash(last)
+    sha, blocks = runner.result(whole[si], f"{infos[si].path} was being hashed")[::2] if si in whole else (None, None)
+    return sha, infos[si].bytes, scans.block_hash(last) if last.groups is not None else None, blocks
 
 
 def key_buckets(runner: TaskRunner) -> int:

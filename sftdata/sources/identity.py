@@ -18,9 +18,10 @@ is hashed again, as git does with a "racily clean" index entry. No clock of this
 decides anything, so the recorded bytes depend on the files alone.
 
 A dataset that is up to date is never rewritten, so an input touched since its build (the
-same bytes, another stat) would be hashed on every run: its sha256 is kept in the user's
-cache instead (``util.cache``, keyed by its absolute path and new identity), as git
-refreshes its index, and read from there while that identity holds.
+same bytes, another stat) is hashed on every run (at the disk's speed: a sha256 runs at
+about 1-2 GB/s). Its sha256 is not kept in the user's cache: a cached hash is evidence
+nothing can check without reading the file again, and a forged entry would make a changed
+input "up to date" (the cache is a convenience, never evidence: ``util.cache``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-import orjson
-
 from ..errors import InputError
-from ..util.cache import entry_path, read_entry, write_entry
 from ..util.hashing import sha256_file
 from ..util.urls import object_version
 from .inputs import Input
@@ -40,7 +38,6 @@ from .remote import BLOCK_BYTES, filesystem, open_url, remote_error
 from .streams import unreadable
 
 RACY_NS = 2_000_000_000  # a file changed less than this before its build was committed is hashed again
-HASH_CACHE = "input-sha256"  # the user's cache of inputs hashed anew: path + identity -> sha256
 
 
 @dataclass(frozen=True)
@@ -102,32 +99,11 @@ def content_sha256(inp: Input) -> str:
         raise unreadable(inp.name, e) from None
 
 
-def _cache_key(inp: Input, identity: dict) -> str:
-    where = os.path.abspath(inp.name) if inp.kind == "file" else inp.name
-    return hashlib.sha256(orjson.dumps({"path": where, "identity": identity}, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def cached_sha256(inp: Input, looked: Looked) -> str | None:
-    """The sha256 an earlier run hashed for ``inp`` with this very identity, kept in the
-    user's cache (``util.cache``: an input touched since its dataset was built is hashed
-    once, not on every run), when the entry was written ``RACY_NS`` after the change."""
-    if looked.identity is None:
-        return None
-    key = _cache_key(inp, looked.identity)
-    entry, path = read_entry(HASH_CACHE, key), entry_path(HASH_CACHE, key)
-    try:
-        ok = entry is not None and path is not None and trusted(looked.identity, path.stat().st_mtime_ns)
-    except OSError:
-        return None
-    return entry[0].get("sha256") if ok else None
-
-
 def known_sha256(inp: Input, looked: Looked, recorded: dict | None, written_ns: int | None = None
                  ) -> tuple[str | None, bool]:
     """(sha256 of ``inp``'s content, whether it was read to know it): the ``recorded`` one
     (``{"sha256", "identity"}`` of the build committed at ``written_ns``) when the identity
-    is unchanged and ``trusted``; else the one the user's cache keeps for this identity
-    (``cached_sha256``); else hashed now (and kept there). A recorded sha256 of None (a
+    is unchanged and ``trusted``; else hashed now. A recorded sha256 of None (a
     Parquet URL read in part) stays None while the identity holds; once it changes the
     content is unknown and None is returned unread (the build key then holds the new
     identity in its place: ``store.build_key.input_component``)."""
@@ -136,13 +112,7 @@ def known_sha256(inp: Input, looked: Looked, recorded: dict | None, written_ns: 
         return recorded.get("sha256"), False
     if recorded is not None and recorded.get("sha256") is None and inp.kind == "url":
         return None, False
-    sha = cached_sha256(inp, looked)
-    if sha is not None:
-        return sha, False
-    sha = content_sha256(inp)
-    if looked.identity is not None:
-        write_entry(HASH_CACHE, _cache_key(inp, looked.identity), {"sha256": sha}, {})
-    return sha, True
+    return content_sha256(inp), True
 
 
 def recordable(before: Looked, after: Looked) -> dict | None:

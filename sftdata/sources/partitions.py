@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..util import hashing
-from ..util.hashing import BlockHasher, file_hashes
+from ..util.hashing import BlockHasher, combine_blocks, file_hashes
 from .lines import LineReader
 from .records import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, _parquet, _record, iter_records
 from .streams import READ_BYTES, unreadable
@@ -196,15 +196,18 @@ class RangeScan:
     digests: tuple[bytes, ...]
 
 
-def scan_range(path: str, start: int, end: int, size: int, count_lines: bool = True) -> RangeScan:
+def scan_range(path: str, start: int, end: int, size: int, count_lines: bool = True, hash_blocks: bool = True
+               ) -> RangeScan:
     """One read of bytes ``[start, end)`` of the file at ``path`` (``size`` bytes): its
-    newlines counted (at GB/s) and the hash blocks starting in it hashed (the last of them
-    read on past ``end``). The task of every range runs it, so the lines before a range and
-    the input's block hash come from many readers at once, none reading the whole input."""
+    newlines counted (at GB/s) and, with ``hash_blocks``, the hash blocks starting in it
+    hashed (the last of them read on past ``end``). The task of every range runs it, so the
+    lines before a range come from many readers at once, none reading the whole input. (A
+    range of JSONL is hashed by the task that parses it, ``iter_partition``: the block hash
+    recorded is of the bytes parsed; a Parquet file's row groups by their scans.)"""
     block = hashing.HASH_BLOCK_BYTES
     first = -(-start // block)
     hash_from = first * block
-    hashed = hash_from < end  # a block starts in the range
+    hashed = hash_blocks and hash_from < end  # a block starts in the range
     stop = max(end, min(size, -(-end // block) * block)) if hashed else end
     blocks, lines, pos = BlockHasher(), 0, start
     try:
@@ -222,41 +225,179 @@ def scan_range(path: str, start: int, end: int, size: int, count_lines: bool = T
     except OSError as e:
         raise unreadable(path, e) from None
     if pos < stop:
-        raise InputError(f"input file {path} is shorter than when the run started ({pos:,} bytes, was {size:,}); "
-                         f"it changed while it was read: run again on a file nothing writes to")
+        raise _shorter(path, pos, size)
     return RangeScan(lines, first, tuple(blocks.finish()))
 
 
-def file_digest(path: str) -> tuple[str, int]:
-    """(sha256, size) of a file: what a sequential read records of an input."""
+def file_digest(path: str) -> tuple[str, int, str]:
+    """(sha256, size, block hash) of a file in one read: what a sequential read records of
+    an input, and the block hash that says the sha256 is of the bytes the partitions read
+    (``ReadCheck``)."""
     try:
-        sha, _ = file_hashes(path, whole=True)
-        return sha, os.stat(path).st_size
+        sha, blocks = file_hashes(path, whole=True)
+        return sha, os.stat(path).st_size, blocks
     except OSError as e:
         raise unreadable(path, e) from None
 
 
-class _Range:
-    """Bytes ``[start, end)`` of a file, read like a stream."""
+def file_state(path: str) -> tuple[int, ...]:
+    """What a write to the file at ``path`` changes: size, mtime_ns, ctime_ns, inode, device
+    (the same fields as ``identity.look``). Compared before and after a partitioned read."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise unreadable(path, e) from None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
-    def __init__(self, f, start: int, end: int):
+
+@dataclass(frozen=True)
+class RangeRead:
+    """What a partition's reader read of its byte range: the digests of the input's hash
+    blocks its bytes lie in (``util.hashing``; the first being block ``first_block``),
+    hashed from the very bytes it parsed, the rest of those blocks read around them; and
+    whether its last byte was a newline (the range still ends on a line start)."""
+
+    first_block: int
+    digests: tuple[bytes, ...]
+    ends_line: bool
+
+
+_STATE_FIELDS = ("size", "mtime_ns", "ctime_ns", "inode", "device")
+
+
+def changed_while_read(path: str, what: str) -> InputError:
+    """The error of an input that changed while a partitioned run read it."""
+    return InputError(f"input file {path} changed while this run read it ({what}): its workers read different "
+                      f"versions of it, so no dataset was written. Run again once nothing writes to the file (or "
+                      f"prepare a copy of it)")
+
+
+class ReadCheck:
+    """The reads of a partitioned run's byte ranges, held against each other and against the
+    file: each range's reader hashes the blocks its bytes lie in (``RangeRead``), a block
+    two readers hashed must have the same digest, each range must still end on a line start
+    and hold the lines its scan counted, the whole-file read (its sha256) must have found
+    the same blocks, and the file's ``file_state`` must be the one taken when the run
+    started. Then the block hash (``combine_blocks`` of the read blocks, the value a
+    sequential read records) and the sha256 recorded are of the bytes the dataset was
+    made from; anything else fails the run (``changed_while_read``)."""
+
+    def __init__(self, infos: list[SourceInfo], parts: list[Partition]):
+        self.states = {si: file_state(infos[si].path) for si in sorted({p.source for p in parts if not p.whole})}
+        self.blocks: dict[int, dict[int, bytes]] = {}
+        self.lines_after: dict[int, int] = {}  # the lines read through the last range of each input so far
+
+    def add(self, p: Partition, lines_before: int, lines: int, read: RangeRead | None, last: bool) -> None:
+        """A range's read: ``lines_before`` (from the scans), the ``lines`` it read."""
+        if read is None:
+            return
+        path, block = p.info.path, hashing.HASH_BLOCK_BYTES
+        counted = self.lines_after.get(p.source, 0)
+        if counted != lines_before:
+            raise changed_while_read(path, f"its first {p.start:,} bytes held {lines_before:,} lines when scanned "
+                                           f"and {counted:,} when read")
+        if not last and not read.ends_line:
+            raise changed_while_read(path, f"byte {p.end - 1:,} is no longer the end of a line")
+        have = self.blocks.setdefault(p.source, {})
+        for i, digest in enumerate(read.digests, read.first_block):
+            if have.get(i, digest) != digest:
+                raise changed_while_read(path, f"bytes {i * block:,} to {(i + 1) * block:,} read differently by "
+                                               f"two workers")
+        have.update(enumerate(read.digests, read.first_block))
+        self.lines_after[p.source] = lines_before + lines
+
+    def block_hash(self, source: int, info: SourceInfo, scanned: str | None, whole: str | None) -> str | None:
+        """The block hash of input ``source``, its last partition read: from its ranges'
+        reads (JSONL) or else ``scanned`` (Parquet's row groups); ``whole``: the block
+        hash of the read that took its sha256 (None: not taken)."""
+        now = file_state(info.path)
+        if now != self.states.get(source, now):
+            what = ", ".join(f for f, a, b in zip(_STATE_FIELDS, self.states[source], now) if a != b)
+            raise changed_while_read(info.path, f"its {what} changed")
+        have = self.blocks.get(source)
+        found = scanned
+        if have is not None:
+            n = -(-info.bytes // hashing.HASH_BLOCK_BYTES)
+            if sorted(have) != list(range(n)):
+                raise changed_while_read(info.path, f"its reads covered {len(have):,} of its {n:,} hash blocks")
+            found = combine_blocks([have[i] for i in range(n)])
+        if whole is not None and found is not None and whole != found:
+            raise changed_while_read(info.path, "the read that took its sha256 found other bytes than its ranges' "
+                                                "readers")
+        return found
+
+
+class _Range:
+    """Bytes ``[start, end)`` of a file, read like a stream, each byte read fed to
+    ``blocks`` (a ``BlockHasher`` of the blocks from the one ``start`` lies in)."""
+
+    def __init__(self, f, start: int, end: int, blocks: BlockHasher):
         f.seek(start)
-        self._f, self._left = f, end - start
+        self._f, self._left, self._blocks, self.last = f, end - start, blocks, b""
 
     def read(self, n: int = -1) -> bytes:
         if self._left <= 0:
             return b""
         data = self._f.read(self._left if n is None or n < 0 else min(n, self._left))
         self._left -= len(data)
+        if data:
+            self._blocks.update(data)
+            self.last = data[-1:]
+        elif self._left > 0:
+            self._left = -self._left  # the file ended early: ``short`` says so
         return data
 
+    @property
+    def short(self) -> bool:
+        return self._left < 0
 
-def iter_partition(part: Partition, lines_before: int, max_record_bytes: int
+
+def _read_hashed(f, start: int, stop: int, blocks: BlockHasher) -> int:
+    """Read bytes ``[start, stop)`` of ``f`` into ``blocks``; the position reached."""
+    f.seek(start)
+    pos = start
+    while pos < stop and (data := f.read(min(SCAN_BYTES, stop - pos))):
+        blocks.update(data)
+        pos += len(data)
+    return pos
+
+
+def _shorter(path: str, pos: int, size: int) -> InputError:
+    return InputError(f"input file {path} is shorter than when the run started ({pos:,} bytes, was {size:,}); "
+                      f"it changed while it was read: run again on a file nothing writes to")
+
+
+def _range_records(info: SourceInfo, start: int, end: int, lines_before: int, max_record_bytes: int,
+                   read: list | None) -> Iterator[tuple[RawRecord | None, int]]:
+    """The records of bytes ``[start, end)`` of a plain JSONL file, hashed as read: the
+    blocks they lie in (from the block ``start`` is in to the one ``end - 1`` is in, the
+    bytes around the range read for them) end up in ``read`` as a ``RangeRead``."""
+    block = hashing.HASH_BLOCK_BYTES
+    first = start // block
+    stop = min(info.bytes, max(end, -(-end // block) * block))
+    blocks, body = BlockHasher(), start + (3 if start == 0 and info.encoding == "utf-8-sig" else 0)
+    with open(info.path, "rb") as f:
+        if _read_hashed(f, first * block, body, blocks) < body:  # the head of the first block (a byte order mark)
+            raise _shorter(info.path, body, info.bytes)
+        rng = _Range(f, body, end, blocks)
+        reader = LineReader(rng, max_record_bytes)
+        for index, item in reader:
+            yield _record(info, lines_before + index, item, "line", max_record_bytes), end - start
+        if rng.short or (pos := _read_hashed(f, end, stop, blocks)) < stop:  # the tail of the last block
+            raise _shorter(info.path, end if rng.short else pos, info.bytes)
+    if read is not None:
+        read.append(RangeRead(first, tuple(blocks.finish()), rng.last == b"\n" or end <= body))
+    yield None, reader.lines
+
+
+def iter_partition(part: Partition, lines_before: int, max_record_bytes: int, read: list | None = None
                    ) -> Iterator[tuple[RawRecord | None, int]]:
     """(record, bytes of the partition read) for each record of ``part``, numbered from
     the start of its input, then ``(None, record numbers the partition used)`` (lines,
     blank ones too, or rows; for a whole input also left in ``part.info.records`` with its
-    ``sha256`` and ``bytes``). ``lines_before``: the lines (rows) of the input before it."""
+    ``sha256`` and ``bytes``). ``lines_before``: the lines (rows) of the input before it.
+    A byte range of JSONL is hashed as it is read: its ``RangeRead`` is appended to
+    ``read`` (when given) once the range is read through."""
     if part.whole:
         yield from iter_records(part.info, max_record_bytes)
         yield None, part.info.records
@@ -271,15 +412,9 @@ def iter_partition(part: Partition, lines_before: int, max_record_bytes: int
                 n += 1
         yield None, n
         return
-    if start == 0 and info.encoding == "utf-8-sig":
-        start = 3  # the byte order mark: not part of the first line
     try:
-        with open(info.path, "rb") as f:
-            reader = LineReader(_Range(f, start, part.end), max_record_bytes)
-            for index, item in reader:
-                yield _record(info, lines_before + index, item, "line", max_record_bytes), part.end - part.start
+        yield from _range_records(info, start, part.end, lines_before, max_record_bytes, read)
     except FileNotFoundError:
         raise InputError(f"input file {info.path} does not exist (it was there when the run started)") from None
     except OSError as e:
         raise unreadable(info.path, e) from None
-    yield None, reader.lines

@@ -26,12 +26,14 @@ DeepSeek V3's three, shared by R1, V3.1, V3.2 and V4); the load-time self-check 
 on the tokenizer itself, like any pattern, and any difference sends ``auto`` to the library.
 
 What is refused says why (``FastPlan.reason``); the conversion and its checks are kept in
-the user's cache (``sftdata.util.cache``) keyed by the file's sha256. ``bpe_self_check`` then
-compares both engines on a multilingual text set every time a tokenizer is loaded.
+the user's cache (``sftdata.util.cache``) keyed by the file's sha256, and a cached table is
+used only once it is the one the file gives now (``same_conversion``). ``bpe_self_check``
+then compares both engines on a multilingual text set (its result kept beside the table).
 """
 
 from __future__ import annotations
 
+import itertools
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,6 +206,14 @@ def _merge_pairs(merges) -> list[tuple[str, str]]:
     return out
 
 
+def _ranks_by_bytes(rank_of: dict[str, int]) -> dict[bytes, int]:
+    """``{token_bytes(t): r}`` of ``rank_of``, translated in one call, not one per token."""
+    raw = "".join(rank_of).translate(_TO_LATIN1).encode("latin-1")  # one byte per character of the alphabet
+    ends = itertools.accumulate(map(len, rank_of))
+    starts = itertools.chain((0,), itertools.accumulate(map(len, rank_of)))
+    return {raw[a:b]: r for a, b, r in zip(starts, ends, rank_of.values())}
+
+
 def _bpe_merges(word: str, pair_rank: dict[tuple[str, str], int]) -> list[str]:
     """The library's BPE of one word (merge the adjacent pair of lowest merge index, leftmost)."""
     parts = list(word)
@@ -219,10 +229,12 @@ def _bpe_merges(word: str, pair_rank: dict[tuple[str, str], int]) -> list[str]:
     return parts
 
 
-def convert(doc: dict) -> tuple[dict, dict[str, np.ndarray]]:
+def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """The cache entry of ``doc``: ``meta`` (eligible or the reason; pattern, NFC, specials,
     the static evidence) and the ranks as arrays (``sftdata.tokenize.ranks.ranks_to_arrays`` plus
-    ``rank_to_id`` and ``byte_lengths`` by rank, specials after the vocabulary)."""
+    ``rank_to_id`` and ``byte_lengths`` by rank, specials after the vocabulary).
+    ``reachable`` False skips the one costly check (every token encodes to itself by its
+    merges: three quarters of the time), for ``same_conversion``."""
     plan = fast_plan(doc)
     if plan.reason:
         return {"eligible": False, "reason": plan.reason}, {}
@@ -265,7 +277,7 @@ def convert(doc: dict) -> tuple[dict, dict[str, np.ndarray]]:
     ids = np.fromiter((vocab[t] for t in merged), dtype=np.int64, count=len(merged))
     in_order = bool(np.all(np.diff(ids) > 0))
     ignore_merges = bool(model.get("ignore_merges"))
-    if not ignore_merges:  # tiktoken returns a word that is a token as is: so must the merges
+    if not ignore_merges and reachable:  # tiktoken returns a word that is a token as is: so must the merges
         pair_rank = {p: i for i, p in reversed(list(enumerate(pairs)))}
         for t in merged:
             if len(t) > 2 and _bpe_merges(t, pair_rank) != [t]:
@@ -281,7 +293,7 @@ def convert(doc: dict) -> tuple[dict, dict[str, np.ndarray]]:
         rank_of.update({t: 256 + i for i, t in enumerate(merged)})
     n = max(rank_of.values()) + 1
     try:
-        ranks = {token_bytes(t): r for t, r in rank_of.items()}
+        ranks = _ranks_by_bytes(rank_of)
     except UnicodeEncodeError:
         return {"eligible": False, "reason": "its vocabulary holds characters outside the byte-level alphabet"}, {}
     specials = {}
@@ -411,12 +423,28 @@ class FastBPE:
         return np.cumsum(self._lengths[ranks])
 
 
+def same_conversion(doc: dict, entry: Entry) -> bool:
+    """Whether a cached conversion may be trusted for ``doc``: a refusal always (it only
+    sends the tokenizer to the library, the reference); an eligible one when it is, table
+    and meta, what ``convert`` gives for the file now, all but the one verdict too costly
+    to derive again at every load (every token encodes to itself by its merges), which
+    stays the cache's together with the self-check's proof (``engine``): the ranks, ids,
+    pattern, special tokens and evidence recorded never come from the cache alone."""
+    meta, arrays = entry
+    if not meta.get("eligible"):
+        return True
+    want_meta, want_arrays = convert(doc, reachable=False)
+    if {k: v for k, v in meta.items() if k != "proof"} != want_meta or set(arrays) != set(want_arrays):
+        return False
+    return all(arrays[k].dtype == v.dtype and np.array_equal(arrays[k], v) for k, v in want_arrays.items())
+
+
 def load_fast_bpe(doc: Callable[[], dict], file_sha256: str, name: str = "hf"
                   ) -> tuple[FastBPE | None, str | None, Entry]:
     """``(FastBPE, None, entry)`` for an eligible ``tokenizer.json``, else ``(None, why not,
     entry)``; the conversion (the cache ``entry``) comes from the user's cache after the
-    first load (``doc()``, the parsed file, is called only to convert)."""
-    meta, arrays = cached(CACHE_KIND, file_sha256, lambda: convert(doc()))
+    first load once checked against ``doc()``, the parsed file (``same_conversion``)."""
+    meta, arrays = cached(CACHE_KIND, file_sha256, lambda: convert(doc()), lambda e: same_conversion(doc(), e))
     if not meta.get("eligible"):
         return None, meta.get("reason") or "not eligible", (meta, arrays)
     return FastBPE(meta, arrays, name), None, (meta, arrays)

@@ -31,13 +31,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .. import __version__
 from ..errors import TokenizerError
-from ..util.cache import read_entry, write_entry
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
-from .guard import check_document, check_sizes, document_sizes, library_call, read_limited
+from .guard import check_document, document_sizes, library_call, read_limited
 from .hub import is_hub_id, resolve_hub
 from .identity import facts_identity, vocabulary_sha256
 
@@ -141,15 +139,10 @@ def _check_ids(doc: dict, path: Path) -> int:
     return top
 
 
-FACTS_KIND = "hf-facts"  # the cache's entries of ``document_facts``, by the file's sha256
-FACTS_FORMAT = 1  # raised when what they hold, or what their checks mean, changes
-_FACT_KEYS = ("max_id", "dict_vocab", "sizes", "added", "vocabulary")
-
-
 def document_facts(doc: dict, path: Path) -> dict:
     """What loading a ``tokenizer.json`` takes from the parsed file besides the fast engine's
-    conversion (kept in the user's cache by the file's sha256, so that a second load
-    parses none of it): the highest id, the added tokens ``[id, content, special]``,
+    conversion, derived at every load (a cached copy would be trusted on its word: it is
+    not kept): the highest id, the added tokens ``[id, content, special]``,
     whether the vocabulary is a dict (BPE, WordPiece) or a list (Unigram), the number of
     merges and vocabulary entries (checked against the limits again at every load:
     ``guard.check_sizes``), and the vocabulary's identity hash. Refuses a file that is not
@@ -159,17 +152,6 @@ def document_facts(doc: dict, path: Path) -> dict:
             "added": [[int(t["id"]), str(t.get("content")), bool(t.get("special"))]
                       for t in doc.get("added_tokens") or () if isinstance(t, dict)],
             "vocabulary": vocabulary_sha256(doc)}
-
-
-def _cached_facts(sha256: str) -> dict | None:
-    """``document_facts`` of the file with this sha256 from the cache, when this version of
-    sftdata wrote them (its checks passed on those very bytes); else None."""
-    hit = read_entry(FACTS_KIND, sha256)
-    meta = hit[0] if hit is not None else None
-    if not isinstance(meta, dict) or meta.get("sftdata") != __version__ or meta.get("format") != FACTS_FORMAT:
-        return None
-    facts = meta.get("facts")
-    return facts if isinstance(facts, dict) and set(facts) == set(_FACT_KEYS) else None
 
 
 def default_pad(named: int | None, special: dict[str, int], eos_id: int | None, bos_id: int | None
@@ -259,8 +241,8 @@ class HFTokenizer:
         self._doc = None
 
     def _document(self) -> dict:
-        """The parsed ``tokenizer.json`` while the load needs it (parsed here when the load
-        took what it needs from the cache: ``document_facts``)."""
+        """The parsed ``tokenizer.json`` while the load needs it (parsed again here once it
+        was let go)."""
         if self._doc is None:
             self._doc = orjson.loads(self._doc_data)
         return self._doc
@@ -537,27 +519,22 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
         raise TokenizerError(f"tokenizer {spec} does not exist; give a tokenizer.json or a folder holding one")
     data = read_limited(file)  # refused by its size before it is read
     sha256 = hashlib.sha256(data).hexdigest()
-    facts, doc = _cached_facts(sha256), None  # a file this version loaded before: not parsed again
-    if facts is not None:
-        check_sizes(facts["sizes"], file)  # under today's limits; its regexes passed on these very bytes
-    else:
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
-        if not isinstance(doc, dict):
-            raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an "
-                                 f"object")
-        check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
+    # parsed at every load: what a load takes from the file (its facts, the fast engine's
+    # table) is derived from these bytes or checked against them, never the cache's word alone
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise TokenizerError(f"{file} is not a tokenizer.json: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TokenizerError(f"{file} is not a tokenizer.json: it holds a JSON {type(doc).__name__}, not an "
+                             f"object")
+    check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     special_map = _read_json(map_path) if map_path.is_file() else {}
-    if facts is None:
-        facts = document_facts(doc, file)
+    facts = document_facts(doc, file)
     tok = HFTokenizer(path=file, data=data, facts=facts, config=config, special_map=special_map, engine=engine,
                       doc=doc, file_sha256=sha256)
-    if doc is not None:  # loaded: the checks passed on these bytes, remembered for the next load
-        write_entry(FACTS_KIND, sha256, {"sftdata": __version__, "format": FACTS_FORMAT, "facts": facts}, {})
     if identity:  # what a dataset records: from these bytes, not read again
         tok.identity = facts_identity(file, sha256, facts, lambda text: tok._vocab.get(text) if tok._dict_vocab else None)
     return tok

@@ -15,21 +15,31 @@ It is written to a temporary file in the same folder and renamed into place
 whose checksum, header or arrays do not read back is ignored and rebuilt; a cache that
 cannot be written (read-only home) only costs the rebuild.
 
-    >>> meta, arrays = cached("ranks", source_sha256, build)   # build() -> (meta, arrays)
+The cache is a convenience, never evidence: its seal only says an entry was not torn,
+not that it came from its source (anyone who can write the folder can write a whole,
+well-sealed entry). So every user checks a hit against its source before trusting it
+(``cached(..., check=)``: the ranks file's bytes, the tokenizer.json's vocabulary), and
+the checks that prove a dataset (``verify --sources``, ``--retokenize``) run inside
+``bypassed()``, which reads and writes no entry at all, in this process and the worker
+processes it starts.
+
+    >>> meta, arrays = cached("ranks", source_sha256, build, check)   # build() -> (meta, arrays)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import orjson
 
 CACHE_ENV = "SFTDATA_CACHE_DIR"
+BYPASS_ENV = "SFTDATA_CACHE_BYPASS"  # set by ``bypassed()``: no entry read or written
 FORMAT = 1
 MAGIC = b"SFTDATA-CACHE\x01"
 _DTYPES = ("uint8", "uint32", "int64")
@@ -46,8 +56,25 @@ def cache_dir() -> Path | None:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "sftdata"
 
 
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """No entry is read or written inside (``$SFTDATA_CACHE_BYPASS`` set, so the worker
+    processes started inside do the same): what is built inside comes from the sources
+    alone. The folder itself stays (a dataset in object storage is read through it)."""
+    old = os.environ.get(BYPASS_ENV)
+    os.environ[BYPASS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(BYPASS_ENV, None)
+        else:
+            os.environ[BYPASS_ENV] = old
+
+
 def entry_path(kind: str, key: str) -> Path | None:
-    root = cache_dir()
+    """Where entry ``kind``/``key`` lives; None when the cache is off or ``bypassed()``."""
+    root = None if os.environ.get(BYPASS_ENV) else cache_dir()
     return None if root is None else root / f"{kind}-v{FORMAT}-{key}.bin"
 
 
@@ -122,10 +149,12 @@ def write_entry(kind: str, key: str, meta: dict, arrays: dict[str, np.ndarray]) 
         return None
 
 
-def cached(kind: str, key: str, build: Callable[[], Entry]) -> Entry:
-    """The entry ``kind``/``key`` from the cache, else ``build()`` stored there and returned."""
+def cached(kind: str, key: str, build: Callable[[], Entry], check: Callable[[Entry], bool] | None = None) -> Entry:
+    """The entry ``kind``/``key`` from the cache when ``check(entry)`` (held against its
+    source) says it is the one ``build()`` gives, else ``build()`` stored there and
+    returned."""
     hit = read_entry(kind, key)
-    if hit is not None:
+    if hit is not None and (check is None or check(hit)):
         return hit
     meta, arrays = build()
     write_entry(kind, key, meta, arrays)

@@ -9,6 +9,7 @@ of every shard), the trained-token counts, the packed references and the checksu
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from ..store.location import dataset_path
 from ..store.reader import read_one_generation, scan_dataset
 from ..store.serving_file import read_serving
 from ..store.structure import check_counts
+from ..util.cache import bypassed
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
 from .drift import DRIFT_CHECK, check_drift
@@ -185,13 +187,18 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     installed now (the ``drift`` check; ``rerender``: ``sftdata.prepare.rerender_records``,
     which this layer cannot import; without it the check is skipped). ``executor``: where each shard's data is read and checked
     (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
+    With ``sources`` or ``retokenize_episodes`` no entry of the user's cache is read
+    (``util.cache.bypassed``): the tokenizer is rebuilt from its files, as a proof needs.
     Raises ``DatasetError`` only when ``path`` holds no dataset at all. A dataset that a
     writer replaces while it is verified is verified again (``read_one_generation``): the
     report is of the old dataset or of the new one, never of a mix.
     """
     root = dataset_path(path)  # a path, a file:// URL, or an object-store URL (fetched into the cache)
-    return read_one_generation(root, lambda: _verify(root, quick, token_dtype, tokenizer, progress, hash_threads,
-                                                     sources, retokenize_episodes, executor, rerender))
+    # the checks that prove the dataset from its sources read no cached table, fact or hash
+    with bypassed() if sources or retokenize_episodes else contextlib.nullcontext():
+        return read_one_generation(root, lambda: _verify(root, quick, token_dtype, tokenizer, progress,
+                                                         hash_threads, sources, retokenize_episodes, executor,
+                                                         rerender))
 
 
 def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,

@@ -5,7 +5,9 @@ stat shortcut and a damaged dataset."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+import re
 import shutil
 
 import orjson
@@ -13,8 +15,9 @@ import pytest
 
 from sftdata.errors import OutputExistsError
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.sources import identity
+from sftdata.sources import Input, identity
 from sftdata.store import build_key as bk
+from sftdata.util.cache import write_entry
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import FIXTURES
@@ -188,9 +191,26 @@ def test_an_input_whose_stat_is_unchanged_is_not_read_again(tmp_path, src, monke
     st = os.stat(src)
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns - HOUR_NS))  # touched: the same bytes, hashed again
     assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)]
-    before = snapshot(tmp_path / "ds")  # the dataset is not rewritten: the new stat's sha256 is in the user's cache
-    assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)]
+    before = snapshot(tmp_path / "ds")  # the dataset is not rewritten, and no cache stands for the new stat:
+    assert prepare([src], tmp_path / "ds", PrepareOptions()).up_to_date and hashes.read == [str(src)] * 2
     assert snapshot(tmp_path / "ds") == before
+
+
+def test_a_forged_input_hash_in_the_cache_does_not_make_a_changed_input_up_to_date(tmp_path, src, monkeypatch):
+    """The entry an earlier sftdata kept of a touched input (its path and new stat -> the old
+    sha256), forged for a changed one, in every form it took: the input is read, not trusted."""
+    monkeypatch.setattr(identity, "RACY_NS", 0)
+    prepare([src], tmp_path / "ds", PrepareOptions())
+    old_sha = sha256_file(src)
+    src.write_bytes(src.read_bytes().replace(b"a", b"b", 1))  # changed: same size, another byte
+    looked = identity.look(Input(str(src), "file")).identity
+    key = hashlib.sha256(orjson.dumps({"path": str(src.absolute()), "identity": looked},
+                                      option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert write_entry("input-sha256", key, {"sha256": old_sha}, {}) is not None
+    with pytest.raises(OutputExistsError, match=rf"already exists and is not up to date: the input "
+                                                rf"{re.escape(str(src))} changed \(sha256 {old_sha[:12]}\.\.\. -> "
+                                                rf"{sha256_file(src)[:12]}\.\.\.\)\. Pass --overwrite"):
+        prepare([src], tmp_path / "ds", PrepareOptions())
 
 
 def test_a_file_changed_just_before_its_build_is_hashed_again(tmp_path, src, monkeypatch):

@@ -3,13 +3,19 @@ partitions --engine ray uses), stages its episodes, and the workers write the fi
 the parent planned: the output is byte-identical to one worker's."""
 
 import gzip
+import hashlib
 import json
+import os
+import re
+import time
 
 import pytest
 
-from sftdata.prepare import PrepareOptions, local_parts, pool, prepare, run
+from sftdata.errors import InputError
+from sftdata.prepare import PrepareOptions, local_parts, partition_task, pool, prepare, run
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
+from sftdata.util import hashing
 from tests.helpers.data import chat, write_jsonl
 
 BIG = 2**62 + 1  # beyond a float's exact integers, within 64 bits: kept exactly
@@ -152,3 +158,83 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     named = ("dataset_metadata.json", "rejects.jsonl")  # they name the input
     assert all(one[k] == three[k] for k in one if k not in named)
     assert one["rejects.jsonl"].replace(b"in.jsonl.gz", b"in.jsonl") == three["rejects.jsonl"]
+
+
+def _rewriting_reads(monkeypatch, tmp_path, src, new_bytes, after_part):
+    """Partition ``after_part``'s reader rewrites ``src`` in place (``new_bytes``, the same
+    size) once it has read its range, then sets an event; the next partition's reader
+    waits for that event before it reads (the workers are forked: the patch reaches them).
+    So the reads before and after the rewrite are decided by events, not by timing."""
+    real, event = partition_task.iter_partition, tmp_path / "rewritten"
+
+    def reading(part, before, max_bytes, read=None):
+        if part.index == after_part + 1:
+            for _ in range(60_000):  # waits on the event (a bound only against a hung test)
+                if event.exists():
+                    break
+                time.sleep(0.001)
+        yield from real(part, before, max_bytes, read)
+        if part.index == after_part:
+            with open(src, "r+b") as f:  # in place: the same file, the same size
+                f.write(new_bytes)
+            event.touch()
+
+    monkeypatch.setattr(partition_task, "iter_partition", reading)
+
+
+def test_an_input_rewritten_between_the_partition_reads_fails_the_run_by_name(tmp_path, small_ranges, monkeypatch):
+    """Another process rewrites the input in place (the same size) after the first range
+    was read and before the second is: the ranges' readers hashed different bytes of the
+    same hash block, so the run fails naming the file, and nothing is left at the target."""
+    lines = [json.dumps(chat(f"What is the capital of France? ({i})", f"Paris, number {i}")) for i in range(60)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    old = src.read_bytes()
+    new = old.replace(b"the capital", b"the Paris  ")
+    assert len(new) == len(old) and new != old
+    assert len(local_parts([inspect_source(src)], 2)) > 2
+    _rewriting_reads(monkeypatch, tmp_path, src, new, 0)
+    with pytest.raises(InputError, match=rf"^input file {re.escape(str(src))} changed while this run read it "
+                                         rf"\(bytes 0 to 4,194,304 read differently by two workers\): its workers "
+                                         rf"read different versions of it, so no dataset was written\. Run again "
+                                         rf"once nothing writes to the file \(or prepare a copy of it\)$"):
+        prepare([src], tmp_path / "ds", PrepareOptions(workers=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "rewritten"]  # no target, no staging
+    src.write_bytes(new)  # as it is now, read by one worker or two: the same dataset, its sha256 recorded
+    prepare([src], tmp_path / "one", PrepareOptions(workers=1))
+    monkeypatch.undo()
+    prepare([src], tmp_path / "two", PrepareOptions(workers=2))
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    recorded = json.loads((tmp_path / "two" / "dataset_metadata.json").read_bytes())["sources"][0]
+    assert recorded["sha256"] == hashlib.sha256(new).hexdigest()
+
+
+def test_an_input_changed_after_its_ranges_were_read_fails_the_run_by_its_stat(tmp_path, small_ranges, monkeypatch):
+    """The same bytes written again after every range was read: every read agrees, but the
+    file's modification time is not the one the run started with, so the run fails."""
+    lines = [json.dumps(chat(f"question {i}", f"answer {i}")) for i in range(60)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    os.utime(src, ns=(10**18, 10**18))  # a time no write can leave: the rewrite below changes it
+    parts = local_parts([inspect_source(src)], 2)
+    _rewriting_reads(monkeypatch, tmp_path, src, src.read_bytes(), len(parts) - 1)
+    with pytest.raises(InputError, match=rf"^input file {re.escape(str(src))} changed while this run read it "
+                                         rf"\(its mtime_ns(, ctime_ns)? changed\): its workers read different "
+                                         rf"versions of it, so no dataset was written"):
+        prepare([src], tmp_path / "ds", PrepareOptions(workers=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "rewritten"]
+
+
+@pytest.mark.parametrize("block", [64, 997])
+def test_hash_blocks_smaller_than_the_ranges_record_what_one_worker_records(tmp_path, guided_ranges, monkeypatch,
+                                                                           block):
+    """Each range's reader hashes the blocks its bytes lie in (blocks spanning two ranges are
+    hashed by both readers, and agree): the metadata's sha256 and block hash are those of a
+    sequential read, byte for byte, with blocks much smaller than the ranges or not
+    dividing them."""
+    monkeypatch.setattr(hashing, "HASH_BLOCK_BYTES", block)
+    src = write_jsonl(tmp_path / "a.jsonl", mixed_lines(200))
+    assert len(local_parts([inspect_source(src)], 2)) > 5
+    prepare([src], tmp_path / "one", PrepareOptions(mode="tool", workers=1))
+    prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2))
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    recorded = json.loads((tmp_path / "two" / "dataset_metadata.json").read_bytes())["sources"][0]
+    assert recorded["block_sha256"] == {"block_bytes": block, "sha256": hashing.file_hashes(src)[1]}

@@ -1,6 +1,7 @@
 """Inputs cut into partitions: byte ranges of JSONL on line starts, numbered exactly as a
 sequential read numbers them."""
 
+import dataclasses
 import gzip
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from sftdata.errors import InputError
 from sftdata.sources import inspect_source, iter_records
 from sftdata.sources.partitions import (
+    ReadCheck,
     file_digest,
     iter_partition,
     plan_partitions,
@@ -36,17 +38,24 @@ def lines_before(info, parts):
 
 
 def by_partitions(path, part_bytes):
+    """The records of the partitions, their lines, and the input's sha256, size and block
+    hash as a partitioned run records them (the ranges' own reads held together)."""
     info = inspect_source(path)
     parts = plan_partitions([info], part_bytes)
-    sha, size = file_digest(info.path)
+    check = ReadCheck([info], parts)
+    sha, size, whole_blocks = file_digest(info.path)
     out, lines = [], 0
     for p, before in zip(parts, lines_before(info, parts)):
-        for rec, pos in iter_partition(p, before, MAX):
+        read, n = [], 0
+        for rec, pos in iter_partition(p, before, MAX, read):
             if rec is None:
-                lines += pos
+                n = pos
             else:
                 out.append((rec.record, rec.where, rec.raw, rec.reject))
-    return out, parts, lines, sha, size
+        check.add(p, before, n, read[0] if read else None, p is parts[-1])
+        lines += n
+    blocks = check.block_hash(0, info, None if len(parts) > 1 else whole_blocks, whole_blocks)
+    return out, parts, lines, sha, size, blocks
 
 
 @pytest.mark.parametrize("part_bytes", [1, 7, 40, 1000, 10**6])
@@ -60,8 +69,9 @@ def test_partitions_read_the_records_of_a_sequential_read(tmp_path, part_bytes, 
     path = tmp_path / "in.jsonl"
     path.write_bytes(text)
     want, info = sequential(path)
-    got, parts, lines, sha, size = by_partitions(path, part_bytes)
-    assert got == want and lines == info.records and (sha, size) == (info.sha256, info.bytes)
+    got, parts, lines, sha, size, blocks = by_partitions(path, part_bytes)
+    assert got == want and lines == info.records and (sha, size, blocks) == (info.sha256, info.bytes,
+                                                                             info.block_sha256)
     starts = [p.start for p in parts]
     assert all(text[s - 1:s] == b"\n" for s in starts if s)  # every range starts at a line start
     assert [p.end for p in parts[:-1]] == starts[1:] and parts[-1].end == len(text) or len(parts) == 1
@@ -113,7 +123,7 @@ def test_the_scans_of_the_ranges_count_their_lines_and_hash_every_block_once(tmp
     digests = [d for s in scans for d in s.digests]
     assert firsts == sorted(firsts) and len(digests) == -(-info.bytes // block)  # each block once, in order
     assert hashing.combine_blocks(digests) == read.block_sha256 == hashing.file_hashes(path)[1]
-    assert file_digest(info.path) == (read.sha256, read.bytes)
+    assert file_digest(info.path) == (read.sha256, read.bytes, read.block_sha256)
     if part_bytes == 7:
         assert [s.lines for s in scans] == [1, 2, 1, 0]  # lines before the cuts: 1, 3, 4
     path.write_bytes(b"short")  # changed after the run planned it
@@ -204,3 +214,46 @@ def test_cutting_reads_a_few_lines_per_cut_and_follows_a_long_line_to_its_end(tm
                                                  (600_007, 700_001), (700_001, 780_003)]
     probe = partitions.PROBE_BYTES  # the cut at 400,000 falls in the long line: a probe, then twice as much
     assert read == [probe, probe, probe, probe, 2 * probe, probe, probe, probe]
+
+
+@pytest.mark.parametrize("block", [1, 5, 16, 1 << 20])
+@pytest.mark.parametrize("part_bytes", [1, 7, 40, 10**6])
+def test_the_ranges_readers_hash_the_bytes_they_parse_into_the_recorded_block_hash(tmp_path, monkeypatch, block,
+                                                                                  part_bytes):
+    """Each range's reader hashes the blocks its bytes lie in, from the bytes it parses (the
+    rest of those blocks read around them): held together, the block hash a sequential
+    read records, whatever the cut and the block size."""
+    monkeypatch.setattr(hashing, "HASH_BLOCK_BYTES", block)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n{"b": 2}\n' + b'{"x": "' + b"y" * 3000 + b'"}\n{"z": 0}')
+    want, info = sequential(path)
+    got, parts, lines, sha, size, blocks = by_partitions(path, part_bytes)
+    assert got == want and blocks == info.block_sha256 == hashing.file_hashes(path)[1] and lines == 5
+
+
+def test_reads_that_disagree_fail_the_run_naming_the_input(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": 3}\n')
+    info = inspect_source(path)
+    parts = plan_partitions([info], 9)
+    assert [(p.start, p.end) for p in parts] == [(0, 9), (9, 18), (18, 27)]
+    reads = []
+    for p in parts:
+        read = []
+        assert list(iter_partition(p, 0, MAX, read))[-1] == (None, 1)
+        reads += read
+    fail = rf"^input file {path} changed while this run read it \({{}}\): its workers read different versions of it"
+    check = ReadCheck([info], parts)
+    check.add(parts[0], 0, 1, reads[0], False)
+    with pytest.raises(InputError, match=fail.format(r"its first 9 bytes held 2 lines when scanned and 1 when read")):
+        check.add(parts[1], 2, 1, reads[1], False)
+    with pytest.raises(InputError, match=fail.format("byte 17 is no longer the end of a line")):
+        check.add(parts[1], 1, 1, dataclasses.replace(reads[1], ends_line=False), False)
+    with pytest.raises(InputError, match=fail.format("bytes 0 to 4,194,304 read differently by two workers")):
+        check.add(parts[1], 1, 1, dataclasses.replace(reads[1], digests=(b"x" * 32,)), False)
+    check.add(parts[1], 1, 1, reads[1], False)
+    check.add(parts[2], 2, 1, reads[2], True)
+    assert check.block_hash(0, info, None, hashing.file_hashes(path)[1]) == sequential(path)[1].block_sha256
+    with pytest.raises(InputError, match=fail.format("the read that took its sha256 found other bytes than its "
+                                                     "ranges' readers")):
+        check.block_hash(0, info, None, "0" * 64)

@@ -409,6 +409,38 @@ def test_a_second_load_takes_the_proof_from_the_cache_and_never_loads_the_librar
     assert load_hf_tokenizer(trained).engine == "tiktoken"  # a corrupt entry is rebuilt
 
 
+def test_a_poisoned_conversion_in_the_cache_is_rebuilt_from_the_file(trained, tmp_path, monkeypatch):
+    """A cached table with two merged tokens' ranks swapped, or a forged evidence, each
+    sealed again with the proof kept (what anyone who can write the cache folder can do):
+    checked against the tokenizer.json at load, rebuilt, and the ids are the library's.
+    A forged refusal is taken as it is: it only sends the file to the library."""
+    from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
+    from sftdata.util import cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    texts = [*self_check_texts([]), *(m["content"] for r in RECORDS for m in r["messages"])]
+    library = load_hf_tokenizer(trained, engine="hf")
+    cold = load_hf_tokenizer(trained)
+    (entry,) = (tmp_path / "cache").glob("hf-bpe-*")
+    meta, arrays = cache.decode_entry(entry.read_bytes())
+    assert "proof" in meta and cold.engine == "tiktoken"
+    table = arrays_to_ranks(arrays)
+    longest = sorted(table, key=lambda b: (-len(b), b))[:2]
+    table[longest[0]], table[longest[1]] = table[longest[1]], table[longest[0]]
+    swapped = {**dict(arrays), **{k: v for k, v in ranks_to_arrays(table).items()}}
+    for poisoned in ((meta, swapped), ({**meta, "evidence": {**meta["evidence"], "merges": 1}}, dict(arrays))):
+        entry.write_bytes(cache.encode_entry(*poisoned))
+        warm = load_hf_tokenizer(trained)
+        assert warm.engine == "tiktoken" and warm.state() == cold.state()
+        assert_same_as_library(warm, library, texts)
+        assert cache.decode_entry(entry.read_bytes())[0]["evidence"] == meta["evidence"]  # rebuilt, written again
+        assert arrays_to_ranks(cache.decode_entry(entry.read_bytes())[1]) == arrays_to_ranks(arrays)
+    entry.write_bytes(cache.encode_entry({"eligible": False, "reason": "forged"}, {}))
+    refused = load_hf_tokenizer(trained)
+    assert (refused.engine, refused.engine_choice.reason) == ("hf", "not byte-level BPE tiktoken can run: forged")
+    assert_same_as_library(refused, library, texts[:5])
+
+
 def test_a_self_check_difference_sends_auto_to_the_library(trained, monkeypatch):
     import sftdata.tokenize.engine as engine_mod
 

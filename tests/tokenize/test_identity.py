@@ -114,11 +114,12 @@ def test_a_workers_copy_of_a_tokenizer_skips_the_identity(folder):
     assert load_hf_tokenizer(folder, identity=False).identity is None
 
 
-def test_a_second_load_takes_what_it_needs_from_the_cache_and_parses_nothing(folder, monkeypatch):
-    """A tokenizer.json this version loaded before is not parsed again (its facts, fast
-    engine and proof are in the user's cache, by the file's sha256): the same tokenizer,
-    state and identity; a token that is not an added one is looked up in the file, read
-    then; a lowered size limit still refuses it; with the cache off every load parses."""
+def test_a_second_load_parses_the_file_once_to_check_what_the_cache_holds(folder, monkeypatch):
+    """A tokenizer.json this version loaded before is parsed once more, its facts derived
+    again and the fast engine's cached table checked against it (a cache is never
+    evidence): the same tokenizer, state and identity; a token that is not an added one
+    is looked up in the vocabulary kept from that parse; a lowered size limit still
+    refuses it; with the cache off every load parses once too."""
     pytest.importorskip("tokenizers")
     import orjson
 
@@ -136,7 +137,7 @@ def test_a_second_load_takes_what_it_needs_from_the_cache_and_parses_nothing(fol
     monkeypatch.setattr(hf.orjson, "loads", counting)
     size = (folder / "tokenizer.json").stat().st_size
     second = hf.load_hf_tokenizer(folder)
-    assert parsed.count(size) == 0  # the tokenizer.json was not parsed
+    assert parsed.count(size) == 1  # parsed once, to derive and check
     assert second.state() == first.state() and second.identity == first.identity
     assert first._doc is None and second._doc is None  # the parsed file is not kept (the vocabulary alone is)
     assert (second.added_tokens, second.special_tokens, second.vocab_size) == \
@@ -144,7 +145,7 @@ def test_a_second_load_takes_what_it_needs_from_the_cache_and_parses_nothing(fol
     text = "<|im_start|>user\nHello there<|im_end|>\n"
     assert second.encode_rendered(text).ids.tolist() == first.encode_rendered(text).ids.tolist()
     the = second.token_id("Ġthe")
-    assert parsed.count(size) == 1 and the == first.token_id("Ġthe") is not None  # read when first asked
+    assert parsed.count(size) == 1 and the == first.token_id("Ġthe") is not None  # kept from the load's parse
     monkeypatch.setenv("SFTDATA_MAX_TOKENIZER_MERGES", "10")
     with pytest.raises(TokenizerError, match="merges, more than the 10 a tokenizer may have"):
         hf.load_hf_tokenizer(folder)

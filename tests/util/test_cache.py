@@ -13,7 +13,17 @@ import pytest
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.tokenize import ranks as tokenizer_mod
 from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
-from sftdata.util.cache import CACHE_ENV, cache_dir, cached, decode_entry, encode_entry, entry_path, read_entry, write_entry
+from sftdata.util.cache import (
+    CACHE_ENV,
+    bypassed,
+    cache_dir,
+    cached,
+    decode_entry,
+    encode_entry,
+    entry_path,
+    read_entry,
+    write_entry,
+)
 from sftdata.util.hashing import sha256_file
 from tests.helpers.processes import SAFETY_S
 
@@ -133,3 +143,65 @@ def test_a_tiktoken_file_is_cached_by_its_sha256(here, tmp_path):
     with pytest.raises(Exception, match="is not a valid .tiktoken ranks file"):
         load_tokenizer(str(bad))
     assert not any(sha256_file(bad) in p.name for p in here.iterdir())  # a failure is not cached
+
+
+def _swap_ranks(path: Path, a: bytes, b: bytes) -> None:
+    """Poison a ranks entry as a hostile writer of the cache folder can: two tokens' ranks
+    swapped, the meta (its recorded ranks_sha256) kept, the entry sealed again."""
+    meta, arrays = decode_entry(path.read_bytes())
+    ranks = arrays_to_ranks(arrays)
+    ranks[a], ranks[b] = ranks[b], ranks[a]
+    path.write_bytes(encode_entry(meta, ranks_to_arrays(ranks)))
+
+
+def test_a_poisoned_bundled_ranks_entry_is_rebuilt_from_the_bundled_file(here):
+    text = "What is the capital of France?"
+    cold = load_tokenizer()
+    ids = cold.encode(text)
+    (entry,) = here.iterdir()
+    _swap_ranks(entry, b" capital", b" Paris")
+    assert arrays_to_ranks(read_entry("tiktoken-ranks", entry.name.split("-")[-1][:-4])[1])[b" Paris"] == \
+        cold.encode(" capital")[0]  # a whole entry, well sealed: only its source can tell
+    warm = load_tokenizer()
+    assert warm.encode(text) == ids and warm.decode(ids) == text and warm.state() == cold.state()
+    assert arrays_to_ranks(decode_entry(entry.read_bytes())[1])[b" capital"] == ids[3]  # rebuilt, written again
+    meta, arrays = decode_entry(entry.read_bytes())
+    entry.write_bytes(encode_entry({**meta, "special_tokens": {"<|endoftext|>": 7}}, dict(arrays)))
+    assert load_tokenizer().special_tokens == cold.special_tokens  # the meta is checked too
+
+
+def test_a_poisoned_tiktoken_file_entry_is_parsed_again(here, tmp_path):
+    import base64
+
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks[b"he"], ranks[b"ll"] = 256, 257
+    path = tmp_path / "tiny.tiktoken"
+    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+    assert load_tokenizer(str(path)).encode("hell") == [256, 257]
+    entry = here / f"tiktoken-ranks-v1-{sha256_file(path)}.bin"
+    _swap_ranks(entry, b"he", b"ll")
+    again = load_tokenizer(str(path))
+    assert again.encode("hell") == [256, 257] and again.ranks_sha256 == sha256_file(path)
+    crlf = tmp_path / "crlf.tiktoken"  # not the canonical text: parsed on every load, never taken from the cache
+    crlf.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    assert [load_tokenizer(str(crlf)).encode("hell") for _ in range(2)] == [[256, 257]] * 2
+
+
+@pytest.mark.parametrize("ranks", [{b"a": 0}, {b"ab": 3, b"\x00": 1, b"xyz": 2, b"\xff" * 7: 4_294_967_295},
+                                   {bytes([b]) * n: 1000 * n + b for n in range(1, 5) for b in range(0, 256, 51)}])
+def test_ranks_text_is_the_tiktoken_format(ranks):
+    import base64
+
+    want = b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+    assert tokenizer_mod.ranks_text(ranks_to_arrays(ranks)) == want
+
+
+def test_bypassed_reads_and_writes_no_entry_here_or_in_a_worker(here):
+    write_entry("k", KEY, {"v": 1}, {})
+    with bypassed():
+        assert read_entry("k", KEY) is None and write_entry("k", KEY, {"v": 2}, {}) is None
+        assert cached("k", KEY, lambda: ({"v": 3}, {}))[0] == {"v": 3}
+        assert cache_dir() == here  # the folder stays (object-storage datasets are read through it)
+        with mp.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(read_entry, ("k", KEY)) is None
+    assert read_entry("k", KEY)[0] == {"v": 1}  # untouched, and read again outside

@@ -15,7 +15,10 @@ from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.cli import app
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.prepare.rerender import rerender_records
-from sftdata.tokenize import joined
+from sftdata.store import open_dataset
+from sftdata.tokenize import joined, ranks
+from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
+from sftdata.util.cache import CACHE_ENV, decode_entry, encode_entry
 from sftdata.verify import drift, verify
 from tests.helpers.data import chat, write_jsonl
 
@@ -100,3 +103,42 @@ def test_without_the_renderer_the_check_is_skipped_and_says_how(made):
     _, ds = made
     r = verify(ds, retokenize_episodes=2)
     assert {c.name: (c.status, c.note) for c in r.checks}["drift"] == ("skipped", drift.NO_RERENDER)
+
+
+def test_a_dataset_made_through_a_poisoned_ranks_cache_is_caught_and_no_longer_made(tmp_path, monkeypatch):
+    """A cached ranks table with two ranks swapped (a whole entry, sealed again, its recorded
+    ranks sha256 kept) made a dataset that reads "What is the Paris of France?" under an
+    sftdata that trusted its cache (here: the entry's check switched off). verify
+    --retokenize reads no cache: with the poisoned entry still there, it renders the
+    records again from the bundled ranks and names every sampled episode. With the check
+    on, prepare rebuilds the table from the bundled file: the dataset is the one made with
+    no cache at all."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    right = load_tokenizer()
+    (entry,) = cache.iterdir()
+    meta, arrays = decode_entry(entry.read_bytes())
+    table = arrays_to_ranks(arrays)
+    table[b" capital"], table[b" Paris"] = table[b" Paris"], table[b" capital"]
+    poisoned = encode_entry(meta, ranks_to_arrays(table))
+    entry.write_bytes(poisoned)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"What is the capital of France? ({i})", "It is Paris.")
+                                              for i in range(6)])
+    with monkeypatch.context() as trusting:
+        trusting.setattr(ranks, "_is_file", lambda *_: True)
+        prepare([src], tmp_path / "bad", PrepareOptions())
+        bad = open_dataset(tmp_path / "bad").split("train")
+        assert right.decode(bad.episode(0)[0].tolist()).startswith("<|USER|>What is the Paris of France? (")
+        r = verify(tmp_path / "bad", retokenize_episodes=4, sources=True, rerender=rerender_records)
+    assert entry.read_bytes() == poisoned  # verify neither read nor mended it
+    assert [p.check for p in r.problems] == ["drift"] and (r.drift["episodes"], r.drift["differ"]) == (4, 4)
+    assert r.reproducible is True  # the inputs are the ones read: the tokens are what is wrong
+    prepare([src], tmp_path / "good", PrepareOptions())  # the entry checked against the bundled file: rebuilt
+    monkeypatch.setenv(CACHE_ENV, "off")
+    prepare([src], tmp_path / "uncached", PrepareOptions())
+    assert _tree(tmp_path / "good") == _tree(tmp_path / "uncached")
+    assert verify(tmp_path / "good", retokenize_episodes=4, sources=True, rerender=rerender_records).ok
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

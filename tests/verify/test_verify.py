@@ -423,3 +423,19 @@ def test_a_partial_index_record_is_a_sizes_problem_not_a_traceback(ds):
     assert r.splits["train"]["episodes"] == 5
     with pytest.raises(DatasetError, match=r"episodes.idx: 59 bytes is not a multiple of 16"):
         open_dataset(ds)
+
+
+@pytest.mark.parametrize("asked", [{"sources": True}, {"retokenize_episodes": 2}])
+def test_the_checks_that_prove_a_dataset_read_no_cache_entry(ds, monkeypatch, asked):
+    """verify --sources and --retokenize rebuild the tokenizer from its files: not one entry
+    of the user's cache is looked up (plain verify may use it: its checks prove no token)."""
+    from sftdata.util import cache
+
+    looked = []
+    real = cache.entry_path
+    monkeypatch.setattr(cache, "entry_path", lambda kind, key: looked.append(real(kind, key)) or looked[-1])
+    verify(ds)
+    assert any(p is not None for p in looked)  # plain verify: the ranks from the cache
+    looked.clear()
+    verify(ds, **asked)
+    assert looked and all(p is None for p in looked)
