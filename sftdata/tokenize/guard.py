@@ -6,7 +6,8 @@ Before loading:
 
 * every file read from the folder is at most ``SFTDATA_MAX_TOKENIZER_MB`` MiB (default
   48: the largest real tokenizer.json files, Gemma 3's and Llama 4's, are about 33 MB),
-  checked by its size before it is read;
+  checked by its size before it is read, and opened only when it is a regular file (a FIFO
+  in ``additional_chat_templates/`` would make the load wait forever: ``present``);
 * ``tokenizer.json`` holds at most ``SFTDATA_MAX_TOKENIZER_MERGES`` merges and as many
   vocabulary entries (default 1,000,000; real models have up to about 500,000);
 * no regular expression in it (a ``Split`` pre-tokenizer's, a ``Replace`` normalizer's or
@@ -28,6 +29,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -57,12 +59,47 @@ def max_file_bytes() -> int:
     return int(_limit(MAX_MB_ENV, DEFAULT_MAX_MB, "MiB") * (1 << 20))
 
 
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(path: Path, mode: int) -> TokenizerError:
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return TokenizerError(f"{path} is {kind}, not a regular file: a model folder's files are read only when they "
+                          f"are regular files (reading a pipe or device could wait forever or never end); replace it "
+                          f"with the file itself")
+
+
+def present(path: Path) -> bool:
+    """Whether a model folder holds the optional file ``path``: False when nothing is
+    there, True for a regular file (or a link to one); anything else (a FIFO, a device, a
+    socket, a folder) is refused by name, never opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+    return True
+
+
 def read_limited(path: Path) -> bytes:
-    """The bytes of a tokenizer folder's file, refused by its size before it is read."""
+    """The bytes of a tokenizer folder's file, refused by its size before it is read, and
+    unopened unless it is a regular file (``present``; opened without waiting, and its kind
+    checked again once open, should it be replaced in between)."""
     cap = max_file_bytes()
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise _not_regular(path, info.st_mode)
+            size = info.st_size
             data = f.read(cap + 1) if size <= cap else b""  # a file that grows while read: cap + 1 bytes
     except OSError as e:
         raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None

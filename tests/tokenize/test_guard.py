@@ -6,6 +6,7 @@ report of a panic never reaches standard error."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
 
 from sftdata.errors import TokenizerError, TokenizerFailure, UsageError  # noqa: E402
-from sftdata.tokenize.guard import backtracking, is_panic  # noqa: E402
+from sftdata.tokenize.guard import backtracking, is_panic, present, read_limited  # noqa: E402
 from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
 from tests.helpers.hostile_tokenizers import big_tokenizer, split_tokenizer  # noqa: E402
 
@@ -161,3 +162,33 @@ def test_threads_in_library_calls_at_once_share_one_redirect(capfd):
         t.join()
     os.write(2, b"after\n")  # and it is back where it was
     assert sorted(capfd.readouterr().err.splitlines()) == ["after", "one", "two"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("where", ["additional_chat_templates/tool_use.jinja", "chat_templates/tool_use.jinja",
+                                   "chat_template.jinja", "tokenizer_config.json", "special_tokens_map.json"])
+def test_a_fifo_in_a_model_folder_is_refused_by_name_unopened(tmp_path, where):
+    folder = big_tokenizer(tmp_path / "tok", 10)
+    fifo = folder / where
+    fifo.parent.mkdir(exist_ok=True)
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(TokenizerError, match=re.escape(
+            f"{fifo} is a named pipe (FIFO), not a regular file: a model folder's files are read only when they are "
+            f"regular files (reading a pipe or device could wait forever or never end); replace it with the file "
+            f"itself") + "$"):
+        load_hf_tokenizer(folder)
+
+
+def test_read_limited_refuses_a_device_and_a_folder_and_reads_a_link_to_a_file(tmp_path):
+    (tmp_path / "real.json").write_bytes(b"{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    assert read_limited(tmp_path / "link.json") == b"{}"
+    assert present(tmp_path / "link.json") and not present(tmp_path / "absent.json")
+    (tmp_path / "zero").symlink_to("/dev/zero")  # endless: refused before it is opened
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path / 'zero'} is a character device, not a regular "
+                                                       f"file")):
+        read_limited(tmp_path / "zero")
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path} is a folder, not a regular file")):
+        present(tmp_path)
