@@ -142,7 +142,7 @@ def _check_ids(doc: dict, path: Path) -> int:
 
 
 FACTS_KIND = "hf-facts"  # the cache's entries of ``document_facts``, by the file's sha256
-FACTS_FORMAT = 1  # raised when what they hold, or what their checks mean, changes
+FACTS_FORMAT = 2  # raised when what they hold, or what their checks mean, changes (2: the normalizer bound)
 _FACT_KEYS = ("max_id", "dict_vocab", "sizes", "added", "vocabulary")
 
 
