@@ -62,7 +62,7 @@ _PLAIN_RECEIVERS = frozenset({str, dict, list, tuple})  # whose builtin methods 
 _WALKED = (list, tuple, dict, set, frozenset)  # compared or hashed item by item, through every reference
 _HASHED = (dict, set, frozenset, type({}.keys()), type({}.items()))  # ``in`` hashes the item, walks nothing else
 _JINJA_KWARGS = frozenset({"_loop_vars", "_block_vars"})  # Jinja's own, dropped before the call
-_SEARCHING = frozenset({"index", "count"})  # list and tuple methods that compare their argument with every item
+_SEARCHING = frozenset({"index", "count"})  # list, tuple and range methods that compare their argument with each item
 
 
 def budget_of(context) -> Budget:
@@ -464,8 +464,8 @@ def limited_environment_class():
                 if name == "join" and isinstance(receiver, _TEXT) and args and \
                         not isinstance(args[0], (list, tuple, str)):
                     args = (list(args[0]),) + args[1:]  # weighed once, then joined
-                if name in _SEARCHING and isinstance(receiver, (list, tuple)):
-                    b.walk(receiver)
+                if name in _SEARCHING and isinstance(receiver, (list, tuple, range)):
+                    walk(b, receiver)
                 else:
                     b.charge(shallow(receiver) // BUILD_CHARS)
                 size = method_size(name, receiver, args, kwargs, b)

@@ -137,6 +137,7 @@ HOSTILE = [
     # filters and searches over ranges: their work grows with the range
     (EACH.format("range(100000) | max"), STEPS), (EACH.format("range(100000) | min"), STEPS),
     (EACH.format("range(100000) | map('abs') | max"), STEPS), (EACH.format("'a' in range(100000)"), STEPS),
+    (EACH.format("range(100000).count('a')"), STEPS), (EACH.format("range(100000) | unique | list"), STEPS),
 ]
 
 
