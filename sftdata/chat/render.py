@@ -32,18 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from ..errors import RecordError, TokenizerError
+from ..errors import RecordError, TokenizerError, TokenizerFailure
 from ..records.turns import Conversation, ToolCall
 from ..tokenize.joined import JoinedEncoder
 from ..tokenize.memo import SegmentMemo, id_array
+from ..tokenize.space_runs import CL100K_PATTERNS
 from .masking import loss_mask
 from .tokenizer import ChatTokenizer
 
 # split patterns for which ``splits_at_newlines`` holds: cl100k_base's, as tiktoken writes it now and before 0.7
-SPLIT_SAFE_PATTERNS = frozenset((
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-))
+SPLIT_SAFE_PATTERNS = CL100K_PATTERNS
 TOOLS_HEADER = "# Tools\nYou may call these functions. Each line is one function's JSON schema:\n"
 
 
@@ -240,9 +238,27 @@ def render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: S
 
     With a ``memo``, texts seen before are not encoded again, and when the tokenizer
     allows it (``splits_at_newlines``) the system span is encoded schema by schema, so a
-    schema shared by many records is one entry. The ids are the same either way."""
+    schema shared by many records is one entry. The ids are the same either way.
+
+    A text the tokenizer cannot encode (``TokenizerFailure``) rejects its record only
+    (``tokenizer_error``): the chunk is then rendered record by record."""
+    try:
+        return _render_chunk(convs, tok, wheres=wheres, max_tokens=max_tokens, memo=memo, num_threads=num_threads)
+    except TokenizerFailure as e:
+        if len(convs) == 1:
+            return RenderedChunk(np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64),
+                                 [RecordError(e.reason, str(e), wheres[0] if wheres else "record 0")])
+    parts = [render_chunk([c], tok, wheres=[wheres[i] if wheres else f"record {i}"], max_tokens=max_tokens,
+                          memo=memo, num_threads=num_threads) for i, c in enumerate(convs)]
+    return RenderedChunk(np.concatenate([p.ids for p in parts]), np.concatenate([p.mask for p in parts]),
+                         np.concatenate([p.lengths for p in parts]), [r for p in parts for r in p.results])
+
+
+def _render_chunk(convs: Sequence[Conversation], tok: ChatTokenizer, *, wheres: Sequence[str] | None,
+                  max_tokens: int | None, memo: SegmentMemo | None, num_threads: int) -> RenderedChunk:
+    """``render_chunk`` of conversations whose texts all encode."""
     if memo is not None and not memo.serves():  # idle: its texts seldom repeat, the plain path is faster
-        chunk = render_chunk(convs, tok, wheres=wheres, max_tokens=max_tokens, num_threads=num_threads)
+        chunk = _render_chunk(convs, tok, wheres=wheres, max_tokens=max_tokens, memo=None, num_threads=num_threads)
         memo.stats.tokens_encoded += int(chunk.ids.size - np.isin(chunk.ids, list(tok.special_tokens.values())).sum())
         return chunk
     joined = getattr(tok, "joined", None) if memo is None and num_threads == 1 else None

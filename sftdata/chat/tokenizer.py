@@ -37,11 +37,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import DatasetError, TokenizerError
+import numpy as np
+
+from ..errors import DatasetError, TokenizerError, TokenizerFailure
 from ..tokenize import STATE_FORMAT, is_hf_state
 from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
 from ..tokenize.joined import JoinedEncoder
 from ..tokenize.ranks import cached_cl100k, cached_ranks_file, encoding_parts, ranks_sha256
+from ..tokenize.space_runs import CL100K_PATTERNS, LONG_TEXT, encode_cutting_runs, overflowed
 from ..tokenize.special_ids import declared_ids, id_ranges, known_ids, marker_collisions, marker_start
 from .markers import ADDED_MARKERS, CHAT_MARKERS, EOS, MARKERS, MarkerIds
 
@@ -135,21 +138,42 @@ class ChatTokenizer:
     # -- encoding -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Encode message text as ordinary text (special strings are not special)."""
-        return self._enc.encode_ordinary(text)
+        return self._enc.encode_ordinary(text) if len(text) < LONG_TEXT else self.encode_long(text)
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts as ordinary text. With one thread, call the BPE core directly
         (tiktoken's batch API pays a thread-pool hop per text even then)."""
         if num_threads > 1:
+            if any(len(t) >= LONG_TEXT for t in texts):
+                return [self.encode(t) for t in texts]
             return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
         core = self._enc._core_bpe.encode_ordinary
         out = []
         for t in texts:
             try:
-                out.append(core(t))
+                out.append(core(t) if len(t) < LONG_TEXT else self.encode_long(t))
             except UnicodeEncodeError:  # lone surrogates: tiktoken's own fix-up path
                 out.append(self._enc.encode_ordinary(t))
         return out
+
+    def encode_long(self, text: str) -> list[int]:
+        """A long text's ids, through tiktoken's buffer API (a failure of its split regex
+        there is an error; ``encode_ordinary`` panics). A run of whitespace too long for that
+        regex (a million spaces) is cut out where no token can change (``space_runs``,
+        cl100k_base's pattern); with another pattern the text is a ``TokenizerFailure``
+        (its record is rejected as ``tokenizer_error``)."""
+        core = self._enc._core_bpe
+        try:
+            return np.frombuffer(core.encode_to_tiktoken_buffer(text, set()), dtype=np.uint32).tolist()
+        except UnicodeEncodeError:  # lone surrogates, replaced as tiktoken's encode_ordinary does
+            return self.encode_long(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+        except ValueError as e:
+            if not overflowed(e):
+                raise
+        if self.pat_str in CL100K_PATTERNS:
+            return encode_cutting_runs(text, self._enc.encode_ordinary, core.encode_single_piece)
+        raise TokenizerFailure(f"tiktoken's split regex ran out of backtracking stack on a text of {len(text):,} "
+                               f"characters with {self.path or self.name} (a run of whitespace too long for it)")
 
     # -- decoding -----------------------------------------------------------------
     def token_text(self, token_id: int) -> str:

@@ -18,8 +18,16 @@ a call, filter, test, ``+ * ** %``,      1, plus 1 per BUILD_CHARS of what it bu
 ``~``, a slice                           list, tuple or dict item counts ITEM_CHARS), of the
                                          string or list a method belongs to, and of the
                                          input of filters that sort or reduce
-a compared string or list                1 per BUILD_CHARS of it
+a compared, hashed or searched value     1 per BUILD_CHARS of it and per WALK_ITEMS items,
+(``== < in``, a dict key, a subscript,   walked through every reference (``Budget.walk``),
+``list.index``, a builtin's argument)    before the operation runs; a range searched for
+                                         what is not an int: 1 per WALK_ITEMS of its items
+a filter that sorts or reduces a range   the range made a list first, then weighed
+or a generator
 ======================================  =================================================
+
+A ``str.format`` field's width and precision are read from its final spec (one taken from
+an argument too: ``'{:{}}'.format('a', '999999999')``) and refused before it is built.
 
 Memory: the text a render returns is at most ``max_output`` characters, and all it builds
 on the way (every string and list an operation makes) at most ``BUILT_PER_OUTPUT`` times
@@ -190,6 +198,14 @@ def format_size(fmt, args, budget: Budget) -> int:
     return len(text) + widths + sum(text_size(v, budget) for v in values)
 
 
+def field_size(value, spec: str, budget: Budget) -> int:
+    """An upper bound of the text ``format(value, spec)`` makes, from the field's final
+    spec (a width or precision taken from an argument already in it): the value as text
+    (a third more for digit grouping) plus every number the spec holds."""
+    numbers = sum(int(d) if len(d) <= 18 else 1 << 62 for d in _DIGITS.findall(spec))
+    return text_size(value, budget) * 4 // 3 + 1 + numbers
+
+
 class Budget:
     """One render's steps left, what it has built, its call depth, and its first breach
     (kept, so that no code inside the template can hide a breach by catching it)."""
@@ -254,6 +270,25 @@ class Budget:
         size, depth, items = weight(value, self.limit(), max(0, self.left) * WALK_ITEMS)
         self.charge(items // WALK_ITEMS)
         return size, depth
+
+    def walk(self, value) -> None:
+        """Pay, before it runs, for an operation that may visit every item of ``value``
+        through every reference: comparing it, hashing it, searching it (two lists that
+        each hold one list twice, 64 levels deep, are 2^64 items to compare). One step per
+        WALK_ITEMS items and per BUILD_CHARS characters; a value the steps left cannot pay
+        to walk is refused before the operation runs, and weighing it stops there."""
+        if type(value) is str:
+            self.charge(len(value) // BUILD_CHARS)
+            return
+        left = max(0, self.left)
+        limit, max_items = left * BUILD_CHARS, left * WALK_ITEMS
+        size, _, items = weight(value, limit, max_items)
+        if size > limit or items > max_items:
+            self.fail(f"would compare, hash or search more than {min(items, max_items):,} items in one step, more "
+                      f"than the {left:,} steps left of its budget of {self._budget()} pay for at {WALK_ITEMS} items "
+                      f"a step (a list that holds another many times is walked through every reference); raise "
+                      f"--template-max-steps only for a template you trust")
+        self.charge(items // WALK_ITEMS + size // BUILD_CHARS)
 
     def enter(self) -> None:
         self.depth += 1

@@ -7,7 +7,10 @@ render's ``Budget`` (``limits``):
     + * ** %                   ``intercepted_binops``: predicted size, then the result's
     ~                          ``visit_Concat`` -> ``limited_concat``
     {{ value }}                ``finalize``
-    slices                     ``limited_slice``; compared values: ``limited_size``
+    slices                     ``limited_slice``
+    == < in, keys, subscripts  compared, hashed or searched values walked first
+                               (``limited_size``, ``limited_in``, ``limited_key``)
+    str.format                 each field's final width checked (``LimitedFormatter``)
     filters, comparison tests  each one wrapped (``limit_callables``)
 
 Filters and tests take the context (``pass_context``), so Jinja's optimizer never runs
@@ -23,9 +26,11 @@ from ..errors import TemplateLimitError
 from .limits import (
     BUDGET_KEY,
     BUILD_CHARS,
+    WALK_ITEMS,
     WRITE_CHARS,
     Budget,
     binop_size,
+    field_size,
     format_size,
     method_size,
     replace_size,
@@ -54,6 +59,10 @@ _FIXED_TYPES = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
 _DICT_NAMES = frozenset(dir(dict))  # a plain dict's attributes: any other name is a key or undefined
 _FORMATS = frozenset({"format", "format_map"})  # the str methods Jinja's sandbox wraps
 _PLAIN_RECEIVERS = frozenset({str, dict, list, tuple})  # whose builtin methods are called directly (``call``)
+_WALKED = (list, tuple, dict, set, frozenset)  # compared or hashed item by item, through every reference
+_HASHED = (dict, set, frozenset, type({}.keys()), type({}.items()))  # ``in`` hashes the item, walks nothing else
+_JINJA_KWARGS = frozenset({"_loop_vars", "_block_vars"})  # Jinja's own, dropped before the call
+_SEARCHING = frozenset({"index", "count"})  # list, tuple and range methods that compare their argument with each item
 
 
 def budget_of(context) -> Budget:
@@ -190,8 +199,9 @@ def _limited_filter(name: str, func, jinja2):
     @jinja2.pass_context
     def limited(context, value, *args, **kwargs):
         b = budget_of(context)
-        if name in ("join", "sum") and not isinstance(value, (list, tuple, str)):
-            value = list(value)  # weighed once, then given to the filter
+        if (name in ("join", "sum") and not isinstance(value, (list, tuple, str))) or \
+                (name in _REDUCING and not isinstance(value, (list, tuple, dict, str))):
+            value = list(value)  # a range or generator: made a list, weighed once, then given to the filter
             b.build(shallow(value))
         if name in _REDUCING and isinstance(value, (list, tuple, dict)):
             b.charge(b.weigh(value)[0] // BUILD_CHARS)
@@ -216,11 +226,33 @@ def _limited_test(func, jinja2):
 
     @jinja2.pass_context
     def limited(context, value, *args, **kwargs):
-        budget_of(context).charge(1 + (shallow(value) + sum(shallow(a) for a in args)) // BUILD_CHARS)
+        b = budget_of(context)
+        steps = 1
+        for operand in (value, *args):
+            t = type(operand)
+            if t is str:
+                steps += len(operand) // BUILD_CHARS
+            elif t not in _NUMBERS and operand is not None:
+                walk(b, operand)
+        b.charge(steps)
         return _call_with(func, pass_arg, _PassArg, context, value, *args, **kwargs)
 
     limited.__name__ = getattr(func, "__name__", "test")
     return limited
+
+
+def walk(b: Budget, value) -> None:
+    """Pay for comparing or hashing ``value`` (``Budget.walk``); a number or short string is free."""
+    t = type(value)
+    if t is str:
+        if len(value) >= BUILD_CHARS:
+            b.charge(len(value) // BUILD_CHARS)
+    elif isinstance(value, _WALKED):
+        b.walk(value)
+    elif isinstance(value, range):
+        b.charge(len(value) // WALK_ITEMS)
+    elif isinstance(value, (str, bytes)):
+        b.charge(len(value) // BUILD_CHARS)
 
 
 def limit_callables(env) -> None:
@@ -249,7 +281,8 @@ def limited_environment_class():
     import jinja2
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, operators, optimizeconst
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
+    from markupsafe import Markup
 
     class LimitedCodeGenerator(CodeGenerator):
         def visit_Template(self, node, frame=None):
@@ -275,6 +308,14 @@ def limited_environment_class():
 
         @optimizeconst
         def visit_Compare(self, node, frame):
+            if len(node.ops) == 1 and node.ops[0].op in ("in", "notin"):  # what is searched decides the cost
+                self.write("(not " if node.ops[0].op == "notin" else "(")
+                self.write("environment.limited_in(context, ")
+                self.visit(node.expr, frame)
+                self.write(", ")
+                self.visit(node.ops[0].expr, frame)
+                self.write("))")
+                return
             self.write("(")
             self._sized(node.expr, frame)
             for op in node.ops:
@@ -282,13 +323,55 @@ def limited_environment_class():
                 self._sized(op.expr, frame)
             self.write(")")
 
+        def _key(self, node, frame):
+            if isinstance(node, nodes.Const):
+                self.visit(node, frame)
+                return
+            self.write("environment.limited_key(context, ")
+            self.visit(node, frame)
+            self.write(")")
+
+        @optimizeconst
+        def visit_Dict(self, node, frame):
+            self.write("{")
+            for idx, item in enumerate(node.items):
+                self.write(", " if idx else "")
+                self._key(item.key, frame)
+                self.write(": ")
+                self.visit(item.value, frame)
+            self.write("}")
+
         @optimizeconst
         def visit_Getitem(self, node, frame):
             if not isinstance(node.arg, nodes.Slice):
-                return super().visit_Getitem(node, frame)
+                if isinstance(node.arg, nodes.Const):
+                    return super().visit_Getitem(node, frame)
+                self.write("environment.getitem(")
+                self.visit(node.node, frame)
+                self.write(", ")
+                self._key(node.arg, frame)
+                self.write(")")
+                return
             self.write("environment.limited_slice(context, ")
             super().visit_Getitem(node, frame)
             self.write(")")
+
+    class LimitedFormatter(SandboxedFormatter):
+        """Jinja's sandboxed formatter that refuses a field whose final spec (widths taken
+        from arguments substituted) would build more than the budget allows, before it is built."""
+
+        def __init__(self, env, budget, **kwargs):
+            self._budget = budget
+            super().__init__(env, **kwargs)
+
+        def format_field(self, value, format_spec):
+            self._budget.afford(field_size(value, format_spec, self._budget))
+            return super().format_field(value, format_spec)
+
+    class LimitedEscapeFormatter(LimitedFormatter, SandboxedEscapeFormatter):
+        pass
+
+    _UNWALKED = (jinja2.runtime.Macro, jinja2.runtime.LoopContext)  # they pass their arguments on untouched
 
     @jinja2.pass_context
     def finalize(context, value):
@@ -374,19 +457,29 @@ def limited_environment_class():
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's own signature
             b = budget_of(__context)
             method = getattr(__obj, "__wrapped__", __obj)  # str.format behind the sandbox's wrapper
-            receiver = method.__self__ if isinstance(method, types.BuiltinMethodType) else None
+            receiver = method.__self__ if isinstance(method, types.BuiltinMethodType) or \
+                (isinstance(method, types.MethodType) and isinstance(method.__self__, str)) else None  # Markup's
             if receiver is not None and not isinstance(receiver, types.ModuleType):
                 name = method.__name__
                 if name == "join" and isinstance(receiver, _TEXT) and args and \
                         not isinstance(args[0], (list, tuple, str)):
                     args = (list(args[0]),) + args[1:]  # weighed once, then joined
-                b.charge(shallow(receiver) // BUILD_CHARS)
+                if name in _SEARCHING and isinstance(receiver, (list, tuple, range)):
+                    walk(b, receiver)
+                else:
+                    b.charge(shallow(receiver) // BUILD_CHARS)
                 size = method_size(name, receiver, args, kwargs, b)
                 if size is not None:
                     b.afford(size)
+            if not isinstance(__obj, _UNWALKED):  # a builtin may hash or compare its arguments (dict(), .get(k))
+                for value in (*args, *(v for k, v in kwargs.items() if k not in _JINJA_KWARGS)):
+                    if isinstance(value, _WALKED):
+                        b.walk(value)
             b.enter()
             try:
-                if receiver is not None and method is __obj and type(receiver) in _PLAIN_RECEIVERS and \
+                if receiver is not None and name in _FORMATS and isinstance(receiver, str):
+                    result = __self.limited_format(b, receiver, name, args, kwargs)
+                elif receiver is not None and method is __obj and type(receiver) in _PLAIN_RECEIVERS and \
                         name not in _FORMATS:
                     # a builtin method of a str, dict, list or tuple (getattr found it safe): Jinja's
                     # sandbox and Context.call would only drop the loop and block variables and call it
@@ -400,6 +493,23 @@ def limited_environment_class():
             b.build(result_size(result))
             return result
 
+        def limited_format(self, b, receiver, name, args, kwargs):
+            """``str.format`` / ``format_map`` as Jinja's sandbox runs them, each field's final
+            spec checked before the field is built (``LimitedFormatter``)."""
+            kwargs.pop("_loop_vars", None)
+            kwargs.pop("_block_vars", None)
+            if isinstance(receiver, Markup):
+                formatter = LimitedEscapeFormatter(self, b, escape=receiver.escape)
+            else:
+                formatter = LimitedFormatter(self, b)
+            if name == "format_map":
+                if kwargs:
+                    raise TypeError("format_map() takes no keyword arguments")
+                if len(args) != 1:
+                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+                args, kwargs = (), args[0]
+            return type(receiver)(formatter.vformat(receiver, args, kwargs))
+
         def limited_concat(self, context, values):
             b = budget_of(context)
             b.afford(sum(_text_len(v, b) for v in values))
@@ -412,12 +522,43 @@ def limited_environment_class():
             return value
 
         def limited_size(self, context, value):
-            if type(value) is str and len(value) < BUILD_CHARS:
+            """A compared value, walked first (``walk``)."""
+            t = type(value)
+            if (t is str and len(value) < BUILD_CHARS) or t in _NUMBERS or value is None:
                 return value
-            n = shallow(value)
-            if n >= BUILD_CHARS:
-                budget_of(context).charge(n // BUILD_CHARS)
+            walk(budget_of(context), value)
             return value
+
+        def limited_key(self, context, key):
+            """A subscript or dict key, hashed: walked first (a tuple of tuples hashes every item)."""
+            if type(key) is str or type(key) is int:
+                return key
+            walk(budget_of(context), key)
+            return key
+
+        def limited_in(self, context, item, container):
+            """``item in container``, paid first: a dict or set hashes ``item``, a list or
+            tuple compares it with each item (walked), a string searches it, a range holds an
+            int at once and compares anything else with each of its items."""
+            if type(item) is str and len(item) < BUILD_CHARS and type(container) is dict:
+                return item in container  # the usual ``'content' in message``: one short hash
+            b = budget_of(context)
+            if isinstance(container, (str, bytes)):
+                n = len(container) + (len(item) if isinstance(item, (str, bytes)) else 0)
+                if n >= BUILD_CHARS:
+                    b.charge(n // BUILD_CHARS)
+            elif isinstance(container, _HASHED):
+                walk(b, item)
+            elif isinstance(container, range):
+                if type(item) is not int and type(item) is not bool:
+                    b.charge(len(container) // WALK_ITEMS)
+            elif isinstance(container, (list, tuple)):
+                b.walk(container)
+            elif isinstance(container, type({}.values())):
+                b.walk(list(container))
+            else:  # a namespace, a generator (its items paid as made), undefined
+                walk(b, item)
+            return item in container
 
     return LimitedEnvironment
 

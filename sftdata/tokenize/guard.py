@@ -6,9 +6,14 @@ Before loading:
 
 * every file read from the folder is at most ``SFTDATA_MAX_TOKENIZER_MB`` MiB (default
   48: the largest real tokenizer.json files, Gemma 3's and Llama 4's, are about 33 MB),
-  checked by its size before it is read;
+  checked by its size before it is read, and opened only when it is a regular file (a FIFO
+  in ``additional_chat_templates/`` would make the load wait forever: ``present``);
 * ``tokenizer.json`` holds at most ``SFTDATA_MAX_TOKENIZER_MERGES`` merges and as many
   vocabulary entries (default 1,000,000; real models have up to about 500,000);
+* its normalizer makes at most ``SFTDATA_MAX_NORMALIZER_EXPANSION`` characters (default
+  128; real ones at most about 66) of each character of a text, bounded from the file
+  (``normalizer_expansion``): a ``Replace`` of one character with 100 KB would make the
+  library allocate gigabytes for one record, and a process past its memory dies by SIGABRT;
 * no regular expression in it (a ``Split`` pre-tokenizer's, a ``Replace`` normalizer's or
   decoder's) repeats a group that itself holds an unbounded repetition: ``(a+)+$`` on
   ``aaa...ab`` tries every way to split the run, the textbook catastrophic backtracking.
@@ -25,9 +30,12 @@ report of a panic that was caught.
 
 from __future__ import annotations
 
+import base64
 import functools
+import math
 import os
 import re
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -36,8 +44,10 @@ from ..errors import TokenizerError, TokenizerFailure, UsageError
 
 MAX_MB_ENV = "SFTDATA_MAX_TOKENIZER_MB"
 MAX_MERGES_ENV = "SFTDATA_MAX_TOKENIZER_MERGES"
+MAX_EXPANSION_ENV = "SFTDATA_MAX_NORMALIZER_EXPANSION"
 DEFAULT_MAX_MB = 48
 DEFAULT_MAX_MERGES = 1_000_000
+DEFAULT_MAX_EXPANSION = 128  # real normalizers: at most about 66 (SentencePiece's NFKC map, then a Replace)
 
 
 def _limit(name: str, default: float, what: str) -> float:
@@ -57,12 +67,47 @@ def max_file_bytes() -> int:
     return int(_limit(MAX_MB_ENV, DEFAULT_MAX_MB, "MiB") * (1 << 20))
 
 
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(path: Path, mode: int) -> TokenizerError:
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return TokenizerError(f"{path} is {kind}, not a regular file: a model folder's files are read only when they "
+                          f"are regular files (reading a pipe or device could wait forever or never end); replace it "
+                          f"with the file itself")
+
+
+def present(path: Path) -> bool:
+    """Whether a model folder holds the optional file ``path``: False when nothing is
+    there, True for a regular file (or a link to one); anything else (a FIFO, a device, a
+    socket, a folder) is refused by name, never opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+    return True
+
+
 def read_limited(path: Path) -> bytes:
-    """The bytes of a tokenizer folder's file, refused by its size before it is read."""
+    """The bytes of a tokenizer folder's file, refused by its size before it is read, and
+    unopened unless it is a regular file (``present``; opened without waiting, and its kind
+    checked again once open, should it be replaced in between)."""
     cap = max_file_bytes()
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise _not_regular(path, info.st_mode)
+            size = info.st_size
             data = f.read(cap + 1) if size <= cap else b""  # a file that grows while read: cap + 1 bytes
     except OSError as e:
         raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
@@ -98,12 +143,83 @@ def check_document(doc: dict, path: Path) -> None:
     (``check_sizes``), or a regular expression that backtracks without bound, before the
     library loads it."""
     check_sizes(document_sizes(doc), path)
+    check_normalizer(doc.get("normalizer"), path)
     for where, pattern in _patterns({k: v for k, v in doc.items() if k != "model"}, "tokenizer.json"):
         why = backtracking(pattern)
         if why is not None:
             raise TokenizerError(f"{path}: the regular expression {pattern!r} at {where} {why}, so one long text "
                                  f"could take the tokenizers library minutes (catastrophic backtracking); a "
                                  f"tokenizer with it is refused")
+
+
+# characters a library normalizer can make of one character (Unicode's bounds for the normal
+# forms, in code points: NFC 3, NFD 4, NFKC and NFKD 18; lowercase: 3; BERT's: Chinese characters
+# spaced, lowercased and accents stripped; bytes as characters: 4)
+_FIXED_EXPANSION = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 3, "BertNormalizer": 36,
+                    "ByteLevel": 4, "Strip": 1, "StripAccents": 1, "Nmt": 1}
+
+
+def normalizer_expansion(normalizer, where: str = "tokenizer.json.normalizer") -> tuple[float, str]:
+    """An upper bound of the characters a ``tokenizer.json`` normalizer makes of one
+    character of a text, and the step that expands most: a ``Sequence`` multiplies its
+    steps' bounds; a ``Replace`` makes its content of at least its pattern's length (of one
+    character for a regular expression, and between any two for one that matches nothing);
+    a ``Prepend`` adds its text to a text of at least one character; ``Precompiled``
+    (SentencePiece's map) makes at most its longest replacement of one character."""
+    if not isinstance(normalizer, dict):
+        return 1.0, ""
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        total, worst, most = 1.0, "", 0.0
+        for i, step in enumerate(normalizer.get("normalizers") or ()):
+            bound, why = normalizer_expansion(step, f"{where}.normalizers[{i}]")
+            total *= bound
+            if bound > most:
+                worst, most = why, bound
+        return total, worst
+    if kind == "Replace":
+        content = normalizer.get("content")
+        n = len(content) if isinstance(content, str) else 0
+        pattern = normalizer.get("pattern") if isinstance(normalizer.get("pattern"), dict) else {}
+        text = pattern.get("String")
+        bound = n / len(text) if isinstance(text, str) and text else 1.0 + n
+        return max(1.0, bound), f"a Replace with {n:,} characters at {where}"
+    if kind == "Prepend":
+        prepend = normalizer.get("prepend")
+        n = len(prepend) if isinstance(prepend, str) else 0
+        return 1.0 + n, f"a Prepend of {n:,} characters at {where}"
+    if kind == "Precompiled":
+        longest = _longest_replacement(normalizer.get("precompiled_charsmap"))
+        return max(1.0, float(longest)), f"a Precompiled map with a replacement of {longest:,} bytes at {where}"
+    return float(_FIXED_EXPANSION.get(kind, 18)), f"{kind} at {where}"
+
+
+def _longest_replacement(charsmap) -> int:
+    """The longest replacement in a SentencePiece charsmap (base64: a uint32 trie size, the
+    trie, then the replacements, each ending in a NUL byte)."""
+    if not isinstance(charsmap, str):
+        return 1
+    try:
+        blob = base64.b64decode(charsmap)
+    except (ValueError, TypeError):
+        return 1
+    size = int.from_bytes(blob[:4], "little") if len(blob) >= 4 else 0
+    strings = blob[4 + size:] if 4 + size <= len(blob) else blob
+    return max((len(s) for s in strings.split(b"\0")), default=1)
+
+
+def check_normalizer(normalizer, path: Path) -> None:
+    """Refuse a normalizer that could make more than ``$SFTDATA_MAX_NORMALIZER_EXPANSION``
+    characters of each character of a text (``normalizer_expansion``): the tokenizers
+    library would allocate that much for one record, and a process past its memory is
+    killed outright (SIGABRT, nothing said)."""
+    bound, why = normalizer_expansion(normalizer)
+    cap = _limit(MAX_EXPANSION_ENV, DEFAULT_MAX_EXPANSION, "characters a normalizer may make of one")
+    if bound > cap:
+        raise TokenizerError(f"{path}: its normalizer can make up to {bound:,.0f} characters of each character of a "
+                             f"text ({why}), more than the {cap:,.0f} a tokenizer may (real ones: at most about 66), so "
+                             f"one record could take gigabytes to normalize; if you trust it, raise the limit: "
+                             f"{MAX_EXPANSION_ENV}={math.ceil(bound)}")
 
 
 def _patterns(value, where: str):

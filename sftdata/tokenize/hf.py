@@ -35,7 +35,7 @@ from ..errors import TokenizerError
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
-from .guard import check_document, document_sizes, library_call, read_limited
+from .guard import check_document, document_sizes, library_call, present, read_limited
 from .hub import is_hub_id, resolve_hub
 from .identity import facts_identity, vocabulary_sha256
 
@@ -92,8 +92,8 @@ LEGACY_TEMPLATE_FILE = "chat_template.json"  # {"chat_template": ...}, as proces
 
 def _read_template(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        return read_limited(path).decode("utf-8")  # a regular file only: a FIFO is refused, never opened
+    except UnicodeDecodeError as e:
         raise TokenizerError(f"cannot read the chat template {path}: {e}") from None
 
 
@@ -104,7 +104,7 @@ def folder_templates(folder: Path, config: dict) -> dict[str, str]:
     ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{"name",
     "template"}``), else a processor's ``chat_template.json``."""
     found: dict[str, str] = {}
-    if (folder / TEMPLATE_FILE).is_file():
+    if present(folder / TEMPLATE_FILE):
         found["default"] = _read_template(folder / TEMPLATE_FILE)
     for sub in TEMPLATE_DIRS:
         for path in sorted((folder / sub).glob("*.jinja")) if (folder / sub).is_dir() else ():
@@ -112,7 +112,7 @@ def folder_templates(folder: Path, config: dict) -> dict[str, str]:
     if found:
         return found
     own = _templates_of(config, folder / "tokenizer_config.json")
-    if not own and (folder / LEGACY_TEMPLATE_FILE).is_file():
+    if not own and present(folder / LEGACY_TEMPLATE_FILE):
         own = _templates_of(_read_json(folder / LEGACY_TEMPLATE_FILE), folder / LEGACY_TEMPLATE_FILE)
     return own
 
@@ -510,7 +510,7 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
     path = Path(spec)
     if path.is_dir():
         folder, file = path, path / "tokenizer.json"
-        if not file.is_file():
+        if not present(file):
             raise TokenizerError(f"{path} holds no tokenizer.json; give a Hugging Face tokenizer folder or file "
                                  f"(a SentencePiece-only folder needs converting with transformers first)")
     elif path.is_file():
@@ -530,8 +530,8 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
                              f"object")
     check_document(doc, file)  # merges, vocabulary and regexes, before the library reads it
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
-    config = _read_json(config_path) if config_path.is_file() else {}
-    special_map = _read_json(map_path) if map_path.is_file() else {}
+    config = _read_json(config_path) if present(config_path) else {}
+    special_map = _read_json(map_path) if present(map_path) else {}
     facts = document_facts(doc, file)
     tok = HFTokenizer(path=file, data=data, facts=facts, config=config, special_map=special_map, engine=engine,
                       doc=doc, file_sha256=sha256)

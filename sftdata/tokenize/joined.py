@@ -35,6 +35,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from .space_runs import overflowed
+
 
 def _borders(a: str, b: str) -> bool:
     """True when a proper suffix of ``a`` is a prefix of ``b`` (or ``b`` lies inside ``a``)."""
@@ -81,6 +83,10 @@ class JoinedEncoder:
             buf = self._encode(text, self.allowed)
         except UnicodeEncodeError:  # a lone surrogate: tiktoken's own fix-up runs text by text
             return None
+        except ValueError as e:  # a run of whitespace too long for the split regex: text by text
+            if overflowed(e):     # (``ChatTokenizer.encode_long`` cuts it out)
+                return None
+            raise
         ids = np.frombuffer(buf, dtype=np.uint32).copy()  # writable, owned
         if int(np.count_nonzero(ids >= self.floor)) != placed:
             self.typed = True  # marker strings in the data: search for them before the next call

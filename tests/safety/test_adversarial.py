@@ -12,6 +12,7 @@ assert outcomes and memory, never time.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -141,3 +142,48 @@ def test_an_escaped_nul_is_text_and_is_kept(tmp_path):
     ds = open_dataset(tmp_path / "ds")
     tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
     assert "q\x00r" in tok.decode(np.asarray(ds.split("train").shards[0].tokens).tolist())
+
+
+# -- issue 45: one record never ends a run; a model folder's FIFO never hangs its load ---------------
+SPACED = "x" + " " * 1_000_000 + "y"  # a run of whitespace past tiktoken's regex stack (a million entries)
+
+
+@pytest.mark.parametrize("command,line", [
+    ("prepare-chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SPACED}]}),
+    ("prepare-tool", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SPACED}],
+                      "tools": [{"name": "f", "parameters": {"type": "object"}}]}),
+    ("prepare-pref", {"prompt": "hi", "chosen": SPACED, "rejected": "no"}),
+])
+def test_a_million_spaces_in_a_reply_are_encoded_as_tiktoken_would(tmp_path, command, line):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(line) + "\n" + json.dumps(
+        {"prompt": "a", "chosen": "b", "rejected": "c"} if command == "prepare-pref" else
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}) + "\n")
+    res = run_measured([command, str(src), "-o", str(tmp_path / "ds"), "-j", "1", "-q", "--json"])
+    assert (res["code"], res["stderr"]) == (0, ""), res["stderr"]
+    out = json.loads(res["stdout"])
+    assert out["rejected"] == {} and out["records_read"] == 2
+    ds = open_dataset(tmp_path / "ds")
+    tok = recorded_tokenizer(ds.root, ds.tokenizer_state)
+    ids = np.concatenate([np.asarray(s.tokens) for s in ds.split("train").shards]).tolist()
+    reply = tok.encode(SPACED)
+    assert reply[0] == tok.encode("x")[0] and tok.decode(reply) == SPACED
+    assert any(ids[i:i + len(reply)] == reply for i in range(len(ids) - len(reply) + 1))
+
+
+def test_a_fifo_among_a_model_folders_templates_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
+    from tests.helpers.hostile_tokenizers import big_tokenizer
+
+    folder = big_tokenizer(tmp_path / "model", 10, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    (folder / "additional_chat_templates").mkdir()
+    os.mkfifo(folder / "additional_chat_templates" / "tool_use.jinja")  # its reader would wait for a writer forever
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(record(0) + b"\n")
+    res = run_measured(["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(folder), "-q"])
+    fifo = folder / "additional_chat_templates" / "tool_use.jinja"
+    assert (res["code"], res["stdout"]) == (1, "")
+    assert res["stderr"] == (f"error: {fifo} is a named pipe (FIFO), not a regular file: a model folder's files are "
+                             f"read only when they are regular files (reading a pipe or device could wait forever or "
+                             f"never end); replace it with the file itself\n")
+    assert not (tmp_path / "ds").exists()

@@ -28,6 +28,16 @@ STEPS = (rf"chat template t ran past its budget of {BUDGET:,} steps \(--template
          rf"--template-max-steps only for a template you trust$")
 
 
+WALK = (rf"^chat template t would compare, hash or search more than [\d,]+ items in one step, more than the [\d,]+ "
+        rf"steps left of its budget of {BUDGET:,} steps \(--template-max-steps 100,000 \+ 8 per character of this "
+        rf"conversation\) pay for at 4 items a step \(a list that holds another many times is walked through every "
+        rf"reference\); raise --template-max-steps only for a template you trust$")
+TWINS = ("{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a] %}"
+         "{% set ns.b = [ns.b, ns.b] %}{% endfor %}")  # two lists equal item by item, each 2^64 items through references
+TUPLES = "{% set ns = namespace(a=(1,)) %}{% for i in range(64) %}{% set ns.a = (ns.a, ns.a) %}{% endfor %}"
+EACH = "{{% for i in range(100000) %}}{{% set x = {} %}}{{% endfor %}}"
+
+
 def run(text: str, messages=MSGS, limits: TemplateLimits = TemplateLimits(), **kw):
     return render(compile_template(text, "t"), messages, name="t", limits=limits, **kw)
 
@@ -104,6 +114,30 @@ HOSTILE = [
     ("{% set s = 'x' * 20000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}", STEPS),
     ("{% set l = range(100000) | list %}{% for i in range(100000) %}{% set x = l | sort %}{% endfor %}", STEPS),
     ("{% set l = [[1] * 1000] * 1000 %}{{ l | sum(start=[]) | length }}", STEPS),
+    # issue 45: comparing, hashing and searching lists that hold one list twice, 64 levels deep (2^64 items)
+    (TWINS + "{{ ns.a == ns.b }}", WALK), (TWINS + "{{ ns.a != ns.b }}", WALK), (TWINS + "{{ ns.a < ns.b }}", WALK),
+    (TWINS + "{{ ns.a in [ns.b] }}", WALK), (TWINS + "{{ ns.a not in [ns.b] }}", WALK),
+    (TWINS + "{{ 1 < 2 in [ns.b] }}", WALK), (TWINS + "{{ ns.a is eq ns.b }}", WALK),
+    (TWINS + "{{ ns.a is in [ns.b] }}", WALK), (TWINS + "{{ [ns.a] | select('in', [[ns.b]]) | list }}", WALK),
+    (TWINS + "{{ [ns.b].index(ns.a) }}", WALK), (TWINS + "{{ [ns.b].count(ns.a) }}", WALK),
+    (TWINS + "{% for x in [ns.a, ns.b] %}{{ loop.changed(x) }}{% endfor %}", WALK),
+    (TWINS + "{{ [ns.a, ns.b] | unique | list }}", STEPS), (TWINS + "{{ [ns.a, ns.b] | sort }}", STEPS),
+    (TUPLES + "{{ {ns.a: 1} }}", WALK), (TUPLES + "{{ {}[ns.a] is defined }}", WALK),
+    (TUPLES + "{{ dict([(ns.a, 1)]) }}", WALK), (TUPLES + "{{ {}.get(ns.a) }}", WALK),
+    (TUPLES + "{{ ns.a in {'a': 1} }}", WALK), (TUPLES + "{{ ns.a in {'a': 1}.keys() }}", WALK),
+    # a format width or precision taken from a string: refused before the field is built
+    ("{{ '{:{}}'.format('a', '999999999') }}", built("1,000,000,001")),
+    ("{{ '{:{w}}'.format('a', w='999999999') }}", built("1,000,000,001")),
+    ("{{ '{0:{1}{2}}'.format('a', '99999', '9999') }}", built("1,000,000,001")),
+    ("{{ '{:9{}}'.format('a', '99999999') }}", built("1,000,000,001")),
+    ("{{ '{:.{}f}'.format(1.0, '999999999') }}", built("1,000,000,042")),
+    ("{{ '{a:{w}}'.format_map({'a': 'x', 'w': '999999999'}) }}", built("1,000,000,001")),
+    ("{{ ('{:{}}' | safe).format('a', '999999999') }}", built("1,000,000,001")),
+    ("{{ ('x' | safe).center(1000000000) }}", built("1,000,000,000")),
+    # filters and searches over ranges: their work grows with the range
+    (EACH.format("range(100000) | max"), STEPS), (EACH.format("range(100000) | min"), STEPS),
+    (EACH.format("range(100000) | map('abs') | max"), STEPS), (EACH.format("'a' in range(100000)"), STEPS),
+    (EACH.format("range(100000).count('a')"), STEPS), (EACH.format("range(100000) | unique | list"), STEPS),
 ]
 
 
@@ -251,3 +285,20 @@ def test_an_ordinary_render_takes_a_small_share_of_its_budget(monkeypatch):
         render(compile_template(text, name), many, variables={"bos_token": "<s>", "eos_token": "</s>"}, name=name)
         used[name] = seen[-1].steps - seen[-1].left
     assert max(used.values()) < size, (used, size)
+
+
+def test_ordinary_comparisons_keys_and_formats_render_as_before():
+    text = ("{{ '{:>5}|{:.2f}|{:,}'.format('ab', 3.14159, 1234567) }}|{{ '{:{}}'.format('a', '3') }}|"
+            "{{ 3 in range(10) }}{{ 'x' in {'x': 1} }}{{ (1, 2) in [(1, 2)] }}{{ [1] not in [[1]] }}|"
+            "{{ {(1, 2): 'v'}[(1, 2)] }}{{ {'k': 'w'}[messages[0].role[:0] ~ 'k'] }}|"
+            "{{ ('<{}>' | safe).format('&') }}{{ [messages[0]].index(messages[0]) }}{{ messages == messages }}")
+    assert run(text).text == "   ab|3.14|1,234,567|a  |TrueTrueTrueFalse|vw|<&amp;>0True"
+
+
+def test_a_walk_costs_one_step_per_four_items_and_256_characters():
+    b = Budget("t", TemplateLimits(max_steps=1000), 0)
+    b.walk([["x" * 100] * 10] * 10)  # 111 values, 10,000 characters and 110 items of 16
+    assert b.steps - b.left == 111 // 4 + (10_000 + 16 * 121) // 256 == 73
+    with pytest.raises(TemplateLimitError, match=r"^chat template t would compare, hash or search more than 3,708 "
+                                                 r"items in one step, more than the 927 steps left"):
+        b.walk([list(range(10))] * 10_000)

@@ -5,7 +5,9 @@ report of a panic never reaches standard error."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import pickle
 import re
 
@@ -14,7 +16,13 @@ import pytest
 pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
 
 from sftdata.errors import TokenizerError, TokenizerFailure, UsageError  # noqa: E402
-from sftdata.tokenize.guard import backtracking, is_panic  # noqa: E402
+from sftdata.tokenize.guard import (  # noqa: E402
+    backtracking,
+    is_panic,
+    normalizer_expansion,
+    present,
+    read_limited,
+)
 from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
 from tests.helpers.hostile_tokenizers import big_tokenizer, split_tokenizer  # noqa: E402
 
@@ -161,3 +169,78 @@ def test_threads_in_library_calls_at_once_share_one_redirect(capfd):
         t.join()
     os.write(2, b"after\n")  # and it is back where it was
     assert sorted(capfd.readouterr().err.splitlines()) == ["after", "one", "two"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("where", ["additional_chat_templates/tool_use.jinja", "chat_templates/tool_use.jinja",
+                                   "chat_template.jinja", "tokenizer_config.json", "special_tokens_map.json"])
+def test_a_fifo_in_a_model_folder_is_refused_by_name_unopened(tmp_path, where):
+    folder = big_tokenizer(tmp_path / "tok", 10)
+    fifo = folder / where
+    fifo.parent.mkdir(exist_ok=True)
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(TokenizerError, match=re.escape(
+            f"{fifo} is a named pipe (FIFO), not a regular file: a model folder's files are read only when they are "
+            f"regular files (reading a pipe or device could wait forever or never end); replace it with the file "
+            f"itself") + "$"):
+        load_hf_tokenizer(folder)
+
+
+def test_read_limited_refuses_a_device_and_a_folder_and_reads_a_link_to_a_file(tmp_path):
+    (tmp_path / "real.json").write_bytes(b"{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    assert read_limited(tmp_path / "link.json") == b"{}"
+    assert present(tmp_path / "link.json") and not present(tmp_path / "absent.json")
+    (tmp_path / "zero").symlink_to("/dev/zero")  # endless: refused before it is opened
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path / 'zero'} is a character device, not a regular "
+                                                       f"file")):
+        read_limited(tmp_path / "zero")
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path} is a folder, not a regular file")):
+        present(tmp_path)
+
+
+def _with_normalizer(folder, normalizer):
+    doc = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    doc["normalizer"] = normalizer
+    (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+    return folder
+
+
+def test_a_normalizer_that_makes_100_kb_of_a_character_is_refused_at_load(tmp_path, monkeypatch):
+    # loaded, it made the library allocate gigabytes for one record of 'a's: SIGABRT, nothing said
+    folder = _with_normalizer(big_tokenizer(tmp_path / "tok", 10),
+                              {"type": "Replace", "pattern": {"String": "a"}, "content": "x" * 100_000})
+    message = (f"{folder / 'tokenizer.json'}: its normalizer can make up to 100,000 characters of each character of "
+               f"a text (a Replace with 100,000 characters at tokenizer.json.normalizer), more than the 128 a "
+               f"tokenizer may (real ones: at most about 66), so one record could take gigabytes to normalize; if "
+               f"you trust it, raise the limit: SFTDATA_MAX_NORMALIZER_EXPANSION=100000")
+    with pytest.raises(TokenizerError, match=re.escape(message) + "$"):
+        load_hf_tokenizer(folder)
+    monkeypatch.setenv("SFTDATA_MAX_NORMALIZER_EXPANSION", "100000")
+    assert load_hf_tokenizer(folder).encode_rendered("ba").ids.size > 0  # trusted: loaded
+
+
+@pytest.mark.parametrize("normalizer,bound", [
+    (None, 1.0),
+    ({"type": "NFC"}, 3.0),  # Qwen2/2.5/3
+    ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},  # Llama 2, Mistral
+                                          {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}, 2.0),
+    ({"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "strip_accents": None,
+      "lowercase": True}, 36.0),
+    ({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "▁"}, 2.0),  # XLM-R's: a regex may match one
+    ({"type": "Replace", "pattern": {"String": ""}, "content": "ab"}, 3.0),  # between every two characters
+    ({"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 20},
+     2.0 ** 20),  # twenty doublings: a million times
+])
+def test_a_normalizers_expansion_is_bounded_from_the_file(normalizer, bound):
+    assert normalizer_expansion(normalizer)[0] == bound
+
+
+def test_a_precompiled_map_is_bounded_by_its_longest_replacement():
+    trie = b"\x01\x02\x03\x04"
+    blob = len(trie).to_bytes(4, "little") + trie + b"a\0" + b"x" * 300 + b"\0bc\0"
+    charsmap = base64.b64encode(blob).decode()
+    assert normalizer_expansion({"type": "Precompiled", "precompiled_charsmap": charsmap}) == (
+        300.0, "a Precompiled map with a replacement of 300 bytes at tokenizer.json.normalizer")

@@ -1,0 +1,90 @@
+"""Text with a long run of whitespace, encoded with cl100k_base's split pattern exactly as
+tiktoken would, without tiktoken's regex running over the run.
+
+tiktoken's regex engine (fancy-regex) backtracks ``\\s+(?!\\S)`` one character at a time on
+a stack of a million entries: ``'x' + ' ' * 1_000_000 + 'y'`` fails ("Max stack size
+exceeded for backtracking": a ``ValueError``, or a Rust panic from ``encode_ordinary``). So a
+text holding such a run is cut around it, where the cut provably cannot change a token.
+
+Why the cut is exact, for cl100k_base's pattern (``CL100K_PATTERNS``, both spellings)::
+
+    '(?i:[sdmt]|ll|ve|re) | [^\\r\\n\\p{L}\\p{N}]?+\\p{L}++ | \\p{N}{1,3}+ | ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+
+    | \\s++$ | \\s*[\\r\\n] | \\s+(?!\\S) | \\s
+
+Take a maximal run of whitespace ``t[i:j]`` followed by a character that is not whitespace
+(``j < len(t)``), ``k`` just after its last ``\\r`` or ``\\n`` (``i`` when it has none), and
+``j - k >= 2``. Then:
+
+1. ``t[k:j-1]`` is one piece of the split. Every piece holding a character before ``i`` ends at
+   ``i`` or, the punctuation piece, runs on over ``\\r\\n`` only (``[\\r\\n]*+``), so the piece
+   before ``k`` ends at some ``b <= k`` with ``t[b:j]`` whitespace; from ``b < k`` the first
+   alternative that matches is ``\\s*[\\r\\n]``, up to the last newline: ``k``. From ``k``
+   (no newline up to ``j``, two or more characters) the letter, digit and punctuation
+   alternatives need a non-space within one character, ``\\s++$`` fails (``j < len(t)``),
+   ``\\s*[\\r\\n]`` finds no newline, and ``\\s+(?!\\S)`` gives back one character: ``t[k:j-1]``.
+2. ``encode(t[:k])`` gives the pieces of ``t`` before ``k``: the pattern looks behind
+   nothing, and what the pieces before ``k`` look at beyond ``k`` reads the end of the text
+   the same as whitespace that is no newline (a letter, digit or punctuation run stops at
+   either; ``[\\r\\n]*+`` stops at either; the last piece ``t[b:k]``, all whitespace ending
+   in a newline, is ``\\s++$`` at the end of ``t[:k]``: the same characters).
+3. ``encode(t[j-1:])`` gives the pieces of ``t`` from ``j - 1``: a piece starts there, and
+   the search from there reads only what follows.
+
+BPE merges within a piece, so ``encode(t) == encode(t[:k]) + bpe(t[k:j-1]) +
+encode(t[j-1:])``, the middle encoded by tiktoken's BPE alone (``encode_single_piece``); the
+same holds again in ``t[j-1:]``. A run at the very end of a text is one ``\\s++$`` piece,
+matched without backtracking: it needs no cut. tests/tokenize/test_space_runs.py holds the
+cut to tiktoken's own ids on every shape of run short enough for tiktoken to encode.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import lru_cache
+
+# cl100k_base's split pattern, as tiktoken writes it now and before 0.7
+CL100K_PATTERNS = frozenset((
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+))
+#: a text this long goes through tiktoken's buffer API, whose regex failure is an error, not a panic
+LONG_TEXT = 1 << 16
+#: a run this long is cut out (tiktoken's stack holds about a million; far fewer are cut, none change a token)
+LONG_RUN = 1 << 14
+# Unicode's White_Space property: what ``\s`` means to the Rust regex crate tiktoken uses (not
+# Python's ``str.isspace``, which also counts \x1c-\x1f)
+WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+@lru_cache(maxsize=4)
+def _runs(min_run: int) -> re.Pattern:
+    """Whole runs of at least ``min_run`` whitespace characters (nothing before one is
+    whitespace: a search never restarts inside a run) followed by text."""
+    return re.compile(f"(?<![{WHITE_SPACE}])[{WHITE_SPACE}]{{{min_run},}}(?=[^{WHITE_SPACE}])")
+
+
+def overflowed(e: BaseException) -> bool:
+    """tiktoken's regex ran out of backtracking stack (a ``ValueError`` from its buffer API,
+    a Rust panic from ``encode_ordinary``)."""
+    text = str(e)
+    return "Max stack size exceeded" in text or "StackOverflow" in text
+
+
+def encode_cutting_runs(text: str, encode: Callable[[str], list[int]],
+                        encode_piece: Callable[[bytes], list[int]], min_run: int = LONG_RUN) -> list[int]:
+    """``encode(text)`` for cl100k_base's pattern, every run of ``min_run`` (at least 2)
+    whitespace characters or more after its last newline, followed by text, cut out and
+    encoded as its one piece by ``encode_piece`` (module docstring)."""
+    out: list[int] = []
+    start = 0
+    for m in _runs(max(2, min_run)).finditer(text):
+        i, j = m.span()
+        k = max(text.rfind("\n", i, j), text.rfind("\r", i, j), i - 1) + 1  # after the run's last newline
+        if j - k < max(2, min_run):  # the part after its last newline is short: tiktoken takes it whole
+            continue
+        out += encode(text[start:k])
+        out += encode_piece(text[k:j - 1].encode("utf-8"))
+        start = j - 1
+    out += encode(text[start:])
+    return out

@@ -1,0 +1,100 @@
+"""A run of whitespace too long for tiktoken's split regex (a million spaces) is cut out of
+the text where no token can change: the cut gives tiktoken's own ids on every shape of run
+tiktoken can still encode, and a record holding a longer one is encoded, not an error."""
+
+import random
+
+import numpy as np
+import pytest
+
+from sftdata.chat.render import render_chunk
+from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.errors import RecordError, TokenizerFailure
+from sftdata.records.conversation import Conversation, Turn
+from sftdata.tokenize.space_runs import CL100K_PATTERNS, LONG_TEXT, WHITE_SPACE, encode_cutting_runs, overflowed
+
+# every kind of character the pattern tells apart, next to a run: letters, digits, punctuation
+# (whose piece takes the newlines after it), an apostrophe (contractions), a combining mark,
+# every White_Space character, and \x1c (whitespace to Python, not to the regex)
+AROUND = ["a", "Z", "é", "中", "1", "!", ".", "'", "'s", "\u0301", "\x1c", "🎉", "x y", "a\n", "!\n\r", "1 2"]
+SPACES = [" ", "\t", "\n", "\r", "\x0b", "\x0c", "\x85", "\xa0", "\u2003", "\u3000", "\u2028", "\u202f"]
+
+
+@pytest.fixture(scope="module")
+def enc(tok):
+    return tok._enc
+
+
+def cut(enc, text, min_run=2):
+    return encode_cutting_runs(text, enc.encode_ordinary, enc._core_bpe.encode_single_piece, min_run)
+
+
+def test_the_default_tokenizer_has_the_pattern_the_cut_is_proven_for(tok):
+    assert tok.pat_str in CL100K_PATTERNS
+    assert set(WHITE_SPACE.replace("\u2000-\u200a", "")) | {chr(c) for c in range(0x2000, 0x200B)} == {
+        c for c in map(chr, range(0x110000)) if c.isspace()} - {"\x1c", "\x1d", "\x1e", "\x1f"}
+
+
+def test_cutting_every_run_gives_tiktokens_ids(enc):
+    rng = random.Random(45)
+    checked = 0
+    for _ in range(3000):
+        parts = []
+        for _ in range(rng.randint(1, 5)):
+            parts.append(rng.choice(AROUND))
+            parts.append("".join(rng.choice(SPACES if rng.random() < 0.8 else [" "]) for _ in range(rng.randint(0, 7))))
+        text = "".join(parts) if rng.random() < 0.7 else "".join(parts[1:])  # some start with a run
+        for min_run in (2, 3):
+            assert cut(enc, text, min_run) == enc.encode_ordinary(text), (text, min_run)
+        checked += 1
+    assert checked == 3000
+
+
+@pytest.mark.parametrize("text", ["x  y", "x" + " " * 100 + "y", "x\n" + " " * 50 + "y", " " * 9 + "y", "x" + " " * 9,
+                                  "!\n\n   \n  y", "a \u3000\t b", "x\r\n  \r  1", "'s   'll", "\ud800  x  \udc00"])
+def test_a_cut_of_each_shape_gives_tiktokens_ids(enc, text):
+    assert cut(enc, text) == enc.encode_ordinary(text)
+
+
+def test_a_million_spaces_between_words_encode_as_tiktoken_would(tok, enc):
+    text = "x" + " " * 1_000_000 + "y"
+    with pytest.raises(ValueError, match="Max stack size exceeded for backtracking") as e:
+        enc._core_bpe.encode_to_tiktoken_buffer(text, set())  # tiktoken alone cannot
+    assert overflowed(e.value)
+    ids = tok.encode(text)
+    spaces = enc._core_bpe.encode_single_piece(b" " * 999_999)
+    assert ids == enc.encode_ordinary("x") + spaces + enc.encode_ordinary(" y")
+    assert tok.decode(ids) == text
+    assert tok.encode_batch(["a", text]) == [enc.encode_ordinary("a"), ids]
+    assert tok.encode_batch([text, "b"], num_threads=2) == [ids, enc.encode_ordinary("b")]
+
+
+def test_a_record_with_a_million_spaces_renders(tok):
+    reply = "x" + " " * 1_000_000 + "y"
+    conv = Conversation([Turn("user", "hi"), Turn("assistant", reply)])
+    chunk = render_chunk([conv, Conversation([Turn("user", "a"), Turn("assistant", "b")])], tok)
+    assert chunk.results == [0, 0]
+    first = chunk.ids[:chunk.lengths[0]].tolist()
+    assert first == [tok.ids.user, *tok.encode("hi"), tok.ids.end, tok.ids.assistant, *tok.encode(reply), tok.ids.end,
+                     tok.eos_id]
+    with_filter = render_chunk([conv], tok, max_tokens=100_000)
+    assert with_filter.ids.tolist() == first and with_filter.results == [0]
+
+
+def test_another_pattern_rejects_the_record_by_name():
+    other = load_tokenizer()
+    other.pat_str = r"\s+(?!\S)|\S+"  # no proof for it: the text is refused, not cut
+    text = "x" + " " * 1_000_000 + "y"
+    with pytest.raises(TokenizerFailure, match=r"^tiktoken's split regex ran out of backtracking stack on a text of "
+                                               r"1,000,002 characters with cl100k_base \(a run of whitespace too "
+                                               r"long for it\)$"):
+        other.encode_long(text)
+    assert len(text) >= LONG_TEXT
+    other.__dict__["joined"] = None  # text by text, as a tokenizer without the joined encoder
+    chunk = render_chunk([Conversation([Turn("user", "hi"), Turn("assistant", text)]),
+                          Conversation([Turn("user", "a"), Turn("assistant", "b")])], other, wheres=["r1", "r2"])
+    (bad, good) = chunk.results
+    assert isinstance(bad, RecordError) and bad.reason == "tokenizer_error" and good == 0
+    assert chunk.ids.tolist() == [other.ids.user, *other.encode("a"), other.ids.end, other.ids.assistant,
+                                  *other.encode("b"), other.ids.end, other.eos_id]
+    assert np.array_equal(chunk.lengths, [7])
