@@ -452,11 +452,13 @@ def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, 
         return
     runner = PoolRunner(ctx.opts, None, None, None, curate,
                         pool=process_pool(workers, _pref_worker_init, (ctx, curate), curate))
+    done = False
     try:
         yield from in_order(runner, _pref_worker_run, (((items,), f"the records from {items[0].where} on were "
                                                         f"being prepared", pos) for items, pos in chunks))
+        done = True
     finally:
-        runner.close(False)
+        runner.close(not done)
 
 
 class _Gather:

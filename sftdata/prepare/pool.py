@@ -3,6 +3,7 @@ pool as a partitioned run's runner (``PoolRunner``)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -18,7 +19,7 @@ from ..sources import RawRecord, SourceInfo
 from ..sources.partitions import Partition, plan_partitions
 from ..store.format import STOP_FILE
 from ..template import TemplateProfile
-from ..util.lifetime import die_with_parent
+from ..util.lifetime import die_with_parent, signals_held
 from .chunk import curated_chunk
 from .options import ChunkResult, PrepareOptions
 
@@ -109,11 +110,13 @@ def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOp
             yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
     runner = PoolRunner(opts, tok, profile, None, curate)
+    done = False
     try:
         yield from in_order(runner, _worker_run, (((items,), f"the records from {items[0].where} on were being "
                                                    f"prepared", pos) for items, pos in chunks))
+        done = True
     finally:
-        runner.close(False)
+        runner.close(not done)
 
 
 def overlapped(jobs: Iterable[tuple[object, object]], start: Callable) -> Iterator[tuple[object, object]]:
@@ -187,7 +190,8 @@ class PoolRunner:
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return self.pool.submit(fn, *args)
+            with signals_held():  # submit takes the lock the pool's manager thread takes
+                return self.pool.submit(fn, *args)
         except BrokenProcessPool:
             raise _broken(doing) from None
 
@@ -195,17 +199,52 @@ class PoolRunner:
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return future.result()
+            return wait_result(future)
         except BrokenProcessPool:
             raise _broken(doing) from None
 
     def close(self, stopped: bool) -> None:
-        """The pool shut down; a run that stopped early tells the tasks still running to
-        write nothing more (``STOP_FILE``, checked before every chunk)."""
+        """The pool shut down, its workers waited for. A run that stopped early first tells
+        the tasks still running to write nothing more (``STOP_FILE``, checked before every
+        chunk), then ends its workers: none outlives the stop, so the staging area can be
+        removed once this returns (``stop_pool``)."""
         if stopped and self.stage_dir is not None:
             with contextlib.suppress(OSError):  # the staging area is gone already: nothing can be written in it
                 (self.stage_dir / STOP_FILE).touch()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        stop_pool(self.pool, kill=stopped)
+
+
+def wait_result(future):
+    """``future.result()``, waited for without holding the future's lock: Ctrl-C while
+    waiting leaves no lock held (the pool's manager thread takes it to answer or cancel
+    the future; an interrupt inside ``Future.result`` could leave it held for ever)."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    with signals_held():
+        future.add_done_callback(lambda _: done.release())
+    done.acquire()  # interruptible; the pool's thread releases it when the future is answered
+    with signals_held():
+        return future.result()
+
+
+def stop_pool(pool, kill: bool) -> None:
+    """``pool`` (a ``process_pool``) shut down, and its workers and manager thread waited
+    for before this returns. ``kill``: a run that stopped early (an error, Ctrl-C, SIGTERM,
+    a full disk): its workers are ended at once (SIGKILL: nothing they hold is wanted)
+    instead of finishing their tasks. A pool shut down without waiting would leave its
+    workers writing into a staging area about to be removed, and its manager thread
+    racing CPython's exit handler (``_python_exit`` waking it through a pipe the thread
+    is closing: "OSError: [Errno 9] Bad file descriptor" at exit)."""
+    if kill:
+        with signals_held():  # a second Ctrl-C does not leave a worker running
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.kill()
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.join()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def local_parts(infos: list[SourceInfo], workers: int) -> list[Partition]:
