@@ -43,7 +43,7 @@ from .format import (
     row_shard_files,
     shard_name,
 )
-from .fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
+from .fsops import OUTPUT_DIR_FIX, exchange, make_folder, refuse_link, rename_noreplace
 from .leftovers import remove_replaced, sweep
 from .location import local_path, remote_url
 from .lock import WriterLock, make_staging, release_staging, replaced_name, write_folder_record
@@ -166,8 +166,10 @@ class _ShardedSplit:
     def _open_shard(self) -> None:
         self._close_shard()
         name = shard_name(len(self.shards))
+        if not self.shards:  # the split's folder, never its parents: a removed staging area stays removed
+            make_folder(self.dir)
         d = self.dir / name
-        d.mkdir(parents=True, exist_ok=False)
+        d.mkdir()
         self._files = {fn: _HashedFile(d / fn) for fn in self.FILES}
         self.shards.append(self._new_record(name))
         self._filled = 0
