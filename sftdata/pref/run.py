@@ -68,7 +68,7 @@ from ..store.format import (
 )
 from ..store.location import local_path
 from ..store.serving_file import write_serving
-from ..store.writer import DatasetWriter, RowSplitWriter
+from ..store.writer import DatasetWriter, RowSplitWriter, sweep_beside
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
@@ -592,6 +592,7 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force,
                       kind=KIND_PROMPTS if rl else KIND_PAIRS)
     if plan.check.up_to_date:
+        sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         summary = PrefSummary.of_dataset(str(output_dir), plan.check.target.metadata)
         summary.build_key, summary.libraries_changed = plan.check.key, library_changes(plan.check.target.metadata)
         summary.seconds = time.perf_counter() - t0
