@@ -13,7 +13,8 @@ written through, truncated or removed:
   ``renameat2(RENAME_EXCHANGE)``, Linux), so the target always holds a whole dataset;
 - a worker process (or Ray task) creates its folders only inside the staging folder the
   run's coordinator created and still owns, checked by the identity the coordinator
-  recorded (``folder_identity``, ``make_owned_folder``), and never a parent folder: once
+  recorded (``folder_identity``: device, inode and a file of a random name in it;
+  ``make_owned_folder``), and never a parent folder: once
   the run has stopped and removed its staging folder, nothing re-creates it, and a link
   planted at its name is never written through;
 - removal walks from a folder's descriptor, opening each folder below it with
@@ -224,19 +225,35 @@ def make_folder(path: Path) -> None:
                                     f"never writes through it: remove it and rerun") from None
 
 
+STAGE_MARK = ".sftdata-stage-"  # a file in a staging area, named at random: what a task checks it by
+
+
 def folder_identity(path: Path) -> dict:
-    """What tells the folder ``path`` from anything later put at its name: its device and
-    inode, and the host that saw them (another host of a shared file system sees another
-    device number for the same folder)."""
+    """What tells the folder ``path`` (made by this run) from anything later put at its
+    name: its device and inode, the host that saw them (another host of a shared file
+    system sees another device number), and a file of a random name made in it (an inode
+    number is reused once its folder is removed; a folder someone else made holds no such
+    file). Asked again, the same (the file is made once)."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise OutputExistsError(f"{path} is not a folder sftdata made (a link or a file stands there); sftdata never "
                                 f"writes through it: remove it and rerun")
-    return {"host": os.uname().nodename, "dev": st.st_dev, "ino": st.st_ino}
+    mark = next((n for n in sorted(os.listdir(path)) if n.startswith(STAGE_MARK)), None)
+    if mark is None:
+        mark = STAGE_MARK + uuid.uuid4().hex
+        create_file(path / mark, b"")
+    return {"host": os.uname().nodename, "dev": st.st_dev, "ino": st.st_ino, "mark": mark}
 
 
-def _same_folder(st: os.stat_result, identity: dict) -> bool:
-    return st.st_ino == identity["ino"] and (identity["host"] != os.uname().nodename or st.st_dev == identity["dev"])
+def _same_folder(st: os.stat_result, identity: dict, dir_fd: int | None, path: Path) -> bool:
+    if st.st_ino != identity["ino"] or (identity["host"] == os.uname().nodename and st.st_dev != identity["dev"]):
+        return False
+    try:
+        mark = os.stat(identity["mark"], dir_fd=dir_fd, follow_symlinks=False) if dir_fd is not None else \
+            os.lstat(path / identity["mark"])
+    except OSError:
+        return False
+    return stat.S_ISREG(mark.st_mode)
 
 
 def owned_folder_gone(path: Path) -> SftDataError:
@@ -254,7 +271,7 @@ def check_owned_folder(path: Path, identity: dict | None) -> None:
         st = os.lstat(path)
     except OSError:
         raise owned_folder_gone(path) from None
-    if not stat.S_ISDIR(st.st_mode) or not _same_folder(st, identity):
+    if not stat.S_ISDIR(st.st_mode) or not _same_folder(st, identity, None, path):
         raise owned_folder_gone(path)
 
 
@@ -269,7 +286,7 @@ def make_owned_folder(parent: Path, prefix: str, identity: dict | None) -> Path:
     except OSError:
         raise owned_folder_gone(parent) from None
     try:
-        if identity is not None and not _same_folder(os.fstat(fd), identity):
+        if identity is not None and not _same_folder(os.fstat(fd), identity, fd, parent):
             raise owned_folder_gone(parent)
         os.mkdir(name, 0o777, dir_fd=fd)
     finally:

@@ -17,7 +17,6 @@ another moment than this test's."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,31 +33,13 @@ LINE = (json.dumps(RECORD) + "\n").encode()
 BUSY_BYTES = 4 << 20  # the child has read this much of its standard input: chunks are with the workers
 FILE_RECORDS = (150_000, 600_000)  # 50 MB; 200 MB only where a machine prepared the first before it could be stopped
 
-# Two ways CPython 3.11's ProcessPoolExecutor can spoil the end of an interrupted prepare
-# (sftdata/prepare/pool.py: in_order waits in Future.result() and shuts its pool down without
-# waiting). The test names each, checks what it still can, and marks itself xfail, so they stay
-# visible without failing the suite until the product avoids them:
-# - at interpreter exit, the pool's atexit hook (_python_exit) wakes its manager thread through a
-#   pipe that thread is closing: "Exception ignored ... OSError: [Errno 9] Bad file descriptor"
-#   after the one-line error (a race CPython later closed with a lock: gh-125451);
-# - the interrupt lands while the main thread holds a future's lock inside Future.result(), the
-#   lock stays held, and the manager thread blocks on it in Future.cancel() for ever: the process
-#   never exits (its stacks, dumped by faulthandler, show it).
-EXIT_RACE = re.compile(r"Exception ignored in: <module 'threading'[^\n]*\nTraceback \(most recent call last\):\n"
-                       r"(?:  [^\n]*\n)*?OSError: \[Errno 9\] Bad file descriptor\n?")
-
-
-def _without_exit_race(stderr: str) -> tuple[str, bool]:
-    m = EXIT_RACE.search(stderr)
-    if m is None or "_python_exit" not in m.group() or "thread_wakeup.wakeup()" not in m.group():
-        return stderr, False
-    return stderr[:m.start()] + stderr[m.end():], True
-
-
-def _xfail_on_exit_race(r: subprocess.CompletedProcess) -> None:
-    if getattr(r, "exit_race", False):
-        pytest.xfail("CPython 3.11's ProcessPoolExecutor printed 'OSError: [Errno 9] Bad file descriptor' at exit "
-                     "(a pool shut down without waiting, sftdata/prepare/pool.py); everything else held")
+# Two ways CPython 3.11's ProcessPoolExecutor spoiled the end of an interrupted prepare, which
+# the product now avoids (prepare/pool.py): the exit handler (_python_exit) waking a pool's
+# manager thread through the pipe that thread was closing ("OSError: [Errno 9] Bad file
+# descriptor" after the one-line error: every pool is now shut down waiting for that thread),
+# and an interrupt inside Future.result() leaving the future's lock held, the manager thread
+# waiting on it for ever (results are now waited for without holding it: signals_held).
+# Either is now a failure of these tests.
 
 
 def _attempt(tmp_path: Path, sig: int, group: bool, source: str, records: int) -> subprocess.CompletedProcess | None:
@@ -113,9 +94,6 @@ def _attempt(tmp_path: Path, sig: int, group: bool, source: str, records: int) -
             p.wait()
             os.killpg(p.pid, signal.SIGKILL)
             stacks = err.read_text()
-            if "flag_executor_shutting_down" in stacks and " in cancel" in stacks:
-                pytest.xfail("the pool's manager thread waits for ever on a future's lock that the interrupted "
-                             "Future.result() left held (sftdata/prepare/pool.py in_order); the process never exits")
             pytest.fail(f"no exit within {SAFETY_S:.0f} s of the signal; stderr and stacks: {stacks[-6000:]}")
     finally:
         if p.poll() is None:
@@ -123,10 +101,7 @@ def _attempt(tmp_path: Path, sig: int, group: bool, source: str, records: int) -
             p.wait()
         if feed is not None:
             feed.close()
-    stderr, race = _without_exit_race(err.read_text())
-    r = subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), stderr)
-    r.exit_race = race
-    return r
+    return subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), err.read_text())
 
 
 def _run_and_signal(tmp_path: Path, sig: int, group: bool, source: str) -> subprocess.CompletedProcess:
@@ -146,7 +121,6 @@ def test_ctrl_c_with_workers_leaves_nothing_and_prints_no_traceback(tmp_path, so
     assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr
     assert r.stdout == ""
     assert sorted(p.name for p in Path(r.args[r.args.index("-o") + 1]).parent.iterdir()) == []
-    _xfail_on_exit_race(r)
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX signals")
@@ -157,7 +131,6 @@ def test_sigterm_removes_the_temporary_folder(tmp_path, source):
     assert r.stderr.strip().splitlines()[-1] == "error: terminated (SIGTERM); nothing was written to the output"
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in Path(r.args[r.args.index("-o") + 1]).parent.iterdir()) == []
-    _xfail_on_exit_race(r)
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX signals")
