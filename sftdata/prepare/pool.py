@@ -204,14 +204,14 @@ class PoolRunner:
             raise _broken(doing) from None
 
     def close(self, stopped: bool) -> None:
-        """The pool shut down, its workers waited for. A run that stopped early first tells
-        the tasks still running to write nothing more (``STOP_FILE``, checked before every
-        chunk), then ends its workers: none outlives the stop, so the staging area can be
-        removed once this returns (``stop_pool``)."""
+        """The pool shut down, its workers waited for (``stop_pool``). A run that stopped
+        early first tells the tasks still running to write nothing more (``STOP_FILE``,
+        checked before every chunk): none outlives the stop, so the staging area can be
+        removed once this returns."""
         if stopped and self.stage_dir is not None:
             with contextlib.suppress(OSError):  # the staging area is gone already: nothing can be written in it
                 (self.stage_dir / STOP_FILE).touch()
-        stop_pool(self.pool, kill=stopped)
+        stop_pool(self.pool, stopped)
 
 
 def wait_result(future):
@@ -227,24 +227,47 @@ def wait_result(future):
         return future.result()
 
 
-def stop_pool(pool, kill: bool) -> None:
-    """``pool`` (a ``process_pool``) shut down, and its workers and manager thread waited
-    for before this returns. ``kill``: a run that stopped early (an error, Ctrl-C, SIGTERM,
-    a full disk): its workers are ended at once (SIGKILL: nothing they hold is wanted)
-    instead of finishing their tasks. A pool shut down without waiting would leave its
-    workers writing into a staging area about to be removed, and its manager thread
-    racing CPython's exit handler (``_python_exit`` waking it through a pipe the thread
-    is closing: "OSError: [Errno 9] Bad file descriptor" at exit)."""
-    if kill:
-        with signals_held():  # a second Ctrl-C does not leave a worker running
-            procs = list((getattr(pool, "_processes", None) or {}).values())
-            for p in procs:
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    p.kill()
-            for p in procs:
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    p.join()
-    pool.shutdown(wait=True, cancel_futures=True)
+def stop_pool(pool, stopped: bool) -> None:
+    """``pool`` (a ``process_pool``) shut down, its workers and manager thread waited for
+    before this returns: the tasks not started are cancelled, the ones running finish (a
+    run that ``stopped`` early has told them to write nothing more: they return at their
+    next chunk). So no worker writes on into a staging area about to be removed, and no
+    manager thread is left to race CPython's exit handler (``_python_exit`` waking it
+    through the pipe it is closing: "OSError: [Errno 9] Bad file descriptor" at exit).
+
+    Workers are not killed first: one killed while it sends its result leaves half a
+    message in the result pipe, and the manager thread waits for the rest for ever. Only a
+    second interrupt during the wait ends them (``_end_workers``)."""
+    thread = getattr(pool, "_executor_manager_thread", None)
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    results = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    with signals_held():  # shutdown takes the lock the manager thread takes: never interrupted there
+        pool.shutdown(wait=False, cancel_futures=True)
+    try:
+        if thread is not None:
+            thread.join()  # the manager thread ends once every worker has
+        for p in procs:
+            p.join()
+    except BaseException:
+        if stopped:
+            _end_workers(procs, results)
+        raise
+
+
+def _end_workers(procs: list, results) -> None:
+    """The pool's worker processes ``procs`` killed and waited for (a second Ctrl-C while
+    a stopped run waits for them), and this process's end ``results`` of the result pipe
+    closed, so that a manager thread reading half a message a killed worker was sending
+    gets the end of the file (the pool is broken) instead of waiting for ever."""
+    with signals_held():
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.kill()
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.join()
+        with contextlib.suppress(OSError, AttributeError):
+            results.close()
 
 
 def local_parts(infos: list[SourceInfo], workers: int) -> list[Partition]:

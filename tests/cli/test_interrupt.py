@@ -17,6 +17,7 @@ another moment than this test's."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,3 +179,29 @@ def test_ctrl_c_to_a_one_process_prepare_pref_leaves_nothing(tmp_path):
     assert stderr.strip().splitlines()[-1] == "error: interrupted; nothing was written to the output"
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert p.stdout.read() == b"" and sorted(x.name for x in work.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX resource limits")
+def test_a_file_size_limit_stops_a_run_with_workers_and_leaves_nothing(tmp_path):
+    """Issue 45.4 (`ulimit -f`): a worker's shard file passes the limit; the run stops with
+    one line naming the file, its workers ended before its staging folder goes, and
+    nothing is left beside the target for `clean` to find (8 of 8 runs left a `_parts`
+    folder with no owner record before)."""
+    import resource
+
+    work = tmp_path / "work"
+    work.mkdir()
+    big = tmp_path / "in.jsonl"
+    big.write_bytes(LINE * 12_000)  # 4 MB: ranges for both workers
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "sftdata", "prepare-chat", str(big), "-o", str(work / "ds"), "-j", "2"],
+                       cwd=work, env=env, capture_output=True, text=True, preexec_fn=limit, timeout=SAFETY_S)
+    assert r.returncode == 1, r.stderr
+    assert re.fullmatch(r"error: \S+/\.ds\.tmp-[^/]+/_parts/part_\d+\.tmp-[^/]+/s/shard_00000/\w+\.bin: File too "
+                        r"large; the file is larger than this process may write \(a file-size limit, ulimit -f, or "
+                        r"the file system's largest file\): raise the limit, or choose another path\n", r.stderr)
+    assert sorted(x.name for x in work.iterdir()) == []
