@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine import cluster
+from sftdata.engine.tasks import get_result
 from sftdata.errors import ConfigError
 from tests.helpers.paths import ROOT
 
@@ -80,21 +81,45 @@ def test_a_bad_ray_address_variable_is_named_as_the_variable(ray, monkeypatch):
     assert ray.inits == []
 
 
+class Terminated(KeyboardInterrupt):
+    """What the command's SIGTERM handler raises (cli/app.py's)."""
+
+
+def ours(signum, frame):
+    raise Terminated(signum)
+
+
 def test_auto_and_a_reachable_head_are_given_to_ray_and_its_sigterm_handler_is_not_kept(ray):
+    """Ray's init replaces the SIGTERM handler with one that exits; the command's comes
+    back, keeping what it raises (Ray turns an exception raised in its wait into a plain
+    KeyboardInterrupt: ``get_result`` gives the SIGTERM's own back, exit 143, not 130)."""
     with socket.socket() as head:  # a head that accepts connections
         head.bind(("127.0.0.1", 0))
         head.listen()
         address = f"127.0.0.1:{head.getsockname()[1]}"
-
-        def ours(signum, frame):
-            raise KeyboardInterrupt
-
         old = signal.signal(signal.SIGTERM, ours)
         try:
             assert cluster.connect(address) == cluster.RayCluster(ray, 3, address)
-            assert signal.getsignal(signal.SIGTERM) is ours
             assert cluster.connect("auto").address == "auto"
-            assert signal.getsignal(signal.SIGTERM) is ours
+            handler = signal.getsignal(signal.SIGTERM)
+            assert handler.keeps_raised
+            with pytest.raises(Terminated):
+                handler(signal.SIGTERM, None)
+
+            def ray_get(ref):  # Ray's wait: the handler runs inside it, its exception becomes Ctrl-C's
+                try:
+                    handler(signal.SIGTERM, None)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt from None
+
+            stand_in = SimpleNamespace(get=ray_get, exceptions=SimpleNamespace(RayTaskError=OSError,
+                                                                             RayError=OSError))
+            with pytest.raises(Terminated):
+                get_result(stand_in, "ref")
+            stand_in.get = lambda ref: (_ for _ in ()).throw(KeyboardInterrupt())  # a Ctrl-C stays one
+            with pytest.raises(KeyboardInterrupt) as e:
+                get_result(stand_in, "ref")
+            assert type(e.value) is KeyboardInterrupt
         finally:
             signal.signal(signal.SIGTERM, old)
     assert ray.inits == [address, "auto"]
