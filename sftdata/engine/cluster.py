@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
+import threading
 from dataclasses import dataclass
 
 from ..errors import ConfigError, UsageError
@@ -41,17 +44,82 @@ def check_engine(engine: str) -> str:
 
 def connect(address: str | None = None) -> RayCluster:
     """The cluster at ``address`` (else ``RAY_ADDRESS``, else a local one started now);
-    a cluster this process is already connected to is used as it is."""
+    a cluster this process is already connected to is used as it is.
+
+    An address is checked before Ray is asked (``check_address``): a malformed one, or a
+    head nobody answers at, is one ``ConfigError`` naming the address, where it came from
+    and the fix, at once (Ray itself would retry for minutes, printing its log lines, deaf
+    to SIGTERM). Ray's own SIGTERM handler (it exits the process) is replaced by the one
+    this process had, so SIGTERM stops a Ray run as it stops a local one."""
     ray = import_ray()
     if not ray.is_initialized():
+        source = "--ray-address" if address else "RAY_ADDRESS"
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address is None:  # a local cluster for this run: its workers are this run, not background work
             os.environ.setdefault(NICENESS_ENV, "0")  # Ray starts workers at nice 15; local workers run at 0
+        else:
+            check_address(address, source)
+        on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
                      include_dashboard=False, configure_logging=False)
         except ConnectionError as e:
-            raise ConfigError(f"cannot reach the Ray cluster at {address}: {e}. Start it (`ray start --head`), "
-                              f"or drop --ray-address and unset RAY_ADDRESS for a local cluster") from None
+            raise ConfigError(f"cannot reach the Ray cluster at {address} ({source}): {e}. {_FIX}") from None
+        finally:
+            if on_term is not None:
+                signal.signal(signal.SIGTERM, kept_raised(on_term) if callable(on_term) else on_term)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     return RayCluster(ray, max(1, cpus), address)
+
+
+RAISED: list[BaseException] = []  # what a signal handler raised while Ray waited (``raised_in_wait``)
+
+
+def kept_raised(handler):
+    """``handler``, keeping what it raises: Ray turns any exception a handler raises while
+    it waits (``ray.get``, ``ray.wait``) into a plain ``KeyboardInterrupt``, so SIGTERM would
+    read as Ctrl-C (``raised_in_wait`` gives it back)."""
+    if getattr(handler, "keeps_raised", False):
+        return handler
+
+    def on_signal(signum, frame):
+        try:
+            handler(signum, frame)
+        except BaseException as e:
+            RAISED.append(e)
+            raise
+
+    on_signal.keeps_raised = True
+    return on_signal
+
+
+def raised_in_wait(e: KeyboardInterrupt) -> BaseException:
+    """What a signal handler raised while Ray waited (a SIGTERM's own exception), else ``e``."""
+    got = RAISED[-1] if RAISED else e
+    RAISED.clear()
+    return got
+
+
+PROBE_S = 5.0  # how long the head of a cluster is given to accept a connection
+_FIX = ("Start the cluster there (`ray start --head`), give its head's HOST:PORT (ray start prints it), or drop "
+        "--ray-address and unset RAY_ADDRESS for a local cluster")
+
+
+def check_address(address: str, source: str = "--ray-address") -> None:
+    """``ConfigError`` (one line: the address, ``source``, the fix) unless ``address`` is
+    ``auto``, ``local`` or ``[ray://]HOST:PORT`` whose head accepts a connection within
+    ``PROBE_S`` seconds."""
+    if address in ("auto", "local"):
+        return
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]:6379
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in host:
+        raise ConfigError(f"{source} {address!r} is not a Ray address: give the HOST:PORT of the cluster's head "
+                          f"(e.g. 10.0.0.5:6379), ray://HOST:PORT or auto, or drop --ray-address and unset "
+                          f"RAY_ADDRESS for a local cluster")
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e)).lower()
+        raise ConfigError(f"cannot reach the Ray cluster at {address} ({source}): {why}. {_FIX}") from None

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from ..pack import PackProgress
 from ..pack.rows import RowsBuilt, RowsExecutor, build_rows
 from ..packing.plan import PackPlan
 from ..store.format import PARTS_DIR, STOP_FILE, shard_name
+from ..store.fsops import check_owned_folder, folder_identity, make_folder, make_owned_folder
 from ..store.shard_merge import merge_packed_pieces
 from ..store.writer import PackedSplitWriter
 from .cluster import RayCluster, connect, import_ray
@@ -103,29 +103,30 @@ def row_tasks(num_rows: int, rows_per_shard: int, cpus: int, shards_per_task: in
 
 def build_shards(split, plan: PackPlan, seg_whole: np.ndarray, extra: np.ndarray, rule, pad_id: int,
                  token_dtype: str, row_len: int, shard_tokens: int, first_shard: int, stage_dir: str,
-                 first_row: int | None = None) -> RowsPart:
+                 first_row: int | None = None, stage_id: dict | None = None) -> RowsPart:
     """One task: the rows of ``plan`` (a slice starting at output shard ``first_shard``,
     or, with ``first_row``, a piece of that shard starting at that row) into shard folders
-    of its own under ``stage_dir``."""
+    of its own under ``stage_dir`` (the folder of ``stage_id``: ``fsops.make_owned_folder``)."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return RowsPart(first_shard, None, [], RowsBuilt())
     name = f"{split.name}_{first_shard:06d}" + ("" if first_row is None else f"_row_{first_row:012d}")
     final = Path(stage_dir) / name
-    tmp = Path(stage_dir) / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    tmp = make_owned_folder(Path(stage_dir), name, stage_id)  # never its parents: a removed staging area stays so
     writer = PackedSplitWriter(tmp, "s", np.dtype(token_dtype), row_len, shard_tokens)
     built = build_rows(split, plan, seg_whole, writer, rule, pad_id, extra, stopped=stop.exists)
     shards = writer.close()["shards"]
     if stop.exists():
         return RowsPart(first_shard, None, [], RowsBuilt())
+    check_owned_folder(Path(stage_dir), stage_id)
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)
     os.rename(tmp, final)
     return RowsPart(first_shard, str(final / "s"), shards, built)
 
 
-def merge_shard(split_name: str, first_shard: int, row_len: int, stage_dir: str, *parts: RowsPart) -> RowsPart:
+def merge_shard(split_name: str, first_shard: int, row_len: int, stage_dir: str, stage_id: dict | None,
+                *parts: RowsPart) -> RowsPart:
     """One task: output shard ``first_shard`` from the pieces ``parts`` built (each a
     one-shard folder of consecutive rows), byte-identical to building its rows at once."""
     stop = Path(stage_dir) / STOP_FILE
@@ -133,10 +134,11 @@ def merge_shard(split_name: str, first_shard: int, row_len: int, stage_dir: str,
         return RowsPart(first_shard, None, [], RowsBuilt())
     name = f"{split_name}_{first_shard:06d}"
     final = Path(stage_dir) / name
-    tmp = Path(stage_dir) / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    (tmp / "s").mkdir(parents=True)
+    tmp = make_owned_folder(Path(stage_dir), name, stage_id)
+    (tmp / "s").mkdir()
     record = merge_packed_pieces([(Path(p.path) / p.shards[0]["name"], p.shards[0]) for p in parts], row_len,
                                  tmp / "s" / shard_name(0), shard_name(0))
+    check_owned_folder(Path(stage_dir), stage_id)
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -155,7 +157,8 @@ def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, 
     per = writer.rows_per_shard
     units = row_tasks(plan.num_rows, per, cluster.cpus, shards_per_task, rows_per_task)
     stage_dir = writer.dir.parent / PARTS_DIR
-    stage_dir.mkdir(exist_ok=True)
+    make_folder(stage_dir)
+    stage_id = folder_identity(stage_dir)  # what every task checks the folder it writes in by
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(build_shards)
     merge = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(merge_shard)
     split_ref, rule_ref = ray.put(split), ray.put(rule)
@@ -169,14 +172,14 @@ def run_rows(cluster: RayCluster, split, plan: PackPlan, seg_whole: np.ndarray, 
             a, b = plan.segments.row_range(r0, r1)
             built.append(task.remote(split_ref, plan_slice(plan, r0, r1), seg_whole[a:b], next(extras), rule_ref,
                                      pad_id, writer.token_dtype.name, plan.row_len, shard_tokens, k0, str(stage_dir),
-                                     r0 if len(pieces) > 1 else None))
+                                     r0 if len(pieces) > 1 else None, stage_id))
         every += built
         refs.append(built[0] if len(pieces) == 1 else merge.remote(split.name, k0, plan.row_len, str(stage_dir),
-                                                                   *built))
+                                                                   stage_id, *built))
         if len(pieces) > 1:
             every.append(refs[-1])
     out, got = RowsBuilt(), 0
-    writer.dir.mkdir(parents=True, exist_ok=True)
+    make_folder(writer.dir)
     try:
         for (k0, k1, _), ref in zip(units, refs):
             part: RowsPart = get_result(ray, ref, "packing")

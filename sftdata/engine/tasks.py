@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import SftDataError
 from ..store.format import STOP_FILE
+from .cluster import raised_in_wait
 
 TASK_RETRIES = 3  # a task whose worker died is run again this many times
 TASKS_PER_CPU = 4  # tasks per CPU when cutting work finer: enough for the last ones to balance, few enough to start cheaply
@@ -23,6 +24,8 @@ def get_result(ray, ref, doing: str = "preparing"):
     ``doing``: what the run was doing, for a failure of the cluster itself."""
     try:
         return ray.get(ref)
+    except KeyboardInterrupt as e:  # Ray's: whatever a signal handler raised while it waited
+        raise raised_in_wait(e) from None
     except ray.exceptions.RayTaskError as e:
         cause = getattr(e, "cause", None)
         if isinstance(cause, SftDataError):

@@ -47,7 +47,7 @@ from ..store.location import dataset_path, remote_url
 from ..store.reader import open_dataset
 from ..store.serving_file import write_serving
 from ..store.shard import Split
-from ..store.writer import DatasetWriter
+from ..store.writer import DatasetWriter, sweep_beside
 from ..util.hashing import sha256_file
 from ..util.memory import check_fits
 from ..util.ranges import CHUNK_TOKENS, whole_runs
@@ -356,6 +356,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     source = Path(source)
     plan = plan_pack(source_url or str(source.resolve()), dataset_path(source) / METADATA_FILE, output_dir, opts)
     if plan.up_to_date:
+        sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         report = PackReport.of_dataset(str(output_dir), plan.target.metadata)
         report.build_key, report.seconds = plan.key, time.perf_counter() - t0
         return report

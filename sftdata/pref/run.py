@@ -68,7 +68,7 @@ from ..store.format import (
 )
 from ..store.location import local_path
 from ..store.serving_file import write_serving
-from ..store.writer import DatasetWriter, RowSplitWriter
+from ..store.writer import DatasetWriter, RowSplitWriter, sweep_beside
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
@@ -452,11 +452,13 @@ def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, 
         return
     runner = PoolRunner(ctx.opts, None, None, None, curate,
                         pool=process_pool(workers, _pref_worker_init, (ctx, curate), curate))
+    done = False
     try:
         yield from in_order(runner, _pref_worker_run, (((items,), f"the records from {items[0].where} on were "
                                                         f"being prepared", pos) for items, pos in chunks))
+        done = True
     finally:
-        runner.close(False)
+        runner.close(not done)
 
 
 class _Gather:
@@ -590,6 +592,7 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force,
                       kind=KIND_PROMPTS if rl else KIND_PAIRS)
     if plan.check.up_to_date:
+        sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         summary = PrefSummary.of_dataset(str(output_dir), plan.check.target.metadata)
         summary.build_key, summary.libraries_changed = plan.check.key, library_changes(plan.check.target.metadata)
         summary.seconds = time.perf_counter() - t0

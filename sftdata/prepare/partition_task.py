@@ -9,7 +9,6 @@ import hashlib
 import os
 import pickle
 import shutil
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from ..records.rejects import writing
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, RangeRead, ReadCheck, iter_partition
 from ..store.format import STOP_FILE
+from ..store.fsops import make_owned_folder
 from ..store.writer import SplitWriter
 from .chunk import empty_result, merged, process_chunk, shifted
 from .curate_tasks import KEYS_DIR, stage_keys
@@ -89,8 +89,7 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
     memo = WORKER.get("memo") if tokenizer is None else None
     curate = WORKER.get("curate", CurateSettings()) if curate is None else curate
     final = Path(stage_dir) / f"part_{part.index:06d}"
-    tmp = Path(stage_dir) / f"part_{part.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    tmp = make_owned_folder(Path(stage_dir), f"part_{part.index:06d}", settings.get("stage"))  # never its parents
     writer = SplitWriter(tmp, "s", np.dtype(settings["token_dtype"]), 1 << 62)
     lines, read = [0], []
 

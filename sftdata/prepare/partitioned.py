@@ -40,6 +40,7 @@ from ..curate import Deduplicator, Drop, RecordKeys
 from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
 from ..store.format import shard_files, shard_name
+from ..store.fsops import folder_identity, make_folder
 from ..store.object_upload import DirectUpload
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
@@ -93,8 +94,10 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
     """The partition tasks' results in input order, numbered globally (their episodes as
     ``ChunkResult.staged``), with the input bytes done; fills in ``infos`` (records, hashes)."""
     parts = runner.partitions(infos)
-    stage_dir.mkdir(exist_ok=True)
-    settings = partition_settings(opts, token_dtype, output, key_buckets(runner))
+    make_folder(stage_dir)
+    # every task writes only inside the folder of this identity (``fsops.make_owned_folder``)
+    settings = {**partition_settings(opts, token_dtype, output, key_buckets(runner)),
+                "stage": folder_identity(stage_dir)}
     scans = _Scans(runner, infos, parts)
     numbering = PartNumbering(parts, infos)  # before any range is read: the inputs' state
     whole = {si: runner.submit(file_digest, (infos[si].path,), f"{infos[si].path} was being hashed")
@@ -177,8 +180,9 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
     upload = None if direct is None else direct(
         [f"{job.split}/{shard_name(job.index)}/{f}" for job in jobs for f in shard_files(False)])
     shards: dict[str, list[dict]] = {split: [] for split in splits}
+    stage_id = folder_identity(stage_dir)
     for rec, job in in_order(runner, write_shard, (
-            ((job, token_dtype.name, str(root), str(stage_dir), output, upload),
+            ((job, token_dtype.name, str(root), str(stage_dir), output, upload, stage_id),
              f"{job.split}/{shard_name(job.index)} was being written", job) for job in jobs)):
         shards[job.split].append(rec)
     shutil.rmtree(stage_dir, ignore_errors=True)

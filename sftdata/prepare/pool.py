@@ -3,6 +3,7 @@ pool as a partitioned run's runner (``PoolRunner``)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -18,7 +19,7 @@ from ..sources import RawRecord, SourceInfo
 from ..sources.partitions import Partition, plan_partitions
 from ..store.format import STOP_FILE
 from ..template import TemplateProfile
-from ..util.lifetime import die_with_parent
+from ..util.lifetime import die_with_parent, signals_held
 from .chunk import curated_chunk
 from .options import ChunkResult, PrepareOptions
 
@@ -109,11 +110,13 @@ def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOp
             yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
         return
     runner = PoolRunner(opts, tok, profile, None, curate)
+    done = False
     try:
         yield from in_order(runner, _worker_run, (((items,), f"the records from {items[0].where} on were being "
                                                    f"prepared", pos) for items, pos in chunks))
+        done = True
     finally:
-        runner.close(False)
+        runner.close(not done)
 
 
 def overlapped(jobs: Iterable[tuple[object, object]], start: Callable) -> Iterator[tuple[object, object]]:
@@ -187,7 +190,8 @@ class PoolRunner:
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return self.pool.submit(fn, *args)
+            with signals_held():  # submit takes the lock the pool's manager thread takes
+                return self.pool.submit(fn, *args)
         except BrokenProcessPool:
             raise _broken(doing) from None
 
@@ -195,17 +199,75 @@ class PoolRunner:
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return future.result()
+            return wait_result(future)
         except BrokenProcessPool:
             raise _broken(doing) from None
 
     def close(self, stopped: bool) -> None:
-        """The pool shut down; a run that stopped early tells the tasks still running to
-        write nothing more (``STOP_FILE``, checked before every chunk)."""
+        """The pool shut down, its workers waited for (``stop_pool``). A run that stopped
+        early first tells the tasks still running to write nothing more (``STOP_FILE``,
+        checked before every chunk): none outlives the stop, so the staging area can be
+        removed once this returns."""
         if stopped and self.stage_dir is not None:
             with contextlib.suppress(OSError):  # the staging area is gone already: nothing can be written in it
                 (self.stage_dir / STOP_FILE).touch()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        stop_pool(self.pool, stopped)
+
+
+def wait_result(future):
+    """``future.result()``, waited for without holding the future's lock: Ctrl-C while
+    waiting leaves no lock held (the pool's manager thread takes it to answer or cancel
+    the future; an interrupt inside ``Future.result`` could leave it held for ever)."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    with signals_held():
+        future.add_done_callback(lambda _: done.release())
+    done.acquire()  # interruptible; the pool's thread releases it when the future is answered
+    with signals_held():
+        return future.result()
+
+
+def stop_pool(pool, stopped: bool) -> None:
+    """``pool`` (a ``process_pool``) shut down, its workers and manager thread waited for
+    before this returns: the tasks not started are cancelled, the ones running finish (a
+    run that ``stopped`` early has told them to write nothing more: they return at their
+    next chunk). So no worker writes on into a staging area about to be removed, and no
+    manager thread is left to race CPython's exit handler (``_python_exit`` waking it
+    through the pipe it is closing: "OSError: [Errno 9] Bad file descriptor" at exit).
+
+    Workers are not killed first: one killed while it sends its result leaves half a
+    message in the result pipe, and the manager thread waits for the rest for ever. Only a
+    second interrupt during the wait ends them (``_end_workers``)."""
+    thread = getattr(pool, "_executor_manager_thread", None)
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    results = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    with signals_held():  # shutdown takes the lock the manager thread takes: never interrupted there
+        pool.shutdown(wait=False, cancel_futures=True)
+    try:
+        if thread is not None:
+            thread.join()  # the manager thread ends once every worker has
+        for p in procs:
+            p.join()
+    except BaseException:
+        if stopped:
+            _end_workers(procs, results)
+        raise
+
+
+def _end_workers(procs: list, results) -> None:
+    """The pool's worker processes ``procs`` killed and waited for (a second Ctrl-C while
+    a stopped run waits for them), and this process's end ``results`` of the result pipe
+    closed, so that a manager thread reading half a message a killed worker was sending
+    gets the end of the file (the pool is broken) instead of waiting for ever."""
+    with signals_held():
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.kill()
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.join()
+        with contextlib.suppress(OSError, AttributeError):
+            results.close()
 
 
 def local_parts(infos: list[SourceInfo], workers: int) -> list[Partition]:

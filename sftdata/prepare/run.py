@@ -52,7 +52,7 @@ from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
 from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
-from ..store.writer import DatasetWriter
+from ..store.writer import DatasetWriter, sweep_beside
 from ..template import (
     TemplateLimits,
     TemplateProfile,
@@ -196,6 +196,7 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
     options = {**opts.recorded(), "tokenizer": tok.path or tok.name}
     plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force)
     if plan.check.up_to_date:
+        sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         meta = plan.check.target.metadata
         summary = PrepareSummary.of_dataset(str(output_dir), meta)
         summary.build_key, summary.libraries_changed = plan.check.key, library_changes(meta)

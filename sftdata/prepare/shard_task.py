@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from ..records.rejects import writing
 from ..store.format import STOP_FILE, shard_name
+from ..store.fsops import check_owned_folder, make_owned_folder
 from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
 from ..store.writer import SplitWriter
@@ -57,20 +57,20 @@ def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None
 
 
 def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str,
-                upload: DirectUpload | None = None) -> dict | None:
+                upload: DirectUpload | None = None, stage_id: dict | None = None) -> dict | None:
     """One task: the shard ``job`` names, written under ``stage_dir`` and renamed to
     ``root/SPLIT/shard_NNNNN``, or, with ``upload`` (an object-store output), put straight
     into the bucket as ``SPLIT/shard_NNNNN/FILE`` (each object checked against its sha256)
     and its local copy removed; returns its record (the split writer's: counts, every
     file's bytes and sha256, value ranges). None when the run has stopped. ``output``: the
-    run's output, named by a failed write."""
+    run's output, named by a failed write; ``stage_id``: the identity of ``stage_dir`` the
+    coordinator recorded (a task writes only inside that folder: ``fsops.make_owned_folder``)."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return None
     dtype = np.dtype(token_dtype)
     name = shard_name(job.index)
-    tmp = Path(stage_dir) / f"{job.split}_{job.index:06d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # not parents: a staging area already removed (the run ended) stays removed
+    tmp = make_owned_folder(Path(stage_dir), f"{job.split}_{job.index:06d}", stage_id)  # never its parents
     writer = SplitWriter(tmp, "s", dtype, 1 << 62)
     with writing(tmp, output):
         for piece in job.pieces:
@@ -88,6 +88,7 @@ def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, outp
             shutil.rmtree(tmp, ignore_errors=True)
         return {**record, "name": name}
     final = Path(root) / job.split / name
+    check_owned_folder(Path(stage_dir), stage_id)  # the run still owns its staging area: renamed within it
     if final.exists():  # an earlier attempt completed, but its answer was lost with its worker
         shutil.rmtree(final)
     os.rename(tmp / "s" / "shard_00000", final)

@@ -11,6 +11,12 @@ written through, truncated or removed:
 - renames never replace what stands at the destination (``rename_noreplace``), and the
   commit of ``--overwrite`` swaps the two folders in one step (``exchange``:
   ``renameat2(RENAME_EXCHANGE)``, Linux), so the target always holds a whole dataset;
+- a worker process (or Ray task) creates its folders only inside the staging folder the
+  run's coordinator created and still owns, checked by the identity the coordinator
+  recorded (``folder_identity``: device, inode and a file of a random name in it;
+  ``make_owned_folder``), and never a parent folder: once
+  the run has stopped and removed its staging folder, nothing re-creates it, and a link
+  planted at its name is never written through;
 - removal walks from a folder's descriptor, opening each folder below it with
   ``O_NOFOLLOW`` and unlinking only regular files (``remove_listed``): a link planted
   inside, even while the removal runs, is never entered.
@@ -26,9 +32,10 @@ import ctypes.util
 import errno
 import os
 import stat
+import uuid
 from pathlib import Path, PurePosixPath
 
-from ..errors import OutputExistsError
+from ..errors import OutputExistsError, SftDataError
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -205,3 +212,83 @@ def remove_listed(folder: Path, files: list[str], folders: list[str], last: tupl
         except OSError:  # something appeared meanwhile
             left = sorted(os.listdir(folder))
     return left
+
+
+def make_folder(path: Path) -> None:
+    """``path`` made (its parent must exist: no parent is ever created), or kept when a
+    folder already stands there; a link or a file there is refused, never followed."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise OutputExistsError(f"{path} is not a folder sftdata made (a link or a file stands there); sftdata "
+                                    f"never writes through it: remove it and rerun") from None
+
+
+STAGE_MARK = ".sftdata-stage-"  # a file in a staging area, named at random: what a task checks it by
+
+
+def folder_identity(path: Path) -> dict:
+    """What tells the folder ``path`` (made by this run) from anything later put at its
+    name: its device and inode, the host that saw them (another host of a shared file
+    system sees another device number), and a file of a random name made in it (an inode
+    number is reused once its folder is removed; a folder someone else made holds no such
+    file). Asked again, the same (the file is made once)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputExistsError(f"{path} is not a folder sftdata made (a link or a file stands there); sftdata never "
+                                f"writes through it: remove it and rerun")
+    mark = next((n for n in sorted(os.listdir(path)) if n.startswith(STAGE_MARK)), None)
+    if mark is None:
+        mark = STAGE_MARK + uuid.uuid4().hex
+        create_file(path / mark, b"")
+    return {"host": os.uname().nodename, "dev": st.st_dev, "ino": st.st_ino, "mark": mark}
+
+
+def _same_folder(st: os.stat_result, identity: dict, dir_fd: int | None, path: Path) -> bool:
+    if st.st_ino != identity["ino"] or (identity["host"] == os.uname().nodename and st.st_dev != identity["dev"]):
+        return False
+    try:
+        mark = os.stat(identity["mark"], dir_fd=dir_fd, follow_symlinks=False) if dir_fd is not None else \
+            os.lstat(path / identity["mark"])
+    except OSError:
+        return False
+    return stat.S_ISREG(mark.st_mode)
+
+
+def owned_folder_gone(path: Path) -> SftDataError:
+    return SftDataError(f"{path} is no longer the staging folder this run created (the run stopped and removed it, "
+                        f"or something else now stands at its name); nothing more is written there. Rerun the "
+                        f"command")
+
+
+def check_owned_folder(path: Path, identity: dict | None) -> None:
+    """Raise (``owned_folder_gone``) unless ``path`` is still the folder of ``identity``
+    (``folder_identity``; None: not recorded, nothing checked)."""
+    if identity is None:
+        return
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise owned_folder_gone(path) from None
+    if not stat.S_ISDIR(st.st_mode) or not _same_folder(st, identity, None, path):
+        raise owned_folder_gone(path)
+
+
+def make_owned_folder(parent: Path, prefix: str, identity: dict | None) -> Path:
+    """A new folder ``parent/PREFIX.tmp-PID-RANDOM``, made inside the folder ``parent``
+    the coordinator created (``identity``: checked on the descriptor the folder is made
+    from, so no link at ``parent``'s name is followed), never its parents: a staging area
+    already removed stays removed (``owned_folder_gone``)."""
+    name = f"{prefix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(parent, DIR_FLAGS)
+    except OSError:
+        raise owned_folder_gone(parent) from None
+    try:
+        if identity is not None and not _same_folder(os.fstat(fd), identity, fd, parent):
+            raise owned_folder_gone(parent)
+        os.mkdir(name, 0o777, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return parent / name

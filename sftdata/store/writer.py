@@ -43,10 +43,10 @@ from .format import (
     row_shard_files,
     shard_name,
 )
-from .fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
+from .fsops import OUTPUT_DIR_FIX, exchange, make_folder, refuse_link, rename_noreplace
 from .leftovers import remove_replaced, sweep
 from .location import local_path, remote_url
-from .lock import WriterLock, make_staging, release_staging, replaced_name, write_folder_record
+from .lock import WriterLock, make_staging, release_staging, replaced_name, target_of, write_folder_record
 from .manifest import check_replaceable, named, signature, survey
 from .object_commit import ObjectCommit
 from .object_upload import DirectUpload
@@ -166,8 +166,10 @@ class _ShardedSplit:
     def _open_shard(self) -> None:
         self._close_shard()
         name = shard_name(len(self.shards))
+        if not self.shards:  # the split's folder, never its parents: a removed staging area stays removed
+            make_folder(self.dir)
         d = self.dir / name
-        d.mkdir(parents=True, exist_ok=False)
+        d.mkdir()
         self._files = {fn: _HashedFile(d / fn) for fn in self.FILES}
         self.shards.append(self._new_record(name))
         self._filled = 0
@@ -248,6 +250,45 @@ class SplitWriter(_ShardedSplit):
         }
 
 
+def _swept(target: Path, lock: WriterLock) -> str | None:
+    """What runs to ``target`` that died left beside it, removed under ``lock`` (held);
+    the note that says so, or None when nothing was there."""
+    swept = sweep(target, lock.previous, lock.uid)
+    for name in swept:
+        lock.forget_folder(name)
+    if not swept:
+        return None
+    return f"removed {len(swept)} stale staging folder(s) of {target} left by runs that died: {named(swept)}"
+
+
+def sweep_beside(target: str | Path) -> list[str]:
+    """For a run that finds ``target`` up to date and writes nothing: what runs to it that
+    died left beside it (a killed run's staging folder, a replaced dataset) removed all the
+    same, as a writing run does on its way in: only what is proved sftdata's (an owner
+    record, a dead run's journal) and whose owner is dead. Nothing is done while another
+    run writes the target (it holds the lock), nor where the lock cannot be taken (a
+    folder this user cannot write: an up-to-date run needs no write). Returns the notes
+    (each also logged as a warning)."""
+    if remote_url(target) is not None:
+        return []
+    target = local_path(target)
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    if not any(target_of(n) == target.name for n in names):
+        return []  # nothing a run could have left: not even the lock is taken
+    try:
+        with WriterLock(target) as lock:
+            note = _swept(target, lock)
+    except (OutputExistsError, OSError):
+        return []
+    if note is None:
+        return []
+    log.warning(note)
+    return [note]
+
+
 class DatasetWriter:
     """Context manager that builds a dataset in a staging folder beside the target and
     renames it into place on ``commit``. Leaving the block without ``commit`` (an
@@ -324,12 +365,9 @@ class DatasetWriter:
     def _sweep(self) -> None:
         """Remove what runs to this target that died left beside it (stale staging folders,
         replaced datasets), proved sftdata's by their records or the dead run's journal."""
-        swept = sweep(self.target, self._lock.previous, self._lock.uid)
-        for name in swept:
-            self._lock.forget_folder(name)
-        if swept:
-            self._note(f"removed {len(swept)} stale staging folder(s) of {self.target} left by runs that "
-                       f"died: {named(swept)}")
+        note = _swept(self.target, self._lock)
+        if note:
+            self._note(note)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:

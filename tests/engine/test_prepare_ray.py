@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine import connect
+from sftdata.engine import cluster, connect
 from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.errors import ConfigError, InputError, RecordError, UsageError
 from sftdata.prepare import PrepareOptions, prepare
@@ -160,7 +160,9 @@ def test_connect_starts_a_local_cluster_at_normal_priority_or_names_the_unreacha
     monkeypatch.setattr(os, "environ", {})
     assert connect().cpus == 3 and calls == [(None, "0")]  # Ray would start the workers at nice 15
     os.environ.clear()
-    with pytest.raises(ConfigError, match=r"cannot reach the Ray cluster at 10.0.0.9:6379: no cluster there\. Start "
-                                          r"it \(`ray start --head`\)"):
+    # a head that accepts the connection but is no cluster: Ray's own refusal, named
+    monkeypatch.setattr(cluster.socket, "create_connection", lambda *a, **kw: SimpleNamespace(close=lambda: None))
+    with pytest.raises(ConfigError, match=r"cannot reach the Ray cluster at 10.0.0.9:6379 \(--ray-address\): no "
+                                          r"cluster there\. Start the cluster there \(`ray start --head`\)"):
         connect("10.0.0.9:6379")
     assert calls[-1] == ("10.0.0.9:6379", None)  # a cluster of the user's: its settings are its own

@@ -3,12 +3,17 @@ to date and touches nothing, a changed source or option is named."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import orjson
 import pytest
 
 from sftdata.errors import OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.store.lock import OWNER_FILE, owner_record
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import chat, write_jsonl
 
@@ -49,3 +54,26 @@ def test_a_changed_source_or_option_is_named_and_force_rebuilds(tmp_path, episod
     assert r.changed == [f"the source dataset changed (its dataset_metadata.json sha256 {a[:12]}... -> {b[:12]}...)"]
     forced = pack(ds, tmp_path / "p", PackOptions(block_size=64, force=True))
     assert not forced.up_to_date and forced.changed == ["--force rebuilds it whatever its build key says"]
+
+
+def test_an_up_to_date_pack_sweeps_what_a_dead_run_left_beside_it(tmp_path, episodes):
+    """Issue 44.5 for pack: a staging folder whose owner record names a dead process goes on
+    the up-to-date rerun (said in one warning); a live run's and a user's folder stay."""
+    _, ds = episodes
+    pack(ds, tmp_path / "p", PackOptions(block_size=64))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".p.tmp-{dead.pid}-0badc0de"
+    stale.mkdir()
+    (stale / OWNER_FILE).write_bytes(orjson.dumps(owner_record() | {"target": "p", "kind": "staging",
+                                                                     "pid": dead.pid}))
+    (stale / "tokens.bin").write_bytes(b"\0" * 100)
+    live = tmp_path / f".p.tmp-{os.getpid()}-0000beef"
+    live.mkdir()
+    (live / OWNER_FILE).write_bytes(orjson.dumps(owner_record() | {"target": "p", "kind": "staging"}))
+    users = tmp_path / ".p.tmp-2024-05"
+    users.mkdir()
+    before = _files(tmp_path / "p")
+    assert pack(ds, tmp_path / "p", PackOptions(block_size=64)).up_to_date
+    assert _files(tmp_path / "p") == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".p.")) == sorted([live.name, users.name])

@@ -9,6 +9,9 @@ import hashlib
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -20,7 +23,8 @@ from sftdata.store import build_key as bk
 from sftdata.util.cache import write_entry
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import chat, write_jsonl
-from tests.helpers.paths import FIXTURES
+from tests.helpers.paths import FIXTURES, ROOT
+from tests.helpers.processes import EndlessInput, wait_for
 
 HOUR_NS = 3600 * 10**9
 
@@ -237,3 +241,37 @@ def test_standard_input_is_never_up_to_date(tmp_path, src, monkeypatch):
     with pytest.raises(OutputExistsError, match=r"not up to date: standard input \(-\) is read anew on every run"):
         prepare(stdin(), tmp_path / "ds", PrepareOptions())
     assert prepare(stdin(), tmp_path / "ds", PrepareOptions(overwrite=True)).changed == [note]
+
+
+def test_an_up_to_date_rerun_sweeps_the_staging_folder_a_killed_run_left(tmp_path, src):
+    """Issue 44.5, as written: a dataset, a run replacing it (--overwrite from standard input
+    that never ends) SIGKILLed once it has written tokens, then the command that made the
+    dataset again: up to date, nothing rebuilt, and the killed run's staging folder and lock
+    file are gone (its owner is dead, its record proves it sftdata's); a folder of the same
+    shape that is the user's stays."""
+    target = tmp_path / "ds"
+    prepare([src], target, PrepareOptions(val_split=0.25))
+    before = snapshot(target)
+    users = tmp_path / ".ds.tmp-2024-05"  # a name like a staging folder's, no owner record: the user's
+    users.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "sftdata", "prepare-chat", "-", "-o", str(target), "--overwrite",
+                          "-j", "1", "-q"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    feed = EndlessInput(p, (orjson.dumps(chat("another question", "another answer")) + b"\n") * 2000)
+    try:
+        wait_for("the replacing run to write tokens", lambda: p.poll() is not None or any(
+            t.stat().st_size for t in tmp_path.glob(".ds.tmp-*/*/shard_*/tokens.bin")))
+        assert p.poll() is None
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        feed.close()
+    left = sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".ds.tmp-") and x != users)
+    assert len(left) == 1 and (tmp_path / ".ds.sftdata-lock").is_file()
+    again = prepare([src], target, PrepareOptions(val_split=0.25))
+    assert again.up_to_date and snapshot(target) == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == [".ds.tmp-2024-05", "ds", "in.jsonl"]

@@ -2,13 +2,18 @@
 final shards planned from the staged parts' lengths alone, each written by a task, are the
 shards the split writer writes when it is given the kept episodes in input order."""
 
+import re
+import shutil
+
 import numpy as np
 import pytest
 
+from sftdata.errors import OutputExistsError, SftDataError
 from sftdata.prepare.options import StagedPart
 from sftdata.prepare.plan import plan_shards
 from sftdata.prepare.shard_task import write_shard
 from sftdata.store.format import PARTS_DIR, STOP_FILE
+from sftdata.store.fsops import folder_identity
 from sftdata.store.writer import SplitWriter, shard_starts
 from tests.helpers.engines import files
 
@@ -20,6 +25,7 @@ def test_shard_starts_is_the_writers_rolling_rule_however_the_items_are_appended
     for trial in range(30):
         lengths = rng.integers(1, 40, size=int(rng.integers(1, 60)))
         cap = int(rng.integers(1, 120))
+        (tmp_path / str(trial)).mkdir()
         w = SplitWriter(tmp_path / str(trial), "s", np.dtype(np.uint16), cap)
         i = 0
         while i < lengths.size:  # appended in batches of random sizes
@@ -35,7 +41,9 @@ def staged_parts(root, rng, sizes):
     """Parts of ``sizes`` episodes each, staged by split writers as partition tasks stage
     them; returns the parts and every episode as (ids, mask, record) in input order."""
     parts, episodes, record = [], [], 0
+    root.mkdir(parents=True, exist_ok=True)
     for k, n in enumerate(sizes):
+        (root / f"part_{k}").mkdir()
         w = SplitWriter(root / f"part_{k}", "s", np.dtype(np.uint32), 1 << 62)
         lengths = rng.integers(1, 25, size=n)
         ids = rng.integers(0, 70000, size=int(lengths.sum())).astype(np.uint32)
@@ -62,6 +70,7 @@ def test_the_planned_shards_written_by_tasks_are_the_split_writers(tmp_path, sha
     kept = [e for e, k in zip(episodes, np.concatenate(keep)) if k]
     is_val = np.zeros(len(kept), bool)
     is_val[rng.permutation(len(kept))[:5]] = True
+    (tmp_path / "want").mkdir()
     want = {name: SplitWriter(tmp_path / "want", name, np.dtype(np.uint32), shard_tokens) for name in ("train", "val")}
     for (ids, mask, record), v in zip(kept, is_val):  # the single-process run: one episode at a time
         want["val" if v else "train"].add_many(ids, mask, [ids.size], [record])
@@ -92,3 +101,44 @@ def test_an_empty_val_split_is_one_empty_shard_and_a_stopped_run_writes_nothing(
     (tmp_path / "ds" / PARTS_DIR / STOP_FILE).touch()
     assert write_shard(jobs[0], "uint32", str(tmp_path / "ds"), str(tmp_path / "ds" / PARTS_DIR), "out") is None
     assert not (tmp_path / "ds" / "train").exists()
+
+
+def test_a_task_writes_only_inside_the_staging_folder_its_coordinator_made(tmp_path):
+    """Issue 45.1: a shard task whose staging area was removed (the run stopped) re-creates
+    none of it, and one whose staging area's name now holds a link to another folder (or
+    another folder put there) writes nothing through it: it fails naming the folder."""
+    rng = np.random.default_rng(2)
+    parts, _ = staged_parts(tmp_path / "stage", rng, [3])
+    jobs = plan_shards(parts, np.zeros(3, bool), 100, ("train",))
+    ds = tmp_path / "out" / ".ds.tmp-1-abcdef01"
+    (ds / PARTS_DIR).mkdir(parents=True)
+    (ds / "train").mkdir()
+    stage_id = folder_identity(ds / PARTS_DIR)
+    shutil.rmtree(ds)  # the run stopped and removed its staging area
+    gone = f"{ds / PARTS_DIR} is no longer the staging folder this run created"
+    with pytest.raises(SftDataError, match=re.escape(gone)):
+        write_shard(jobs[0], "uint32", str(ds), str(ds / PARTS_DIR), "out", None, stage_id)
+    assert list((tmp_path / "out").iterdir()) == []
+    victim = tmp_path / "victim"  # a link planted at the removed name, to a folder shaped like it
+    (victim / PARTS_DIR).mkdir(parents=True)
+    (victim / "train").mkdir()
+    ds.symlink_to(victim)
+    with pytest.raises(SftDataError, match=re.escape(gone)):
+        write_shard(jobs[0], "uint32", str(ds), str(ds / PARTS_DIR), "out", None, stage_id)
+    assert sorted(str(p.relative_to(victim)) for p in victim.rglob("*")) == [PARTS_DIR, "train"]
+
+
+def test_a_writer_never_creates_a_parent_folder(tmp_path):
+    """The split writer makes its split's folder and its shards' only: below a folder that
+    is gone, nothing is created (a worker of a stopped run cannot re-create its staging)."""
+    w = SplitWriter(tmp_path / "gone" / "part_000001.tmp-1-abcdef01", "s", np.dtype(np.uint32), 100)
+    with pytest.raises(FileNotFoundError):
+        w.add_many(np.ones(3, np.uint32), np.ones(3, np.uint8), [3], [0])
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "s").symlink_to(tmp_path / "gone")  # a link where the split's folder goes: refused
+    w = SplitWriter(tmp_path / "here", "s", np.dtype(np.uint32), 100)
+    with pytest.raises(OutputExistsError, match=r"here/s is not a folder sftdata made \(a link or a file stands "
+                                                r"there\); sftdata never writes through it"):
+        w.add_many(np.ones(3, np.uint32), np.ones(3, np.uint8), [3], [0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]

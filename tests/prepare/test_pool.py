@@ -4,15 +4,20 @@ where its records came from, not a hang."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from sftdata.errors import SftDataError
+from sftdata.errors import RecordError, SftDataError
 from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
+from sftdata.store.format import PARTS_DIR, STOP_FILE
 from tests.helpers.data import chat, write_jsonl
-from tests.helpers.processes import SAFETY_S
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import SAFETY_S, alive, wait_for
 
 
 def records(n):
@@ -129,3 +134,118 @@ def test_overlapped_starts_the_next_item_before_yielding_the_one_before():
 
     with pytest.raises(RuntimeError, match="generator raised StopIteration"):
         list(pool.overlapped(jobs(), stops))
+
+
+# ---------------------------------------------------------------- a stop: no worker outlives it
+
+def _pool_threads_closed() -> bool:
+    """Whether nothing is left for CPython's exit handler (``_python_exit``) to wake: every
+    pool manager thread has ended and its wakeup pipe is closed."""
+    from concurrent.futures import process
+
+    return all(not t.is_alive() and w._closed for t, w in list(process._threads_wakeups.items()))
+
+
+def _hold(pid_file, go):
+    """A task (module-level: it is pickled to the worker) that says it runs, then is held
+    until a file matching ``go`` (a glob pattern) appears; returns its pid."""
+    pid_file.write_text(str(os.getpid()))
+    root = Path("/")
+    while not list(root.glob(str(go).lstrip("/"))):
+        threading.Event().wait(0.01)
+    return os.getpid()
+
+
+def test_a_closed_pool_has_its_workers_and_its_manager_thread_gone(tmp_path):
+    """A run that ends (its tasks answered) or stops (a task still running) returns from
+    ``stop_pool`` only once the running tasks have finished, every worker process has
+    ended and the pool's manager thread with it: no worker writes on into a staging area
+    about to be removed, and the exit handler finds no pipe to race (issue 44.4)."""
+    p = pool.process_pool(2, pool.worker_started, (), pool.CurateSettings())
+    assert sorted(p.submit(abs, -i).result() for i in range(4)) == [0, 1, 2, 3]
+    procs = list(p._processes.values())
+    pool.stop_pool(p, stopped=False)
+    assert [x.exitcode for x in procs] == [0, 0] and _pool_threads_closed()
+
+    p = pool.process_pool(2, pool.worker_started, (), pool.CurateSettings())
+    pid_file, go_file = tmp_path / "pid", tmp_path / "go"
+    held = p.submit(_hold, pid_file, go_file)
+    wait_for("the task to start", pid_file.exists)
+    procs = list(p._processes.values())
+    stopping = threading.Thread(target=pool.stop_pool, args=(p, True))
+    stopping.start()
+    go_file.touch()  # the running task finishes: stop_pool waits for it, then for the workers
+    stopping.join(SAFETY_S)
+    assert not stopping.is_alive() and held.result() == int(pid_file.read_text())
+    assert [x.exitcode for x in procs] == [0, 0] and _pool_threads_closed()
+
+
+def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes(tmp_path, monkeypatch):
+    """Issue 45.1 / 45.4: Ctrl-C while a worker is in the middle of its partition. The run
+    tells its tasks to stop (the STOP file in its staging area), waits for the held worker
+    to go on and return (its staging area still there when it does), and for every worker
+    to end, and only then removes its staging area: nothing can re-create it afterwards
+    (a link planted at its name would be written through), nothing is left beside it."""
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
+    pid_file, seen = tmp_path / "pid", tmp_path / "seen"
+    real = partition_task.process_chunk
+    stop = tmp_path / "out" / ".ds.tmp-*" / PARTS_DIR / STOP_FILE
+
+    def held(items, *args):
+        if any(r.record == 4 for r in items):
+            _hold(pid_file, stop)
+            seen.write_text(",".join(p.name for p in stop.parent.parent.parent.glob(".ds.tmp-*")))
+        return real(items, *args)
+
+    monkeypatch.setattr(partition_task, "process_chunk", held)
+    src = write_jsonl(tmp_path / "in.jsonl", records(60))
+
+    def interrupt():  # Ctrl-C to the main thread once a worker holds its partition
+        wait_for("a worker to hold its partition", pid_file.exists)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2))
+    assert seen.read_text().startswith(".ds.tmp-")  # released by the stop, its staging area still there
+    assert not alive(int(pid_file.read_text()))  # ended before prepare returned, not later
+    assert list((tmp_path / "out").iterdir()) == [] and _pool_threads_closed()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the race is of forked workers' pools")
+def test_the_exit_is_clean_on_every_run(tmp_path):
+    """Issue 44.4: ``Exception ignored in: <module 'threading'> ... OSError: [Errno 9] Bad
+    file descriptor`` at exit, from CPython 3.11's ``_python_exit`` waking a pool's manager
+    thread through the pipe that thread was closing (a pool shut down without waiting).
+    Seen in 2 of 12 runs of this very command before; every run must now end silently."""
+    src = write_jsonl(tmp_path / "in.jsonl", records(3))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for i in range(10):
+        r = subprocess.run([sys.executable, "-m", "sftdata", "prepare-chat", str(src), "--output-dir",
+                            str(tmp_path / "ds"), "--val-split", "0.1", "--overwrite", "-q", "--force", "-j", "2"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SAFETY_S)
+        assert (i, r.returncode, r.stdout, r.stderr) == (i, 0, "", "")
+
+
+def test_a_strict_stop_of_a_partitioned_run_ends_its_workers_and_leaves_nothing(tmp_path, monkeypatch):
+    """Issue 45.4: --strict stops at the first bad record while the workers still read
+    their partitions; every worker process has ended when prepare returns, and nothing is
+    left beside the target (the workers wrote only inside the staging area, now gone)."""
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 2000)
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 2000)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    real = partition_task.process_chunk
+
+    def noted(items, *args):
+        (pids / str(os.getpid())).touch()
+        return real(items, *args)
+
+    monkeypatch.setattr(partition_task, "process_chunk", noted)
+    src = write_jsonl(tmp_path / "in.jsonl", records(5) + ["bad line"] + records(300))
+    with pytest.raises(RecordError, match=r"in.jsonl:line 6: .*--strict stops at the first bad record"):
+        prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2, strict=True))
+    workers = [int(p.name) for p in pids.iterdir()]
+    assert len(workers) >= 1 and [w for w in workers if alive(w)] == []
+    assert list((tmp_path / "out").iterdir()) == [] and _pool_threads_closed()

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 
-from sftdata.util.lifetime import _watch
+import pytest
+
+from sftdata.util.lifetime import _watch, signals_held
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import SAFETY_S, EndlessInput, alive, children, read_line, wait_for
 
@@ -118,3 +120,31 @@ def test_sigkill_of_prepare_leaves_no_worker_keeps_the_old_dataset_and_the_next_
     assert r.stderr == (f"warning: removed 1 stale staging folder(s) of {out} left by runs that died: "
                         f"{staging.name}\n")
     assert not list(tmp_path.glob(".ds.*"))
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_signals_held_raises_a_signal_after_the_block_not_inside_it():
+    """A SIGTERM (or Ctrl-C) that arrives inside ``signals_held`` is raised by the handler
+    it found once the block is done (a lock taken in the block is released by then), the
+    handlers as they were; a block without a signal leaves nothing behind."""
+    def ours(signum, frame):
+        raise Stopped(signum)
+
+    old = signal.signal(signal.SIGTERM, ours)
+    steps = []
+    try:
+        with pytest.raises(Stopped) as e:
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.sigtimedwait([], 0)  # a point where a handler would have run
+                steps.append("the block went on")
+        assert steps == ["the block went on"] and e.value.args == (signal.SIGTERM,)
+        assert signal.getsignal(signal.SIGTERM) is ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with signals_held():
+            steps.append("quiet")
+        assert steps[-1] == "quiet" and signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, old)
