@@ -12,8 +12,9 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -87,7 +88,12 @@ class _HelpTakesNoValue:
 
 
 class _Command(_HelpTakesNoValue, TyperCommand):
-    """A command of ``COMMANDS``."""
+    """A command of ``COMMANDS``: it runs under its ``--quiet`` and ``--json``
+    (``quiet_output``), whatever its own code prints."""
+
+    def invoke(self, ctx):
+        with quiet_output(ctx.params.get("quiet", False), ctx.params.get("as_json", False)):
+            return super().invoke(ctx)
 
 
 class _LoadedCommands(Mapping):
@@ -219,8 +225,45 @@ def _show_library_warnings() -> None:
         log.addHandler(_WarningsToStderr(level=logging.WARNING))
 
 
+@contextmanager
+def heard(console: Console):
+    """``console`` prints even under ``--quiet`` (an error is never silenced)."""
+    quiet, console.quiet = console.quiet, False
+    try:
+        yield
+    finally:
+        console.quiet = quiet
+
+
+@contextmanager
+def _hushed(console: Console):
+    quiet, console.quiet = console.quiet, True
+    try:
+        yield
+    finally:
+        console.quiet = quiet
+
+
+@contextmanager
+def quiet_output(quiet: bool, as_json: bool):
+    """What a command prints while it runs. ``as_json``: nothing reaches stdout but the
+    document ``print_json`` writes (nothing drawn on ``out_console``). ``quiet``: nothing
+    is printed but errors (``fail``) and the document --json or --csv asks for: no
+    progress, table, note or warning (sftdata's logged warnings are still logged, for any
+    other handler: only their printing stops), nor a library's ``warnings.warn``."""
+    with ExitStack() as stack:
+        if quiet or as_json:
+            stack.enter_context(_hushed(out_console))
+        if quiet:
+            stack.enter_context(_hushed(err_console))
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        yield
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
+    with heard(err_console):
+        err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -364,16 +407,28 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
+def per_second(count: float, unit: str) -> str:
+    """``12 records/s``, ``4,510 tokens/s``, ``38.2k tokens/s``, ``1.25M tokens/s``: a rate
+    that reads at any size (never ``0.00M``)."""
+    if count >= 999_950:  # from here on, k would read 1,000.0k
+        return f"{count / 1e6:,.2f}M {unit}/s"
+    if count >= 1e4:
+        return f"{count / 1e3:,.1f}k {unit}/s"
+    return f"{count:,.0f} {unit}/s"
+
+
 class RateColumn(ProgressColumn):
-    """records/s and tokens/s from the task's fields."""
+    """records/s, and tokens/s where the task counts tokens (its ``tokens`` field is not None)."""
 
     def render(self, task) -> Text:
         elapsed = task.elapsed or 0.0
         if elapsed <= 0:
             return Text("")
-        rec = task.fields.get("records", 0) / elapsed
-        tok = task.fields.get("tokens", 0) / elapsed
-        return Text(f"{rec:,.0f} rec/s  {tok / 1e6:,.2f}M tok/s", style="cyan")
+        rate = per_second(task.fields.get("records", 0) / elapsed, "records")
+        tokens = task.fields.get("tokens")
+        if tokens is not None:
+            rate += "  " + per_second(tokens / elapsed, "tokens")
+        return Text(rate, style="cyan")
 
 
 def make_progress(quiet: bool) -> Progress:
