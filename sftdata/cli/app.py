@@ -226,18 +226,9 @@ def _show_library_warnings() -> None:
 
 
 @contextmanager
-def heard(console: Console):
-    """``console`` prints even under ``--quiet`` (an error is never silenced)."""
-    quiet, console.quiet = console.quiet, False
-    try:
-        yield
-    finally:
-        console.quiet = quiet
-
-
-@contextmanager
-def _hushed(console: Console):
-    quiet, console.quiet = console.quiet, True
+def _printing(console: Console, on: bool):
+    """``console`` prints (``on``) or prints nothing until the block ends."""
+    quiet, console.quiet = console.quiet, not on
     try:
         yield
     finally:
@@ -253,16 +244,16 @@ def quiet_output(quiet: bool, as_json: bool):
     other handler: only their printing stops), nor a library's ``warnings.warn``."""
     with ExitStack() as stack:
         if quiet or as_json:
-            stack.enter_context(_hushed(out_console))
+            stack.enter_context(_printing(out_console, False))
         if quiet:
-            stack.enter_context(_hushed(err_console))
+            stack.enter_context(_printing(err_console, False))
             stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")
         yield
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    with heard(err_console):
+    with _printing(err_console, True):  # an error is printed even under --quiet
         err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
     return typer.Exit(code)
 
