@@ -161,7 +161,8 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 * `sftdata export data/chat_sft -o exports/chat_sft` writes it as Parquet for Hugging Face datasets or pyarrow
 
 Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C). Every command
-takes `--json` (one JSON document on stdout, nothing else there) and `-q` (nothing printed but errors). Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, MIXTURES.md,
+takes `--json` (one JSON document on stdout, nothing else there) and `-q` (nothing printed but errors).
+Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, MIXTURES.md,
 LOADER.md, TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(

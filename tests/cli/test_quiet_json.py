@@ -34,7 +34,7 @@ def _run(*args):
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """The datasets the recipes read: episodes, packed, pairs, and a mixture."""
+    """The datasets the recipes read: two episodes datasets (chat, tool), a pack of one, their mixture."""
     d = tmp_path_factory.mktemp("made")
     for args in (["prepare-chat", ROOT / "sample_data/chat.jsonl", "-o", d / "chat", "--val-split", "0.1", "-j", "1"],
                  ["prepare-tool", ROOT / "sample_data/tools.jsonl", "-o", d / "tool", "-j", "1"],
