@@ -12,8 +12,9 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -87,7 +88,12 @@ class _HelpTakesNoValue:
 
 
 class _Command(_HelpTakesNoValue, TyperCommand):
-    """A command of ``COMMANDS``."""
+    """A command of ``COMMANDS``: it runs under its ``--quiet`` and ``--json``
+    (``quiet_output``), whatever its own code prints."""
+
+    def invoke(self, ctx):
+        with quiet_output(ctx.params.get("quiet", False), ctx.params.get("as_json", False)):
+            return super().invoke(ctx)
 
 
 class _LoadedCommands(Mapping):
@@ -154,8 +160,9 @@ A typical run (`sftdata COMMAND --help` explains each command and its options):
 * `sftdata report data/chat_sft -o report.html` draws the dataset on one page
 * `sftdata export data/chat_sft -o exports/chat_sft` writes it as Parquet for Hugging Face datasets or pyarrow
 
-Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C); `--json` prints
-only JSON on stdout. Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, MIXTURES.md,
+Errors print one line (`error: ...`) and exit 1 (2 for a wrong option, 130 on Ctrl-C). Every command
+takes `--json` (one JSON document on stdout, nothing else there) and `-q` (nothing printed but errors).
+Docs: docs/CLI.md, FORMAT.md, TOOLS.md, TOKENIZERS.md, AUDIT.md, REPORT.md, PACKING.md, MIXTURES.md,
 LOADER.md, TRAINING.md, INTEROP.md, SCALE.md."""
 
 app = typer.Typer(
@@ -219,8 +226,36 @@ def _show_library_warnings() -> None:
         log.addHandler(_WarningsToStderr(level=logging.WARNING))
 
 
+@contextmanager
+def _printing(console: Console, on: bool):
+    """``console`` prints (``on``) or prints nothing until the block ends."""
+    quiet, console.quiet = console.quiet, not on
+    try:
+        yield
+    finally:
+        console.quiet = quiet
+
+
+@contextmanager
+def quiet_output(quiet: bool, as_json: bool):
+    """What a command prints while it runs. ``as_json``: nothing reaches stdout but the
+    document ``print_json`` writes (nothing drawn on ``out_console``). ``quiet``: nothing
+    is printed but errors (``fail``) and the document --json or --csv asks for: no
+    progress, table, note or warning (sftdata's logged warnings are still logged, for any
+    other handler: only their printing stops), nor a library's ``warnings.warn``."""
+    with ExitStack() as stack:
+        if quiet or as_json:
+            stack.enter_context(_printing(out_console, False))
+        if quiet:
+            stack.enter_context(_printing(err_console, False))
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        yield
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
+    with _printing(err_console, True):  # an error is printed even under --quiet
+        err_console.print(Text("error: ", style="bold red") + Text(one_line(message), style="red"), soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -364,16 +399,28 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
+def per_second(count: float, unit: str) -> str:
+    """``12 records/s``, ``4,510 tokens/s``, ``38.2k tokens/s``, ``1.25M tokens/s``: a rate
+    that reads at any size (never ``0.00M``)."""
+    if count >= 999_950:  # from here on, k would read 1,000.0k
+        return f"{count / 1e6:,.2f}M {unit}/s"
+    if count >= 1e4:
+        return f"{count / 1e3:,.1f}k {unit}/s"
+    return f"{count:,.0f} {unit}/s"
+
+
 class RateColumn(ProgressColumn):
-    """records/s and tokens/s from the task's fields."""
+    """records/s, and tokens/s where the task counts tokens (its ``tokens`` field is not None)."""
 
     def render(self, task) -> Text:
         elapsed = task.elapsed or 0.0
         if elapsed <= 0:
             return Text("")
-        rec = task.fields.get("records", 0) / elapsed
-        tok = task.fields.get("tokens", 0) / elapsed
-        return Text(f"{rec:,.0f} rec/s  {tok / 1e6:,.2f}M tok/s", style="cyan")
+        rate = per_second(task.fields.get("records", 0) / elapsed, "records")
+        tokens = task.fields.get("tokens")
+        if tokens is not None:
+            rate += "  " + per_second(tokens / elapsed, "tokens")
+        return Text(rate, style="cyan")
 
 
 def make_progress(quiet: bool) -> Progress:

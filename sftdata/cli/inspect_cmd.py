@@ -25,7 +25,7 @@ from ..report.pairs import PairView
 from ..store.format import is_mixture_file
 from .app import app, handle_errors, out_console, print_json
 from .mix_cmd import draw_mixture
-from .options import DatasetOrMixtureArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
+from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 from .terminal import escape_controls, one_line
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
@@ -380,6 +380,7 @@ def inspect_cmd(
     tokenizer: TokenizerOpt = None,
     epochs: EpochsOpt = 3,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Show what a dataset holds, or episodes (packed: rows) with their trained tokens.
 
@@ -403,7 +404,10 @@ def inspect_cmd(
             raise UsageError(f"{path} is a mixture: inspect one of its member folders for --episode, --row, "
                              f"--record, --sample, --tokens or --block-size")
         ov = mixture_overview(path, split=split, epochs=epochs)
-        print_json(ov.as_dict()) if as_json else out_console.print(draw_mixture(ov))
+        if as_json:
+            print_json(ov.as_dict())
+        elif not quiet:
+            out_console.print(draw_mixture(ov))
         return
     path = dataset_dir(path)
     token_dtype = flat_token_dtype(token_dtype)
@@ -417,6 +421,8 @@ def inspect_cmd(
                 found[0], PairView) else "episodes"
             print_json({key: [v.as_dict() for v in found], "notes": notes})
             return
+        if quiet:
+            return
         for v in found:
             out_console.print(draw_row(v, tokens) if isinstance(v, RowView) else draw_pair(v, tokens)
                               if isinstance(v, PairView) else draw_episode(v, tokens))
@@ -428,5 +434,5 @@ def inspect_cmd(
     ov = overview(path, block_size=block_size, token_dtype=token_dtype)
     if as_json:
         print_json(ov.as_dict())
-    else:
+    elif not quiet:
         out_console.print(draw_overview(ov))

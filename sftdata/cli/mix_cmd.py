@@ -16,7 +16,7 @@ from ..order.batches import DEFAULT_SEED
 from ..report.mixture import MixtureOverview
 from ..store.mixture import BY, make_mixture
 from .app import after_writing, app, handle_errors, out_console, print_json
-from .options import JsonOpt
+from .options import JsonOpt, QuietOpt
 from .terminal import one_line
 
 
@@ -51,6 +51,7 @@ def mix_cmd(
     overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing mixture file.")]
     = False,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Mix prepared datasets at weights into one mixture file.
 
@@ -72,15 +73,17 @@ def mix_cmd(
     parsed = [parse_spec(s) for s in specs]
     mixture, sha = make_mixture(parsed, output, by=by, seed=seed, overwrite=overwrite)
     with after_writing(output):
-        _show(mixture, sha, output, as_json)
+        _show(mixture, sha, output, as_json, quiet)
 
 
-def _show(mixture, sha: str, output: Path, as_json: bool) -> None:
+def _show(mixture, sha: str, output: Path, as_json: bool, quiet: bool) -> None:
     shares = mixture.shares()
     if as_json:
         d = mixture.as_dict()
         d["members"] = [{**m, "share": float(s)} for m, s in zip(d["members"], shares)]
         print_json({"path": str(output), "sha256": sha, **d})
+        return
+    if quiet:
         return
     t = Table(title=f"mixture {output} (by {mixture.by}, seed {mixture.seed})", title_justify="left",
               header_style="bold")

@@ -66,11 +66,14 @@ def flat_token_dtype(value: str | None) -> str | None:
     return value
 
 
-# metavar "": a flag takes no value, so help shows none (typer would show <bool>)
-JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout, and "
-                                       "nothing else there (progress and warnings go to stderr).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress bar, table or warning "
-                                        "on stderr (errors are still printed).")]
+# metavar "": a flag takes no value, so help shows none (typer would show <bool>). Every command takes
+# both, as parameters named as_json and quiet, which app.quiet_output reads (tests/cli/test_quiet_json.py).
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as "
+                                       "one JSON document on stdout, and nothing else there (progress and warnings "
+                                       "go to stderr).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Print nothing "
+                                        "but errors and the document --json or --csv asks for: no progress bar, "
+                                        "table, note or warning.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace the dataset at --output-dir "
                                             "when it is not up to date (its build key differs), once the new one is "
                                             "complete (never a folder that is not a dataset).")]
@@ -98,7 +101,7 @@ ReasoningOpt = Annotated[str, typer.Option("--reasoning", metavar="MODE", help="
                                            "think-tag block), rendered between <|THINK|> and <|END_THINK|> (a chat "
                                            "template gets it as reasoning_content) and trained with the reply: keep "
                                            "every turn's, last (the final assistant turn's only), drop, or inline "
-                                           "(written into the reply as a <think> block of text). Reasoning a chat "
+                                           "(written into the reply as a `<think>` block of text). Reasoning a chat "
                                            "template does not render is dropped and counted "
                                            "(reasoning_ignored_by_template) unless inline. Counted per turn.")]
 TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="Assistant turns to train: all (except "

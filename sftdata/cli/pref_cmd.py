@@ -111,8 +111,8 @@ def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: 
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     with LazyProgress(make_progress(quiet or as_json)) as bar:
-        def on_progress(p):
-            bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens)
+        def on_progress(p):  # prepare_pref counts records as it goes, not tokens (its p.tokens stays 0)
+            bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens or None)
 
         summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
                                planned=None if quiet or as_json else show_rebuild, executor=executor)

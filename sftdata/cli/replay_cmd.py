@@ -17,8 +17,8 @@ from ..order.config import LoaderConfig
 from ..replay.dataset import Replay, check_audit_log, replay_order
 from ..replay.mixture import check_mixture_audit, replay_mixture
 from ..store.format import is_mixture_file
-from .app import app, err_console, handle_errors, out_console, print_json
-from .options import JsonOpt, dataset_dir
+from .app import app, err_console, fail, handle_errors, out_console, print_json
+from .options import JsonOpt, QuietOpt, dataset_dir
 
 TABLE_ROWS = 20  # rows drawn as a table when --head is not given
 MISMATCHES_SHOWN = 10  # --check-audit lines printed (a wrong file would print one per line)
@@ -120,6 +120,7 @@ def replay_order_cmd(
     as_json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "
                                          "--head).")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Print the episodes a training step (or a whole epoch) trained on, with their shard,
     length and input record number, exactly as the loader ordered them.
@@ -155,6 +156,12 @@ def replay_order_cmd(
         res = check(dataset, cfg, check_audit, split=split, world_size=world_size)
         if as_json:
             print_json(res.as_dict())
+        elif quiet:
+            if not res.ok:
+                first = f": the first: {res.mismatches[0].message}" if res.mismatches else ""
+                raise fail(f"{check_audit}: {len(res.mismatches):,} mismatch(es) with the replay of split {split} "
+                           f"({res.checked} epoch_start line(s) checked){first}; without --quiet the first "
+                           f"{MISMATCHES_SHOWN} are listed, --json lists them all")
         elif res.ok:
             eps = sorted(set(res.epochs))
             err_console.print(Text("OK", style="green") + Text(f": {res.checked} epoch_start line(s) of split {split} "
@@ -183,6 +190,6 @@ def replay_order_cmd(
         print_json(r.as_dict())
     elif as_csv:
         _write_csv(r)
-    else:
+    elif not quiet:
         out_console.print(_table(r))
 

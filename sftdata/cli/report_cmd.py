@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..report import write_report
 from .app import after_writing, app, handle_errors, out_console, print_json
-from .options import DatasetArg, JsonOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
+from .options import DatasetArg, JsonOpt, QuietOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", metavar="FILE", show_default=False, help="The HTML file "
                                          "to write (replaced when it is a report sftdata wrote; never another file).")]
@@ -57,6 +57,7 @@ def report_cmd(
     block_size: BlockOpt = None,
     token_dtype: TokenDtypeOpt = None,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Write one HTML page that shows a dataset: open it in a browser, send it as one file.
 
@@ -85,12 +86,14 @@ def report_cmd(
                            rows=row, block_size=block_size, token_dtype=token_dtype,
                            command=command_line(path, output, **given))
     with after_writing(summary.output):
-        _show(summary, as_json)
+        _show(summary, as_json, quiet)
 
 
-def _show(summary, as_json: bool) -> None:
+def _show(summary, as_json: bool, quiet: bool) -> None:
     if as_json:
         print_json(summary.as_dict())
+        return
+    if quiet:
         return
     what = "rows" if summary.kind == "packed" else "episodes"
     line = Text(f"wrote {summary.output}", style="bold green")

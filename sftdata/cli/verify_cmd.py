@@ -18,7 +18,7 @@ from ..store.format import METADATA_FILE, ROW_KINDS, is_mixture_file
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
-from .app import LazyProgress, app, err_console, handle_errors, out_console, print_json
+from .app import LazyProgress, app, err_console, fail, handle_errors, out_console, print_json
 from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, RayAddressOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 from .terminal import one_line
 
@@ -203,6 +203,17 @@ def verify_cmd(
                             retokenize_episodes=retokenize, progress=step, executor=executor, rerender=rerender)
     if as_json:
         print_json(report.as_dict())
-    elif not quiet or not report.ok:
+    elif quiet:
+        if not report.ok:
+            raise fail(failed_line(report))
+    else:
         out_console.print(draw_mixture_report(report) if mixture else draw_report(report))
     raise typer.Exit(0 if report.ok else 1)
+
+
+def failed_line(r: VerifyReport | MixtureVerifyReport) -> str:
+    """A failed verify in one line (--quiet): how many problems, and the first."""
+    members = getattr(r, "members", [])
+    problems = [*r.problems, *(p for _, rep in members for p in rep.problems)]
+    return (f"{r.path}: verify found {len(problems):,} problem(s); the first: [{problems[0].check}] {problems[0]}; "
+            f"`sftdata verify {r.path}` without --quiet lists them all")

@@ -41,6 +41,7 @@ repaired                   dropped_empty_turn (blank message removed),
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -72,6 +73,19 @@ from .turns import (
 __all__ = ["Conversation", "ToolCall", "Turn", "TurnPolicy", "decode_json", "is_tool_record", "json_kind",
            "parse_chat", "parse_record"]
 MAX_JSON_DEPTH = 1024  # orjson's nesting limit
+_ARRAY_ITEM = re.compile(r":item (\d+)$")  # the ``where`` of a JSON array's item (sources.records): "file:item N"
+_AT = re.compile(r": line (\d+) column (\d+) \(char \d+\)$")  # orjson's position, in the text it was given
+
+
+def _not_json(e: orjson.JSONDecodeError, where: str) -> str:
+    """What is wrong with a record that is not JSON, said of what it is: a JSONL line, or
+    an item of a JSON array (orjson's line and column are then the item's own)."""
+    item = _ARRAY_ITEM.search(where or "")
+    if item is None:
+        return f"not valid JSON ({e}); each line must hold one JSON object"
+    what = _AT.sub(lambda m: f" (line {m.group(1)}, column {m.group(2)} of the item's text)", str(e))
+    return (f"item {item.group(1)} of the JSON array is not valid JSON: {what}; each item of the array must be one "
+            f"JSON object (one record): fix that item, or remove it")
 
 
 def decode_json(raw: bytes | str, where: str) -> Any:
@@ -91,8 +105,7 @@ def decode_json(raw: bytes | str, where: str) -> Any:
         if "depth limit" in str(e):  # valid JSON, but deeper than the parser reads
             raise RecordError("invalid_json", f"the record is nested deeper than {MAX_JSON_DEPTH} levels, which "
                               f"sftdata does not read; flatten the record", where) from None
-        raise RecordError("invalid_json", f"not valid JSON ({e}); each line must hold one JSON "
-                          f"object", where) from None
+        raise RecordError("invalid_json", _not_json(e, where), where) from None
 
 
 def is_tool_record(obj: Any) -> bool:

@@ -4,6 +4,7 @@ a traceback."""
 
 import errno
 
+import orjson
 import pytest
 from typer.testing import CliRunner
 
@@ -187,3 +188,30 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_dataset(tmp_path, datase
         r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(target), "--overwrite", "-j", "1", "-q"])
         assert r.exit_code == 0, r.output
         assert (target / "dataset_metadata.json").is_file()
+
+
+def test_a_bad_item_of_a_json_array_is_named_as_that_item(tmp_path):
+    good = orjson.dumps(chat("q", "a")).decode()
+    src = tmp_path / "chats.json"
+    src.write_text(f'[{good},\n  {{"messages": [1 2]}},\n {good}]')
+    out = tmp_path / "ds"
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(out), "-j", "1", "-q"])
+    assert (r.exit_code, r.output) == (0, "")
+    what = ("item 1 of the JSON array is not valid JSON: unexpected character, expected ',' or ']' (line 1, column 17 "
+            "of the item's text); each item of the array must be one JSON object (one record): fix that item, or "
+            "remove it")
+    (reject,) = [orjson.loads(line) for line in (out / "rejects.jsonl").read_bytes().splitlines()]
+    assert (reject["where"], reject["reason"], reject["message"]) == (f"{src}:item 1", "invalid_json", what)
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "strict"), "-j", "1", "--strict"])
+    assert (r.exit_code, _error(r)) == (1, f"error: {src}:item 1: {what} (--strict stops at the first bad record; "
+                                           f"drop --strict to skip and count bad records)")
+
+
+def test_a_bad_line_of_jsonl_is_still_named_as_a_line(tmp_path):
+    src = tmp_path / "chats.jsonl"
+    src.write_text(orjson.dumps(chat("q", "a")).decode() + '\n{"messages": [1 2]}\n')
+    r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "-j", "1", "--strict"])
+    assert (r.exit_code, _error(r)) == (1, f"error: {src}:line 2: not valid JSON (unexpected character, expected ',' "
+                                           f"or ']': line 1 column 17 (char 16)); each line must hold one JSON object "
+                                           f"(--strict stops at the first bad record; drop --strict to skip and count "
+                                           f"bad records)")

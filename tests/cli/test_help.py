@@ -100,3 +100,20 @@ def test_a_command_imports_only_its_own_module_and_the_root_help_none():
                                                                  "sftdata.cli.build_output", "sftdata.cli.pack_cmd",
                                                                  "sftdata.cli.terminal"}
     assert not {"sftdata.prepare", "sftdata.report", "sftdata.curate", "sftdata.verify", "sftdata.loader"} & pack
+
+
+BRACKETED = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")  # <think>, <|END|>, sftdata[parquet]: markup may eat them
+
+
+@pytest.mark.parametrize("name", typer.main.get_command(app).list_commands(None))
+def test_help_keeps_every_bracketed_token_its_text_holds(name):
+    """The help is drawn as markdown: a token that reads as an HTML tag (`<think>`) or as
+    markup must be quoted in the text, or the help shows a gap where it was."""
+    command = typer.main.get_command(app).commands[name]
+    texts = [command.help, *(p.help for p in command.params if getattr(p, "help", None))]
+    tokens = {t for text in texts for t in BRACKETED.findall(text)}
+    r = runner.invoke(app, [name, "--help"], env={"COLUMNS": "300", "NO_COLOR": "1", "TERM": "dumb"})
+    assert r.exit_code == 0
+    assert sorted(t for t in tokens if t not in r.output) == []
+    if any("--reasoning" in getattr(p, "opts", ()) for p in command.params):
+        assert "into the reply as a <think> block of text" in " ".join(r.output.split())

@@ -1,10 +1,13 @@
 import ast
 import json
+import re
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
 from sftdata import __version__
 from sftdata.cli import app
+from sftdata.cli.app import RateColumn, per_second
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
 
@@ -174,3 +177,20 @@ def test_source_sha256_records_the_whole_file_sha256_of_a_large_input_read_in_ra
     assert asked["sources"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert asked["options"]["source_sha256"] is True
     assert asked["sources"][0]["block_sha256"] == plain["sources"][0]["block_sha256"]
+
+
+def test_the_progress_rate_reads_at_any_size():
+    assert [per_second(n, "tokens") for n in (0, 12.4, 9_999, 38_240, 999_949, 999_999, 1_254_000)] == \
+        ["0 tokens/s", "12 tokens/s", "9,999 tokens/s", "38.2k tokens/s", "999.9k tokens/s", "1.00M tokens/s", "1.25M tokens/s"]
+    column = RateColumn()
+    task = SimpleNamespace(elapsed=2.0, fields={"records": 42, "tokens": 3_000})
+    assert column.render(task).plain == "21 records/s  1,500 tokens/s"
+    task.fields["tokens"] = None  # a task that counts no tokens shows none (prepare-pref: never "0.00M tok/s")
+    assert column.render(task).plain == "21 records/s"
+
+
+def test_prepare_pref_progress_shows_records_per_second_not_a_zero_token_rate(tmp_path):
+    r = runner.invoke(app, ["prepare-pref", str(ROOT / "sample_data/pairs.jsonl"), "-o", str(tmp_path / "p"), "-j", "1"])
+    assert r.exit_code == 0, r.output
+    bar = r.stderr.splitlines()[0]
+    assert re.fullmatch(r"prepare-pref ━+ 100% [\d,.]+k? records/s [\d:]+ [\d:-]+", bar), bar

@@ -136,8 +136,14 @@ def test_check_audit_ok_and_tampered(ds, tmp_path):
     log.write_text("\n".join(lines) + "\n")
     res = cli(ds, "--config", cfg_file, "--check-audit", log)
     assert res.exit_code == 1
-    assert (f"line {k + 1}: epoch 1: first_episode_ids differ at position 2: the log has {order[3]}, the replay "
-            f"gives {order[2]}") in flat(res)
+    mismatch = (f"line {k + 1}: epoch 1: first_episode_ids differ at position 2: the log has {order[3]}, the "
+                f"replay gives {order[2]}")
+    assert mismatch in flat(res)
+    res = cli(ds, "--config", cfg_file, "--check-audit", log, "-q")  # -q: the failure in one error line
+    assert (res.exit_code, res.stdout) == (1, "")
+    assert res.stderr == (f"error: {log}: 1 mismatch(es) with the replay of split train (3 epoch_start line(s) "
+                          f"checked): the first: {mismatch}; without --quiet the first 10 are listed, --json lists "
+                          f"them all\n")
 
     res = cli(ds, "--config", cfg_file, "--seed", 4, "--check-audit", log)  # replaying with another seed
     assert res.exit_code == 1 and "epoch_seed is 3 in the log, the replay gives 4" in flat(res)

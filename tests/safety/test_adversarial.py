@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -130,8 +131,19 @@ def test_hostile_records_are_each_one_rejected_record(tmp_path, container):
     s = prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
     assert s.episodes == {"train": 3}
     unit = (lambda i: f"line {1101 + i}") if container == "jsonl" else (lambda i: f"item {i}")
+    said = (lambda i, m: m) if container == "jsonl" else _as_item
     assert [(r["where"], r["reason"], r["message"]) for r in rejects(tmp_path / "ds")] == [
-        (f"{src}:{unit(i + 1)}", reason, message) for i, (_, _, reason, message) in enumerate(CASES)]
+        (f"{src}:{unit(i + 1)}", reason, said(i + 1, message)) for i, (_, _, reason, message) in enumerate(CASES)]
+
+
+def _as_item(item: int, message: str) -> str:
+    """A JSONL line's "not valid JSON" message as the same text gets it as item ``item`` of a
+    JSON array: that item named, orjson's position said to be in the item's text."""
+    m = re.fullmatch(r"not valid JSON \((.*): line (\d+) column (\d+) \(char \d+\)\); each line must hold one JSON "
+                     r"object", message)
+    return message if m is None else (f"item {item} of the JSON array is not valid JSON: {m[1]} (line {m[2]}, column "
+                                      f"{m[3]} of the item's text); each item of the array must be one JSON object "
+                                      f"(one record): fix that item, or remove it")
 
 
 def test_an_escaped_nul_is_text_and_is_kept(tmp_path):

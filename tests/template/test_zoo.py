@@ -11,7 +11,9 @@ cannot carry, which transformers' own render (or its refusal) confirms.
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 
 import numpy as np
 import pytest
@@ -20,7 +22,18 @@ from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes
 from sftdata.tokenize.hf import load_hf_tokenizer
-from tests.helpers.zoo import RECORDS, ZOO, reference_messages, zoo_model
+from tests.helpers.zoo import (
+    RECORDS,
+    ZOO,
+    ZOO_MEMBERS,
+    ZOO_SDIST,
+    extract_templates,
+    fetch_zoo,
+    reference_messages,
+    zoo_folder,
+    zoo_missing,
+    zoo_model,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
@@ -161,3 +174,43 @@ def test_prepare_tool_refuses_a_template_that_renders_no_tool_call(zoo):
     _, _, profile, _ = zoo("smollm3")
     assert not profile.renders_tool_calls and not profile.tools_supported
     assert zoo("qwen2.5")[2].renders_tool_calls
+
+
+def _tarball(path, files: dict[str, bytes]):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_the_zoo_is_the_sdist_s_own_templates_extracted_whole(tmp_path):
+    """What a fresh clone's first zoo test does: the templates folder of llama-cpp-python's
+    sdist, nothing else, made beside the target and renamed (never half there)."""
+    sdist = _tarball(tmp_path / ZOO_SDIST, {
+        f"{ZOO_MEMBERS}a.jinja": b"{{ messages }}",
+        f"{ZOO_MEMBERS}b.jinja": b"{% for m in messages %}{{ m.content }}{% endfor %}",
+        f"{ZOO_MEMBERS}README.md": b"not a template",
+        f"{ZOO_MEMBERS}nested/c.jinja": b"below the folder",
+        "llama_cpp_python-0.3.36/other/d.jinja": b"elsewhere"})
+    assert extract_templates(sdist, tmp_path / "zoo" / "templates") == 2
+    assert sorted(p.name for p in (tmp_path / "zoo").iterdir()) == ["templates"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "zoo" / "templates").iterdir()} == \
+        {"a.jinja": b"{{ messages }}", "b.jinja": b"{% for m in messages %}{{ m.content }}{% endfor %}"}
+    # a second extraction (another session that found none) leaves the first one's folder as it is
+    assert extract_templates(sdist, tmp_path / "zoo" / "templates") == 2
+    assert sorted(p.name for p in (tmp_path / "zoo").iterdir()) == ["templates"]
+    (sdist_root := tmp_path / "root" / "sdist").mkdir(parents=True)
+    sdist.rename(sdist_root / ZOO_SDIST)  # fetch_zoo downloads only what is not there
+    assert fetch_zoo(tmp_path / "root") == tmp_path / "root" / "templates"
+    assert sorted(p.name for p in (tmp_path / "root" / "templates").iterdir()) == ["a.jinja", "b.jinja"]
+
+
+def test_the_zoo_holds_every_template_the_tests_name():
+    """The zoo's templates are here (fetched by the tests themselves on a fresh clone), each
+    one ZOO names (offline: skipped with the reason, which fails a CI run)."""
+    folder = zoo_folder()
+    if folder is None:
+        pytest.skip(zoo_missing())
+    assert {f"{e.file}.jinja" for e in ZOO.values()} <= {p.name for p in folder.glob("*.jinja")}
