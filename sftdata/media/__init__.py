@@ -1,7 +1,7 @@
 """Images and videos in records: each reference read to bytes (hashed), its size read from the
 header with EXIF orientation applied and its bytes checked whole, and its placeholder count
 decided exactly as the model's own processor decides it (Qwen2-VL / Qwen2.5-VL / Qwen3-VL,
-Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3 / SmolVLM; video for Qwen2-VL / Qwen2.5-VL).
+Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3 / SmolVLM; video for the Qwen family).
 
 A leaf: it imports only ``sftdata.util`` and ``sftdata.errors``; Pillow (the ``vision`` extra)
 only when an image is read. Bad media is a ``MediaError`` whose ``reason`` the pipeline counts

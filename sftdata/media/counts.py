@@ -18,3 +18,4 @@ class MediaCount:
     processed: tuple[int, int]
     grid: tuple[int, ...] = ()
     frames: int = 0
+    timestamps: tuple[float, ...] = ()

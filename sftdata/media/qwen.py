@@ -12,6 +12,9 @@ A video keeps the frames its sampling rule picks (all of them unless ``do_sample
 padded to a multiple of ``temporal_patch_size`` by repeating the last: ``grid_t = ceil(frames /
 temporal_patch_size)``; each frame is resized as an image is, within the video's own pixel
 bounds (and, with ``cap_pixels_per_frame``, within a share of a whole-video budget).
+Qwen3-VL's video processor (``models/qwen3_vl``) samples ``fps`` frames a second by
+``linspace`` (24 fps assumed where the container says none), resizes within bounds over all
+frames together, and its processor writes each temporal patch's time before its tokens.
 """
 
 from __future__ import annotations
@@ -100,10 +103,10 @@ def sampled_frames(settings: dict, video: VideoInfo) -> int:
 
 def qwen_video(settings: dict, video: VideoInfo) -> MediaCount:
     """The frames kept, the grid ``(t, h, w)`` and tokens ``t * h * w // merge_size**2`` of one
-    video, as ``Qwen2VLVideoProcessor`` decides them (pinned video ``settings``)."""
+    video, as ``Qwen2VLVideoProcessor`` (or, for ``family`` qwen3_vl, ``Qwen3VLVideoProcessor``)
+    decides them (pinned video ``settings``)."""
     if settings.get("family") == "qwen3_vl":
-        raise ConfigError("video for Qwen3-VL is not supported yet: its processor samples frames its own way "
-                          "and writes a timestamp before each; use images, or a Qwen2-VL / Qwen2.5-VL model")
+        return qwen3_video(settings, video)
     patch, merge, tps = settings["patch_size"], settings["merge_size"], settings["temporal_patch_size"]
     frames = sampled_frames(settings, video)
     factor = patch * merge
@@ -114,3 +117,76 @@ def qwen_video(settings: dict, video: VideoInfo) -> MediaCount:
     h, w = smart_resize(video.height, video.width, factor, settings["min_pixels"], max_pixels)
     grid = (-(-frames // tps), h // patch, w // patch)
     return MediaCount(tokens=grid[0] * grid[1] * grid[2] // merge ** 2, processed=(h, w), grid=grid, frames=frames)
+
+
+# ------------------------------------------------------------------------------------- Qwen3-VL
+QWEN3_DEFAULT_FPS = 24  # what Qwen3-VL's processor assumes of a video whose frame rate is unknown
+
+
+def qwen3_frame_indices(settings: dict, video: VideoInfo) -> list[int]:
+    """The frames ``Qwen3VLVideoProcessor.sample_frames`` keeps: ``num_frames``, or ``fps`` a
+    second within [min_frames, max_frames] and the video's count, else the video's count within
+    the bounds; spread by ``linspace(0, total - 1, n)`` rounded half to even (numpy)."""
+    total = video.frames
+    if not settings.get("do_sample_frames"):
+        return list(range(total))
+    num, fps = settings.get("num_frames"), settings.get("fps")
+    if num is not None and fps is not None:
+        raise ConfigError("the video settings give both num_frames and fps: the Qwen-VL processor takes one")
+    if num is None and fps is not None:
+        num = int(total / (video.fps or QWEN3_DEFAULT_FPS) * fps)
+        num = min(max(num, settings["min_frames"]), settings["max_frames"], total)
+    if num is None:
+        num = min(max(total, settings["min_frames"]), settings["max_frames"])
+    if num == 1:
+        return [0]
+    step = (total - 1) / (num - 1)
+    return [round(i * step) if i < num - 1 else total - 1 for i in range(num)]
+
+
+def qwen3_smart_resize(frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int,
+                       max_pixels: int) -> tuple[int, int]:
+    """(height, width) of Qwen3-VL's video ``smart_resize``: a side under ``factor`` scaled up
+    first, the pixel bounds over all frames (``t_bar * h * w``)."""
+    if frames < temporal:
+        raise MediaError(MEDIA_UNSUPPORTED, f"a video sampled to {frames} frames: the Qwen3-VL processor needs at "
+                         f"least {temporal} (its temporal patch)")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaError(MEDIA_UNSUPPORTED, f"a video of {width}x{height}: the Qwen-VL processor refuses an aspect "
+                         f"ratio over {MAX_ASPECT_RATIO} ({max(height, width) / min(height, width):.1f})")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def qwen3_timestamps(indices: list[int], fps: float, temporal: int) -> tuple[float, ...]:
+    """Each temporal patch's time, the mean of its first and last frame's (``Qwen3VLProcessor.
+    _calculate_timestamps``): the processor writes ``<{t:.1f} seconds>`` before its tokens."""
+    indices = list(indices) + [indices[-1]] * (-len(indices) % temporal)
+    times = [i / fps for i in indices]
+    return tuple((times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal))
+
+
+def qwen3_video(settings: dict, video: VideoInfo) -> MediaCount:
+    patch, merge, tps = settings["patch_size"], settings["merge_size"], settings["temporal_patch_size"]
+    indices = qwen3_frame_indices(settings, video)
+    frames, factor, max_pixels = len(indices), patch * merge, settings["max_pixels"]
+    if settings.get("cap_pixels_per_frame"):
+        per_frame = max(min(settings["max_video_tokens"] * factor * factor, max_pixels // frames),
+                        int(settings["min_pixels"] * 1.05))
+        max_pixels = per_frame * frames
+    h, w = qwen3_smart_resize(frames, video.height, video.width, tps, factor, settings["min_pixels"], max_pixels)
+    grid = (-(-frames // tps), h // patch, w // patch)
+    return MediaCount(tokens=grid[0] * grid[1] * grid[2] // merge ** 2, processed=(h, w), grid=grid, frames=frames,
+                      timestamps=qwen3_timestamps(indices, video.fps or QWEN3_DEFAULT_FPS, tps))

@@ -35,6 +35,8 @@ QWEN_IMAGE = {"size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
 QWEN_VIDEO = {"size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768}, "patch_size": 14,
               "temporal_patch_size": 2, "merge_size": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": False,
               "fps": None, "num_frames": None, "cap_pixels_per_frame": False, "max_video_tokens": 128000}
+QWEN3_VIDEO = {**QWEN_VIDEO, "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768}, "patch_size": 16,
+               "do_sample_frames": True, "fps": 2, "max_video_tokens": 768}
 TILED = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364}, "do_resize": True,
          "do_image_splitting": True}
 LLAVA_NEXT_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
@@ -83,9 +85,10 @@ def _qwen(family: str, image: dict, video: dict | None) -> dict:
     d = {**QWEN_IMAGE, **image}
     out = {"family": family, **_qwen_pixels(image, QWEN_IMAGE),
            **{k: int(d[k]) for k in ("patch_size", "merge_size", "temporal_patch_size")}}
-    v = {**QWEN_VIDEO, **(video if video is not None else image)}
-    out["video"] = {**_qwen_pixels(video if video is not None else image, QWEN_VIDEO),
-                    **{k: v[k] for k in QWEN_VIDEO if k != "size"}}
+    defaults = QWEN3_VIDEO if family == "qwen3_vl" else QWEN_VIDEO
+    v = {**defaults, **(video if video is not None else image)}
+    out["video"] = {**_qwen_pixels(video if video is not None else image, defaults),
+                    **{k: v[k] for k in defaults if k != "size"}}
     out["video"]["cap_pixels_per_frame"] = bool(out["video"]["cap_pixels_per_frame"])
     return out
 

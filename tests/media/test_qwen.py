@@ -18,7 +18,7 @@ import pytest
 
 from sftdata.errors import ConfigError
 from sftdata.media import MEDIA_UNSUPPORTED, MediaError, VideoInfo, image_count, image_header, settings_from_dicts, video_count
-from sftdata.media.qwen import sampled_frames, smart_resize
+from sftdata.media.qwen import qwen3_frame_indices, sampled_frames, smart_resize
 
 Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
@@ -40,8 +40,11 @@ SIZES = [(1, 1), (28, 28), (27, 29), (480, 1280), (1280, 480), (4000, 200), (200
          (56, 56), (3000, 3000)] + [(rng.randint(1, 1200), rng.randint(1, 1200)) for _ in range(36)]
 
 
+NOT_KWARGS = ("image_processor_type", "processor_class", "video_processor_type")
+
+
 def _processor(published: dict):
-    kwargs = {k: v for k, v in published.items() if k not in ("image_processor_type", "processor_class")}
+    kwargs = {k: v for k, v in published.items() if k not in NOT_KWARGS}
     return pil_qwen.Qwen2VLImageProcessorPil(**kwargs)
 
 
@@ -193,5 +196,46 @@ def test_video_errors():
     with pytest.raises(ConfigError, match=r"^the video settings give both num_frames and fps"):
         video_count(_video_settings(do_sample_frames=True, fps=2, num_frames=8),
                     VideoInfo(frames=50, fps=25.0, width=64, height=64))
-    with pytest.raises(ConfigError, match=r"^video for Qwen3-VL is not supported yet"):
-        video_count(settings_from_dicts(QWEN3_VL), VideoInfo(frames=50, fps=25.0, width=64, height=64))
+    with pytest.raises(MediaError, match=r"^a video sampled to 1 frames: the Qwen3-VL processor needs at least 2"):
+        video_count(settings_from_dicts(QWEN3_VL, video=QWEN3_VL_VIDEO), VideoInfo(frames=1, fps=25.0, width=64, height=64))
+
+
+# the published video_preprocessor_config.json of Qwen3-VL
+QWEN3_VL_VIDEO = {"size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
+                  "merge_size": 2, "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                  "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor"}
+
+
+@pytest.mark.parametrize("rule", [{}, {"fps": 1}, {"fps": None, "num_frames": 9}, {"fps": None},
+                                  {"size": {"longest_edge": 786432, "shortest_edge": 131072}, "cap_pixels_per_frame": True},
+                                  {"do_sample_frames": False}])
+def test_qwen3_video_frames_grids_and_timestamps_equal_its_processors(rule):
+    """Qwen3-VL's video processor imports without torchvision: its own sample_frames,
+    get_num_of_video_patches, its module's smart_resize and the processor's timestamps."""
+    video_module = pytest.importorskip("transformers.models.qwen3_vl.video_processing_qwen3_vl")
+    processing = pytest.importorskip("transformers.models.qwen3_vl.processing_qwen3_vl")
+    published = {**QWEN3_VL_VIDEO, **rule}
+    proc = video_module.Qwen3VLVideoProcessor(**{k: v for k, v in published.items() if k not in NOT_KWARGS})
+    settings = settings_from_dicts(QWEN3_VL, video=published)
+    v = settings["video"]
+    r = random.Random(5)
+    for _ in range(60):
+        fps = r.choice([None, 24.0, 25.0, 29.97, 30.0, 60.0])
+        info = VideoInfo(frames=r.randint(2, 900), fps=fps, width=r.randint(8, 1920), height=r.randint(8, 1080))
+        if v["do_sample_frames"]:
+            metadata = SimpleNamespace(total_num_frames=info.frames, fps=info.fps)
+            indices = [int(i) for i in proc.sample_frames(metadata, num_frames=v["num_frames"], fps=v["fps"])]
+        else:
+            indices = list(range(info.frames))
+        assert qwen3_frame_indices(v, info) == indices
+        got = video_count(settings, info)
+        n = len(indices)
+        kwargs = {"cap_pixels_per_frame": v["cap_pixels_per_frame"]}
+        assert got.tokens == proc.get_num_of_video_patches(n, info.height, info.width, kwargs) // 4, info
+        factor = 32
+        high = v["max_pixels"]
+        if v["cap_pixels_per_frame"]:
+            high = max(min(v["max_video_tokens"] * factor * factor, high // n), int(v["min_pixels"] * 1.05)) * n
+        assert got.processed == video_module.smart_resize(n, info.height, info.width, 2, factor, v["min_pixels"], high)
+        want = processing.Qwen3VLProcessor._calculate_timestamps(None, list(indices), info.fps or 24, 2)
+        assert list(got.timestamps) == want and got.grid[0] == len(want) and got.frames == n
