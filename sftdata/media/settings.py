@@ -146,20 +146,26 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_processor_settings(folder: str | Path) -> dict:
-    """The pinned settings of a model folder's processor (see ``settings_from_dicts``). A folder
-    without an image processor's settings is a ``ConfigError`` naming the files it looked for."""
+    """The pinned settings of a model folder's processor (see ``settings_from_dicts``), read in
+    transformers' order: a settings dict nested in ``processor_config.json``, then the
+    processor's own file. A folder without an image processor's settings is a ``ConfigError``
+    naming the files it looked for."""
     folder = Path(folder)
     processor = _read_json(folder / PROCESSOR_FILE) or {}
-    image = _read_json(folder / IMAGE_FILES[0])
-    if image is None and isinstance(processor.get("image_processor"), dict):
-        image = processor["image_processor"]
+    image_file = _read_json(folder / IMAGE_FILES[0])
+    image = _nested(processor, "image_processor", image_file)
     if image is None:
         raise ConfigError(f"{folder} has no {IMAGE_FILES[0]} (nor an image_processor in {PROCESSOR_FILE}): a vision "
                           f"model's folder holds the settings of its image processor there")
-    video = _read_json(folder / VIDEO_FILE)
-    if video is None and isinstance(processor.get("video_processor"), dict):
-        video = processor["video_processor"]
+    video = _nested(processor, "video_processor", _read_json(folder / VIDEO_FILE))
     return settings_from_dicts(image, processor, _read_json(folder / "config.json") or {}, video)
+
+
+def _nested(processor: dict, key: str, own_file: dict | None) -> dict | None:
+    """The settings transformers loads: nested in processor_config.json first, then the
+    processor's own file (a video processor without one falls back to the image settings)."""
+    nested = processor.get(key)
+    return nested if isinstance(nested, dict) else own_file
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

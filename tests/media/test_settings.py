@@ -128,6 +128,19 @@ def test_a_folder_whose_processor_config_nests_the_image_processor(tmp_path):
     assert (c.grid, c.tokens) == ((3, 4), 81 * (3 * 4 + 1))
 
 
+def test_settings_nested_in_processor_config_win_as_transformers_loads_them(tmp_path):
+    nested = {**QWEN2_VL, "max_pixels": 1003520}
+    video = {"size": {"shortest_edge": 4096, "longest_edge": 65536}}
+    folder = _write(tmp_path / "m", preprocessor_config=QWEN2_VL, video_preprocessor_config={"fps": 9},
+                    processor_config={"processor_class": "Qwen2VLProcessor", "image_processor": nested,
+                                      "video_processor": video})
+    s = read_processor_settings(folder)
+    assert (s["max_pixels"], s["video"]["max_pixels"], s["video"]["fps"]) == (1003520, 65536, None)
+    alone = read_processor_settings(_write(tmp_path / "n", preprocessor_config=QWEN2_VL,
+                                           video_preprocessor_config={"fps": 9}))
+    assert (alone["max_pixels"], alone["video"]["max_pixels"], alone["video"]["fps"]) == (12845056, 602112, 9)
+
+
 def test_folder_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"^.*/empty has no preprocessor_config.json \(nor an image_processor in "
                                           r"processor_config.json\)"):
