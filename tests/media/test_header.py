@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sftdata.errors import InputError
-from sftdata.media import MEDIA_UNREADABLE, MediaError, image_header
+from sftdata.media import MEDIA_UNREADABLE, MEDIA_UNSUPPORTED, MediaError, image_header
 from sftdata.media.header import check_webp
 
 Image = pytest.importorskip("PIL.Image")
@@ -117,6 +117,15 @@ def test_truncated_gif_and_webp_are_unreadable(encode_image):
 @pytest.mark.parametrize("data", [b"", b"hello", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"\xff\xd8\xff"])
 def test_bytes_no_decoder_accepts_are_unreadable(data):
     _reject(data, r"not an image any decoder accepts")
+
+
+def test_an_image_past_pillows_bomb_limit_is_unsupported(encode_image, monkeypatch):
+    data = encode_image(100, 100)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # Pillow refuses over twice the limit: 10,000 > 4,000
+    with pytest.raises(MediaError, match=r"^big.jpg: an image too large to decode safely \(Image size \(10000 pixels\) "
+                                         r"exceeds limit of 4000 pixels") as e:
+        image_header(data, "big.jpg")
+    assert e.value.reason == MEDIA_UNSUPPORTED
 
 
 def test_a_missing_pillow_names_the_extra(monkeypatch):
