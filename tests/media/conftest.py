@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-Image = pytest.importorskip("PIL.Image")
-
 
 def _encode(width: int, height: int, fmt: str = "JPEG", mode: str = "RGB", orientation: int | None = None,
             noise: bool = False, seed: int = 0) -> bytes:
+    from PIL import Image  # the fixture is only requested by modules that skip without Pillow
+
     if noise:  # incompressible pixels: a long scan, so a cut lands inside the image data
         raw = random.Random(seed).randbytes(width * height * len(mode))
         im = Image.frombytes(mode, (width, height), raw)
@@ -30,4 +30,5 @@ def _encode(width: int, height: int, fmt: str = "JPEG", mode: str = "RGB", orien
 @pytest.fixture
 def encode_image():
     """``encode_image(width, height, fmt="JPEG", mode="RGB", orientation=None, noise=False)`` -> bytes."""
+    pytest.importorskip("PIL.Image")
     return _encode
