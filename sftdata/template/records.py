@@ -146,7 +146,7 @@ def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
             if e.reason not in UNRENDERED:
                 raise
             first = first or e
-    tried = [r.replace("_", " ") for r in stages[-1][1] if r not in stages[0][1]]
+    tried = list(dict.fromkeys(r.replace("_", " ") for r in stages[-1][1] if r not in stages[0][1]))  # each once
     also = f" (sftdata tried it also with these repairs: {', '.join(tried)})" if tried else ""
     fix = ". Fix the record so that the template accepts it, or use a template that does (--chat-template)" \
         if first.reason == "template_error" else ""

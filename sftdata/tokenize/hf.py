@@ -38,7 +38,7 @@ from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
 from .guard import check_document, check_sizes, document_sizes, library_call, read_limited
-from .hub import is_hub_id, resolve_hub
+from .hub import is_hub_id, missing_tokenizer, resolve_hub
 from .identity import facts_identity, vocabulary_sha256
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
@@ -534,7 +534,7 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
     elif path.is_file():
         folder, file = path.parent, path
     else:
-        raise TokenizerError(f"tokenizer {spec} does not exist; give a tokenizer.json or a folder holding one")
+        raise TokenizerError(missing_tokenizer(str(spec)))
     data = read_limited(file)  # refused by its size before it is read
     sha256 = hashlib.sha256(data).hexdigest()
     facts, doc = _cached_facts(sha256), None  # a file this version loaded before: not parsed again
