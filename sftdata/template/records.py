@@ -68,9 +68,9 @@ def require_tool_calls(profile: TemplateProfile) -> None:
     if not profile.renders_tool_calls:
         raise TemplateError(f"chat template {profile.template.name} renders no tool call (a call's name does not "
                             f"appear in its render), so every tool call of the records would be lost; prepare-tool "
-                            f"refuses it. Use a template that renders tool calls (--chat-template model:NAME, a "
-                            f"preset such as llama3 or chatml, or a .jinja file), or prepare-chat for records "
-                            f"without tools")
+                            f"refuses it. Use the model's own template for tool use (--chat-template model:NAME for "
+                            f"a named one such as tool_use, or its official template as a .jinja file), or "
+                            f"prepare-chat for records without tools")
 
 
 def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, where: str) -> RecordError:

@@ -123,9 +123,10 @@ def test_prepare_tool_refuses_up_front_a_template_that_renders_no_tool_call(fold
     assert r.exit_code == 1 and not (tmp_path / "ds").exists()
     assert " ".join(r.output.split()) == (
         "error: chat template model renders no tool call (a call's name does not appear in its render), so every tool "
-        "call of the records would be lost; prepare-tool refuses it. Use a template that renders tool calls "
-        "(--chat-template model:NAME, a preset such as llama3 or chatml, or a .jinja file), or prepare-chat for "
-        "records without tools")
+        "call of the records would be lost; prepare-tool refuses it. Use the model's own template for tool use "
+        "(--chat-template model:NAME for a named one such as tool_use, or its official template as a .jinja file), "
+        "or prepare-chat for records without tools")
+    assert "llama3" not in r.output  # its tool format is not Meta's 3.1 one: never suggested for a model's data
 
 
 CALL_TURNS = [  # a question, a tool call, its result, the answer
