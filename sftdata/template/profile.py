@@ -47,6 +47,9 @@ _WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
+_SCHEMA_MARK = "Tells the weather of a place"  # a description no template writes by itself
+
+
 def _conv(*turns: Turn, tools: tuple[dict, ...] = ()) -> Conversation:
     return Conversation(tuple(turns), tool_specs=tools)
 
@@ -88,6 +91,7 @@ class TemplateProfile:
     content: ContentStyle = "string"
     unsupported: dict = field(default_factory=dict, hash=False)
     renders_tool_calls: bool = True
+    ignores_tool_schemas: bool = False  # it renders calls but never a schema, and the same text without them
     appended_stop: str | None = None
     user_variables: dict = field(default_factory=dict, hash=False)
     replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
@@ -156,6 +160,7 @@ class TemplateProfile:
                                   "variables": self.user_variables,
                                   "capabilities": {c: self.unsupported.get(c, "supported") for c in CAPABILITIES},
                                   "renders_tool_calls": self.renders_tool_calls,
+                                  "tool_schemas": "ignored" if self.ignores_tool_schemas else "rendered",
                                   "content": self.content,
                                   "per_reply": self.replies_alone},
                 "mask_rule": self.rule.state(),
@@ -435,8 +440,11 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
         unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
+    ignores = renders_calls and "tools" not in unsupported and \
+        _ignores_schemas(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
-                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls)
+                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls,
+                   ignores_tool_schemas=ignores)
 
 
 def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render_full, added: list[str],
@@ -507,6 +515,25 @@ def _renders_calls(render_full, messages: list[dict], tools) -> bool:
         at = text.find(asked)
         return at >= 0 and "get_weather" in text[at + len(asked):]
     return False
+
+
+def _ignores_schemas(render_full, messages: list[dict], tools) -> bool:
+    """Whether the template renders tool calls but never the tools' schemas (DeepSeek V3.1):
+    neither the probe tool's description nor its parameter's description is in the tool
+    probe's render, and the render is the same text without the tools. The model never
+    sees schemas at inference either, so a record's schemas are left out of its render
+    (which is then exactly transformers' with them) and counted, not refused."""
+    schema = {"type": "function", "function": {**_WEATHER["function"], "description": _SCHEMA_MARK}}
+    schema["function"]["parameters"] = {**_WEATHER["function"]["parameters"], "properties": {
+        "city": {"type": "string", "description": _SCHEMA_MARK + " city"}}}
+    try:
+        with_tools = render_full(messages, [schema]).text
+        without = render_full(messages, None).text
+    except TemplateLimitError:
+        raise
+    except TemplateError:
+        return False
+    return _SCHEMA_MARK not in with_tools and with_tools == without
 
 
 def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name: str) -> tuple[int, ...]:

@@ -83,7 +83,9 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     tools the template cannot render is refused by name; reasoning a template ignores is
     dropped and counted per turn (``reasoning_ignored_by_template``; ``--reasoning inline``
     writes it into the reply instead, before this), refused where a reply holds nothing
-    else (``template_drops_reasoning``)."""
+    else (``template_drops_reasoning``). Tool schemas a template never renders (it renders
+    the same text without them: DeepSeek V3.1) are left out and counted per record
+    (``tool_schemas_ignored_by_template``): the model never sees them at inference either."""
     turns = conv.turns
     if not profile.supports("system") and turns and turns[0].role == "system":
         raise _cannot(profile, "system", "a system message", "drop the system message from the record, or use a "
@@ -91,6 +93,9 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     if not profile.supports("tools") and (conv.tools or any(t.tool_calls or t.role == "tool" for t in turns)):
         raise _cannot(profile, "tools", "tool schemas, calls or results", "use a template that renders tool "
                       "calls (--chat-template model:NAME or FILE.jinja), or drop the tool records", where)
+    if profile.ignores_tool_schemas and (conv.tools or conv.tool_specs):
+        conv = replace(conv, tools=(), tool_specs=(), repairs=conv.repairs + (SCHEMAS_IGNORED,))
+        turns = conv.turns
     if profile.supports("reasoning") or not any(t.reasoning for t in turns):
         return conv
     for i, t in enumerate(turns):
@@ -112,6 +117,8 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
                    turn_counts=tuple(counts) + ("reasoning_ignored_by_template",) * ignored)
 
 
+#: counted per record whose tool schemas the template never renders (``fit_to_template``)
+SCHEMAS_IGNORED = "tool_schemas_ignored_by_template"
 #: what a template's render of a record as given may fail with, so that a repaired record is tried
 UNRENDERED = ("template_error", "template_rewrites_history", "reply_not_located")
 

@@ -79,6 +79,10 @@ def folders(tmp_path_factory):
         for name, template in (("gemma", ALTERNATING), ("chatml", DATED))}
     out["headerless"] = train_tokenizer(root / "headerless", HEADERLESS_TOKENS, "<|bos|>", "<|eos|>",
                                         config={"chat_template": HEADERLESS})
+    # renders no schema, but otherwise with tools than without
+    flagged = "{%- if tools %}{{- 'Tools are on. ' }}{%- endif %}" + HEADERLESS
+    out["flagged"] = train_tokenizer(root / "flagged", HEADERLESS_TOKENS, "<|bos|>", "<|eos|>",
+                                     config={"chat_template": flagged})
     out["next_role"] = train_tokenizer(root / "next_role", NEXT_ROLE_TOKENS, None, "<|endoftext|>",
                                        config={"chat_template": NEXT_ROLE_ENDS, "pad_token": "<|pad|>"})
     return out
@@ -150,20 +154,31 @@ def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders
         '<|call|>get_weather<|sep|>{"city": "Paris"}<|call_end|><|eos|>', "It is 18C.<|eos|>"]
 
 
-def test_a_schema_written_only_in_its_call_is_dropped_not_rendered(folders):
-    """The template renders the call (its name and argument names) but not the schema the
-    record gives: the record is refused, as transformers' render holds no schema either."""
+def test_a_schema_written_only_in_its_call_is_ignored_by_the_template_and_counted(folders):
+    """The template renders the call (its name and argument names) but never a schema, and
+    the same text with or without tools: the record is kept as transformers renders it with
+    its tools, and its ignored schemas counted (issue 41)."""
     record = {"tools": [WEATHER], "messages": CALL_TURNS}
     res, profile, tok = episodes_of(folders["headerless"], record)
-    assert profile.tools_supported
+    assert profile.tools_supported and profile.ignores_tool_schemas
+    assert not isinstance(res, RecordError) and res.repairs == ("tool_schemas_ignored_by_template",)
+    messages, tools = reference_messages(record)
+    assert res.episodes[0].ids.tolist() == hf_ids(folders["headerless"], messages, tools)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders["headerless"]))
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert "get_weather" in text and "Weather" not in text.replace("Weather in Paris?", "")
+
+
+def test_a_schema_dropped_by_a_template_that_renders_otherwise_with_tools_is_refused(folders):
+    """No schema in the render, but the render changes with tools: dropping the schemas would
+    not give transformers' render, so the record is refused."""
+    record = {"tools": [WEATHER], "messages": CALL_TURNS}
+    res, profile, tok = episodes_of(folders["flagged"], record)
+    assert profile.tools_supported and not profile.ignores_tool_schemas
     assert isinstance(res, RecordError) and (res.reason, res.detail) == (
         "template_drops_tools", "chat template model drops the tool schema 'get_weather' from its "
         "render, so it would be lost (never kept altered); use a chat template that renders the tools it is given "
         "(or write the tool schemas into the record's system message)")
-    messages, tools = reference_messages(record)
-    hf = transformers.AutoTokenizer.from_pretrained(str(folders["headerless"]))
-    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
-    assert "get_weather" in text and "Weather" not in text.replace("Weather in Paris?", "")
 
 
 def _runs(mask):
