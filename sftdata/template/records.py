@@ -123,20 +123,40 @@ SCHEMAS_IGNORED = "tool_schemas_ignored_by_template"
 UNRENDERED = ("template_error", "template_rewrites_history", "reply_not_located")
 
 
-def _stages(conv: Conversation) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
+LEADING = "leading_assistant_untrained"  # counted for every record that opens with a reply, as with the markers
+
+
+def _leading(turns: tuple[Turn, ...]) -> range:
+    """The indices of the assistant turns before the first user turn or tool result: replies
+    that answer no one (empty when the conversation opens otherwise)."""
+    first = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+    if first == len(turns) or turns[first].role != "assistant":
+        return range(0)
+    asked = next((i for i, t in enumerate(turns) if t.role in ("user", "tool")), len(turns))
+    return range(first, asked)
+
+
+def _stages(conv: Conversation, profile: TemplateProfile) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
     """What a template is given, in order, with the repairs each counts: the record as
     given; with the structural repairs (same-role turns merged, tool results in call
-    order, a JSON list of results split); and then without a leading assistant turn."""
+    order, a JSON list of results split); and then without a leading assistant turn.
+
+    A reply that opens the conversation answers no one: it is left untrained
+    (``leading_assistant_untrained``, the same count as with sftdata's markers) where the
+    rule can leave it so (``MaskRule.asked``, or one episode per reply); else it is
+    dropped (``dropped_leading_assistant`` as well), as where the template refuses it."""
     base = tuple(r for r in conv.repairs if r not in STRUCTURAL_REPAIRS)
     out = [(conv.given_turns, base)]
     if conv.given:
         out.append((conv.turns, base + tuple(r for r in conv.repairs if r in STRUCTURAL_REPAIRS[:3])))
     turns, repairs = out[-1]
-    first = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
-    if first < len(turns) and turns[first].role == "assistant":
-        user = next((i for i, t in enumerate(turns) if t.role == "user"), None)
-        if user is not None:
-            out.append((turns[:first] + turns[user:], repairs + ("dropped_leading_assistant",)))
+    lead = _leading(turns)
+    if lead:
+        kept = profile.rule.asked or profile.rule.last_reply_only
+        out = [(tuple(replace(t, untrained="leading") if i in _leading(ts) else t for i, t in enumerate(ts)),
+                rs + (LEADING,)) for ts, rs in out] if kept else []
+        if lead.stop < len(turns) and turns[lead.stop].role == "user":
+            out.append((turns[:lead.start] + turns[lead.stop:], repairs + (LEADING, "dropped_leading_assistant")))
     return out
 
 
@@ -144,7 +164,12 @@ def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
                 where: str) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
     """The plan of the first of ``_stages`` the template renders (``UNRENDERED``), its turns
     and repairs. Raises ``RecordError``: the first stage's, saying what else was tried."""
-    stages = _stages(conv)
+    stages = _stages(conv, profile)
+    if not stages:
+        raise RecordError("untrained_turn", f"the conversation opens with an assistant reply, which answers no one "
+                          f"and is not trained, but chat template {profile.template.name}'s mask rule cannot leave it "
+                          f"untrained and no user turn follows it to start from instead; drop it from the record",
+                          where)
     first: RecordError | None = None
     for turns, repairs in stages:
         try:

@@ -299,7 +299,7 @@ def test_rule_mismatch_is_rejected_by_name_and_per_reply_records_counted(tmp_pat
             "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["rejected"] == {} and out["repaired"] == {"dropped_leading_assistant": 1}
+    assert out["rejected"] == {} and out["repaired"] == {"dropped_leading_assistant": 1, "leading_assistant_untrained": 1}
     ids = episodes(tmp_path / "m")[1][0]
     assert ids == episodes(tmp_path / "m")[0][0]  # the record without its leading message: the first one
     # a template that replaces earlier replies: every record one episode per reply, and they verify

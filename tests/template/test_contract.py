@@ -256,16 +256,25 @@ def test_reasoning_a_template_ignores_is_dropped_and_counted_or_inlined_by_choic
 
 
 # ---------------------------------------------------------------- repairs only where the template refuses
-def test_a_leading_assistant_turn_is_dropped_only_where_the_template_refuses_it(folders, tmp_path):
+def test_a_leading_assistant_turn_is_untrained_and_dropped_only_where_the_template_refuses_it(folders, tmp_path):
+    """A reply that opens the conversation answers no one: never trained, counted the same
+    way under every template (issue 41); dropped (and counted so) where the template
+    refuses it."""
     lead = {"messages": [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "Hi"},
                          {"role": "assistant", "content": "Hello!"}]}
     res, _, _ = episodes_of(folders["gemma"], lead, "chat")
-    assert res.repairs == ("dropped_leading_assistant",)
+    assert res.repairs == ("leading_assistant_untrained", "dropped_leading_assistant")
     assert res.episodes[0].ids.tolist() == hf_ids(folders["gemma"], lead["messages"][1:])
-    chatml = preset_tokenizer(tmp_path, "chatml")  # a template that renders it: kept, as given, and trained
-    (res,) = records_episodes([(parse_record(lead, "r"), "r")], learn_profile(load_chat_template("chatml"), chatml),
-                              chatml, None)
-    assert res.repairs == () and len(list(zip(*_runs(res.episodes[0].mask)))) == 2
+    chatml = preset_tokenizer(tmp_path, "chatml")  # a template that renders it: kept, as given, untrained
+    profile = learn_profile(load_chat_template("chatml"), chatml)
+    (res,) = records_episodes([(parse_record(lead, "r"), "r")], profile, chatml, None)
+    ep = res.episodes[0]
+    assert res.repairs == ("leading_assistant_untrained",)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "chatml"))
+    assert ep.ids.tolist() == list(hf.apply_chat_template(lead["messages"], chat_template=profile.template.text,
+                                                          tokenize=True, return_dict=False))
+    assert [chatml.decode(ep.ids[a:b]) for a, b in zip(*_runs(ep.mask))] == ["Hello!<|im_end|>"]
+    assert ep.text.startswith("<|im_start|>assistant\nWelcome.<|im_end|>") and ep.rule_mismatch is None
 
 
 def test_same_role_turns_are_merged_only_where_the_template_refuses_them(folders, tmp_path):
