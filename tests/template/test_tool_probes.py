@@ -16,6 +16,7 @@ from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes
 from sftdata.tokenize.hf import load_hf_tokenizer
 from tests.helpers.data import write_jsonl
+from tests.helpers.templates import TOKENS, train_tokenizer
 from tests.helpers.zoo import RECORDS, ZOO, Entry, reference_messages, zoo_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +25,7 @@ DEEPSEEK = {"bos": "<｜begin▁of▁sentence｜>", "eos": "<｜end▁of▁sente
 TEMPLATES = {
     **ZOO,
     "trl-deepseekv3": Entry("deepseekv3", source="trl", **DEEPSEEK),
+    "command-r-plus": Entry("CohereForAI-c4ai-command-r-plus-tool_use", bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>"),
 }
 
 
@@ -83,3 +85,51 @@ def test_prepare_tool_warns_of_ignored_schemas_once_with_the_count(model, tmp_pa
                       "them"]
     meta = orjson.loads((tmp_path / "ds" / "dataset_metadata.json").read_bytes())
     assert meta["counts"]["repaired"] == {"tool_schemas_ignored_by_template": 3}
+
+
+DESCRIBED = {"tools": [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"},
+                                                    "unit": {"type": "string", "description": "celsius or fahrenheit"}},
+                   "required": ["city"]}}}], "messages": RECORDS["tool"]["messages"]}
+
+
+def test_a_tool_template_that_loops_over_tools_learns_with_tools_given(model):
+    """Command R+'s tool_use template loops over ``tools`` and prints every parameter's
+    description: the probes give it tools, as a user's data does, instead of crashing on
+    ``'NoneType' object is not iterable`` (issue 41). A record it renders is kept exactly; one
+    it refuses (a chat without tools) is refused with its own message, as transformers does."""
+    _, tok, profile, hf = model("command-r-plus")
+    assert profile.tools_supported and profile.renders_tool_calls
+    (res,) = records_episodes([(parse_record(DESCRIBED, "r", "tool"), "r")], profile, tok, None)
+    assert not isinstance(res, RecordError), res.detail
+    assert [ep.ids.tolist() for ep in res.episodes] == [hf_ids(hf, DESCRIBED, profile)]
+    (res,) = records_episodes([(parse_record(RECORDS["chat"], "r", "chat"), "r")], profile, tok, None)
+    assert isinstance(res, RecordError) and res.reason == "template_error"
+    assert res.detail.startswith("chat template model failed: TypeError: 'NoneType' object is not iterable")
+    with pytest.raises(TypeError, match="'NoneType' object is not iterable"):  # transformers refuses it too
+        hf.apply_chat_template(RECORDS["chat"]["messages"], tokenize=False)
+
+
+# writes an assistant's calls only when the conversation is given tools (as Hunyuan's and
+# MiniMax's templates do)
+CALLS_WITH_TOOLS = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' + (tools | tojson) + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+    "{%- if tools %}{%- for c in m.tool_calls or [] %}{{- '<tool_call>' + (c.function | tojson) + '</tool_call>' }}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def test_a_template_that_writes_calls_only_when_given_tools_renders_tool_calls(tmp_path):
+    folder = train_tokenizer(tmp_path / "calls", *TOKENS["chatml"][:3], TOKENS["chatml"][3],
+                             config={"chat_template": CALLS_WITH_TOOLS, "pad_token": "<|endoftext|>"})
+    tok = load_hf_tokenizer(folder)
+    profile = model_profile(tok, "model")
+    assert profile.renders_tool_calls and profile.tools_supported  # refused up front by prepare-tool before
+    (res,) = records_episodes([(parse_record(RECORDS["tool"], "r", "tool"), "r")], profile, tok, None)
+    assert not isinstance(res, RecordError), res.detail
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert [ep.ids.tolist() for ep in res.episodes] == [hf_ids(hf, RECORDS["tool"], profile)]
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>' \
+        in res.episodes[0].text
