@@ -136,7 +136,7 @@ def _leading(turns: tuple[Turn, ...]) -> range:
     return range(first, asked)
 
 
-def _stages(conv: Conversation, profile: TemplateProfile) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
+def _stages(conv: Conversation, profile: TemplateProfile | None) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
     """What a template is given, in order, with the repairs each counts: the record as
     given; with the structural repairs (same-role turns merged, tool results in call
     order, a JSON list of results split); and then without a leading assistant turn.
@@ -144,14 +144,19 @@ def _stages(conv: Conversation, profile: TemplateProfile) -> list[tuple[tuple[Tu
     A reply that opens the conversation answers no one: it is left untrained
     (``leading_assistant_untrained``, the same count as with sftdata's markers) where the
     rule can leave it so (``MaskRule.asked``, or one episode per reply); else it is
-    dropped (``dropped_leading_assistant`` as well), as where the template refuses it."""
+    dropped (``dropped_leading_assistant`` as well), as where the template refuses it.
+    ``profile`` None: a leading reply is context that no rule trains anyway (a preference
+    pair trains its completion only), rendered as given and dropped only where refused."""
     base = tuple(r for r in conv.repairs if r not in STRUCTURAL_REPAIRS)
     out = [(conv.given_turns, base)]
     if conv.given:
         out.append((conv.turns, base + tuple(r for r in conv.repairs if r in STRUCTURAL_REPAIRS[:3])))
     turns, repairs = out[-1]
     lead = _leading(turns)
-    if lead:
+    if lead and profile is None:
+        if lead.stop < len(turns) and turns[lead.stop].role == "user":
+            out.append((turns[:lead.start] + turns[lead.stop:], repairs + ("dropped_leading_assistant",)))
+    elif lead:
         kept = profile.rule.asked or profile.rule.last_reply_only
         out = [(tuple(replace(t, untrained="leading") if i in _leading(ts) else t for i, t in enumerate(ts)),
                 rs + (LEADING,)) for ts, rs in out] if kept else []
@@ -161,10 +166,12 @@ def _stages(conv: Conversation, profile: TemplateProfile) -> list[tuple[tuple[Tu
 
 
 def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
-                where: str) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
+                where: str, leading_is_context: bool = False) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
     """The plan of the first of ``_stages`` the template renders (``UNRENDERED``), its turns
-    and repairs. Raises ``RecordError``: the first stage's, saying what else was tried."""
-    stages = _stages(conv, profile)
+    and repairs. Raises ``RecordError``: the first stage's, saying what else was tried.
+    ``leading_is_context``: a leading assistant reply is context no rule trains (a
+    preference prompt's), so it is given as it is."""
+    stages = _stages(conv, None if leading_is_context else profile)
     if not stages:
         raise RecordError("untrained_turn", f"the conversation opens with an assistant reply, which answers no one "
                           f"and is not trained, but chat template {profile.template.name}'s mask rule cannot leave it "
