@@ -6,6 +6,8 @@ as well (``dropped_leading_assistant``). Every dataset verifies (the rule re-der
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import orjson
 import pytest
@@ -15,6 +17,7 @@ from sftdata.errors import DatasetError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
 from sftdata.verify import verify
+from tests.helpers.audit import edit_metadata
 from tests.helpers.data import write_jsonl
 from tests.helpers.templates import TOKENS, train_tokenizer
 
@@ -81,3 +84,29 @@ def test_a_rule_leaves_a_reply_with_no_asked_turn_before_it_untrained():
     assert MaskRule.from_state(rule.state()) == rule and "asked" not in MaskRule(((a,),), (e,)).state()
     with pytest.raises(DatasetError, match="'asked' \\(lists of token ids\\) where given"):
         MaskRule.from_state({**rule.state(), "asked": [[]]})
+
+
+def _edit_rule(ds, fn) -> None:
+    """``fn`` applied to the recorded mask rule, as a writer that wrote it would record it
+    (the state's size and sha256 in the metadata, the metadata resealed)."""
+    state = orjson.loads((ds / "tokenizer_state.json").read_bytes())
+    fn(state["mask_rule"])
+    data = orjson.dumps(state)
+    (ds / "tokenizer_state.json").write_bytes(data)
+
+    def meta_fn(meta):
+        fn(meta["tokenizer"]["mask_rule"])
+        meta["files"]["tokenizer_state.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edit_metadata(ds, meta_fn)
+
+
+def test_a_rule_recorded_before_asked_existed_still_verifies_and_an_edited_one_fails(folders, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", RECORDS[3:5])  # no leading reply: the same masks with or without it
+    prepare([src], tmp_path / "ds", PrepareOptions(workers=1, tokenizer=str(folders["llama3"]), chat_template="llama3",
+                                                    allow_pad_as_stop=True))
+    assert verify(tmp_path / "ds").ok
+    _edit_rule(tmp_path / "ds", lambda rule: rule.pop("asked"))  # as an older sftdata wrote it
+    assert verify(tmp_path / "ds").ok
+    _edit_rule(tmp_path / "ds", lambda rule: rule.update(asked=[[1, 2, 3]]))  # not what the template gives
+    problems = [p for p in verify(tmp_path / "ds", quick=True).problems if p.code == "template_rule"]
+    assert len(problems) == 1 and "differs from the recorded one in asked" in problems[0].message
