@@ -19,7 +19,8 @@ merged, then a leading assistant turn dropped): the first reference that equals 
 episode names the repair. A kept episode equal to none of them is a difference.
 
 For each kept episode the trained tokens are checked too: one trained run per assistant
-reply (per episode when the record is served one reply per episode), each ending with an
+reply that answers someone (a reply before any user turn or tool result is never trained;
+per episode when the record is served one reply per episode), each ending with an
 end-of-turn id of the stored rule, holding the reply's text and each call's name; and
 ``sftdata verify`` runs on each dataset.
 
@@ -219,7 +220,9 @@ def check(folder: Path, data: Path, out: Path, command: str, hf, extra: list[str
         matched[hit[0]] += 1
         name, cand, prefixes = hit
         for (ids, mask), p in zip(got, prefixes):
-            trained = [m for m in p if m["role"] == "assistant"] if len(eps) == 1 else [p[-1]]
+            asked = next((i for i, m in enumerate(p) if m["role"] in ("user", "tool")), len(p))
+            # a reply before any user turn or tool result answers no one: never trained (issue 41)
+            trained = [m for m in p[asked:] if m["role"] == "assistant"] if len(eps) == 1 else [p[-1]]
             edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))).reshape(-1, 2)
             problem = None
             if len(edges) != len(trained):

@@ -27,6 +27,8 @@ sftdata's chat markers, or a template that writes none).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..errors import UsageError
@@ -38,6 +40,7 @@ SERVING_FORMAT = "sftdata-serving"
 SERVING_VERSION = 1
 BOS_POLICIES = ("template", "none")
 ALLOW_PAD_FLAG = "--allow-pad-as-stop"
+log = logging.getLogger("sftdata.prepare")
 
 
 def token_strings(state: dict) -> dict[int, str]:
@@ -52,9 +55,22 @@ def token_strings(state: dict) -> dict[int, str]:
     return out
 
 
-def check_pad_not_stop(rule: LossRule, pad_id: int, allow: bool, strings: dict[int, str] | None = None) -> None:
-    """Refuse (``UsageError``) a rule whose end-of-turn token goes untrained, and a pad id
-    that is one of the stop ids unless ``allow`` (``--allow-pad-as-stop``)."""
+def pad_is_stop_warning(pad_id: int, stops: tuple[int, ...], strings: dict[int, str]) -> str:
+    """What a pad id that is also a stop id risks, and the remedy (one line)."""
+    names = ", ".join(f"{strings.get(i, '?')} ({i})" for i in stops)
+    return (f"the pad id {pad_id} ({strings.get(pad_id, '?')}) is also the end-of-turn token the model learns to "
+            f"stop with ({names}): the dataset's own labels (its loss mask, exported labels) train it, but a "
+            f"trainer that masks labels equal to the pad id would never train the stop token, and an inference "
+            f"config with the pad id among its stop ids may end completions wrongly. Train with sftdata's loss "
+            f"mask, or set pad_token in the tokenizer's tokenizer_config.json to a token the template never writes "
+            f"(Llama 3: <|finetune_right_pad_id|>); {ALLOW_PAD_FLAG} silences this warning")
+
+
+def check_pad_not_stop(rule: LossRule, pad_id: int, allow: bool, strings: dict[int, str] | None = None) -> str | None:
+    """Refuse (``UsageError``) a rule whose end-of-turn token goes untrained. A pad id that
+    is one of the stop ids is accepted (every sftdata output carries its labels explicitly):
+    the warning to give is returned, None when there is none or ``allow``
+    (``--allow-pad-as-stop``) silences it."""
     strings = strings or {}
     stops = rule_stop_ids(rule)
     names = ", ".join(f"{strings.get(i, '?')} ({i})" for i in stops)
@@ -63,20 +79,18 @@ def check_pad_not_stop(rule: LossRule, pad_id: int, allow: bool, strings: dict[i
                          f"outside the trained reply, so the model would never learn to stop. Put the end-of-turn "
                          f"token inside the {{% generation %}} block, or use a template without generation blocks")
     if pad_id in stops and not allow:
-        raise UsageError(
-            f"the pad id {pad_id} ({strings.get(pad_id, '?')}) is also the end-of-turn token the model must learn "
-            f"to stop with ({names}). A trainer that masks labels equal to the pad id then never trains the stop "
-            f"token, and an inference config with the pad id among its stop ids ends completions wrongly. Set "
-            f"pad_token in the tokenizer's tokenizer_config.json to a token the template never writes (Llama 3: "
-            f"<|finetune_right_pad_id|>), or pass {ALLOW_PAD_FLAG} if your trainer uses sftdata's loss mask "
-            f"(never the pad id) to decide what is trained")
+        return pad_is_stop_warning(pad_id, stops, strings)
+    return None
 
 
 def check_state_stops(state: dict, allow_pad_as_stop: bool = False) -> None:
     """``check_pad_not_stop`` for the dataset ``state`` (``tokenizer_state.json``) describes,
-    with the pad id its rule pads with: run by prepare before any record is read."""
+    with the pad id its rule pads with: run by prepare before any record is read. A pad id
+    that is also a stop id is logged as a warning (``sftdata`` logger)."""
     rule = rule_from_state(state)
-    check_pad_not_stop(rule, rule.pad_id, allow_pad_as_stop, token_strings(state))
+    warning = check_pad_not_stop(rule, rule.pad_id, allow_pad_as_stop, token_strings(state))
+    if warning is not None:
+        log.warning(warning)
 
 
 def serving_manifest(state: dict, rule: LossRule, pad_id: int, bos_policy: str, *,

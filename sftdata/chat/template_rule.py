@@ -11,7 +11,12 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
   to stop, unless a template's ``{% generation %}`` blocks leave it out);
 * ``last_reply_only``: for a template whose replies can only be located one at a time
   (each episode is the render up to one reply), only the episode's last reply is trained.
-  The rule then applies to one episode's ids at a time.
+  The rule then applies to one episode's ids at a time;
+* ``asked``: the id sequences that open a turn a reply answers (a user turn's header,
+  ``<|start_header_id|>user<|end_header_id|>``, ``<|im_start|>user``; a tool result's). A
+  reply with none of them before it in its episode answers no one (a conversation that
+  opens with the assistant) and is not trained, as with sftdata's markers. Empty (a rule
+  recorded before it existed, or a template whose turns it cannot tell): every reply is.
 
 Rule: mask = 1 from the token after a header through the next end-of-turn token (inclusive
 when ``end_inclusive``); a header with no end-of-turn token after it trains nothing; all
@@ -38,10 +43,14 @@ class MaskRule:
     end_ids: tuple[int, ...]
     end_inclusive: bool = True
     last_reply_only: bool = False
+    asked: tuple[tuple[int, ...], ...] = ()
 
     def state(self) -> dict:
-        return {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
-                "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
+        out = {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
+               "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
+        if self.asked:  # recorded only where there is one: a rule without it reads as before
+            out["asked"] = [list(h) for h in self.asked]
+        return out
 
     @classmethod
     def from_state(cls, state: dict, where: str = "tokenizer_state.json") -> MaskRule:
@@ -53,13 +62,16 @@ class MaskRule:
         if not isinstance(state, dict) or state.get("kind") != RULE_KIND:
             raise DatasetError(f"{where}: mask_rule is not a {RULE_KIND!r} rule; re-prepare the dataset")
         headers, end_ids = state.get("headers"), state.get("end_ids")
+        asked = state.get("asked", [])
         if not (isinstance(headers, list) and headers and all(ints(h) for h in headers) and ints(end_ids)
                 and isinstance(state.get("end_inclusive"), bool)
-                and isinstance(state.get("last_reply_only", False), bool)):
-            raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids' and "
-                               f"booleans 'end_inclusive' and 'last_reply_only'; re-prepare the dataset")
+                and isinstance(state.get("last_reply_only", False), bool)
+                and isinstance(asked, list) and all(ints(h) for h in asked)):
+            raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids', "
+                               f"booleans 'end_inclusive' and 'last_reply_only', and 'asked' (lists of token ids) "
+                               f"where given; re-prepare the dataset")
         return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
-                   state.get("last_reply_only", False))
+                   state.get("last_reply_only", False), tuple(tuple(h) for h in asked))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -103,6 +115,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     are masked as if alone: a span open at a stop trains nothing, and ``last_reply_only``
     keeps the last span of each piece. ``cut`` (a bool per piece) marks pieces that begin
     inside an episode: their first span is not trained (the context before it may be cut).
+    With ``asked``, a span with no asked turn's header before it in its piece answers no
+    one and is not trained.
     """
     ids = np.asarray(ids)
     found = [(_header_ends(ids, h), len(h)) for h in rule.headers]
@@ -135,6 +149,9 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     real = ~is_stop[k]  # a span still open where its piece ends trains nothing
     starts, k = starts[real], k[real]
     ends = closers[k] + (1 if rule.end_inclusive else 0)
+    if rule.asked and starts.size:
+        answers = _answering(ids, rule.asked, starts, stops)
+        starts, ends = starts[answers], ends[answers]
     if stops.size or rule.last_reply_only or cut is not None:
         piece = np.searchsorted(stops, starts, side="left")
         if cut is not None and starts.size:
@@ -147,6 +164,19 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
             last[:-1] = piece[1:] != piece[:-1]
             starts, ends = starts[last], ends[last]
     return starts.astype(np.int64), ends.astype(np.int64)
+
+
+def _answering(ids: np.ndarray, asked: tuple[tuple[int, ...], ...], starts: np.ndarray,
+               stops: np.ndarray) -> np.ndarray:
+    """For each reply start, whether an ``asked`` header ends before it in its piece (the
+    pieces between ``stops``)."""
+    found = np.sort(np.concatenate([_header_ends(ids, h) for h in asked]))
+    k = np.searchsorted(found, starts, side="right") - 1  # the last asked header ending at or before each start
+    ok = k >= 0
+    if stops.size and ok.any():
+        before = found[np.maximum(k, 0)]
+        ok &= np.searchsorted(stops, before, side="left") == np.searchsorted(stops, starts, side="left")
+    return ok
 
 
 def spans_mask(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import DatasetError, TokenizerError, TokenizerFailure
 from ..tokenize import STATE_FORMAT, is_hf_state
 from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from ..tokenize.hub import first_line, missing_tokenizer
 from ..tokenize.joined import JoinedEncoder
 from ..tokenize.ranks import cached_cl100k, cached_ranks_file, encoding_parts, ranks_sha256
 from ..tokenize.space_runs import CL100K_PATTERNS, LONG_TEXT, encode_cutting_runs, overflowed
@@ -252,8 +253,7 @@ def load_tokenizer(spec: str | None = None, *, markers: Sequence[str] = MARKERS)
     if spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
         path = Path(spec)
         if not path.is_file():
-            raise TokenizerError(f"tokenizer ranks file {spec} does not exist; give an existing "
-                                 f".tiktoken file or a tiktoken encoding name such as cl100k_base")
+            raise TokenizerError(missing_tokenizer(spec))
         ranks, digest = cached_ranks_file(path)
         pat = cached_cl100k()[0]
         declared, declared_source = declared_ids(path, max(ranks.values()) + 1)
@@ -262,14 +262,18 @@ def load_tokenizer(spec: str | None = None, *, markers: Sequence[str] = MARKERS)
                              declared_source=declared_source, markers=markers, ranks_digest=digest)
     import tiktoken
 
+    known = tiktoken.list_encoding_names()
+    if spec not in known:
+        names = ", ".join(n for n in known if not n.endswith("_offline"))
+        raise TokenizerError(f"unknown tokenizer {spec!r}: no file or folder of that name, and not a tiktoken "
+                             f"encoding ({names}); for a model's own tokenizer give its folder, its tokenizer.json "
+                             f"or its Hub id (org/name, e.g. Qwen/Qwen3-8B), else a tiktoken encoding name "
+                             f"(cl100k_base is bundled)")
     try:
         enc = tiktoken.get_encoding(spec)
-    except ValueError as e:
-        raise TokenizerError(f"unknown tokenizer {spec!r}: {e}. Use a tiktoken encoding name "
-                             f"(cl100k_base is bundled) or a path to a .tiktoken file") from None
     except Exception as e:
         raise TokenizerError(
-            f"could not load tiktoken encoding {spec!r} ({type(e).__name__}: {e}). tiktoken "
+            f"could not load tiktoken encoding {spec!r} ({type(e).__name__}: {first_line(e)}). tiktoken "
             f"downloads encodings other than the bundled cl100k_base; with no network, put the "
             f"encoding's file in a folder named by TIKTOKEN_CACHE_DIR, or pass a .tiktoken file "
             f"path, or use --tokenizer cl100k_base") from None

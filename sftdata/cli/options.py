@@ -108,9 +108,9 @@ TrainOnOpt = Annotated[str, typer.Option("--train-on", metavar="WHICH", help="As
                                          "those the record marks weight 0 or train false), or last (the last of those "
                                          "only); the others stay in the episode as untrained context.")]
 AllowPadAsStopOpt = Annotated[bool, typer.Option(
-    "--allow-pad-as-stop", metavar="", help="With a model's own tokenizer: accept a pad token that is also the "
-    "end-of-turn token the model learns to stop with (refused by default: a trainer that masks labels equal to "
-    "the pad id never trains the stop token). Only for trainers that use sftdata's loss mask.")]
+    "--allow-pad-as-stop", metavar="", help="With a model's own tokenizer: silence the warning given when its pad "
+    "token is also the end-of-turn token the model learns to stop with (accepted either way: the data carries its "
+    "labels; a trainer that masks labels equal to the pad id would never train the stop token).")]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", metavar="TEMPLATE", help="With a model's own tokenizer (--tokenizer tokenizer.json, "
     "its folder, or a Hub model id): the chat template to render with. `model` = the folder's own "

@@ -193,6 +193,11 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
             if f["too_short"]:
                 warn(f"{f['too_short']:,} item(s) of {f['path']} are shorter than {summary.decontamination['ngram']} "
                      f"words, so no record can share that many with them: a smaller --decontaminate-ngram checks them")
+        ignored = summary.repaired.get("tool_schemas_ignored_by_template", 0)
+        if ignored:
+            warn(f"{ignored:,} record(s) give tool schemas that the chat template never renders (the model does not "
+                 f"see them at inference either): they were left out of the render and counted as "
+                 f"tool_schemas_ignored_by_template; write them into the system message if the model should see them")
         if summary.per_reply_records:
             err_console.print(f"note: the chat template rewrites replies so that {summary.per_reply_records:,} "
                               f"record(s) could not be located in one render: each of their assistant replies became "

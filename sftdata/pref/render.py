@@ -115,7 +115,7 @@ def _template_side(side: _Side, k: int, tok, profile: TemplateProfile, where: st
     variables (the render is a function of them): chosen's and rejected's prompt, and the
     prompt of several pairs of one prompt (UltraFeedback's), are rendered and tokenized once."""
     conv = fit_to_template(side.conv, profile, where)
-    plan, turns, repairs = plan_record(conv, profile, tok, where)
+    plan, turns, repairs = plan_record(conv, profile, tok, where, leading_is_context=True)  # only the completion trains
     if len(turns) != len(conv.turns):
         raise RecordError("completion_not_assistant", "the template renders this side only after repairs that "
                           f"change its messages ({', '.join(repairs)}), so its prompt cannot be told", where)

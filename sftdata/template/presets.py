@@ -8,7 +8,10 @@ Google's function-calling guide (Gemma has no tool tokens).
 
 =========  ============================================================================
 llama3     ``<|start_header_id|>ROLE<|end_header_id|>\\n\\n`` text ``<|eot_id|>``; calls as
-           ``{"name": ..., "parameters": {...}}``; results in an ``ipython`` turn
+           ``{"name": ..., "parameters": {...}}``; results in an ``ipython`` turn. Its
+           tool format is its own, not Meta's Llama 3.1 one (whose template puts the
+           tools in the first user turn and a dated system header first): for Llama
+           3.1+, use Meta's template (the folder's own)
 chatml     Qwen2/2.5: ``<|im_start|>ROLE\\n`` text ``<|im_end|>\\n``; calls in
            ``<tool_call>`` tags, results as ``<tool_response>`` in a user turn
 qwen3      chatml plus reasoning: the turns after the last user message carry a

@@ -38,13 +38,28 @@ from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, ContentStyle, arguments_style, content_style, conversation_messages, tool_schemas
 from .parts import missing_part
-from .spans import SENT_CLOSE, Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
+from .spans import (
+    SENT_CLOSE,
+    SENT_OPEN,
+    Layout,
+    NotLocated,
+    locate_last_reply,
+    locate_replies,
+    sentinel_messages,
+    token_mask,
+)
 
 MAX_CACHED_RENDERS = 4096
 CAPABILITIES = ("system", "tools", "reasoning")
+# a schema as real tool data writes one: every parameter described (Command R's tool template
+# prints each parameter's description and fails on a parameter without one)
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
+                   "required": ["city"]}}}
+
+
+_SCHEMA_MARK = "Tells the weather of a place"  # a description no template writes by itself
 
 
 def _conv(*turns: Turn, tools: tuple[dict, ...] = ()) -> Conversation:
@@ -88,6 +103,7 @@ class TemplateProfile:
     content: ContentStyle = "string"
     unsupported: dict = field(default_factory=dict, hash=False)
     renders_tool_calls: bool = True
+    ignores_tool_schemas: bool = False  # it renders calls but never a schema, and the same text without them
     appended_stop: str | None = None
     user_variables: dict = field(default_factory=dict, hash=False)
     replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
@@ -156,6 +172,7 @@ class TemplateProfile:
                                   "variables": self.user_variables,
                                   "capabilities": {c: self.unsupported.get(c, "supported") for c in CAPABILITIES},
                                   "renders_tool_calls": self.renders_tool_calls,
+                                  "tool_schemas": "ignored" if self.ignores_tool_schemas else "rendered",
                                   "content": self.content,
                                   "per_reply": self.replies_alone},
                 "mask_rule": self.rule.state(),
@@ -345,7 +362,8 @@ def _fit(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict] | Non
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
-    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone)
+    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone,
+                    asked_ids(render, probes, encoded, layout.end_texts, added, tok.token_strings.get("bos_token")))
     for _, spans, enc in encoded:
         at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:
@@ -435,8 +453,14 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
         unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
-    return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
-                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls)
+    ignores = renders_calls and "tools" not in unsupported and \
+        _ignores_schemas(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
+    profile = replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
+                      replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls,
+                      ignores_tool_schemas=ignores)
+    if profile.rule.asked and not leaves_leading_untrained(profile, render_full, tok):
+        profile = replace(profile, rule=replace(profile.rule, asked=()))
+    return profile
 
 
 def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render_full, added: list[str],
@@ -474,6 +498,90 @@ def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render
     raise failed
 
 
+# -- replies that answer no one (a conversation opening with the assistant) -------------------
+LEADING_PROBE = ({"role": "assistant", "content": "Welcome! Ask me anything."},
+                 {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."})
+
+
+def _turn_header(s: str, since: int, at: int, ends: tuple[str, ...], added: list[str], bos: str | None) -> str | None:
+    """The header the template writes before the text of the message at ``at`` (the text
+    of the one before it ends at ``since``): from the first added token after the last
+    end-of-turn text there (BOS skipped) to the end of its line, trailing spaces left out
+    (the turn's own text may follow on it, or a system text the template joins to it); the
+    end-of-turn text itself where nothing follows it (GLM's ``<|user|>`` both ends a reply
+    and opens a user turn); None where the template writes no token there."""
+    lo = since
+    last_end = None
+    for e in ends:
+        pos = s.rfind(e, since, at)
+        if pos >= 0 and (last_end is None or pos > last_end[0]):
+            last_end = (pos, e)
+    if last_end is not None:
+        lo = last_end[0] + len(last_end[1])
+    while (hit := _first_added(s, lo, at, added)) is not None and hit[1] == bos:
+        lo = hit[0] + len(hit[1])
+    if hit is not None:
+        eol = s.find("\n", hit[0] + len(hit[1]), at)
+        return s[hit[0]:at if eol < 0 else eol].rstrip() or None
+    return last_end[1] if last_end is not None else None
+
+
+def _tiled_ids(text: str, lo: int, hi: int, enc) -> tuple[int, ...] | None:
+    """The ids of the tokens that tile ``text[lo:hi]`` exactly, or None."""
+    idx = np.flatnonzero((enc.offsets[:, 0] >= lo) & (enc.offsets[:, 1] <= hi))
+    if idx.size == 0 or enc.offsets[idx[0], 0] != lo or enc.offsets[idx[-1], 1] != hi or \
+            not np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1]):
+        return None
+    return tuple(int(i) for i in enc.ids[idx])
+
+
+def asked_ids(render, probes, encoded, ends: tuple[str, ...], added: list[str],
+              bos: str | None) -> tuple[tuple[int, ...], ...]:
+    """``MaskRule.asked``: the id sequences of the headers of the turns a reply answers
+    (user turns, tool results) in the probe conversations, as tokenized in their renders
+    (``encoded``: ``(text, spans, enc)`` per probe episode)."""
+    texts: set[str] = set()
+    for messages, tools in probes:
+        sent, _ = sentinel_messages(list(messages))
+        s = render(sent, tools)
+        for i, m in enumerate(messages):
+            at = s.find(f"{SENT_OPEN}c{i}{SENT_CLOSE}") if m["role"] in ("user", "tool") else -1
+            if at >= 0:
+                head = _turn_header(s, s.rfind(SENT_CLOSE, 0, at) + 1, at, ends, added, bos)
+                texts.update([head] if head else [])
+    found: set[tuple[int, ...]] = set()
+    for text, _, enc in encoded:
+        for head in texts:
+            pos = text.find(head)
+            while pos >= 0:
+                ids = _tiled_ids(text, pos, pos + len(head), enc)
+                found.update([ids] if ids else [])
+                pos = text.find(head, pos + 1)
+    return tuple(sorted(found))
+
+
+def leaves_leading_untrained(profile: TemplateProfile, render_full, tok: HFTokenizer) -> bool:
+    """Whether the profile's rule leaves a reply that opens the conversation untrained and
+    trains the one after the user's turn, exactly as the render places them
+    (``LEADING_PROBE``); False where the template refuses such a conversation."""
+    messages = [dict(m) for m in LEADING_PROBE]
+    try:
+        if profile.generation:
+            out = render_full(messages)
+            if len(out.generation) != 2:
+                return False
+            text, spans = out.text, [out.generation[1]]
+        else:
+            text, located = locate_replies(profile.render_fn(None), messages, profile.layout)
+            spans = [(a, b) for k, a, b in located if k == 2]
+    except TemplateLimitError:
+        raise
+    except (TemplateError, NotLocated):
+        return False
+    enc = tok.encode_rendered(text)
+    return len(spans) == 1 and mask_disagreement(enc.ids, token_mask(enc.offsets, spans), profile.rule) is None
+
+
 def _written_prompt(render_full, tools, added: list[str]) -> str:
     """The assistant header of a template that writes it after the last user message
     whether a generation prompt is asked for or not (Firefunction, Command R7B): what
@@ -494,10 +602,11 @@ def _written_prompt(render_full, tools, added: list[str]) -> str:
 
 def _renders_calls(render_full, messages: list[dict], tools) -> bool:
     """Whether the template writes a tool call's name at all (after the user's text, so not
-    the schema's): in a call without its result and tools, else in the whole tool probe."""
+    the schema's): in a call without its result, without and with the tools (Hunyuan and
+    MiniMax write calls only when tools are given), or in the whole tool probe."""
     asked = messages[0]["content"]
     asked = asked if isinstance(asked, str) else asked[0]["text"]
-    for msgs, tls in ((messages[:2], None), (messages, tools)):
+    for msgs, tls in ((messages[:2], None), (messages[:2], tools), (messages, tools)):
         try:
             text = render_full(msgs, tls).text
         except TemplateLimitError:  # past its limits: refused, never taken as refusing
@@ -505,8 +614,28 @@ def _renders_calls(render_full, messages: list[dict], tools) -> bool:
         except TemplateError:
             continue
         at = text.find(asked)
-        return at >= 0 and "get_weather" in text[at + len(asked):]
+        if at >= 0 and "get_weather" in text[at + len(asked):]:
+            return True
     return False
+
+
+def _ignores_schemas(render_full, messages: list[dict], tools) -> bool:
+    """Whether the template renders tool calls but never the tools' schemas (DeepSeek V3.1):
+    neither the probe tool's description nor its parameter's description is in the tool
+    probe's render, and the render is the same text without the tools. The model never
+    sees schemas at inference either, so a record's schemas are left out of its render
+    (which is then exactly transformers' with them) and counted, not refused."""
+    schema = {"type": "function", "function": {**_WEATHER["function"], "description": _SCHEMA_MARK}}
+    schema["function"]["parameters"] = {**_WEATHER["function"]["parameters"], "properties": {
+        "city": {"type": "string", "description": _SCHEMA_MARK + " city"}}}
+    try:
+        with_tools = render_full(messages, [schema]).text
+        without = render_full(messages, None).text
+    except TemplateLimitError:
+        raise
+    except TemplateError:
+        return False
+    return _SCHEMA_MARK not in with_tools and with_tools == without
 
 
 def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name: str) -> tuple[int, ...]:

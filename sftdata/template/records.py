@@ -68,9 +68,9 @@ def require_tool_calls(profile: TemplateProfile) -> None:
     if not profile.renders_tool_calls:
         raise TemplateError(f"chat template {profile.template.name} renders no tool call (a call's name does not "
                             f"appear in its render), so every tool call of the records would be lost; prepare-tool "
-                            f"refuses it. Use a template that renders tool calls (--chat-template model:NAME, a "
-                            f"preset such as llama3 or chatml, or a .jinja file), or prepare-chat for records "
-                            f"without tools")
+                            f"refuses it. Use the model's own template for tool use (--chat-template model:NAME for "
+                            f"a named one such as tool_use, or its official template as a .jinja file), or "
+                            f"prepare-chat for records without tools")
 
 
 def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, where: str) -> RecordError:
@@ -83,7 +83,9 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     tools the template cannot render is refused by name; reasoning a template ignores is
     dropped and counted per turn (``reasoning_ignored_by_template``; ``--reasoning inline``
     writes it into the reply instead, before this), refused where a reply holds nothing
-    else (``template_drops_reasoning``)."""
+    else (``template_drops_reasoning``). Tool schemas a template never renders (it renders
+    the same text without them: DeepSeek V3.1) are left out and counted per record
+    (``tool_schemas_ignored_by_template``): the model never sees them at inference either."""
     turns = conv.turns
     if not profile.supports("system") and turns and turns[0].role == "system":
         raise _cannot(profile, "system", "a system message", "drop the system message from the record, or use a "
@@ -91,6 +93,9 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     if not profile.supports("tools") and (conv.tools or any(t.tool_calls or t.role == "tool" for t in turns)):
         raise _cannot(profile, "tools", "tool schemas, calls or results", "use a template that renders tool "
                       "calls (--chat-template model:NAME or FILE.jinja), or drop the tool records", where)
+    if profile.ignores_tool_schemas and (conv.tools or conv.tool_specs):
+        conv = replace(conv, tools=(), tool_specs=(), repairs=conv.repairs + (SCHEMAS_IGNORED,))
+        turns = conv.turns
     if profile.supports("reasoning") or not any(t.reasoning for t in turns):
         return conv
     for i, t in enumerate(turns):
@@ -112,32 +117,66 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
                    turn_counts=tuple(counts) + ("reasoning_ignored_by_template",) * ignored)
 
 
+#: counted per record whose tool schemas the template never renders (``fit_to_template``)
+SCHEMAS_IGNORED = "tool_schemas_ignored_by_template"
 #: what a template's render of a record as given may fail with, so that a repaired record is tried
 UNRENDERED = ("template_error", "template_rewrites_history", "reply_not_located")
 
 
-def _stages(conv: Conversation) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
+LEADING = "leading_assistant_untrained"  # counted for every record that opens with a reply, as with the markers
+
+
+def _leading(turns: tuple[Turn, ...]) -> range:
+    """The indices of the assistant turns before the first user turn or tool result: replies
+    that answer no one (empty when the conversation opens otherwise)."""
+    first = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+    if first == len(turns) or turns[first].role != "assistant":
+        return range(0)
+    asked = next((i for i, t in enumerate(turns) if t.role in ("user", "tool")), len(turns))
+    return range(first, asked)
+
+
+def _stages(conv: Conversation, profile: TemplateProfile | None) -> list[tuple[tuple[Turn, ...], tuple[str, ...]]]:
     """What a template is given, in order, with the repairs each counts: the record as
     given; with the structural repairs (same-role turns merged, tool results in call
-    order, a JSON list of results split); and then without a leading assistant turn."""
+    order, a JSON list of results split); and then without a leading assistant turn.
+
+    A reply that opens the conversation answers no one: it is left untrained
+    (``leading_assistant_untrained``, the same count as with sftdata's markers) where the
+    rule can leave it so (``MaskRule.asked``, or one episode per reply); else it is
+    dropped (``dropped_leading_assistant`` as well), as where the template refuses it.
+    ``profile`` None: a leading reply is context that no rule trains anyway (a preference
+    pair trains its completion only), rendered as given and dropped only where refused."""
     base = tuple(r for r in conv.repairs if r not in STRUCTURAL_REPAIRS)
     out = [(conv.given_turns, base)]
     if conv.given:
         out.append((conv.turns, base + tuple(r for r in conv.repairs if r in STRUCTURAL_REPAIRS[:3])))
     turns, repairs = out[-1]
-    first = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
-    if first < len(turns) and turns[first].role == "assistant":
-        user = next((i for i, t in enumerate(turns) if t.role == "user"), None)
-        if user is not None:
-            out.append((turns[:first] + turns[user:], repairs + ("dropped_leading_assistant",)))
+    lead = _leading(turns)
+    if lead and profile is None:
+        if lead.stop < len(turns) and turns[lead.stop].role == "user":
+            out.append((turns[:lead.start] + turns[lead.stop:], repairs + ("dropped_leading_assistant",)))
+    elif lead:
+        kept = profile.rule.asked or profile.rule.last_reply_only
+        out = [(tuple(replace(t, untrained="leading") if i in _leading(ts) else t for i, t in enumerate(ts)),
+                rs + (LEADING,)) for ts, rs in out] if kept else []
+        if lead.stop < len(turns) and turns[lead.stop].role == "user":
+            out.append((turns[:lead.start] + turns[lead.stop:], repairs + (LEADING, "dropped_leading_assistant")))
     return out
 
 
 def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
-                where: str) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
+                where: str, leading_is_context: bool = False) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
     """The plan of the first of ``_stages`` the template renders (``UNRENDERED``), its turns
-    and repairs. Raises ``RecordError``: the first stage's, saying what else was tried."""
-    stages = _stages(conv)
+    and repairs. Raises ``RecordError``: the first stage's, saying what else was tried.
+    ``leading_is_context``: a leading assistant reply is context no rule trains (a
+    preference prompt's), so it is given as it is."""
+    stages = _stages(conv, None if leading_is_context else profile)
+    if not stages:
+        raise RecordError("untrained_turn", f"the conversation opens with an assistant reply, which answers no one "
+                          f"and is not trained, but chat template {profile.template.name}'s mask rule cannot leave it "
+                          f"untrained and no user turn follows it to start from instead; drop it from the record",
+                          where)
     first: RecordError | None = None
     for turns, repairs in stages:
         try:
@@ -146,7 +185,7 @@ def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
             if e.reason not in UNRENDERED:
                 raise
             first = first or e
-    tried = [r.replace("_", " ") for r in stages[-1][1] if r not in stages[0][1]]
+    tried = list(dict.fromkeys(r.replace("_", " ") for r in stages[-1][1] if r not in stages[0][1]))  # each once
     also = f" (sftdata tried it also with these repairs: {', '.join(tried)})" if tried else ""
     fix = ". Fix the record so that the template accepts it, or use a template that does (--chat-template)" \
         if first.reason == "template_error" else ""

@@ -36,7 +36,7 @@ from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
 from .guard import check_document, document_sizes, library_call, present, read_limited
-from .hub import is_hub_id, resolve_hub
+from .hub import is_hub_id, missing_tokenizer, resolve_hub
 from .identity import facts_identity, vocabulary_sha256
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
@@ -516,7 +516,7 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
     elif path.is_file():
         folder, file = path.parent, path
     else:
-        raise TokenizerError(f"tokenizer {spec} does not exist; give a tokenizer.json or a folder holding one")
+        raise TokenizerError(missing_tokenizer(str(spec)))
     data = read_limited(file)  # refused by its size before it is read
     sha256 = hashlib.sha256(data).hexdigest()
     # parsed at every load: what a load takes from the file (its facts, the fast engine's

@@ -33,6 +33,16 @@ def is_hub_id(spec: str) -> bool:
     return bool(_HUB_ID.match(spec)) and not spec.split("@")[0].endswith(_FILE_SUFFIXES) and not Path(spec).exists()
 
 
+def missing_tokenizer(spec: str) -> str:
+    """The one line for a ``--tokenizer`` path that names nothing."""
+    if spec.endswith(".tiktoken"):
+        return f"no such file: {spec} (a tiktoken ranks file); check the path, or give a tiktoken encoding name " \
+               f"such as cl100k_base"
+    return (f"no such file or folder: {spec}; check the path. --tokenizer reads a model's folder holding "
+            f"tokenizer.json, a tokenizer.json file, a .tiktoken ranks file, a Hub model id (org/name) or a "
+            f"tiktoken encoding name (cl100k_base is bundled)")
+
+
 def _offline() -> bool:
     """``HF_HUB_OFFLINE``, read now (huggingface_hub reads it once, when it is imported)."""
     import huggingface_hub.constants as constants
@@ -62,8 +72,8 @@ def resolve_hub(spec: str) -> tuple[Path, dict]:
         except (OSError, ValueError) as e:
             if local:
                 return None
-            raise TokenizerError(f"cannot fetch the tokenizer of the Hub model {repo}{at}: {type(e).__name__}: "
-                                 f"{e}".rstrip()) from None
+            where = cache or huggingface_hub.constants.HF_HUB_CACHE
+            raise TokenizerError(fetch_failure(e, repo, at, where, fetch)) from None
         return folder if (folder / "tokenizer.json").is_file() else None
 
     folder = snapshot(True)
@@ -78,3 +88,31 @@ def resolve_hub(spec: str) -> tuple[Path, dict]:
             raise TokenizerError(f"the Hub model {repo}{at} has no tokenizer.json; give a model that ships one "
                                  f"(a SentencePiece-only model needs converting with transformers first)")
     return folder, {"repo_id": repo, "revision": revision or "main", "commit": folder.name}
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's own text as one line: its first line (libraries append advice and
+    version banners on the lines after it), stripped."""
+    text = str(e).strip()
+    return text.split("\n", 1)[0].strip().rstrip(".") if text else type(e).__name__
+
+
+def fetch_failure(e: BaseException, repo: str, at: str, cache: str, fetch: str) -> str:
+    """One line saying why the Hub model ``repo`` could not be fetched and what to do,
+    from huggingface_hub's error (told apart by its class name: its multi-line text is
+    never repeated)."""
+    kind = type(e).__name__
+    if kind == "RevisionNotFoundError":
+        return f"the Hub model {repo} has no revision{at.removeprefix(' at revision')}; give a branch, tag or commit " \
+               f"it has (`--tokenizer {repo}@main`)"
+    if kind == "GatedRepoError":
+        return f"the Hub model {repo} is gated: accept its licence on its Hub page and log in (`hf auth login`), " \
+               f"then run again"
+    if kind == "RepositoryNotFoundError":
+        return f"the Hub has no model {repo} (or it is private: log in with `hf auth login`); check the id " \
+               f"(org/name, as on its Hub page), or give a local folder holding its tokenizer.json"
+    cause = e.__cause__ or e.__context__
+    why = first_line(cause) if cause is not None and kind == "LocalEntryNotFoundError" else first_line(e)
+    return (f"cannot reach the Hugging Face Hub to fetch the tokenizer of {repo}{at} ({why}), and it is not in the "
+            f"cache ({cache}); check the network (or HF_ENDPOINT), or download it where there is one (`{fetch}`) "
+            f"and run again")

@@ -8,7 +8,7 @@
 * the rule trains its end-of-turn token at all (a template's ``{% generation %}`` blocks
   may leave it out);
 * the pad id is never trained, and is not a stop id unless ``serving.json`` records that
-  this was accepted at prepare time (``--allow-pad-as-stop``; then a note says so).
+  prepare recorded it (``pad_is_stop``; then a note says so).
 
 The content checks call ``StopFindings.add`` on each chunk they already read, so the
 data is read once; every episode that cannot stop is listed (``cannot_stop``).
@@ -161,8 +161,8 @@ class StopFindings:
                                code="stop_untrained"))
         if self.pad_id is not None and self.pad_id in self.stops:
             if self.pad_accepted:
-                notes.append(f"the pad id {self.name(self.pad_id)} is also a stop id (accepted at prepare with "
-                             f"--allow-pad-as-stop): train with sftdata's loss mask, never with labels derived "
+                notes.append(f"the pad id {self.name(self.pad_id)} is also a stop id (recorded at prepare in "
+                             f"serving.json): train with sftdata's loss mask, never with labels derived "
                              f"from the pad id")
             else:
                 out.append(Problem("stops", SERVING_FILE, "", f"the pad id {self.name(self.pad_id)} is also a stop "

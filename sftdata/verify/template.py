@@ -33,6 +33,8 @@ def rederived_rule_problems(state: dict, tok) -> list[Problem]:
     got = state.get("mask_rule") or {}
     want["last_reply_only"] = want["last_reply_only"] or got.get("last_reply_only") is True
     differs = [k for k in ("headers", "end_ids", "end_inclusive", "last_reply_only") if got.get(k) != want[k]]
+    if "asked" in got and got["asked"] != want.get("asked", []):  # a rule recorded before it existed has none
+        differs.append("asked")
     if ct.get("appended_stop", None) != profile.appended_stop:
         differs.append("appended_stop")
     if not differs:

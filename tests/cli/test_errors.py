@@ -215,3 +215,16 @@ def test_a_bad_line_of_jsonl_is_still_named_as_a_line(tmp_path):
                                            f"or ']': line 1 column 17 (char 16)); each line must hold one JSON object "
                                            f"(--strict stops at the first bad record; drop --strict to skip and count "
                                            f"bad records)")
+
+
+def test_every_tokenizer_mistake_is_one_line(tmp_path):
+    """A mistyped folder, a misspelt tiktoken name: exit 1 and one line saying what was
+    looked for (issue 41), never tiktoken's own text with its literal \\n."""
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')
+    for spec, start in ((tmp_path / "typo", f"error: no such file or folder: {tmp_path / 'typo'}; check the path."),
+                        ("qwen3", "error: unknown tokenizer 'qwen3': no file or folder of that name, and not a "
+                                  "tiktoken encoding")):
+        r = runner.invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(spec)])
+        assert r.exit_code == 1 and r.output.startswith(start) and r.output.count("\n") == 1, r.output
+        assert "\\n" not in r.output and "latest" not in r.output and not (tmp_path / "ds").exists()

@@ -126,7 +126,7 @@ def llama(tmp_path_factory):
     return folder, ds
 
 
-def test_llama3_pads_with_a_reserved_token_and_a_pad_named_as_its_terminator_is_refused(llama, tmp_path):
+def test_llama3_pads_with_a_reserved_token_and_a_pad_named_as_its_terminator_is_warned(llama, tmp_path):
     folder, ds = llama
     state = orjson.loads((ds / "tokenizer_state.json").read_bytes())
     serving = orjson.loads((ds / "serving.json").read_bytes())
@@ -135,9 +135,9 @@ def test_llama3_pads_with_a_reserved_token_and_a_pad_named_as_its_terminator_is_
     cfg = orjson.loads((folder / "tokenizer_config.json").read_bytes())
     eot = llama3_folder(tmp_path / "eot-pad", {**cfg, "pad_token": "<|eot_id|>"})
     src = write_jsonl(tmp_path / "in.jsonl", RECORDS)
-    r = run("prepare-chat", src, "-o", tmp_path / "refused", "--tokenizer", eot, "-j", "1")
-    assert r.exit_code == 2 and "the pad id 128009 (<|eot_id|>) is also the end-of-turn token" in r.output
-    assert "--allow-pad-as-stop" in r.output and not (tmp_path / "refused").exists()
+    r = run("prepare-chat", src, "-o", tmp_path / "warned", "--tokenizer", eot, "-j", "1")
+    assert r.exit_code == 0 and "warning: the pad id 128009 (<|eot_id|>) is also the end-of-turn token" in r.output
+    assert "--allow-pad-as-stop silences this warning" in r.output
     r = run("prepare-chat", src, "-o", tmp_path / "accepted", "--tokenizer", eot, "-j", "1", "--allow-pad-as-stop")
     assert r.exit_code == 0, r.output
     assert orjson.loads((tmp_path / "accepted" / "serving.json").read_bytes())["pad_is_stop"] is True
@@ -299,7 +299,7 @@ def test_rule_mismatch_is_rejected_by_name_and_per_reply_records_counted(tmp_pat
             "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["rejected"] == {} and out["repaired"] == {"dropped_leading_assistant": 1}
+    assert out["rejected"] == {} and out["repaired"] == {"dropped_leading_assistant": 1, "leading_assistant_untrained": 1}
     ids = episodes(tmp_path / "m")[1][0]
     assert ids == episodes(tmp_path / "m")[0][0]  # the record without its leading message: the first one
     # a template that replaces earlier replies: every record one episode per reply, and they verify

@@ -117,6 +117,7 @@ class Entry:
     bos: str | None = None
     eos: str | None = None
     variables: dict = field(default_factory=dict)
+    source: str = "zoo"  # or "trl": a template TRL's wheel ships (trl/chat_templates/FILE.jinja)
 
 
 DATE = {"date_string": "26 Jul 2024"}  # Llama 3.1's templates print today's date without it
@@ -180,15 +181,26 @@ def _installed(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
 
 
-def zoo_model(tmp: Path, name: str) -> Model:
-    """A model folder for the zoo template ``name``: tokenizer.json, tokenizer_config.json
-    (bos and eos) and the template as chat_template.jinja, as current transformers saves one."""
+def trl_templates() -> Path | None:
+    """The model templates TRL's wheel ships (``trl/chat_templates/``), or None."""
+    trl = _installed("trl")
+    folder = trl / "chat_templates" if trl else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def zoo_model(tmp: Path, name: str, entry: Entry | None = None) -> Model:
+    """A model folder for the zoo template ``name`` (or ``entry``: another zoo or TRL
+    template): tokenizer.json, tokenizer_config.json (bos and eos) and the template as
+    chat_template.jinja, as current transformers saves one."""
     import pytest
 
-    folder = zoo_folder()
+    entry = entry or ZOO[name]
+    folder = trl_templates() if entry.source == "trl" else zoo_folder()
     if folder is None:
-        pytest.skip(zoo_missing())
-    entry = ZOO[name]
+        pytest.skip("TRL's chat templates are not installed (pip install trl; in the test extra)"
+                    if entry.source == "trl" else zoo_missing())
+    if not (folder / f"{entry.file}.jinja").is_file():
+        pytest.skip(f"{entry.file}.jinja is not in {entry.source}'s templates")
     text = (folder / f"{entry.file}.jinja").read_text(encoding="utf-8")
     out = tmp / name
     out.mkdir(parents=True, exist_ok=True)

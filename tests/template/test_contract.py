@@ -79,6 +79,10 @@ def folders(tmp_path_factory):
         for name, template in (("gemma", ALTERNATING), ("chatml", DATED))}
     out["headerless"] = train_tokenizer(root / "headerless", HEADERLESS_TOKENS, "<|bos|>", "<|eos|>",
                                         config={"chat_template": HEADERLESS})
+    # renders no schema, but otherwise with tools than without
+    flagged = "{%- if tools %}{{- 'Tools are on. ' }}{%- endif %}" + HEADERLESS
+    out["flagged"] = train_tokenizer(root / "flagged", HEADERLESS_TOKENS, "<|bos|>", "<|eos|>",
+                                     config={"chat_template": flagged})
     out["next_role"] = train_tokenizer(root / "next_role", NEXT_ROLE_TOKENS, None, "<|endoftext|>",
                                        config={"chat_template": NEXT_ROLE_ENDS, "pad_token": "<|pad|>"})
     return out
@@ -123,9 +127,10 @@ def test_prepare_tool_refuses_up_front_a_template_that_renders_no_tool_call(fold
     assert r.exit_code == 1 and not (tmp_path / "ds").exists()
     assert " ".join(r.output.split()) == (
         "error: chat template model renders no tool call (a call's name does not appear in its render), so every tool "
-        "call of the records would be lost; prepare-tool refuses it. Use a template that renders tool calls "
-        "(--chat-template model:NAME, a preset such as llama3 or chatml, or a .jinja file), or prepare-chat for "
-        "records without tools")
+        "call of the records would be lost; prepare-tool refuses it. Use the model's own template for tool use "
+        "(--chat-template model:NAME for a named one such as tool_use, or its official template as a .jinja file), "
+        "or prepare-chat for records without tools")
+    assert "llama3" not in r.output  # its tool format is not Meta's 3.1 one: never suggested for a model's data
 
 
 CALL_TURNS = [  # a question, a tool call, its result, the answer
@@ -149,20 +154,31 @@ def test_a_reply_with_no_header_of_its_own_after_tool_results_is_located(folders
         '<|call|>get_weather<|sep|>{"city": "Paris"}<|call_end|><|eos|>', "It is 18C.<|eos|>"]
 
 
-def test_a_schema_written_only_in_its_call_is_dropped_not_rendered(folders):
-    """The template renders the call (its name and argument names) but not the schema the
-    record gives: the record is refused, as transformers' render holds no schema either."""
+def test_a_schema_written_only_in_its_call_is_ignored_by_the_template_and_counted(folders):
+    """The template renders the call (its name and argument names) but never a schema, and
+    the same text with or without tools: the record is kept as transformers renders it with
+    its tools, and its ignored schemas counted (issue 41)."""
     record = {"tools": [WEATHER], "messages": CALL_TURNS}
     res, profile, tok = episodes_of(folders["headerless"], record)
-    assert profile.tools_supported
+    assert profile.tools_supported and profile.ignores_tool_schemas
+    assert not isinstance(res, RecordError) and res.repairs == ("tool_schemas_ignored_by_template",)
+    messages, tools = reference_messages(record)
+    assert res.episodes[0].ids.tolist() == hf_ids(folders["headerless"], messages, tools)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders["headerless"]))
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert "get_weather" in text and "Weather" not in text.replace("Weather in Paris?", "")
+
+
+def test_a_schema_dropped_by_a_template_that_renders_otherwise_with_tools_is_refused(folders):
+    """No schema in the render, but the render changes with tools: dropping the schemas would
+    not give transformers' render, so the record is refused."""
+    record = {"tools": [WEATHER], "messages": CALL_TURNS}
+    res, profile, tok = episodes_of(folders["flagged"], record)
+    assert profile.tools_supported and not profile.ignores_tool_schemas
     assert isinstance(res, RecordError) and (res.reason, res.detail) == (
         "template_drops_tools", "chat template model drops the tool schema 'get_weather' from its "
         "render, so it would be lost (never kept altered); use a chat template that renders the tools it is given "
         "(or write the tool schemas into the record's system message)")
-    messages, tools = reference_messages(record)
-    hf = transformers.AutoTokenizer.from_pretrained(str(folders["headerless"]))
-    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
-    assert "get_weather" in text and "Weather" not in text.replace("Weather in Paris?", "")
 
 
 def _runs(mask):
@@ -240,16 +256,25 @@ def test_reasoning_a_template_ignores_is_dropped_and_counted_or_inlined_by_choic
 
 
 # ---------------------------------------------------------------- repairs only where the template refuses
-def test_a_leading_assistant_turn_is_dropped_only_where_the_template_refuses_it(folders, tmp_path):
+def test_a_leading_assistant_turn_is_untrained_and_dropped_only_where_the_template_refuses_it(folders, tmp_path):
+    """A reply that opens the conversation answers no one: never trained, counted the same
+    way under every template (issue 41); dropped (and counted so) where the template
+    refuses it."""
     lead = {"messages": [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "Hi"},
                          {"role": "assistant", "content": "Hello!"}]}
     res, _, _ = episodes_of(folders["gemma"], lead, "chat")
-    assert res.repairs == ("dropped_leading_assistant",)
+    assert res.repairs == ("leading_assistant_untrained", "dropped_leading_assistant")
     assert res.episodes[0].ids.tolist() == hf_ids(folders["gemma"], lead["messages"][1:])
-    chatml = preset_tokenizer(tmp_path, "chatml")  # a template that renders it: kept, as given, and trained
-    (res,) = records_episodes([(parse_record(lead, "r"), "r")], learn_profile(load_chat_template("chatml"), chatml),
-                              chatml, None)
-    assert res.repairs == () and len(list(zip(*_runs(res.episodes[0].mask)))) == 2
+    chatml = preset_tokenizer(tmp_path, "chatml")  # a template that renders it: kept, as given, untrained
+    profile = learn_profile(load_chat_template("chatml"), chatml)
+    (res,) = records_episodes([(parse_record(lead, "r"), "r")], profile, chatml, None)
+    ep = res.episodes[0]
+    assert res.repairs == ("leading_assistant_untrained",)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "chatml"))
+    assert ep.ids.tolist() == list(hf.apply_chat_template(lead["messages"], chat_template=profile.template.text,
+                                                          tokenize=True, return_dict=False))
+    assert [chatml.decode(ep.ids[a:b]) for a, b in zip(*_runs(ep.mask))] == ["Hello!<|im_end|>"]
+    assert ep.text.startswith("<|im_start|>assistant\nWelcome.<|im_end|>") and ep.rule_mismatch is None
 
 
 def test_same_role_turns_are_merged_only_where_the_template_refuses_them(folders, tmp_path):

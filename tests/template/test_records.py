@@ -4,6 +4,7 @@ workers, and the length filter counted in the template's own tokens."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import pickle
 
@@ -14,9 +15,13 @@ from sftdata.errors import RecordError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.records.conversation import parse_record
 from sftdata.template import (
+    PRESETS,
+    ChatTemplate,
     conversation_messages,
+    learn_profile,
     model_profile,
     record_episodes,
+    records_episodes,
     render_conversation,
     render_within,
 )
@@ -96,3 +101,24 @@ def test_length_filter_counts_the_templates_tokens(llama):
     with pytest.raises(RecordError, match=rf"t: the first user/assistant pair with the turns before it renders to "
                                           rf"{n[0]} tokens with chat template llama3 > --max-tokens {n[0] - 1}"):
         record_episodes(conv, profile, tok, n[0] - 1, "t")
+
+
+def test_a_refusal_names_each_repair_it_tried_once(tmp_path):
+    """Two rounds of parallel calls, each answered by one JSON list, are split twice: the
+    refusal says "split tool results" once, not once per split (issue 41)."""
+    tok = preset_tokenizer(tmp_path, "chatml")
+    text = PRESETS["chatml"].replace("{%- elif message.role == 'tool' %}", "{%- elif message.role == 'tool' %}"
+                                     "{%- if 'boom' in message.content %}{{- raise_exception('no boom') }}{%- endif %}")
+    profile = learn_profile(ChatTemplate("boom.jinja", "file", text), tok)
+    calls = json.dumps([{"name": "w", "arguments": {"city": "Paris"}}, {"name": "w", "arguments": {"city": "Rome"}}])
+    record = {"conversations": [
+        {"from": "human", "value": "Weather?"}, {"from": "function_call", "value": calls},
+        {"from": "observation", "value": json.dumps(["boom", "ok"])}, {"from": "gpt", "value": "One."},
+        {"from": "human", "value": "Again?"}, {"from": "function_call", "value": calls},
+        {"from": "observation", "value": json.dumps(["boom", "ok"])}, {"from": "gpt", "value": "Two."}]}
+    conv = parse_record(record, "r", "tool")
+    assert conv.repairs == ("split_tool_results", "split_tool_results")
+    (res,) = records_episodes([(conv, "r")], profile, tok, None)
+    assert isinstance(res, RecordError) and res.reason == "template_error"
+    assert res.detail.endswith("no boom (sftdata tried it also with these repairs: split tool results). Fix the "
+                               "record so that the template accepts it, or use a template that does (--chat-template)")

@@ -57,7 +57,6 @@ OUTCOMES = {
     ("granite-3.3", "tool"): NO_TOOLS,
     ("lfm2", "tool"): NO_TOOLS,
     ("deepseek-r1-qwen", "tool"): NO_TOOLS,  # it writes an empty assistant turn before tool outputs
-    ("deepseek-v3.1", "tool"): "template_drops_tools",  # it renders calls and results, no schema
 }
 RENDER_REASONING = {"qwen3", "glm-4.6", "minimax-m2"}  # the templates that render reasoning_content
 APPEND_STOP = {"glm-4.6"}  # it ends a reply with the next role's token: the last reply gets EOS appended

@@ -134,3 +134,58 @@ def test_prepare_and_verify_with_a_hub_model_id(offline_cache, tmp_path):
     # the recorded path gone, the recorded commit is read from the cache again
     state["path"] = str(tmp_path / "gone" / "tokenizer.json")
     assert hf_tokenizer_from_state(state).path.endswith(f"snapshots/{COMMIT}/tokenizer.json")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("RepositoryNotFoundError", "the Hub has no model acme/other (or it is private: log in with `hf auth login`); "
+                                "check the id (org/name, as on its Hub page), or give a local folder holding its "
+                                "tokenizer.json"),
+    ("GatedRepoError", "the Hub model acme/other is gated: accept its licence on its Hub page and log in "
+                       "(`hf auth login`), then run again"),
+    ("RevisionNotFoundError", "the Hub model acme/other has no revision v2; give a branch, tag or commit it has "
+                              "(`--tokenizer acme/other@main`)"),
+])
+def test_a_hub_refusal_is_one_line_saying_what_to_do(offline_cache, monkeypatch, kind, message):
+    """huggingface_hub's own multi-line text is never repeated (issue 41)."""
+    import huggingface_hub
+    import huggingface_hub.errors as hub_errors
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    error = getattr(hub_errors, kind)
+
+    def snapshot(*args, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise hub_errors.LocalEntryNotFoundError("not cached")
+        e = error.__new__(error)  # its HTTP response is not needed to tell it apart
+        e.args = ("404 Client Error.\nRepository Not Found for url: ...\nMake sure you are authenticated.",)
+        raise e
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    with pytest.raises(TokenizerError) as e:
+        load_hf_tokenizer("acme/other@v2" if kind == "RevisionNotFoundError" else "acme/other")
+    assert str(e.value) == message
+
+
+def test_an_unreachable_hub_is_one_line_with_the_cause(offline_cache, monkeypatch):
+    import huggingface_hub
+    import huggingface_hub.errors as hub_errors
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+    def snapshot(*args, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise hub_errors.LocalEntryNotFoundError("not cached")
+        try:
+            raise ConnectionError("[Errno -2] Name or service not known\nmore")
+        except ConnectionError as cause:
+            raise hub_errors.LocalEntryNotFoundError("An error happened while trying to locate the files on the "
+                                                     "Hub.\nPlease check your internet connection.") from cause
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    with pytest.raises(TokenizerError) as e:
+        load_hf_tokenizer("acme/other")
+    assert str(e.value) == (
+        f"cannot reach the Hugging Face Hub to fetch the tokenizer of acme/other ([Errno -2] Name or service not "
+        f"known), and it is not in the cache ({offline_cache}); check the network (or HF_ENDPOINT), or download it "
+        f"where there is one (`hf download acme/other tokenizer.json tokenizer_config.json special_tokens_map.json "
+        f"chat_template.jinja`) and run again")
