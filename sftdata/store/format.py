@@ -144,7 +144,7 @@ def choose_token_dtype(meta: dict | None, tokenizer_state: dict | None, override
 SEGMENT_FIELDS = ("row", "offset", "length", "prefix", "episode", "episode_start", "source")
 SEGMENT_RECORD_BYTES = len(SEGMENT_FIELDS) * IDX_DTYPE.itemsize
 NO_SOURCE = np.iinfo(np.uint64).max
-_CLIP = np.uint64(2**62)  # damaged values stay large and positive (int64 would wrap them negative)
+CLIP = np.uint64(2**62)  # damaged values stay large and positive (int64 would wrap them negative)
 
 
 def encode_segments(seg: Segments) -> np.ndarray:
@@ -159,7 +159,7 @@ def decode_segments(records: np.ndarray) -> Segments:
     a = np.asarray(records)
     if a.ndim != 2 or a.shape[1] != len(SEGMENT_FIELDS):
         raise ValueError(f"segment records must be (k, {len(SEGMENT_FIELDS)}), got shape {a.shape}")
-    out = np.minimum(a, _CLIP).astype(np.int64)
+    out = np.minimum(a, CLIP).astype(np.int64)
     col = {f: np.ascontiguousarray(out[:, i]) for i, f in enumerate(SEGMENT_FIELDS)}
     col["source"][a[:, SEGMENT_FIELDS.index("source")] == NO_SOURCE] = -1
     return Segments(**col)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
+from .fields import METADATA, TOKENIZER_STATE, clean_fields
 from .format import (
     ENTRIES_PER_ROW,
     EPISODES_FILE,
@@ -144,6 +145,8 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         meta = read_json(path)
     except DatasetError as e:
         return None, [Problem("metadata", METADATA_FILE, "", str(e), RECREATE)]
+    meta, damaged = clean_fields(meta, METADATA, METADATA_FILE, "restore it from a good copy of the dataset, or "
+                                 + RECREATE)
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
@@ -159,16 +162,30 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     if version != format_version_for(kind):
         return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
                               f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
-    return meta, []
+    return meta, damaged
 
 
 def _read_tokenizer_state(root: Path) -> tuple[dict | None, list[Problem]]:
     if not (root / TOKENIZER_FILE).is_file():
         return None, []
     try:
-        return read_json(root / TOKENIZER_FILE), []
+        state = read_json(root / TOKENIZER_FILE)
     except DatasetError as e:
         return None, [Problem("tokenizer", TOKENIZER_FILE, "", str(e), RECREATE)]
+    return clean_fields(state, TOKENIZER_STATE, TOKENIZER_FILE, "restore it from a good copy of the dataset, or "
+                        + RECREATE, check="tokenizer")
+
+
+def recorded_kind(root: Path) -> str | None:
+    """The ``kind`` a dataset's metadata records, or None when it has no readable one
+    (a damaged metadata is for ``scan_dataset`` to report)."""
+    if not (Path(root) / METADATA_FILE).is_file():
+        return None
+    try:
+        kind = read_json(Path(root) / METADATA_FILE).get("kind")
+    except (DatasetError, OSError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
 def markers_from_state(state: dict | None) -> MarkerIds | None:
