@@ -213,6 +213,16 @@ def detect_layout(root: Path) -> str | None:
     return None
 
 
+def dataset_holding(path: str | Path) -> Path | None:
+    """The dataset folder ``path`` would be written inside (the nearest folder above it
+    that holds a dataset's metadata or shards), or None. A dataset folder holds only the
+    files its metadata lists, so no command writes anything else there."""
+    for folder in Path(path).resolve().parents:
+        if (folder / METADATA_FILE).is_file() or detect_layout(folder) is not None:
+            return folder
+    return None
+
+
 def list_shards(root: Path, split: str) -> list[Path]:
     d = root / split
     return sorted(p for p in d.glob("shard_*") if p.is_dir()) if d.is_dir() else []
