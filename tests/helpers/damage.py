@@ -57,7 +57,7 @@ def mutate_json(path: Path, rng) -> str:
         path.write_bytes(path.read_bytes()[: int(rng.integers(path.stat().st_size))])
         return f"{name}: truncated"
     if how == 1:
-        path.write_bytes(orjson.dumps(_junk(rng)))
+        path.write_bytes(_dumps(_junk(rng)))
         return f"{name}: replaced by a bare JSON value"
     obj = orjson.loads(path.read_bytes())
     paths = _paths(obj)

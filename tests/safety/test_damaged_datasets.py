@@ -30,17 +30,18 @@ from tests.helpers.data import chat, write_jsonl
 runner = CliRunner()
 EPISODES_MUTATIONS = 400
 PACKED_MUTATIONS = 150
-# one reader per mutation, in turn ("DS" is the damaged dataset, "OUT" a fresh output path)
+# one reader per mutation, in turn ("DS" is the damaged dataset, "OUT" a fresh output path;
+# "ITEM": --episode, or --row for a packed dataset)
 READERS = (
     ("verify", "DS"),
     ("inspect", "DS"),
-    ("inspect", "DS", "-e", "1", "--tokens"),
+    ("inspect", "DS", "ITEM", "1", "--tokens"),
     ("replay-order", "DS", "--json"),
     ("pack", "DS", "-o", "OUT", "-b", "64", "-q"),
     ("export", "DS", "-o", "OUT", "-f", "jsonl", "-q"),
     ("report", "DS", "-o", "OUT.html", "--sample", "1"),
     ("inspect", "DS", "--record", "3", "--json"),
-    ("replay-order", "DS", "--batch-tokens", "100", "--json"),
+    ("replay-order", "DS", "--step", "1", "--batch-size", "2", "--json"),
     ("verify", "DS", "--quick", "--json"),
 )
 
@@ -56,8 +57,9 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
 
 
 def _invoke(args, ds: Path, out: Path):
-    argv = [str(ds) if a == "DS" else str(out) if a == "OUT" else f"{out}.html" if a == "OUT.html" else a
-            for a in args]
+    item = "--row" if "packed" in ds.name else "--episode"
+    argv = [str(ds) if a == "DS" else str(out) if a == "OUT" else f"{out}.html" if a == "OUT.html" else
+            item if a == "ITEM" else a for a in args]
     return runner.invoke(app, argv)
 
 
@@ -67,7 +69,7 @@ def _clean_outcome(res) -> str | None:
         return f"{type(res.exception).__name__}: {res.exception}"
     if "internal error" in res.output or "Traceback" in res.output:
         return res.output.strip().splitlines()[-1]
-    if res.exit_code not in (0, 1):
+    if res.exit_code not in (0, 1, 2):  # success, a damaged dataset, a usage error
         return f"exit {res.exit_code}: {res.output.strip()[-300:]}"
     return None
 
@@ -84,7 +86,7 @@ def _every_reader(ds: Path, tmp_path) -> dict[str, tuple[int, str]]:
     for k, args in enumerate(READERS[:7]):
         res = _invoke(args, ds, tmp_path / f"out{k}")
         assert _clean_outcome(res) is None, (args, res.output)
-        name = "inspect -e" if "-e" in args else args[0]
+        name = "inspect -e" if "ITEM" in args else args[0]
         out[name] = (res.exit_code, (res.output.strip().splitlines() or [""])[-1])
     return out
 
