@@ -97,14 +97,14 @@ TOKENIZER_STATE = {
     "special_tokens": Map(ID), "base_special_tokens": Map(ID), "added_tokens": OBJECT, "eos_id": Opt(ID),
     "bos_id": Opt(ID), "pad_id": Opt(ID), "vocab_size": COUNT, "name": Opt(STR), "path": Opt(STR),
     "pat_str": Opt(STR), "ranks_sha256": Opt(STR), "source": Opt(STR), "format": STR, "version": INT,
-    "kind": Opt(STR), "chat_template": Opt(STR), "mask_rule": OBJECT,
+    "kind": Opt(STR), "mask_rule": OBJECT, "engine": OBJECT, "token_strings": Map(Opt(STR)),
 }
 
 # ---------------------------------------------------------------- serving.json
 SERVING = {
     "format": STR, "version": INT, "stop_ids": List(ID), "stop_strings": List(STR), "pad_id": Opt(ID),
     "pad_string": Opt(STR), "pad_is_stop": BOOL, "add_special_tokens": BOOL, "chat_format": STR,
-    "generation_prompt": Opt(STR), "template": Opt(STR),
+    "generation_prompt": Opt(STR),
     "bos": {"id": Opt(ID), "policy": STR, "string": Opt(STR)},
     "generation_config": {"bos_token_id": Opt(ID), "eos_token_id": Opt(ID), "pad_token_id": Opt(ID)},
     "tokenizer": {"kind": STR, "name": Opt(STR), "sha256": Opt(STR)}, "marker_rule": Opt(Map(STR)),
