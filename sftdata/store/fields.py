@@ -79,14 +79,14 @@ SPLIT = {"shards": List(SHARD), "row_len": COUNT, **ITEM_COUNTS}
 SOURCE = {"path": STR, "bytes": Opt(COUNT), "sha256": Opt(STR), "records": Opt(COUNT), "first_record": Opt(COUNT)}
 COUNTS = {"episodes": COUNT, "records_read": COUNT, "records_truncated": COUNT, "pairs_dropped": COUNT,
           "rejected": Map(COUNT), "repaired": Map(COUNT), "turns": Map(COUNT)}
-PACKING = {"row_len": COUNT, "block_size": COUNT, "pad_token_id": Opt(ID), "pad_seq_id": INT, "strategy": STR,
+PACKING = {"block_size": COUNT,  # row_len: ``format.packed_row_len`` "pad_token_id": Opt(ID), "pad_seq_id": INT, "strategy": STR,
            "overlong": STR, "seed": INT, "shard_tokens": COUNT, "segment_fields": List(STR)}
 TOKENIZER_SUMMARY = {"eos_id": Opt(ID), "bos_id": Opt(ID), "vocab_size": COUNT, "name": Opt(STR),
                      "ranks_sha256": Opt(STR), "source": Opt(STR)}
 METADATA = {
-    "format": STR, "format_version": INT, "kind": STR, "token_dtype": STR, "created_by": STR,
+    "token_dtype": STR, "created_by": STR,  # format, format_version, kind: the reader's own checks
     "files": Map(FILE_RECORD), "splits": Map(SPLIT), "counts": COUNTS, "packing": PACKING,
-    "options": OBJECT, "sources": List(SOURCE), "build": OBJECT, "metadata_checksum": OBJECT,
+    "options": OBJECT, "sources": List(SOURCE), "build": OBJECT,
     "tokenizer": TOKENIZER_SUMMARY, "tokenizer_identity": OBJECT, "warnings": ARRAY, "report": OBJECT,
     "source": {"path": STR, "kind": STR, "metadata_sha256": STR, "counts": COUNTS}, "pairs": Map(COUNT),
     "rows": Map(COUNT),

@@ -114,8 +114,10 @@ def choose_token_dtype(meta: dict | None, tokenizer_state: dict | None, override
     if meta is not None and "token_dtype" in meta:
         try:
             dt = np.dtype(meta["token_dtype"]).newbyteorder("<")
-        except TypeError:
+        except (TypeError, ValueError):
             return FLAT_TOKEN_DTYPE, [f"token_dtype {meta['token_dtype']!r} is not a numpy dtype"], False
+        if dt.kind != "u" or dt.itemsize not in (2, 4):
+            return FLAT_TOKEN_DTYPE, [f"token_dtype {meta['token_dtype']!r} is not uint16 or uint32"], False
         vocab = (tokenizer_state or {}).get("vocab_size")
         if isinstance(vocab, int) and dt.itemsize < token_dtype_for(vocab).itemsize:
             return dt, [f"token_dtype {dt.name} cannot hold the {vocab:,} ids of the tokenizer"], False
@@ -168,7 +170,7 @@ def decode_segments(records: np.ndarray) -> Segments:
 def packed_row_len(meta: dict | None) -> int | None:
     """``packing.row_len`` of a packed dataset's metadata, or None when it is unusable."""
     row_len = ((meta or {}).get("packing") or {}).get("row_len")
-    return row_len if isinstance(row_len, int) and row_len >= 2 else None
+    return row_len if isinstance(row_len, int) and not isinstance(row_len, bool) and 2 <= row_len < 2**40 else None
 
 
 # ---------------------------------------------------------------------- files
