@@ -18,7 +18,6 @@ import numpy as np
 
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
-from .fields import METADATA, TOKENIZER_STATE, clean_fields
 from .format import (
     ENTRIES_PER_ROW,
     EPISODES_FILE,
@@ -26,14 +25,17 @@ from .format import (
     KIND_EPISODES,
     KIND_PACKED,
     KNOWN_FORMAT_VERSIONS,
+    METADATA,
     METADATA_FILE,
     RECREATE,
     ROW_KINDS,
     SPLITS,
     TOKENIZER_FILE,
+    TOKENIZER_STATE,
     TOKENS_FILE,
     Problem,
     choose_token_dtype,
+    clean_fields,
     detect_layout,
     format_version_for,
     in_check_order,
