@@ -6,7 +6,7 @@ never an internal error nor a traceback.
 The findings of issue 45 (item 8) each have their test; the fuzz test then applies
 seeded random mutations (``tests/helpers/damage.py``) to copies of three small prepared
 datasets (sftdata's markers, a model's template, packed), one mutation at a time, and
-runs the loader's open and one reader per mutation (in turn) in-process through
+runs the loader's open (and first batch) and one reader per mutation (in turn) in-process through
 ``CliRunner``: 520 mutations in all.
 """
 
@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import DatasetError, SftDataError
+from sftdata.loader import make_loader
+from sftdata.order.config import LoaderConfig
 from sftdata.pack.run import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
@@ -30,6 +32,7 @@ from tests.helpers.data import chat, write_jsonl
 from tests.helpers.templates import TOKENS, train_tokenizer
 
 runner = CliRunner()
+LOADER = LoaderConfig(batch_size=4, block_size=32, epoch_drop_last=False)
 # 520 mutations in all; a reader loads cl100k_base in a fraction of a second each time, a small
 # tokenizer.json at once: most mutations go to the model dataset
 MUTATIONS = {"episodes": 120, "model": 250, "packed": 150}
@@ -186,12 +189,13 @@ def _fuzz(datasets, tmp_path, kind: str, count: int, seed0: int) -> None:
         shutil.copytree(base, ds)
         rng = np.random.default_rng(seed0 + i)
         what = mutate(ds, rng)
-        try:
+        try:  # the loader's open, and its first batch
             open_dataset(ds)
+            make_loader(LOADER, ds, backend="numpy").batch_at("train", 0)
         except SftDataError:
             pass
         except Exception as e:  # noqa: BLE001 - the point: anything else is a finding
-            failures.append(f"seed {seed0 + i}: {what}: open_dataset: {type(e).__name__}: {e}")
+            failures.append(f"seed {seed0 + i}: {what}: the loader: {type(e).__name__}: {e}")
         args = READERS[i % len(READERS)]
         out = tmp_path / f"out{i}"
         why = _clean_outcome(_invoke(args, ds, out))
