@@ -4,8 +4,8 @@ file into a named problem (a verify problem line, or one error line naming the f
 never an internal error nor a traceback.
 
 The findings of issue 45 (item 8) each have their test; the fuzz test then applies
-seeded random mutations (``tests/helpers/damage.py``) to copies of three small prepared
-datasets (sftdata's markers, a model's template, packed), one mutation at a time, and
+seeded random mutations (``tests/helpers/damage.py``) to copies of four small prepared
+datasets (sftdata's markers, a model's template, packed, pairs), one mutation at a time, and
 runs the loader's open (and first batch) and one reader per mutation (in turn) in-process through
 ``CliRunner``: 520 mutations in all.
 """
@@ -29,13 +29,14 @@ from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store import open_dataset
 from tests.helpers.damage import mutate
 from tests.helpers.data import chat, write_jsonl
+from tests.helpers.pref_records import pair_rows
 from tests.helpers.templates import TOKENS, train_tokenizer
 
 runner = CliRunner()
 LOADER = LoaderConfig(batch_size=4, block_size=32, epoch_drop_last=False)
 # 520 mutations in all; a reader loads cl100k_base in a fraction of a second each time, a small
 # tokenizer.json at once: most mutations go to the model dataset
-MUTATIONS = {"episodes": 120, "model": 250, "packed": 150}
+MUTATIONS = {"episodes": 120, "model": 180, "packed": 150, "pairs": 70}
 # one reader per mutation, in turn ("DS" is the damaged dataset, "OUT" a fresh output path;
 # "ITEM": --episode, or --row for a packed dataset)
 READERS = (
@@ -54,9 +55,9 @@ READERS = (
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> dict[str, Path]:
-    """Three small datasets: sftdata's markers (cl100k_base), a model's own tokenizer and
+    """Four small datasets: sftdata's markers (cl100k_base), a model's own tokenizer and
     template (a trained tokenizer.json, Gemma's template: its state records a mask rule),
-    and that one packed."""
+    that one packed, and preference pairs (prepare-pref) with that tokenizer."""
     d = tmp_path_factory.mktemp("damage")
     src = write_jsonl(d / "chats.jsonl", [chat(f"question {i} " * (1 + i % 5), f"answer {i} " * (2 + i % 7))
                                           for i in range(30)])
@@ -65,7 +66,11 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     tok = train_tokenizer(d / "gemma", specials, bos, eos, extra, {"pad_token": "<pad>"}, vocab_size=800)
     prepare([src], d / "model", PrepareOptions(workers=1, val_split=0.2, tokenizer=str(tok), chat_template="gemma"))
     pack(d / "model", d / "packed", PackOptions(block_size=64))
-    return {"episodes": d / "episodes", "model": d / "model", "packed": d / "packed"}
+    pairs = write_jsonl(d / "pairs.jsonl", pair_rows(20))
+    r = runner.invoke(app, ["prepare-pref", str(pairs), "-o", str(d / "pairs"), "--tokenizer", str(tok),
+                            "--chat-template", "gemma", "-q"])
+    assert r.exit_code == 0, r.output
+    return {"episodes": d / "episodes", "model": d / "model", "packed": d / "packed", "pairs": d / "pairs"}
 
 
 def _invoke(args, ds: Path, out: Path):
@@ -206,4 +211,4 @@ def _fuzz(datasets, tmp_path, kind: str, count: int, seed0: int) -> None:
 
 @pytest.mark.parametrize("kind", list(MUTATIONS))
 def test_fuzz_every_reader_ends_cleanly_on_any_damage(tmp_path, datasets, kind):
-    _fuzz(datasets, tmp_path, kind, MUTATIONS[kind], {"episodes": 0, "model": 10_000, "packed": 100_000}[kind])
+    _fuzz(datasets, tmp_path, kind, MUTATIONS[kind], {"episodes": 0, "model": 10_000, "packed": 100_000, "pairs": 200_000}[kind])
