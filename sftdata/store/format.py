@@ -398,7 +398,7 @@ METADATA = {
 
 # ---------------------------------------------------------------- tokenizer_state.json
 TOKENIZER_STATE = {
-    "special_tokens": Map(ID), "base_special_tokens": Map(ID), "added_tokens": OBJECT, "eos_id": Opt(ID),
+    "special_tokens": Map(ID), "base_special_tokens": Map(ID), "added_tokens": Map(ID), "eos_id": Opt(ID),
     "bos_id": Opt(ID), "pad_id": Opt(ID), "vocab_size": COUNT, "name": Opt(STR), "path": Opt(STR),
     "pat_str": Opt(STR), "ranks_sha256": Opt(STR), "source": Opt(STR), "format": STR, "version": INT,
     "kind": Opt(STR), "mask_rule": OBJECT, "engine": OBJECT, "token_strings": Map(Opt(STR)),

@@ -212,3 +212,14 @@ def _fuzz(datasets, tmp_path, kind: str, count: int, seed0: int) -> None:
 @pytest.mark.parametrize("kind", list(MUTATIONS))
 def test_fuzz_every_reader_ends_cleanly_on_any_damage(tmp_path, datasets, kind):
     _fuzz(datasets, tmp_path, kind, MUTATIONS[kind], {"episodes": 0, "model": 10_000, "packed": 100_000, "pairs": 200_000}[kind])
+
+
+def test_a_model_tokenizers_added_token_that_is_not_an_id_is_named(tmp_path, datasets):
+    """Found by the fuzzer (seed 50089 of a longer run): an added token "junk": "x" in a model's state."""
+    ds = tmp_path / "model"
+    shutil.copytree(datasets["model"], ds)
+    _edit(ds / "tokenizer_state.json", lambda s: s["added_tokens"].update(junk="x"))
+    seen = _every_reader(ds, tmp_path)
+    for name in ("pack", "export", "report", "inspect"):
+        assert seen[name][0] == 1 and "tokenizer_state.json (added_tokens.junk): added_tokens.junk is a string, not " \
+            "a token id" in seen[name][1], (name, seen[name])
