@@ -261,6 +261,7 @@ def recorded_files(root: Path, meta: dict, shards) -> list[tuple[str, Path, dict
 
 RECREATE = "re-create the dataset with `sftdata prepare-chat` / `sftdata prepare-tool`"
 REPACK = "re-create it with `sftdata pack`"
+RESTORE = "restore it from a good copy of the dataset, or "  # the fix of a damaged file, before how to re-create it
 
 
 @dataclass(frozen=True)

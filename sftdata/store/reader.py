@@ -28,6 +28,8 @@ from .format import (
     METADATA,
     METADATA_FILE,
     RECREATE,
+    REPACK,
+    RESTORE,
     ROW_KINDS,
     SPLITS,
     TOKENIZER_FILE,
@@ -147,8 +149,8 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         meta = read_json(path)
     except DatasetError as e:
         return None, [Problem("metadata", METADATA_FILE, "", str(e), RECREATE)]
-    meta, damaged = clean_fields(meta, METADATA, METADATA_FILE, "restore it from a good copy of the dataset, or "
-                                 + RECREATE)
+    meta, damaged = clean_fields(meta, METADATA, METADATA_FILE, RESTORE + (REPACK if meta.get("kind") == KIND_PACKED
+                                                                         else RECREATE))
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
@@ -174,8 +176,7 @@ def _read_tokenizer_state(root: Path) -> tuple[dict | None, list[Problem]]:
         state = read_json(root / TOKENIZER_FILE)
     except DatasetError as e:
         return None, [Problem("tokenizer", TOKENIZER_FILE, "", str(e), RECREATE)]
-    return clean_fields(state, TOKENIZER_STATE, TOKENIZER_FILE, "restore it from a good copy of the dataset, or "
-                        + RECREATE, check="tokenizer")
+    return clean_fields(state, TOKENIZER_STATE, TOKENIZER_FILE, RESTORE + RECREATE, check="tokenizer")
 
 
 def recorded_kind(root: Path) -> str | None:
