@@ -36,7 +36,7 @@ runner = CliRunner()
 LOADER = LoaderConfig(batch_size=4, block_size=32, epoch_drop_last=False)
 # 520 mutations in all; a reader loads cl100k_base in a fraction of a second each time, a small
 # tokenizer.json at once: most mutations go to the model dataset
-MUTATIONS = {"episodes": 120, "model": 180, "packed": 150, "pairs": 70}
+MUTATIONS = {"episodes": 60, "model": 240, "packed": 150, "pairs": 70}
 # one reader per mutation, in turn ("DS" is the damaged dataset, "OUT" a fresh output path;
 # "ITEM": --episode, or --row for a packed dataset)
 READERS = (
