@@ -20,7 +20,7 @@ from ..util.oserrors import naming
 
 REJECT_KEYS = ("record", "source", "where", "reason", "message")  # one line of rejects.jsonl
 MAX_MESSAGE_CHARS = 1_000  # a reject's message is cut past this (a role or key of a megabyte echoed in it)
-MAX_STORED_BYTES = 64 << 20  # rejects.jsonl lists rejects up to this size; past it they are counted only
+MAX_STORED_BYTES = 16 << 20  # rejects.jsonl lists rejects up to this size (~100,000 of them); past it, counted only
 CUT_REASON = "rejects_cut"  # the last line when rejects were left out of the file
 SEAL_REASON = "sftdata_seal"  # the last line of DIR.rejects.jsonl kept beside an output: the sha256 of the rest
 NOT_A_RECORD = 2**63  # the "record" of those lines: after every record, when lines are merged in record order
