@@ -378,8 +378,7 @@ ARRAY = Leaf("array", "a JSON array")
 FILE_RECORD = {"bytes": COUNT, "sha256": STR}
 ITEM_COUNTS = {"episodes": COUNT, "tokens": COUNT, "trained_tokens": COUNT, "rows": COUNT, "segments": COUNT,
                "pairs": COUNT}
-SHARD = {"name": STR, "files": Map(FILE_RECORD), "token_id_range": List(INT), "mask_value_range": List(NUMBER),
-         **ITEM_COUNTS}
+SHARD = {"name": STR, "files": Map(FILE_RECORD), **ITEM_COUNTS}  # the ranges: verify's and the loader's own checks
 SPLIT = {"shards": List(SHARD), "row_len": COUNT, **ITEM_COUNTS}
 SOURCE = {"path": STR, "bytes": Opt(COUNT), "sha256": Opt(STR), "records": Opt(COUNT), "first_record": Opt(COUNT)}
 COUNTS = {"episodes": COUNT, "records_read": COUNT, "records_truncated": COUNT, "pairs_dropped": COUNT,
