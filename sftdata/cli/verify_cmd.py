@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import orjson
 import typer
 from rich.console import Group
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
@@ -14,7 +13,8 @@ from rich.text import Text
 from ..engine import check_engine
 from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
-from ..store.format import METADATA_FILE, ROW_KINDS, is_mixture_file
+from ..store.format import ROW_KINDS, is_mixture_file
+from ..store.reader import recorded_kind
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
@@ -185,8 +185,7 @@ def verify_cmd(
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
         step = lambda done, total: lazy.update("verify", completed=done, total=total)
-        row_kind = not mixture and (path / METADATA_FILE).is_file() and \
-            orjson.loads((path / METADATA_FILE).read_bytes()).get("kind") in ROW_KINDS
+        row_kind = not mixture and recorded_kind(path) in ROW_KINDS
         if row_kind:  # pairs, kto, prompts: every row re-derived (docs/PREFERENCE.md)
             from ..pref.verify import verify_rows  # lazy: a row dataset's re-render loads the prepare pipeline
 

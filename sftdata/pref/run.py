@@ -51,7 +51,7 @@ from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
 from ..records.preference import FORMS, PreferenceRecord, parse_preference, parse_prompt, value_texts
-from ..records.rejects import REJECT_KEYS, writing
+from ..records.rejects import RejectsFile, reject_line, writing
 from ..records.turns import TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from ..store.build_key import BUILD, BuildCheck, library_changes
@@ -170,10 +170,6 @@ def _special_flags(tok) -> np.ndarray:
     flags = np.zeros(tok.vocab_size + 1, dtype=bool)
     flags[[i for i in tok.special_tokens.values() if i is not None and i <= tok.vocab_size]] = True
     return flags
-
-
-def _reject_line(record: int, where: str, reason: str, message: str) -> bytes:
-    return orjson.dumps(dict(zip(REJECT_KEYS, (record, where.rsplit(":", 1)[0], where, reason, message))))
 
 
 @dataclass(frozen=True)
@@ -516,7 +512,7 @@ class _Gather:
                     raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
                                       "--strict to skip and count bad records)", where, record) from None
                 self.rejected[e.reason] += 1
-                lines.append(_reject_line(record, where, e.reason, e.detail) + b"\n")
+                lines.append(reject_line(record, where, e.reason, e.detail) + b"\n")
                 continue
             kept.append((record, row))
             if row.label is not None:
@@ -610,11 +606,14 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         g = _Gather(w, opts, rl, dtype, evals)
         rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as rej, closing(pref_results(infos, ctx, curate, opts.workers, executor)) as results:
+        with open(rejects, "wb") as f, closing(pref_results(infos, ctx, curate, opts.workers, executor)) as results:
+            rej = RejectsFile(f)  # bounded: past its size, rejects are counted only
             for res, pos in results:
                 g.add(res, rej, rejects, output_dir)
                 if progress:
                     progress(Progress(pos, total, g.records, 0))
+            with writing(rejects, output_dir):
+                rej.close()
         records, rejected, dedup, contaminated = g.records, g.rejected, g.dedup, g.contaminated
         if g.writer is None:
             raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)

@@ -41,7 +41,7 @@ from ..store.format import (
     read_json,
     recorded_files,
 )
-from ..store.reader import read_one_generation
+from ..store.reader import read_one_generation, scan_dataset
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
 from .render import equal_arrays, one_process_run
@@ -105,6 +105,9 @@ def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
 
 def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
     t0 = time.perf_counter()
+    damaged = _structure_report(root)
+    if damaged is not None:
+        return damaged
     meta = read_json(root / METADATA_FILE)
     kind = meta.get("kind")
     per_row = int(meta.get("entries_per_row") or 0)
@@ -167,6 +170,21 @@ def _verify_rows(root: Path, rerender: bool) -> VerifyReport:
     report.splits = {split: {"rows": (meta.get("splits", {}).get(split) or {}).get("rows")}
                      for split in ("train", "val") if split in meta.get("splits", {})}
     report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _structure_report(root: Path) -> VerifyReport | None:
+    """The report of a dataset the store's reader refuses (a damaged field, file, size or
+    index: ``scan_dataset``): its structural problems, every row check skipped. None when
+    the structure holds, so that the checks below read only well-formed files."""
+    scan = scan_dataset(root)
+    problems = scan.strict_problems()
+    if not problems:
+        return None
+    report = VerifyReport(str(root), "sharded", scan.dataset.kind, False, problems=problems[:MAX_PROBLEMS])
+    report.checks = [CheckResult("structure", "description files, files present, sizes, the index", "failed",
+                                 len(problems))]
+    report.checks += [CheckResult(name, desc, "skipped", note="the structure is damaged") for name, desc in CHECKS]
     return report
 
 

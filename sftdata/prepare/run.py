@@ -30,7 +30,6 @@ from contextlib import closing
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from .. import __version__
 from ..chat.serving import check_state_stops
@@ -44,7 +43,7 @@ from ..errors import (
     SftDataError,
     UsageError,
 )
-from ..records.rejects import REJECT_KEYS, keep_rejects, writing
+from ..records.rejects import RejectsFile, keep_rejects, line_record, reject_line, writing
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
 from ..sources.partitions import partitionable, records_sha256
@@ -273,7 +272,8 @@ class _Run:
         rejects = w.path / REJECTS_FILE
         results = partitioned_results(self.infos, opts, self.dtype, runner, w.path / PARTS_DIR, str(output_dir)) \
             if runner is not None else local_results(self.infos, opts, self.tok, self.profile, self.curate)
-        with open(rejects, "wb") as rej, closing(results):
+        with open(rejects, "wb") as f, closing(results):
+            rej = RejectsFile(f)  # bounded: past its size, rejects are counted only
             for res, pos in results:
                 if res.rejects and opts.strict:
                     record, where, reason, message = res.rejects[0]
@@ -283,8 +283,7 @@ class _Run:
                 res.rejects = sorted(res.rejects + curate_result(res, self.dedup, self.evals, self.contaminated))
                 for record, where, reason, message in res.rejects:
                     self.rejected[reason] += 1
-                    src = where.rsplit(":", 1)[0]
-                    lines.append(orjson.dumps(dict(zip(REJECT_KEYS, (record, src, where, reason, message)))))
+                    lines.append(reject_line(record, where, reason, message))
                 repaired.update(res.repairs)
                 turns.update(res.turns)
                 summary.records_truncated += res.truncated
@@ -308,6 +307,7 @@ class _Run:
                 if self.progress:
                     self.progress(Progress(pos, total_bytes, self.records, tokens))
             with writing(rejects, output_dir):
+                rej.close()
                 rej.flush()
         if runner is not None:  # the duplicates of a partitioned run: decided over every partition's keys
             self._drop_duplicates(runner, rejects, w.path / PARTS_DIR, output_dir)
@@ -332,11 +332,10 @@ class _Run:
         dropped = {d.record for d in drops}
         self.parts = [drop_records(p, dropped) if p.keys_dir is not None else p for p in self.parts]
         self.rejected["duplicate"] += len(drops)
-        lines = [(d.record, orjson.dumps(dict(zip(REJECT_KEYS, (d.record, d.where.rsplit(":", 1)[0], d.where,
-                                                                "duplicate", d.message()))))) for d in drops]
+        lines = [(d.record, reject_line(d.record, d.where, "duplicate", d.message())) for d in drops]
         merged = stage_dir / REJECTS_FILE
         with writing(merged, output_dir), open(rejects, "rb") as old, open(merged, "wb") as out:
-            earlier = ((orjson.loads(line)["record"], line.rstrip(b"\n")) for line in old)
+            earlier = ((line_record(line), line.rstrip(b"\n")) for line in old)
             for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
                 out.write(line + b"\n")
         os.replace(merged, rejects)

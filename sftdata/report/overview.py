@@ -249,9 +249,15 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
     if src and not Path(str(src.get("path", ""))).is_dir():
         notes.append(f"the source dataset {src.get('path')} is not there any more")
     total = sum(p.stat().st_size for p in ds.root.rglob("*") if p.is_file())
-    serving = read_serving(ds.root)
-    if serving is None and ds.metadata is not None:
-        notes.append(f"no {SERVING_FILE}: written by an older version of sftdata (re-create the dataset to get one)")
+    try:
+        serving = read_serving(ds.root)
+    except DatasetError as e:  # a damaged serving.json is verify's to report; the overview goes on
+        serving = None
+        notes.append(f"{SERVING_FILE} cannot be read: {e}")
+    else:
+        if serving is None and ds.metadata is not None:
+            notes.append(f"no {SERVING_FILE}: written by an older version of sftdata (re-create the dataset to get "
+                         "one)")
     return Overview(
         path=str(ds.root), layout=ds.layout, kind=ds.kind, format_version=meta.get("format_version"),
         created_by=meta.get("created_by"), token_dtype=ds.token_dtype.name, tokenizer=meta.get("tokenizer"),

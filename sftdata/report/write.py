@@ -1,8 +1,10 @@
 """``sftdata report``: collect one dataset (or two, compared) and write the HTML page,
-atomically, to a path that holds no file sftdata did not write."""
+atomically, to a path that holds no file sftdata did not write: a file there is replaced
+only when it is a page sftdata wrote, unchanged (its last line records its sha256)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -10,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OutputExistsError, UsageError
-from ..store.format import ROW_KINDS
+from ..store.format import ROW_KINDS, dataset_holding
 from ..store.fsops import refuse_link
 from ..store.reader import open_dataset
 from ..util.oserrors import naming
@@ -18,6 +20,10 @@ from .collect import dataset_report
 from .html import GENERATOR, render_page
 from .plots import plotly_go
 from .samples import TOKEN_BUDGET
+
+SEAL = b"<!-- sftdata report sha256 "  # the page's last line: SEAL, the sha256 of the bytes before it, SEAL_END
+SEAL_END = b" -->\n"
+MAX_REPORT_BYTES = 1 << 30  # a larger file is not a page sftdata wrote
 
 
 @dataclass
@@ -35,16 +41,28 @@ class ReportSummary:
         return asdict(self)
 
 
+def seal(page: bytes) -> bytes:
+    """``page`` with its last line recording the sha256 of everything before it: how a
+    page sftdata wrote, unchanged since, is told from any other file (``is_report``)."""
+    return page + SEAL + hashlib.sha256(page).hexdigest().encode() + SEAL_END
+
+
 def is_report(path: Path) -> bool:
-    """True when ``path`` is a page this command wrote (its generator tag is in its head)."""
+    """True when ``path`` is a page this command wrote and nobody changed since: its
+    generator tag in its head, and its last line the sha256 of everything before it. A
+    file merely carrying the tag (a copy edited, a page of the user's) is not one."""
     try:
-        with open(path, "rb") as f:
-            return GENERATOR.encode() in f.read(2048)
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_REPORT_BYTES:
+            return False
+        data = path.read_bytes()
     except OSError:
         return False
+    body, sep, tail = data.rpartition(SEAL)
+    return bool(sep) and GENERATOR.encode() in body[:2048] and \
+        tail == hashlib.sha256(body).hexdigest().encode() + SEAL_END
 
 
-def check_output(output: Path, datasets: list[Path]) -> None:
+def check_output(output: Path) -> None:
     """Refuse a folder, a file sftdata did not write, and a path inside a dataset (its
     folder must hold only the files its metadata lists)."""
     refuse_link(output, "give the file it points to as -o, or remove the link")
@@ -52,12 +70,10 @@ def check_output(output: Path, datasets: list[Path]) -> None:
         raise UsageError(f"-o {output} is a folder; give the path of the HTML file to write, e.g. {output / 'report.html'}")
     if output.exists() and not is_report(output):
         raise OutputExistsError(f"{output} exists and is not a report sftdata wrote; choose another path or remove it")
-    where = output.resolve().parent
-    for d in datasets:
-        root = d.resolve()
-        if where == root or root in where.parents:
-            raise UsageError(f"-o {output} is inside the dataset {d}; write the report elsewhere (a dataset folder "
-                             f"holds only its own files)")
+    inside = dataset_holding(output)
+    if inside is not None:
+        raise UsageError(f"-o {output} is inside the dataset {inside}; write the report elsewhere (a dataset folder "
+                         f"holds only its own files)")
 
 
 def write_report(path: str | Path, output: str | Path, *, compare: str | Path | None = None, split: str = "train",
@@ -67,7 +83,7 @@ def write_report(path: str | Path, output: str | Path, *, compare: str | Path | 
     t0 = time.perf_counter()
     plotly_go()  # the extra is missing: say so before any work
     output = Path(output)
-    check_output(output, [Path(path)] + ([Path(compare)] if compare is not None else []))
+    check_output(output)
     share = TOKEN_BUDGET // (1 if compare is None else 2)  # the page's samples draw TOKEN_BUDGET tokens in all
     reports = [dataset_report(path, split=split, sample=sample, seed=seed, episodes=episodes, rows=rows,
                               block_size=block_size, token_dtype=token_dtype, token_budget=share)]
@@ -79,7 +95,7 @@ def write_report(path: str | Path, output: str | Path, *, compare: str | Path | 
         reports.append(dataset_report(compare, split=split, sample=sample, seed=seed, block_size=block_size,
                                       token_dtype=token_dtype, token_budget=share))
     page, plots = render_page(reports, command)
-    data = page.encode("utf-8")
+    data = seal(page.encode("utf-8"))
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     try:

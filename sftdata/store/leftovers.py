@@ -52,7 +52,7 @@ from .lock import (
     parse_record,
     target_of,
 )
-from .manifest import manifest_of, survey
+from .manifest import manifest_of, survey, walk
 
 
 @dataclass
@@ -99,7 +99,7 @@ class CleanReport:
 
 def _size(path: Path) -> int:
     total = 0
-    for dirpath, _dirs, files in os.walk(path):
+    for dirpath, _dirs, files in walk(path):
         for f in files:
             try:
                 total += os.lstat(os.path.join(dirpath, f)).st_size
@@ -216,7 +216,7 @@ def find_leftovers(root: str | Path) -> list[Leftover]:
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder; give the folder to search for what sftdata left behind")
     out: list[Leftover] = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: None):
+    for dirpath, dirnames, filenames in walk(root):
         here = Path(dirpath)
         journals: dict[str, tuple[str, Leftover]] = {}
         for name in sorted(filenames):

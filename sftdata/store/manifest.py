@@ -111,10 +111,36 @@ def survey(folder: str | Path) -> Survey:
     return Survey(folder, True, files=files, folders=folders, foreign=foreign)
 
 
+def walk(top: str | Path, onerror=None):
+    """``os.walk(top)`` top-down, links not followed, without recursion: Python 3.11's
+    recurses once per level, so a folder 3,000 deep would end it in a RecursionError.
+    Yields (folder, its subfolder names, its other names); removing a name from the
+    subfolder list skips that subfolder, as with ``os.walk``."""
+    stack = [os.fspath(top)]
+    while stack:
+        path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as e:
+            if onerror is not None:
+                onerror(e)
+            continue
+        dirs, files = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e.name)
+        yield path, dirs, files
+        stack.extend(p for p in (os.path.join(path, d) for d in reversed(dirs)) if not os.path.islink(p))
+
+
 def _walk(folder: Path) -> list[tuple[str, str]]:
     """Every entry below ``folder`` as (relative POSIX path, kind), not following links."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+    for dirpath, dirnames, filenames in walk(folder):
         base = Path(dirpath).relative_to(folder)
         for name in sorted(dirnames) + sorted(filenames):
             p = Path(dirpath) / name

@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from ..errors import ConfigError, DatasetError, OutputExistsError
+from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..order.batches import MAX_SEED, eligible_ids
 from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
-from .format import METADATA_FILE, MIXTURE_FORMAT, ROW_KINDS, dumps_json, is_mixture_file
+from .format import METADATA_FILE, MIXTURE_FORMAT, ROW_KINDS, dataset_holding, dumps_json, is_mixture_file
 from .fsops import create_file, refuse_link
 from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
@@ -297,6 +297,10 @@ def make_mixture(specs: list[tuple[str | None, str, float]], out: str | Path, *,
         raise OutputExistsError(f"{out} exists and is not a mixture file (never replaced); choose another name")
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} exists; give --overwrite to replace it")
+    inside = dataset_holding(out)
+    if inside is not None:
+        raise UsageError(f"--output {out} is inside the dataset {inside}; write the mixture file elsewhere (a "
+                         f"dataset folder holds only its own files), e.g. {inside.parent / out.name}")
     base = out.resolve().parent
     members, datasets = [], []
     for name, path, weight in specs:

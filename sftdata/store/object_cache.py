@@ -47,7 +47,7 @@ from ..util.cache import cache_dir
 from ..util.hashing import sha256_file
 from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE
 from .manifest import manifest_of, named
-from .objects import list_objects, lock_key, remote_fs
+from .objects import credentials_error, list_objects, lock_key, remote_fs
 
 RANGE_BYTES = 16 << 20  # one ranged read
 FETCH_THREADS = 8
@@ -117,7 +117,8 @@ def read_commit(fs, root: str, url: str) -> bytes:
     except FileNotFoundError:
         pass
     except Exception as e:  # credentials, network: the store's own words
-        raise DatasetError(f"{url}/{METADATA_FILE} cannot be read ({type(e).__name__}: {e})") from None
+        raise credentials_error(url, e, DatasetError) or \
+            DatasetError(f"{url}/{METADATA_FILE} cannot be read ({type(e).__name__}: {e})") from None
     raise uncommitted(fs, root, url)
 
 

@@ -43,7 +43,7 @@ from .format import METADATA_FILE, read_json
 from .lock import owner_alive, owner_record
 from .manifest import manifest_of, named
 from .object_upload import DirectUpload
-from .objects import identity, list_objects, lock_key, remote_fs
+from .objects import credentials_error, identity, list_objects, lock_key, remote_fs
 
 log = logging.getLogger("sftdata.store")
 
@@ -151,7 +151,13 @@ class ObjectCommit:
 
     def begin(self) -> None:
         """Take the lock and check the target; raises ``OutputExistsError`` when it may not be written."""
-        self.lock.acquire(self.wait)
+        try:
+            self.lock.acquire(self.wait)  # the first request: no credentials is one line here
+        except Exception as e:
+            err = credentials_error(self.url, e, DatasetError)
+            if err is None:
+                raise
+            raise err from None
         try:
             self._check()
         except BaseException:

@@ -31,6 +31,33 @@ def remote_fs(url: str, verb: str, error: type[SftDataError]):
     return fs, root
 
 
+# a store's own "no credentials" errors (botocore, google-auth, azure-identity), by class name:
+# their packages are optional, and imported only by the file system that needs them
+CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                     "DefaultCredentialsError", "ClientAuthenticationError", "CredentialUnavailableError")
+CREDENTIAL_HINTS = {
+    "s3": "the AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY variables (or AWS_PROFILE, ~/.aws/credentials, an "
+          "instance role; AWS_ENDPOINT_URL for another S3 service)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS naming a service account key file (or `gcloud auth application-default "
+          "login`)",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS naming a service account key file (or `gcloud auth application-default "
+           "login`)",
+    "az": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
+    "abfs": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
+}
+
+
+def credentials_error(url: str, e: BaseException, error: type[SftDataError]) -> SftDataError | None:
+    """One line for a store's "no credentials" error: the URL and how to give them; None
+    when ``e`` is another error."""
+    if not any(c.__name__ in CREDENTIAL_ERRORS for c in type(e).__mro__):
+        return None
+    scheme = url.partition("://")[0].lower()
+    how = CREDENTIAL_HINTS.get(scheme, "the store's usual credentials (its fsspec options or variables)")
+    return error(f"{url}: no credentials for the object store ({type(e).__name__}: {e}); give them as for any "
+                 f"{scheme} client: {how}")
+
+
 UPLOADS = "uploads"  # the cache's sub-folder where datasets for URLs are built before their upload
 
 

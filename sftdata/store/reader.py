@@ -25,14 +25,19 @@ from .format import (
     KIND_EPISODES,
     KIND_PACKED,
     KNOWN_FORMAT_VERSIONS,
+    METADATA,
     METADATA_FILE,
     RECREATE,
+    REPACK,
+    RESTORE,
     ROW_KINDS,
     SPLITS,
     TOKENIZER_FILE,
+    TOKENIZER_STATE,
     TOKENS_FILE,
     Problem,
     choose_token_dtype,
+    clean_fields,
     detect_layout,
     format_version_for,
     in_check_order,
@@ -144,6 +149,8 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         meta = read_json(path)
     except DatasetError as e:
         return None, [Problem("metadata", METADATA_FILE, "", str(e), RECREATE)]
+    meta, damaged = clean_fields(meta, METADATA, METADATA_FILE, RESTORE + (REPACK if meta.get("kind") == KIND_PACKED
+                                                                         else RECREATE))
     if meta.get("format") != FORMAT_NAME:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format is {meta.get('format')!r}, not "
                               f"{FORMAT_NAME!r}", "this folder was not written by sftdata; " + RECREATE)]
@@ -159,16 +166,29 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     if version != format_version_for(kind):
         return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
                               f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
-    return meta, []
+    return meta, damaged
 
 
 def _read_tokenizer_state(root: Path) -> tuple[dict | None, list[Problem]]:
     if not (root / TOKENIZER_FILE).is_file():
         return None, []
     try:
-        return read_json(root / TOKENIZER_FILE), []
+        state = read_json(root / TOKENIZER_FILE)
     except DatasetError as e:
         return None, [Problem("tokenizer", TOKENIZER_FILE, "", str(e), RECREATE)]
+    return clean_fields(state, TOKENIZER_STATE, TOKENIZER_FILE, RESTORE + RECREATE, check="tokenizer")
+
+
+def recorded_kind(root: Path) -> str | None:
+    """The ``kind`` a dataset's metadata records, or None when it has no readable one
+    (a damaged metadata is for ``scan_dataset`` to report)."""
+    if not (Path(root) / METADATA_FILE).is_file():
+        return None
+    try:
+        kind = read_json(Path(root) / METADATA_FILE).get("kind")
+    except (DatasetError, OSError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
 def markers_from_state(state: dict | None) -> MarkerIds | None:

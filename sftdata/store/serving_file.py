@@ -14,7 +14,18 @@ import numpy as np
 
 from ..chat.loss_rule import rule_from_state
 from ..chat.serving import bos_policy_of, serving_manifest
-from .format import EPISODES_FILE, IDX_DTYPE, SERVING_FILE, SPLITS, TOKENS_FILE, dumps_json, read_json
+from ..errors import DatasetError
+from .format import (
+    EPISODES_FILE,
+    IDX_DTYPE,
+    SERVING,
+    SERVING_FILE,
+    SPLITS,
+    TOKENS_FILE,
+    clean_fields,
+    dumps_json,
+    read_json,
+)
 from .shard import map_values
 
 
@@ -29,8 +40,8 @@ def episode_first_ids(root: Path, token_dtype) -> np.ndarray:
             if idx is None or toks is None or not idx.size:
                 continue
             pairs = np.asarray(idx)[:idx.size // 2 * 2].reshape(-1, 2)  # a partial record is verify's sizes problem
-            starts = pairs[pairs[:, 1] > 0, 0].astype(np.int64)
-            out.append(np.asarray(toks)[starts[starts < toks.shape[0]]])
+            starts = pairs[pairs[:, 1] > 0, 0]  # uint64: a damaged start past 2**63 must not wrap negative
+            out.append(np.asarray(toks)[starts[starts < np.uint64(toks.shape[0])].astype(np.int64)])
     return np.concatenate(out) if out else np.empty(0, np.int64)
 
 
@@ -50,6 +61,12 @@ def write_serving(folder: Path, state: dict, token_dtype, pad_id: int | None = N
 
 def read_serving(root: Path) -> dict | None:
     """The dataset's ``serving.json``, or None when it has none (written by an older
-    sftdata). ``DatasetError`` when it is there but not a JSON object."""
+    sftdata). ``DatasetError`` when it is there but not a JSON object, or a field is not
+    of its type (``fields.SERVING``), naming the field."""
     path = Path(root) / SERVING_FILE
-    return read_json(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    serving, damaged = clean_fields(read_json(path), SERVING, SERVING_FILE, "")
+    if damaged:
+        raise DatasetError(f"{path}: {damaged[0].message}")
+    return serving

@@ -17,6 +17,7 @@ from ..errors import DatasetError
 from ..packing.layout import Segments
 from ..util.ranges import read_range
 from .format import (
+    CLIP,
     EPISODE_RECORD_BYTES,
     EPISODES_FILE,
     IDX_DTYPE,
@@ -254,9 +255,9 @@ class Split:
         counts = [s.num_items for s in shards]
         self.item_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_items = int(self.item_offsets[-1])
-        if shards:
-            self.starts = np.concatenate([s.index[:, 0] for s in shards]).astype(np.int64)
-            self.lengths = np.concatenate([s.index[:, 1] for s in shards]).astype(np.int64)
+        if shards:  # a damaged value past 2**62 clipped: int64 would wrap it negative
+            self.starts = np.minimum(np.concatenate([s.index[:, 0] for s in shards]), CLIP).astype(np.int64)
+            self.lengths = np.minimum(np.concatenate([s.index[:, 1] for s in shards]), CLIP).astype(np.int64)
         else:
             self.starts = np.empty(0, np.int64)
             self.lengths = np.empty(0, np.int64)

@@ -138,16 +138,16 @@ def test_every_record_rejected_is_an_error_and_the_reasons_are_kept_beside_the_o
     lines = [json.loads(x) for x in kept.read_text().splitlines()]
     assert [(r["record"], r["where"], r["reason"]) for r in lines] == [
         (0, f"{src}:line 1", "invalid_json"), (1, f"{src}:line 2", "no_messages"),
-        (2, f"{src}:line 3", "no_assistant_turn")]
+        (2, f"{src}:line 3", "no_assistant_turn"), (None, None, "sftdata_seal")]  # the seal: sha256 of the rest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.rejects.jsonl", "in.jsonl"]  # no temporary folder
     # a second run replaces the rejects file it wrote before
     write_jsonl(src, ["nope"])
     with pytest.raises(AllRecordsRejectedError, match=r"\(1 read; invalid_json: 1\)"):
         prepare([src], out, PrepareOptions())
-    assert len(kept.read_text().splitlines()) == 1
+    assert len(kept.read_text().splitlines()) == 1 + 1  # the reject, the seal
 
 
-@pytest.mark.parametrize("what", ["file", "empty file", "folder", "symlink"])
+@pytest.mark.parametrize("what", ["file", "empty file", "folder", "symlink", "lines like rejects", "edited"])
 def test_rejects_never_replace_a_path_sftdata_did_not_write(tmp_path, what):
     src = write_jsonl(tmp_path / "in.jsonl", ["nope", "{}"])
     taken = tmp_path / "ds.rejects.jsonl"
@@ -159,6 +159,13 @@ def test_rejects_never_replace_a_path_sftdata_did_not_write(tmp_path, what):
         taken.write_text("")
     elif what == "folder":
         taken.mkdir()
+    elif what == "lines like rejects":  # the keys of a reject are not proof that sftdata wrote it
+        taken.write_text('{"record": 0, "source": "a", "where": "a:line 1", "reason": "mine", "message": "x"}\n')
+    elif what == "edited":  # one sftdata sealed, then changed: its seal no longer holds
+        write_jsonl(tmp_path / "other.jsonl", ["nope"])
+        with pytest.raises(AllRecordsRejectedError):
+            prepare([tmp_path / "other.jsonl"], tmp_path / "ds", PrepareOptions())
+        taken.write_bytes(taken.read_bytes().replace(b"invalid_json", b"my_own_note!"))
     else:
         taken.symlink_to(target)
     before = taken.read_bytes() if taken.is_file() else None
@@ -166,7 +173,7 @@ def test_rejects_never_replace_a_path_sftdata_did_not_write(tmp_path, what):
         prepare([src], tmp_path / "ds", PrepareOptions())
     second = tmp_path / "ds.rejects-2.jsonl"
     assert e.value.rejects_path == str(second) and str(e.value).endswith(f"The reason for each record is in {second}")
-    assert len(second.read_text().splitlines()) == 2
+    assert len(second.read_text().splitlines()) == 2 + 1  # two rejects, the seal
     assert target.read_text() == "mine"
     if before is not None:
         assert taken.read_bytes() == before

@@ -116,6 +116,10 @@ def test_episodes_page(browser, datasets, tmp_path):
     tip = page.locator("#tip")
     assert tip.is_visible()
     assert f"id {first.get_attribute('data-i')}" in tip.inner_text() and "trained (mask 1)" in tip.inner_text()
+    swatch = page.locator(".legend .k").first  # the legend's marker swatch: a .k with no ids (was a TypeError)
+    swatch.hover()
+    assert swatch.inner_text() == "<|USER|>" and not tip.is_visible()
+    assert errors == []
 
 
 def test_packed_page(browser, datasets, tmp_path):

@@ -4,6 +4,7 @@ be; the command's output and errors. (tests/report/test_browser.py opens it in C
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -416,3 +417,31 @@ def test_a_note_beside_a_plot_escapes_the_label():
     s = Series("<img src=x onerror=alert(1)> · train", "#000", SimpleNamespace(lengths=SimpleNamespace(zeros=3)))
     assert _zero_note([s], "lengths", "episode") == (" episodes training nothing are left out of the log axis "
                                                     "(&lt;img src=x onerror=alert(1)&gt; · train: 3).")
+
+
+def test_only_an_unchanged_page_sftdata_wrote_is_replaced(ds, tmp_path):
+    """A file carrying the generator tag is not enough: the page's last line records the
+    sha256 of what precedes it, so an edited page, or a user's file copying the tag, is
+    never replaced."""
+    out = tmp_path / "r.html"
+    write_report(ds, out, sample=0)
+    page = out.read_bytes()
+    body, seal = page.rsplit(b"<!-- sftdata report sha256 ", 1)
+    assert seal == hashlib.sha256(body).hexdigest().encode() + b" -->\n"
+    edited = page.replace(b"<title>", b"<title>my notes: ", 1)
+    for name, data in (("edited.html", edited), ("tagged.html", GENERATOR.encode() + b"<p>mine</p>"),
+                       ("forged.html", GENERATOR.encode() + b"<p>mine</p>\n<!-- sftdata report sha256 " + b"0" * 64
+                        + b" -->\n")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(OutputExistsError, match=rf"{name} exists and is not a report sftdata wrote; choose"):
+            write_report(ds, tmp_path / name, sample=0)
+        assert (tmp_path / name).read_bytes() == data
+    write_report(ds, out, sample=1)  # unchanged since sftdata wrote it: replaced
+    assert out.read_bytes() != page
+
+
+def test_a_page_is_never_written_inside_any_dataset(ds, packed, tmp_path):
+    with pytest.raises(UsageError, match=rf"-o {packed}/train/r.html is inside the dataset {packed}; write the "
+                                         r"report elsewhere"):
+        write_report(ds, packed / "train" / "r.html", sample=0)
+    assert not (packed / "train" / "r.html").exists()

@@ -214,3 +214,19 @@ def test_a_users_folders_named_like_sftdatas_are_never_taken_for_sftdatas(tmp_pa
     r = _run("clean", tmp_path, "--yes", "--json")
     assert r.exit_code == 0 and orjson.loads(r.stdout)["leftovers"] == []
     assert {p.name: _tree(p) for p in (exp, backup)} == before
+
+
+# ---------------------------------------------------------------- a mixture file inside a dataset
+
+def test_a_mixture_file_is_never_written_inside_a_dataset(tmp_path, ds):
+    """A dataset folder holds only the files its metadata lists: mix -o ds/m.json (or deeper)
+    is refused before anything is written, naming the dataset."""
+    before = _tree(ds)
+    for out in (ds / "m.json", ds / "train" / "m.json"):
+        r = _run("mix", f"{ds}:1", "-o", out)
+        assert (r.exit_code, r.output) == (2, f"error: --output {out} is inside the dataset {ds}; write the mixture "
+                                              f"file elsewhere (a dataset folder holds only its own files), e.g. "
+                                              f"{tmp_path / 'm.json'}\n")
+    assert _tree(ds) == before
+    r = _run("mix", f"{ds}:1", "-o", tmp_path / "m.json")
+    assert r.exit_code == 0 and (tmp_path / "m.json").is_file()

@@ -396,3 +396,27 @@ def test_the_loader_imports_no_fsspec():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
+
+
+def test_no_credentials_is_one_line_naming_the_url_and_how_to_give_them(tmp_path, monkeypatch):
+    """Nothing is sent: the request cannot be signed (the endpoint is a closed local port)."""
+    s3fs = pytest.importorskip("s3fs")
+    src = write_jsonl(tmp_path / "c.jsonl", [chat("q", "a")])
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        for args in (["prepare-chat", str(src), "-o", "s3://bucket/sft", "-q"], ["verify", "s3://bucket/sft"]):
+            r = runner.invoke(app, args)
+            assert (r.exit_code, r.output) == (1, "error: s3://bucket/sft: no credentials for the object store "
+                                                  "(NoCredentialsError: Unable to locate credentials); give them as "
+                                                  "for any s3 client: the AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                                  "variables (or AWS_PROFILE, ~/.aws/credentials, an instance role; "
+                                                  "AWS_ENDPOINT_URL for another S3 service)\n"), args[0]
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

@@ -34,7 +34,8 @@
     return k._pos;
   }
   document.addEventListener("mouseover", function (ev) {
-    var k = ev.target.closest ? ev.target.closest(".k") : null;
+    // a token of a sample only: the legend's marker swatch is a .k too, with no ids
+    var k = ev.target.closest ? ev.target.closest(".tokens .k[data-i]") : null;
     if (!k) { tip.hidden = true; return; }
     var run = k.parentElement, ids = k.dataset.i.split(" ");
     var lines = [(ids.length > 1 ? "tokens " : "token ") + "at " + position(k) + ": id " + ids.join(", "),
