@@ -10,8 +10,11 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
 * ``end_inclusive``: whether the end-of-turn token is trained (it is, so the model learns
   to stop, unless a template's ``{% generation %}`` blocks leave it out);
 * ``last_reply_only``: for a template whose replies can only be located one at a time
-  (each episode is the render up to one reply), only the episode's last reply is trained.
-  The rule then applies to one episode's ids at a time.
+  (each episode is the render up to one reply), only the episode's last reply is trained:
+  its last span, with the spans right before it that only a header separates from it (a
+  reply whose reasoning the template writes as a message of its own, gpt-oss's analysis
+  channel, is two spans; so is an assistant message right after another). The rule then
+  applies to one episode's ids at a time.
 
 Rule: mask = 1 from the token after a header through the next end-of-turn token (inclusive
 when ``end_inclusive``); a header with no end-of-turn token after it trains nothing; all
@@ -113,9 +116,10 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         begins, ends_ = begins[order], ends_[order]
         keep = np.ones(begins.size, dtype=bool)
         keep[1:] = begins[1:] != begins[:-1]
-        starts = np.unique(ends_[keep])
+        starts, first_at = np.unique(ends_[keep], return_index=True)
+        heads = begins[keep][first_at]
     else:
-        starts = ends_
+        starts, heads = ends_, begins
     end_pos = _positions_of(ids, rule.end_ids)
     stops = np.empty(0, np.int64) if stops is None else np.asarray(stops, dtype=np.int64)
     if stops.size:
@@ -127,25 +131,33 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         closers, is_stop = end_pos, np.zeros(end_pos.size, bool)
     k = np.searchsorted(closers, starts, side="left")
     closed = k < closers.size
-    starts, k = starts[closed], k[closed]
+    starts, k, heads = starts[closed], k[closed], heads[closed]
     # a header inside a span already opened belongs to that span: keep the first start per end
     first = np.ones(k.size, dtype=bool)
     first[1:] = k[1:] != k[:-1]
-    starts, k = starts[first], k[first]
+    starts, k, heads = starts[first], k[first], heads[first]
     real = ~is_stop[k]  # a span still open where its piece ends trains nothing
-    starts, k = starts[real], k[real]
+    starts, k, heads = starts[real], k[real], heads[real]
     ends = closers[k] + (1 if rule.end_inclusive else 0)
+    after = closers[k] + 1  # just after each span's end-of-turn token
     if stops.size or rule.last_reply_only or cut is not None:
         piece = np.searchsorted(stops, starts, side="left")
         if cut is not None and starts.size:
             lead = np.ones(piece.size, dtype=bool)
             lead[1:] = piece[1:] != piece[:-1]
             drop = lead & np.asarray(cut, dtype=bool)[piece]
-            starts, ends, piece = starts[~drop], ends[~drop], piece[~drop]
+            starts, ends, piece, heads, after = starts[~drop], ends[~drop], piece[~drop], heads[~drop], after[~drop]
         if rule.last_reply_only:
+            # the piece's last reply: its last span, with the spans right before it that only
+            # a header separates from it (gpt-oss writes a reply's reasoning as a message of
+            # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
+            joined = np.zeros(piece.size, dtype=bool)
+            joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
+            group = np.concatenate([[0], np.cumsum(~joined[:-1])]) if piece.size else piece
             last = np.ones(piece.size, dtype=bool)
             last[:-1] = piece[1:] != piece[:-1]
-            starts, ends = starts[last], ends[last]
+            keep = np.isin(group, group[last]) if piece.size else last
+            starts, ends = starts[keep], ends[keep]
     return starts.astype(np.int64), ends.astype(np.int64)
 
 

@@ -38,7 +38,17 @@ from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, ContentStyle, arguments_style, content_style, conversation_messages, tool_schemas
 from .parts import missing_part
-from .spans import SENT_CLOSE, Layout, NotLocated, locate_last_reply, locate_replies, sentinel_messages, token_mask
+from .spans import (
+    SENT_CLOSE,
+    Layout,
+    NotLocated,
+    closed_blocks,
+    locate_last_reply,
+    locate_replies,
+    reply_windows,
+    sentinel_messages,
+    token_mask,
+)
 
 MAX_CACHED_RENDERS = 4096
 CAPABILITIES = ("system", "tools", "reasoning")
@@ -91,6 +101,7 @@ class TemplateProfile:
     appended_stop: str | None = None
     user_variables: dict = field(default_factory=dict, hash=False)
     replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
+    reasoning: str = "none"  # where it renders reasoning_content: every reply's, the last one's, none
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -157,7 +168,8 @@ class TemplateProfile:
                                   "capabilities": {c: self.unsupported.get(c, "supported") for c in CAPABILITIES},
                                   "renders_tool_calls": self.renders_tool_calls,
                                   "content": self.content,
-                                  "per_reply": self.replies_alone},
+                                  "per_reply": self.replies_alone,
+                                  "reasoning_position": self.reasoning},
                 "mask_rule": self.rule.state(),
                 "tool_arguments": {"style": self.arguments, "reason": self.arguments_reason}}
 
@@ -256,7 +268,7 @@ def _generation_layout(render_full, probes, gen_prompt: str, added: list[str], n
         if not out.generation:
             raise TemplateError(f"chat template {name} has {{% generation %}} blocks but marks nothing in a probe "
                                 f"conversation; every assistant reply would be untrained")
-        for start, end in out.generation:
+        for start, end in closed_blocks(out.text, out.generation, added):
             text = out.text
             if gen_prompt and text.endswith(gen_prompt, 0, start):
                 head = gen_prompt
@@ -432,11 +444,44 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         except (TemplateError, NotLocated) as e:
             unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
                 f"in the whole render ({e.why})"
+    position = reasoning_position(render_full, lambda c: probe(c, needs_tools))
+    if position == "none" and "reasoning" not in unsupported:
+        unsupported["reasoning"] = "it renders no reply's reasoning_content"
     renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
         unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
     return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
-                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls)
+                   replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls,
+                   reasoning=position)
+
+
+# two replies with reasoning: where the template writes each one's reasoning_content
+_POSITION_PROBE = _conv(Turn("user", "What is 2+2?"), Turn("assistant", "4.", reasoning="Two and two make four."),
+                        Turn("user", "And 3+3?"), Turn("assistant", "6.", reasoning="Three and three make six."))
+REASONING_POSITIONS = ("every", "last", "none")
+
+
+def reasoning_position(render_full, probe) -> str:
+    """Where the template writes a reply's ``reasoning_content`` (``probe``: a Conversation
+    -> messages and tools as the template reads them): ``every`` reply's (GLM 4.5's own
+    template for all turns), only the ``last`` one's, the reply being generated (gpt-oss,
+    Qwen3 and DeepSeek V3.2 drop earlier turns' reasoning; Qwen3 keeps that of the replies
+    after the last user message), or ``none`` (Llama, Gemma, Mistral: the field is never
+    read). Decided on the render of two exchanges whose replies both carry reasoning, then
+    of the first exchange alone (its reply last)."""
+    messages, tools = probe(_POSITION_PROBE)
+    first, second = (t.reasoning for t in _POSITION_PROBE.turns if t.reasoning)
+    try:
+        whole = render_full(messages, tools).text
+        if first in whole and second in whole:
+            return "every"
+        if second in whole or first in render_full(messages[:2], tools).text:
+            return "last"
+    except TemplateLimitError:  # past its limits: refused, never taken as refusing
+        raise
+    except TemplateError:
+        pass
+    return "none"
 
 
 def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render_full, added: list[str],
@@ -518,11 +563,18 @@ def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name:
     lo = start - len(head)
     inside = (enc.offsets[:, 0] >= lo) & (enc.offsets[:, 1] <= start)
     idx = np.flatnonzero(inside)
-    tiles = idx.size > 0 and enc.offsets[idx[0], 0] == lo and enc.offsets[idx[-1], 1] == start \
-        and np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1])
+    tiles = idx.size > 0 and np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1])
     if not tiles:
-        raise TemplateError(f"chat template {name}: the assistant header {head!r} does not end on a token boundary "
-                            f"with this tokenizer, so no rule over token ids can find where a reply starts")
+        raise TemplateError(f"chat template {name}: no token of the assistant header {head!r} lies wholly inside "
+                            f"it with this tokenizer, so no rule over token ids can find where a reply starts")
+    # a header whose first characters merge with the text before it (Apriel's
+    # ``\n<|begin_assistant|>\n`` after a tool result's text): its tokens wholly inside it
+    # a header whose last characters merge with the reply's first ones into one token
+    # (StepFun's ``<|im_start|>assistant\n<think>\n`` before a reply opening with a newline):
+    # the boundary token belongs to the reply. The header is then its tokens wholly before
+    # the reply, and that token, holding the reply's first characters, is trained (as
+    # ``token_ranges`` maps the reply's span); where the header ends on a boundary its own
+    # longer ids are the header, the longest at a place winning (``rule_spans``)
     return tuple(int(i) for i in enc.ids[idx])
 
 
@@ -533,26 +585,29 @@ def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
     when the whole render fails and ``per_reply`` is not set, ``TemplateError`` when a
     part is missing."""
     name = profile.template.name
+    if profile.generation and per_reply:  # each reply the last block of the conversation up to it
+        out = [render_full(messages[:k + 1], tools) for k, m in enumerate(messages) if m["role"] == "assistant"]
+        return [(o.text, closed_blocks(o.text, o.generation, profile.layout.end_texts)[-1:]) for o in out]
     if profile.generation:
         out = render_full(messages, tools)
         _check_parts(out.text, messages, {-1: (0, 0)}, tools, name)
-        return [(out.text, list(out.generation))]
+        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts))]
     fn = profile.render_fn(list(tools) if tools else None)
     if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)
-        _check_parts(text, messages, {k: (a, b) for k, a, b in spans}, tools, name)
+        _check_parts(text, messages, reply_windows(spans), tools, name)
         return [(text, [(a, b) for _, a, b in spans])]
     episodes = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         try:
-            text, (_, a, b) = locate_last_reply(fn, messages, profile.layout, k)
+            text, spans = locate_last_reply(fn, messages, profile.layout, k)
         except NotLocated as e:
             raise TemplateError(f"chat template {name}: assistant message {k} of a probe conversation "
                                 f"cannot be located ({e.why})") from None
-        _check_parts(text, messages[:k + 1], {k: (a, b)}, tools, name)
-        episodes.append((text, [(a, b)]))
+        _check_parts(text, messages[:k + 1], reply_windows(spans), tools, name)
+        episodes.append((text, [(a, b) for _, a, b in spans]))
     return episodes
 
 

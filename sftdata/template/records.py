@@ -80,10 +80,12 @@ def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, wher
 
 def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) -> Conversation:
     """``conv`` as far as the template can carry it: a record holding a system message or
-    tools the template cannot render is refused by name; reasoning a template ignores is
-    dropped and counted per turn (``reasoning_ignored_by_template``; ``--reasoning inline``
-    writes it into the reply instead, before this), refused where a reply holds nothing
-    else (``template_drops_reasoning``)."""
+    tools the template cannot render is refused by name; reasoning a template renders for
+    no reply (``TemplateProfile.reasoning`` "none") is dropped and counted per turn
+    (``reasoning_ignored_by_template``; ``--reasoning inline`` writes it into the reply
+    instead, before this), refused where a reply holds nothing else
+    (``template_drops_reasoning``). Reasoning a template renders for some reply is kept:
+    what a render drops is refused by name (``parts``), or served one reply at a time."""
     turns = conv.turns
     if not profile.supports("system") and turns and turns[0].role == "system":
         raise _cannot(profile, "system", "a system message", "drop the system message from the record, or use a "
@@ -91,8 +93,8 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     if not profile.supports("tools") and (conv.tools or any(t.tool_calls or t.role == "tool" for t in turns)):
         raise _cannot(profile, "tools", "tool schemas, calls or results", "use a template that renders tool "
                       "calls (--chat-template model:NAME or FILE.jinja), or drop the tool records", where)
-    if profile.supports("reasoning") or not any(t.reasoning for t in turns):
-        return conv
+    if profile.supports("reasoning") or profile.reasoning != "none" or not any(t.reasoning for t in turns):
+        return conv  # rendered somewhere: what a render drops is refused by name (parts), never stripped
     for i, t in enumerate(turns):
         if t.reasoning and not t.text.strip() and not t.tool_calls:
             raise RecordError("template_drops_reasoning", f"assistant message {i} holds only reasoning, which chat "
