@@ -267,7 +267,9 @@ def record_episodes(conv: Conversation, profile: TemplateProfile, tok: HFTokeniz
 
 def template_summary(tok: HFTokenizer, profile: TemplateProfile) -> dict:
     """The tokenizer and template summary ``dataset_metadata.json`` records (``mask_rule``
-    as ``tokenizer_state.json`` records it, so that verify compares the two)."""
+    as ``tokenizer_state.json`` records it, so that verify compares the two; where the
+    template renders reasoning: ``reasoning_position``)."""
     t = profile.template
-    return {**tok.summary(), "template": {"name": t.name, "source": t.source, "sha256": t.sha256},
+    return {**tok.summary(), "template": {"name": t.name, "source": t.source, "sha256": t.sha256,
+                                          "reasoning_position": profile.reasoning},
             "mask_rule": profile.rule.state()}

@@ -18,8 +18,9 @@ import pytest
 
 from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
-from sftdata.template import model_profile, records_episodes
+from sftdata.template import model_profile, records_episodes, template_summary, tokenizer_state
 from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.verify.template import rederived_rule_problems
 from tests.helpers.templates import CORPUS, train_tokenizer
 from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens
 
@@ -109,7 +110,8 @@ POSITIONS = {"gptoss": "last", "qwen3": "last", "glm4moe": "last", "nemotron_3_n
 def test_reasoning_position_is_probed_as_transformers_renders_it(model, stem):
     tok, profile, hf = model(stem)
     assert profile.reasoning == POSITIONS[stem]
-    assert profile.state()["chat_template"]["reasoning_position"] == POSITIONS[stem]
+    assert profile.state()["chat_template"]["reasoning_position"] == POSITIONS[stem]  # tokenizer_state.json
+    assert template_summary(tok, profile)["template"]["reasoning_position"] == POSITIONS[stem]  # the metadata
     assert ("reasoning" in profile.unsupported) == (POSITIONS[stem] == "none")
     messages, _ = reference_messages(RECORDS["reasoning"])
     whole = hf.apply_chat_template(messages, tokenize=False)
@@ -174,6 +176,7 @@ def test_a_header_that_merges_with_the_reply_gives_the_boundary_token_to_the_rep
     assert tok.decode(ep.ids[a:b].tolist()) == "\n\n</think>\n\nThe capital of France is Paris.<|im_end|>"
     header = tuple(int(i) for i in ep.ids[a - 4:a])
     assert header in profile.rule.headers and header + (int(ep.ids[a - 2]),) in profile.rule.headers  # + "\\n"
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []  # verify learns the same rule again
 
 
 def test_generation_blocks_ending_after_their_end_of_turn_token_are_not_refused(model):
