@@ -38,6 +38,7 @@ from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, ContentStyle, arguments_style, content_style, conversation_messages, tool_schemas
 from .parts import missing_part
+from .reasoning import reasoning_position
 from .spans import (
     SENT_CLOSE,
     Layout,
@@ -453,35 +454,6 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
     return replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
                    replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls,
                    reasoning=position)
-
-
-# two replies with reasoning: where the template writes each one's reasoning_content
-_POSITION_PROBE = _conv(Turn("user", "What is 2+2?"), Turn("assistant", "4.", reasoning="Two and two make four."),
-                        Turn("user", "And 3+3?"), Turn("assistant", "6.", reasoning="Three and three make six."))
-REASONING_POSITIONS = ("every", "last", "none")
-
-
-def reasoning_position(render_full, probe) -> str:
-    """Where the template writes a reply's ``reasoning_content`` (``probe``: a Conversation
-    -> messages and tools as the template reads them): ``every`` reply's (GLM 4.5's own
-    template for all turns), only the ``last`` one's, the reply being generated (gpt-oss,
-    Qwen3 and DeepSeek V3.2 drop earlier turns' reasoning; Qwen3 keeps that of the replies
-    after the last user message), or ``none`` (Llama, Gemma, Mistral: the field is never
-    read). Decided on the render of two exchanges whose replies both carry reasoning, then
-    of the first exchange alone (its reply last)."""
-    messages, tools = probe(_POSITION_PROBE)
-    first, second = (t.reasoning for t in _POSITION_PROBE.turns if t.reasoning)
-    try:
-        whole = render_full(messages, tools).text
-        if first in whole and second in whole:
-            return "every"
-        if second in whole or first in render_full(messages[:2], tools).text:
-            return "last"
-    except TemplateLimitError:  # past its limits: refused, never taken as refusing
-        raise
-    except TemplateError:
-        pass
-    return "none"
 
 
 def _call_ends(draft: TemplateProfile, accepted, probe, tok: HFTokenizer, render_full, added: list[str],
