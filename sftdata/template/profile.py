@@ -219,7 +219,8 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, 
             if at < 0:
                 continue  # a template may drop earlier replies; the per-reply path handles those
             nxt = s.find("\ufdd2", at + len(mark))  # the next message's text: a reply's end comes before it
-            end = _first_added(s, at + len(mark), len(s) if nxt < 0 else nxt, added)
+            since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
+            end = _reply_end(s, since, at, at + len(mark), len(s) if nxt < 0 else nxt, gen_prompt[:shortest], added)
             if end is None:
                 if s[at + len(mark):].strip() or i != len(messages) - 1:
                     raise TemplateError(f"chat template {name} writes no special token after an assistant reply, "
@@ -236,12 +237,30 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, 
                           if s.endswith(gen_prompt[:k], 0, at)), None)
                 if k is not None and gen_prompt[:k] not in headers:
                     headers.append(gen_prompt[:k])
-            since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
             if not any(s.rfind(h, since, at) >= 0 for h in headers):
                 headers.append(_own_header(s, since, at, gen_prompt, shortest, added, name))
     if not ends and not found.unclosed:
         raise TemplateError(f"chat template {name} renders no assistant reply's text in a probe conversation; "
                             f"replies cannot be located")
+
+
+def _reply_end(s: str, since: int, at: int, lo: int, hi: int, role: str, added: list[str]) -> tuple[int, str] | None:
+    """The end-of-turn token after a reply's text (``s[lo:hi]``): the first added token there,
+    unless the template also writes it between the reply's role header (``role``: the
+    start of the generation prompt, after ``since``) and its text, where a rule would end the
+    reply early: Kimi K3 closes the reasoning with ``<|close|>think`` and the answer with
+    ``<|close|>response``, the turn with ``<|end_of_msg|>``. Then the first added token
+    after the text that the reply's opening does not hold."""
+    first = _first_added(s, lo, hi, added)
+    head = s.find(role, since, at) if role else -1
+    if first is None or head < 0 or s.find(first[1], head, at) < 0:
+        return first
+    pos = first[0] + len(first[1])
+    while (nxt := _first_added(s, pos, hi, added)) is not None:
+        if s.find(nxt[1], head, at) < 0:
+            return nxt
+        pos = nxt[0] + len(nxt[1])
+    return first
 
 
 def _own_header(s: str, since: int, at: int, gen_prompt: str, shortest: int, added: list[str], name: str) -> str:

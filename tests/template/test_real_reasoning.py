@@ -22,7 +22,7 @@ from sftdata.template import model_profile, records_episodes, template_summary, 
 from sftdata.tokenize.hf import load_hf_tokenizer
 from sftdata.verify.template import rederived_rule_problems
 from tests.helpers.templates import CORPUS, train_tokenizer
-from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens
+from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens, zoo_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
@@ -49,6 +49,12 @@ _EOS = ("<|return|>", "<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜
 
 
 def trl_template(stem: str) -> str:
+    """TRL's template ``stem``, or with ``zoo:`` the zoo folder's (tests/helpers/zoo.py)."""
+    if stem.startswith("zoo:"):
+        folder = zoo_folder()
+        if folder is None or not (folder / f"{stem[4:]}.jinja").is_file():
+            pytest.skip(f"the template zoo holds no {stem[4:]}.jinja")
+        return (folder / f"{stem[4:]}.jinja").read_text(encoding="utf-8")
     path = TRL_TEMPLATES / f"{stem}.jinja"
     if not path.is_file():
         pytest.skip(f"trl {trl.__version__} ships no {path.name}")
@@ -67,7 +73,7 @@ def model(tmp_path_factory):
             special, tags = template_tokens(text)
             bos = next((t for t in _BOS if t in special), None)
             eos = next((t for t in _EOS if t in special), None)
-            out = tmp_path_factory.mktemp("trl") / stem
+            out = tmp_path_factory.mktemp("trl") / stem.replace(":", "_")
             train_tokenizer(out, special, extra=[t for t in tags if t not in special], vocab_size=900,
                             corpus=CORPUS + RECORD_TEXT + [json.dumps(REASON_TOOL)] * 20
                             + [" ".join(re.findall(r"[A-Za-z]+", text))] * 3,
@@ -197,3 +203,20 @@ def test_generation_blocks_ending_after_their_end_of_turn_token_are_not_refused(
     assert not isinstance(result, RecordError), result.detail
     assert len(result.episodes) == 3
     assert_exact(result, REASON_TOOL, tok, profile, hf)
+
+
+def test_an_end_of_turn_token_the_reply_also_opens_with_is_passed_over(model):
+    """Kimi K3 closes the reasoning with ``<|close|>think`` and the answer with
+    ``<|close|>response`` before ending the turn with ``<|end_of_msg|>``: the end-of-turn token
+    is the first one after a reply's text that its opening does not hold, so every reply's
+    reasoning and answer are one trained run, token-identical to transformers'."""
+    tok, profile, hf = model("zoo:Kimi-K3")
+    assert profile.layout.end_texts[0] == "<|end_of_msg|>" and profile.reasoning == "every"
+    result = prepared(REASON_TOOL, tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert len(result.episodes) == 1
+    assert_exact(result, REASON_TOOL, tok, profile, hf)
+    trained = tok.decode(result.episodes[0].ids[result.episodes[0].mask.astype(bool)].tolist())
+    for m in REASON_TOOL["messages"]:
+        if m["role"] == "assistant":
+            assert m["reasoning_content"] in trained and m["content"] in trained
