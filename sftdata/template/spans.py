@@ -62,13 +62,17 @@ def sentinel_messages(messages: list[dict]) -> tuple[list[dict], dict[tuple[str,
     for i, m in enumerate(messages):
         m = dict(m)
         content = m.get("content")
-        if m.get("role") in ("user", "assistant", "tool") and isinstance(content, str) and content:
+        # content given as one text part (a template that reads only parts): its text
+        part = content[0] if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict) \
+            and content[0].get("type") == "text" and isinstance(content[0].get("text"), str) else None
+        text = part["text"] if part is not None else content
+        if m.get("role") in ("user", "assistant", "tool") and isinstance(text, str) and text:
             # reasoning written inline (``<think>...</think>`` then the answer) is kept, so a
             # template that moves or drops it renders the same structure with the sentinel
-            cut = content.rfind(THINK_END) + len(THINK_END) if m.get("role") == "assistant" and THINK_END in content \
-                else 0
-            m["content"] = f"{content[:cut]}{SENT_OPEN}c{i}{SENT_CLOSE}"
-            originals[("c", i)] = content[cut:]
+            cut = text.rfind(THINK_END) + len(THINK_END) if m.get("role") == "assistant" and THINK_END in text else 0
+            marked = f"{text[:cut]}{SENT_OPEN}c{i}{SENT_CLOSE}"
+            m["content"] = marked if part is None else [{**part, "text": marked}]
+            originals[("c", i)] = text[cut:]
         calls = m.get("tool_calls")
         if m.get("role") == "assistant" and calls:
             first = dict(calls[0])

@@ -220,3 +220,19 @@ def test_an_end_of_turn_token_the_reply_also_opens_with_is_passed_over(model):
     for m in REASON_TOOL["messages"]:
         if m["role"] == "assistant":
             assert m["reasoning_content"] in trained and m["content"] in trained
+
+
+def test_a_template_that_reads_only_text_parts_is_located(model):
+    """Idefics3's template reads each message's content as a list of parts (a string renders
+    no text): replies are located with the parts' text, token-identical to transformers'
+    render of the same messages given as parts."""
+    tok, profile, hf = model("idefics3")
+    assert profile.content == "parts"
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    messages, _ = reference_messages(RECORDS["chat"])
+    parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+    ep = result.episodes[0]
+    assert ep.ids.tolist() == list(hf.apply_chat_template(parts, tokenize=True, return_dict=False))
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        " I am well, thank you. How can I help?<end_of_utterance> The capital of France is Paris.<end_of_utterance>"
