@@ -11,10 +11,11 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
   to stop, unless a template's ``{% generation %}`` blocks leave it out);
 * ``last_reply_only``: for a template whose replies can only be located one at a time
   (each episode is the render up to one reply), only the episode's last reply is trained:
-  its last span, with the spans right before it that only a header separates from it (a
-  reply whose reasoning the template writes as a message of its own, gpt-oss's analysis
-  channel, is two spans; so is an assistant message right after another). The rule then
-  applies to one episode's ids at a time.
+  its last span, and where ``joined_spans`` (learned: a probe reply was several spans) the
+  spans right before it that only a header separates from it (a reply whose reasoning the
+  template writes as a message of its own, gpt-oss's analysis channel, is two spans; so is
+  an assistant message right after another under such a template). The rule then applies
+  to one episode's ids at a time.
 
 Rule: mask = 1 from the token after a header through the next end-of-turn token (inclusive
 when ``end_inclusive``); a header with no end-of-turn token after it trains nothing; all
@@ -41,10 +42,12 @@ class MaskRule:
     end_ids: tuple[int, ...]
     end_inclusive: bool = True
     last_reply_only: bool = False
+    joined_spans: bool = False  # a reply may be several spans only a header separates (gpt-oss's reasoning)
 
     def state(self) -> dict:
-        return {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
-                "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
+        out = {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
+               "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
+        return {**out, "joined_spans": True} if self.joined_spans else out  # absent: false (older datasets)
 
     @classmethod
     def from_state(cls, state: dict, where: str = "tokenizer_state.json") -> MaskRule:
@@ -58,11 +61,12 @@ class MaskRule:
         headers, end_ids = state.get("headers"), state.get("end_ids")
         if not (isinstance(headers, list) and headers and all(ints(h) for h in headers) and ints(end_ids)
                 and isinstance(state.get("end_inclusive"), bool)
-                and isinstance(state.get("last_reply_only", False), bool)):
+                and isinstance(state.get("last_reply_only", False), bool)
+                and isinstance(state.get("joined_spans", False), bool)):
             raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids' and "
                                f"booleans 'end_inclusive' and 'last_reply_only'; re-prepare the dataset")
         return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
-                   state.get("last_reply_only", False))
+                   state.get("last_reply_only", False), state.get("joined_spans", False))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -152,7 +156,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
             # a header separates from it (gpt-oss writes a reply's reasoning as a message of
             # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
             joined = np.zeros(piece.size, dtype=bool)
-            joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
+            if rule.joined_spans:
+                joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
             group = np.concatenate([[0], np.cumsum(~joined[:-1])]) if piece.size else piece
             last = np.ones(piece.size, dtype=bool)
             last[:-1] = piece[1:] != piece[:-1]

@@ -362,22 +362,31 @@ def _fit(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict] | Non
                                 f"tokenizer; use the tokenizer the template was written for")
         end_ids.append(tid)
     profile = replace(draft, layout=layout, appended_stop=stop, rule=MaskRule((), ()), renders={})
+    def replies(messages, alone: bool) -> list[int]:  # the replies each probe episode trains
+        n = sum(m["role"] == "assistant" for m in messages)
+        return [1] * n if alone else [n]
+
     try:
         episodes = [ep for messages, tools in probes
                     for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=replies_alone)]
+        counts = [c for messages, _ in probes for c in replies(messages, replies_alone)]
     except NotLocated:  # some probe's replies are found only one at a time: so is every record's
         if not learn_alone:
             raise
         replies_alone = True
         episodes = [ep for messages, tools in probes
                     for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=True)]
+        counts = [c for messages, _ in probes for c in replies(messages, True)]
     encoded = [(text, spans, tok.encode_rendered(text)) for text, spans in episodes]
     headers: list[tuple[int, ...]] = []
     for text, spans, enc in encoded:
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
-    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone)
+    # a reply located as several spans (gpt-oss's analysis message before its answer): the
+    # rule keeps them together as one reply where it trains an episode's last reply only
+    joined = any(len(spans) > n for (_, spans), n in zip(episodes, counts))
+    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone, joined)
     for _, spans, enc in encoded:
         at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:

@@ -78,9 +78,13 @@ def test_last_reply_only_keeps_the_spans_only_a_header_separates():
     """gpt-oss writes a reply's reasoning as a message of its own: ``H analysis E H final E``
     is one reply (two spans, the header between untrained); another turn between two spans
     ends the earlier reply. Per piece, with stops between pieces, and with a cut piece."""
-    rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), last_reply_only=True)
+    rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), last_reply_only=True, joined_spans=True)
     ids = np.array([2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 22, 5, 2, 11, 3, 4, 23, 5])
     assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [16, 17, 22, 23]
+    # a template whose replies are never several spans: the last span alone (Llama 3's two
+    # assistant messages in a row stay two replies)
+    assert np.flatnonzero(rule_mask(ids, MaskRule(((2, 11, 3, 4),), (5,), last_reply_only=True))).tolist() == [22, 23]
+    assert MaskRule.from_state(rule.state()) == rule and "joined_spans" not in MaskRule(((1,),), (5,)).state()
     two = np.concatenate([ids, ids])
     assert np.flatnonzero(segment_rule_mask(two, np.array([24, 24]), rule)).tolist() == [16, 17, 22, 23,
                                                                                           40, 41, 46, 47]

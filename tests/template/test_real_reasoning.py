@@ -133,6 +133,7 @@ def test_gpt_oss_trains_the_reasoning_of_the_reply_it_renders_as_transformers_do
     result = prepared(LAST_ONLY, tok, profile)
     assert not isinstance(result, RecordError), result.detail
     assert len(result.episodes) == 1 and "reasoning_ignored_by_template" not in result.counts
+    assert profile.rule.joined_spans  # learned: a reply is two spans, kept together one reply at a time
     assert_exact(result, LAST_ONLY, tok, profile, hf)
     ep = result.episodes[0]
     # two trained runs: the analysis message and the final one, the header between them untrained
@@ -171,6 +172,7 @@ def test_a_header_that_merges_with_the_reply_gives_the_boundary_token_to_the_rep
     think block: the header's last newline and the block's first are one token, trained
     with the reply (the one rule verify re-applies); the template is no longer refused."""
     tok, profile, hf = model("qwen3_5_think")
+    assert not profile.rule.joined_spans
     result = prepared(RECORDS["chat"], tok, profile)
     assert not isinstance(result, RecordError), result.detail
     messages, _ = reference_messages(RECORDS["chat"])
