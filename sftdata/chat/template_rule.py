@@ -10,8 +10,12 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
 * ``end_inclusive``: whether the end-of-turn token is trained (it is, so the model learns
   to stop, unless a template's ``{% generation %}`` blocks leave it out);
 * ``last_reply_only``: for a template whose replies can only be located one at a time
-  (each episode is the render up to one reply), only the episode's last reply is trained.
-  The rule then applies to one episode's ids at a time;
+  (each episode is the render up to one reply), only the episode's last reply is trained:
+  its last span, and where ``joined_spans`` (learned: a probe reply was several spans) the
+  spans right before it that only a header separates from it (a reply whose reasoning the
+  template writes as a message of its own, gpt-oss's analysis channel, is two spans; so is
+  an assistant message right after another under such a template). The rule then applies
+  to one episode's ids at a time;
 * ``asked``: the id sequences that open a turn a reply answers (a user turn's header,
   ``<|start_header_id|>user<|end_header_id|>``, ``<|im_start|>user``; a tool result's). A
   reply with none of them before it in its episode answers no one (a conversation that
@@ -44,13 +48,14 @@ class MaskRule:
     end_inclusive: bool = True
     last_reply_only: bool = False
     asked: tuple[tuple[int, ...], ...] = ()
+    joined_spans: bool = False  # a reply may be several spans only a header separates (gpt-oss's reasoning)
 
     def state(self) -> dict:
         out = {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
                "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
         if self.asked:  # recorded only where there is one: a rule without it reads as before
             out["asked"] = [list(h) for h in self.asked]
-        return out
+        return {**out, "joined_spans": True} if self.joined_spans else out  # absent: false (older datasets)
 
     @classmethod
     def from_state(cls, state: dict, where: str = "tokenizer_state.json") -> MaskRule:
@@ -66,12 +71,14 @@ class MaskRule:
         if not (isinstance(headers, list) and headers and all(ints(h) for h in headers) and ints(end_ids)
                 and isinstance(state.get("end_inclusive"), bool)
                 and isinstance(state.get("last_reply_only", False), bool)
-                and isinstance(asked, list) and all(ints(h) for h in asked)):
+                and isinstance(asked, list) and all(ints(h) for h in asked)
+                and isinstance(state.get("joined_spans", False), bool)):
             raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids', "
-                               f"booleans 'end_inclusive' and 'last_reply_only', and 'asked' (lists of token ids) "
-                               f"where given; re-prepare the dataset")
+                               f"booleans 'end_inclusive' and 'last_reply_only', 'asked' (lists of token ids) where given "
+                               f"and the boolean 'joined_spans' where given; re-prepare the dataset")
         return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
-                   state.get("last_reply_only", False), tuple(tuple(h) for h in asked))
+                   state.get("last_reply_only", False), tuple(tuple(h) for h in asked),
+                   state.get("joined_spans", False))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -127,9 +134,10 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         begins, ends_ = begins[order], ends_[order]
         keep = np.ones(begins.size, dtype=bool)
         keep[1:] = begins[1:] != begins[:-1]
-        starts = np.unique(ends_[keep])
+        starts, first_at = np.unique(ends_[keep], return_index=True)
+        heads = begins[keep][first_at]
     else:
-        starts = ends_
+        starts, heads = ends_, begins
     end_pos = _positions_of(ids, rule.end_ids)
     stops = np.empty(0, np.int64) if stops is None else np.asarray(stops, dtype=np.int64)
     if stops.size:
@@ -141,28 +149,37 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         closers, is_stop = end_pos, np.zeros(end_pos.size, bool)
     k = np.searchsorted(closers, starts, side="left")
     closed = k < closers.size
-    starts, k = starts[closed], k[closed]
+    starts, k, heads = starts[closed], k[closed], heads[closed]
     # a header inside a span already opened belongs to that span: keep the first start per end
     first = np.ones(k.size, dtype=bool)
     first[1:] = k[1:] != k[:-1]
-    starts, k = starts[first], k[first]
+    starts, k, heads = starts[first], k[first], heads[first]
     real = ~is_stop[k]  # a span still open where its piece ends trains nothing
-    starts, k = starts[real], k[real]
+    starts, k, heads = starts[real], k[real], heads[real]
     ends = closers[k] + (1 if rule.end_inclusive else 0)
+    after = closers[k] + 1  # just after each span's end-of-turn token
     if rule.asked and starts.size:
         answers = _answering(ids, rule.asked, starts, stops)
-        starts, ends = starts[answers], ends[answers]
+        starts, ends, heads, after = starts[answers], ends[answers], heads[answers], after[answers]
     if stops.size or rule.last_reply_only or cut is not None:
         piece = np.searchsorted(stops, starts, side="left")
         if cut is not None and starts.size:
             lead = np.ones(piece.size, dtype=bool)
             lead[1:] = piece[1:] != piece[:-1]
             drop = lead & np.asarray(cut, dtype=bool)[piece]
-            starts, ends, piece = starts[~drop], ends[~drop], piece[~drop]
+            starts, ends, piece, heads, after = starts[~drop], ends[~drop], piece[~drop], heads[~drop], after[~drop]
         if rule.last_reply_only:
+            # the piece's last reply: its last span, with the spans right before it that only
+            # a header separates from it (gpt-oss writes a reply's reasoning as a message of
+            # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
+            joined = np.zeros(piece.size, dtype=bool)
+            if rule.joined_spans:
+                joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
+            group = np.concatenate([[0], np.cumsum(~joined[:-1])]) if piece.size else piece
             last = np.ones(piece.size, dtype=bool)
             last[:-1] = piece[1:] != piece[:-1]
-            starts, ends = starts[last], ends[last]
+            keep = np.isin(group, group[last]) if piece.size else last
+            starts, ends = starts[keep], ends[keep]
     return starts.astype(np.int64), ends.astype(np.int64)
 
 

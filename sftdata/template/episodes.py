@@ -34,7 +34,7 @@ from .environment import RESERVED_CHARS
 from .messages import tool_schemas
 from .parts import missing_part
 from .profile import TemplateProfile
-from .spans import NotLocated, locate_last_reply, locate_replies
+from .spans import NotLocated, closed_blocks, locate_last_reply, locate_replies, reply_windows
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,7 @@ class MissingPart(Exception):
 
 def _checked(text: str, messages: list[dict], spans, tools, last: int | None = None) -> None:
     """Raise ``MissingPart`` when ``text`` lacks a part of ``messages`` (up to ``last``)."""
-    found = missing_part(text, messages if last is None else messages[:last + 1],
-                         {k: (a, b) for k, a, b in spans}, tools)
+    found = missing_part(text, messages if last is None else messages[:last + 1], reply_windows(spans), tools)
     if found is not None:
         raise MissingPart(*found)
 
@@ -215,44 +214,45 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
     name = profile.template.name
     check_texts(messages, tools, tok, where)
     replies = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
-    chosen = replies if trained is None else [k for k in replies if k in set(trained)]
+    wanted = set(trained) if trained is not None else None
+    chosen = replies if wanted is None else [k for k in replies if k in wanted]
     try:
         if profile.generation:
-            variables = {**profile.variables, **kwargs} if kwargs else profile.variables
-            out = profile.template.render(messages, tools=tools, variables=variables)
-            if not out.generation:
-                raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
-                                  f"conversation; nothing would be trained", where)
-            spans = [(-1, a, b) for a, b in out.generation]
-            _checked(out.text, messages, [(-1, 0, 0)], tools)
-            if chosen != replies:  # blocks in message order, one per reply, or the untrained ones cannot be told
-                if len(spans) != len(replies):
-                    raise RecordError("reply_not_located", f"chat template {name} marks {len(spans)} generation "
-                                      f"block(s) for {len(replies)} assistant messages, so the untrained ones cannot "
-                                      f"be left out", where)
-                spans = [(k, a, b) for k, (_, a, b) in zip(replies, spans) if k in set(chosen)]
-            return Planned((out.text,), (tuple(spans),))
-        fn, sent_fn = profile.render_fn(tools, kwargs), profile.sentinel_fn(tools, kwargs)
+            def whole():
+                return _blocks(profile, messages, tools, kwargs, replies, chosen, where)
+
+            def alone_k(k):
+                return _block_alone(profile, messages, tools, kwargs, k, where)
+        else:
+            fn, sent_fn = profile.render_fn(tools, kwargs), profile.sentinel_fn(tools, kwargs)
+
+            def whole():
+                text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
+                picked = set(chosen)
+                spans = [sp for sp in spans if sp[0] in picked]
+                _checked(text, messages, spans, tools)
+                return text, spans
+
+            def alone_k(k):
+                return _alone(profile, fn, sent_fn, messages, k, name, where)
         if profile.replies_alone:
             why = "the template's replies are served one at a time (learned from its probe conversations, or " \
                   "--per-reply)"
         elif profile.rule.last_reply_only:  # --train-on last: the conversation up to its trained reply
-            text, span = _alone(profile, fn, sent_fn, messages, chosen[-1], name, where)
-            _checked(text, messages, [span], tools, chosen[-1])
-            return Planned((text,), ((span,),))
+            text, span = alone_k(chosen[-1])
+            _checked(text, messages, span, tools, chosen[-1])
+            return Planned((text,), (span,))
         else:
             try:
-                text, spans = locate_replies(fn, messages, profile.layout, sentinel_fn=sent_fn)
-                spans = [sp for sp in spans if sp[0] in set(chosen)]
-                _checked(text, messages, spans, tools)
+                text, spans = whole()
                 return Planned((text,), (tuple(spans),))
             except NotLocated as e:
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
             except MissingPart as e:
                 why = f"the whole render drops {e.what}"
-        alone = [_alone(profile, fn, sent_fn, messages, k, name, where) for k in chosen]
+        alone = [alone_k(k) for k in chosen]
         for k, (text, span) in zip(chosen, alone):
-            _checked(text, messages, [span], tools, k)
+            _checked(text, messages, span, tools, k)
         if len(alone) > 1 and not profile.rule.last_reply_only:
             raise RecordError("template_rewrites_history", f"chat template {name} renders this conversation's earlier "
                               f"turns differently once later turns follow ({why}), so each reply is exact only as the "
@@ -260,16 +260,53 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
                               f"reply of an episode and cannot prove that. Prepare with --per-reply (one episode per "
                               f"assistant reply, each training its reply), or with --reasoning last when it is earlier "
                               f"turns' reasoning the template drops", where)
-        return Planned(tuple(t for t, _ in alone), tuple((sp,) for _, sp in alone), per_reply=why)
+        return Planned(tuple(t for t, _ in alone), tuple(sp for _, sp in alone), per_reply=why)
     except MissingPart as e:
         raise dropped(name, e, where) from None
     except TemplateError as e:
         raise RecordError(e.reason, str(e), where) from None
 
 
+def _blocks(profile: TemplateProfile, messages: list[dict], tools, kwargs, replies: list[int], chosen: list[int],
+            where: str) -> tuple[str, list[tuple[int, int, int]]]:
+    """The whole render of a template with ``{% generation %}`` blocks and its blocks (of
+    the ``chosen`` replies: one block per reply, in order, or the untrained ones cannot be
+    told). Raises ``RecordError``, ``MissingPart``."""
+    name = profile.template.name
+    variables = {**profile.variables, **kwargs} if kwargs else profile.variables
+    out = profile.template.render(messages, tools=tools, variables=variables)
+    if not out.generation:
+        raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
+                          f"conversation; nothing would be trained", where)
+    spans = [(-1, a, b) for a, b in closed_blocks(out.text, out.generation, profile.layout.end_texts)]
+    _checked(out.text, messages, [(-1, 0, 0)], tools)
+    if chosen != replies:
+        if len(spans) != len(replies):
+            raise RecordError("reply_not_located", f"chat template {name} marks {len(spans)} generation "
+                              f"block(s) for {len(replies)} assistant messages, so the untrained ones cannot "
+                              f"be left out", where)
+        picked = set(chosen)
+        spans = [(k, a, b) for k, (_, a, b) in zip(replies, spans) if k in picked]
+    return out.text, spans
+
+
+def _block_alone(profile: TemplateProfile, messages: list[dict], tools, kwargs, k: int,
+                 where: str) -> tuple[str, tuple[tuple[int, int, int], ...]]:
+    """Reply ``k`` alone under a template with ``{% generation %}`` blocks: the render of
+    the conversation up to it, and its last block."""
+    name = profile.template.name
+    variables = {**profile.variables, **kwargs} if kwargs else profile.variables
+    out = profile.template.render(messages[:k + 1], tools=tools, variables=variables)
+    if not out.generation:
+        raise RecordError("reply_not_located", f"chat template {name} marks no generation block for assistant "
+                          f"message {k}; nothing would be trained", where)
+    a, b = closed_blocks(out.text, out.generation, profile.layout.end_texts)[-1]
+    return out.text, ((k, a, b),)
+
+
 def _alone(profile: TemplateProfile, fn, sent_fn, messages: list[dict], k: int, name: str,
-           where: str) -> tuple[str, tuple[int, int, int]]:
-    """Reply ``k`` alone: the render of the conversation up to it, and its span."""
+           where: str) -> tuple[str, tuple[tuple[int, int, int], ...]]:
+    """Reply ``k`` alone: the render of the conversation up to it, and its spans."""
     try:
         return locate_last_reply(fn, messages, profile.layout, k, sentinel_fn=sent_fn)
     except NotLocated as e:

@@ -139,7 +139,8 @@ def content_style(compiled, name: str, variables: dict | None = None,
     parts, and why: a user message rendered both ways; the way whose text appears wins,
     a string where both do (or neither: the template then fails on records anyway)."""
     def probe(content) -> str | None:
-        return _probe_text(compiled, [{"role": "user", "content": content}, {"role": "assistant", "content": "Sunny."}],
+        reply = "Sunny." if isinstance(content, str) else [{"type": "text", "text": "Sunny."}]  # the same form
+        return _probe_text(compiled, [{"role": "user", "content": content}, {"role": "assistant", "content": reply}],
                            name, variables, limits)
 
     as_string = probe(_PROBE_TEXT)

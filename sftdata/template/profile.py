@@ -38,13 +38,16 @@ from ..tokenize.hf import HFTokenizer
 from .chat_template import ChatTemplate
 from .messages import ArgumentsStyle, ContentStyle, arguments_style, content_style, conversation_messages, tool_schemas
 from .parts import missing_part
+from .reasoning import reasoning_position
 from .spans import (
     SENT_CLOSE,
     SENT_OPEN,
     Layout,
     NotLocated,
+    closed_blocks,
     locate_last_reply,
     locate_replies,
+    reply_windows,
     sentinel_messages,
     token_mask,
 )
@@ -107,6 +110,7 @@ class TemplateProfile:
     appended_stop: str | None = None
     user_variables: dict = field(default_factory=dict, hash=False)
     replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
+    reasoning: str = "none"  # where it renders reasoning_content: every reply's, the last one's, none
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -174,7 +178,8 @@ class TemplateProfile:
                                   "renders_tool_calls": self.renders_tool_calls,
                                   "tool_schemas": "ignored" if self.ignores_tool_schemas else "rendered",
                                   "content": self.content,
-                                  "per_reply": self.replies_alone},
+                                  "per_reply": self.replies_alone,
+                                  "reasoning_position": self.reasoning},
                 "mask_rule": self.rule.state(),
                 "tool_arguments": {"style": self.arguments, "reason": self.arguments_reason}}
 
@@ -223,7 +228,8 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, 
             if at < 0:
                 continue  # a template may drop earlier replies; the per-reply path handles those
             nxt = s.find("\ufdd2", at + len(mark))  # the next message's text: a reply's end comes before it
-            end = _first_added(s, at + len(mark), len(s) if nxt < 0 else nxt, added)
+            since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
+            end = _reply_end(s, since, at, at + len(mark), len(s) if nxt < 0 else nxt, gen_prompt[:shortest], added)
             if end is None:
                 if s[at + len(mark):].strip() or i != len(messages) - 1:
                     raise TemplateError(f"chat template {name} writes no special token after an assistant reply, "
@@ -240,12 +246,30 @@ def _learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, 
                           if s.endswith(gen_prompt[:k], 0, at)), None)
                 if k is not None and gen_prompt[:k] not in headers:
                     headers.append(gen_prompt[:k])
-            since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
             if not any(s.rfind(h, since, at) >= 0 for h in headers):
                 headers.append(_own_header(s, since, at, gen_prompt, shortest, added, name))
     if not ends and not found.unclosed:
         raise TemplateError(f"chat template {name} renders no assistant reply's text in a probe conversation; "
                             f"replies cannot be located")
+
+
+def _reply_end(s: str, since: int, at: int, lo: int, hi: int, role: str, added: list[str]) -> tuple[int, str] | None:
+    """The end-of-turn token after a reply's text (``s[lo:hi]``): the first added token there,
+    unless the template also writes it between the reply's role header (``role``: the
+    start of the generation prompt, after ``since``) and its text, where a rule would end the
+    reply early: Kimi K3 closes the reasoning with ``<|close|>think`` and the answer with
+    ``<|close|>response``, the turn with ``<|end_of_msg|>``. Then the first added token
+    after the text that the reply's opening does not hold."""
+    first = _first_added(s, lo, hi, added)
+    head = s.find(role, since, at) if role else -1
+    if first is None or head < 0 or s.find(first[1], head, at) < 0:
+        return first
+    pos = first[0] + len(first[1])
+    while (nxt := _first_added(s, pos, hi, added)) is not None:
+        if s.find(nxt[1], head, at) < 0:
+            return nxt
+        pos = nxt[0] + len(nxt[1])
+    return first
 
 
 def _own_header(s: str, since: int, at: int, gen_prompt: str, shortest: int, added: list[str], name: str) -> str:
@@ -273,7 +297,7 @@ def _generation_layout(render_full, probes, gen_prompt: str, added: list[str], n
         if not out.generation:
             raise TemplateError(f"chat template {name} has {{% generation %}} blocks but marks nothing in a probe "
                                 f"conversation; every assistant reply would be untrained")
-        for start, end in out.generation:
+        for start, end in closed_blocks(out.text, out.generation, added):
             text = out.text
             if gen_prompt and text.endswith(gen_prompt, 0, start):
                 head = gen_prompt
@@ -347,23 +371,33 @@ def _fit(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict] | Non
                                 f"tokenizer; use the tokenizer the template was written for")
         end_ids.append(tid)
     profile = replace(draft, layout=layout, appended_stop=stop, rule=MaskRule((), ()), renders={})
+    def replies(messages, alone: bool) -> list[int]:  # the replies each probe episode trains
+        n = sum(m["role"] == "assistant" for m in messages)
+        return [1] * n if alone else [n]
+
     try:
         episodes = [ep for messages, tools in probes
                     for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=replies_alone)]
+        counts = [c for messages, _ in probes for c in replies(messages, replies_alone)]
     except NotLocated:  # some probe's replies are found only one at a time: so is every record's
         if not learn_alone:
             raise
         replies_alone = True
         episodes = [ep for messages, tools in probes
                     for ep in _probe_episodes(profile, messages, tools, render_full, per_reply=True)]
+        counts = [c for messages, _ in probes for c in replies(messages, True)]
     encoded = [(text, spans, tok.encode_rendered(text)) for text, spans in episodes]
     headers: list[tuple[int, ...]] = []
     for text, spans, enc in encoded:
         for start, _ in spans:
             ids = _header_ids(text, start, enc, layout.header_texts, name)
             headers += [ids] if ids not in headers else []
+    # a reply located as several spans (gpt-oss's analysis message before its answer): the
+    # rule keeps them together as one reply where it trains an episode's last reply only
+    joined = any(len(spans) > n for (_, spans), n in zip(episodes, counts))
     rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone,
-                    asked_ids(render, probes, encoded, layout.end_texts, added, tok.token_strings.get("bos_token")))
+                    asked=asked_ids(render, probes, encoded, layout.end_texts, added, tok.token_strings.get("bos_token")),
+                    joined_spans=joined)
     for _, spans, enc in encoded:
         at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:
@@ -450,6 +484,9 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         except (TemplateError, NotLocated) as e:
             unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
                 f"in the whole render ({e.why})"
+    position = reasoning_position(render_full, lambda c: probe(c, needs_tools))
+    if position == "none" and "reasoning" not in unsupported:
+        unsupported["reasoning"] = "it renders no reply's reasoning_content"
     renders_calls = _renders_calls(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     if not renders_calls and not unsupported.get("tools", "").startswith(("refused", "failed")):
         unsupported["tools"] = "it renders no tool call: a call's name does not appear in its render"
@@ -457,7 +494,7 @@ def learn_profile(template: ChatTemplate, tok: HFTokenizer, variables: dict | No
         _ignores_schemas(render_full, *probe(CAPABILITY_PROBES["tools"], needs_tools))
     profile = replace(draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
                       replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=renders_calls,
-                      ignores_tool_schemas=ignores)
+                      ignores_tool_schemas=ignores, reasoning=position)
     if profile.rule.asked and not leaves_leading_untrained(profile, render_full, tok):
         profile = replace(profile, rule=replace(profile.rule, asked=()))
     return profile
@@ -647,11 +684,18 @@ def _header_ids(text: str, start: int, enc, header_texts: tuple[str, ...], name:
     lo = start - len(head)
     inside = (enc.offsets[:, 0] >= lo) & (enc.offsets[:, 1] <= start)
     idx = np.flatnonzero(inside)
-    tiles = idx.size > 0 and enc.offsets[idx[0], 0] == lo and enc.offsets[idx[-1], 1] == start \
-        and np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1])
+    tiles = idx.size > 0 and np.array_equal(enc.offsets[idx[1:], 0], enc.offsets[idx[:-1], 1])
     if not tiles:
-        raise TemplateError(f"chat template {name}: the assistant header {head!r} does not end on a token boundary "
-                            f"with this tokenizer, so no rule over token ids can find where a reply starts")
+        raise TemplateError(f"chat template {name}: no token of the assistant header {head!r} lies wholly inside "
+                            f"it with this tokenizer, so no rule over token ids can find where a reply starts")
+    # a header whose first characters merge with the text before it (Apriel's
+    # ``\n<|begin_assistant|>\n`` after a tool result's text): its tokens wholly inside it
+    # a header whose last characters merge with the reply's first ones into one token
+    # (StepFun's ``<|im_start|>assistant\n<think>\n`` before a reply opening with a newline):
+    # the boundary token belongs to the reply. The header is then its tokens wholly before
+    # the reply, and that token, holding the reply's first characters, is trained (as
+    # ``token_ranges`` maps the reply's span); where the header ends on a boundary its own
+    # longer ids are the header, the longest at a place winning (``rule_spans``)
     return tuple(int(i) for i in enc.ids[idx])
 
 
@@ -662,26 +706,29 @@ def _probe_episodes(profile: TemplateProfile, messages, tools, render_full,
     when the whole render fails and ``per_reply`` is not set, ``TemplateError`` when a
     part is missing."""
     name = profile.template.name
+    if profile.generation and per_reply:  # each reply the last block of the conversation up to it
+        out = [render_full(messages[:k + 1], tools) for k, m in enumerate(messages) if m["role"] == "assistant"]
+        return [(o.text, closed_blocks(o.text, o.generation, profile.layout.end_texts)[-1:]) for o in out]
     if profile.generation:
         out = render_full(messages, tools)
         _check_parts(out.text, messages, {-1: (0, 0)}, tools, name)
-        return [(out.text, list(out.generation))]
+        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts))]
     fn = profile.render_fn(list(tools) if tools else None)
     if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)
-        _check_parts(text, messages, {k: (a, b) for k, a, b in spans}, tools, name)
+        _check_parts(text, messages, reply_windows(spans), tools, name)
         return [(text, [(a, b) for _, a, b in spans])]
     episodes = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         try:
-            text, (_, a, b) = locate_last_reply(fn, messages, profile.layout, k)
+            text, spans = locate_last_reply(fn, messages, profile.layout, k)
         except NotLocated as e:
             raise TemplateError(f"chat template {name}: assistant message {k} of a probe conversation "
                                 f"cannot be located ({e.why})") from None
-        _check_parts(text, messages[:k + 1], {k: (a, b)}, tools, name)
-        episodes.append((text, [(a, b)]))
+        _check_parts(text, messages[:k + 1], reply_windows(spans), tools, name)
+        episodes.append((text, [(a, b) for _, a, b in spans]))
     return episodes
 
 

@@ -80,12 +80,15 @@ def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, wher
 
 def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) -> Conversation:
     """``conv`` as far as the template can carry it: a record holding a system message or
-    tools the template cannot render is refused by name; reasoning a template ignores is
-    dropped and counted per turn (``reasoning_ignored_by_template``; ``--reasoning inline``
-    writes it into the reply instead, before this), refused where a reply holds nothing
-    else (``template_drops_reasoning``). Tool schemas a template never renders (it renders
-    the same text without them: DeepSeek V3.1) are left out and counted per record
-    (``tool_schemas_ignored_by_template``): the model never sees them at inference either."""
+    tools the template cannot render is refused by name; reasoning a template renders for
+    no reply (``TemplateProfile.reasoning`` "none") is dropped and counted per turn
+    (``reasoning_ignored_by_template``; ``--reasoning inline`` writes it into the reply
+    instead, before this), refused where a reply holds nothing else
+    (``template_drops_reasoning``). Reasoning a template renders for some reply is kept:
+    what a render drops is refused by name (``parts``), or served one reply at a time.
+    Tool schemas a template never renders (it renders the same text without them: DeepSeek
+    V3.1) are left out and counted per record (``tool_schemas_ignored_by_template``): the
+    model never sees them at inference either."""
     turns = conv.turns
     if not profile.supports("system") and turns and turns[0].role == "system":
         raise _cannot(profile, "system", "a system message", "drop the system message from the record, or use a "
@@ -96,8 +99,8 @@ def fit_to_template(conv: Conversation, profile: TemplateProfile, where: str) ->
     if profile.ignores_tool_schemas and (conv.tools or conv.tool_specs):
         conv = replace(conv, tools=(), tool_specs=(), repairs=conv.repairs + (SCHEMAS_IGNORED,))
         turns = conv.turns
-    if profile.supports("reasoning") or not any(t.reasoning for t in turns):
-        return conv
+    if profile.supports("reasoning") or profile.reasoning != "none" or not any(t.reasoning for t in turns):
+        return conv  # rendered somewhere: what a render drops is refused by name (parts), never stripped
     for i, t in enumerate(turns):
         if t.reasoning and not t.text.strip() and not t.tool_calls:
             raise RecordError("template_drops_reasoning", f"assistant message {i} holds only reasoning, which chat "
@@ -304,7 +307,9 @@ def record_episodes(conv: Conversation, profile: TemplateProfile, tok: HFTokeniz
 
 def template_summary(tok: HFTokenizer, profile: TemplateProfile) -> dict:
     """The tokenizer and template summary ``dataset_metadata.json`` records (``mask_rule``
-    as ``tokenizer_state.json`` records it, so that verify compares the two)."""
+    as ``tokenizer_state.json`` records it, so that verify compares the two; where the
+    template renders reasoning: ``reasoning_position``)."""
     t = profile.template
-    return {**tok.summary(), "template": {"name": t.name, "source": t.source, "sha256": t.sha256},
+    return {**tok.summary(), "template": {"name": t.name, "source": t.source, "sha256": t.sha256,
+                                          "reasoning_position": profile.reasoning},
             "mask_rule": profile.rule.state()}

@@ -32,9 +32,12 @@ def rederived_rule_problems(state: dict, tok) -> list[Problem]:
     want = profile.rule.state()
     got = state.get("mask_rule") or {}
     want["last_reply_only"] = want["last_reply_only"] or got.get("last_reply_only") is True
+    want.setdefault("joined_spans", False)
     differs = [k for k in ("headers", "end_ids", "end_inclusive", "last_reply_only") if got.get(k) != want[k]]
     if "asked" in got and got["asked"] != want.get("asked", []):  # a rule recorded before it existed has none
         differs.append("asked")
+    if got.get("joined_spans", False) != want.get("joined_spans", False):
+        differs.append("joined_spans")
     if ct.get("appended_stop", None) != profile.appended_stop:
         differs.append("appended_stop")
     if not differs:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sftdata.chat.template_rule import MaskRule, mask_disagreement, rule_mask, rule_spans
+from sftdata.chat.template_rule import MaskRule, mask_disagreement, rule_mask, rule_spans, segment_rule_mask
 from sftdata.errors import DatasetError
 
 # Llama 3-like ids: 1 = <bos>, 2 = <start_header>, 3 = <end_header>, 4 = "\n\n", 5 = <eot>,
@@ -72,6 +72,25 @@ def test_last_reply_only():
     rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), last_reply_only=True)
     ids = np.array([2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 22, 5])
     assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [16, 17]
+
+
+def test_last_reply_only_keeps_the_spans_only_a_header_separates():
+    """gpt-oss writes a reply's reasoning as a message of its own: ``H analysis E H final E``
+    is one reply (two spans, the header between untrained); another turn between two spans
+    ends the earlier reply. Per piece, with stops between pieces, and with a cut piece."""
+    rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), last_reply_only=True, joined_spans=True)
+    ids = np.array([2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 22, 5, 2, 11, 3, 4, 23, 5])
+    assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [16, 17, 22, 23]
+    # a template whose replies are never several spans: the last span alone (Llama 3's two
+    # assistant messages in a row stay two replies)
+    assert np.flatnonzero(rule_mask(ids, MaskRule(((2, 11, 3, 4),), (5,), last_reply_only=True))).tolist() == [22, 23]
+    assert MaskRule.from_state(rule.state()) == rule and "joined_spans" not in MaskRule(((1,),), (5,)).state()
+    two = np.concatenate([ids, ids])
+    assert np.flatnonzero(segment_rule_mask(two, np.array([24, 24]), rule)).tolist() == [16, 17, 22, 23,
+                                                                                          40, 41, 46, 47]
+    cut = segment_rule_mask(two, np.array([24, 24]), rule, cut=np.array([False, True]))
+    assert np.flatnonzero(cut).tolist() == [16, 17, 22, 23, 40, 41, 46, 47]  # its first reply (4) was not last
+    assert np.flatnonzero(rule_mask(ids[:18], rule)).tolist() == [16, 17]
 
 
 @pytest.mark.parametrize("state", [

@@ -285,3 +285,46 @@ def test_tool_results_a_template_writes_with_tojson_are_located_in_the_whole_ren
     assert out.per_reply is None and len(out.episodes) == 1 and out.rule_agrees
     assert '<|im_start|>tool\n"{\\"area\\": 12.6}"<|im_end|>' in out.episodes[0].text
     assert trained(chatml_tok, out.episodes[0])[1] == "12.6.<|im_end|>"
+
+
+def _lines_run(fn, *args) -> int:
+    """How many lines of sftdata/template/spans.py run during ``fn(*args)`` (comprehensions
+    included): an operation count, the same on every machine."""
+    import sys
+
+    from sftdata.template import spans
+
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != spans.__file__:
+            return None
+        if event == "line":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_locating_replies_is_linear_in_the_number_of_messages():
+    """45.7: each reply's neighbours were found by a scan of every sentinel (10k / 20k / 40k
+    one-character messages took 3.8 / 12 / 45 s). Doubling the messages doubles the work."""
+    from sftdata.template.spans import Layout, sentinel_plan
+
+    layout = Layout(("<|im_start|>assistant\n",), ("<|im_end|>",))
+
+    def plan(n: int):
+        s = "".join(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n\ufdd2c{i}\ufdd3<|im_end|>\n"
+                    for i in range(n))
+        out = sentinel_plan.__wrapped__(s, layout, tuple(range(1, n, 2)))
+        assert len(out.ends) == n // 2 and out.target_error is None
+        return out
+
+    small, large = _lines_run(plan, 400), _lines_run(plan, 1600)
+    assert large < 4.4 * small  # linear: 4x (a scan per reply: 16x)

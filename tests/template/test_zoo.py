@@ -49,6 +49,7 @@ OUTCOMES = {
     ("qwen3", "reasoning"): "per-reply",  # it drops the reasoning of replies before the last user message
     ("glm-4.6", "reasoning"): "per-reply",
     ("minimax-m2", "reasoning"): "per-reply",
+    ("gpt-oss", "reasoning"): "per-reply",  # it renders the reasoning of the last reply only (its analysis channel)
     ("gemma-2", "chat"): "template_cannot_render_system",  # "System role not supported"
     ("mistral-nemo", "chat"): "template_cannot_render_system",  # it prints the system text only before a last user turn
     ("gemma-2", "tool"): NO_TOOLS,  # roles must alternate: no tool role
@@ -58,7 +59,7 @@ OUTCOMES = {
     ("lfm2", "tool"): NO_TOOLS,
     ("deepseek-r1-qwen", "tool"): NO_TOOLS,  # it writes an empty assistant turn before tool outputs
 }
-RENDER_REASONING = {"qwen3", "glm-4.6", "minimax-m2"}  # the templates that render reasoning_content
+RENDER_REASONING = {"qwen3", "glm-4.6", "minimax-m2", "gpt-oss"}  # the templates that render reasoning_content
 APPEND_STOP = {"glm-4.6"}  # it ends a reply with the next role's token: the last reply gets EOS appended
 
 
@@ -112,9 +113,14 @@ def check_kept(result, record: dict, tok, profile, hf) -> str:
             assert ours == theirs
         trained = [k for k in replies if k < len(upto)] if len(result.episodes) == 1 else [replies[j]]
         mask = ep.mask.astype(bool)
-        runs = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-        assert len(runs) // 2 == len(trained), "one trained run per reply"
-        for (a, b), k in zip(runs.reshape(-1, 2), trained):
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))).reshape(-1, 2).tolist()
+        # a reply whose reasoning the template writes as a message of its own (gpt-oss's
+        # analysis channel) is two runs, only a header between them
+        for r in range(len(runs) - 1, 0, -1):
+            if tok.decode(ep.ids[runs[r - 1][1]:runs[r][0]].tolist()) in profile.layout.header_texts:
+                runs[r - 1:r + 1] = [[runs[r - 1][0], runs[r][1]]]
+        assert len(runs) == len(trained), "one trained run per reply"
+        for (a, b), k in zip(runs, trained):
             assert int(ep.ids[b - 1]) in profile.rule.end_ids, "each run ends with an end-of-turn token"
             text = tok.decode(ep.ids[a:b].tolist())
             m = messages[k]

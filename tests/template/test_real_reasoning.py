@@ -1,0 +1,240 @@
+"""Reasoning, history and reply starts on real model templates: the ones TRL's wheel ships
+(``trl/chat_templates/``, read from the installed package at test time, never copied here),
+each with a byte-level BPE tokenizer trained in the test holding the template's markers as
+special tokens (as in its model). The oracle is transformers' ``apply_chat_template``: every
+kept episode is token-identical to its render of the record (or of the record's per-reply
+prefixes), with the reasoning the template renders trained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sftdata.errors import RecordError
+from sftdata.records.conversation import parse_record
+from sftdata.template import model_profile, records_episodes, template_summary, tokenizer_state
+from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.verify.template import rederived_rule_problems
+from tests.helpers.templates import CORPUS, train_tokenizer
+from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens, zoo_folder
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
+trl = pytest.importorskip("trl", reason="trl is not installed: its wheel ships the model templates tested here")
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+
+# LLaMA-Factory-style reasoning with tool use: reasoning on a call, on the answer after its
+# result, and on a later exchange
+REASON_TOOL = {"tools": [WEATHER], "messages": [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "reasoning_content": "I should call the weather tool.", "content": "", "tool_calls": [
+        {"id": "a1b2c3d4e", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": '{"temperature": 18, "sky": "sunny"}'},
+    {"role": "assistant", "reasoning_content": "The tool says 18 and sunny.",
+     "content": "It is 18 degrees and sunny in Paris."},
+    {"role": "user", "content": "Thanks!"},
+    {"role": "assistant", "reasoning_content": "They thank me.", "content": "You are welcome."}]}
+# one exchange: the reasoning of the reply being generated
+LAST_ONLY = {"messages": [{"role": "user", "content": "What is 17*3?"},
+                          {"role": "assistant", "reasoning_content": "17*3 = 51.", "content": "51"}]}
+_BOS = ("<|startoftext|>", "<s>", "<bos>", "<|begin_of_text|>", "<｜begin▁of▁sentence｜>", "<BOS_TOKEN>")
+_EOS = ("<|return|>", "<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>", "</s>", "<eos>")
+
+
+def trl_template(stem: str) -> str:
+    """TRL's template ``stem``, or with ``zoo:`` the zoo folder's (tests/helpers/zoo.py)."""
+    if stem.startswith("zoo:"):
+        folder = zoo_folder()
+        if folder is None or not (folder / f"{stem[4:]}.jinja").is_file():
+            pytest.skip(f"the template zoo holds no {stem[4:]}.jinja")
+        return (folder / f"{stem[4:]}.jinja").read_text(encoding="utf-8")
+    path = TRL_TEMPLATES / f"{stem}.jinja"
+    if not path.is_file():
+        pytest.skip(f"trl {trl.__version__} ships no {path.name}")
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A model folder per TRL template: a tokenizer trained with its markers, its own
+    template; the sftdata tokenizer, profile (``per_reply``) and transformers' tokenizer."""
+    made: dict = {}
+
+    def get(stem: str, per_reply: bool = False):
+        if (stem, per_reply) not in made:
+            text = trl_template(stem)
+            special, tags = template_tokens(text)
+            bos = next((t for t in _BOS if t in special), None)
+            eos = next((t for t in _EOS if t in special), None)
+            out = tmp_path_factory.mktemp("trl") / stem.replace(":", "_")
+            train_tokenizer(out, special, extra=[t for t in tags if t not in special], vocab_size=900,
+                            corpus=CORPUS + RECORD_TEXT + [json.dumps(REASON_TOOL)] * 20
+                            + [" ".join(re.findall(r"[A-Za-z]+", text))] * 3,
+                            bos=bos, eos=eos)
+            (out / "chat_template.jinja").write_text(text, encoding="utf-8")
+            tok = load_hf_tokenizer(out)
+            made[(stem, per_reply)] = (tok, model_profile(tok, "model", per_reply=per_reply),
+                                       transformers.AutoTokenizer.from_pretrained(str(out)))
+        return made[(stem, per_reply)]
+    return get
+
+
+def prepared(record: dict, tok, profile):
+    (result,) = records_episodes([(parse_record(record, "r", "tool"), "r")], profile, tok, None)
+    return result
+
+
+def assert_exact(result, record: dict, tok, profile, hf) -> None:
+    """Every episode is transformers' render of the record (one episode) or of the prefix
+    ending at its reply (one per reply), and trains exactly one run per reply through an
+    end-of-turn id, holding the reply's reasoning."""
+    messages, tools = reference_messages(record, profile.arguments)
+    for ep in result.episodes:
+        upto = messages if len(result.episodes) == 1 else messages[:ep.spans[-1][0] + 1]
+        theirs = list(hf.apply_chat_template(upto, tools=tools, tokenize=True, return_dict=False))
+        assert ep.ids.tolist() == theirs
+        trained = tok.decode(ep.ids[ep.mask.astype(bool)].tolist())
+        last = upto[-1]
+        assert last.get("reasoning_content", "") in trained and last["content"] in trained
+        assert int(ep.ids[np.flatnonzero(ep.mask)[-1]]) in profile.rule.end_ids
+
+
+# where each TRL template renders reasoning_content (transformers confirms below)
+POSITIONS = {"gptoss": "last", "qwen3": "last", "glm4moe": "last", "nemotron_3_nano": "last",
+             "muse_glimmer": "every", "llama3_1": "none", "deepseekv3": "none", "cohere2": "none",
+             "qwen2_5": "none", "phi3": "none"}
+
+
+@pytest.mark.parametrize("stem", sorted(POSITIONS))
+def test_reasoning_position_is_probed_as_transformers_renders_it(model, stem):
+    tok, profile, hf = model(stem)
+    assert profile.reasoning == POSITIONS[stem]
+    assert profile.state()["chat_template"]["reasoning_position"] == POSITIONS[stem]  # tokenizer_state.json
+    assert template_summary(tok, profile)["template"]["reasoning_position"] == POSITIONS[stem]  # the metadata
+    assert ("reasoning" in profile.unsupported) == (POSITIONS[stem] == "none")
+    messages, _ = reference_messages(RECORDS["reasoning"])
+    whole = hf.apply_chat_template(messages, tokenize=False)
+    first = hf.apply_chat_template(messages[:2], tokenize=False)
+    shown = [messages[1]["reasoning_content"] in whole, messages[3]["reasoning_content"] in whole,
+             messages[1]["reasoning_content"] in first]
+    assert shown == {"every": [True, True, True], "last": [False, True, True], "none": [False, False, False]}[
+        POSITIONS[stem]]
+
+
+def test_gpt_oss_trains_the_reasoning_of_the_reply_it_renders_as_transformers_does(model):
+    tok, profile, hf = model("gptoss")
+    result = prepared(LAST_ONLY, tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert len(result.episodes) == 1 and "reasoning_ignored_by_template" not in result.counts
+    assert profile.rule.joined_spans  # learned: a reply is two spans, kept together one reply at a time
+    assert_exact(result, LAST_ONLY, tok, profile, hf)
+    ep = result.episodes[0]
+    # two trained runs: the analysis message and the final one, the header between them untrained
+    runs = np.flatnonzero(np.diff(np.concatenate([[0], ep.mask.astype(np.int8), [0]]))).reshape(-1, 2)
+    assert [tok.decode(ep.ids[a:b].tolist()) for a, b in runs] == [
+        "<|channel|>analysis<|message|>17*3 = 51.<|end|>", "<|channel|>final<|message|>51<|return|>"]
+
+
+@pytest.mark.parametrize("stem", ["gptoss", "qwen3", "glm4moe"])
+@pytest.mark.parametrize("kind", ["reasoning", "reason_tool"])
+def test_reasoning_dropped_from_history_is_exact_one_reply_at_a_time(model, stem, kind):
+    """Earlier replies' reasoning, which the whole render drops: per reply, each episode the
+    prefix ending at its reply, identical to transformers', its reasoning trained."""
+    record = REASON_TOOL if kind == "reason_tool" else RECORDS["reasoning"]
+    tok, profile, hf = model(stem)
+    refused = prepared(record, tok, profile)
+    assert isinstance(refused, RecordError) and refused.reason == "template_rewrites_history"
+    assert "--per-reply" in refused.detail
+    tok, profile, hf = model(stem, per_reply=True)
+    result = prepared(record, tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    replies = [k for k, m in enumerate(record["messages"]) if m["role"] == "assistant"]
+    assert [ep.spans[-1][0] for ep in result.episodes] == replies
+    if profile.appended_stop is None:
+        assert_exact(result, record, tok, profile, hf)
+
+
+def test_reasoning_no_template_renders_is_dropped_and_counted(model):
+    tok, profile, hf = model("llama3_1")
+    result = prepared(RECORDS["reasoning"], tok, profile)
+    assert result.counts.count("reasoning_ignored_by_template") == 2
+
+
+def test_a_header_that_merges_with_the_reply_gives_the_boundary_token_to_the_reply(model):
+    """Qwen 3.5's generation prompt ``<|im_start|>assistant\\n<think>\\n`` before its empty
+    think block: the header's last newline and the block's first are one token, trained
+    with the reply (the one rule verify re-applies); the template is no longer refused."""
+    tok, profile, hf = model("qwen3_5_think")
+    assert not profile.rule.joined_spans
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    messages, _ = reference_messages(RECORDS["chat"])
+    ep = result.episodes[0]
+    assert ep.ids.tolist() == list(hf.apply_chat_template(messages, tokenize=True, return_dict=False))
+    runs = np.flatnonzero(np.diff(np.concatenate([[0], ep.mask.astype(np.int8), [0]]))).reshape(-1, 2)
+    a, b = runs[-1]
+    assert [tok.decode([int(i)]) for i in ep.ids[a - 3:a + 2]] == ["assistant", "\n", "<think>", "\n\n", "</think>"]
+    assert tok.decode(ep.ids[a:b].tolist()) == "\n\n</think>\n\nThe capital of France is Paris.<|im_end|>"
+    header = tuple(int(i) for i in ep.ids[a - 4:a])
+    assert header in profile.rule.headers and header + (int(ep.ids[a - 2]),) in profile.rule.headers  # + "\\n"
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []  # verify learns the same rule again
+
+
+def test_generation_blocks_ending_after_their_end_of_turn_token_are_not_refused(model):
+    """LFM2.5's blocks hold ``<|im_end|>\\n``: trained through ``<|im_end|>``, the newline not;
+    one reply at a time its reasoning is trained, as transformers renders each prefix."""
+    tok, profile, hf = model("lfm2_2_5")
+    assert profile.generation and profile.reasoning == "last"
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert_exact(result, RECORDS["chat"], tok, profile, hf)
+    ep = result.episodes[0]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        "I am well, thank you. How can I help?<|im_end|>The capital of France is Paris.<|im_end|>"
+    refused = prepared(REASON_TOOL, tok, profile)
+    assert isinstance(refused, RecordError) and refused.reason == "template_rewrites_history"
+    tok, profile, hf = model("lfm2_2_5", per_reply=True)
+    result = prepared(REASON_TOOL, tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert len(result.episodes) == 3
+    assert_exact(result, REASON_TOOL, tok, profile, hf)
+
+
+def test_an_end_of_turn_token_the_reply_also_opens_with_is_passed_over(model):
+    """Kimi K3 closes the reasoning with ``<|close|>think`` and the answer with
+    ``<|close|>response`` before ending the turn with ``<|end_of_msg|>``: the end-of-turn token
+    is the first one after a reply's text that its opening does not hold, so every reply's
+    reasoning and answer are one trained run, token-identical to transformers'."""
+    tok, profile, hf = model("zoo:Kimi-K3")
+    assert profile.layout.end_texts[0] == "<|end_of_msg|>" and profile.reasoning == "every"
+    result = prepared(REASON_TOOL, tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert len(result.episodes) == 1
+    assert_exact(result, REASON_TOOL, tok, profile, hf)
+    trained = tok.decode(result.episodes[0].ids[result.episodes[0].mask.astype(bool)].tolist())
+    for m in REASON_TOOL["messages"]:
+        if m["role"] == "assistant":
+            assert m["reasoning_content"] in trained and m["content"] in trained
+
+
+def test_a_template_that_reads_only_text_parts_is_located(model):
+    """Idefics3's template reads each message's content as a list of parts (a string renders
+    no text): replies are located with the parts' text, token-identical to transformers'
+    render of the same messages given as parts."""
+    tok, profile, hf = model("idefics3")
+    assert profile.content == "parts"
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    messages, _ = reference_messages(RECORDS["chat"])
+    parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+    ep = result.episodes[0]
+    assert ep.ids.tolist() == list(hf.apply_chat_template(parts, tokenize=True, return_dict=False))
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        " I am well, thank you. How can I help?<end_of_utterance> The capital of France is Paris.<end_of_utterance>"
