@@ -252,9 +252,9 @@ def _merge_order_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], c
                       ) -> tuple[list[str], np.ndarray] | None:
     """``_merge_order``'s tokens and their ids, from whole arrays (a dozen calls over the
     merges, not a Python loop): None where it cannot say (merges not all ``"a b"`` strings
-    or all ``[a, b]`` pairs of strings, an empty token, ids shared by two tokens, a merge
-    that does not qualify), and ``_merge_order`` decides, with its reason."""
-    if not isinstance(merges, list) or not merges or "" in vocab:
+    or all ``[a, b]`` pairs of strings, an empty token, ids not all integers or shared by two
+    tokens, a merge that does not qualify), and ``_merge_order`` decides, with its reason."""
+    if not isinstance(merges, list) or not merges or "" in vocab or set(map(type, vocab.values())) != {int}:
         return None
     try:
         kinds = set(map(type, merges))
@@ -266,16 +266,14 @@ def _merge_order_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], c
                 return None
         else:
             return None
-        firsts, seconds = parts[0::2], parts[1::2]
-        made = list(map(str.__add__, firsts, seconds))
-        get = vocab.get
-        a = np.fromiter(map(get, firsts, itertools.repeat(-1)), dtype=np.int64, count=len(made))
-        b = np.fromiter(map(get, seconds, itertools.repeat(-1)), dtype=np.int64, count=len(made))
-        t = np.fromiter(map(get, made, itertools.repeat(-1)), dtype=np.int64, count=len(made))
+        if not vocab.keys() >= set(parts):  # a merge of a part not in the vocabulary
+            return None
+        made = list(map(str.__add__, parts[0::2], parts[1::2]))
+        t = np.fromiter(map(vocab.get, made, itertools.repeat(-1)), dtype=np.int64, count=len(made))
         ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
     except (TypeError, ValueError, OverflowError):  # ids that are not integers: the loop says what is wrong
         return None
-    if min(a.min(), b.min(), t.min(), ids.min()) < 0 or not _distinct(ids):
+    if min(t.min(), ids.min()) < 0 or not _distinct(ids):
         return None
     heads = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))  # the first merge of each run of one token
     firsts_made = t[heads]

@@ -46,6 +46,8 @@ ODD_DOCS = {
     "a literal space in a token": byte_doc(["a b", "ab  "], ["ab", "ab ", " "]),
     "a character outside the alphabet": byte_doc(["a b", "ab ☃"], ["ab", "ab☃", "☃"]),
 }
+ODD_DOCS["an id shared by two tokens"] = byte_doc(["a b", "ab c"], ["ab", "abc"])
+ODD_DOCS["an id shared by two tokens"]["model"]["vocab"]["abc"] = 256
 # an added token outside the alphabet, merged: two tokens' bytes the same (the dict keeps one)
 _STAND_IN = next(c for c, b in byte_alphabet().items() if b == 0x7F)
 ODD_DOCS["an added token outside the alphabet"] = byte_doc(["a \x7f", f"a {_STAND_IN}"], ["\x7f", "a\x7f",
