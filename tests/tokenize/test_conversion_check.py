@@ -11,8 +11,8 @@ import pytest
 from sftdata.tokenize import fast_bpe
 from sftdata.tokenize.fast_bpe import byte_alphabet, convert, same_conversion
 from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
+from tests.helpers.bpe import byte_doc
 from tests.helpers.templates import llama3_file
-from tests.tokenize.test_fast_bpe import byte_doc
 
 
 def by_loop(doc: dict, monkeypatch, reachable: bool = False):

