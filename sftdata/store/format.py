@@ -347,6 +347,8 @@ class Leaf:
             "number": (is_int or isinstance(v, float)) and not isinstance(v, bool),
             "object": isinstance(v, dict),
             "array": isinstance(v, list),
+            "ids": (is_int and 0 <= v < ID_LIMIT) or (isinstance(v, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < ID_LIMIT for i in v)),
         }[self.kind]
 
 
@@ -373,6 +375,7 @@ BOOL = Leaf("bool", "true or false")
 NUMBER = Leaf("number", "a number")
 OBJECT = Leaf("object", "a JSON object")
 ARRAY = Leaf("array", "a JSON array")
+IDS = Leaf("ids", "a token id or a list of token ids")  # generation_config.json's eos_token_id may be either
 
 # ---------------------------------------------------------------- dataset_metadata.json
 FILE_RECORD = {"bytes": COUNT, "sha256": STR}
@@ -391,7 +394,7 @@ METADATA = {
     "token_dtype": STR, "created_by": STR,  # format, format_version, kind: the reader's own checks
     "files": Map(FILE_RECORD), "splits": Map(SPLIT), "counts": COUNTS, "packing": PACKING,
     "options": OBJECT, "sources": List(SOURCE), "build": OBJECT,
-    "tokenizer": TOKENIZER_SUMMARY, "tokenizer_identity": OBJECT, "warnings": ARRAY, "report": OBJECT,
+    "tokenizer": TOKENIZER_SUMMARY, "tokenizer_identity": Opt(OBJECT), "warnings": ARRAY, "report": OBJECT,
     "source": {"path": STR, "kind": STR, "metadata_sha256": STR, "counts": COUNTS}, "pairs": Map(COUNT),
     "rows": Map(COUNT),
 }
@@ -410,7 +413,7 @@ SERVING = {
     "pad_string": Opt(STR), "pad_is_stop": BOOL, "add_special_tokens": BOOL, "chat_format": STR,
     "generation_prompt": Opt(STR),
     "bos": {"id": Opt(ID), "policy": STR, "string": Opt(STR)},
-    "generation_config": {"bos_token_id": Opt(ID), "eos_token_id": Opt(ID), "pad_token_id": Opt(ID)},
+    "generation_config": {"bos_token_id": Opt(ID), "eos_token_id": Opt(IDS), "pad_token_id": Opt(ID)},
     "tokenizer": {"kind": STR, "name": Opt(STR), "sha256": Opt(STR)}, "marker_rule": Opt(Map(STR)),
 }
 
