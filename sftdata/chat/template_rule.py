@@ -158,28 +158,27 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     starts, k, heads = starts[real], k[real], heads[real]
     ends = closers[k] + (1 if rule.end_inclusive else 0)
     after = closers[k] + 1  # just after each span's end-of-turn token
+    piece = np.searchsorted(stops, starts, side="left")
+    if cut is not None and starts.size:  # before ``asked``: the cut piece's first span, answered or not
+        lead = np.ones(piece.size, dtype=bool)
+        lead[1:] = piece[1:] != piece[:-1]
+        drop = lead & np.asarray(cut, dtype=bool)[piece]
+        starts, ends, piece, heads, after = starts[~drop], ends[~drop], piece[~drop], heads[~drop], after[~drop]
     if rule.asked and starts.size:
         answers = _answering(ids, rule.asked, starts, stops)
-        starts, ends, heads, after = starts[answers], ends[answers], heads[answers], after[answers]
-    if stops.size or rule.last_reply_only or cut is not None:
-        piece = np.searchsorted(stops, starts, side="left")
-        if cut is not None and starts.size:
-            lead = np.ones(piece.size, dtype=bool)
-            lead[1:] = piece[1:] != piece[:-1]
-            drop = lead & np.asarray(cut, dtype=bool)[piece]
-            starts, ends, piece, heads, after = starts[~drop], ends[~drop], piece[~drop], heads[~drop], after[~drop]
-        if rule.last_reply_only:
-            # the piece's last reply: its last span, with the spans right before it that only
-            # a header separates from it (gpt-oss writes a reply's reasoning as a message of
-            # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
-            joined = np.zeros(piece.size, dtype=bool)
-            if rule.joined_spans:
-                joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
-            group = np.concatenate([[0], np.cumsum(~joined[:-1])]) if piece.size else piece
-            last = np.ones(piece.size, dtype=bool)
-            last[:-1] = piece[1:] != piece[:-1]
-            keep = np.isin(group, group[last]) if piece.size else last
-            starts, ends = starts[keep], ends[keep]
+        starts, ends, piece, heads, after = starts[answers], ends[answers], piece[answers], heads[answers], after[answers]
+    if rule.last_reply_only:
+        # the piece's last reply: its last span, with the spans right before it that only
+        # a header separates from it (gpt-oss writes a reply's reasoning as a message of
+        # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
+        joined = np.zeros(piece.size, dtype=bool)
+        if rule.joined_spans:
+            joined[:-1] = (heads[1:] == after[:-1]) & (piece[1:] == piece[:-1])
+        group = np.concatenate([[0], np.cumsum(~joined[:-1])]) if piece.size else piece
+        last = np.ones(piece.size, dtype=bool)
+        last[:-1] = piece[1:] != piece[:-1]
+        keep = np.isin(group, group[last]) if piece.size else last
+        starts, ends = starts[keep], ends[keep]
     return starts.astype(np.int64), ends.astype(np.int64)
 
 

@@ -110,3 +110,18 @@ def test_a_rule_recorded_before_asked_existed_still_verifies_and_an_edited_one_f
     _edit_rule(tmp_path / "ds", lambda rule: rule.update(asked=[[1, 2, 3]]))  # not what the template gives
     problems = [p for p in verify(tmp_path / "ds", quick=True).problems if p.code == "template_rule"]
     assert len(problems) == 1 and "differs from the recorded one in asked" in problems[0].message
+
+
+def test_a_cut_piece_drops_its_first_reply_once_whether_or_not_it_was_asked():
+    """A packed piece that begins inside a user turn (``cut``): its first reply is untrained
+    because its context may be cut, and the reply after it, which its own user turn asks,
+    is trained; ``asked`` must not drop a second reply on top of the cut's."""
+    u, a, e = 1, 2, 5
+    episode = [u, 10, 11, e, a, 20, e, u, 12, e, a, 21, e]
+    rule = MaskRule(((a,),), (e,), asked=((u,),))
+    piece = episode[1:]  # begins inside the first user turn
+    want = [0] * (len(piece) - 2) + [1, 1]
+    assert segment_rule_mask(piece, [len(piece)], rule, cut=[True]).tolist() == want
+    assert segment_rule_mask(piece, [len(piece)], MaskRule(((a,),), (e,)), cut=[True]).tolist() == want
+    whole = segment_rule_mask(episode + piece, [len(episode), len(piece)], rule, cut=[False, True]).tolist()
+    assert whole == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1] + want
