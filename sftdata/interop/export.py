@@ -53,7 +53,7 @@ from ..store.object_cache import remote_metadata
 from ..store.reader import open_dataset
 from ..store.rows import RowSplit
 from ..store.shard import Split, split_segments
-from ..store.writer import DatasetWriter
+from ..store.writer import DatasetWriter, sweep_beside
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from ..util.ranges import range_index, whole_runs
@@ -153,6 +153,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
         _check_kind(url, remote_metadata(url))
     plan = plan_export(source, url or target, options)
     if plan.up_to_date:
+        sweep_beside(url or target)  # nothing to build, but what a killed export left beside it still goes
         report = ExportReport.of_export(str(source), url or str(target), plan.target.metadata)
         report.build_key, report.seconds = plan.key, time.perf_counter() - t0
         return report

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tracemalloc
 
@@ -20,6 +21,7 @@ from sftdata.interop import export as export_mod
 from sftdata.interop.export import PARQUET_KEY, ExportOptions, export
 from sftdata.loader import IGNORE_INDEX
 from sftdata.store import METADATA_FILE, read_json
+from sftdata.store.lock import OWNER_FILE, owner_record
 from sftdata.torch import SFTDataset
 from tests.helpers.loader import make_dataset, make_flat, make_packed
 
@@ -258,3 +260,24 @@ def test_the_command_line(source, tmp_path):  # noqa: F811
     assert r.exit_code == 2 and r.output.startswith("error: --format must be one of parquet, jsonl, got 'csv'")
     r = runner.invoke(app, ["export", str(tmp_path / "missing"), "-o", str(tmp_path / "y")])
     assert r.exit_code == 1 and "does not exist" in r.output
+
+
+def test_an_up_to_date_export_sweeps_what_a_dead_export_left_beside_it(source, tmp_path):  # noqa: F811
+    """Issue 44.5 for export: the rerun that finds the export up to date still removes a
+    staging folder whose owner record names a dead process; a live run's and a user's
+    folder of a similar name stay."""
+    out = tmp_path / "e"
+    export(source, out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".e.tmp-{dead.pid}-0badc0de"
+    stale.mkdir()
+    (stale / OWNER_FILE).write_bytes(orjson.dumps(owner_record() | {"target": "e", "kind": "staging", "pid": dead.pid}))
+    (stale / "part.jsonl").write_bytes(b"{}\n")
+    live = tmp_path / f".e.tmp-{os.getpid()}-0000beef"
+    live.mkdir()
+    (live / OWNER_FILE).write_bytes(orjson.dumps(owner_record() | {"target": "e", "kind": "staging"}))
+    users = tmp_path / ".e.tmp-2024-05"
+    users.mkdir()
+    assert export(source, out).up_to_date
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".e.")) == sorted([live.name, users.name])
