@@ -43,7 +43,7 @@ from ..errors import (
     SftDataError,
     UsageError,
 )
-from ..records.rejects import RejectsFile, keep_rejects, line_record, reject_line, writing
+from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, reject_line, writing
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
 from ..sources.partitions import partitionable, records_sha256
@@ -310,7 +310,7 @@ class _Run:
                 rej.close()
                 rej.flush()
         if runner is not None:  # the duplicates of a partitioned run: decided over every partition's keys
-            self._drop_duplicates(runner, rejects, w.path / PARTS_DIR, output_dir)
+            self._drop_duplicates(runner, rejects, w.path / PARTS_DIR, output_dir, rej.left_out)
         summary.records_read = self.records
         summary.input_bytes = sum(i.bytes for i in self.infos)
         summary.rejected = dict(sorted(self.rejected.items()))
@@ -323,9 +323,12 @@ class _Run:
             if not records_sha256(info, opts.source_sha256):  # a large file read in partitions: its block hash
                 info.sha256 = None
 
-    def _drop_duplicates(self, runner: TaskRunner, rejects: Path, stage_dir: Path, output_dir) -> None:
+    def _drop_duplicates(self, runner: TaskRunner, rejects: Path, stage_dir: Path, output_dir, left_out: int) -> None:
         """A partitioned run's duplicates (``decide_duplicates``) left out of the parts, and
-        their rejects merged into ``rejects`` in record order."""
+        their rejects merged into ``rejects`` in record order, under the same size bound as
+        a one-process run's (``left_out``: the rejects the file had no room for already).
+        The stored lines are the first of all rejects in record order, as one process
+        writes them: those dropped for room were past every line kept."""
         drops = decide_duplicates(runner, self.parts, self.dedup, [i.as_dict() for i in self.infos])
         if not drops:
             return
@@ -335,9 +338,12 @@ class _Run:
         lines = [(d.record, reject_line(d.record, d.where, "duplicate", d.message())) for d in drops]
         merged = stage_dir / REJECTS_FILE
         with writing(merged, output_dir), open(rejects, "rb") as old, open(merged, "wb") as out:
-            earlier = ((line_record(line), line.rstrip(b"\n")) for line in old)
+            earlier = ((r, line.rstrip(b"\n")) for line in old if (r := line_record(line)) != NOT_A_RECORD)
+            capped = RejectsFile(out)
             for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
-                out.write(line + b"\n")
+                capped.write(line + b"\n")
+            capped.left_out += left_out
+            capped.close()
         os.replace(merged, rejects)
 
     def write(self, w: DatasetWriter, runner: TaskRunner | None, inputs, output_dir) -> dict:

@@ -61,3 +61,23 @@ def test_only_a_sealed_unchanged_rejects_file_is_sftdatas(tmp_path):
     assert is_rejects_file(p)
     p.write_bytes(p.read_bytes().replace(b"bad", b"mine"))
     assert not is_rejects_file(p)
+
+
+def test_the_bound_holds_and_the_file_is_the_same_when_workers_decide_duplicates(tmp_path, monkeypatch):
+    """With --dedup and several workers the duplicates' rejects are merged in after the
+    partitions: the file stays under the same bound, byte-identical to one process's."""
+    monkeypatch.setattr(rejects_mod, "MAX_STORED_BYTES", 4_000)
+    rows = []
+    for i in range(400):
+        rows += [json.dumps(chat(f"q{i}", f"a{i}")), "x", json.dumps(chat(f"q{i}", f"a{i}"))]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    files = {}
+    for j in (1, 2):
+        prepare([src], tmp_path / f"ds{j}", PrepareOptions(workers=j, dedup="exact"))
+        files[j] = (tmp_path / f"ds{j}" / "rejects.jsonl").read_bytes()
+        meta = json.loads((tmp_path / f"ds{j}" / "dataset_metadata.json").read_text())
+        assert meta["counts"]["rejected"] == {"duplicate": 400, "invalid_json": 400}
+    lines = [orjson.loads(x) for x in files[2].splitlines()]
+    assert files[1] == files[2] and len(files[2]) <= 4_000 + 300
+    listed = len(lines) - 1
+    assert (lines[-1]["reason"], lines[-1]["message"].split(" more")[0]) == ("rejects_cut", f"{800 - listed:,}")
