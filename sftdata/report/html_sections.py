@@ -153,16 +153,20 @@ def rejects_section(reports: list[DatasetReport], names: list[str]) -> Section:
         ov = r.overview
         if r.rejects.groups:
             rows = []
-            for g in r.rejects.groups:
+            for g in r.rejects.groups:  # the metadata counts every reject; the file may list the first only
+                count = ov.rejected.get(g.reason, g.count)
                 ex = "".join(f'<div><code>{escape(x.where)}</code> {escape(x.message)}</div>' for x in g.examples)
-                rows.append(f'<tr><td class="l"><b>{escape(g.reason)}</b></td><td>{g.count:,}</td>'
+                rows.append(f'<tr><td class="l"><b>{escape(g.reason)}</b></td><td>{count:,}</td>'
                             f'<td class="msg">{ex}</td></tr>')
-                bars.append((g.reason, name, g.count, SERIES_COLOURS[i]))
-            parts.append(f'<h3>{who}{r.rejects.total:,} rejected records, by reason</h3><div class="scroll"><table>'
+                bars.append((g.reason, name, count, SERIES_COLOURS[i]))
+            total = ov.rejected_total or r.rejects.total
+            parts.append(f'<h3>{who}{total:,} rejected records, by reason</h3><div class="scroll"><table>'
                          f'<tr><th class="l">reason</th><th>records</th><th class="l">examples (file:line, why)</th>'
                          f'</tr>{"".join(rows)}</table></div>')
+            if r.rejects.cut:
+                parts.append(f'<p class="how">{escape(r.rejects.cut)}</p>')
             if ov.rejects_file:
-                parts.append(f'<p class="how">All of them: <code>{escape(ov.rejects_file)}</code>; '
+                parts.append(f'<p class="how">{"The first of them" if r.rejects.cut else "All of them"}: <code>{escape(ov.rejects_file)}</code>; '
                              f'<code>sftdata inspect {escape(ov.path)} --record N</code> says why record N is missing.</p>')
         elif ov.rejected_total:
             parts.append(f'<h3>{who}{ov.rejected_total:,} rejected records</h3><table>'

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import orjson
 
+from ..records.rejects import CUT_REASON, SEAL_REASON
+
 
 @dataclass
 class RejectExample:
@@ -30,6 +32,7 @@ class Rejects:
     by_file: dict[str, int]
     total: int
     unreadable_lines: int = 0  # lines of rejects.jsonl that are not a JSON object
+    cut: str | None = None  # the closing line's words when the file lists only the first rejects
 
 
 def read_rejects(path: str | Path | None, examples: int = 3) -> Rejects:
@@ -41,7 +44,7 @@ def read_rejects(path: str | Path | None, examples: int = 3) -> Rejects:
     counts: Counter = Counter()
     files: Counter = Counter()
     shown: dict[str, list[RejectExample]] = {}
-    bad = 0
+    bad, cut = 0, None
     with open(path, "rb") as f:
         for line in f:
             if not line.strip():
@@ -54,6 +57,9 @@ def read_rejects(path: str | Path | None, examples: int = 3) -> Rejects:
                 bad += 1
                 continue
             reason = str(r.get("reason", "unknown"))
+            if reason in (CUT_REASON, SEAL_REASON) and r.get("record") is None:  # a closing line, no reject
+                cut = str(r.get("message", "")) if reason == CUT_REASON else cut
+                continue
             counts[reason] += 1
             files[str(r.get("source", ""))] += 1
             got = shown.setdefault(reason, [])
@@ -62,4 +68,4 @@ def read_rejects(path: str | Path | None, examples: int = 3) -> Rejects:
                 got.append(RejectExample(rec if isinstance(rec, int) else None, str(r.get("where", "")),
                                          str(r.get("message", ""))))
     groups = [RejectGroup(reason, n, shown[reason]) for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    return Rejects(groups, dict(files), sum(counts.values()), bad)
+    return Rejects(groups, dict(files), sum(counts.values()), bad, cut)

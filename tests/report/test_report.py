@@ -14,6 +14,8 @@ import pytest
 from sftdata import report
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import DatasetError, UsageError
+from sftdata.records.rejects import RejectsFile, reject_line, seal
+from sftdata.report.rejects import read_rejects
 from sftdata.store import open_dataset, split_segments
 from tests.helpers.audit import make_dataset, make_packed, read_idx, shard, to_flat, write_idx
 
@@ -310,3 +312,18 @@ def test_a_packed_dataset_with_damaged_segments_is_refused_before_any_view(built
     for call in (lambda: report.overview(tmp_path / "bfd"), lambda: report.views(tmp_path / "bfd", rows=[0])):
         with pytest.raises(DatasetError, match=r"segments.idx .*lie between segments 0 and 1.*sftdata verify"):
             call()
+
+
+def test_the_closing_lines_of_a_rejects_file_are_no_rejects(tmp_path):
+    """A capped rejects.jsonl ends with a ``rejects_cut`` line (and one kept beside an
+    output with its seal): neither is counted as a reason; the cut's words are kept."""
+    path = tmp_path / "ds.rejects.jsonl"
+    with open(path, "wb") as f:
+        rej = RejectsFile(f, limit=200)
+        for i in range(5):
+            rej.write(reject_line(i, f"a:line {i + 1}", "invalid_json", "bad") + b"\n")
+        rej.close()
+    seal(path)
+    got = read_rejects(path)
+    assert [(g.reason, g.count) for g in got.groups] == [("invalid_json", 2)] and got.total == 2
+    assert got.cut is not None and got.cut.startswith("3 more rejected records are not listed")
