@@ -83,7 +83,8 @@ def draw_report(r: VerifyReport) -> Group:
         parts.append(Text(f"note: {n}", style="yellow"))
     mb = r.bytes_read / 1e6
     read = f"{mb:,.1f} MB" if mb >= 1 else f"{r.bytes_read:,} bytes"
-    rate = f" ({mb / r.seconds:,.0f} MB/s)" if r.seconds > 0 and mb >= 1 else ""
+    speed = mb / r.seconds if r.seconds > 0 else 0.0
+    rate = f" ({speed:,.{0 if speed >= 100 else 1 if speed >= 1 else 2}f} MB/s)" if r.seconds > 0 and mb >= 1 else ""
     if r.ok:
         parts.append(Text(f"OK: no problem found; {read} checked in {r.seconds:.2f} s{rate}", style="bold green"))
     else:

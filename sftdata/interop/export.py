@@ -249,8 +249,12 @@ def _check_target(source: Path, target: Path, overwrite: bool) -> None:
     s, t = source.resolve(), target.resolve()
     if s == t or s in t.parents or t in s.parents:
         raise UsageError(f"the output {target} would overlap the dataset {source}; choose an --output-dir outside it")
-    if not target.exists() or not overwrite:
-        return  # the writer refuses an existing target without --overwrite
+    if not target.exists():
+        return
+    if not overwrite:  # the writer refuses an existing target; one --overwrite cannot replace is named as such
+        if target.is_dir() and (target / METADATA_FILE).is_file():
+            _check_kind(target, read_json(target / METADATA_FILE))
+        return
     if target.is_dir() and any(target.iterdir()):
         _check_kind(target, read_json(target / METADATA_FILE) if (target / METADATA_FILE).is_file() else {})
 

@@ -160,6 +160,8 @@ def test_an_existing_output_is_refused_and_overwrite_replaces_only_an_export(sou
         export(source, other, ExportOptions(overwrite=True))
     with pytest.raises(OutputExistsError, match="is not an earlier export of sftdata"):
         export(source, packed, ExportOptions(overwrite=True))  # a dataset is never replaced by an export
+    with pytest.raises(OutputExistsError, match="is not an earlier export of sftdata"):
+        export(source, packed)  # nor told that --overwrite would replace it
     assert (packed / METADATA_FILE).is_file()
     for target in (source, source / "exp", source.parent):
         with pytest.raises(UsageError, match=r"would overlap the dataset .*; choose an --output-dir outside it"):
