@@ -1,4 +1,4 @@
-"""What prepare and pack say about their build key (docs/CLI.md, "Up to date"): a target
+"""What prepare, pack and export say about their build key (docs/CLI.md, "Up to date"): a target
 that is up to date, and why one is rebuilt."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..store.build_key import BuildCheck
-from .app import after_writing, err_console, print_json, warn
+from .app import after_writing, err_console, print_json, print_result, warn
 
 
 def show_rebuild(check: BuildCheck) -> None:
@@ -44,3 +44,13 @@ def show_prepared(summary, table, output_dir, as_json: bool, quiet: bool) -> boo
     if summary.rejected:
         err_console.print(f"rejected records and their reasons: {summary.output_dir}/rejects.jsonl", style="yellow")
     return True
+
+
+def show_built(report, table, output_dir, as_json: bool, quiet: bool) -> None:
+    """pack's and export's result: the up-to-date line (unless ``--json`` or ``--quiet``),
+    else the report as a table or JSON (``print_result``)."""
+    if report.up_to_date and not as_json:
+        if not quiet:
+            show_up_to_date(report.output_dir, report.build_key, [])
+        return
+    print_result(report, table, as_json, quiet, output_dir)

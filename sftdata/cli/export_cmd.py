@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from ..interop.export import ExportOptions, ExportReport, export
-from .app import app, handle_errors, print_result, rows_bar
-from .build_output import show_rebuild, show_up_to_date
+from .app import app, handle_errors, rows_bar
+from .build_output import show_built, show_rebuild
 from .options import DatasetArg, ForceOpt, JsonOpt, QuietOpt, dataset_dir
 
 
@@ -70,8 +70,4 @@ def export_command(
     with bar:
         report = export(dataset, output_dir, opts, progress=on_progress,
                         planned=None if quiet or as_json else show_rebuild)
-    if report.up_to_date and not as_json:
-        if not quiet:
-            show_up_to_date(report.output_dir, report.build_key, [])
-        return
-    print_result(report, report_table, as_json, quiet, output_dir)
+    show_built(report, report_table, output_dir, as_json, quiet)

@@ -17,8 +17,8 @@ from ..packing.block_size import KEEP_PERCENT
 from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE
 from ..store.format import DEFAULT_SHARD_TOKENS
 from ..store.location import remote_url
-from .app import app, handle_errors, print_result, rows_bar
-from .build_output import show_rebuild, show_up_to_date
+from .app import app, handle_errors, rows_bar
+from .build_output import show_built, show_rebuild
 from .options import ForceOpt, JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir
 
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="ENGINE", help="local (this process) or ray (the plan "
@@ -135,8 +135,4 @@ def pack_command(
     with bar:
         report = pack(dataset, output_dir, opts, progress=on_progress, executor=executor,
                       planned=None if quiet or as_json else show_rebuild)
-    if report.up_to_date and not as_json:
-        if not quiet:
-            show_up_to_date(report.output_dir, report.build_key, [])
-        return
-    print_result(report, report_table, as_json, quiet, output_dir)
+    show_built(report, report_table, output_dir, as_json, quiet)
