@@ -43,7 +43,15 @@ from ..errors import (
     SftDataError,
     UsageError,
 )
-from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, reject_line, writing
+from ..records.rejects import (
+    NOT_A_RECORD,
+    RejectsFile,
+    keep_rejects,
+    line_record,
+    lists_every_reject,
+    reject_line,
+    writing,
+)
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
 from ..sources.partitions import partitionable, records_sha256
@@ -155,8 +163,11 @@ def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output
     top = ", ".join(f"{r}: {c}" for r, c in rejected.most_common(5))
     hint = (". The records hold tool calls or results: prepare them with `sftdata prepare-tool`"
             if rejected.get("tool_conversation", 0) * 2 > records else "")
+    where = (f"The reason for each record is in {kept}" if lists_every_reject(kept) else
+             f"The first rejects are listed with their reasons in {kept}; its size bound left the rest out (the "
+             f"counts above count every one)")
     return AllRecordsRejectedError(f"every record was rejected ({records:,} read; {top}); nothing was written to "
-                                   f"{output_dir}. The reason for each record is in {kept}{hint}",
+                                   f"{output_dir}. {where}{hint}",
                                    str(kept), dict(rejected))
 
 

@@ -118,6 +118,18 @@ def is_rejects_file(path: Path) -> bool:
             and obj["reason"] == SEAL_REASON and obj["message"] == hashlib.sha256(body).hexdigest())
 
 
+def lists_every_reject(path: Path) -> bool:
+    """False when the rejects file at ``path`` ends with the note that its size bound left
+    rejects out (its last lines: the cut note, then a seal where it is kept beside an output)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read().splitlines()[-2:]
+    except OSError:
+        return True
+    return not any(orjson.loads(line).get("reason") == CUT_REASON for line in tail if line.startswith(b"{"))
+
+
 def keep_rejects(src: Path, output_dir: str | Path) -> Path:
     """Put the rejects of a run that kept no record beside the output folder (which is not
     created): ``DIR.rejects.jsonl``, or ``DIR.rejects-2.jsonl`` (-3, ...) when that name

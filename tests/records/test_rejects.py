@@ -8,7 +8,9 @@ import io
 import json
 
 import orjson
+import pytest
 
+from sftdata.errors import AllRecordsRejectedError
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.records import rejects as rejects_mod
 from sftdata.records.rejects import MAX_MESSAGE_CHARS, RejectsFile, is_rejects_file, reject_line, seal
@@ -81,3 +83,19 @@ def test_the_bound_holds_and_the_file_is_the_same_when_workers_decide_duplicates
     assert files[1] == files[2] and len(files[2]) <= 4_000 + 300
     listed = len(lines) - 1
     assert (lines[-1]["reason"], lines[-1]["message"].split(" more")[0]) == ("rejects_cut", f"{800 - listed:,}")
+
+
+def test_a_run_that_keeps_nothing_says_when_its_rejects_file_lists_only_the_first(tmp_path, monkeypatch):
+    """No dataset is made: the error, not dataset_metadata.json, must say the list was cut."""
+    monkeypatch.setattr(rejects_mod, "MAX_STORED_BYTES", 2_000)
+    src = write_jsonl(tmp_path / "in.jsonl", ["x"] * 300)
+    with pytest.raises(AllRecordsRejectedError) as e:
+        prepare([src], tmp_path / "ds", PrepareOptions(workers=1))
+    kept = tmp_path / "ds.rejects.jsonl"
+    assert str(e.value).endswith(f"nothing was written to {tmp_path / 'ds'}. The first rejects are listed with their "
+                                 f"reasons in {kept}; its size bound left the rest out (the counts above count every "
+                                 f"one)")
+    assert is_rejects_file(kept) and not rejects_mod.lists_every_reject(kept)
+    small = write_jsonl(tmp_path / "small.jsonl", ["x"] * 3)
+    with pytest.raises(AllRecordsRejectedError, match="The reason for each record is in "):
+        prepare([small], tmp_path / "ds2", PrepareOptions(workers=1))
