@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..util.cache import Entry, cached, write_entry
-from .ranks import arrays_to_ranks, ranks_to_arrays
+from .ranks import _spread, arrays_to_ranks, ranks_to_arrays
 from .space_runs import CUT_PATTERNS, cuttable, encode_cutting_runs, overflowed
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -301,13 +301,111 @@ def _table(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], m
     blob = np.frombuffer(joined.translate(_TO_LATIN1).encode("latin-1"), dtype=np.uint8)
     sizes = np.fromiter(map(len, tokens), dtype=np.uint32, count=len(tokens))
     ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
-    ranks = ids if identity else np.arange(len(tokens), dtype=np.int64)
+    return _assembled(blob, sizes, ids, identity)
+
+
+def _table_by_id(vocab: dict[str, int], alphabet: dict[str, int], merged_ids: np.ndarray, vocab_bytes, identity: bool
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
+    """``_table``'s result cut from the vocabulary's bytes in id order (``_vocab_in_id_order``)."""
+    blob, offsets = vocab_bytes
+    ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
+    sizes = np.diff(offsets)[ids]
+    return _assembled(blob[_spread(offsets[ids], sizes)], sizes.astype(np.uint32), ids, identity)
+
+
+def _assembled(blob: np.ndarray, sizes: np.ndarray, ids: np.ndarray, identity: bool
+               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
+    """The table of the tokens whose bytes are ``blob`` cut by ``sizes``, of ids ``ids``:
+    ranks the ids (``identity``) or their places."""
+    ranks = ids if identity else np.arange(len(ids), dtype=np.int64)
     n = int(ranks.max()) + 1
     rank_to_id = np.zeros(n, dtype=np.uint32)
     lengths = np.zeros(n, dtype=np.uint32)
     rank_to_id[ranks] = ids
     lengths[ranks] = sizes
     return {"blob": blob, "lengths": sizes, "ranks": ranks.astype(np.uint32)}, rank_to_id, lengths, n
+# GPT-2's byte alphabet as a table over UTF-16 code units: the byte a character stands for,
+# -2 for a space (a merge's separator, never a vocabulary character), -1 for any other unit
+_UNIT_BYTE = np.full(1 << 16, -1, dtype=np.int16)
+_UNIT_BYTE[[ord(c) for c in byte_alphabet()]] = list(byte_alphabet().values())
+_UNIT_BYTE[ord(" ")] = -2
+
+
+def _unit_bytes(text: str) -> np.ndarray | None:
+    """The bytes GPT-2's alphabet maps ``text``'s characters to (-2 for a space), or None
+    where a character is outside it (a surrogate pair too: two units, both outside)."""
+    units = _UNIT_BYTE[np.frombuffer(text.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)]
+    return None if units.size and units.min() == -1 else units
+
+
+def _vocab_in_id_order(vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(bytes, offsets)`` of the vocabulary where its ids are its places in the file
+    (0, 1, 2, ...: Llama 3's, Qwen's) and every token is non-empty and of the byte
+    alphabet: token ``i``'s bytes are ``bytes[offsets[i]:offsets[i + 1]]``. Else None."""
+    if set(map(type, vocab.values())) != {int} or not np.array_equal(
+            np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)), np.arange(len(vocab))):
+        return None
+    units = _unit_bytes("".join(vocab))
+    sizes = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))
+    if units is None or units.size != sizes.sum() or (units < 0).any() or not sizes.all():
+        return None
+    return units.astype(np.uint8), np.concatenate(([0], np.cumsum(sizes)))
+
+
+def _merges_text(merges) -> str | None:
+    """The merges as one text, ``"a b a b ..."``, where each is one ``"a b"`` string or one
+    ``[a, b]`` pair of strings with no space in a part; else None."""
+    if not isinstance(merges, list) or not merges:
+        return None
+    kinds = set(map(type, merges))
+    try:
+        if kinds == {str}:
+            text = " ".join(merges)
+            sizes = np.fromiter(map(len, merges), dtype=np.int64, count=len(merges))
+            ends = np.cumsum(sizes + 1)[:-1] - 1  # the spaces between merges; exactly one more in each
+            spaces = np.flatnonzero(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 32)
+            return text if spaces.size == 2 * len(merges) - 1 and np.array_equal(spaces[1::2], ends) else None
+        if kinds == {list} and set(map(len, merges)) == {2}:
+            text = " ".join(itertools.chain.from_iterable(merges))  # a TypeError for a part that is no string
+            return text if text.count(" ") == 2 * len(merges) - 1 else None
+    except (TypeError, UnicodeEncodeError):
+        return None
+    return None
+
+
+def _merge_ids_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set, vocab_bytes
+                    ) -> np.ndarray | None:
+    """``_merge_order_fast``'s ids where the vocabulary is in id order (``_vocab_in_id_order``,
+    ``vocab_bytes``) and the merges make its tokens in that order, each but the bytes and
+    the added tokens, all merges of a token together: compared as bytes, one merge with
+    the one before, the first of each run with the next token, not looked up one by one.
+    None where that is not so (``_merge_order_fast`` then decides)."""
+    text = _merges_text(merges)
+    if vocab_bytes is None or text is None or not vocab.keys() >= set(text.split(" ")):
+        return None  # a part not in the vocabulary, or empty (the array route and the loop say which)
+    units = _unit_bytes(text)
+    if units is None:
+        return None
+    spaces = np.flatnonzero(units == -2)
+    made = units[units != -2].astype(np.uint8)  # the merged tokens' bytes, one after another
+    sizes = np.diff(np.concatenate(([-1], spaces, [units.size]))) - 1
+    sizes = sizes[0::2] + sizes[1::2]
+    blob, offsets = vocab_bytes
+    starts = np.cumsum(sizes) - sizes
+    shift = np.repeat(sizes, sizes)
+    differs = made != made[np.arange(made.size) - shift]  # each byte against the one a token before
+    same = np.concatenate(([False], (sizes[1:] == sizes[:-1]) & ~np.logical_or.reduceat(differs, starts)[1:]))
+    heads = np.flatnonzero(~same)  # the first merge of each run of one token
+    keep = np.ones(len(vocab), dtype=bool)
+    keep[[vocab[c] for c in alphabet]] = False
+    keep[[vocab[c] for c in contents if isinstance(c, str) and c in vocab]] = False
+    ids = np.flatnonzero(keep)  # the tokens the merges must make, in id order
+    lengths = np.diff(offsets)[ids]
+    if heads.size != ids.size or not np.array_equal(sizes[heads], lengths):
+        return None
+    if not np.array_equal(made[_spread(starts[heads], lengths)], blob[_spread(offsets[ids], lengths)]):
+        return None
+    return ids
 
 
 def _table_by_dict(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], identity: bool
@@ -363,7 +461,13 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                                              f"byte-level BPE"}, {}
     added = [t for t in doc.get("added_tokens") or [] if isinstance(t, dict)]
     contents = {t.get("content") for t in added}
-    fast = _merge_order_fast(vocab, model.get("merges"), alphabet, contents)
+    by_id = _vocab_in_id_order(vocab)
+    merged_ids = _merge_ids_fast(vocab, model.get("merges"), alphabet, contents, by_id)
+    if merged_ids is not None:  # the tokens by id; their strings only where the reachability check reads them
+        keys = list(vocab) if reachable and not model.get("ignore_merges") else []
+        fast = (list(map(keys.__getitem__, merged_ids.tolist())) if keys else []), merged_ids
+    else:
+        fast = _merge_order_fast(vocab, model.get("merges"), alphabet, contents)
     if fast is None or (reachable and not model.get("ignore_merges")):
         try:
             pairs = _merge_pairs(model.get("merges") or [])
@@ -388,7 +492,10 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                                                      f"(and ignore_merges is off)"}, {}
     added_ids = {int(t["id"]) for t in added}
     identity = in_order and not (added_ids & set(vocab.values()))  # else merge-order ranks + one lookup
-    table = _table(vocab, alphabet, merged, ids, identity) if fast is not None else None
+    if merged_ids is not None:
+        table = _table_by_id(vocab, alphabet, merged_ids, by_id, identity)
+    else:
+        table = _table(vocab, alphabet, merged, ids, identity) if fast is not None else None
     if table is None:
         try:
             table = _table_by_dict(vocab, alphabet, merged, identity)
@@ -407,7 +514,7 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
     combined = [name for name, pat in COMBINED_SPLITS.values() if pat == plan.pat_str]
     meta = {"eligible": True, "reason": None, "pat_str": plan.pat_str, "nfc": plan.nfc, "identity": identity,
             "specials": specials,
-            "evidence": {"merges": n_merges, "merged_tokens": len(merged), "merges_in_rank_order": True,
+            "evidence": {"merges": n_merges, "merged_tokens": len(ids), "merges_in_rank_order": True,
                          "ids_in_merge_order": in_order,
                          "id_lookup": not identity, "ignore_merges": ignore_merges,
                          "tokens_encode_to_themselves": "not needed (ignore_merges)" if ignore_merges else True,
