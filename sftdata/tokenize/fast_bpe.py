@@ -34,7 +34,6 @@ then compares both engines on a multilingual text set (its result kept beside th
 from __future__ import annotations
 
 import itertools
-import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..util.cache import Entry, cached, write_entry
-from .ranks import _spread, arrays_to_ranks, ranks_to_arrays
+from .bpe_arrays import TO_LATIN1, byte_alphabet, merge_ids_fast, merge_order_fast, table_by_id, table_by_strings, vocab_in_id_order
+from .ranks import arrays_to_ranks, ranks_to_arrays
 from .space_runs import CUT_PATTERNS, cuttable, encode_cutting_runs, overflowed
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -78,27 +78,6 @@ COMBINED_SPLITS: dict[tuple[str, ...], tuple[str, str]] = {
         r"|\s+"
         f"|(?:[^\\p{{L}}\\p{{M}}\\p{{P}}\\p{{S}}\\s{_NOT}](?!{_LM}))+")),
 }
-
-
-def byte_alphabet() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte: ``{"Ġ": 32, "!": 33, ...}``."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in byte_alphabet().items()})
-
-
-def token_bytes(s: str) -> bytes:
-    """A vocabulary string's bytes (``UnicodeEncodeError`` when it leaves the alphabet)."""
-    return s.translate(_TO_LATIN1).encode("latin-1")
 
 
 @dataclass(frozen=True)
@@ -210,7 +189,7 @@ def _merge_pairs(merges) -> list[tuple[str, str]]:
 
 def _ranks_by_bytes(rank_of: dict[str, int]) -> dict[bytes, int]:
     """``{token_bytes(t): r}`` of ``rank_of``, translated in one call, not one per token."""
-    raw = "".join(rank_of).translate(_TO_LATIN1).encode("latin-1")  # one byte per character of the alphabet
+    raw = "".join(rank_of).translate(TO_LATIN1).encode("latin-1")  # one byte per character of the alphabet
     ends = itertools.accumulate(map(len, rank_of))
     starts = itertools.chain((0,), itertools.accumulate(map(len, rank_of)))
     return {raw[a:b]: r for a, b, r in zip(starts, ends, rank_of.values())}
@@ -241,171 +220,6 @@ def _merge_order(vocab: dict[str, int], pairs: list[tuple[str, str]], alphabet: 
     if made:
         return f"{len(made)} vocabulary token(s) no merge makes (such as {made[0]!r})"
     return sorted((t for t in order if order[t] >= 0), key=order.__getitem__)
-
-
-def _distinct(values: np.ndarray) -> bool:
-    ordered = np.sort(values)
-    return bool(np.all(ordered[1:] != ordered[:-1]))
-
-
-def _merge_order_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set
-                      ) -> tuple[list[str], np.ndarray] | None:
-    """``_merge_order``'s tokens and their ids, from whole arrays (a dozen calls over the
-    merges, not a Python loop): None where it cannot say (merges not all ``"a b"`` strings
-    or all ``[a, b]`` pairs of strings, an empty token, ids not all integers or shared by two
-    tokens, a merge that does not qualify), and ``_merge_order`` decides, with its reason."""
-    if not isinstance(merges, list) or not merges or "" in vocab or set(map(type, vocab.values())) != {int}:
-        return None
-    try:
-        kinds = set(map(type, merges))
-        if kinds == {str} and set(map(str.count, merges, itertools.repeat(" "))) == {1}:
-            parts = " ".join(merges).split(" ")
-        elif kinds == {list} and set(map(len, merges)) == {2}:
-            parts = list(itertools.chain.from_iterable(merges))
-            if set(map(type, parts)) != {str}:
-                return None
-        else:
-            return None
-        if not vocab.keys() >= set(parts):  # a merge of a part not in the vocabulary
-            return None
-        made = list(map(str.__add__, parts[0::2], parts[1::2]))
-        t = np.fromiter(map(vocab.get, made, itertools.repeat(-1)), dtype=np.int64, count=len(made))
-        ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    except (TypeError, ValueError, OverflowError):  # ids that are not integers: the loop says what is wrong
-        return None
-    if min(t.min(), ids.min()) < 0 or not _distinct(ids):
-        return None
-    heads = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))  # the first merge of each run of one token
-    firsts_made = t[heads]
-    if not _distinct(firsts_made):  # a token's merges apart
-        return None
-    others = [vocab[c] for c in [*alphabet, *(c for c in contents if isinstance(c, str) and c in vocab)]]
-    if not np.isin(ids, np.concatenate([firsts_made, np.asarray(others, dtype=np.int64)])).all():
-        return None  # a vocabulary token no merge makes
-    return list(map(made.__getitem__, heads.tolist())), firsts_made
-
-
-# characters of GPT-2's byte alphabet: a vocabulary of these alone maps one to one onto byte strings
-_ALPHABET_ONLY = re.compile("[" + re.escape("".join(byte_alphabet())) + "]*")
-
-
-def _table(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], merged_ids: np.ndarray,
-           identity: bool) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int] | None:
-    """``_table_by_dict``'s result from whole arrays: the tokens' strings joined, translated and
-    encoded once, cut by their lengths. None where a token holds a character outside the
-    alphabet (two tokens could then share their bytes: the dict decides)."""
-    tokens = [*alphabet, *merged]
-    joined = "".join(tokens)
-    if _ALPHABET_ONLY.fullmatch(joined) is None:
-        return None
-    blob = np.frombuffer(joined.translate(_TO_LATIN1).encode("latin-1"), dtype=np.uint8)
-    sizes = np.fromiter(map(len, tokens), dtype=np.uint32, count=len(tokens))
-    ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
-    return _assembled(blob, sizes, ids, identity)
-
-
-def _table_by_id(vocab: dict[str, int], alphabet: dict[str, int], merged_ids: np.ndarray, vocab_bytes, identity: bool
-                 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
-    """``_table``'s result cut from the vocabulary's bytes in id order (``_vocab_in_id_order``)."""
-    blob, offsets = vocab_bytes
-    ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
-    sizes = np.diff(offsets)[ids]
-    return _assembled(blob[_spread(offsets[ids], sizes)], sizes.astype(np.uint32), ids, identity)
-
-
-def _assembled(blob: np.ndarray, sizes: np.ndarray, ids: np.ndarray, identity: bool
-               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
-    """The table of the tokens whose bytes are ``blob`` cut by ``sizes``, of ids ``ids``:
-    ranks the ids (``identity``) or their places."""
-    ranks = ids if identity else np.arange(len(ids), dtype=np.int64)
-    n = int(ranks.max()) + 1
-    rank_to_id = np.zeros(n, dtype=np.uint32)
-    lengths = np.zeros(n, dtype=np.uint32)
-    rank_to_id[ranks] = ids
-    lengths[ranks] = sizes
-    return {"blob": blob, "lengths": sizes, "ranks": ranks.astype(np.uint32)}, rank_to_id, lengths, n
-# GPT-2's byte alphabet as a table over UTF-16 code units: the byte a character stands for,
-# -2 for a space (a merge's separator, never a vocabulary character), -1 for any other unit
-_UNIT_BYTE = np.full(1 << 16, -1, dtype=np.int16)
-_UNIT_BYTE[[ord(c) for c in byte_alphabet()]] = list(byte_alphabet().values())
-_UNIT_BYTE[ord(" ")] = -2
-
-
-def _unit_bytes(text: str) -> np.ndarray | None:
-    """The bytes GPT-2's alphabet maps ``text``'s characters to (-2 for a space), or None
-    where a character is outside it (a surrogate pair too: two units, both outside)."""
-    units = _UNIT_BYTE[np.frombuffer(text.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)]
-    return None if units.size and units.min() == -1 else units
-
-
-def _vocab_in_id_order(vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(bytes, offsets)`` of the vocabulary where its ids are its places in the file
-    (0, 1, 2, ...: Llama 3's, Qwen's) and every token is non-empty and of the byte
-    alphabet: token ``i``'s bytes are ``bytes[offsets[i]:offsets[i + 1]]``. Else None."""
-    if set(map(type, vocab.values())) != {int} or not np.array_equal(
-            np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)), np.arange(len(vocab))):
-        return None
-    units = _unit_bytes("".join(vocab))
-    sizes = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))
-    if units is None or units.size != sizes.sum() or (units < 0).any() or not sizes.all():
-        return None
-    return units.astype(np.uint8), np.concatenate(([0], np.cumsum(sizes)))
-
-
-def _merges_text(merges) -> str | None:
-    """The merges as one text, ``"a b a b ..."``, where each is one ``"a b"`` string or one
-    ``[a, b]`` pair of strings with no space in a part; else None."""
-    if not isinstance(merges, list) or not merges:
-        return None
-    kinds = set(map(type, merges))
-    try:
-        if kinds == {str}:
-            text = " ".join(merges)
-            sizes = np.fromiter(map(len, merges), dtype=np.int64, count=len(merges))
-            ends = np.cumsum(sizes + 1)[:-1] - 1  # the spaces between merges; exactly one more in each
-            spaces = np.flatnonzero(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 32)
-            return text if spaces.size == 2 * len(merges) - 1 and np.array_equal(spaces[1::2], ends) else None
-        if kinds == {list} and set(map(len, merges)) == {2}:
-            text = " ".join(itertools.chain.from_iterable(merges))  # a TypeError for a part that is no string
-            return text if text.count(" ") == 2 * len(merges) - 1 else None
-    except (TypeError, UnicodeEncodeError):
-        return None
-    return None
-
-
-def _merge_ids_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set, vocab_bytes
-                    ) -> np.ndarray | None:
-    """``_merge_order_fast``'s ids where the vocabulary is in id order (``_vocab_in_id_order``,
-    ``vocab_bytes``) and the merges make its tokens in that order, each but the bytes and
-    the added tokens, all merges of a token together: compared as bytes, one merge with
-    the one before, the first of each run with the next token, not looked up one by one.
-    None where that is not so (``_merge_order_fast`` then decides)."""
-    text = _merges_text(merges)
-    if vocab_bytes is None or text is None or not vocab.keys() >= set(text.split(" ")):
-        return None  # a part not in the vocabulary, or empty (the array route and the loop say which)
-    units = _unit_bytes(text)
-    if units is None:
-        return None
-    spaces = np.flatnonzero(units == -2)
-    made = units[units != -2].astype(np.uint8)  # the merged tokens' bytes, one after another
-    sizes = np.diff(np.concatenate(([-1], spaces, [units.size]))) - 1
-    sizes = sizes[0::2] + sizes[1::2]
-    blob, offsets = vocab_bytes
-    starts = np.cumsum(sizes) - sizes
-    shift = np.repeat(sizes, sizes)
-    differs = made != made[np.arange(made.size) - shift]  # each byte against the one a token before
-    same = np.concatenate(([False], (sizes[1:] == sizes[:-1]) & ~np.logical_or.reduceat(differs, starts)[1:]))
-    heads = np.flatnonzero(~same)  # the first merge of each run of one token
-    keep = np.ones(len(vocab), dtype=bool)
-    keep[[vocab[c] for c in alphabet]] = False
-    keep[[vocab[c] for c in contents if isinstance(c, str) and c in vocab]] = False
-    ids = np.flatnonzero(keep)  # the tokens the merges must make, in id order
-    lengths = np.diff(offsets)[ids]
-    if heads.size != ids.size or not np.array_equal(sizes[heads], lengths):
-        return None
-    if not np.array_equal(made[_spread(starts[heads], lengths)], blob[_spread(offsets[ids], lengths)]):
-        return None
-    return ids
 
 
 def _table_by_dict(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], identity: bool
@@ -461,13 +275,13 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                                              f"byte-level BPE"}, {}
     added = [t for t in doc.get("added_tokens") or [] if isinstance(t, dict)]
     contents = {t.get("content") for t in added}
-    by_id = _vocab_in_id_order(vocab)
-    merged_ids = _merge_ids_fast(vocab, model.get("merges"), alphabet, contents, by_id)
+    by_id = vocab_in_id_order(vocab)
+    merged_ids = merge_ids_fast(vocab, model.get("merges"), alphabet, contents, by_id)
     if merged_ids is not None:  # the tokens by id; their strings only where the reachability check reads them
         keys = list(vocab) if reachable and not model.get("ignore_merges") else []
         fast = (list(map(keys.__getitem__, merged_ids.tolist())) if keys else []), merged_ids
     else:
-        fast = _merge_order_fast(vocab, model.get("merges"), alphabet, contents)
+        fast = merge_order_fast(vocab, model.get("merges"), alphabet, contents)
     if fast is None or (reachable and not model.get("ignore_merges")):
         try:
             pairs = _merge_pairs(model.get("merges") or [])
@@ -493,9 +307,9 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
     added_ids = {int(t["id"]) for t in added}
     identity = in_order and not (added_ids & set(vocab.values()))  # else merge-order ranks + one lookup
     if merged_ids is not None:
-        table = _table_by_id(vocab, alphabet, merged_ids, by_id, identity)
+        table = table_by_id(vocab, alphabet, merged_ids, by_id, identity)
     else:
-        table = _table(vocab, alphabet, merged, ids, identity) if fast is not None else None
+        table = table_by_strings(vocab, alphabet, merged, ids, identity) if fast is not None else None
     if table is None:
         try:
             table = _table_by_dict(vocab, alphabet, merged, identity)

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from sftdata.tokenize import fast_bpe
+from sftdata.tokenize import bpe_arrays, fast_bpe
 from sftdata.tokenize.fast_bpe import byte_alphabet, convert, same_conversion
 from sftdata.tokenize.ranks import arrays_to_ranks, ranks_to_arrays
 from tests.helpers.bpe import byte_doc
@@ -18,17 +18,17 @@ from tests.helpers.templates import llama3_file
 def by_loop(doc: dict, monkeypatch, reachable: bool = False):
     """``convert`` with both array routes turned off: the merges walked one by one, the table built by dict."""
     with monkeypatch.context() as m:
-        m.setattr(fast_bpe, "_merge_ids_fast", lambda *a: None)
-        m.setattr(fast_bpe, "_merge_order_fast", lambda *a: None)
+        m.setattr(fast_bpe, "merge_ids_fast", lambda *a: None)
+        m.setattr(fast_bpe, "merge_order_fast", lambda *a: None)
         return convert(doc, reachable=reachable)
 
 
 def id_route(doc: dict):
-    """``fast_bpe._merge_ids_fast``'s ids of ``doc`` (None: it leaves the file to the other routes)."""
+    """``bpe_arrays.merge_ids_fast``'s ids of ``doc`` (None: it leaves the file to the other routes)."""
     vocab = doc["model"]["vocab"]
-    return fast_bpe._merge_ids_fast(vocab, doc["model"]["merges"], byte_alphabet(),
+    return bpe_arrays.merge_ids_fast(vocab, doc["model"]["merges"], byte_alphabet(),
                                     {t["content"] for t in doc.get("added_tokens", [])},
-                                    fast_bpe._vocab_in_id_order(vocab))
+                                    bpe_arrays.vocab_in_id_order(vocab))
 
 
 def assert_same_entry(a, b):
@@ -84,7 +84,7 @@ ID_ROUTE = {"ids in merge order", "merges as pairs", "a token made by two merges
 def test_the_array_route_gives_the_loops_entry_or_leaves_it_to_the_loop(name, monkeypatch):
     doc = ODD_DOCS[name]
     contents = {t["content"] for t in doc.get("added_tokens", [])}
-    route = fast_bpe._merge_order_fast(doc["model"]["vocab"], doc["model"]["merges"], byte_alphabet(), contents)
+    route = bpe_arrays.merge_order_fast(doc["model"]["vocab"], doc["model"]["merges"], byte_alphabet(), contents)
     assert (route is not None) == (name in ARRAY_ROUTE)
     ids = id_route(doc)
     assert (ids is not None) == (name in ID_ROUTE)
@@ -98,7 +98,7 @@ def test_the_array_route_is_the_loops_on_a_trained_tokenizer_with_added_tokens(t
     doc = doc_of(trained / "tokenizer.json")
     fast = convert(doc, reachable=False)
     assert fast[0]["eligible"] is True and len(fast[0]["specials"]) == 7
-    assert fast_bpe._merge_order_fast(doc["model"]["vocab"], doc["model"]["merges"], byte_alphabet(),
+    assert bpe_arrays.merge_order_fast(doc["model"]["vocab"], doc["model"]["merges"], byte_alphabet(),
                                       {t["content"] for t in doc["added_tokens"]}) is not None
     assert id_route(doc) is not None
     assert_same_entry(fast, by_loop(doc, monkeypatch))
