@@ -154,27 +154,31 @@ def vocab_in_id_order(vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | 
     return units.astype(np.uint8), np.concatenate(([0], np.cumsum(sizes)))
 
 
-def _merges_text(merges) -> tuple[str, Iterable[str]] | None:
-    """The merges as one text, ``"a b a b ..."``, and their parts, where each is one ``"a b"``
-    string or one ``[a, b]`` pair of strings with no space in a part; else None."""
+def _merge_units(merges) -> tuple[np.ndarray, np.ndarray, Iterable[str]] | None:
+    """The merges joined as ``"a b a b ..."`` in ``_unit_bytes``, the places of its spaces, and
+    the merges' parts, where each is one ``"a b"`` string or one ``[a, b]`` pair of strings
+    with no space in a part, all of the alphabet; else None."""
     if not isinstance(merges, list) or not merges:
         return None
     kinds = set(map(type, merges))
     try:
-        if kinds == {str}:
+        if kinds == {list} and set(map(len, merges)) == {2}:
+            text = " ".join(itertools.chain.from_iterable(merges))  # a TypeError for a part that is no string
+            parts, ends = itertools.chain.from_iterable(merges), None
+        elif kinds == {str}:
             text = " ".join(merges)
             sizes = np.fromiter(map(len, merges), dtype=np.int64, count=len(merges))
-            ends = np.cumsum(sizes + 1)[:-1] - 1  # the spaces between merges; exactly one more in each
-            spaces = np.flatnonzero(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 32)
-            if spaces.size == 2 * len(merges) - 1 and np.array_equal(spaces[1::2], ends):
-                return text, text.split(" ")
-        elif kinds == {list} and set(map(len, merges)) == {2}:
-            text = " ".join(itertools.chain.from_iterable(merges))  # a TypeError for a part that is no string
-            if text.count(" ") == 2 * len(merges) - 1:
-                return text, itertools.chain.from_iterable(merges)
-    except (TypeError, UnicodeEncodeError):
+            parts, ends = text.split(" "), np.cumsum(sizes + 1)[:-1] - 1  # the spaces between merges
+        else:
+            return None
+    except TypeError:
         return None
-    return None
+    units = _unit_bytes(text)
+    spaces = None if units is None else np.flatnonzero(units == -2)
+    if spaces is None or spaces.size != 2 * len(merges) - 1 or (ends is not None and not np.array_equal(
+            spaces[1::2], ends)):  # the spaces between merges, and exactly one more in each
+        return None
+    return units, spaces, parts
 
 
 def merge_ids_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set, vocab_bytes
@@ -184,13 +188,10 @@ def merge_ids_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], cont
     the added tokens, all merges of a token together: compared as bytes, one merge with
     the one before, the first of each run with the next token, not looked up one by one.
     None where that is not so (``merge_order_fast`` then decides)."""
-    merges_text = None if vocab_bytes is None else _merges_text(merges)
-    if merges_text is None or set(merges_text[1]).difference(vocab):  # (a set's own lookup of each in the dict)
+    joined = None if vocab_bytes is None else _merge_units(merges)
+    if joined is None or set(joined[2]).difference(vocab):  # (a set's own lookup of each in the dict)
         return None  # a part not in the vocabulary, or empty (the array route and the loop say which)
-    units = _unit_bytes(merges_text[0])
-    if units is None:
-        return None
-    spaces = np.flatnonzero(units == -2)
+    units, spaces, _ = joined
     made = units[units != -2].astype(np.uint8)  # the merged tokens' bytes, one after another
     sizes = np.diff(np.concatenate(([-1], spaces, [units.size]))) - 1
     sizes = sizes[0::2] + sizes[1::2]
