@@ -305,7 +305,8 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                 return {"eligible": False, "reason": f"the token {t!r} does not encode to itself by its merges "
                                                      f"(and ignore_merges is off)"}, {}
     added_ids = {int(t["id"]) for t in added}
-    identity = in_order and not (added_ids & set(vocab.values()))  # else merge-order ranks + one lookup
+    taken = range(len(vocab)) if by_id is not None else set(vocab.values())  # the vocabulary's ids
+    identity = in_order and not any(i in taken for i in added_ids)  # else merge-order ranks + one lookup
     if merged_ids is not None:
         table = table_by_id(vocab, alphabet, merged_ids, by_id, identity)
     else:
