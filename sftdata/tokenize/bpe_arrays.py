@@ -144,8 +144,11 @@ def vocab_in_id_order(vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | 
     """``(bytes, offsets)`` of the vocabulary where its ids are its places in the file
     (0, 1, 2, ...: Llama 3's, Qwen's) and every token is non-empty and of the byte
     alphabet: token ``i``'s bytes are ``bytes[offsets[i]:offsets[i + 1]]``. Else None."""
-    if set(map(type, vocab.values())) != {int} or not np.array_equal(
-            np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)), np.arange(len(vocab))):
+    try:
+        if set(map(type, vocab.values())) != {int} or not np.array_equal(
+                np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)), np.arange(len(vocab))):
+            return None
+    except OverflowError:  # an id past int64
         return None
     units = _unit_bytes("".join(vocab))
     sizes = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))

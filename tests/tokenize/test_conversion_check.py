@@ -246,3 +246,16 @@ def test_a_table_of_the_file_before_a_change_is_caught(trained, name):
     FILE_CHANGES[name](changed)
     assert same_conversion(changed, entry) is False
     assert same_conversion(doc, entry) is True
+
+
+@pytest.mark.parametrize("ids", [[0, 2, 1], [0, 1, 2**64], [0, 1, True], [1, 2, 3]])
+def test_the_id_route_takes_only_a_vocabulary_whose_ids_are_its_places(ids):
+    vocab = dict(zip(["a", "b", "c"], ids))
+    assert bpe_arrays.vocab_in_id_order(vocab) is None
+    blob, offsets = bpe_arrays.vocab_in_id_order({"a": 0, "Ġb": 1, "c": 2})
+    assert (blob.tobytes(), offsets.tolist()) == (b"a bc", [0, 1, 3, 4])
+
+
+@pytest.mark.parametrize("vocab", [{"a": 0, "": 1}, {"a": 0, "b c": 1}, {"a": 0, "☃": 1}, {"a": 0, "\U0001f600": 1}])
+def test_the_id_route_leaves_a_vocabulary_outside_the_byte_alphabet(vocab):
+    assert bpe_arrays.vocab_in_id_order(vocab) is None
