@@ -73,6 +73,11 @@ ODD_DOCS["the vocabulary out of id order in the file"]["model"]["vocab"] = dict(
     reversed(ODD_DOCS["the vocabulary out of id order in the file"]["model"]["vocab"].items()))
 # two tokens of one length that differ in their last byte only, made one after the other
 ODD_DOCS["tokens that differ in their last byte"] = byte_doc(["a b", "a c", "ab c"], ["ab", "ac", "abc"])
+# pairs the id route must leave: a part holding a space (the joined text would cut it), three parts
+ODD_DOCS["a pair holding a space"] = byte_doc([], ["ab", "abc"])
+ODD_DOCS["a pair holding a space"]["model"]["merges"] = [["a", "b"], ["ab", "c d"]]
+ODD_DOCS["a merge of three parts"] = byte_doc([], ["ab", "abc"])
+ODD_DOCS["a merge of three parts"]["model"]["merges"] = [["a", "b"], ["a", "b", "c"]]
 ARRAY_ROUTE = {"ids in merge order", "ids out of merge order", "merges as pairs", "an added token outside the alphabet",
                "a token made by two merges in a row", "an added token in the vocabulary",
                "the vocabulary out of id order in the file", "tokens that differ in their last byte"}
