@@ -92,7 +92,7 @@ _ALPHABET_ONLY = re.compile("[" + re.escape("".join(byte_alphabet())) + "]*")
 
 
 def table_by_strings(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], merged_ids: np.ndarray,
-           identity: bool) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int] | None:
+                     identity: bool) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int] | None:
     """``fast_bpe._table_by_dict``'s result from whole arrays: the tokens' strings joined, translated and
     encoded once, cut by their lengths. None where a token holds a character outside the
     alphabet (two tokens could then share their bytes: the dict decides)."""
@@ -126,6 +126,8 @@ def _assembled(blob: np.ndarray, sizes: np.ndarray, ids: np.ndarray, identity: b
     rank_to_id[ranks] = ids
     lengths[ranks] = sizes
     return {"blob": blob, "lengths": sizes, "ranks": ranks.astype(np.uint32)}, rank_to_id, lengths, n
+
+
 # GPT-2's byte alphabet as a table over UTF-16 code units: the byte a character stands for,
 # -2 for a space (a merge's separator, never a vocabulary character), -1 for any other unit
 _UNIT_BYTE = np.full(1 << 16, -1, dtype=np.int16)
@@ -185,7 +187,7 @@ def _merge_units(merges) -> tuple[np.ndarray, np.ndarray, Iterable[str]] | None:
 
 
 def merge_ids_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set, vocab_bytes
-                    ) -> np.ndarray | None:
+                   ) -> np.ndarray | None:
     """``merge_order_fast``'s ids where the vocabulary is in id order (``vocab_in_id_order``,
     ``vocab_bytes``) and the merges make its tokens in that order, each but the bytes and
     the added tokens, all merges of a token together: compared as bytes, one merge with
