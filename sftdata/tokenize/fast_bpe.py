@@ -34,7 +34,6 @@ then compares both engines on a multilingual text set (its result kept beside th
 from __future__ import annotations
 
 import itertools
-import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..util.cache import Entry, cached, write_entry
+from .bpe_arrays import TO_LATIN1, byte_alphabet, merge_ids_fast, merge_order_fast, table_by_id, table_by_strings, vocab_in_id_order
 from .ranks import arrays_to_ranks, ranks_to_arrays
 from .space_runs import CUT_PATTERNS, cuttable, encode_cutting_runs, overflowed
 
@@ -78,27 +78,6 @@ COMBINED_SPLITS: dict[tuple[str, ...], tuple[str, str]] = {
         r"|\s+"
         f"|(?:[^\\p{{L}}\\p{{M}}\\p{{P}}\\p{{S}}\\s{_NOT}](?!{_LM}))+")),
 }
-
-
-def byte_alphabet() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte: ``{"Ġ": 32, "!": 33, ...}``."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in byte_alphabet().items()})
-
-
-def token_bytes(s: str) -> bytes:
-    """A vocabulary string's bytes (``UnicodeEncodeError`` when it leaves the alphabet)."""
-    return s.translate(_TO_LATIN1).encode("latin-1")
 
 
 @dataclass(frozen=True)
@@ -210,7 +189,7 @@ def _merge_pairs(merges) -> list[tuple[str, str]]:
 
 def _ranks_by_bytes(rank_of: dict[str, int]) -> dict[bytes, int]:
     """``{token_bytes(t): r}`` of ``rank_of``, translated in one call, not one per token."""
-    raw = "".join(rank_of).translate(_TO_LATIN1).encode("latin-1")  # one byte per character of the alphabet
+    raw = "".join(rank_of).translate(TO_LATIN1).encode("latin-1")  # one byte per character of the alphabet
     ends = itertools.accumulate(map(len, rank_of))
     starts = itertools.chain((0,), itertools.accumulate(map(len, rank_of)))
     return {raw[a:b]: r for a, b, r in zip(starts, ends, rank_of.values())}
@@ -241,73 +220,6 @@ def _merge_order(vocab: dict[str, int], pairs: list[tuple[str, str]], alphabet: 
     if made:
         return f"{len(made)} vocabulary token(s) no merge makes (such as {made[0]!r})"
     return sorted((t for t in order if order[t] >= 0), key=order.__getitem__)
-
-
-def _distinct(values: np.ndarray) -> bool:
-    ordered = np.sort(values)
-    return bool(np.all(ordered[1:] != ordered[:-1]))
-
-
-def _merge_order_fast(vocab: dict[str, int], merges, alphabet: dict[str, int], contents: set
-                      ) -> tuple[list[str], np.ndarray] | None:
-    """``_merge_order``'s tokens and their ids, from whole arrays (a dozen calls over the
-    merges, not a Python loop): None where it cannot say (merges not all ``"a b"`` strings
-    or all ``[a, b]`` pairs of strings, an empty token, ids not all integers or shared by two
-    tokens, a merge that does not qualify), and ``_merge_order`` decides, with its reason."""
-    if not isinstance(merges, list) or not merges or "" in vocab or set(map(type, vocab.values())) != {int}:
-        return None
-    try:
-        kinds = set(map(type, merges))
-        if kinds == {str} and set(map(str.count, merges, itertools.repeat(" "))) == {1}:
-            parts = " ".join(merges).split(" ")
-        elif kinds == {list} and set(map(len, merges)) == {2}:
-            parts = list(itertools.chain.from_iterable(merges))
-            if set(map(type, parts)) != {str}:
-                return None
-        else:
-            return None
-        if not vocab.keys() >= set(parts):  # a merge of a part not in the vocabulary
-            return None
-        made = list(map(str.__add__, parts[0::2], parts[1::2]))
-        t = np.fromiter(map(vocab.get, made, itertools.repeat(-1)), dtype=np.int64, count=len(made))
-        ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    except (TypeError, ValueError, OverflowError):  # ids that are not integers: the loop says what is wrong
-        return None
-    if min(t.min(), ids.min()) < 0 or not _distinct(ids):
-        return None
-    heads = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))  # the first merge of each run of one token
-    firsts_made = t[heads]
-    if not _distinct(firsts_made):  # a token's merges apart
-        return None
-    others = [vocab[c] for c in [*alphabet, *(c for c in contents if isinstance(c, str) and c in vocab)]]
-    if not np.isin(ids, np.concatenate([firsts_made, np.asarray(others, dtype=np.int64)])).all():
-        return None  # a vocabulary token no merge makes
-    return list(map(made.__getitem__, heads.tolist())), firsts_made
-
-
-# characters of GPT-2's byte alphabet: a vocabulary of these alone maps one to one onto byte strings
-_ALPHABET_ONLY = re.compile("[" + re.escape("".join(byte_alphabet())) + "]*")
-
-
-def _table(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], merged_ids: np.ndarray,
-           identity: bool) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int] | None:
-    """``_table_by_dict``'s result from whole arrays: the tokens' strings joined, translated and
-    encoded once, cut by their lengths. None where a token holds a character outside the
-    alphabet (two tokens could then share their bytes: the dict decides)."""
-    tokens = [*alphabet, *merged]
-    joined = "".join(tokens)
-    if _ALPHABET_ONLY.fullmatch(joined) is None:
-        return None
-    blob = np.frombuffer(joined.translate(_TO_LATIN1).encode("latin-1"), dtype=np.uint8)
-    sizes = np.fromiter(map(len, tokens), dtype=np.uint32, count=len(tokens))
-    ids = np.concatenate([np.fromiter((vocab[c] for c in alphabet), dtype=np.int64, count=len(alphabet)), merged_ids])
-    ranks = ids if identity else np.arange(len(tokens), dtype=np.int64)
-    n = int(ranks.max()) + 1
-    rank_to_id = np.zeros(n, dtype=np.uint32)
-    lengths = np.zeros(n, dtype=np.uint32)
-    rank_to_id[ranks] = ids
-    lengths[ranks] = sizes
-    return {"blob": blob, "lengths": sizes, "ranks": ranks.astype(np.uint32)}, rank_to_id, lengths, n
 
 
 def _table_by_dict(vocab: dict[str, int], alphabet: dict[str, int], merged: list[str], identity: bool
@@ -363,7 +275,13 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                                              f"byte-level BPE"}, {}
     added = [t for t in doc.get("added_tokens") or [] if isinstance(t, dict)]
     contents = {t.get("content") for t in added}
-    fast = _merge_order_fast(vocab, model.get("merges"), alphabet, contents)
+    by_id = vocab_in_id_order(vocab)
+    merged_ids = merge_ids_fast(vocab, model.get("merges"), alphabet, contents, by_id)
+    if merged_ids is not None:  # the tokens by id; their strings only where the reachability check reads them
+        keys = list(vocab) if reachable and not model.get("ignore_merges") else []
+        fast = (list(map(keys.__getitem__, merged_ids.tolist())) if keys else []), merged_ids
+    else:
+        fast = merge_order_fast(vocab, model.get("merges"), alphabet, contents)
     if fast is None or (reachable and not model.get("ignore_merges")):
         try:
             pairs = _merge_pairs(model.get("merges") or [])
@@ -387,8 +305,12 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
                 return {"eligible": False, "reason": f"the token {t!r} does not encode to itself by its merges "
                                                      f"(and ignore_merges is off)"}, {}
     added_ids = {int(t["id"]) for t in added}
-    identity = in_order and not (added_ids & set(vocab.values()))  # else merge-order ranks + one lookup
-    table = _table(vocab, alphabet, merged, ids, identity) if fast is not None else None
+    taken = range(len(vocab)) if by_id is not None else set(vocab.values())  # the vocabulary's ids
+    identity = in_order and not any(i in taken for i in added_ids)  # else merge-order ranks + one lookup
+    if merged_ids is not None:
+        table = table_by_id(vocab, alphabet, merged_ids, by_id, identity)
+    else:
+        table = table_by_strings(vocab, alphabet, merged, ids, identity) if fast is not None else None
     if table is None:
         try:
             table = _table_by_dict(vocab, alphabet, merged, identity)
@@ -407,7 +329,7 @@ def convert(doc: dict, reachable: bool = True) -> tuple[dict, dict[str, np.ndarr
     combined = [name for name, pat in COMBINED_SPLITS.values() if pat == plan.pat_str]
     meta = {"eligible": True, "reason": None, "pat_str": plan.pat_str, "nfc": plan.nfc, "identity": identity,
             "specials": specials,
-            "evidence": {"merges": n_merges, "merged_tokens": len(merged), "merges_in_rank_order": True,
+            "evidence": {"merges": n_merges, "merged_tokens": len(ids), "merges_in_rank_order": True,
                          "ids_in_merge_order": in_order,
                          "id_lookup": not identity, "ignore_merges": ignore_merges,
                          "tokens_encode_to_themselves": "not needed (ignore_merges)" if ignore_merges else True,

@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from ..errors import TokenizerError
+from ..util.collector import paused
 from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
@@ -518,6 +519,12 @@ def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool 
     else:
         raise TokenizerError(missing_tokenizer(str(spec)))
     data = read_limited(file)  # refused by its size before it is read
+    with paused():  # the parse and the checks make 150,000+ objects and no cycle: nothing to collect
+        return _load_file(file, folder, data, engine, identity)
+
+
+def _load_file(file: Path, folder: Path, data: bytes, engine: str, identity: bool) -> HFTokenizer:
+    """``load_hf_tokenizer`` of the bytes ``data`` read from ``file``, in ``folder``."""
     sha256 = hashlib.sha256(data).hexdigest()
     # parsed at every load: what a load takes from the file (its facts, the fast engine's
     # table) is derived from these bytes or checked against them, never the cache's word alone

@@ -17,6 +17,7 @@ from sftdata.cli import app
 from sftdata.errors import TokenizerError, UsageError
 from sftdata.prepare import PrepareOptions
 from sftdata.template import PRESETS
+from sftdata.tokenize.bpe_arrays import token_bytes
 from sftdata.tokenize.bpe_check import self_check_texts
 from sftdata.tokenize.engine import PROVEN, check_engine
 from sftdata.tokenize.fast_bpe import (
@@ -26,7 +27,6 @@ from sftdata.tokenize.fast_bpe import (
     byte_alphabet,
     convert,
     fast_plan,
-    token_bytes,
 )
 from sftdata.tokenize.hf import load_hf_tokenizer
 from tests.helpers.bpe import LEVEL, RECORDS, SPLIT, byte_doc, edited, random_texts

@@ -5,7 +5,7 @@ import gc
 
 import pytest
 
-from sftdata.util.collector import YOUNG_THRESHOLD, fewer_collections
+from sftdata.util.collector import YOUNG_THRESHOLD, fewer_collections, paused
 
 
 @pytest.fixture
@@ -46,3 +46,23 @@ def test_a_process_that_froze_its_own_objects_keeps_them_frozen_and_a_higher_thr
         assert 0 < gc.get_freeze_count() <= own and gc.get_threshold() == (50_000, 20, 20)  # still frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_paused_block_collects_nothing_and_gives_back_the_collector_as_it_was():
+    assert gc.isenabled()
+    with paused():
+        assert not gc.isenabled()
+        with paused():  # nested: still paused
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still holds it
+    assert gc.isenabled()
+    with pytest.raises(ValueError), paused():
+        raise ValueError("a failed load")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a process that had it off keeps it off
+    finally:
+        gc.enable()
