@@ -44,9 +44,12 @@ class LossRule(Protocol):
     eos_id: int | None  # the id every episode ends with (markers), None when none is required
     pad_id: int  # what rows are padded with unless told otherwise
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         """``concatenate([mask(piece) for piece in pieces])``: ``lengths`` tokens each, each
-        masked as if alone; ``cut[i]`` says piece ``i`` begins inside its episode."""
+        masked as if alone; ``cut[i]`` says piece ``i`` begins inside its episode;
+        ``last_only[i]``: piece ``i`` trains its last reply only (a template's episode
+        served as one reply's prefix; the markers never flag one)."""
         ...
 
     def where(self, ids: np.ndarray, p: int) -> str:
@@ -80,7 +83,8 @@ class MarkerRule:
     def pad_id(self) -> int:
         return self.markers.eos
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         """One ``loss_mask`` call over all pieces. When every piece ends with EOS and none
         holds an unclosed ``<|ASSISTANT|>``, the rule over their concatenation is exact (it
         resets at EOS). Otherwise the pieces are laid out with one EOS after each, which
@@ -94,6 +98,9 @@ class MarkerRule:
             mask:    0 0 0 0   0     | 0 0 0 1 1 1 0
         """
         m = self.markers
+        if last_only is not None and np.any(last_only):
+            raise DatasetError("an episode is flagged 'last reply only', which only a chat template's rule knows; "
+                               "the dataset's files disagree with its tokenizer_state.json: re-prepare it")
         tokens = np.asarray(tokens)
         lengths = np.asarray(lengths, dtype=np.int64)
         total = _check_lengths(tokens, lengths)
@@ -160,11 +167,12 @@ class TemplateRule:
     kind = "template"
     eos_id = None  # a template's episodes end with whatever it writes last
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         tokens = np.asarray(tokens)
         lengths = np.asarray(lengths, dtype=np.int64)
         _check_lengths(tokens, lengths)
-        return segment_rule_mask(tokens, lengths, self.rule, cut)
+        return segment_rule_mask(tokens, lengths, self.rule, cut, last_only)
 
     def _parts(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per token: inside a trained reply; inside an assistant header."""

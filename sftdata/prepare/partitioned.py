@@ -39,7 +39,7 @@ import numpy as np
 from ..curate import Deduplicator, Drop, RecordKeys
 from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
-from ..store.format import shard_files, shard_name
+from ..store.format import flagged_count, shard_files, shard_name
 from ..store.fsops import folder_identity, make_folder
 from ..store.object_upload import DirectUpload
 from ..util.hashing import combine_blocks
@@ -187,7 +187,7 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
         shards[job.split].append(rec)
     shutil.rmtree(stage_dir, ignore_errors=True)
     return {split: {"episodes": sum(r["episodes"] for r in recs), "tokens": sum(r["tokens"] for r in recs),
-                    "trained_tokens": sum(r["trained_tokens"] for r in recs), "shards": recs}
+                    "trained_tokens": sum(r["trained_tokens"] for r in recs), **flagged_count(recs), "shards": recs}
             for split, recs in shards.items()}
 
 

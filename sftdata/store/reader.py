@@ -40,6 +40,7 @@ from .format import (
     clean_fields,
     detect_layout,
     format_version_for,
+    has_last_reply_flags,
     in_check_order,
     list_shards,
     packed_row_len,
@@ -163,9 +164,10 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
                               f"{', '.join(DATASET_KINDS)})", "upgrade sftdata, or re-create the dataset "
                               "with this one")]
-    if version != format_version_for(kind):
+    if version != format_version_for(kind, has_last_reply_flags(meta)):
         return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
-                              f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
+                              f"{format_version_for(kind, has_last_reply_flags(meta))}, but this one records "
+                              f"{version!r}", RECREATE)]
     return meta, damaged
 
 
