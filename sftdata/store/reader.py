@@ -158,7 +158,8 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     version, kind = meta.get("format_version"), meta.get("kind", "episodes")
     if version not in KNOWN_FORMAT_VERSIONS:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {version!r} is not "
-                              f"known (this sftdata reads {' and '.join(map(str, KNOWN_FORMAT_VERSIONS))})",
+                              f"known (this sftdata reads {', '.join(map(str, KNOWN_FORMAT_VERSIONS[:-1]))} and "
+                              f"{KNOWN_FORMAT_VERSIONS[-1]})",
                               "upgrade sftdata, or re-create the dataset with this one")]
     if kind not in DATASET_KINDS:
         return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
