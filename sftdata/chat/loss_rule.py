@@ -56,8 +56,9 @@ class LossRule(Protocol):
         """Which part of one episode token ``p`` lies in, for messages."""
         ...
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
-        """The span each token of one episode lies in (``inspect --tokens``)."""
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
+        """The span each token of one episode lies in (``inspect --tokens``; ``last_only``:
+        the episode is flagged to train its last reply only)."""
         ...
 
 
@@ -143,7 +144,7 @@ class MarkerRule:
             return "text outside any span"
         return f"a {openers[int(seg[op[-1]])]} span"
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
         span_of = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool",
                    "<|ASSISTANT_CONTEXT|>": "assistant"}
         out, cur = [], ""
@@ -174,11 +175,11 @@ class TemplateRule:
         _check_lengths(tokens, lengths)
         return segment_rule_mask(tokens, lengths, self.rule, cut, last_only)
 
-    def _parts(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _parts(self, ids: np.ndarray, last_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Per token: inside a trained reply; inside an assistant header."""
         ids = np.asarray(ids)
         n = ids.shape[0]
-        starts, ends = rule_spans(ids, self.rule)
+        starts, ends = rule_spans(ids, self.rule, last_only=np.array([True]) if last_only else None)
         reply = np.zeros(n, dtype=bool)
         reply[range_index(starts, ends - starts)] = True
         header = np.zeros(n, dtype=bool)
@@ -194,8 +195,8 @@ class TemplateRule:
             return "an assistant header"
         return "text outside any assistant reply"
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
-        reply, header = self._parts(ids)
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
+        reply, header = self._parts(ids, last_only)
         return ["assistant" if r else "header" if h else "" for r, h in zip(reply.tolist(), header.tolist())]
 
 

@@ -371,6 +371,12 @@ class Split:
                           f"use Split.{new}", DeprecationWarning, stacklevel=3)
 
 
+def split_segment_flags(split: Split) -> np.ndarray:
+    """The "last reply only" flag (bool) of every segment of a packed split, in the order
+    of ``split_segments`` (``format.LAST_REPLY_FILE``; all False where a shard has none)."""
+    return np.concatenate([sh.last_only() for sh in split.shards] or [np.zeros(0, bool)])
+
+
 def split_segments(split: Split) -> Segments:
     """All segments of a packed split, with global row ids."""
     parts = []

@@ -154,6 +154,8 @@ def test_pack_keeps_every_mask_and_carries_the_flags_per_segment(prepared, tmp_p
             seen.append((ep, bool(flags[k])))
     assert sorted(seen) == [(0, False), (1, True), (2, True), (3, False), (4, True), (5, True)]
     assert run("verify", tmp_path / "p").exit_code == 0
+    r = run("inspect", tmp_path / "p", "--row", 0, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["rows"][0]["rule_differs_at"] == []  # the flags per segment
     r = run("pack", ds, "-o", tmp_path / "s", "--block-size", 512, "--strategy", "stream")
     assert r.exit_code == 2 and "trains only the last reply of 4 episode(s) of split train" in r.output
 
@@ -173,3 +175,16 @@ def test_a_dataset_without_flagged_episodes_is_written_and_read_as_before(qwen3,
     r = run("pack", tmp_path / "ds", "-o", tmp_path / "p", "--block-size", 512, "--strategy", "stream")
     assert r.exit_code == 0, r.output
     assert orjson.loads((tmp_path / "p" / "dataset_metadata.json").read_bytes())["format_version"] == 1
+
+
+def test_inspect_shows_the_flag_and_finds_no_difference_from_the_rule(prepared):
+    ds, _, _ = prepared
+    r = run("inspect", ds, "--episode", 2, "--json")
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)["episodes"][0]
+    assert shown["last_reply_only"] is True and shown["rule_differs_at"] == []
+    r = run("inspect", ds, "--episode", 0, "--json")
+    shown = json.loads(r.stdout)["episodes"][0]
+    assert shown["last_reply_only"] is False and shown["rule_differs_at"] == []
+    r = run("inspect", ds, "--episode", 2)
+    assert r.exit_code == 0 and "last reply only (one episode per reply" in r.output
