@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -24,8 +23,7 @@ from sftdata.store import open_dataset
 from sftdata.store.format import LAST_REPLY_FILE, decode_segments
 from sftdata.verify import verify
 from tests.helpers.data import write_jsonl
-from tests.helpers.templates import CORPUS, train_tokenizer
-from tests.helpers.zoo import template_tokens
+from tests.helpers.zoo import trl_model_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the proof extra)")
@@ -47,16 +45,9 @@ def run(*args):
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     """A model folder with TRL's Qwen3 template and a tokenizer holding its markers."""
-    path = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
-    if not path.is_file():
+    out = trl_model_folder(tmp_path_factory.mktemp("qwen3") / "model", "qwen3", RECORDS)
+    if out is None:
         pytest.skip(f"trl {trl.__version__} ships no qwen3.jinja")
-    text = path.read_text(encoding="utf-8")
-    special, tags = template_tokens(text)
-    out = tmp_path_factory.mktemp("qwen3") / "model"
-    train_tokenizer(out, special, extra=[t for t in tags if t not in special], vocab_size=700,
-                    corpus=CORPUS + [json.dumps(r) for r in RECORDS] * 10 + [" ".join(re.findall(r"[A-Za-z]+", text))],
-                    eos="<|im_end|>" if "<|im_end|>" in special else None)
-    (out / "chat_template.jinja").write_text(text, encoding="utf-8")
     return out, transformers.AutoTokenizer.from_pretrained(str(out))
 
 
