@@ -179,3 +179,12 @@ def test_inspect_shows_the_flag_and_finds_no_difference_from_the_rule(prepared):
     assert shown["last_reply_only"] is False and shown["rule_differs_at"] == []
     r = run("inspect", ds, "--episode", 2)
     assert r.exit_code == 0 and "last reply only (one episode per reply" in r.output
+
+
+def test_a_flagged_dataset_mixes_with_a_plain_one_of_the_same_tokenizer(prepared, qwen3, tmp_path):
+    ds, _, _ = prepared
+    folder, _ = qwen3
+    src = write_jsonl(tmp_path / "plain.jsonl", [PLAIN] * 3)
+    assert run("prepare-chat", src, "-o", tmp_path / "plain", "--tokenizer", folder, "-q").exit_code == 0
+    r = run("mix", f"a={ds}:1", f"b={tmp_path / 'plain'}:1", "-o", tmp_path / "mix.json")
+    assert r.exit_code == 0, r.output
