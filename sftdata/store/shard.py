@@ -94,9 +94,11 @@ class Shard:
         """The "last reply only" flag (bool) of items ``[first, stop)``: episodes, or a
         packed shard's segments (``format.LAST_REPLY_FILE``); all False without the file."""
         n = (self.num_items if self.segments is None else self.segments.shape[0]) if stop is None else stop
-        if self.last_reply is None:
-            return np.zeros(max(n - first, 0), dtype=bool)
-        return np.asarray(self.last_reply[first:n]) != 0
+        out = np.zeros(max(n - first, 0), dtype=bool)
+        if self.last_reply is not None:  # a file of the wrong size (``size_problems``): what it holds, else 0
+            got = np.asarray(self.last_reply[first:n]) != 0
+            out[:got.shape[0]] = got
+        return out
 
     @property
     def num_items(self) -> int:
@@ -307,7 +309,7 @@ class Split:
             s = self.shards[si]
             if s.last_reply is not None:
                 sel = shard == si
-                out[sel] = np.asarray(s.last_reply)[episodes[sel] - self.item_offsets[si]] != 0
+                out[sel] = s.last_only()[episodes[sel] - self.item_offsets[si]]
         return out
 
     def shard_of(self, global_ids) -> np.ndarray:

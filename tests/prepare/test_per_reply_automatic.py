@@ -188,3 +188,13 @@ def test_a_flagged_dataset_mixes_with_a_plain_one_of_the_same_tokenizer(prepared
     assert run("prepare-chat", src, "-o", tmp_path / "plain", "--tokenizer", folder, "-q").exit_code == 0
     r = run("mix", f"a={ds}:1", f"b={tmp_path / 'plain'}:1", "-o", tmp_path / "mix.json")
     assert r.exit_code == 0, r.output
+
+
+def test_a_damaged_flags_file_is_a_problem_named_by_verify(prepared, tmp_path):
+    ds, _, _ = prepared
+    bad = tmp_path / "bad"
+    shutil.copytree(ds, bad)
+    path = bad / "train" / "shard_00000" / LAST_REPLY_FILE
+    path.write_bytes(path.read_bytes()[:4])  # 4 flags for 6 episodes
+    sizes = [p.message for p in verify(bad).problems if p.check == "sizes"]
+    assert "4 last-reply flags for 6 episodes: there must be exactly one per item" in sizes
