@@ -44,17 +44,21 @@ class LossRule(Protocol):
     eos_id: int | None  # the id every episode ends with (markers), None when none is required
     pad_id: int  # what rows are padded with unless told otherwise
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         """``concatenate([mask(piece) for piece in pieces])``: ``lengths`` tokens each, each
-        masked as if alone; ``cut[i]`` says piece ``i`` begins inside its episode."""
+        masked as if alone; ``cut[i]`` says piece ``i`` begins inside its episode;
+        ``last_only[i]``: piece ``i`` trains its last reply only (a template's episode
+        served as one reply's prefix; the markers never flag one)."""
         ...
 
     def where(self, ids: np.ndarray, p: int) -> str:
         """Which part of one episode token ``p`` lies in, for messages."""
         ...
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
-        """The span each token of one episode lies in (``inspect --tokens``)."""
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
+        """The span each token of one episode lies in (``inspect --tokens``; ``last_only``:
+        the episode is flagged to train its last reply only)."""
         ...
 
 
@@ -80,7 +84,8 @@ class MarkerRule:
     def pad_id(self) -> int:
         return self.markers.eos
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         """One ``loss_mask`` call over all pieces. When every piece ends with EOS and none
         holds an unclosed ``<|ASSISTANT|>``, the rule over their concatenation is exact (it
         resets at EOS). Otherwise the pieces are laid out with one EOS after each, which
@@ -94,6 +99,9 @@ class MarkerRule:
             mask:    0 0 0 0   0     | 0 0 0 1 1 1 0
         """
         m = self.markers
+        if last_only is not None and np.any(last_only):
+            raise DatasetError("an episode is flagged 'last reply only', which only a chat template's rule knows; "
+                               "the dataset's files disagree with its tokenizer_state.json: re-prepare it")
         tokens = np.asarray(tokens)
         lengths = np.asarray(lengths, dtype=np.int64)
         total = _check_lengths(tokens, lengths)
@@ -136,7 +144,7 @@ class MarkerRule:
             return "text outside any span"
         return f"a {openers[int(seg[op[-1]])]} span"
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
         span_of = {"<|SYSTEM|>": "system", "<|USER|>": "user", "<|ASSISTANT|>": "assistant", "<|TOOL|>": "tool",
                    "<|ASSISTANT_CONTEXT|>": "assistant"}
         out, cur = [], ""
@@ -160,17 +168,18 @@ class TemplateRule:
     kind = "template"
     eos_id = None  # a template's episodes end with whatever it writes last
 
-    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None) -> np.ndarray:
+    def masks(self, tokens: np.ndarray, lengths: np.ndarray, cut: np.ndarray | None = None,
+              last_only: np.ndarray | None = None) -> np.ndarray:
         tokens = np.asarray(tokens)
         lengths = np.asarray(lengths, dtype=np.int64)
         _check_lengths(tokens, lengths)
-        return segment_rule_mask(tokens, lengths, self.rule, cut)
+        return segment_rule_mask(tokens, lengths, self.rule, cut, last_only)
 
-    def _parts(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _parts(self, ids: np.ndarray, last_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Per token: inside a trained reply; inside an assistant header."""
         ids = np.asarray(ids)
         n = ids.shape[0]
-        starts, ends = rule_spans(ids, self.rule)
+        starts, ends = rule_spans(ids, self.rule, last_only=np.array([True]) if last_only else None)
         reply = np.zeros(n, dtype=bool)
         reply[range_index(starts, ends - starts)] = True
         header = np.zeros(n, dtype=bool)
@@ -186,8 +195,8 @@ class TemplateRule:
             return "an assistant header"
         return "text outside any assistant reply"
 
-    def span_names(self, ids: np.ndarray) -> list[str]:
-        reply, header = self._parts(ids)
+    def span_names(self, ids: np.ndarray, last_only: bool = False) -> list[str]:
+        reply, header = self._parts(ids, last_only)
         return ["assistant" if r else "header" if h else "" for r, h in zip(reply.tolist(), header.tolist())]
 
 

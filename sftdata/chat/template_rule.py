@@ -113,7 +113,7 @@ def _positions_of(ids: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
 
 
 def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
-               cut: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               cut: np.ndarray | None = None, last_only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The trained token spans ``[starts[i], ends[i])`` the rule finds, disjoint and in order.
     Where one header is a prefix of another at the same place (``<|im_start|>assistant\n``
     and the same followed by an empty think block), the longer one is the header.
@@ -123,7 +123,9 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     keeps the last span of each piece. ``cut`` (a bool per piece) marks pieces that begin
     inside an episode: their first span is not trained (the context before it may be cut).
     With ``asked``, a span with no asked turn's header before it in its piece answers no
-    one and is not trained.
+    one and is not trained. ``last_only`` (a bool per piece): the piece keeps its last
+    reply only, as under ``last_reply_only`` (an episode served as one reply's prefix in a
+    dataset whose rule trains every reply: ``store.format.LAST_REPLY_FILE``).
     """
     ids = np.asarray(ids)
     found = [(_header_ends(ids, h), len(h)) for h in rule.headers]
@@ -167,7 +169,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     if rule.asked and starts.size:
         answers = _answering(ids, rule.asked, starts, stops)
         starts, ends, piece, heads, after = starts[answers], ends[answers], piece[answers], heads[answers], after[answers]
-    if rule.last_reply_only:
+    flagged = last_only is not None and bool(np.any(last_only))
+    if rule.last_reply_only or flagged:
         # the piece's last reply: its last span, with the spans right before it that only
         # a header separates from it (gpt-oss writes a reply's reasoning as a message of
         # its own: ``analysis ... <|end|>`` then ``<|start|>assistant`` and the answer)
@@ -178,6 +181,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         last = np.ones(piece.size, dtype=bool)
         last[:-1] = piece[1:] != piece[:-1]
         keep = np.isin(group, group[last]) if piece.size else last
+        if not rule.last_reply_only:  # only the flagged pieces keep their last reply alone
+            keep |= ~np.asarray(last_only, dtype=bool)[piece]
         starts, ends = starts[keep], ends[keep]
     return starts.astype(np.int64), ends.astype(np.int64)
 
@@ -202,19 +207,21 @@ def spans_mask(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return (np.cumsum(delta[:n]) > 0).astype(np.uint8)
 
 
-def rule_mask(ids: np.ndarray, rule: MaskRule) -> np.ndarray:
-    """The uint8 loss mask (1 = trained) the rule derives from ``ids``. Pure, vectorised."""
+def rule_mask(ids: np.ndarray, rule: MaskRule, last_only: bool = False) -> np.ndarray:
+    """The uint8 loss mask (1 = trained) the rule derives from ``ids`` (``last_only``: the
+    episode trains its last reply only, see ``rule_spans``). Pure, vectorised."""
     ids = np.asarray(ids)
-    starts, ends = rule_spans(ids, rule)
+    starts, ends = rule_spans(ids, rule, last_only=np.array([last_only]) if last_only else None)
     return spans_mask(ids.shape[0], starts, ends)
 
 
 def segment_rule_mask(tokens: np.ndarray, lengths: np.ndarray, rule: MaskRule,
-                      cut: np.ndarray | None = None) -> np.ndarray:
+                      cut: np.ndarray | None = None, last_only: np.ndarray | None = None) -> np.ndarray:
     """``concatenate([rule_mask(seg, rule) for seg in segments])`` in one pass: the segments
     (``lengths`` tokens each) are laid out with a stop after each, which no header or
     end-of-turn id matches across. ``cut[i]``: segment ``i`` begins inside its episode, so
-    its first reply is left untrained (see ``rule_spans``)::
+    its first reply is left untrained; ``last_only[i]``: segment ``i`` trains its last reply
+    only (see ``rule_spans``)::
 
         segments:   <h> a E <h> b       | x E <h> c E
         layout:     <h> a E <h> b STOP    x E <h> c E STOP
@@ -228,18 +235,20 @@ def segment_rule_mask(tokens: np.ndarray, lengths: np.ndarray, rule: MaskRule,
     if total == 0:
         return np.zeros(0, dtype=np.uint8)
     n = lengths.size
+    if last_only is not None and np.asarray(last_only).shape != (n,):
+        raise ValueError(f"{np.asarray(last_only).shape} last-reply flags for {n} segments")
     if n == 1 and cut is None:
-        return rule_mask(tokens, rule)
+        return rule_mask(tokens, rule, bool(last_only[0]) if last_only is not None else False)
     where = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lengths)
     buf = np.full(total + n, -1, dtype=np.int64)  # -1: no token id, so never part of a header or an end
     buf[where] = tokens
     stops = np.cumsum(lengths) + np.arange(n, dtype=np.int64)
-    starts, ends = rule_spans(buf, rule, stops, cut)
+    starts, ends = rule_spans(buf, rule, stops, cut, last_only)
     return spans_mask(total + n, starts, ends)[where]
 
 
-def mask_disagreement(ids: np.ndarray, mask: np.ndarray, rule: MaskRule) -> int | None:
+def mask_disagreement(ids: np.ndarray, mask: np.ndarray, rule: MaskRule, last_only: bool = False) -> int | None:
     """The first token position where ``mask`` differs from the rule's mask, or None."""
-    derived = rule_mask(ids, rule)
+    derived = rule_mask(ids, rule, last_only)
     diff = np.flatnonzero(derived != np.asarray(mask, dtype=np.uint8))
     return int(diff[0]) if diff.size else None

@@ -355,6 +355,8 @@ def draw_episode(v: EpisodeView, tokens: bool) -> Group:
     rec = "" if v.record is None else f" · input record {v.record}"
     trained = "" if v.trained_tokens is None else f", {v.trained_tokens:,} trained"
     head.append(f"{rec} · {one_line(v.shard)} tokens [{v.start:,}, {v.start + v.length:,}) · {v.length:,} tokens{trained}")
+    if v.last_reply_only:
+        head.append(" · last reply only (one episode per reply: the conversation up to it)")
     parts: list = [Rule(style="dim"), head, pieces_text(v.pieces)]
     if v.rule_differs_at:
         parts.append(Text(f"warning: the stored mask differs from the mask rule at {len(v.rule_differs_at)} "

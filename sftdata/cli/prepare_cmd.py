@@ -125,6 +125,8 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("  truncated by --max-tokens", f"{s.records_truncated:,} records, {s.pairs_dropped:,} pairs")
     if s.per_reply_records:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
+    if s.per_reply_automatic:
+        t.add_row("  of them per_reply_automatic", f"{s.per_reply_automatic:,} records (whole render not exact)")
     d = s.dedup
     if d and (d["exact_duplicates"] or d["mode"] != "off"):
         dropped = d["mode"] != "off"
@@ -201,7 +203,10 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
         if summary.per_reply_records:
             err_console.print(f"note: the chat template rewrites replies so that {summary.per_reply_records:,} "
                               f"record(s) could not be located in one render: each of their assistant replies became "
-                              f"an episode of its own (the conversation up to it, only it trained)")
+                              f"an episode of its own (the conversation up to it, only it trained)"
+                              + (f"; {summary.per_reply_automatic:,} of them without --per-reply "
+                                 f"(per_reply_automatic: their whole render rewrites an earlier reply; each such "
+                                 f"episode is flagged in last_reply.bin)" if summary.per_reply_automatic else ""))
         if summary.rule_mismatch:
             named = ", ".join(m["where"] for m in summary.rule_mismatch[:5])
             more = summary.rejected.get("rule_mismatch", 0) - min(5, len(summary.rule_mismatch))

@@ -47,7 +47,8 @@ def trained_of_episodes(split: Split, ids: np.ndarray, m: LossRule) -> int:
     lengths = split.lengths[ids]
     for i, j in whole_runs(np.cumsum(lengths)):
         toks = gather_segments(split, ids[i:j], np.zeros(j - i, np.int64), lengths[i:j])
-        total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m)))
+        flags = split.last_only_of(ids[i:j]) if split.flagged else None
+        total += int(np.count_nonzero(segment_masks(toks, lengths[i:j], m, last_only=flags)))
     return total
 
 
@@ -92,16 +93,18 @@ def build_rows(split: Split, plan: PackPlan, seg_whole: np.ndarray, writer, m: L
     ``stopped()`` True ends the work early (the run stopped)."""
     L = plan.row_len
     out = RowsBuilt()
+    flagged = split.flagged  # episodes flagged "last reply only": each segment carries its episode's flag
     for r0, r1 in whole_runs(np.arange(1, plan.num_rows + 1, dtype=np.int64) * L):  # rows end every L tokens
         if stopped is not None and stopped():
             return out
         a, b = plan.segments.row_range(r0, r1)
         s = plan.segments[a:b]
         toks = gather_segments(split, s.episode, s.episode_start, s.take)
-        rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype)
+        flags = split.last_only_of(s.episode) if flagged else None
+        rows = assemble_rows(plan, r0, r1, toks, m, pad_id, dtype=writer.token_dtype, last_only=flags)
         sources = episode_sources(split, s.episode)
         seg = replace(rows.segments, source=sources if sources is not None else s.source)
-        writer.add_rows(rows.tokens, rows.mask, encode_segments(seg))
+        writer.add_rows(rows.tokens, rows.mask, encode_segments(seg), last_only=flags)
         if b > a:
             trained = np.add.reduceat(rows.mask.reshape(-1).astype(np.int64), seg.flat_start(L))
             out.trained += int(trained.sum())

@@ -204,18 +204,24 @@ def _rule(ds) -> LossRule:
 
 
 def _check_cuts(split: Split, opts: PackOptions, rule: LossRule) -> None:
-    """A template rule that trains only each episode's last reply cannot tell a cut episode
-    from a whole one by its tokens (an earlier reply would become the last): refuse to cut."""
-    if not getattr(getattr(rule, "rule", None), "last_reply_only", False):
+    """A template rule that trains only each episode's last reply (the rule's, or episodes
+    flagged so: ``format.LAST_REPLY_FILE``) cannot tell a cut episode from a whole one by
+    its tokens (an earlier reply would become the last): refuse to cut."""
+    if getattr(getattr(rule, "rule", None), "last_reply_only", False):
+        only, which = np.ones(split.lengths.shape, dtype=bool), "each episode"
+    elif split.flagged:
+        only = split.last_only_of(np.arange(split.lengths.shape[0]))
+        which = f"{int(only.sum()):,} episode(s) of split {split.name} (served one per reply)"
+    else:
         return
     if opts.strategy == "stream":
-        raise UsageError("this dataset's template rule trains only the last reply of each episode, and stream "
-                         "packing cuts episodes across rows, which would train other replies; use --strategy bfd")
-    long = np.flatnonzero(split.lengths > opts.row_len)
+        raise UsageError(f"this dataset's template rule trains only the last reply of {which}, and stream packing "
+                         f"cuts episodes across rows, which would train other replies; use --strategy bfd")
+    long = np.flatnonzero((split.lengths > opts.row_len) & only)
     if long.size and opts.overlong != "drop":
         raise UsageError(f"episode {int(long[0])} of split {split.name} ({int(split.lengths[long[0]]):,} tokens) is "
                          f"longer than a row ({opts.row_len}), and this dataset's template rule trains only the "
-                         f"last reply of each episode: a cut episode's last reply would be another one. Use "
+                         f"last reply of this episode: a cut episode's last reply would be another one. Use "
                          f"--overlong drop, or a --block-size of at least {int(split.lengths.max()) - 1}")
 
 

@@ -36,16 +36,17 @@ def marker_positions(toks: np.ndarray, m: MarkerIds) -> tuple[np.ndarray, np.nda
 
 
 def segment_masks(tokens: np.ndarray, lengths: np.ndarray, rule: LossRule | MarkerIds,
-                  cut: np.ndarray | None = None) -> np.ndarray:
+                  cut: np.ndarray | None = None, last_only: np.ndarray | None = None) -> np.ndarray:
     """``concatenate([mask(seg) for seg in segments])``: the dataset's rule
     (``loss_rule.LossRule``: the chat markers' or a template's) over each segment's tokens
     alone, in one call. ``cut[i]``: segment ``i`` begins inside its episode (see
-    ``loss_rule``: a template's rule then leaves its first reply untrained)."""
-    return as_rule(rule).masks(tokens, lengths, cut)
+    ``loss_rule``: a template's rule then leaves its first reply untrained);
+    ``last_only[i]``: its episode trains its last reply only (``store.format.LAST_REPLY_FILE``)."""
+    return as_rule(rule).masks(tokens, lengths, cut, last_only=last_only)
 
 
 def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, rule: LossRule | MarkerIds,
-             positions: np.ndarray | None = None) -> np.ndarray:
+             positions: np.ndarray | None = None, last_only: np.ndarray | None = None) -> np.ndarray:
     """The loss mask packed rows must hold (uint8, the shape of ``tokens``): the rule per
     segment over its episode tokens alone (``segment_masks``; a segment that begins inside
     its episode is ``cut``), 0 on injected prefixes, on every segment's first token and
@@ -53,13 +54,14 @@ def row_mask(tokens: np.ndarray, seg: Segments, row_len: int, rule: LossRule | M
 
     ``tokens`` are consecutive rows, ``(k, row_len)`` or flat; ``seg`` their segments
     with rows local to them (0 .. k-1); ``positions`` is ``episode_positions(seg,
-    row_len)`` when the caller has it already. Pack writes this mask, verify compares the
-    stored one with it, and the report shows where they differ.
+    row_len)`` when the caller has it already; ``last_only``: each segment's flag (None:
+    none). Pack writes this mask, verify compares the stored one with it, and the report
+    shows where they differ.
     """
     flat = np.asarray(tokens).reshape(-1)
     dest = episode_positions(seg, row_len) if positions is None else positions
     out = np.zeros(flat.shape[0], dtype=np.uint8)
-    out[dest] = segment_masks(flat[dest], seg.take, rule, cut=seg.episode_start > 0)
+    out[dest] = segment_masks(flat[dest], seg.take, rule, cut=seg.episode_start > 0, last_only=last_only)
     # the rule already gives 0 at a segment's first token; kept explicit so that no target
     # crosses a boundary whatever a segment holds
     out[seg.flat_start(row_len)] = 0
@@ -171,10 +173,11 @@ class Rows:
 
 
 def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, rule: LossRule | MarkerIds,
-                  pad_id: int, dtype=np.int64) -> Rows:
+                  pad_id: int, dtype=np.int64, last_only: np.ndarray | None = None) -> Rows:
     """Build rows ``r0 .. r1-1`` from the concatenated episode tokens of their segments
     (``seg_tokens``: segment order, ``take`` tokens each; injected ones come from the
-    plan), padded with ``pad_id``; the mask is ``row_mask``'s.
+    plan), padded with ``pad_id``; the mask is ``row_mask``'s (``last_only``: each of
+    these segments' flag).
     """
     a, b = plan.segments.row_range(r0, r1)
     seg = plan.segments[a:b]
@@ -191,4 +194,4 @@ def assemble_rows(plan: PackPlan, r0: int, r1: int, seg_tokens: np.ndarray, rule
         before = int(plan.segments.prefix[:a].sum())
         toks[range_index(seg.flat_start(L), seg.prefix)] = plan.prefix_tokens[before:before + int(seg.prefix.sum())]
     toks = toks.reshape(k, L)
-    return Rows(toks, row_mask(toks, seg, L, rule, positions=dest), seg)
+    return Rows(toks, row_mask(toks, seg, L, rule, positions=dest, last_only=last_only), seg)

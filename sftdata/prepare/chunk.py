@@ -78,10 +78,10 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
     """``process_chunk`` with a model's chat template: each record becomes the episodes the
     template renders (one per reply where it must), each episode's mask the rendered one,
     which its stored rule re-derives (a record where it does not is rejected by name)."""
-    ids, masks, lengths, sources, rejects, mismatches = [], [], [], [], [], []
+    ids, masks, lengths, sources, rejects, mismatches, flags = [], [], [], [], [], [], []
     repairs: Counter = Counter()
     turns: Counter = Counter()
-    truncated = dropped = per_reply = per_reply_eps = 0
+    truncated = dropped = per_reply = per_reply_eps = automatic = 0
     convs, kept, accepted = [], [], {}
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
@@ -108,9 +108,11 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             masks.append(ep.mask)
             lengths.append(ep.ids.shape[0])
             sources.append(rec.record)
+            flags.append(ep.last_only)
         if out.per_reply:
             per_reply += 1
             per_reply_eps += len(out.episodes)
+            automatic += out.automatic
         if out.pairs_dropped:
             truncated += 1
             dropped += out.pairs_dropped
@@ -121,7 +123,8 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
         ids=all_ids, mask=np.concatenate(masks) if masks else np.empty(0, np.uint8), lengths=lengths, sources=sources,
         rejects=rejects, repairs=repairs, turns=turns, truncated=truncated, pairs_dropped=dropped,
         records=len(items), per_reply_records=per_reply, per_reply_episodes=per_reply_eps, mismatches=mismatches,
-        keys=conversation_keys(accepted, sources, all_ids, lengths, curate))
+        keys=conversation_keys(accepted, sources, all_ids, lengths, curate), per_reply_automatic=automatic,
+        last_only=np.asarray(flags, dtype=np.uint8) if any(flags) else None)
 
 
 def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
@@ -143,7 +146,8 @@ def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
                            np.empty(0, np.int64), list(res.rejects), Counter(res.repairs), Counter(res.turns),
                            res.truncated, res.pairs_dropped, res.records, res.per_reply_records,
                            res.per_reply_episodes, list(res.mismatches), keys=res.keys,
-                           memo=dataclasses.replace(res.memo) if res.memo is not None else None)
+                           memo=dataclasses.replace(res.memo) if res.memo is not None else None,
+                           per_reply_automatic=res.per_reply_automatic)
     acc.keys = concat_keys(acc.keys, res.keys)
     acc.rejects += res.rejects
     acc.repairs.update(res.repairs)
@@ -153,6 +157,7 @@ def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
     acc.records += res.records
     acc.per_reply_records += res.per_reply_records
     acc.per_reply_episodes += res.per_reply_episodes
+    acc.per_reply_automatic += res.per_reply_automatic
     acc.mismatches += res.mismatches
     if res.memo is not None:
         if acc.memo is None:

@@ -176,6 +176,7 @@ class PrepareSummary:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     per_reply_records: int = 0  # chat template: records served one episode per assistant reply
     per_reply_episodes: int = 0
+    per_reply_automatic: int = 0  # of them, served so without --per-reply (their whole render is not exact)
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
     tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
     dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
@@ -205,6 +206,7 @@ class PrepareSummary:
                 "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
                 "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
+                "per_reply_automatic": self.per_reply_automatic,
                 "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
                 "decontamination": self.decontamination, "memo": self.memo_dict(),
                 "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
@@ -222,6 +224,7 @@ class PrepareSummary:
                   max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
                   per_reply_records=counts.get("per_reply_records", 0),
                   per_reply_episodes=counts.get("per_reply_episodes", 0),
+                  per_reply_automatic=counts.get("per_reply_automatic", 0),
                   rule_mismatch=meta.get("rule_mismatch") or [], dedup=meta.get("dedup") or {},
                   decontamination=meta.get("decontamination") or {}, up_to_date=True)
         for split, m in splits.items():
@@ -257,6 +260,8 @@ class ChunkResult:
     keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
     staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
     memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
+    per_reply_automatic: int = 0  # records served per reply without --per-reply
+    last_only: np.ndarray | None = None  # uint8 per episode, 1 = trains its last reply only (None: all 0)
 
 
 @dataclass(frozen=True)

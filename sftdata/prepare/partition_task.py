@@ -111,7 +111,7 @@ def prepare_partition(part: Partition, lines_before: int, tokenizer: bytes | Non
             res = process_chunk(items, tok, settings["mode"], settings["max_tokens"], settings["policy"], profile,
                                 memo, curate)
             if res.lengths.size:
-                writer.add_many(res.ids, res.mask, res.lengths, res.sources)
+                writer.add_many(res.ids, res.mask, res.lengths, res.sources, res.last_only)
                 lengths.append(res.lengths)
                 sources.append(res.sources)
             acc = merged(acc, res)

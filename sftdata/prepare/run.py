@@ -127,6 +127,7 @@ def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Co
         tokens = np.repeat(keep, res.lengths)
         res.ids, res.mask = res.ids[tokens], res.mask[tokens]
         res.lengths, res.sources = res.lengths[keep], res.sources[keep]
+        res.last_only = None if res.last_only is None else res.last_only[keep]
     return out
 
 
@@ -301,6 +302,7 @@ class _Run:
                 summary.pairs_dropped += res.pairs_dropped
                 summary.per_reply_records += res.per_reply_records
                 summary.per_reply_episodes += res.per_reply_episodes
+                summary.per_reply_automatic += res.per_reply_automatic
                 if res.memo is not None:
                     summary.memo.add(res.memo)
                 keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
@@ -312,7 +314,7 @@ class _Run:
                     self.parts.append(res.staged)
                 elif res.lengths.size:
                     with writing(w.path / stage_name, output_dir):
-                        staging.add_many(res.ids, res.mask, res.lengths, res.sources)
+                        staging.add_many(res.ids, res.mask, res.lengths, res.sources, res.last_only)
                 self.records += res.records
                 tokens += int(res.ids.shape[0]) if res.staged is None else res.staged.tokens
                 if self.progress:
@@ -414,7 +416,8 @@ class _Run:
             metadata["dedup"] = summary.dedup
         if profile is not None:
             metadata["counts"].update(per_reply_records=summary.per_reply_records,
-                                      per_reply_episodes=summary.per_reply_episodes)
+                                      per_reply_episodes=summary.per_reply_episodes,
+                                      per_reply_automatic=summary.per_reply_automatic)
             metadata["rule_mismatch"] = summary.rule_mismatch
         return metadata
 

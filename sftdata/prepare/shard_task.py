@@ -46,13 +46,14 @@ def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None
         lens = index[i:j, 1].astype(np.int64)
         toks, mask = src.read_range(base, int(ends[j - i - 1]))
         srcs = src.sources[i:j].astype(np.int64) + piece.record_offset
+        flags = src.last_only(i, j)
         if piece.take is None:
-            writer.add_many(toks, mask, lens, srcs)
+            writer.add_many(toks, mask, lens, srcs, flags)
         else:
             take = piece.take[i - piece.first:j - piece.first]
             if take.any():
                 per_token = np.repeat(take, lens)
-                writer.add_many(toks[per_token], mask[per_token], lens[take], srcs[take])
+                writer.add_many(toks[per_token], mask[per_token], lens[take], srcs[take], flags[take])
         i = j
 
 

@@ -49,6 +49,7 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
         stop = int(ends[j - 1])
         toks, mask = src.read_range(base, stop)
         lens, srcs, val = lengths[i:j], src.sources[i:j].astype(np.int64) + record_offset, is_val[i:j]
+        flags = src.last_only(i, j)
         tok_val = np.repeat(val, lens)
         for flag, w in writers.items():
             if w is None:
@@ -56,7 +57,7 @@ def _split_staging(src: Shard, is_val: np.ndarray, writers: dict[bool, SplitWrit
             sel = val if flag else ~val
             if sel.any():
                 tsel = tok_val if flag else ~tok_val
-                w.add_many(toks[tsel], mask[tsel], lens[sel], srcs[sel])
+                w.add_many(toks[tsel], mask[tsel], lens[sel], srcs[sel], flags[sel])
         i = j
 
 

@@ -17,7 +17,7 @@ from ..store.format import ROW_KINDS
 from ..store.reader import Dataset
 from .pairs import SamplePair, sample_pair
 from .tokens import Run, token_runs
-from .views import Tokenizer, read_episode, read_row, sample_ids
+from .views import Tokenizer, episode_flag, read_episode, read_row, row_flags, sample_ids
 
 TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
 MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)
@@ -85,7 +85,9 @@ def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, cho
                    rule: LossRule | None = None) -> SampleEpisode:
     _, ids, mask, trained, record, _ = read_episode(ds, split, episode)
     rule = rule or MarkerRule(tok.ids)
-    differs = 0 if mask is None else int((rule.masks(ids, np.array([ids.shape[0]])) != trained).sum())
+    flag = episode_flag(ds, split, episode, rule)
+    derived = rule.masks(ids, np.array([ids.shape[0]]), last_only=np.array([flag]) if flag else None)
+    differs = 0 if mask is None else int((derived != trained).sum())
     shown = min(ids.shape[0], limit)
     return SampleEpisode(split=split, episode=int(episode), chosen=chosen, record=record,
                          length=int(ids.shape[0]), trained_tokens=None if mask is None else int(trained.sum()),
@@ -96,7 +98,9 @@ def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: boo
                rule: LossRule | None = None) -> SampleRow:
     _, ids, mask, trained, seg = read_row(ds, split, row)
     L = ids.shape[0]
-    differs = 0 if mask is None else int((row_mask(ids, seg, L, rule or MarkerRule(tok.ids)) != trained).sum())
+    rule = rule or MarkerRule(tok.ids)
+    flags = row_flags(ds, split, row, len(seg), rule)
+    differs = 0 if mask is None else int((row_mask(ids, seg, L, rule, last_only=flags) != trained).sum())
     real = int(seg.length.sum())
     segment = np.full(L, -1, np.int64)
     injected = np.zeros(L, bool)

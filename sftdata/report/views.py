@@ -37,7 +37,7 @@ from ..packing.layout import row_layout
 from ..packing.plan import row_mask
 from ..store.format import REJECTS_FILE, TOKENIZER_FILE
 from ..store.reader import Dataset
-from ..store.shard import split_segments
+from ..store.shard import split_segment_flags, split_segments
 from ..tokenize import is_hf_state
 from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state
 
@@ -76,6 +76,7 @@ class EpisodeView:
     pieces: list[Piece]
     tokens: list[EpisodeToken] | None = None
     rule_differs_at: list[int] | None = None  # positions where the stored mask is not the rule's
+    last_reply_only: bool = False  # served as one reply's prefix: its last reply alone trained (last_reply.bin)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,24 +116,42 @@ def read_episode(ds: Dataset, split: str, episode: int):
     return shard, ids, mask, trained, record, int(shard.index[local, 0])
 
 
+def episode_flag(ds: Dataset, split: str, episode: int, rule: LossRule) -> bool:
+    """Whether ``episode`` is flagged to train its last reply only (``last_reply.bin``: a
+    template's episode served as one reply's prefix)."""
+    return rule.kind == "template" and bool(ds.split(split).last_only_of([episode])[0])
+
+
+def row_flags(ds: Dataset, split: str, row: int, segments: int, rule: LossRule) -> np.ndarray | None:
+    """The "last reply only" flag of each of the ``segments`` segments of packed ``row``
+    (None: none flagged)."""
+    sp = ds.split(split)
+    if rule.kind != "template" or not sp.flagged:
+        return None
+    a = int(np.searchsorted(split_segments(sp).row, row, side="left"))
+    return split_segment_flags(sp)[a:a + segments]
+
+
 def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: LossRule | None = None, *,
                  tokens: bool = False) -> EpisodeView:
     """One episode as pieces of text (and, with ``tokens``, one line per token), decoded
     with ``tok`` and compared with ``rule`` (default: the chat markers of ``tok``)."""
     rule = rule or MarkerRule(tok.ids)
     shard, ids, mask, trained, record, start = read_episode(ds, split, episode)
+    flag = episode_flag(ds, split, episode, rule)
     marker = is_marker(ids, tok)
     lines = None
     if tokens:
-        spans = rule.span_names(ids)
+        spans = rule.span_names(ids, flag)
         lines = [EpisodeToken(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(marker[p]), spans[p])
                  for p, t in enumerate(ids)]
-    derived = rule.masks(ids, np.array([ids.shape[0]]))
+    derived = rule.masks(ids, np.array([ids.shape[0]]), last_only=np.array([flag]) if flag else None)
     differs = None if mask is None else np.flatnonzero(derived != trained).tolist()
     return EpisodeView(split=split, episode=int(episode), record=record, shard=shard.name, start=start,
                        length=int(ids.shape[0]),
                        trained_tokens=None if mask is None else int(trained.sum()),
-                       pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs)
+                       pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs,
+                       last_reply_only=flag)
 
 
 def find_record(ds: Dataset, record: int) -> tuple[str, int]:
@@ -228,6 +247,7 @@ def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule |
     with ``tok``, compared with ``rule`` per segment (default: the chat markers of ``tok``)."""
     rule = rule or MarkerRule(tok.ids)
     shard, ids, mask, trained, seg = read_row(ds, split, row)
+    flags = row_flags(ds, split, row, len(seg), rule)
     L = ids.shape[0]
     marker = is_marker(ids, tok)
     segments = []
@@ -245,11 +265,12 @@ def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule |
     if tokens:  # spans restart in every segment (a segment may start inside a span: stream packing)
         seq, pos = row_layout(seg.row, seg.offset, seg.length, 1, L)
         spans = [""] * L
-        for a, b in zip(seg.offset.tolist(), (seg.offset + seg.length).tolist()):
-            spans[a:b] = rule.span_names(ids[a:b])
+        for i, (a, b) in enumerate(zip(seg.offset.tolist(), (seg.offset + seg.length).tolist())):
+            spans[a:b] = rule.span_names(ids[a:b], flags is not None and bool(flags[i]))
         lines = [RowToken(p, int(t), tok.token_text(int(t)), bool(trained[p]), bool(marker[p]), int(seq[0, p]),
                           int(pos[0, p]), spans[p]) for p, t in enumerate(ids)]
-    differs = None if mask is None else np.flatnonzero(row_mask(ids, seg, L, rule) != trained).tolist()
+    differs = None if mask is None else np.flatnonzero(row_mask(ids, seg, L, rule, last_only=flags)
+                                                      != trained).tolist()
     return RowView(split=split, row=int(row), shard=shard.name, row_len=L, segments=segments, padding=L - real,
                    pad_id=(ds.packing or {}).get("pad_token_id"), real_tokens=real,
                    trained_tokens=None if mask is None else int(trained.sum()), tokens=lines, rule_differs_at=differs)

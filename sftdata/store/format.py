@@ -35,6 +35,17 @@ MASK_FILE = "mask.bin"
 EPISODES_FILE = "episodes.idx"
 SOURCES_FILE = "sources.idx"
 SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segments
+# A chat template's episode that is one reply's prefix (served per reply because the whole
+# render rewrites an earlier reply) trains its last reply only, while the dataset's mask
+# rule trains every reply of an episode: its ids cannot say which it is, so a shard holding
+# such an episode has this file, uint8 per item (an episode; a packed row's segment: one
+# per segments.idx record), 1 = "last reply only" (``MaskRule`` re-derives the mask with
+# that flag). Written only where a shard holds a flagged item, listed in the shard's
+# record; a shard without it (every older dataset) reads as all 0. A dataset holding one
+# records ``LAST_REPLY_KEY`` in its metadata (the number of flagged items per split).
+LAST_REPLY_FILE = "last_reply.bin"
+LAST_REPLY_DTYPE = np.dtype(np.uint8)
+LAST_REPLY_KEY = "last_reply_only"
 SPLITS = ("train", "val")
 STAGING_SPLIT = "_staging"  # in a run's staging folder: episodes in input order, before the train/val split
 PARTS_DIR = "_parts"  # in a run's staging folder: where an engine's tasks write (removed before the commit)
@@ -58,9 +69,13 @@ KIND_PAIRS = "pairs"  # DPO/ORPO/IPO: per pair THREE consecutive episodes: promp
 KIND_KTO = "kto"  # per row TWO consecutive episodes: prompt, completion; LABELS_FILE per shard
 KIND_PROMPTS = "prompts"  # RL (GRPO): per row ONE episode, the prompt; COLUMNS_FILE per shard
 PREFERENCE_FORMAT_VERSION = 2
+# an episodes or packed dataset holding an episode flagged "last reply only" (LAST_REPLY_FILE)
+# is format_version 3: an sftdata that predates the flags says "upgrade" instead of
+# re-deriving its masks without them (every reply trained); one without stays 1
+LAST_REPLY_FORMAT_VERSION = 3
 KIND_FORMAT_VERSIONS = {KIND_EPISODES: FORMAT_VERSION, KIND_PACKED: FORMAT_VERSION, KIND_PAIRS: PREFERENCE_FORMAT_VERSION,
                         KIND_KTO: PREFERENCE_FORMAT_VERSION, KIND_PROMPTS: PREFERENCE_FORMAT_VERSION}
-KNOWN_FORMAT_VERSIONS = (FORMAT_VERSION, PREFERENCE_FORMAT_VERSION)
+KNOWN_FORMAT_VERSIONS = (FORMAT_VERSION, PREFERENCE_FORMAT_VERSION, LAST_REPLY_FORMAT_VERSION)
 ROW_KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)  # kinds whose rows are groups of episodes
 ENTRIES_PER_ROW = {KIND_PAIRS: 3, KIND_KTO: 2, KIND_PROMPTS: 1}  # episodes.idx entries per row
 PAIR_PARTS = ("prompt", "chosen", "rejected")  # the order of a pair's entries
@@ -73,10 +88,26 @@ COLUMNS_FILE = "columns.jsonl"  # prompts: one line per row, {"row", "record", "
 TRUNCATION_POLICIES = ("keep-end", "keep-start", "drop")  # what happens to a prompt over its budget
 
 
-def format_version_for(kind: str) -> int:
+def format_version_for(kind: str, flagged: bool = False) -> int:
     """The format_version a folder of ``kind`` is written with (2: pairs, kto, prompts;
-    1: episodes, packed and every other folder sftdata writes, e.g. an export)."""
+    3: episodes or packed holding an episode flagged "last reply only" (``flagged``,
+    ``LAST_REPLY_FILE``); 1: episodes, packed and every other folder sftdata writes, e.g.
+    an export)."""
+    if flagged and kind in (KIND_EPISODES, KIND_PACKED):
+        return LAST_REPLY_FORMAT_VERSION
     return KIND_FORMAT_VERSIONS.get(kind, FORMAT_VERSION)
+
+
+def flagged_count(shards: list[dict]) -> dict:
+    """``{LAST_REPLY_KEY: n}`` of a split whose shard records (``shards``) flag ``n`` items
+    "last reply only", or ``{}`` when none does (the split's metadata then has no such key)."""
+    n = sum(s.get(LAST_REPLY_KEY, 0) for s in shards if isinstance(s, dict))
+    return {LAST_REPLY_KEY: n} if n else {}
+
+
+def has_last_reply_flags(meta: dict) -> bool:
+    """Whether a dataset's metadata records an item flagged "last reply only" in a split."""
+    return any(isinstance(s, dict) and s.get(LAST_REPLY_KEY) for s in (meta.get("splits") or {}).values())
 
 
 def row_shard_files(kind: str) -> tuple[str, ...]:
@@ -381,10 +412,12 @@ IDS = Leaf("ids", "a token id or a list of token ids")  # generation_config.json
 FILE_RECORD = {"bytes": COUNT, "sha256": STR}
 ITEM_COUNTS = {"episodes": COUNT, "tokens": COUNT, "trained_tokens": COUNT, "rows": COUNT, "segments": COUNT,
                "pairs": COUNT}
-SHARD = {"name": STR, "files": Map(FILE_RECORD), **ITEM_COUNTS}  # the ranges: verify's and the loader's own checks
-SPLIT = {"shards": List(SHARD), "row_len": COUNT, **ITEM_COUNTS}
+# the ranges: verify's and the loader's own checks
+SHARD = {"name": STR, "files": Map(FILE_RECORD), LAST_REPLY_KEY: COUNT, **ITEM_COUNTS}
+SPLIT = {"shards": List(SHARD), "row_len": COUNT, LAST_REPLY_KEY: COUNT, **ITEM_COUNTS}
 SOURCE = {"path": STR, "bytes": Opt(COUNT), "sha256": Opt(STR), "records": Opt(COUNT), "first_record": Opt(COUNT)}
 COUNTS = {"episodes": COUNT, "records_read": COUNT, "records_truncated": COUNT, "pairs_dropped": COUNT,
+          "per_reply_automatic": COUNT,
           "rejected": Map(COUNT), "repaired": Map(COUNT), "turns": Map(COUNT)}
 PACKING = {"block_size": COUNT,  # row_len: ``format.packed_row_len`` "pad_token_id": Opt(ID), "pad_seq_id": INT, "strategy": STR,
            "overlong": STR, "seed": INT, "shard_tokens": COUNT, "segment_fields": List(STR)}

@@ -36,7 +36,16 @@ from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
-from .format import METADATA_FILE, MIXTURE_FORMAT, ROW_KINDS, dataset_holding, dumps_json, is_mixture_file
+from .format import (
+    FORMAT_VERSION,
+    LAST_REPLY_FORMAT_VERSION,
+    METADATA_FILE,
+    MIXTURE_FORMAT,
+    ROW_KINDS,
+    dataset_holding,
+    dumps_json,
+    is_mixture_file,
+)
 from .fsops import create_file, refuse_link
 from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
@@ -251,7 +260,9 @@ def tokenizer_identity(state: dict | None) -> dict:
 
 def _format(ds: Dataset) -> dict:
     meta = ds.metadata or {}
-    out = {"kind": ds.kind, "format": meta.get("format"), "format_version": meta.get("format_version")}
+    version = meta.get("format_version")  # 3 (episodes flagged "last reply only") batches as 1: the masks are stored
+    out = {"kind": ds.kind, "format": meta.get("format"),
+           "format_version": FORMAT_VERSION if version == LAST_REPLY_FORMAT_VERSION else version}
     if ds.kind == "packed":
         pk = ds.packing or {}
         out.update({k: pk.get(k) for k in ("block_size", "row_len", "pad_token_id")})

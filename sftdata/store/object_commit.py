@@ -233,8 +233,11 @@ class ObjectCommit:
     def open_direct(self, planned: list[str]) -> DirectUpload:
         """Let the tasks put the objects ``planned`` (paths relative to the dataset)
         themselves (``object_upload``): the target checked, the lock object listing them,
-        an old dataset's metadata deleted, before the first task puts one."""
-        self._unchanged()
+        an old dataset's metadata deleted, before the first task puts one. A later call
+        names objects the tasks have put besides (a shard's ``last_reply.bin``, written only
+        where the shard holds a flagged episode): they join the run's, unchecked."""
+        if not self.direct:
+            self._unchanged()
         self.direct = sorted(set(self.direct) | set(planned))
         self._start_writing([])
         return DirectUpload(self.url)

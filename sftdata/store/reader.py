@@ -40,6 +40,7 @@ from .format import (
     clean_fields,
     detect_layout,
     format_version_for,
+    has_last_reply_flags,
     in_check_order,
     list_shards,
     packed_row_len,
@@ -157,15 +158,17 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
     version, kind = meta.get("format_version"), meta.get("kind", "episodes")
     if version not in KNOWN_FORMAT_VERSIONS:
         return meta, [Problem("metadata", METADATA_FILE, "", f"format_version {version!r} is not "
-                              f"known (this sftdata reads {' and '.join(map(str, KNOWN_FORMAT_VERSIONS))})",
+                              f"known (this sftdata reads {', '.join(map(str, KNOWN_FORMAT_VERSIONS[:-1]))} and "
+                              f"{KNOWN_FORMAT_VERSIONS[-1]})",
                               "upgrade sftdata, or re-create the dataset with this one")]
     if kind not in DATASET_KINDS:
         return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
                               f"{', '.join(DATASET_KINDS)})", "upgrade sftdata, or re-create the dataset "
                               "with this one")]
-    if version != format_version_for(kind):
+    if version != format_version_for(kind, has_last_reply_flags(meta)):
         return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
-                              f"{format_version_for(kind)}, but this one records {version!r}", RECREATE)]
+                              f"{format_version_for(kind, has_last_reply_flags(meta))}, but this one records "
+                              f"{version!r}", RECREATE)]
     return meta, damaged
 
 

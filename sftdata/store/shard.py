@@ -23,6 +23,8 @@ from .format import (
     IDX_DTYPE,
     LABEL_DTYPE,
     LABELS_FILE,
+    LAST_REPLY_DTYPE,
+    LAST_REPLY_FILE,
     MASK_FILE,
     METADATA_FILE,
     RECREATE,
@@ -86,6 +88,17 @@ class Shard:
         self.labels = map_values(p / LABELS_FILE, LABEL_DTYPE) if self.entries > 1 else None  # kto rows
         seg, k = map_values(p / SEGMENTS_FILE, IDX_DTYPE), len(SEGMENT_FIELDS)
         self.segments = None if seg is None else seg[:seg.shape[0] // k * k].reshape(-1, k)
+        self.last_reply = map_values(p / LAST_REPLY_FILE, LAST_REPLY_DTYPE)  # None: no item flagged
+
+    def last_only(self, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """The "last reply only" flag (bool) of items ``[first, stop)``: episodes, or a
+        packed shard's segments (``format.LAST_REPLY_FILE``); all False without the file."""
+        n = (self.num_items if self.segments is None else self.segments.shape[0]) if stop is None else stop
+        out = np.zeros(max(n - first, 0), dtype=bool)
+        if self.last_reply is not None:  # a file of the wrong size (``size_problems``): what it holds, else 0
+            got = np.asarray(self.last_reply[first:n]) != 0
+            out[:got.shape[0]] = got
+        return out
 
     @property
     def num_items(self) -> int:
@@ -221,6 +234,12 @@ def size_problems(shard: Shard, record: dict | None = None) -> list[Problem]:
     if shard.labels is not None and shard.labels.shape[0] != shard.num_items // per:
         out.append(Problem("sizes", shard.file(LABELS_FILE), "", f"{shard.labels.shape[0]:,} labels for "
                            f"{shard.num_items // per:,} rows: there must be exactly one per row", fix, shard.split))
+    if shard.last_reply is not None:
+        n, what = (shard.segments.shape[0], "segments") if shard.segments is not None else \
+            (shard.num_items, "episodes")
+        if shard.last_reply.shape[0] != n:
+            out.append(Problem("sizes", shard.file(LAST_REPLY_FILE), "", f"{shard.last_reply.shape[0]:,} last-reply "
+                               f"flags for {n:,} {what}: there must be exactly one per item", fix, shard.split))
     recorded = (record or {}).get("files") or {}
     off = [(fn, size(fn), r["bytes"]) for fn, r in recorded.items()
            if isinstance(r, dict) and size(fn) is not None and r.get("bytes") is not None and size(fn) != r["bytes"]]
@@ -275,6 +294,23 @@ class Split:
         if not self.shards or any(s.sources is None for s in self.shards):
             return None
         return np.concatenate([np.asarray(s.sources, dtype=np.int64) for s in self.shards])
+
+    @property
+    def flagged(self) -> bool:
+        """Whether a shard holds items flagged "last reply only" (``format.LAST_REPLY_FILE``)."""
+        return any(s.last_reply is not None and bool(np.any(s.last_reply)) for s in self.shards)
+
+    def last_only_of(self, episodes) -> np.ndarray:
+        """The "last reply only" flag (bool) of each of ``episodes`` (global ids)."""
+        episodes = np.asarray(episodes, dtype=np.int64)
+        out = np.zeros(episodes.shape, dtype=bool)
+        shard = self.shard_of(episodes)
+        for si in np.unique(shard).tolist():
+            s = self.shards[si]
+            if s.last_reply is not None:
+                sel = shard == si
+                out[sel] = s.last_only()[episodes[sel] - self.item_offsets[si]]
+        return out
 
     def shard_of(self, global_ids) -> np.ndarray:
         """Index of the shard holding each global item id."""
@@ -335,6 +371,12 @@ class Split:
         if self.packed:
             warnings.warn(f"split {self.name!r} is packed: its items are rows; Split.{old} is the older name, "
                           f"use Split.{new}", DeprecationWarning, stacklevel=3)
+
+
+def split_segment_flags(split: Split) -> np.ndarray:
+    """The "last reply only" flag (bool) of every segment of a packed split, in the order
+    of ``split_segments`` (``format.LAST_REPLY_FILE``; all False where a shard has none)."""
+    return np.concatenate([sh.last_only() for sh in split.shards] or [np.zeros(0, bool)])
 
 
 def split_segments(split: Split) -> Segments:

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .format import EPISODES_FILE, IDX_DTYPE, MASK_FILE, SEGMENT_FIELDS, SEGMENTS_FILE, TOKENS_FILE
+from .format import (
+    EPISODES_FILE,
+    IDX_DTYPE,
+    LAST_REPLY_DTYPE,
+    LAST_REPLY_FILE,
+    LAST_REPLY_KEY,
+    MASK_FILE,
+    SEGMENT_FIELDS,
+    SEGMENTS_FILE,
+    TOKENS_FILE,
+)
 
 COPY_BYTES = 16 << 20  # what is copied at once
 
@@ -54,6 +64,7 @@ def merge_packed_pieces(pieces: list[tuple[Path, dict]], row_len: int, dest: Pat
     dest.mkdir()
     out = {fn: _Out(dest / fn) for fn in (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SEGMENTS_FILE)}
     rows = 0
+    flags = []  # each piece's segments' "last reply only" flags (a piece without the file: none)
     for folder, rec in pieces:
         _copy(folder / TOKENS_FILE, out[TOKENS_FILE])
         _copy(folder / MASK_FILE, out[MASK_FILE])
@@ -63,10 +74,18 @@ def merge_packed_pieces(pieces: list[tuple[Path, dict]], row_len: int, dest: Pat
         seg = np.fromfile(folder / SEGMENTS_FILE, dtype=IDX_DTYPE).reshape(-1, len(SEGMENT_FIELDS))
         seg[:, SEGMENT_FIELDS.index("row")] += np.uint64(rows)
         out[SEGMENTS_FILE].write(np.ascontiguousarray(seg))
+        flags.append(np.fromfile(folder / LAST_REPLY_FILE, dtype=LAST_REPLY_DTYPE)
+                     if LAST_REPLY_FILE in rec["files"] else np.zeros(seg.shape[0], LAST_REPLY_DTYPE))
         rows += int(rec["rows"])
     record = {"name": name, **{k: sum(int(r[k]) for _, r in pieces)
                                for k in ("rows", "segments", "tokens", "trained_tokens")},
               "files": {fn: f.close() for fn, f in out.items()}}
+    flagged = sum(int(r.get(LAST_REPLY_KEY, 0)) for _, r in pieces)
+    if flagged:  # as PackedSplitWriter writes it: the file and the count only where a segment is flagged
+        f = _Out(dest / LAST_REPLY_FILE)
+        f.write(np.ascontiguousarray(np.concatenate(flags)))
+        record["files"][LAST_REPLY_FILE] = f.close()
+        record[LAST_REPLY_KEY] = flagged
     for key in ("token_id_range", "mask_value_range"):
         ranges = [r[key] for _, r in pieces if key in r]
         if ranges:

@@ -29,6 +29,9 @@ from .format import (
     KIND_PROMPTS,
     LABEL_DTYPE,
     LABELS_FILE,
+    LAST_REPLY_DTYPE,
+    LAST_REPLY_FILE,
+    LAST_REPLY_KEY,
     MASK_DTYPE,
     MASK_FILE,
     METADATA_CHECKSUM,
@@ -38,7 +41,9 @@ from .format import (
     SOURCES_FILE,
     TOKENS_FILE,
     dumps_json,
+    flagged_count,
     format_version_for,
+    has_last_reply_flags,
     metadata_sha256,
     row_shard_files,
     shard_name,
@@ -86,10 +91,12 @@ class ShardInfo:
     trained_tokens: int
     files: dict = field(default_factory=dict)
     stats: ValueStats = field(default_factory=lambda: ValueStats())
+    flagged: int = 0  # episodes flagged "last reply only" (format.LAST_REPLY_FILE)
 
     def as_dict(self) -> dict:
+        flagged = {LAST_REPLY_KEY: self.flagged} if self.flagged else {}  # absent: none (as in older datasets)
         return {"name": self.name, "episodes": self.episodes, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "files": self.files, **self.stats.as_dict()}
+                "trained_tokens": self.trained_tokens, "files": self.files, **flagged, **self.stats.as_dict()}
 
 
 @dataclass
@@ -156,6 +163,7 @@ class _ShardedSplit:
         self.shards: list = []
         self._files: dict[str, _HashedFile] | None = None
         self._filled = 0  # tokens of capacity the open shard holds
+        self._flags: list[np.ndarray] = []  # the open shard's "last reply only" flags, one per item
 
     def _new_record(self, name: str):
         raise NotImplementedError
@@ -173,11 +181,26 @@ class _ShardedSplit:
         self._files = {fn: _HashedFile(d / fn) for fn in self.FILES}
         self.shards.append(self._new_record(name))
         self._filled = 0
+        self._flags = []
 
     def _close_shard(self) -> None:
         if self._files is not None:
-            self._finish_record({fn: f.close() for fn, f in self._files.items()})
-            self._files = None
+            files = {fn: f.close() for fn, f in self._files.items()}
+            if any(f.any() for f in self._flags):  # only a shard holding a flagged item has the file
+                f = _HashedFile(self.dir / shard_name(len(self.shards) - 1) / LAST_REPLY_FILE)
+                f.write(np.ascontiguousarray(np.concatenate(self._flags), dtype=LAST_REPLY_DTYPE))
+                files[LAST_REPLY_FILE] = f.close()
+            self._finish_record(files)
+            self._files, self._flags = None, []
+
+    def _add_flags(self, flags: np.ndarray | None, n: int) -> int:
+        """Keep the "last reply only" flags of ``n`` items of the open shard (None: all 0);
+        returns how many are set."""
+        flags = np.zeros(n, LAST_REPLY_DTYPE) if flags is None else np.asarray(flags, dtype=LAST_REPLY_DTYPE)
+        if flags.shape != (n,):
+            raise ValueError(f"{flags.shape} last-reply flags for {n} items")
+        self._flags.append(flags)
+        return int(np.count_nonzero(flags))
 
     def _runs(self, lengths: np.ndarray) -> Iterator[tuple[int, int]]:
         """The items ``[i, j)`` to write into the open shard, run by run, opening a new
@@ -214,19 +237,25 @@ class SplitWriter(_ShardedSplit):
     def _finish_record(self, files: dict) -> None:
         self.shards[-1].files = files
 
-    def add_many(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray) -> None:
-        """Append episodes given as one concatenated ids/mask array and their lengths."""
+    def add_many(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray,
+                 last_only: np.ndarray | None = None) -> None:
+        """Append episodes given as one concatenated ids/mask array and their lengths
+        (``last_only``: each episode's flag, ``format.LAST_REPLY_FILE``; None: all 0)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         sources = np.asarray(sources, dtype=np.int64)
-        if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or sources.shape != lengths.shape:
-            raise ValueError("ids, mask, lengths and sources disagree in size")
+        flags = np.zeros(lengths.shape, LAST_REPLY_DTYPE) if last_only is None else \
+            np.asarray(last_only, dtype=LAST_REPLY_DTYPE)
+        if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or sources.shape != lengths.shape \
+                or flags.shape != lengths.shape:
+            raise ValueError("ids, mask, lengths, sources and last-reply flags disagree in size")
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         for i, j in self._runs(lengths):
             a, b = int(bounds[i]), int(bounds[j])
-            self._write(ids[a:b], mask[a:b], lengths[i:j], sources[i:j])
+            self._write(ids[a:b], mask[a:b], lengths[i:j], sources[i:j], flags[i:j])
 
-    def _write(self, ids, mask, lengths, sources) -> None:
+    def _write(self, ids, mask, lengths, sources, flags) -> None:
         cur, f = self.shards[-1], self._files
+        cur.flagged += self._add_flags(flags, len(lengths))
         starts = cur.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         idx = np.empty((len(lengths), 2), dtype=IDX_DTYPE)
         idx[:, 0] = starts
@@ -242,11 +271,13 @@ class SplitWriter(_ShardedSplit):
 
     def close(self) -> dict:
         self._close_all()
+        shards = [s.as_dict() for s in self.shards]
         return {
             "episodes": sum(s.episodes for s in self.shards),
             "tokens": sum(s.tokens for s in self.shards),
             "trained_tokens": sum(s.trained_tokens for s in self.shards),
-            "shards": [s.as_dict() for s in self.shards],
+            **flagged_count(shards),
+            "shards": shards,
         }
 
 
@@ -428,7 +459,8 @@ class DatasetWriter:
         for p in sorted(self.path.iterdir()):
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        version = format_version_for(metadata.get("kind", KIND_EPISODES))  # 2 for pairs, kto, prompts
+        # 2 for pairs, kto, prompts; 3 where an episode is flagged "last reply only"
+        version = format_version_for(metadata.get("kind", KIND_EPISODES), has_last_reply_flags(metadata))
         meta = {"format": FORMAT_NAME, "format_version": version, **metadata, "files": files}
         meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
         meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}
@@ -547,14 +579,18 @@ class PackedSplitWriter(_ShardedSplit):
         self.shards[-1]["files"] = files
         self.shards[-1].update(self._stats.as_dict())
 
-    def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> None:
+    def add_rows(self, tokens: np.ndarray, mask: np.ndarray, segments: np.ndarray,
+                 last_only: np.ndarray | None = None) -> None:
         """Append rows ``tokens``/``mask`` (k, row_len) and their segments: an (s, 7)
         int64 array in ``SEGMENT_FIELDS`` order whose ``row`` is 0..k-1 (these rows),
-        sorted by (row, offset); ``source`` -1 = unknown."""
+        sorted by (row, offset); ``source`` -1 = unknown. ``last_only``: each segment's
+        "last reply only" flag, its episode's (``format.LAST_REPLY_FILE``; None: all 0)."""
         k = tokens.shape[0]
         if tokens.shape != (k, self.row_len) or mask.shape != tokens.shape:
             raise ValueError(f"rows must be (k, {self.row_len}); got tokens {tokens.shape}, mask {mask.shape}")
         segments = np.asarray(segments, dtype=np.int64)
+        flags = np.zeros(segments.shape[0], LAST_REPLY_DTYPE) if last_only is None else \
+            np.asarray(last_only, dtype=LAST_REPLY_DTYPE)
         for i, j in self._runs(np.full(k, self.row_len, dtype=np.int64)):
             cur = self.shards[-1]
             a, b = np.searchsorted(segments[:, 0], [i, j], side="left")
@@ -569,6 +605,9 @@ class PackedSplitWriter(_ShardedSplit):
             f[MASK_FILE].write(np.ascontiguousarray(mask[i:j], dtype=MASK_DTYPE))
             f[EPISODES_FILE].write(idx)
             f[SEGMENTS_FILE].write(np.ascontiguousarray(seg).astype(IDX_DTYPE))  # -1 -> NO_SOURCE
+            flagged = self._add_flags(flags[a:b], int(b - a))
+            if flagged:
+                cur[LAST_REPLY_KEY] = cur.get(LAST_REPLY_KEY, 0) + flagged
             cur["rows"] += j - i
             cur["segments"] += b - a
             cur["tokens"] += real
@@ -583,6 +622,7 @@ class PackedSplitWriter(_ShardedSplit):
             "segments": sum(s["segments"] for s in self.shards),
             "tokens": sum(s["tokens"] for s in self.shards),
             "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
+            **flagged_count(self.shards),
             "shards": self.shards,
         }
 
@@ -654,5 +694,6 @@ class RowSplitWriter(_ShardedSplit):
             "episodes": sum(s["episodes"] for s in self.shards),
             "tokens": sum(s["tokens"] for s in self.shards),
             "trained_tokens": sum(s["trained_tokens"] for s in self.shards),
+            **flagged_count(self.shards),
             "shards": self.shards,
         }

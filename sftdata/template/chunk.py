@@ -64,7 +64,9 @@ def chunk_episodes(plans: Sequence[Planned], encoded: Sequence[Encoded], profile
     all_trained = (np.maximum.reduceat(hi, span_first) - np.minimum.reduceat(lo, span_first) >= n_tok) & \
         (trained[tok_start + n_tok] - trained[tok_start] == n_tok)
     ids = np.concatenate([e.ids for e in encoded])
-    diff = np.flatnonzero(segment_rule_mask(ids, n_tok, profile.rule) != mask)
+    flags = np.fromiter((p.automatic for p in plans for _ in p.texts), dtype=bool, count=n_ep)
+    diff = np.flatnonzero(segment_rule_mask(ids, n_tok, profile.rule, last_only=flags if flags.any() else None)
+                          != mask)
     mismatch = _first_per_group(np.searchsorted(tok_start + n_tok, diff, side="right"), diff, n_ep)
     first_empty, all_trained, mismatch = first_empty.tolist(), all_trained.tolist(), mismatch.tolist()
     starts, ends = tok_start.tolist(), (tok_start + n_tok).tolist()
@@ -84,10 +86,10 @@ def chunk_episodes(plans: Sequence[Planned], encoded: Sequence[Encoded], profile
                 break
             a, b = starts[e], ends[e]
             episodes.append(Episode(encoded[e].ids, mask[a:b], text, tuple(sp),
-                                    None if mismatch[e] < 0 else mismatch[e] - a))
+                                    None if mismatch[e] < 0 else mismatch[e] - a, p.automatic))
             e += 1
         else:
-            out.append(TemplateRender(tuple(episodes), per_reply=p.per_reply))
+            out.append(TemplateRender(tuple(episodes), per_reply=p.per_reply, automatic=p.automatic))
             continue
         e += len(p.texts) - len(episodes)  # the rest of a refused record's episodes
     return out

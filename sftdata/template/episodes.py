@@ -10,7 +10,9 @@ its role header through its end-of-turn token, located in the whole render
 (``spans.locate_replies``) or read off ``{% generation %}`` blocks. Where a template
 rewrites replies so that they cannot be located in the whole render, the conversation
 becomes one episode per reply (the render up to that reply, only it trained) and
-``per_reply`` says why. A reply that cannot be located even so is a ``RecordError``
+``per_reply`` says why; under a rule that trains every reply of an episode, each such
+episode is flagged ``last_only`` (stored per episode: ``store.format.LAST_REPLY_FILE``),
+so that verify and pack re-derive its mask from its ids and the flag. A reply that cannot be located even so is a ``RecordError``
 naming the template and the message: never an all-zero or all-one mask.
 
 Message text holding one of the tokenizer's special-token strings (``<|eot_id|>`` typed
@@ -41,19 +43,22 @@ from .spans import NotLocated, closed_blocks, locate_last_reply, locate_replies,
 class Episode:
     """One rendered episode. ``spans``: each trained reply as ``(message index, start, end)``
     characters of ``text``; ``rule_mismatch``: the first token where the stored rule's mask
-    differs from this one (None when they agree)."""
+    differs from this one (None when they agree); ``last_only``: the episode is one reply's
+    prefix and trains that reply only, whatever the rule says of the others."""
 
     ids: np.ndarray
     mask: np.ndarray
     text: str
     spans: tuple[tuple[int, int, int], ...]
     rule_mismatch: int | None
+    last_only: bool = False
 
 
 @dataclass(frozen=True)
 class TemplateRender:
     episodes: tuple[Episode, ...]
     per_reply: str | None = None  # why the conversation was served one episode per reply
+    automatic: bool = False  # served per reply because its whole render is not exact (each episode last_only)
 
     @property
     def rule_agrees(self) -> bool:
@@ -143,7 +148,8 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
             raise RecordError("special_token_in_text", f"a tool schema holds the special token {hit.group()!r}", where)
 
 
-def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str, where: str) -> Episode:
+def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str, where: str,
+             last_only: bool = False) -> Episode:
     """The episode of a rendered ``text`` (tokens ``enc``): trained = the tokens of ``spans``."""
     lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
     empty = np.flatnonzero(hi <= lo)
@@ -157,9 +163,11 @@ def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str
     if int(hi.max() - lo.min()) >= n and mask.all():
         raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
                           f"template's replies cannot be told from the rest", where)
-    starts, ends = rule_spans(enc.ids, profile.rule)  # the stored rule finds the same spans: they agree
+    flag = np.array([True]) if last_only else None
+    starts, ends = rule_spans(enc.ids, profile.rule, last_only=flag)  # the stored rule finds the same spans
     agrees = np.array_equal(starts, lo) and np.array_equal(ends, hi)
-    return Episode(enc.ids, mask, text, tuple(spans), None if agrees else mask_disagreement(enc.ids, mask, profile.rule))
+    return Episode(enc.ids, mask, text, tuple(spans),
+                   None if agrees else mask_disagreement(enc.ids, mask, profile.rule, last_only), last_only)
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,7 @@ class Planned:
     texts: tuple[str, ...]
     spans: tuple[tuple[tuple[int, int, int], ...], ...]
     per_reply: str | None = None
+    automatic: bool = False  # per reply without --per-reply: each episode trains its last reply only (flagged)
 
 
 class MissingPart(Exception):
@@ -209,7 +218,7 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
     variables). Each render must hold every part of the messages (``parts``): where the
     whole render lacks one, each reply is rendered as the last of the conversation up to
     it. Raises ``RecordError`` (``template_error``, ``reply_not_located``,
-    ``template_drops_*``, ``template_rewrites_history``, ``special_token_in_text``,
+    ``template_drops_*``, ``special_token_in_text``,
     ``reserved_character``)."""
     name = profile.template.name
     check_texts(messages, tools, tok, where)
@@ -250,17 +259,14 @@ def plan_messages(messages: list[dict], tools: list[dict] | None, profile: Templ
                 why = (f"message {e.index}: " if e.index is not None else "") + e.why
             except MissingPart as e:
                 why = f"the whole render drops {e.what}"
+        # a reply its own prefix renders inexactly too is refused by what is wrong with it
+        # (reply_not_located, template_drops_*): no render of the record keeps it whole
         alone = [alone_k(k) for k in chosen]
         for k, (text, span) in zip(chosen, alone):
             _checked(text, messages, span, tools, k)
-        if len(alone) > 1 and not profile.rule.last_reply_only:
-            raise RecordError("template_rewrites_history", f"chat template {name} renders this conversation's earlier "
-                              f"turns differently once later turns follow ({why}), so each reply is exact only as the "
-                              f"last of the conversation up to it; the mask rule learned for this dataset trains every "
-                              f"reply of an episode and cannot prove that. Prepare with --per-reply (one episode per "
-                              f"assistant reply, each training its reply), or with --reasoning last when it is earlier "
-                              f"turns' reasoning the template drops", where)
-        return Planned(tuple(t for t, _ in alone), tuple(sp for _, sp in alone), per_reply=why)
+        # under a rule that trains every reply, each episode is flagged to train its last reply only
+        automatic = len(alone) > 1 and not profile.rule.last_reply_only
+        return Planned(tuple(t for t, _ in alone), tuple(sp for _, sp in alone), per_reply=why, automatic=automatic)
     except MissingPart as e:
         raise dropped(name, e, where) from None
     except TemplateError as e:
@@ -321,9 +327,9 @@ def episodes_of(planned: Planned, encoded: list[Encoded], profile: TemplateProfi
     """The episodes of a ``Planned`` conversation, given its texts' tokens (``encode_rendered``
     of each, in order). Raises ``RecordError`` (``reply_not_located``)."""
     name = profile.template.name
-    return TemplateRender(tuple(_episode(enc, profile, text, spans, name, where)
+    return TemplateRender(tuple(_episode(enc, profile, text, spans, name, where, planned.automatic)
                                 for enc, text, spans in zip(encoded, planned.texts, planned.spans)),
-                          per_reply=planned.per_reply)
+                          per_reply=planned.per_reply, automatic=planned.automatic)
 
 
 def render_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,

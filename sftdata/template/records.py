@@ -27,7 +27,8 @@ from .profile import TemplateProfile, learn_profile
 
 @dataclass(frozen=True)
 class RecordEpisodes:
-    """A record's episodes; ``per_reply``: served one episode per assistant reply (why),
+    """A record's episodes; ``per_reply``: served one episode per assistant reply (why;
+    ``automatic``: because its whole render is not exact, under a rule that trains every reply),
     ``pairs_dropped``: trailing pairs the length filter dropped; ``repairs`` and ``counts``:
     what was repaired in the record (per record) and counted per assistant turn, under
     this template (the record's own, less what the template did not need)."""
@@ -37,6 +38,7 @@ class RecordEpisodes:
     pairs_dropped: int
     repairs: tuple[str, ...] = ()
     counts: tuple[str, ...] = ()
+    automatic: bool = False  # served per reply without --per-reply, each episode flagged last_only
 
 
 def model_profile(tok: HFTokenizer, spec: str | None, variables: dict | None = None,
@@ -226,7 +228,7 @@ def _proven(out: TemplateRender, dropped: int, profile: TemplateProfile, tok: HF
                               f"render {trained} it, the mask rule learned from chat template {profile.template.name} "
                               f"does not; verify and pack re-derive masks with that rule, so this record cannot be "
                               f"proven and is not written{fix}", where)
-    return RecordEpisodes(out.episodes, out.per_reply, dropped)
+    return RecordEpisodes(out.episodes, out.per_reply, dropped, automatic=out.automatic)
 
 
 def records_episodes(items: Sequence[tuple[Conversation, str]], profile: TemplateProfile, tok: HFTokenizer,

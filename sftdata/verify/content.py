@@ -204,6 +204,8 @@ def content_tally(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}  # check -> (local episode, position in episode, chunk ids, ...)
     counts = {"vocab": 0, "mask_values": 0, "mask_rule": 0}
+    # each episode's "last reply only" flag (format.LAST_REPLY_FILE; a markers rule never has one: all differ)
+    flags = None if shard.last_reply is None else shard.last_only()
     for i, j in whole_runs(csum, CHUNK_TOKENS):
         cs, cl = s[i:j], ln[i:j]
         off = np.concatenate([[0], np.cumsum(cl)])
@@ -235,7 +237,8 @@ def content_tally(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                     first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
         if m is not None and vocab is not None:
             stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
-            derived = vocab.rule.masks(ids, cl)  # each episode as if alone
+            last_only = None if flags is None or vocab.rule.kind != "template" else flags[use[i:j]]
+            derived = vocab.rule.masks(ids, cl, last_only=last_only)  # each episode as if alone
             d = np.flatnonzero(derived != stored)
             if d.size:
                 eps = np.unique(np.searchsorted(off, d, side="right") - 1)
@@ -320,6 +323,9 @@ def packed_tally(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len:
     if shard.tokens is None or rows <= part[0]:
         return Tally()
     seg = decode_segments(shard.segments) if segments_ok else None
+    # each segment's "last reply only" flag (format.LAST_REPLY_FILE), for a template's rule
+    flags = shard.last_only() if seg is not None and shard.last_reply is not None and vocab is not None \
+        and vocab.rule.kind == "template" else None
     mask, L = shard.mask, row_len
     binary = mask is None or mask.dtype == np.uint8
     first: dict[str, tuple] = {}
@@ -341,7 +347,8 @@ def packed_tally(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len:
                 counts["mask_values"] += int(np.unique(bad // L).size)
                 first.setdefault("mask_values", (r0 + int(bad[0]) // L, int(bad[0]) % L, m[bad[0]]))
         if seg is not None:
-            s = seg[slice(*seg.row_range(r0, r1))]
+            sa, sb = seg.row_range(r0, r1)
+            s = seg[sa:sb]
             s = replace(s, row=s.row - r0)  # rows of this chunk
             ends = np.zeros(r1 - r0, np.int64)
             np.maximum.at(ends, s.row, s.offset + s.length)
@@ -353,7 +360,7 @@ def packed_tally(shard: Shard, vocab: Vocab | None, pad_id: int | None, row_len:
                     p = int(badp[0])
                     first.setdefault("padding", (r0 + p // L, p % L, int(ids[p]), int(ends[p // L])))
             if m is not None and vocab is not None:
-                exp = row_mask(ids, s, L, vocab.rule)
+                exp = row_mask(ids, s, L, vocab.rule, last_only=None if flags is None else flags[sa:sb])
                 stored = m if binary and not badv else (m != 0).astype(np.uint8)
                 d = np.flatnonzero(exp != stored)
                 if d.size:

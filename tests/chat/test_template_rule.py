@@ -93,6 +93,30 @@ def test_last_reply_only_keeps_the_spans_only_a_header_separates():
     assert np.flatnonzero(rule_mask(ids[:18], rule)).tolist() == [16, 17]
 
 
+def test_a_flag_per_segment_keeps_that_segment_s_last_reply_only():
+    """An episode served as one reply's prefix in a dataset whose rule trains every reply:
+    its flag keeps its last reply alone (joined spans with it), the other segments keep
+    every reply; the same as each segment masked alone with the rule or its last-reply one."""
+    rule = MaskRule(headers=((2, 11, 3, 4),), end_ids=(5,), joined_spans=True)
+    ids = np.array([2, 11, 3, 4, 21, 5, 2, 10, 3, 4, 20, 5, 2, 11, 3, 4, 22, 5, 2, 11, 3, 4, 23, 5])
+    assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [4, 5, 16, 17, 22, 23]
+    assert np.flatnonzero(rule_mask(ids, rule, last_only=True)).tolist() == [16, 17, 22, 23]
+    assert mask_disagreement(ids, rule_mask(ids, rule, last_only=True), rule) == 4
+    assert mask_disagreement(ids, rule_mask(ids, rule, last_only=True), rule, last_only=True) is None
+    three = np.concatenate([ids, ids, ids[:12]])
+    lengths = np.array([24, 24, 12])
+    flags = np.array([True, False, True])
+    got = segment_rule_mask(three, lengths, rule, last_only=flags)
+    alone = np.concatenate([rule_mask(ids, rule, last_only=True), rule_mask(ids, rule),
+                            rule_mask(ids[:12], rule, last_only=True)])
+    assert np.array_equal(got, alone)
+    assert np.flatnonzero(got).tolist() == [16, 17, 22, 23, 28, 29, 40, 41, 46, 47, 52, 53]
+    assert np.array_equal(segment_rule_mask(three, lengths, rule, last_only=np.zeros(3, bool)),
+                          segment_rule_mask(three, lengths, rule))
+    with pytest.raises(ValueError, match=r"\(2,\) last-reply flags for 3 segments"):
+        segment_rule_mask(three, lengths, rule, last_only=flags[:2])
+
+
 @pytest.mark.parametrize("state", [
     None, {"kind": "other"}, {"kind": "template-headers", "headers": [], "end_ids": [5], "end_inclusive": True},
     {"kind": "template-headers", "headers": [[1, -2]], "end_ids": [5], "end_inclusive": True},

@@ -389,9 +389,10 @@ def test_max_tokens_with_a_template(tmp_path, folders):
 
 def test_reasoning_and_train_on_with_a_template(tmp_path, folders):
     """Reasoning goes to the template as reasoning_content. Qwen3 renders it for replies after
-    the last user message only: a record whose earlier reply has reasoning is refused by
-    name, saying what to do; --per-reply serves each reply as the last of its episode, its
-    reasoning rendered and trained; --reasoning last keeps one episode. --train-on last
+    the last user message only: a record whose earlier reply has reasoning is served one
+    episode per reply without an option (per_reply_automatic), as --per-reply serves every
+    record, each reply the last of its episode, its reasoning rendered and trained;
+    --reasoning last keeps one episode. --train-on last
     trains each record's last reply, and its rule says so; a weight-0 turn cannot be told
     by a template's rule."""
     think = {"messages": [{"role": "user", "content": "2+2?"},
@@ -400,19 +401,17 @@ def test_reasoning_and_train_on_with_a_template(tmp_path, folders):
                           {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]}
     src = write_jsonl(tmp_path / "think.jsonl", [think] * 3)
     tok = load_hf_tokenizer(folders["qwen3"])
-    r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3")
-    assert r.exit_code == 1 and "template_rewrites_history: 3" in r.output
-    line = orjson.loads((tmp_path / "q.rejects.jsonl").read_bytes().splitlines()[0])
-    assert "Prepare with --per-reply" in line["message"] and "drops assistant message 1's reasoning" in line["message"]
-    r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
-            "--per-reply", "--json")
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    assert out["turns"]["reasoning_kept"] == 6 and out["episodes"] == {"train": 6} and out["per_reply_records"] == 3
-    assert [[tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] for ids, mask in
-            episodes(tmp_path / "q")[:2]] == [["<think>\nadd them\n</think>\n\n4.<|im_end|>"],
-                                               ["<think>\nadd again\n</think>\n\n6.<|im_end|>"]]
-    assert run("verify", tmp_path / "q").exit_code == 0
+    for option, automatic in (((), 3), (("--per-reply",), 0)):
+        r = run("prepare-chat", src, "-o", tmp_path / "q", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
+                *option, "--json", "--overwrite")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["turns"]["reasoning_kept"] == 6 and out["episodes"] == {"train": 6}
+        assert (out["per_reply_records"], out["per_reply_automatic"]) == (3, automatic)
+        assert [[tok.decode(t) for t in trained_runs(np.array(ids), np.array(mask))] for ids, mask in
+                episodes(tmp_path / "q")[:2]] == [["<think>\nadd them\n</think>\n\n4.<|im_end|>"],
+                                                   ["<think>\nadd again\n</think>\n\n6.<|im_end|>"]]
+        assert run("verify", tmp_path / "q").exit_code == 0
     r = run("prepare-chat", src, "-o", tmp_path / "q1", "--tokenizer", folders["qwen3"], "--chat-template", "qwen3",
             "--reasoning", "last", "--json")
     assert r.exit_code == 0, r.output

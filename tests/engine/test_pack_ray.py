@@ -17,6 +17,7 @@ from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
 from tests.helpers.data import random_conversation
 from tests.helpers.engines import kill_first_writer, same_dataset
+from tests.helpers.zoo import trl_model_folder
 
 runner = CliRunner()
 @pytest.fixture(scope="module")
@@ -134,3 +135,29 @@ def test_errors_of_a_ray_pack_are_those_of_a_local_one(ray_cluster, source, tmp_
                                                   f"replace it, or choose another --output-dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
+
+
+THINK = {"messages": [{"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4.", "reasoning_content": "add them"},
+                      {"role": "user", "content": "3+3?"},
+                      {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]}
+
+
+@pytest.mark.parametrize("per_task, rows", [(1, None), (None, 3)])
+def test_ray_pack_of_flagged_episodes_is_byte_identical_to_local(ray_cluster, tmp_path, per_task, rows):
+    """Episodes flagged "last reply only" (Qwen3's template, earlier reasoning): the flags
+    travel per segment into last_reply.bin, whole shards or shards merged from pieces."""
+    model = trl_model_folder(tmp_path / "model", "qwen3", [THINK])
+    if model is None:
+        pytest.skip("trl ships no qwen3.jinja")
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(orjson.dumps(THINK if i % 4 == 0 else random_conversation(np.random.default_rng(i), i,
+                                                                                         5, 12)) for i in range(60)))
+    prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(model), shard_tokens=2000))
+    opts = PackOptions(block_size=128, shard_tokens=600)
+    pack(tmp_path / "ds", tmp_path / "local", opts)
+    pack(tmp_path / "ds", tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task,
+                                                                               rows_per_task=rows))
+    same_dataset(tmp_path / "local", tmp_path / "ray")
+    meta = orjson.loads((tmp_path / "ray" / "dataset_metadata.json").read_bytes())
+    assert meta["format_version"] == 3 and meta["splits"]["train"]["last_reply_only"] == 30  # 15 records, 2 each

@@ -188,6 +188,23 @@ def trl_templates() -> Path | None:
     return folder if folder is not None and folder.is_dir() else None
 
 
+def trl_model_folder(out: Path, stem: str, records: list[dict]) -> Path | None:
+    """A model folder at ``out`` with TRL's template ``stem`` (``qwen3``) and a byte-level
+    BPE tokenizer trained on ``records`` holding the template's markers as special tokens
+    (``<|im_end|>`` its EOS where it has one); None when TRL ships no such template."""
+    folder = trl_templates()
+    path = folder / f"{stem}.jinja" if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    special, tags = template_tokens(text)
+    train_tokenizer(out, special, extra=[t for t in tags if t not in special], vocab_size=700,
+                    corpus=CORPUS + [json.dumps(r) for r in records] * 10 + [" ".join(re.findall(r"[A-Za-z]+", text))],
+                    eos="<|im_end|>" if "<|im_end|>" in special else None)
+    (out / "chat_template.jinja").write_text(text, encoding="utf-8")
+    return out
+
+
 def zoo_model(tmp: Path, name: str, entry: Entry | None = None) -> Model:
     """A model folder for the zoo template ``name`` (or ``entry``: another zoo or TRL
     template): tokenizer.json, tokenizer_config.json (bos and eos) and the template as

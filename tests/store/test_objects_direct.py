@@ -18,6 +18,7 @@ from sftdata.store import object_commit as oc
 from sftdata.store.object_upload import DirectUpload
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.moto_s3 import count_coordinator, moto_s3, objects
+from tests.helpers.zoo import trl_model_folder
 
 BUCKET = "sftdata-direct-test"
 OPTS = dict(val_split=0.2, shard_tokens=400)  # several shards per split
@@ -138,3 +139,31 @@ def test_a_worker_that_cannot_put_an_object_says_which_and_what_it_needs(s3, tmp
             r"\(.+\)\. The workers upload the shards they write themselves: each machine running them needs the "
             r"store's credentials and endpoint \(for S3: the AWS_\* variables, ~/.aws or an instance role\)$")):
         up.put(tmp_path / "f", "train/shard_00000/tokens.bin", hashlib.sha256(b"tokens").hexdigest())
+
+
+THINK = {"messages": [{"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4.", "reasoning_content": "add them"},
+                      {"role": "user", "content": "3+3?"},
+                      {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]}
+
+
+def test_the_workers_put_the_last_reply_flags_of_the_shards_that_have_them(s3, tmp_path):
+    """Under Qwen3's template a record with earlier reasoning becomes episodes flagged "last
+    reply only": the shards holding one get last_reply.bin, put by the workers and known
+    to the commit (an overwrite by a dataset without them leaves none behind)."""
+    model = trl_model_folder(tmp_path / "model", "qwen3", [THINK])
+    if model is None:
+        pytest.skip("trl ships no qwen3.jinja")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q {i}", f"a {i}") for i in range(40)] + [THINK] * 6)
+    opts = dict(val_split=0.2, shard_tokens=400, tokenizer=str(model))
+    prepare([src], tmp_path / "local", PrepareOptions(**opts))
+    local = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
+             for p in sorted((tmp_path / "local").rglob("*")) if p.is_file()}
+    flags = sorted(k for k in local if k.endswith("/last_reply.bin"))
+    assert flags and len(flags) < len([k for k in local if k.endswith("/tokens.bin")])  # only where one is flagged
+    url = f"s3://{BUCKET}/sft/flags"
+    prepare([src], url, PrepareOptions(**opts, workers=2))
+    assert objects(s3, url) == local
+    plain = write_jsonl(tmp_path / "plain.jsonl", [chat(f"q {i}", f"a {i}") for i in range(40)])
+    prepare([plain], url, PrepareOptions(**opts, workers=2, overwrite=True))
+    assert not [k for k in objects(s3, url) if k.endswith("last_reply.bin")]

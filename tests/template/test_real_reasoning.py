@@ -148,17 +148,16 @@ def test_reasoning_dropped_from_history_is_exact_one_reply_at_a_time(model, stem
     """Earlier replies' reasoning, which the whole render drops: per reply, each episode the
     prefix ending at its reply, identical to transformers', its reasoning trained."""
     record = REASON_TOOL if kind == "reason_tool" else RECORDS["reasoning"]
-    tok, profile, hf = model(stem)
-    refused = prepared(record, tok, profile)
-    assert isinstance(refused, RecordError) and refused.reason == "template_rewrites_history"
-    assert "--per-reply" in refused.detail
-    tok, profile, hf = model(stem, per_reply=True)
-    result = prepared(record, tok, profile)
-    assert not isinstance(result, RecordError), result.detail
     replies = [k for k, m in enumerate(record["messages"]) if m["role"] == "assistant"]
-    assert [ep.spans[-1][0] for ep in result.episodes] == replies
-    if profile.appended_stop is None:
-        assert_exact(result, record, tok, profile, hf)
+    for per_reply in (False, True):  # automatically (each episode flagged last-reply-only), and --per-reply
+        tok, profile, hf = model(stem, per_reply=per_reply)
+        result = prepared(record, tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert [ep.spans[-1][0] for ep in result.episodes] == replies
+        assert result.automatic == (not profile.rule.last_reply_only)
+        assert [ep.last_only for ep in result.episodes] == [result.automatic] * len(replies)
+        if profile.appended_stop is None:
+            assert_exact(result, record, tok, profile, hf)
 
 
 def test_reasoning_no_template_renders_is_dropped_and_counted(model):
@@ -198,13 +197,12 @@ def test_generation_blocks_ending_after_their_end_of_turn_token_are_not_refused(
     ep = result.episodes[0]
     assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
         "I am well, thank you. How can I help?<|im_end|>The capital of France is Paris.<|im_end|>"
-    refused = prepared(REASON_TOOL, tok, profile)
-    assert isinstance(refused, RecordError) and refused.reason == "template_rewrites_history"
-    tok, profile, hf = model("lfm2_2_5", per_reply=True)
-    result = prepared(REASON_TOOL, tok, profile)
-    assert not isinstance(result, RecordError), result.detail
-    assert len(result.episodes) == 3
-    assert_exact(result, REASON_TOOL, tok, profile, hf)
+    for per_reply in (False, True):  # one reply at a time automatically, as with --per-reply
+        tok, profile, hf = model("lfm2_2_5", per_reply=per_reply)
+        result = prepared(REASON_TOOL, tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert len(result.episodes) == 3 and result.automatic == (not per_reply)
+        assert_exact(result, REASON_TOOL, tok, profile, hf)
 
 
 def test_an_end_of_turn_token_the_reply_also_opens_with_is_passed_over(model):

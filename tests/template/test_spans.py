@@ -53,16 +53,22 @@ QWEN3_REASONING = [{"role": "user", "content": "2+2?"},
                    {"role": "assistant", "content": "6.", "reasoning_content": "add again"}]
 
 
-def test_qwen3_reasoning_dropped_from_earlier_replies_is_refused_by_name(chatml_tok):
+def test_qwen3_reasoning_dropped_from_earlier_replies_is_served_per_reply_automatically(chatml_tok):
     """Not prefix-stable: the whole render drops the earlier reply's reasoning, so the record
-    is refused by name (never kept with that reasoning missing), saying what to do."""
+    becomes one episode per reply without --per-reply (never kept with that reasoning
+    missing), each flagged to train its last reply only under the rule that trains every
+    reply; the rule with the flag re-derives each mask, without it does not."""
     profile = learn_profile(load_chat_template("qwen3"), chatml_tok)
-    with pytest.raises(RecordError, match=r"^w: chat template qwen3 renders this conversation's earlier turns "
-                                          r"differently once later turns follow \(the whole render drops assistant "
-                                          r"message 1's reasoning\), .*Prepare with --per-reply .* or with --reasoning "
-                                          r"last") as e:
-        render_messages(QWEN3_REASONING, None, profile, chatml_tok, where="w")
-    assert e.value.reason == "template_rewrites_history"
+    assert not profile.rule.last_reply_only
+    out = render_messages(QWEN3_REASONING, None, profile, chatml_tok, where="w")
+    assert out.automatic and out.per_reply == "the whole render drops assistant message 1's reasoning"
+    assert [ep.last_only for ep in out.episodes] == [True, True] and out.rule_agrees
+    first, second = out.episodes
+    assert chatml_tok.decode(first.ids[first.mask.astype(bool)].tolist()) == "<think>\nadd them\n</think>\n\n4.<|im_end|>"
+    assert chatml_tok.decode(second.ids[second.mask.astype(bool)].tolist()) == \
+        "<think>\nadd again\n</think>\n\n6.<|im_end|>"
+    assert np.array_equal(rule_mask(second.ids, profile.rule, last_only=True), second.mask)
+    assert not np.array_equal(rule_mask(second.ids, profile.rule), second.mask)  # unflagged: both replies
 
 
 def test_qwen3_reasoning_one_episode_per_reply_keeps_every_reply_whole(chatml_tok):

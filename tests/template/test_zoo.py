@@ -40,8 +40,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 EXACT, STOP = "exact", "exact+stop"  # token-identical; identical but for the appended stop token
 # (template, record) -> outcome; templates not named give EXACT for every record. A reason
-# code: the record is refused by name; "per-reply": refused as template_rewrites_history,
-# and exact, one episode per reply, with --per-reply.
+# code: the record is refused by name; "per-reply": its whole render rewrites an earlier
+# reply, so it is served one episode per reply without an option (each flagged to train its
+# last reply only), exact, as with --per-reply.
 NO_TOOLS = "template_cannot_render_tools"
 OUTCOMES = {
     ("hermes-3", "chat"): "template_error",  # its tool_use template renders nothing without tools
@@ -159,16 +160,19 @@ def test_each_zoo_template_renders_each_record_exactly_or_refuses_it_by_name(zoo
     record = RECORDS[kind]
     (result,) = records_episodes([(parse_record(record, "r", "tool"), "r")], profile, tok, None)
     want = outcome(name, kind)
-    if isinstance(result, RecordError):
-        got = "per-reply" if result.reason == "template_rewrites_history" else result.reason
-        assert got == want, result.detail
-        check_refused(result.reason, name, kind, record, profile, hf)
-        if got == "per-reply":
-            _, tok, profile, hf = zoo(name, per_reply=True)
+    if want == "per-reply":
+        assert not isinstance(result, RecordError), result.detail
+        for per_reply in (False, True):  # automatically, and with --per-reply: the same episodes
+            _, tok, profile, hf = zoo(name, per_reply=per_reply)
             (result,) = records_episodes([(parse_record(record, "r", "tool"), "r")], profile, tok, None)
             assert not isinstance(result, RecordError), result.detail
             assert len(result.episodes) == 2 and result.per_reply
+            assert result.automatic == (not profile.rule.last_reply_only)
             assert check_kept(result, record, tok, profile, hf) == (STOP if name in APPEND_STOP else EXACT)
+        return
+    if isinstance(result, RecordError):
+        assert result.reason == want, result.detail
+        check_refused(result.reason, name, kind, record, profile, hf)
         return
     assert check_kept(result, record, tok, profile, hf) == want
     ignored = result.counts.count("reasoning_ignored_by_template")

@@ -301,7 +301,7 @@ def test_unsorted_gap_and_trailing_tokens_each_have_a_message(ds):
 def test_metadata_and_tokenizer_problems(ds):
     edit_metadata(ds, lambda m: m.__setitem__("format_version", 99))
     r = verify(ds, quick=True)
-    assert [p.message for p in by_check(r, "metadata")] == ["format_version 99 is not known (this sftdata reads 1 and 2)"]
+    assert [p.message for p in by_check(r, "metadata")] == ["format_version 99 is not known (this sftdata reads 1, 2 and 3)"]
     st = json.loads((ds / "tokenizer_state.json").read_text())
     st["ranks_sha256"] = "0" * 64
     (ds / "tokenizer_state.json").write_text(json.dumps(st))
