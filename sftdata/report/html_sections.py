@@ -166,7 +166,8 @@ def rejects_section(reports: list[DatasetReport], names: list[str]) -> Section:
             if r.rejects.cut:
                 parts.append(f'<p class="how">{escape(r.rejects.cut)}</p>')
             if ov.rejects_file:
-                parts.append(f'<p class="how">{"The first of them" if r.rejects.cut else "All of them"}: <code>{escape(ov.rejects_file)}</code>; '
+                listed = "The first of them" if r.rejects.cut else "All of them"
+                parts.append(f'<p class="how">{listed}: <code>{escape(ov.rejects_file)}</code>; '
                              f'<code>sftdata inspect {escape(ov.path)} --record N</code> says why record N is missing.</p>')
         elif ov.rejected_total:
             parts.append(f'<h3>{who}{ov.rejected_total:,} rejected records</h3><table>'
