@@ -136,6 +136,16 @@ def test_prepare_and_verify_with_a_hub_model_id(offline_cache, tmp_path):
     assert hf_tokenizer_from_state(state).path.endswith(f"snapshots/{COMMIT}/tokenizer.json")
 
 
+def _hub_errors():
+    """huggingface_hub's error classes: in ``huggingface_hub.errors`` since 0.23, in
+    ``huggingface_hub.utils`` in the oldest version sftdata allows (0.20)."""
+    try:
+        import huggingface_hub.errors as hub_errors
+    except ImportError:
+        import huggingface_hub.utils as hub_errors
+    return hub_errors
+
+
 @pytest.mark.parametrize("kind, message", [
     ("RepositoryNotFoundError", "the Hub has no model acme/other (or it is private: log in with `hf auth login`); "
                                 "check the id (org/name, as on its Hub page), or give a local folder holding its "
@@ -148,8 +158,8 @@ def test_prepare_and_verify_with_a_hub_model_id(offline_cache, tmp_path):
 def test_a_hub_refusal_is_one_line_saying_what_to_do(offline_cache, monkeypatch, kind, message):
     """huggingface_hub's own multi-line text is never repeated (issue 41)."""
     import huggingface_hub
-    import huggingface_hub.errors as hub_errors
 
+    hub_errors = _hub_errors()
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     error = getattr(hub_errors, kind)
 
@@ -168,8 +178,8 @@ def test_a_hub_refusal_is_one_line_saying_what_to_do(offline_cache, monkeypatch,
 
 def test_an_unreachable_hub_is_one_line_with_the_cause(offline_cache, monkeypatch):
     import huggingface_hub
-    import huggingface_hub.errors as hub_errors
 
+    hub_errors = _hub_errors()
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
 
     def snapshot(*args, local_files_only=False, **kwargs):
