@@ -154,8 +154,8 @@ def old_run(tree: Path, src: Path, out: Path, opts: PrepareOptions) -> None:
 
 def plan_only(n: int, parts: int = 100) -> dict:
     """The coordinator's per-episode steps on ``n`` synthetic episodes in ``parts`` parts."""
-    from sftdata.prepare.options import StagedPart
     from sftdata.prepare.plan import plan_shards
+    from sftdata.prepare.results import StagedPart
     from sftdata.prepare.split import split_assignment
     from sftdata.store.format import DEFAULT_SHARD_TOKENS
 

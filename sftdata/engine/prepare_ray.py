@@ -48,7 +48,7 @@ def part_bytes_for(infos: list[SourceInfo], cpus: int, part_bytes: int | None = 
 
 
 class RayRunner(RayTasks):
-    """A run's tasks on a Ray cluster (``options.TaskRunner``): every task submitted at once,
+    """A run's tasks on a Ray cluster (``results.TaskRunner``): every task submitted at once,
     1 CPU each, retried when its worker dies; stopping early writes ``STOP`` and waits."""
 
     depth = None

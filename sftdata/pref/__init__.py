@@ -7,8 +7,9 @@
   rejects, tokenizer, split and writer.
 """
 
+from .options import PrefOptions
 from .render import PairRender, render_prompt, render_record
-from .run import PrefOptions, PrefSummary, prepare_pref
+from .run import PrefSummary, prepare_pref
 from .truncate import Cut, Truncation, plan_cut
 
 __all__ = ["Cut", "PairRender", "PrefOptions", "PrefSummary", "Truncation", "plan_cut", "prepare_pref",

@@ -33,8 +33,6 @@ from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
 from ..curate import (
-    DEFAULT_NGRAM,
-    DEFAULT_THRESHOLD,
     CurateSettings,
     Deduplicator,
     RecordKeys,
@@ -45,18 +43,17 @@ from ..curate import (
 from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError, UsageError
 from ..prepare.build import plan_build
-from ..prepare.options import Progress
 from ..prepare.pool import PoolRunner, chunks_of, in_order, overlapped, process_pool, worker_started
+from ..prepare.results import Progress
 from ..prepare.run import _all_rejected, choose_tokenizer
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
-from ..records.preference import FORMS, PreferenceRecord, parse_preference, parse_prompt, value_texts
+from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.rejects import RejectsFile, reject_line, writing
 from ..records.turns import TurnPolicy
-from ..sources import DEFAULT_MAX_RECORD_BYTES, RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
+from ..sources import RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
 from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import (
-    DEFAULT_SHARD_TOKENS,
     ENTRIES_PER_ROW,
     KIND_KTO,
     KIND_PAIRS,
@@ -71,54 +68,10 @@ from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter, sweep_beside
 from ..template import template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
+from .options import PrefOptions
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
 from .split import split_rows
-from .truncate import Cut, Truncation, plan_cut
-
-
-@dataclass(frozen=True)
-class PrefOptions:
-    """What ``prepare-pref`` and ``prepare-rl`` are given (the CLI's options)."""
-
-    tokenizer: str | None = None
-    chat_template: str | None = None
-    template_vars: dict | None = None
-    form: str = "auto"
-    truncation: Truncation = Truncation()
-    val_split: float = 0.0
-    seed: int = 1337
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
-    strict: bool = False
-    overwrite: bool = False
-    force: bool = False
-    wait: bool = False
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    reasoning: str = "keep"
-    allow_pad_as_stop: bool = False
-    dedup: str = "off"  # off | exact | near
-    dedup_threshold: float = DEFAULT_THRESHOLD
-    decontaminate: tuple = ()
-    decontaminate_ngram: int = DEFAULT_NGRAM
-    workers: int = 1  # processes that render the records (the dataset is the same for any number)
-
-    def validate(self) -> None:
-        Deduplicator(self.dedup, self.dedup_threshold)  # the mode and threshold checked as prepare-chat's
-        if self.workers < 1:
-            raise UsageError(f"--workers must be at least 1, got {self.workers}")
-        if self.form not in FORMS:
-            raise UsageError(f"--format must be one of {', '.join(FORMS)}, got {self.form!r}")
-        if not 0.0 <= self.val_split < 1.0:
-            raise UsageError(f"--val-split must be in [0, 1), got {self.val_split}")
-        self.truncation.validate()
-
-    def recorded(self) -> dict:
-        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "template_vars": self.template_vars,
-                "format": self.form, "truncation": self.truncation.recorded(), "val_split": self.val_split,
-                "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
-                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop,
-                "dedup": self.dedup, "decontaminate": list(self.decontaminate),
-                "decontaminate_ngram": self.decontaminate_ngram,
-                **({"dedup_threshold": self.dedup_threshold} if self.dedup == "near" else {})}
+from .truncate import Cut, plan_cut
 
 
 @dataclass

@@ -44,8 +44,9 @@ from ..store.format import (
 from ..store.reader import read_one_generation, scan_dataset
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
+from .options import PrefOptions
 from .render import equal_arrays, one_process_run
-from .run import PrefOptions, finish_rows, open_context, start_rows
+from .run import finish_rows, open_context, start_rows
 from .truncate import Truncation
 
 CHECKS = (("checksums", "every listed file's size and sha256"),

@@ -12,9 +12,10 @@ order, the split, the commit).
 """
 
 from .chunk import process_chunk
-from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart
+from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .pool import local_parts
+from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
 from .run import choose_tokenizer, default_workers, local_results, prepare
 from .split import split_assignment
 

@@ -19,7 +19,7 @@ from ..records.turns import TurnPolicy
 from ..sources import RawRecord
 from ..template import TemplateProfile, records_episodes
 from ..tokenize.memo import MemoStats, SegmentMemo
-from .options import ChunkResult
+from .results import ChunkResult
 
 
 def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, mode: str,

@@ -1,25 +1,20 @@
-"""What prepare takes and gives: its options, its progress and summary, a chunk's result."""
+"""What prepare takes: its options (what reaches the build key, what is checked)."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from dataclasses import dataclass
 
-import numpy as np
-
-from ..chat.tokenizer import ChatTokenizer, HFTokenizer, is_model_tokenizer_spec
-from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD, CurateSettings, RecordKeys
+from ..chat.tokenizer import is_model_tokenizer_spec
+from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
-from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TURN_COUNTS, TurnPolicy
-from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
+from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TurnPolicy
+from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
-from ..template import DEFAULT_MAX_STEPS, TemplateLimits, TemplateProfile
+from ..template import DEFAULT_MAX_STEPS, TemplateLimits
 from ..tokenize.engine import check_engine
-from ..tokenize.memo import DEFAULT_MEMO_MB, POLICIES, MemoStats, SegmentMemo
+from ..tokenize.memo import DEFAULT_MEMO_MB, POLICIES, SegmentMemo
 
 
 @dataclass(frozen=True)
@@ -148,163 +143,3 @@ class PrepareOptions:
         if self.source_sha256:
             out["source_sha256"] = True
         return out
-
-
-@dataclass
-class Progress:
-    bytes_done: int
-    bytes_total: int | None  # None when an input's size is not known before it is read (stdin)
-    records: int
-    tokens: int
-
-
-@dataclass
-class PrepareSummary:
-    output_dir: str
-    records_read: int = 0
-    episodes: dict = field(default_factory=dict)  # split -> count
-    tokens: dict = field(default_factory=dict)
-    trained_tokens: dict = field(default_factory=dict)
-    shards: dict = field(default_factory=dict)
-    rejected: dict = field(default_factory=dict)  # reason -> count
-    repaired: dict = field(default_factory=dict)  # repair -> records
-    turns: dict = field(default_factory=lambda: dict.fromkeys(TURN_COUNTS, 0))  # per assistant turn (TURN_COUNTS)
-    records_truncated: int = 0
-    pairs_dropped: int = 0
-    seconds: float = 0.0
-    input_bytes: int = 0
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    per_reply_records: int = 0  # chat template: records served one episode per assistant reply
-    per_reply_episodes: int = 0
-    per_reply_automatic: int = 0  # of them, served so without --per-reply (their whole render is not exact)
-    rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
-    tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
-    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
-    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
-    memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
-    memo_mb: float = 0.0  # --memo-mb (0: no memo)
-    build_key: str | None = None  # the dataset's build key (store.build_key)
-    up_to_date: bool = False  # the target held this build already: nothing was done
-    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
-    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.tokens.values())
-
-    @property
-    def trained_share(self) -> float:
-        t = self.total_tokens
-        return sum(self.trained_tokens.values()) / t if t else 0.0
-
-    def as_dict(self) -> dict:
-        return {"output_dir": self.output_dir, "records_read": self.records_read,
-                "episodes": self.episodes, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
-                "trained_share": round(self.trained_share, 6), "shards": self.shards,
-                "rejected": self.rejected, "rejected_total": sum(self.rejected.values()),
-                "repaired": self.repaired, "turns": self.turns, "records_truncated": self.records_truncated,
-                "pairs_dropped": self.pairs_dropped, "seconds": round(self.seconds, 3),
-                "input_bytes": self.input_bytes, "max_record_bytes": self.max_record_bytes,
-                "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
-                "per_reply_automatic": self.per_reply_automatic,
-                "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
-                "decontamination": self.decontamination, "memo": self.memo_dict(),
-                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
-                "libraries_changed": list(self.libraries_changed)}
-
-    @classmethod
-    def of_dataset(cls, output_dir: str, meta: dict) -> PrepareSummary:
-        """The summary of the dataset a run found up to date, from its metadata."""
-        counts, splits, options = meta.get("counts") or {}, meta.get("splits") or {}, meta.get("options") or {}
-        out = cls(output_dir=output_dir, records_read=counts.get("records_read", 0),
-                  rejected=counts.get("rejected") or {}, repaired=counts.get("repaired") or {},
-                  turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
-                  records_truncated=counts.get("records_truncated", 0), pairs_dropped=counts.get("pairs_dropped", 0),
-                  input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
-                  max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
-                  per_reply_records=counts.get("per_reply_records", 0),
-                  per_reply_episodes=counts.get("per_reply_episodes", 0),
-                  per_reply_automatic=counts.get("per_reply_automatic", 0),
-                  rule_mismatch=meta.get("rule_mismatch") or [], dedup=meta.get("dedup") or {},
-                  decontamination=meta.get("decontamination") or {}, up_to_date=True)
-        for split, m in splits.items():
-            out.episodes[split], out.tokens[split] = m.get("episodes", 0), m.get("tokens", 0)
-            out.trained_tokens[split], out.shards[split] = m.get("trained_tokens", 0), len(m.get("shards") or [])
-        return out
-
-    def memo_dict(self) -> dict:
-        m = self.memo
-        return {"memo_mb": self.memo_mb, "lookups": m.lookups, "hits": m.hits, "hit_rate": round(m.hit_rate, 6),
-                "tokens_reused": m.tokens_reused, "tokens_encoded": m.tokens_encoded,
-                "reused_share": round(m.reused_share, 6), "evictions": m.evictions,
-                "peak_mb_per_worker": round(m.peak_bytes / (1 << 20), 3)}
-
-
-@dataclass
-class ChunkResult:
-    """What one chunk of records became. Picklable (sent back from workers)."""
-
-    ids: np.ndarray
-    mask: np.ndarray
-    lengths: np.ndarray
-    sources: np.ndarray
-    rejects: list  # (record, where, reason, message)
-    repairs: Counter
-    turns: Counter  # per assistant turn of the accepted records (TURN_COUNTS)
-    truncated: int
-    pairs_dropped: int
-    records: int
-    per_reply_records: int = 0
-    per_reply_episodes: int = 0
-    mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
-    keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
-    staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
-    memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
-    per_reply_automatic: int = 0  # records served per reply without --per-reply
-    last_only: np.ndarray | None = None  # uint8 per episode, 1 = trains its last reply only (None: all 0)
-
-
-@dataclass(frozen=True)
-class StagedPart:
-    """Episodes a worker or task wrote to a shard folder of its own, in input order; its
-    ``sources`` are numbered from the start of their input: ``record_offset`` is added.
-    ``lengths`` (each episode's tokens) and ``sources`` are what the coordinator plans the
-    final shards with (``plan``); ``keep``, the episodes its curating keeps (None: all)."""
-
-    path: str
-    episodes: int
-    tokens: int
-    record_offset: int = 0
-    lengths: np.ndarray | None = field(default=None, compare=False)
-    sources: np.ndarray | None = field(default=None, compare=False)  # global record numbers, one per episode
-    keep: np.ndarray | None = field(default=None, compare=False)
-    keys_dir: str | None = None  # its records' duplicate keys, staged beside it (curate_tasks)
-
-    @property
-    def kept(self) -> int:
-        """The episodes the run keeps."""
-        return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
-
-
-class TaskRunner(Protocol):
-    """Where a run's tasks run: a pool of ``--workers`` processes (``pool.PoolRunner``) or a
-    Ray cluster (``sftdata.engine``). The same functions run in either; results are small."""
-
-    cpus: int
-    depth: int | None  # tasks in flight at most (None: every task submitted at once)
-    tokenizer: bytes | None  # what a partition task is given to rebuild the tokenizer (None: the worker's own)
-    curate: object  # what a partition task is given of the curating settings (None: the worker's own)
-
-    def partitions(self, infos: list[SourceInfo]) -> list: ...
-    def submit(self, fn, args: tuple, doing: str): ...
-    def result(self, handle, doing: str): ...
-    def close(self, stopped: bool) -> None: ...
-
-
-class Executor(Protocol):
-    """An engine (``--engine``): ``start`` gives the runner of one partitioned run, whose
-    tasks read the inputs themselves, stage their episodes under ``stage_dir`` and write
-    the final shards (``prepare.partitioned``)."""
-
-    def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
-              stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

@@ -24,8 +24,9 @@ from ..store.fsops import make_owned_folder
 from ..store.writer import SplitWriter
 from .chunk import empty_result, merged, process_chunk, shifted
 from .curate_tasks import KEYS_DIR, stage_keys
-from .options import ChunkResult, PrepareOptions, StagedPart
+from .options import PrepareOptions
 from .pool import WORKER, chunks_of
+from .results import ChunkResult, StagedPart
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..store.writer import shard_starts
-from .options import StagedPart
+from .results import StagedPart
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from ..store.format import STOP_FILE
 from ..template import TemplateProfile
 from ..util.lifetime import die_with_parent, signals_held
 from .chunk import curated_chunk
-from .options import ChunkResult, PrepareOptions
+from .options import PrepareOptions
+from .results import ChunkResult
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
@@ -147,7 +148,7 @@ def overlapped(jobs: Iterable[tuple[object, object]], start: Callable) -> Iterat
 
 def in_order(runner, fn: Callable, jobs: Iterable[tuple[tuple, str, object]]) -> Iterator[tuple[object, object]]:
     """``(fn(*args), tag)`` of each job ``(args, doing, tag)``, run by ``runner`` (a
-    ``PoolRunner``, or an engine's runner: ``options.TaskRunner``), in the jobs' order with at
+    ``PoolRunner``, or an engine's runner: ``results.TaskRunner``), in the jobs' order with at
     most ``runner.depth`` in flight (None: all at once); a failure says what the job was
     ``doing`` ("the records from in.jsonl:line 5 on were being prepared")."""
     pending: deque = deque()

@@ -70,9 +70,10 @@ from ..template import (
 )
 from ..tokenize.identity import recorded_identity
 from .build import plan_build
-from .options import ChunkResult, Executor, PrepareOptions, PrepareSummary, Progress, StagedPart, TaskRunner
+from .options import PrepareOptions
 from .partitioned import decide_duplicates, partitioned_results, write_planned
 from .pool import PoolRunner, chunk_results, chunks_of
+from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart, TaskRunner
 from .split import split_assignment, split_parts
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata

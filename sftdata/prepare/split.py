@@ -17,7 +17,8 @@ import numpy as np
 from ..store.format import PARTS_DIR, STAGING_SPLIT
 from ..store.shard import Shard
 from ..store.writer import DatasetWriter, SplitWriter
-from .options import PrepareOptions, StagedPart
+from .options import PrepareOptions
+from .results import StagedPart
 
 COPY_TOKENS = 1 << 20  # tokens read at once when splitting the staging shard (bounds memory)
 

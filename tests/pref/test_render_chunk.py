@@ -9,8 +9,9 @@ import pytest
 
 from sftdata.chat.pair_rule import completion_mask, completion_masks
 from sftdata.errors import RecordError
+from sftdata.pref.options import PrefOptions
 from sftdata.pref.render import render_record, render_records
-from sftdata.pref.run import PrefOptions, open_context
+from sftdata.pref.run import open_context
 from sftdata.records.preference import parse_preference
 
 U = {"role": "user", "content": "What color is the sky?"}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sftdata.errors import OutputExistsError, SftDataError
-from sftdata.prepare.options import StagedPart
 from sftdata.prepare.plan import plan_shards
+from sftdata.prepare.results import StagedPart
 from sftdata.prepare.shard_task import write_shard
 from sftdata.store.format import PARTS_DIR, STOP_FILE
 from sftdata.store.fsops import folder_identity

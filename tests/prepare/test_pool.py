@@ -88,7 +88,7 @@ def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
         done[i].set()
         return i * i
 
-    class Threads:  # a runner (prepare.options.TaskRunner) over 4 threads, 3 jobs in flight at most
+    class Threads:  # a runner (prepare.results.TaskRunner) over 4 threads, 3 jobs in flight at most
         depth, threads = 3, ThreadPoolExecutor(4)
 
         def submit(self, fn, args, doing):
