@@ -45,7 +45,7 @@ from ..errors import RecordError, UsageError
 from ..prepare.build import plan_build
 from ..prepare.pool import PoolRunner, chunks_of, in_order, overlapped, process_pool, worker_started
 from ..prepare.results import Progress
-from ..prepare.run import _all_rejected, choose_tokenizer
+from ..prepare.run import _all_rejected
 from ..prepare.split import split_assignment
 from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
@@ -66,7 +66,7 @@ from ..store.format import (
 from ..store.location import local_path
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, RowSplitWriter, sweep_beside
-from ..template import template_summary, tokenizer_state
+from ..template import choose_tokenizer, template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .options import PrefOptions
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records

@@ -16,11 +16,11 @@ from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .pool import local_parts
 from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
-from .run import choose_tokenizer, default_workers, local_results, prepare
+from .run import default_workers, local_results, prepare
 from .split import split_assignment
 
 __all__ = [
     "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
-    "PrepareSummary", "Progress", "StagedPart", "choose_tokenizer", "default_workers", "local_parts", "local_results",
+    "PrepareSummary", "Progress", "StagedPart", "default_workers", "local_parts", "local_results",
     "partition_settings", "prepare", "prepare_partition", "process_chunk", "split_assignment",
 ]

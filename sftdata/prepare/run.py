@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import __version__
 from ..chat.serving import check_state_stops
-from ..chat.tokenizer import ChatTokenizer, HFTokenizer, engine_record, open_tokenizer
+from ..chat.tokenizer import ChatTokenizer, HFTokenizer, engine_record
 from ..curate import CurateSettings, Deduplicator, load_evals
 from ..errors import (
     AllRecordsRejectedError,
@@ -61,10 +61,8 @@ from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, sweep_beside
 from ..template import (
-    TemplateLimits,
     TemplateProfile,
-    model_profile,
-    require_tool_calls,
+    choose_tokenizer,
     template_summary,
     tokenizer_state,
 )
@@ -77,26 +75,6 @@ from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
 from .split import split_assignment, split_parts
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
-
-
-def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto",
-                     variables: dict | None = None, per_reply: bool = False, mode: str = "chat",
-                     limits: TemplateLimits | None = None) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
-    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
-    the template ``--chat-template`` names (default: the folder's own), learned once here
-    and sent to the workers, with ``--template-var`` ``variables``. ``--train-on last``
-    makes its rule train each episode's last reply only, ``--per-reply`` serves each reply
-    as an episode. ``engine``: ``--tokenizer-engine``; ``limits``: what each render of the
-    template runs under. In ``tool`` mode a template that renders no tool call is refused
-    here (``require_tool_calls``)."""
-    tok = open_tokenizer(spec, engine)
-    if isinstance(tok, ChatTokenizer):
-        return tok, None
-    profile = model_profile(tok, chat_template, variables, last_reply_only=train_on == "last", per_reply=per_reply,
-                            limits=limits or TemplateLimits())
-    if mode == "tool":
-        require_tool_calls(profile)
-    return tok, profile
 
 
 def curate_result(res: ChunkResult, dedup: Deduplicator, evals, contaminated: Counter) -> list[tuple]:

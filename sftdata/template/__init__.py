@@ -28,6 +28,7 @@ from .presets import PRESET_TOKENS, PRESETS
 from .profile import TemplateProfile, learn_profile
 from .records import (
     RecordEpisodes,
+    choose_tokenizer,
     fit_to_template,
     model_profile,
     plan_record,
@@ -41,7 +42,7 @@ from .spans import Layout, NotLocated, locate_last_reply, locate_replies, token_
 __all__ = [
     "DEFAULT_MAX_STEPS", "PRESETS", "PRESET_TOKENS", "ArgumentsStyle", "ChatTemplate", "Episode", "Layout", "MaskRule",
     "NotLocated", "Planned", "RecordEpisodes", "Rendered", "TemplateLimits", "TemplateProfile", "TemplateRender",
-    "arguments_style", "check_texts",
+    "arguments_style", "check_texts", "choose_tokenizer",
     "chunk_episodes", "episodes_of", "plan_conversation",
     "compile_template", "conversation_messages", "has_generation_blocks", "learn_profile", "load_chat_template",
     "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",

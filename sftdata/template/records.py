@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..chat.tokenizer import ChatTokenizer, open_tokenizer
 from ..errors import RecordError, TemplateError, TemplateLimitError, TokenizerFailure
 from ..records.conversation import Conversation
 from ..records.turns import STRUCTURAL_REPAIRS, Turn
@@ -315,3 +316,23 @@ def template_summary(tok: HFTokenizer, profile: TemplateProfile) -> dict:
     return {**tok.summary(), "template": {"name": t.name, "source": t.source, "sha256": t.sha256,
                                           "reasoning_position": profile.reasoning},
             "mask_rule": profile.rule.state()}
+
+
+def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str = "all", engine: str = "auto",
+                     variables: dict | None = None, per_reply: bool = False, mode: str = "chat",
+                     limits: TemplateLimits | None = None) -> tuple[ChatTokenizer | HFTokenizer, TemplateProfile | None]:
+    """The tokenizer ``--tokenizer`` names and, for a model's own tokenizer, the profile of
+    the template ``--chat-template`` names (default: the folder's own), learned once here
+    and sent to the workers, with ``--template-var`` ``variables``. ``--train-on last``
+    makes its rule train each episode's last reply only, ``--per-reply`` serves each reply
+    as an episode. ``engine``: ``--tokenizer-engine``; ``limits``: what each render of the
+    template runs under. In ``tool`` mode a template that renders no tool call is refused
+    here (``require_tool_calls``)."""
+    tok = open_tokenizer(spec, engine)
+    if isinstance(tok, ChatTokenizer):
+        return tok, None
+    profile = model_profile(tok, chat_template, variables, last_reply_only=train_on == "last", per_reply=per_reply,
+                            limits=limits or TemplateLimits())
+    if mode == "tool":
+        require_tool_calls(profile)
+    return tok, profile

@@ -4,9 +4,9 @@ how the pipelines are built (a refactoring) must leave these digests as they are
 that means to alter a dataset's bytes updates them here, in the same commit, and says why.
 
 The digest covers every file of the dataset; the metadata without ``created_by``,
-``build`` and ``metadata_checksum`` (the version and the code's hash, which change with any
-commit) and ``files`` (each file is digested itself), and the temp folder's and the
-checkout's paths replaced by ``TMP`` and ``ROOT`` wherever they appear."""
+``build``, ``metadata_checksum`` and a packed dataset's ``source.metadata_sha256`` (the
+version and the code's hash, which change with any commit) and ``files`` (each file is
+digested itself), and the temp folder's and the checkout's paths replaced by ``TMP`` and ``ROOT`` wherever they appear."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ SAMPLE = ROOT / "sample_data"
 GOLDEN = {
     "chat": "3bf793a8e2a658b6b4468b69cc78a843fb11f987960eddc3aa9162d6cb115491",
     "tool": "0991be501a96407fad8c3cbe01c979b4c717a03633718ffe60c8a297bc735a37",
-    "packed": "02f8597fee5a0da0038c95352db0dcc36e986975b6057121d0704c53e28ac07b",
+    "packed": "fd28750f4870ae8fc25769041b970ff6164d25337f7ee050452a8b8137200753",
     "pairs": "604493cf3d2289ce3086ef2fd3ade4ce807abc7ad026bfa9dcff571c359e991f",
     "kto": "c72116a447ba63f369556c3601fca2593fc3440ae0956d07714f0ca2ef899bbf",
     "prompts": "61df0f3933750c0c94da1f3d596c021f9827da0fb07379f2f1518157e4d7e433",
@@ -50,6 +50,7 @@ def digest(root, tmp) -> str:
             meta.pop("build", None)
             meta.pop("metadata_checksum", None)
             meta.pop("files", None)  # every file is in the digest itself
+            meta.get("source", {}).pop("metadata_sha256", None)  # a packed dataset's: its source's build above
             data = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)
         data = data.replace(str(tmp).encode(), b"TMP").replace(str(ROOT).encode(), b"ROOT")
         h.update(str(p.relative_to(root)).encode() + b"\0" + hashlib.sha256(data).digest())
