@@ -68,67 +68,105 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
         tools, specs = parse_tool_specs(obj.get("tools"), "")
     except RecordError:
         return None
-    names = {t["name"] for t in tools}
     systems = [] if top is None else [top]
-    turns: list[Turn] = []
-    pending: list[str | None] = []  # the ids of the last calls still waiting for their results, in order
-    last = ""  # the kind of the last turn
+    read = _Turns({t["name"] for t in tools})
     for i, m in enumerate(msgs):
-        if type(m) is not dict:
+        message = _message(m, kinds, sharegpt)
+        if message is None:
             return None
-        if sharegpt:
-            role, text, calls_value = m.get("from"), m.get("value"), None
-            if len(m) != 2 or type(role) is not str or type(text) is not str:
-                return None
-        else:
-            role, text = m.get("role"), m.get("content")
-            if type(role) is not str:
-                return None
-        kind = kinds.get(role) or kinds.get(role.lower())
-        if kind is None:
-            return None
-        if not sharegpt:  # exactly the keys this kind reads; a string content (null beside calls)
-            extra = "tool_calls" if kind == "assistant" else "tool_call_id" if kind == "tool" else None
-            if len(m) != 1 + ("content" in m) + (extra in m) or (type(text) is not str and (
-                    text is not None or "tool_calls" not in m or kind != "assistant")):
-                return None
-            calls_value = m.get("tool_calls")
+        kind, text, calls_value = message
         if kind == "system":
-            if turns:  # after the conversation started: the general parser rejects it
+            if read.turns:  # after the conversation started: the general parser rejects it
                 return None
             systems.append(text)
-            continue
+        elif not read.add(m, kind, text, calls_value, i, sharegpt):
+            return None
+    if read.last not in ("assistant", "call"):
+        return None
+    return with_system(systems, read.turns, tools, specs, kwargs)
+
+
+def _message(m: Any, kinds: dict, sharegpt: bool) -> tuple[str, Any, Any] | None:
+    """A message's kind (``kinds``' word for its role), text and OpenAI ``tool_calls``, or
+    None where it holds anything but the keys its kind reads."""
+    if type(m) is not dict:
+        return None
+    if sharegpt:
+        role, text, calls_value = m.get("from"), m.get("value"), None
+        if len(m) != 2 or type(role) is not str or type(text) is not str:
+            return None
+    else:
+        role, text = m.get("role"), m.get("content")
+        if type(role) is not str:
+            return None
+    kind = kinds.get(role) or kinds.get(role.lower())
+    if kind is None:
+        return None
+    if not sharegpt:  # exactly the keys this kind reads; a string content (null beside calls)
+        extra = "tool_calls" if kind == "assistant" else "tool_call_id" if kind == "tool" else None
+        if len(m) != 1 + ("content" in m) + (extra in m) or (type(text) is not str and (
+                text is not None or "tool_calls" not in m or kind != "assistant")):
+            return None
+        calls_value = m.get("tool_calls")
+    return kind, text, calls_value
+
+
+class _Turns:
+    """The turns read so far; ``add`` takes the next non-system message, False where the
+    record is not plain. ``pending``: the ids of the last calls still waiting for their
+    results, in order; ``last``: the kind of the last turn."""
+
+    __slots__ = ("names", "turns", "pending", "last")
+
+    def __init__(self, names: set[str]):
+        self.names = names
+        self.turns: list[Turn] = []
+        self.pending: list[str | None] = []
+        self.last = ""
+
+    def add(self, m: dict, kind: str, text: Any, calls_value: Any, i: int, sharegpt: bool) -> bool:
         if kind == "tool":
-            if not pending:
-                return None
-            call_id = None if sharegpt else str_id(m.get("tool_call_id"))
-            if call_id is not None and pending[0] != call_id:  # answers a later call: reordered
-                return None
-            del pending[0]
-            turns.append(Turn("tool", text, tool_call_id=call_id))
-            last = kind
-            continue
-        if kind == "call" and last == "call" and len(pending) == len(turns[-1].tool_calls):
-            try:  # consecutive function_call turns, none answered yet: the format's parallel calls
-                calls = sharegpt_calls(text, "", i)
-            except RecordError:
-                return None
-            if names and any(c.name not in names for c in calls):
-                return None
-            turns[-1] = Turn("assistant", "", turns[-1].tool_calls + calls)
-            pending += [c.id for c in calls]
-            continue
-        if pending or kind == last or (kind == "call" and last == "assistant") or (
+            return self._result(m, text, sharegpt)
+        last = self.last
+        if kind == "call" and last == "call" and len(self.pending) == len(self.turns[-1].tool_calls):
+            return self._more_calls(text, i)
+        if self.pending or kind == last or (kind == "call" and last == "assistant") or (
                 kind == "assistant" and last == "call"):
-            return None  # a call unanswered, or a run the general parser merges
+            return False  # a call unanswered, or a run the general parser merges
         if kind == "user":
             if not text or text.isspace():
-                return None
-            turns.append(Turn("user", text))
-            last = kind
-            continue
-        if not turns:  # a leading assistant turn: the general parser keeps it untrained
-            return None
+                return False
+            self.turns.append(Turn("user", text))
+            self.last = kind
+            return True
+        if not self.turns:  # a leading assistant turn: the general parser keeps it untrained
+            return False
+        return self._reply(m, kind, text, calls_value, i)
+
+    def _result(self, m: dict, text: str, sharegpt: bool) -> bool:
+        if not self.pending:
+            return False
+        call_id = None if sharegpt else str_id(m.get("tool_call_id"))
+        if call_id is not None and self.pending[0] != call_id:  # answers a later call: reordered
+            return False
+        del self.pending[0]
+        self.turns.append(Turn("tool", text, tool_call_id=call_id))
+        self.last = "tool"
+        return True
+
+    def _more_calls(self, text: str, i: int) -> bool:
+        """Consecutive function_call turns, none answered yet: the format's parallel calls."""
+        try:
+            calls = sharegpt_calls(text, "", i)
+        except RecordError:
+            return False
+        if self.names and any(c.name not in self.names for c in calls):
+            return False
+        self.turns[-1] = Turn("assistant", "", self.turns[-1].tool_calls + calls)
+        self.pending += [c.id for c in calls]
+        return True
+
+    def _reply(self, m: dict, kind: str, text: Any, calls_value: Any, i: int) -> bool:
         calls: tuple[ToolCall, ...] = ()
         try:
             if kind == "call":
@@ -137,20 +175,18 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
             elif calls_value is not None:
                 calls = openai_calls(m, "", i)
         except RecordError:
-            return None
+            return False
         text = text or ""
         if not calls:
             if not text or text.isspace():
-                return None
+                return False
         elif not text.strip():
             text = ""
-        if calls and names and any(c.name not in names for c in calls):
-            return None
+        if calls and self.names and any(c.name not in self.names for c in calls):
+            return False
         if opens_thinking(text):
-            return None
-        turns.append(Turn("assistant", text, calls))
-        pending = [c.id for c in calls]
-        last = "call" if calls else "assistant"
-    if last not in ("assistant", "call"):
-        return None
-    return with_system(systems, turns, tools, specs, kwargs)
+            return False
+        self.turns.append(Turn("assistant", text, calls))
+        self.pending = [c.id for c in calls]
+        self.last = "call" if calls else "assistant"
+        return True
