@@ -74,52 +74,103 @@ def _table(r: Replay) -> Group:
     return Group(Text(title, style="bold"), t, Text(caption, style="dim"))
 
 
+def _report_audit(res, check_audit: Path, split: str, *, as_json: bool, quiet: bool) -> None:
+    """``--check-audit``'s result: JSON, one line when ``--quiet`` and it differs, else OK or
+    the first mismatches; exit 1 where the log differs from the replay."""
+    if as_json:
+        print_json(res.as_dict())
+    elif quiet:
+        if not res.ok:
+            first = f": the first: {res.mismatches[0].message}" if res.mismatches else ""
+            raise fail(f"{check_audit}: {len(res.mismatches):,} mismatch(es) with the replay of split {split} "
+                       f"({res.checked} epoch_start line(s) checked){first}; without --quiet the first "
+                       f"{MISMATCHES_SHOWN} are listed, --json lists them all")
+    elif res.ok:
+        eps = sorted(set(res.epochs))
+        err_console.print(Text("OK", style="green") + Text(f": {res.checked} epoch_start line(s) of split {split} "
+                                                          f"in {check_audit} (epochs {', '.join(map(str, eps))}) "
+                                                          f"match the replay"))
+    else:
+        if res.checked == 0 and not res.mismatches:
+            err_console.print(f"no epoch_start line of split {split} in {check_audit}; nothing matches",
+                              style="red")
+        for m in res.mismatches[:MISMATCHES_SHOWN]:
+            err_console.print(Text("mismatch ", style="red") + Text(m.message), soft_wrap=True)
+        if len(res.mismatches) > MISMATCHES_SHOWN:
+            err_console.print(f"... and {len(res.mismatches) - MISMATCHES_SHOWN:,} more mismatches (--json lists "
+                              f"them all)", style="red", markup=False)
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+# the command's options, one alias each (``replay_order_cmd`` lists them in --help's order)
+DatasetArg = Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
+                       "trained on (episodes, or packed rows), or its mixture file (`sftdata mix`).")]
+TrainingConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
+                              "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
+                                             f"default {DEFAULT_SEED}).")]
+EpochOpt = Annotated[int | None, typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
+                     "0). With --step, checks the step is in this epoch.")]
+StepOpt = Annotated[int | None, typer.Option("--step", metavar="N", help="Global training step: 0-based count "
+                    "of train batches since the start of training (the step train.py prints).")]
+SplitOpt = Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")]
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
+                         "(overrides --config; default 8).")]
+BatchTokensOpt = Annotated[int | None, typer.Option("--batch-tokens", metavar="T", help="Token-budget batches: "
+                           "each rank's batch holds up to T tokens (rows x longest row) instead of --batch-size "
+                           "rows (overrides --config's batch_tokens).")]
+BlockSizeOpt = Annotated[int | None, typer.Option("--block-size", metavar="N", help="block_size (overrides "
+                         "--config; only --batch-tokens depends on it: rows are cut at N + 1 tokens).")]
+WorldSizeOpt = Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
+                                           "used (after --resume-from: the ranks it resumed on).")]
+ResumeFromOpt = Annotated[int | None, typer.Option("--resume-from", metavar="STEP", help="The run was resumed at "
+                          "this step on another layout (load_state_dict): steps from it on use --world-size and "
+                          "--batch-size, earlier ones --from-world-size and --from-batch-size.")]
+FromWorldSizeOpt = Annotated[int | None, typer.Option("--from-world-size", metavar="W", help="Ranks before "
+                             "--resume-from.")]
+FromBatchSizeOpt = Annotated[int | None, typer.Option("--from-batch-size", metavar="B", help="Per-rank batch "
+                             "size before --resume-from (default: the batch size).")]
+RankOpt = Annotated[int | None, typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
+                                             "ranks).")]
+HeadOpt = Annotated[int | None, typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
+                    f"all for --json/--csv, {TABLE_ROWS} for the table).")]
+MinTokensOpt = Annotated[int | None, typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
+                         "(overrides --config; default 2).")]
+ShuffleOpt = Annotated[bool | None, typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
+                       "(overrides --config; default shuffle).", show_default=False)]
+DropLastOpt = Annotated[bool | None, typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
+                        "(overrides --config; default drop-last).", show_default=False)]
+CheckAuditOpt = Annotated[Path | None, typer.Option("--check-audit", metavar="LOG", help="Check an audit "
+                          "log's epoch_start lines against the replay; exit 1 where they differ.")]
+CsvOpt = Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "
+                                      "--head).")]
+
+
 @app.command("replay-order")
 @handle_errors
 def replay_order_cmd(
-    dataset: Annotated[Path, typer.Argument(metavar="DATASET", show_default=False, help="Dataset folder the run "
-                                            "trained on (episodes, or packed rows), or its mixture file "
-                                            "(`sftdata mix`).")],
-    config: Annotated[Path | None, typer.Option("--config", "-c", metavar="FILE", help="The training config "
-                      "(JSON or XML) the run used: seed, batch size, shuffle, drop_last, min tokens.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="epoch_seed (overrides --config; "
-                                                f"default {DEFAULT_SEED}).")] = None,
-    epoch: Annotated[int | None, typer.Option("--epoch", metavar="E", help="List this epoch's order (default "
-                     "0). With --step, checks the step is in this epoch.")] = None,
-    step: Annotated[int | None, typer.Option("--step", metavar="N", help="Global training step: 0-based count "
-                    "of train batches since the start of training (the step train.py prints).")] = None,
-    split: Annotated[str, typer.Option("--split", metavar="NAME", help="train or val.")] = "train",
-    batch_size: Annotated[int | None, typer.Option("--batch-size", metavar="B", help="Per-rank batch size "
-                          "(overrides --config; default 8).")] = None,
-    batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", metavar="T", help="Token-budget batches: "
-                            "each rank's batch holds up to T tokens (rows x longest row) instead of --batch-size "
-                            "rows (overrides --config's batch_tokens).")] = None,
-    block_size: Annotated[int | None, typer.Option("--block-size", metavar="N", help="block_size (overrides "
-                          "--config; only --batch-tokens depends on it: rows are cut at N + 1 tokens).")] = None,
-    world_size: Annotated[int, typer.Option("--world-size", metavar="W", help="Number of ranks the run "
-                                            "used (after --resume-from: the ranks it resumed on).")] = 1,
-    resume_from: Annotated[int | None, typer.Option("--resume-from", metavar="STEP", help="The run was resumed at "
-                           "this step on another layout (load_state_dict): steps from it on use --world-size and "
-                           "--batch-size, earlier ones --from-world-size and --from-batch-size.")] = None,
-    from_world_size: Annotated[int | None, typer.Option("--from-world-size", metavar="W", help="Ranks before "
-                               "--resume-from.")] = None,
-    from_batch_size: Annotated[int | None, typer.Option("--from-batch-size", metavar="B", help="Per-rank batch "
-                               "size before --resume-from (default: the batch size).")] = None,
-    rank: Annotated[int | None, typer.Option("--rank", metavar="R", help="Only this rank's rows (default: all "
-                                                "ranks).")] = None,
-    head: Annotated[int | None, typer.Option("--head", metavar="K", help=f"Only the first K rows (default: "
-                    f"all for --json/--csv, {TABLE_ROWS} for the table).")] = None,
-    min_tokens: Annotated[int | None, typer.Option("--min-tokens", metavar="M", help="episode_min_tokens "
-                          "(overrides --config; default 2).")] = None,
-    shuffle: Annotated[bool | None, typer.Option("--shuffle/--no-shuffle", metavar="", help="epoch_shuffle "
-                       "(overrides --config; default shuffle).", show_default=False)] = None,
-    drop_last: Annotated[bool | None, typer.Option("--drop-last/--no-drop-last", metavar="", help="epoch_drop_last "
-                         "(overrides --config; default drop-last).", show_default=False)] = None,
-    check_audit: Annotated[Path | None, typer.Option("--check-audit", metavar="LOG", help="Check an audit "
-                           "log's epoch_start lines against the replay; exit 1 where they differ.")] = None,
+    dataset: DatasetArg,
+    config: TrainingConfigOpt = None,
+    seed: SeedOpt = None,
+    epoch: EpochOpt = None,
+    step: StepOpt = None,
+    split: SplitOpt = "train",
+    batch_size: BatchSizeOpt = None,
+    batch_tokens: BatchTokensOpt = None,
+    block_size: BlockSizeOpt = None,
+    world_size: WorldSizeOpt = 1,
+    resume_from: ResumeFromOpt = None,
+    from_world_size: FromWorldSizeOpt = None,
+    from_batch_size: FromBatchSizeOpt = None,
+    rank: RankOpt = None,
+    head: HeadOpt = None,
+    min_tokens: MinTokensOpt = None,
+    shuffle: ShuffleOpt = None,
+    drop_last: DropLastOpt = None,
+    check_audit: CheckAuditOpt = None,
     as_json: JsonOpt = False,
-    as_csv: Annotated[bool, typer.Option("--csv", metavar="", help="Print CSV on stdout (all rows unless "
-                                         "--head).")] = False,
+    as_csv: CsvOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the episodes a training step (or a whole epoch) trained on, with their shard,
@@ -153,31 +204,8 @@ def replay_order_cmd(
     cfg = _config(config, seed, batch_size, min_tokens, shuffle, drop_last, batch_tokens, block_size)
     if check_audit is not None:
         check = check_mixture_audit if mixture else check_audit_log
-        res = check(dataset, cfg, check_audit, split=split, world_size=world_size)
-        if as_json:
-            print_json(res.as_dict())
-        elif quiet:
-            if not res.ok:
-                first = f": the first: {res.mismatches[0].message}" if res.mismatches else ""
-                raise fail(f"{check_audit}: {len(res.mismatches):,} mismatch(es) with the replay of split {split} "
-                           f"({res.checked} epoch_start line(s) checked){first}; without --quiet the first "
-                           f"{MISMATCHES_SHOWN} are listed, --json lists them all")
-        elif res.ok:
-            eps = sorted(set(res.epochs))
-            err_console.print(Text("OK", style="green") + Text(f": {res.checked} epoch_start line(s) of split {split} "
-                                                              f"in {check_audit} (epochs {', '.join(map(str, eps))}) "
-                                                              f"match the replay"))
-        else:
-            if res.checked == 0 and not res.mismatches:
-                err_console.print(f"no epoch_start line of split {split} in {check_audit}; nothing matches",
-                                  style="red")
-            for m in res.mismatches[:MISMATCHES_SHOWN]:
-                err_console.print(Text("mismatch ", style="red") + Text(m.message), soft_wrap=True)
-            if len(res.mismatches) > MISMATCHES_SHOWN:
-                err_console.print(f"... and {len(res.mismatches) - MISMATCHES_SHOWN:,} more mismatches (--json lists "
-                                  f"them all)", style="red", markup=False)
-        if not res.ok:
-            raise typer.Exit(1)
+        _report_audit(check(dataset, cfg, check_audit, split=split, world_size=world_size), check_audit, split,
+                      as_json=as_json, quiet=quiet)
         return
     if mixture:
         r = replay_mixture(dataset, cfg, split=split, epoch=epoch, step=step, rank=rank, world_size=world_size,
@@ -192,4 +220,3 @@ def replay_order_cmd(
         _write_csv(r)
     elif not quiet:
         out_console.print(_table(r))
-
