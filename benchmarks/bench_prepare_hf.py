@@ -59,7 +59,7 @@ from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.records.conversation import parse_record  # noqa: E402
 from sftdata.store import open_dataset  # noqa: E402
 from sftdata.template import PRESETS, conversation_messages, model_profile  # noqa: E402
-from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
+from sftdata.tokenize.open import load_hf_tokenizer  # noqa: E402
 
 
 def package_dir(name: str) -> Path:

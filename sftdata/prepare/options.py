@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..chat.tokenizer import is_model_tokenizer_spec
 from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
@@ -15,6 +14,7 @@ from ..store.format import DEFAULT_SHARD_TOKENS
 from ..template import DEFAULT_MAX_STEPS, TemplateLimits
 from ..tokenize.engine import check_engine
 from ..tokenize.memo import DEFAULT_MEMO_MB, POLICIES, SegmentMemo
+from ..tokenize.open import is_model_tokenizer_spec
 
 
 @dataclass(frozen=True)

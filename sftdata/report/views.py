@@ -39,7 +39,8 @@ from ..store.format import REJECTS_FILE, TOKENIZER_FILE
 from ..store.reader import Dataset
 from ..store.shard import split_segment_flags, split_segments
 from ..tokenize import is_hf_state
-from ..tokenize.hf import HFTokenizer, hf_tokenizer_from_state
+from ..tokenize.hf import HFTokenizer
+from ..tokenize.open import hf_tokenizer_from_state
 
 Tokenizer = ChatTokenizer | HFTokenizer
 

@@ -1,7 +1,7 @@
 """A model's own Hugging Face tokenizer (``tokenizer.json``), loaded with the ``tokenizers``
 library: no torch, no transformers, no network.
 
-    >>> tok = load_hf_tokenizer("Llama-3-8B-Instruct/")    # or .../tokenizer.json
+    >>> tok = load_hf_tokenizer("Llama-3-8B-Instruct/")    # or .../tokenizer.json (``open``)
     >>> tok.special_tokens["<|eot_id|>"], tok.bos_id, tok.vocab_size
     (128009, 128000, 128256)
 
@@ -37,7 +37,6 @@ from . import HF_KIND, STATE_FORMAT
 from .encoded import Encoded, token_ranges_many
 from .engine import EngineChoice, choose_engine
 from .guard import check_document, document_sizes, library_call, present, read_limited
-from .hub import is_hub_id, missing_tokenizer, resolve_hub
 from .identity import facts_identity, vocabulary_sha256
 
 HF_STATE_VERSION = 2  # the tiktoken kind is version 1; an older sftdata then says "upgrade"
@@ -187,7 +186,7 @@ class FastBatch:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` with its config. Build it with ``load_hf_tokenizer``."""
+    """A ``tokenizer.json`` with its config. Build it with ``open.load_hf_tokenizer`` (or ``load_hf_file``)."""
 
     kind = HF_KIND
 
@@ -204,7 +203,7 @@ class HFTokenizer:
         self.name = path.parent.name if path.name == "tokenizer.json" else path.name
         self.source = "file"
         self.hub: dict | None = None  # a Hub model id's repo_id, revision and resolved commit (``hub``)
-        self.identity = None  # its ``TokenizerIdentity`` (``load_hf_tokenizer`` sets it)
+        self.identity = None  # its ``TokenizerIdentity`` (``load_hf_file`` sets it)
         self.file_sha256 = file_sha256 or hashlib.sha256(data).hexdigest()
         self._dict_vocab = facts["dict_vocab"]
         if not self._dict_vocab:
@@ -479,8 +478,7 @@ class HFTokenizer:
                 "hub": self.hub}
 
     def __setstate__(self, state):
-        other = load_hf_tokenizer(Path(state["path"]).parent if Path(state["path"]).name == "tokenizer.json"
-                                  else state["path"], engine=state.get("engine", "auto"), identity=False)
+        other = load_hf_file(Path(state["path"]), engine=state.get("engine", "auto"), identity=False)
         if other.file_sha256 != state["file_sha256"]:
             raise TokenizerError(f"{state['path']} changed since this tokenizer was loaded (sha256 differs)")
         self.__dict__.update(other.__dict__)
@@ -488,39 +486,16 @@ class HFTokenizer:
             self.hub, self.source = state["hub"], "hub"
 
 
-def is_hf_tokenizer_spec(spec: str) -> bool:
-    """True when ``spec`` names a tokenizer.json file, a folder holding one, or a Hub model
-    id (``org/name[@revision]``, ``hub.is_hub_id``)."""
-    p = Path(spec)
-    return (p.is_dir() and (p / "tokenizer.json").is_file()) or (p.is_file() and p.suffix == ".json") or \
-        is_hub_id(str(spec))
-
-
-def load_hf_tokenizer(spec: str | Path, engine: str = "auto", *, identity: bool = True) -> HFTokenizer:
-    """Load ``spec``: a ``tokenizer.json`` file, or a folder holding one plus, when present,
-    ``tokenizer_config.json`` and ``special_tokens_map.json`` (read from the file's own
-    folder too when a file is given), or a Hub model id (``hub.resolve_hub``). ``engine``:
-    ``auto``, ``tiktoken`` or ``hf`` (``tokenizer_engine``). ``identity``: take its
-    ``TokenizerIdentity`` from the bytes read (hashing the vocabulary: about a tenth of the
-    load; a worker's copy, rebuilt from a pickle, needs none)."""
-    if isinstance(spec, str) and is_hub_id(spec):
-        folder, hub = resolve_hub(spec)
-        tok = load_hf_tokenizer(folder, engine, identity=identity)
-        tok.hub, tok.source = hub, "hub"
-        return tok
-    path = Path(spec)
-    if path.is_dir():
-        folder, file = path, path / "tokenizer.json"
-        if not present(file):
-            raise TokenizerError(f"{path} holds no tokenizer.json; give a Hugging Face tokenizer folder or file "
-                                 f"(a SentencePiece-only folder needs converting with transformers first)")
-    elif path.is_file():
-        folder, file = path.parent, path
-    else:
-        raise TokenizerError(missing_tokenizer(str(spec)))
+def load_hf_file(file: Path, engine: str = "auto", *, identity: bool = True) -> HFTokenizer:
+    """Load the ``tokenizer.json`` ``file`` and, when present, the ``tokenizer_config.json``
+    and ``special_tokens_map.json`` of its folder (which file a ``--tokenizer`` spec names:
+    ``open.load_hf_tokenizer``). ``engine``: ``auto``, ``tiktoken`` or ``hf``
+    (``tokenizer_engine``). ``identity``: take its ``TokenizerIdentity`` from the bytes read
+    (hashing the vocabulary: about a tenth of the load; a worker's copy, rebuilt from a
+    pickle, needs none)."""
     data = read_limited(file)  # refused by its size before it is read
     with paused():  # the parse and the checks make 150,000+ objects and no cycle: nothing to collect
-        return _load_file(file, folder, data, engine, identity)
+        return _load_file(file, file.parent, data, engine, identity)
 
 
 def _load_file(file: Path, folder: Path, data: bytes, engine: str, identity: bool) -> HFTokenizer:
@@ -544,29 +519,4 @@ def _load_file(file: Path, folder: Path, data: bytes, engine: str, identity: boo
                       doc=doc, file_sha256=sha256)
     if identity:  # what a dataset records: from these bytes, not read again
         tok.identity = facts_identity(file, sha256, facts, lambda text: tok._vocab.get(text) if tok._dict_vocab else None)
-    return tok
-
-
-def hf_tokenizer_from_state(state: dict, where: str = "tokenizer_state.json",
-                            path: str | Path | None = None, engine: str = "auto") -> HFTokenizer:
-    """Reload the tokenizer a dataset recorded (from ``path`` when given, else the recorded
-    path) and check it is byte-for-byte the same file."""
-    if not isinstance(state, dict) or state.get("kind") != HF_KIND:
-        raise TokenizerError(f"{where} does not record a Hugging Face tokenizer (kind != {HF_KIND!r})")
-    recorded = state.get("path")
-    spec = path if path is not None else recorded
-    if not spec:
-        raise TokenizerError(f"{where} records no tokenizer path; pass the tokenizer.json the dataset was made with")
-    hub = state.get("hub") if path is None else None
-    if not Path(spec).exists() and isinstance(hub, dict) and hub.get("repo_id") and hub.get("commit"):
-        spec = f"{hub['repo_id']}@{hub['commit']}"  # the Hub model at the commit the dataset was made with
-    elif not Path(spec).exists():
-        raise TokenizerError(f"{where}: the tokenizer {spec} is gone; pass the tokenizer.json (or its folder) the "
-                             f"dataset was prepared with")
-    tok = load_hf_tokenizer(spec, engine)
-    if tok.file_sha256 != state.get("file_sha256"):
-        raise TokenizerError(
-            f"{where}: {tok.path} has sha256 {tok.file_sha256[:12]}..., the dataset recorded "
-            f"{str(state.get('file_sha256'))[:12]}...; token ids would mean other text. Use the tokenizer.json "
-            f"the dataset was prepared with")
     return tok

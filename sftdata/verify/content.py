@@ -53,7 +53,7 @@ from ..store.reader import Scan
 from ..store.shard import Shard
 from ..store.structure import EpisodeBounds, readable_rows
 from ..tokenize import is_hf_state
-from ..tokenize.hf import hf_tokenizer_from_state
+from ..tokenize.open import hf_tokenizer_from_state
 from ..util.ranges import gather_ranges, whole_runs
 from .stops import StopFindings
 from .template import rederived_rule_problems

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import SftDataError
 from ..store.format import TOKENIZER_FILE, TOKENS_FILE, Problem
 from ..tokenize import is_hf_state
-from ..tokenize.hf import hf_tokenizer_from_state
+from ..tokenize.open import hf_tokenizer_from_state
 
 RETOKENIZE_CHECK = {"retokenize": "sampled episodes decoded and re-encoded by the tokenizers library give the "
                                   "stored ids (--retokenize)"}

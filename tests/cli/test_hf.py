@@ -21,7 +21,7 @@ from sftdata.order.config import LoaderConfig
 from sftdata.records.conversation import parse_record
 from sftdata.store import open_dataset
 from sftdata.template import PRESETS, conversation_messages, model_profile, render_conversation, tool_schemas
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.templates import TOKENS, WEATHER_TOOL, llama3_folder, train_tokenizer
 

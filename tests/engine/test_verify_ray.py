@@ -18,7 +18,7 @@ from sftdata.engine.verify_ray import ray_verify_executor
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.template import PRESETS
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from sftdata.verify import verify
 from tests.helpers.bpe import RECORDS, edited
 from tests.helpers.data import random_conversation, write_jsonl

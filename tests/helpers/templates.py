@@ -15,7 +15,7 @@ tokenizers = pytest.importorskip("tokenizers", reason="the hf extra (tokenizers)
 pytest.importorskip("jinja2", reason="the hf extra (jinja2) is not installed")
 
 from sftdata.records.conversation import parse_record  # noqa: E402
-from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
+from sftdata.tokenize.open import load_hf_tokenizer  # noqa: E402
 
 CORPUS = [
     "Hello! How can I help you today?", "What is the weather in Paris?", "It is 18C and sunny in Paris.",

@@ -64,7 +64,7 @@ def test_under_a_model_template_the_prompt_is_the_render_with_the_generation_pro
                                                                                   "pad_token": "<|endoftext|>"})
     inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
     prepare_pref([inp], tmp_path / "ds", PrefOptions(tokenizer=str(folder)))
-    from sftdata.tokenize.hf import load_hf_tokenizer
+    from sftdata.tokenize.open import load_hf_tokenizer
 
     tok = load_hf_tokenizer(folder)
     text = "<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\n"

@@ -30,7 +30,7 @@ from sftdata.template import (
 from sftdata.template.episodes import _trie
 from sftdata.template.records import _check_trained, _proven, fit_to_template, plan_record
 from sftdata.template.spans import locate_replies, plain_structure
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.bpe import random_texts
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.templates import TOKENS, preset_tokenizer, train_tokenizer

@@ -19,7 +19,7 @@ from sftdata.cli import app
 from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
 from sftdata.template import ChatTemplate, learn_profile, load_chat_template, records_episodes
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from sftdata.verify import verify
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.templates import TOKENS, preset_tokenizer, train_tokenizer

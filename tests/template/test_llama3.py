@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sftdata.template import PRESETS, learn_profile, load_chat_template, render_conversation, rule_mask
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.templates import conversation, llama3_folder
 
 

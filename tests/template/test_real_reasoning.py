@@ -19,7 +19,7 @@ import pytest
 from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes, template_summary, tokenizer_state
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from sftdata.verify.template import rederived_rule_problems
 from tests.helpers.templates import CORPUS, train_tokenizer
 from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens, zoo_folder

@@ -19,7 +19,7 @@ from sftdata.template import (
     render_messages,
     rule_mask,
 )
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.templates import TOKENS, conversation, preset_tokenizer, train_tokenizer
 
 CHATML_GEN = (

@@ -14,7 +14,7 @@ from sftdata.cli import app
 from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.data import write_jsonl
 from tests.helpers.templates import TOKENS, train_tokenizer
 from tests.helpers.zoo import RECORDS, ZOO, Entry, reference_messages, zoo_model

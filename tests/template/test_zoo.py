@@ -21,7 +21,7 @@ import pytest
 from sftdata.errors import RecordError
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.zoo import (
     RECORDS,
     ZOO,

@@ -28,7 +28,7 @@ from sftdata.tokenize.fast_bpe import (
     convert,
     fast_plan,
 )
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from tests.helpers.bpe import LEVEL, RECORDS, SPLIT, byte_doc, edited, random_texts
 from tests.helpers.data import write_jsonl
 from tests.helpers.paths import FIXTURES

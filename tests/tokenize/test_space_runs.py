@@ -20,7 +20,7 @@ from sftdata.records.conversation import Conversation, Turn
 from sftdata.store import open_dataset
 from sftdata.template import PRESETS
 from sftdata.tokenize.fast_bpe import fast_plan
-from sftdata.tokenize.hf import load_hf_tokenizer
+from sftdata.tokenize.open import load_hf_tokenizer
 from sftdata.tokenize.space_runs import (
     CL100K_PATTERNS,
     CL100K_PATTERNS_NEW,
