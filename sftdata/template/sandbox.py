@@ -277,288 +277,312 @@ def limit_callables(env) -> None:
 
 @lru_cache(maxsize=1)
 def limited_environment_class():
-    """``ImmutableSandboxedEnvironment`` spending each render's budget (jinja2 imported here)."""
+    """``ImmutableSandboxedEnvironment`` spending each render's budget: the classes below put
+    before Jinja's own (jinja2 is imported here, once)."""
     import jinja2
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, operators, optimizeconst
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
     from markupsafe import Markup
 
-    class LimitedCodeGenerator(CodeGenerator):
-        def visit_Template(self, node, frame=None):
-            instrument(node, nodes)
-            node.set_environment(self.environment)
-            super().visit_Template(node, frame)
+    for func in (finalize, charge, loop_items):  # they take the render's context (the budget's holder)
+        jinja2.pass_context(func)
+    generator = type("LimitedCodeGenerator", (LimitedCodeGenerator, CodeGenerator), {
+        "nodes": nodes, "operators": operators,
+        **{name: optimizeconst(vars(LimitedCodeGenerator)[name]) for name in LimitedCodeGenerator.OPTIMIZED}})
+    formatter = type("LimitedFormatter", (LimitedFormatter, SandboxedFormatter), {})
+    return type("LimitedEnvironment", (LimitedEnvironment, ImmutableSandboxedEnvironment), {
+        "code_generator_class": generator,
+        "fixed_types": _FIXED_TYPES | {jinja2.runtime.LoopContext, jinja2.utils.Namespace},
+        "unwalked": (jinja2.runtime.Macro, jinja2.runtime.LoopContext),  # they pass their arguments on untouched
+        "formatter": formatter,
+        "escape_formatter": type("LimitedEscapeFormatter", (formatter, SandboxedEscapeFormatter), {}),
+        "markup": Markup,
+    })
 
-        @optimizeconst
-        def visit_Concat(self, node, frame):
-            self.write("environment.limited_concat(context, (")
-            for arg in node.nodes:
-                self.visit(arg, frame)
-                self.write(", ")
+
+def finalize(context, value):
+    """``{{ value }}``: its text written (and built first when it is not a string)."""
+    b = budget_of(context)
+    if isinstance(value, str):
+        b.write(len(value))
+        return value
+    size = text_size(value, b)  # str() of it builds the text
+    b.afford(size)
+    b.build(size)
+    b.write(size)
+    return value
+
+
+def charge(context, _value, cost):
+    """``CHARGE_FILTER``: a macro's or call block's literal text, at each call."""
+    budget_of(context).charge(cost)
+    return ""
+
+
+def loop_items(context, iterable, cost):
+    """``LOOP_FILTER``: a loop's items, each charged as it is made."""
+    b = budget_of(context)
+    for item in iterable:
+        b.charge(cost)
+        yield item
+
+
+class LimitedCodeGenerator:
+    """Jinja's ``CodeGenerator`` (after this class in the built one) writing calls to the
+    environment's ``limited_*`` methods where a template concatenates, compares, hashes a key
+    or slices; the ``OPTIMIZED`` visitors are wrapped in Jinja's ``optimizeconst`` there, and
+    ``nodes`` and ``operators`` are Jinja's."""
+
+    OPTIMIZED = ("visit_Concat", "visit_Compare", "visit_Dict", "visit_Getitem")
+    nodes = operators = None  # jinja2's, set on the built class
+
+    def visit_Template(self, node, frame=None):
+        instrument(node, self.nodes)
+        node.set_environment(self.environment)
+        super().visit_Template(node, frame)
+
+    def visit_Concat(self, node, frame):
+        self.write("environment.limited_concat(context, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+    def _sized(self, node, frame):
+        if isinstance(node, self.nodes.Const):
+            self.visit(node, frame)
+            return
+        self.write("environment.limited_size(context, ")
+        self.visit(node, frame)
+        self.write(")")
+
+    def visit_Compare(self, node, frame):
+        if len(node.ops) == 1 and node.ops[0].op in ("in", "notin"):  # what is searched decides the cost
+            self.write("(not " if node.ops[0].op == "notin" else "(")
+            self.write("environment.limited_in(context, ")
+            self.visit(node.expr, frame)
+            self.write(", ")
+            self.visit(node.ops[0].expr, frame)
             self.write("))")
+            return
+        self.write("(")
+        self._sized(node.expr, frame)
+        for op in node.ops:
+            self.write(f" {self.operators[op.op]} ")
+            self._sized(op.expr, frame)
+        self.write(")")
 
-        def _sized(self, node, frame):
-            if isinstance(node, nodes.Const):
-                self.visit(node, frame)
-                return
-            self.write("environment.limited_size(context, ")
+    def _key(self, node, frame):
+        if isinstance(node, self.nodes.Const):
             self.visit(node, frame)
+            return
+        self.write("environment.limited_key(context, ")
+        self.visit(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node, frame):
+        self.write("{")
+        for idx, item in enumerate(node.items):
+            self.write(", " if idx else "")
+            self._key(item.key, frame)
+            self.write(": ")
+            self.visit(item.value, frame)
+        self.write("}")
+
+    def visit_Getitem(self, node, frame):
+        if not isinstance(node.arg, self.nodes.Slice):
+            if isinstance(node.arg, self.nodes.Const):
+                return super().visit_Getitem(node, frame)
+            self.write("environment.getitem(")
+            self.visit(node.node, frame)
+            self.write(", ")
+            self._key(node.arg, frame)
             self.write(")")
+            return
+        self.write("environment.limited_slice(context, ")
+        super().visit_Getitem(node, frame)
+        self.write(")")
 
-        @optimizeconst
-        def visit_Compare(self, node, frame):
-            if len(node.ops) == 1 and node.ops[0].op in ("in", "notin"):  # what is searched decides the cost
-                self.write("(not " if node.ops[0].op == "notin" else "(")
-                self.write("environment.limited_in(context, ")
-                self.visit(node.expr, frame)
-                self.write(", ")
-                self.visit(node.ops[0].expr, frame)
-                self.write("))")
-                return
-            self.write("(")
-            self._sized(node.expr, frame)
-            for op in node.ops:
-                self.write(f" {operators[op.op]} ")
-                self._sized(op.expr, frame)
-            self.write(")")
 
-        def _key(self, node, frame):
-            if isinstance(node, nodes.Const):
-                self.visit(node, frame)
-                return
-            self.write("environment.limited_key(context, ")
-            self.visit(node, frame)
-            self.write(")")
+class LimitedFormatter:
+    """Jinja's sandboxed formatter (after this class in the built one) that refuses a field
+    whose final spec (widths taken from arguments substituted) would build more than the
+    budget allows, before it is built."""
 
-        @optimizeconst
-        def visit_Dict(self, node, frame):
-            self.write("{")
-            for idx, item in enumerate(node.items):
-                self.write(", " if idx else "")
-                self._key(item.key, frame)
-                self.write(": ")
-                self.visit(item.value, frame)
-            self.write("}")
+    def __init__(self, env, budget, **kwargs):
+        self._budget = budget
+        super().__init__(env, **kwargs)
 
-        @optimizeconst
-        def visit_Getitem(self, node, frame):
-            if not isinstance(node.arg, nodes.Slice):
-                if isinstance(node.arg, nodes.Const):
-                    return super().visit_Getitem(node, frame)
-                self.write("environment.getitem(")
-                self.visit(node.node, frame)
-                self.write(", ")
-                self._key(node.arg, frame)
-                self.write(")")
-                return
-            self.write("environment.limited_slice(context, ")
-            super().visit_Getitem(node, frame)
-            self.write(")")
+    def format_field(self, value, format_spec):
+        self._budget.afford(field_size(value, format_spec, self._budget))
+        return super().format_field(value, format_spec)
 
-    class LimitedFormatter(SandboxedFormatter):
-        """Jinja's sandboxed formatter that refuses a field whose final spec (widths taken
-        from arguments substituted) would build more than the budget allows, before it is built."""
 
-        def __init__(self, env, budget, **kwargs):
-            self._budget = budget
-            super().__init__(env, **kwargs)
+class LimitedEnvironment:
+    """Jinja's ``ImmutableSandboxedEnvironment`` (after this class in the built one) with
+    every operator, call, concatenation, comparison, key and slice paid from the render's
+    budget. The built class sets ``code_generator_class``, ``fixed_types``, ``unwalked``,
+    ``formatter``, ``escape_formatter`` and ``markup`` (Jinja's and markupsafe's)."""
 
-        def format_field(self, value, format_spec):
-            self._budget.afford(field_size(value, format_spec, self._budget))
-            return super().format_field(value, format_spec)
+    intercepted_binops = frozenset({"+", "*", "**", "%"})
 
-    class LimitedEscapeFormatter(LimitedFormatter, SandboxedEscapeFormatter):
-        pass
+    def __init__(self, **kwargs):
+        super().__init__(finalize=finalize, **kwargs)
+        self.safe_attributes: dict = {}
+        self.filters[LOOP_FILTER] = loop_items
+        self.filters[CHARGE_FILTER] = charge
 
-    _UNWALKED = (jinja2.runtime.Macro, jinja2.runtime.LoopContext)  # they pass their arguments on untouched
+    def is_safe_attribute(self, obj, attr, value):
+        kind = type(obj)
+        if kind not in self.fixed_types:
+            return super().is_safe_attribute(obj, attr, value)
+        key = (kind, attr)
+        ok = self.safe_attributes.get(key)
+        if ok is None:
+            ok = super().is_safe_attribute(obj, attr, value)
+            if len(self.safe_attributes) < 4096:
+                self.safe_attributes[key] = ok
+        return ok
 
-    @jinja2.pass_context
-    def finalize(context, value):
+    def getattr(self, obj, attribute):
+        """Jinja's ``getattr`` (the attribute first, then the item), without raising and
+        catching ``AttributeError`` for a plain dict's keys (``message.content``), and
+        at once for an attribute of a fixed type already found safe (``str.split``):
+        what Jinja's returns (it wraps only ``format`` and ``format_map``)."""
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_NAMES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if self.safe_attributes.get((kind, attribute)) and attribute not in _FORMATS:
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:
+                pass
+        return super().getattr(obj, attribute)
+
+    def call_binop(self, context, operator, left, right):
         b = budget_of(context)
-        if isinstance(value, str):
-            b.write(len(value))
-            return value
-        size = text_size(value, b)  # str() of it builds the text
-        b.afford(size)
-        b.build(size)
-        b.write(size)
+        if operator == "+" and type(left) is str and type(right) is str and \
+                len(left) + len(right) < _SMALL:  # the usual case, paid after the fact
+            out = left + right
+            b.built += len(out)
+            b.left -= 1 + len(out) // BUILD_CHARS
+            if b.left < 0 or b.built > b.max_built:
+                b.build(0)  # raises the breach
+            return out
+        if operator != "*" and operator != "**" and type(left) in _NUMBERS and type(right) in _NUMBERS:
+            b.charge(1)  # + and % of numbers: a small result
+            return self.binop_table[operator](left, right)
+        b.afford(binop_size(operator, left, right, b))
+        result = self.binop_table[operator](left, right)
+        b.build(result_size(result))
+        return result
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's own signature
+        b = budget_of(__context)
+        method = getattr(__obj, "__wrapped__", __obj)  # str.format behind the sandbox's wrapper
+        receiver = method.__self__ if isinstance(method, types.BuiltinMethodType) or \
+            (isinstance(method, types.MethodType) and isinstance(method.__self__, str)) else None  # Markup's
+        if receiver is not None and not isinstance(receiver, types.ModuleType):
+            name = method.__name__
+            if name == "join" and isinstance(receiver, _TEXT) and args and \
+                    not isinstance(args[0], (list, tuple, str)):
+                args = (list(args[0]),) + args[1:]  # weighed once, then joined
+            if name in _SEARCHING and isinstance(receiver, (list, tuple, range)):
+                walk(b, receiver)
+            else:
+                b.charge(shallow(receiver) // BUILD_CHARS)
+            size = method_size(name, receiver, args, kwargs, b)
+            if size is not None:
+                b.afford(size)
+        if not isinstance(__obj, __self.unwalked):  # a builtin may hash or compare its arguments (dict(), .get(k))
+            for value in (*args, *(v for k, v in kwargs.items() if k not in _JINJA_KWARGS)):
+                if isinstance(value, _WALKED):
+                    b.walk(value)
+        b.enter()
+        try:
+            if receiver is not None and name in _FORMATS and isinstance(receiver, str):
+                result = __self.limited_format(b, receiver, name, args, kwargs)
+            elif receiver is not None and method is __obj and type(receiver) in _PLAIN_RECEIVERS and \
+                    name not in _FORMATS:
+                # a builtin method of a str, dict, list or tuple (getattr found it safe): Jinja's
+                # sandbox and Context.call would only drop the loop and block variables and call it
+                kwargs.pop("_loop_vars", None)
+                kwargs.pop("_block_vars", None)
+                result = __obj(*args, **kwargs)
+            else:
+                result = super().call(__context, __obj, *args, **kwargs)
+        finally:
+            b.depth -= 1
+        b.build(result_size(result))
+        return result
+
+    def limited_format(self, b, receiver, name, args, kwargs):
+        """``str.format`` / ``format_map`` as Jinja's sandbox runs them, each field's final
+        spec checked before the field is built (``LimitedFormatter``)."""
+        kwargs.pop("_loop_vars", None)
+        kwargs.pop("_block_vars", None)
+        if isinstance(receiver, self.markup):
+            formatter = self.escape_formatter(self, b, escape=receiver.escape)
+        else:
+            formatter = self.formatter(self, b)
+        if name == "format_map":
+            if kwargs:
+                raise TypeError("format_map() takes no keyword arguments")
+            if len(args) != 1:
+                raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+            args, kwargs = (), args[0]
+        return type(receiver)(formatter.vformat(receiver, args, kwargs))
+
+    def limited_concat(self, context, values):
+        b = budget_of(context)
+        b.afford(sum(_text_len(v, b) for v in values))
+        out = "".join(map(str, values))
+        b.build(len(out))
+        return out
+
+    def limited_slice(self, context, value):
+        budget_of(context).build(shallow(value))
         return value
 
-    def charge(context, _value, cost):
-        budget_of(context).charge(cost)
-        return ""
-
-    def loop_items(context, iterable, cost):
-        b = budget_of(context)
-        for item in iterable:
-            b.charge(cost)
-            yield item
-
-    class LimitedEnvironment(ImmutableSandboxedEnvironment):
-        code_generator_class = LimitedCodeGenerator
-        intercepted_binops = frozenset({"+", "*", "**", "%"})
-
-        def __init__(self, **kwargs):
-            super().__init__(finalize=finalize, **kwargs)
-            self.safe_attributes: dict = {}
-            self.fixed_types = _FIXED_TYPES | {jinja2.runtime.LoopContext, jinja2.utils.Namespace}
-            self.filters[LOOP_FILTER] = jinja2.pass_context(loop_items)
-            self.filters[CHARGE_FILTER] = jinja2.pass_context(charge)
-
-        def is_safe_attribute(self, obj, attr, value):
-            kind = type(obj)
-            if kind not in self.fixed_types:
-                return super().is_safe_attribute(obj, attr, value)
-            key = (kind, attr)
-            ok = self.safe_attributes.get(key)
-            if ok is None:
-                ok = super().is_safe_attribute(obj, attr, value)
-                if len(self.safe_attributes) < 4096:
-                    self.safe_attributes[key] = ok
-            return ok
-
-        def getattr(self, obj, attribute):
-            """Jinja's ``getattr`` (the attribute first, then the item), without raising and
-            catching ``AttributeError`` for a plain dict's keys (``message.content``), and
-            at once for an attribute of a fixed type already found safe (``str.split``):
-            what Jinja's returns (it wraps only ``format`` and ``format_map``)."""
-            kind = type(obj)
-            if kind is dict and attribute not in _DICT_NAMES:
-                try:
-                    return obj[attribute]
-                except (TypeError, LookupError):
-                    return self.undefined(obj=obj, name=attribute)
-            if self.safe_attributes.get((kind, attribute)) and attribute not in _FORMATS:
-                try:
-                    return getattr(obj, attribute)
-                except AttributeError:
-                    pass
-            return super().getattr(obj, attribute)
-
-        def call_binop(self, context, operator, left, right):
-            b = budget_of(context)
-            if operator == "+" and type(left) is str and type(right) is str and \
-                    len(left) + len(right) < _SMALL:  # the usual case, paid after the fact
-                out = left + right
-                b.built += len(out)
-                b.left -= 1 + len(out) // BUILD_CHARS
-                if b.left < 0 or b.built > b.max_built:
-                    b.build(0)  # raises the breach
-                return out
-            if operator != "*" and operator != "**" and type(left) in _NUMBERS and type(right) in _NUMBERS:
-                b.charge(1)  # + and % of numbers: a small result
-                return self.binop_table[operator](left, right)
-            b.afford(binop_size(operator, left, right, b))
-            result = self.binop_table[operator](left, right)
-            b.build(result_size(result))
-            return result
-
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's own signature
-            b = budget_of(__context)
-            method = getattr(__obj, "__wrapped__", __obj)  # str.format behind the sandbox's wrapper
-            receiver = method.__self__ if isinstance(method, types.BuiltinMethodType) or \
-                (isinstance(method, types.MethodType) and isinstance(method.__self__, str)) else None  # Markup's
-            if receiver is not None and not isinstance(receiver, types.ModuleType):
-                name = method.__name__
-                if name == "join" and isinstance(receiver, _TEXT) and args and \
-                        not isinstance(args[0], (list, tuple, str)):
-                    args = (list(args[0]),) + args[1:]  # weighed once, then joined
-                if name in _SEARCHING and isinstance(receiver, (list, tuple, range)):
-                    walk(b, receiver)
-                else:
-                    b.charge(shallow(receiver) // BUILD_CHARS)
-                size = method_size(name, receiver, args, kwargs, b)
-                if size is not None:
-                    b.afford(size)
-            if not isinstance(__obj, _UNWALKED):  # a builtin may hash or compare its arguments (dict(), .get(k))
-                for value in (*args, *(v for k, v in kwargs.items() if k not in _JINJA_KWARGS)):
-                    if isinstance(value, _WALKED):
-                        b.walk(value)
-            b.enter()
-            try:
-                if receiver is not None and name in _FORMATS and isinstance(receiver, str):
-                    result = __self.limited_format(b, receiver, name, args, kwargs)
-                elif receiver is not None and method is __obj and type(receiver) in _PLAIN_RECEIVERS and \
-                        name not in _FORMATS:
-                    # a builtin method of a str, dict, list or tuple (getattr found it safe): Jinja's
-                    # sandbox and Context.call would only drop the loop and block variables and call it
-                    kwargs.pop("_loop_vars", None)
-                    kwargs.pop("_block_vars", None)
-                    result = __obj(*args, **kwargs)
-                else:
-                    result = super().call(__context, __obj, *args, **kwargs)
-            finally:
-                b.depth -= 1
-            b.build(result_size(result))
-            return result
-
-        def limited_format(self, b, receiver, name, args, kwargs):
-            """``str.format`` / ``format_map`` as Jinja's sandbox runs them, each field's final
-            spec checked before the field is built (``LimitedFormatter``)."""
-            kwargs.pop("_loop_vars", None)
-            kwargs.pop("_block_vars", None)
-            if isinstance(receiver, Markup):
-                formatter = LimitedEscapeFormatter(self, b, escape=receiver.escape)
-            else:
-                formatter = LimitedFormatter(self, b)
-            if name == "format_map":
-                if kwargs:
-                    raise TypeError("format_map() takes no keyword arguments")
-                if len(args) != 1:
-                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
-                args, kwargs = (), args[0]
-            return type(receiver)(formatter.vformat(receiver, args, kwargs))
-
-        def limited_concat(self, context, values):
-            b = budget_of(context)
-            b.afford(sum(_text_len(v, b) for v in values))
-            out = "".join(map(str, values))
-            b.build(len(out))
-            return out
-
-        def limited_slice(self, context, value):
-            budget_of(context).build(shallow(value))
+    def limited_size(self, context, value):
+        """A compared value, walked first (``walk``)."""
+        t = type(value)
+        if (t is str and len(value) < BUILD_CHARS) or t in _NUMBERS or value is None:
             return value
+        walk(budget_of(context), value)
+        return value
 
-        def limited_size(self, context, value):
-            """A compared value, walked first (``walk``)."""
-            t = type(value)
-            if (t is str and len(value) < BUILD_CHARS) or t in _NUMBERS or value is None:
-                return value
-            walk(budget_of(context), value)
-            return value
-
-        def limited_key(self, context, key):
-            """A subscript or dict key, hashed: walked first (a tuple of tuples hashes every item)."""
-            if type(key) is str or type(key) is int:
-                return key
-            walk(budget_of(context), key)
+    def limited_key(self, context, key):
+        """A subscript or dict key, hashed: walked first (a tuple of tuples hashes every item)."""
+        if type(key) is str or type(key) is int:
             return key
+        walk(budget_of(context), key)
+        return key
 
-        def limited_in(self, context, item, container):
-            """``item in container``, paid first: a dict or set hashes ``item``, a list or
-            tuple compares it with each item (walked), a string searches it, a range holds an
-            int at once and compares anything else with each of its items."""
-            if type(item) is str and len(item) < BUILD_CHARS and type(container) is dict:
-                return item in container  # the usual ``'content' in message``: one short hash
-            b = budget_of(context)
-            if isinstance(container, (str, bytes)):
-                n = len(container) + (len(item) if isinstance(item, (str, bytes)) else 0)
-                if n >= BUILD_CHARS:
-                    b.charge(n // BUILD_CHARS)
-            elif isinstance(container, _HASHED):
-                walk(b, item)
-            elif isinstance(container, range):
-                if type(item) is not int and type(item) is not bool:
-                    b.charge(len(container) // WALK_ITEMS)
-            elif isinstance(container, (list, tuple)):
-                b.walk(container)
-            elif isinstance(container, type({}.values())):
-                b.walk(list(container))
-            else:  # a namespace, a generator (its items paid as made), undefined
-                walk(b, item)
-            return item in container
-
-    return LimitedEnvironment
-
+    def limited_in(self, context, item, container):
+        """``item in container``, paid first: a dict or set hashes ``item``, a list or
+        tuple compares it with each item (walked), a string searches it, a range holds an
+        int at once and compares anything else with each of its items."""
+        if type(item) is str and len(item) < BUILD_CHARS and type(container) is dict:
+            return item in container  # the usual ``'content' in message``: one short hash
+        b = budget_of(context)
+        if isinstance(container, (str, bytes)):
+            n = len(container) + (len(item) if isinstance(item, (str, bytes)) else 0)
+            if n >= BUILD_CHARS:
+                b.charge(n // BUILD_CHARS)
+        elif isinstance(container, _HASHED):
+            walk(b, item)
+        elif isinstance(container, range):
+            if type(item) is not int and type(item) is not bool:
+                b.charge(len(container) // WALK_ITEMS)
+        elif isinstance(container, (list, tuple)):
+            b.walk(container)
+        elif isinstance(container, type({}.values())):
+            b.walk(list(container))
+        else:  # a namespace, a generator (its items paid as made), undefined
+            walk(b, item)
+        return item in container
