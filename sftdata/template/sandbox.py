@@ -14,7 +14,9 @@ render's ``Budget`` (``limits``):
     filters, comparison tests  each one wrapped (``limit_callables``)
 
 Filters and tests take the context (``pass_context``), so Jinja's optimizer never runs
-them at compile time, outside any budget. jinja2 is imported when the class is built.
+them at compile time, outside any budget. jinja2 (an extra) is imported when the class is
+built: ``LimitedEnvironment``, ``LimitedCodeGenerator`` and ``LimitedFormatter`` are written
+here without it, and ``limited_environment_class`` puts each before Jinja's own class.
 """
 
 from __future__ import annotations
