@@ -22,10 +22,11 @@ from .episodes import (
     tokenizer_state,
 )
 from .fit import render_within
+from .learn import learn_profile
 from .limits import DEFAULT_MAX_STEPS, TemplateLimits
 from .messages import ArgumentsStyle, arguments_style, conversation_messages, tool_schemas
 from .presets import PRESET_TOKENS, PRESETS
-from .profile import TemplateProfile, learn_profile
+from .profile import TemplateProfile
 from .records import (
     RecordEpisodes,
     choose_tokenizer,

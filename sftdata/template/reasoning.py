@@ -1,6 +1,6 @@
 """Where a chat template renders a reply's ``reasoning_content``: every reply's, only the
 last one's (the reply being generated), or none. Learned once per template, beside the
-other probes (``profile.learn_profile``), and recorded in ``tokenizer_state.json`` →
+other probes (``learn.learn_profile``), and recorded in ``tokenizer_state.json`` →
 ``chat_template.reasoning_position``.
 
 * ``every``: every reply's reasoning is in the whole render, trained with its reply;

@@ -22,8 +22,9 @@ from .chat_template import load_chat_template
 from .chunk import chunk_episodes
 from .episodes import Episode, Planned, TemplateRender, plan_conversation, trained_replies
 from .fit import render_within
+from .learn import learn_profile
 from .limits import DEFAULT_LIMITS, TemplateLimits
-from .profile import TemplateProfile, learn_profile
+from .profile import TemplateProfile
 
 
 @dataclass(frozen=True)
