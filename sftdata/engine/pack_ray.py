@@ -43,7 +43,7 @@ from ..packing.plan import PackPlan
 from ..store.format import PARTS_DIR, STOP_FILE, shard_name
 from ..store.fsops import check_owned_folder, folder_identity, make_folder, make_owned_folder
 from ..store.shard_merge import merge_packed_pieces
-from ..store.writer import PackedSplitWriter
+from ..store.split_writer import PackedSplitWriter
 from .cluster import RayCluster, connect, import_ray
 from .tasks import TASK_RETRIES, TASKS_PER_CPU, get_result, stop_tasks
 

@@ -65,7 +65,8 @@ from ..store.format import (
 )
 from ..store.location import local_path
 from ..store.serving_file import write_serving
-from ..store.writer import DatasetWriter, RowSplitWriter, sweep_beside
+from ..store.split_writer import RowSplitWriter
+from ..store.writer import DatasetWriter, sweep_beside
 from ..template import choose_tokenizer, template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .options import PrefOptions

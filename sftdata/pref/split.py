@@ -25,7 +25,7 @@ from ..store.format import (
     SOURCES_FILE,
     TOKENS_FILE,
 )
-from ..store.writer import RowSplitWriter
+from ..store.split_writer import RowSplitWriter
 
 COLUMNS_KEY = b'"columns": '  # where a columns.jsonl line's body begins (after "row" and "record", two integers)
 

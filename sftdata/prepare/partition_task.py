@@ -21,7 +21,7 @@ from ..sources import SourceInfo
 from ..sources.partitions import Partition, RangeRead, ReadCheck, iter_partition
 from ..store.format import STOP_FILE
 from ..store.fsops import make_owned_folder
-from ..store.writer import SplitWriter
+from ..store.split_writer import SplitWriter
 from .chunk import empty_result, merged, process_chunk, shifted
 from .curate_tasks import KEYS_DIR, stage_keys
 from .options import PrepareOptions

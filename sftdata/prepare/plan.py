@@ -6,7 +6,7 @@ partitions' episode counts and lengths alone (8 bytes an episode; no token is re
     staged parts (input order)   part 0: 5 episodes      part 1: 4 episodes (record 7 dropped: keep)
     kept episodes, numbered      0 1 2 3 4               5 6 - 7
     the exact split (is_val)     . v . . .               . v   .        (split.split_assignment)
-    train, its shards by the     [0 2 3][4 5] [7]  <- store.writer.shard_starts: the writer's rule
+    train, its shards by the     [0 2 3][4 5] [7]  <- store.split_writer.shard_starts: the writer's rule
     writer's rolling rule
     a shard's job                shard 1 of train: part 0 episodes [4, 5), part 1 episodes [0, 1)
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..store.writer import shard_starts
+from ..store.split_writer import shard_starts
 from .results import StagedPart
 
 

@@ -28,7 +28,7 @@ from ..store.format import STOP_FILE, shard_name
 from ..store.fsops import check_owned_folder, make_owned_folder
 from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
-from ..store.writer import SplitWriter
+from ..store.split_writer import SplitWriter
 from .plan import Piece, ShardJob
 
 COPY_TOKENS = 1 << 20  # tokens read at once from a staged part (bounds a task's memory)

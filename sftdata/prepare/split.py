@@ -16,7 +16,8 @@ import numpy as np
 
 from ..store.format import PARTS_DIR, STAGING_SPLIT
 from ..store.shard import Shard
-from ..store.writer import DatasetWriter, SplitWriter
+from ..store.split_writer import SplitWriter
+from ..store.writer import DatasetWriter
 from .options import PrepareOptions
 from .results import StagedPart
 

@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 import sftdata.store.mixture as mixture
-import sftdata.store.writer as writer
+import sftdata.store.split_writer as split_writer
 from sftdata.cli import app
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
@@ -151,13 +151,13 @@ class _FullDisk:
 
 
 def test_a_full_disk_names_the_file_and_leaves_nothing(data, tmp_path, monkeypatch):
-    real_init = writer._HashedFile.__init__
+    real_init = split_writer._HashedFile.__init__
 
     def full(self, path):
         real_init(self, path)
         self._f = _FullDisk(self._f)
 
-    monkeypatch.setattr(writer._HashedFile, "__init__", full)
+    monkeypatch.setattr(split_writer._HashedFile, "__init__", full)
     hint = "No space left on device; the disk is full: free some space, or choose another path\n"
     for args in (["prepare-chat", data / "chats.jsonl", "-o", tmp_path / "a", "-q", "-j", "1"],
                  ["pack", data / "ds", "-o", tmp_path / "b", "--block-size", "64", "-q"]):

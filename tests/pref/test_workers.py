@@ -106,7 +106,7 @@ def test_the_cli_takes_workers_and_writes_the_same_bytes(tmp_path, monkeypatch):
 
 
 def test_rows_are_written_chunk_by_chunk_not_held_until_the_end(tmp_path, monkeypatch):
-    from sftdata.store.writer import RowSplitWriter
+    from sftdata.store.split_writer import RowSplitWriter
 
     monkeypatch.setattr(pool, "CHUNK_RECORDS", 4)
     calls = []

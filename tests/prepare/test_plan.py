@@ -14,7 +14,7 @@ from sftdata.prepare.results import StagedPart
 from sftdata.prepare.shard_task import write_shard
 from sftdata.store.format import PARTS_DIR, STOP_FILE
 from sftdata.store.fsops import folder_identity
-from sftdata.store.writer import SplitWriter, shard_starts
+from sftdata.store.split_writer import SplitWriter, shard_starts
 from tests.helpers.engines import files
 
 

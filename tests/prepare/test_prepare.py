@@ -196,10 +196,10 @@ def _disk_full(*args, **kwargs):
 
 @pytest.mark.parametrize("val_split,folder", [(0.0, "train"), (0.5, "_staging")])  # no val: straight to train
 def test_a_full_disk_names_the_path_being_written(tmp_path, monkeypatch, val_split, folder):
-    from sftdata.store import writer
+    from sftdata.store import split_writer
 
     src = write_jsonl(tmp_path / "in.jsonl", records(3))
-    monkeypatch.setattr(writer._HashedFile, "write", _disk_full)
+    monkeypatch.setattr(split_writer._HashedFile, "write", _disk_full)
     with pytest.raises(OSError) as e:
         prepare([src], tmp_path / "ds", PrepareOptions(val_split=val_split))
     assert e.value.errno == errno.ENOSPC

@@ -297,12 +297,12 @@ def test_cli_every_record_rejected_names_where_the_reasons_are(tmp_path):
 
 
 def test_cli_a_full_disk_names_the_path(tmp_path, monkeypatch):
-    from sftdata.store import writer
+    from sftdata.store import split_writer
 
     def full(self, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer._HashedFile, "write", full)
+    monkeypatch.setattr(split_writer._HashedFile, "write", full)
     src = write_jsonl(tmp_path / "in.jsonl", RECORDS[:3])
     code, out = run_prepare(tmp_path, src)
     assert code == 1

@@ -9,7 +9,7 @@ import pytest
 from sftdata.store.format import LAST_REPLY_FILE, LAST_REPLY_KEY
 from sftdata.store.shard import Shard
 from sftdata.store.shard_merge import merge_packed_pieces
-from sftdata.store.writer import PackedSplitWriter
+from sftdata.store.split_writer import PackedSplitWriter
 
 L = 8  # row_len
 # four rows of two segments each: (row, offset, length, prefix, episode, episode_start, source)
