@@ -30,8 +30,9 @@ from datetime import datetime
 from functools import lru_cache
 
 from ..errors import TemplateError, TemplateLimitError
+from .filters import limit_callables
 from .limits import BUDGET_KEY, DEFAULT_LIMITS, MAX_TEMPLATE_CHARS, Budget, TemplateLimits, conversation_size
-from .sandbox import limit_callables, limited_environment_class
+from .sandbox import limited_environment_class
 
 GEN_OPEN, GEN_CLOSE = "\ufdd0", "\ufdd1"
 #: characters sftdata uses inside renders; message text holding one is refused

@@ -11,12 +11,11 @@ render's ``Budget`` (``limits``):
     == < in, keys, subscripts  compared, hashed or searched values walked first
                                (``limited_size``, ``limited_in``, ``limited_key``)
     str.format                 each field's final width checked (``LimitedFormatter``)
-    filters, comparison tests  each one wrapped (``limit_callables``)
+    filters, comparison tests  each one wrapped (``filters.limit_callables``)
 
-Filters and tests take the context (``pass_context``), so Jinja's optimizer never runs
-them at compile time, outside any budget. jinja2 (an extra) is imported when the class is
-built: ``LimitedEnvironment``, ``LimitedCodeGenerator`` and ``LimitedFormatter`` are written
-here without it, and ``limited_environment_class`` puts each before Jinja's own class.
+jinja2 (an extra) is imported when the class is built: ``LimitedEnvironment``,
+``LimitedCodeGenerator`` and ``LimitedFormatter`` are written here without it, and
+``limited_environment_class`` puts each before Jinja's own class.
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ from .limits import (
     Budget,
     binop_size,
     field_size,
-    format_size,
     method_size,
-    replace_size,
     shallow,
     text_size,
 )
@@ -43,16 +40,8 @@ from .limits import (
 LOOP_FILTER = "sftdata_loop"
 CHARGE_FILTER = "sftdata_charge"
 _TEXT = (str, bytes)
-_NUMBERS = frozenset({int, float, bool})
+NUMBERS = frozenset({int, float, bool})
 _SMALL = 1 << 16  # a result this small is paid for after it is built
-# filters whose work grows with their whole input (sorting, reducing), charged by its weight
-_REDUCING = frozenset({"sort", "unique", "dictsort", "groupby", "min", "max", "sum"})
-# filters that turn their input into text first: a list is weighed before it is
-_STRINGIFYING = frozenset({"string", "safe", "e", "escape", "forceescape", "trim", "upper", "lower", "title",
-                           "capitalize", "striptags", "urlize", "wordcount", "truncate", "wordwrap", "center",
-                           "indent", "replace", "format", "urlencode", "xmlattr", "reverse"})
-_COMPARISON_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
-                               "greaterthan", ">", "ge", ">="})
 # Builtin types whose attributes' safety is a function of (type, name) alone: the sandbox's
 # answer for them is kept (it asks isinstance of fixed types and of abc classes these
 # types' relations to cannot change; Jinja's loop and namespace objects, and the
@@ -81,71 +70,8 @@ def result_size(value) -> int:
     return shallow(value)
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str, default=None):
-    return args[i] if len(args) > i else kwargs.get(name, default)
-
-
-def _int(value, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _width(value) -> int:
-    return len(value) if isinstance(value, str) else max(0, _int(value))
-
-
-def _text_len(value, b) -> int:
+def text_len(value, b) -> int:
     return len(value) if isinstance(value, str) else text_size(value, b)
-
-
-def _lines(value, b) -> int:
-    return value.count("\n") + 1 if isinstance(value, str) else text_size(value, b)
-
-
-def _wordwrap_size(v, a, k, b) -> int:
-    n = _text_len(v, b)
-    width = max(1, _int(_arg(a, k, 0, "width", 79), 1))
-    return n + (n // width + 1) * _width(_arg(a, k, 2, "wrapstring") or "\n")
-
-
-def _replace_size(v, a, k, b) -> int:
-    old, new, count = _arg(a, k, 0, "old", ""), _arg(a, k, 1, "new", ""), _arg(a, k, 2, "count")
-    if isinstance(v, str):
-        return replace_size(v, old, new, count)
-    n = _text_len(v, b)
-    return n + (n + 1) * shallow(new)
-
-
-def _join_size(v, a, k, b) -> int:
-    sep = _text_len(_arg(a, k, 0, "d", ""), b)
-    if isinstance(v, str):
-        return len(v) * (1 + sep)
-    return sum(text_size(x, b) for x in v) + len(v) * sep if isinstance(v, (list, tuple)) else 1
-
-
-def _json_size(v, a, k, b) -> int:
-    w, depth = b.weigh(v)
-    return (12 if _arg(a, k, 0, "ensure_ascii", False) else 3) * w + w * depth * _width(_arg(a, k, 1, "indent"))
-
-
-def _pprint_size(v, a, k, b) -> int:
-    w, depth = b.weigh(v)
-    return 4 * w + w * depth
-
-
-# what a filter would build, from its arguments (the filter's own signature after the value)
-_PREDICTED = {
-    "center": lambda v, a, k, b: max(_text_len(v, b), _int(_arg(a, k, 0, "width", 80))),
-    "indent": lambda v, a, k, b: _text_len(v, b) + _lines(v, b) * _width(_arg(a, k, 0, "width", 4)),
-    "wordwrap": _wordwrap_size,
-    "replace": _replace_size,
-    "format": lambda v, a, k, b: format_size(v, k or a, b),
-    "batch": lambda v, a, k, b: shallow(v) + (_int(_arg(a, k, 0, "linecount"))
-                                                if _arg(a, k, 1, "fill_with") is not None else 0),
-    "slice": lambda v, a, k, b: shallow(v) + _int(_arg(a, k, 0, "slices")),
-    "join": _join_size,
-    "tojson": _json_size,
-    "pprint": _pprint_size,
-}
 
 
 def _literal_chars(body, nodes) -> int:
@@ -183,66 +109,6 @@ def instrument(template, nodes) -> None:
         scope.body.insert(0, nodes.ExprStmt(charge, lineno=scope.lineno))
 
 
-def _call_with(func, pass_arg, _PassArg, context, *args, **kwargs):
-    if pass_arg is _PassArg.context:
-        return func(context, *args, **kwargs)
-    if pass_arg is _PassArg.eval_context:
-        return func(context.eval_ctx, *args, **kwargs)
-    if pass_arg is _PassArg.environment:
-        return func(context.environment, *args, **kwargs)
-    return func(*args, **kwargs)
-
-
-def _limited_filter(name: str, func, jinja2):
-    _PassArg = jinja2.utils._PassArg
-    pass_arg = _PassArg.from_obj(func)
-    predicted = _PREDICTED.get(name)
-
-    @jinja2.pass_context
-    def limited(context, value, *args, **kwargs):
-        b = budget_of(context)
-        if (name in ("join", "sum") and not isinstance(value, (list, tuple, str))) or \
-                (name in _REDUCING and not isinstance(value, (list, tuple, dict, str))):
-            value = list(value)  # a range or generator: made a list, weighed once, then given to the filter
-            b.build(shallow(value))
-        if name in _REDUCING and isinstance(value, (list, tuple, dict)):
-            b.charge(b.weigh(value)[0] // BUILD_CHARS)
-            start = _arg(args, kwargs, 1, "start", 0)
-            if name == "sum" and isinstance(start, (list, tuple, str)):  # sums of lists copy each partial sum
-                b.charge(len(value) * (shallow(start) + sum(shallow(x) for x in value)) // BUILD_CHARS)
-        if name in _STRINGIFYING and not isinstance(value, str):
-            b.afford(text_size(value, b))
-        if predicted is not None:
-            b.afford(predicted(value, args, kwargs, b))
-        result = _call_with(func, pass_arg, _PassArg, context, value, *args, **kwargs)
-        b.build(result_size(result))
-        return result
-
-    limited.__name__ = getattr(func, "__name__", name)
-    return limited
-
-
-def _limited_test(func, jinja2):
-    _PassArg = jinja2.utils._PassArg
-    pass_arg = _PassArg.from_obj(func)
-
-    @jinja2.pass_context
-    def limited(context, value, *args, **kwargs):
-        b = budget_of(context)
-        steps = 1
-        for operand in (value, *args):
-            t = type(operand)
-            if t is str:
-                steps += len(operand) // BUILD_CHARS
-            elif t not in _NUMBERS and operand is not None:
-                walk(b, operand)
-        b.charge(steps)
-        return _call_with(func, pass_arg, _PassArg, context, value, *args, **kwargs)
-
-    limited.__name__ = getattr(func, "__name__", "test")
-    return limited
-
-
 def walk(b: Budget, value) -> None:
     """Pay for comparing or hashing ``value`` (``Budget.walk``); a number or short string is free."""
     t = type(value)
@@ -255,26 +121,6 @@ def walk(b: Budget, value) -> None:
         b.charge(len(value) // WALK_ITEMS)
     elif isinstance(value, (str, bytes)):
         b.charge(len(value) // BUILD_CHARS)
-
-
-def limit_callables(env) -> None:
-    """Wrap every filter, the comparison tests and ``lipsum`` of ``env`` (after the
-    environment's own filters and globals are registered)."""
-    import jinja2
-    import jinja2.utils
-
-    for name, func in list(env.filters.items()):
-        if name not in (LOOP_FILTER, CHARGE_FILTER):
-            env.filters[name] = _limited_filter(name, func, jinja2)
-    for name in _COMPARISON_TESTS & set(env.tests):
-        env.tests[name] = _limited_test(env.tests[name], jinja2)
-    lipsum = env.globals.get("lipsum")
-    if lipsum is not None:
-        @jinja2.pass_context
-        def limited_lipsum(context, n=5, html=True, min=20, max=100):  # noqa: A002 - Jinja's own names
-            budget_of(context).afford(_int(n) * _int(max) * 16)
-            return lipsum(n, html, min, max)
-        env.globals["lipsum"] = limited_lipsum
 
 
 @lru_cache(maxsize=1)
@@ -475,7 +321,7 @@ class LimitedEnvironment:
             if b.left < 0 or b.built > b.max_built:
                 b.build(0)  # raises the breach
             return out
-        if operator != "*" and operator != "**" and type(left) in _NUMBERS and type(right) in _NUMBERS:
+        if operator != "*" and operator != "**" and type(left) in NUMBERS and type(right) in NUMBERS:
             b.charge(1)  # + and % of numbers: a small result
             return self.binop_table[operator](left, right)
         b.afford(binop_size(operator, left, right, b))
@@ -541,7 +387,7 @@ class LimitedEnvironment:
 
     def limited_concat(self, context, values):
         b = budget_of(context)
-        b.afford(sum(_text_len(v, b) for v in values))
+        b.afford(sum(text_len(v, b) for v in values))
         out = "".join(map(str, values))
         b.build(len(out))
         return out
@@ -553,7 +399,7 @@ class LimitedEnvironment:
     def limited_size(self, context, value):
         """A compared value, walked first (``walk``)."""
         t = type(value)
-        if (t is str and len(value) < BUILD_CHARS) or t in _NUMBERS or value is None:
+        if (t is str and len(value) < BUILD_CHARS) or t in NUMBERS or value is None:
             return value
         walk(budget_of(context), value)
         return value
