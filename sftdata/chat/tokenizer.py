@@ -59,7 +59,9 @@ from .markers import ADDED_MARKERS, CHAT_MARKERS, EOS, MARKERS, MarkerIds
 
 
 class ChatTokenizer:
-    """A tiktoken encoding with the chat markers. Build it with ``load_tokenizer``.
+    """A tiktoken encoding with the chat markers: an opened ``TiktokenEncoding``
+    (``tokenize.open``) and the markers placed after its ids. Build it with
+    ``load_tokenizer`` or ``open_tokenizer``.
 
     ``declared``: ids the model uses beyond the ranks and base special tokens, with their
     names where known (from ``declared_ids``); ``declared_source`` the file saying so."""
