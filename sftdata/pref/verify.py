@@ -24,7 +24,6 @@ import numpy as np
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_masks
 from ..errors import RecordError, SftDataError
-from ..prepare.pool import overlapped
 from ..sources import inspect_source, iter_all
 from ..store.format import (
     EPISODES_FILE,
@@ -42,6 +41,7 @@ from ..store.format import (
     recorded_files,
 )
 from ..store.reader import read_one_generation, scan_dataset
+from ..tasks import overlapped
 from ..util.hashing import sha256_file
 from ..verify.run import CheckResult, VerifyReport
 from .options import PrefOptions
