@@ -4,8 +4,8 @@ ordered results, a shared read-only context and one stop rule on Ctrl-C and erro
 
 from .pool import ProcessRunner, process_pool, stop_pool, wait_result, worker_started
 from .ray_tasks import TASK_RETRIES, TASKS_PER_CPU, RayTasks, get_result, stop_tasks
-from .runner import TaskRunner, in_order, overlapped, running, write_stop
+from .runner import Engine, TaskRunner, in_order, overlapped, running, write_stop
 
-__all__ = ["TASK_RETRIES", "TASKS_PER_CPU", "ProcessRunner", "RayTasks", "TaskRunner", "get_result", "in_order",
+__all__ = ["TASK_RETRIES", "TASKS_PER_CPU", "Engine", "ProcessRunner", "RayTasks", "TaskRunner", "get_result", "in_order",
            "overlapped", "process_pool", "running", "stop_pool", "stop_tasks", "wait_result", "worker_started",
            "write_stop"]

@@ -83,9 +83,10 @@ class RayTasks:
     depth: int | None = None
     stage_dir: Path | None = None
 
-    def __init__(self, ray, options: dict | None = None):
+    def __init__(self, ray, options: dict | None = None, *, cpus: int = 1, stage_dir: Path | None = None):
         self.ray = ray
         self.options = options or {}
+        self.cpus, self.stage_dir = cpus, stage_dir
         self._remote: dict = {}
         self._pending: set = set()
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -39,6 +40,22 @@ class TaskRunner(Protocol):
     def submit(self, fn: Callable, args: tuple, doing: str): ...
     def result(self, handle, doing: str): ...
     def close(self, stopped: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where a pipeline's tasks run when not in this process (``--engine ray``: made by
+    ``sftdata.engine``): ``start(stage_dir)`` connects and gives the runner of one run
+    (``stage_dir``: its staging area, where the stop rule writes; None when its tasks
+    write nothing). ``sizes``: how much work one task takes, by the pipeline's own names
+    (pack: ``shards_per_task``, ``rows_per_task``; verify: ``items_per_task``); a size
+    left out or None is the pipeline's default."""
+
+    start: Callable[[Path | None], TaskRunner]
+    sizes: Mapping[str, int | None] = field(default_factory=dict)
+
+    def size(self, name: str) -> int | None:
+        return self.sizes.get(name)
 
 
 def in_order(runner: TaskRunner, fn: Callable, jobs: Iterable[tuple[tuple, str, object]]
