@@ -56,6 +56,10 @@ class ProcessRunner:
     def __init__(self, pool, workers: int, stage_dir: Path | None = None):
         self.cpus, self.depth, self.stage_dir, self.pool = workers, 2 * workers, stage_dir, pool
 
+    def shared(self, value):
+        """``value`` as the tasks get it (pickled with each task that is given it)."""
+        return value
+
     def submit(self, fn: Callable, args: tuple, doing: str):
         from concurrent.futures.process import BrokenProcessPool
 

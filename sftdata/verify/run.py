@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..store.location import dataset_path
 from ..store.reader import read_one_generation, scan_dataset
 from ..store.serving_file import read_serving
 from ..store.structure import check_counts
+from ..tasks import Engine
 from ..util.cache import bypassed
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
@@ -41,11 +42,12 @@ from .metadata import (
     recorded_vocab,
 )
 from .references import check_references
-from .retokenize import RETOKENIZE_CHECK, Retokenized, retokenize
+from .retokenize import RETOKENIZE_CHECK, retokenize
 from .serving import ABSENT, serving_findings
 from .shards import ShardChecks, ShardContext, check_shard, checksum_jobs, checksum_problems
 from .sources import SourceCheck, check_source, recorded_sources, reproducible, source_bytes, source_problems
 from .stops import StopFindings
+from .tasks import check_shards, compare_tokens, retokenize_shards
 
 _COMMON_HEAD = {
     "metadata": "metadata present, sftdata format, known version",
@@ -153,27 +155,9 @@ def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, 
     return problems, results
 
 
-class ShardExecutor(Protocol):
-    """Runs the per-shard work of ``verify`` elsewhere (``--engine ray``), yielding the
-    results in shard order."""
-
-    def check(self, shards: list, ctx: ShardContext, stops: StopFindings | None, jobs: list, meta: dict | None,
-              meta_sealed: bool, quick: bool) -> Iterator[ShardChecks]:
-        """``shards.shard_checks`` of every shard (``jobs``: the files of each to hash)."""
-        ...
-
-    def compare_tokens(self, shards: list, sp, row_len: int) -> Iterator[list]:
-        """``references.compare_shard_tokens`` of each packed shard against source split ``sp``."""
-        ...
-
-    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
-        """``retokenize.retokenize_shard`` of each (shard, sampled local episode ids)."""
-        ...
-
-
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
            progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
-           retokenize_episodes: int = 0, executor: ShardExecutor | None = None,
+           retokenize_episodes: int = 0, executor: Engine | None = None,
            rerender: Callable | None = None) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
@@ -202,7 +186,7 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
 
 
 def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,
-            hash_threads: int, sources: bool, retokenize_episodes: int, executor: ShardExecutor | None,
+            hash_threads: int, sources: bool, retokenize_episodes: int, executor: Engine | None,
             rerender: Callable | None) -> VerifyReport:
     t0 = time.perf_counter()
     scan = scan_dataset(path, token_dtype=token_dtype)
@@ -294,8 +278,8 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
                 if meta is not None else []
         else:
             remote = []
-            for r in executor.check(shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards], meta,
-                              meta_sealed, quick):
+            for r in check_shards(executor, shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards],
+                                  meta, meta_sealed, quick):
                 remote.append(r)
                 found += r.problems
                 if stops is not None:
@@ -306,7 +290,7 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
             found += check_counts(meta, shards, packed=packed, trained=trained)
         if rows:
             refs, ref_notes = check_references([sh for sh in shards if sh.rel not in scan.bad_segments], meta,
-                                               row_len, None if executor is None else executor.compare_tokens)
+                                               row_len, None if executor is None else partial(compare_tokens, executor))
             found += refs
             notes += ref_notes
         results = []
@@ -350,7 +334,7 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
             skip(("retokenize", "drift"), "a packed dataset: retokenize its source dataset")
         else:
             retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
-                               retokenize_episodes, run=None if executor is None else executor.retokenize)
+                               retokenize_episodes, run=None if executor is None else partial(retokenize_shards, executor))
             found += retok.problems
             report.retokenized = retok.as_dict()
             if retok.skipped:
