@@ -61,7 +61,7 @@ def files_remote(where: dict, jobs, meta, meta_sealed: bool, quick: bool) -> tup
 
 def _where(sh: Shard) -> dict:
     return {"path": sh.path, "token_dtype": sh.token_dtype.str, "name": sh.name, "root": sh.root, "split": sh.split,
-            "first_gid": sh.first_gid, "packed": sh.packed}
+            "first_gid": sh.first_gid, "packed": sh.packed, "entries": sh.entries}
 
 
 _TOKENIZERS: dict = {}  # per worker process: the tokenizer of --retokenize, built once per state
