@@ -6,7 +6,7 @@ episodes' own, run by the same skeleton (``run``), on Ray too.
   completion's mask is the one rule's after its prompt (``chat.pair_rule``) and trains at
   least one token;
 * ``labels`` (per shard, KTO only): one 0 or 1 label per row;
-* ``drift`` (``--retokenize N``, ``row_drift``): N sampled rows, rendered again from their
+* ``drift`` (``--retokenize N``, ``ROWS``: the drift check's sample and comparison): N sampled rows, rendered again from their
   input records by the libraries installed now (the kind's own rendering, passed in as
   ``rerender``: ``sftdata.pref.rerender.rerender_rows``, which this layer cannot import),
   give exactly the stored ids and masks of every entry: the prompt identical in both
@@ -18,17 +18,15 @@ report says so by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..chat.pair_rule import completion_masks
-from ..errors import SftDataError
 from ..sources import record_where
-from ..store.build_key import library_versions, recorded_build
 from ..store.format import KIND_KTO, LABELS_FILE, MASK_FILE, RECREATE, TOKENS_FILE, Problem
 from ..store.shard import Shard
-from .drift import NO_RERENDER, Drift, versions
+from .drift import Drift, DriftKind, versions
 from .retokenize import sample_by_shard
 
 ROW_BATCH = 512  # rows whose masks are checked at once
@@ -39,7 +37,7 @@ LABELS_CHECK = "KTO: one 0 or 1 label per row"
 RERENDER_FIX = "re-create the dataset from its inputs with this sftdata (`sftdata prepare-pref` / `prepare-rl`)"
 
 
-def row_mask_problems(sh: Shard, rule, tick: Callable[[int], None] = lambda n: None) -> list[Problem]:
+def row_mask_problems(sh: Shard, rule) -> list[Problem]:
     """The ``mask_rule`` problems of row shard ``sh``, ``ROW_BATCH`` rows at a time: no
     prompt trains a token (one cumulative sum), and each completion's mask is the rule's
     (``completion_masks``: one rule call per batch) and trains at least one token."""
@@ -53,11 +51,10 @@ def row_mask_problems(sh: Shard, rule, tick: Callable[[int], None] = lambda n: N
         hi = min(rows, lo + ROW_BATCH)
         a, b = int(starts[lo, 0]), int(starts[hi - 1, -1] + lengths[hi - 1, -1])
         toks, msk = np.asarray(sh.tokens[a:b], dtype=np.int64), np.asarray(sh.mask[a:b])
-        tick(int(toks.size * sh.token_dtype.itemsize + msk.nbytes))
         trained = np.concatenate([[0], np.cumsum(msk, dtype=np.int64)])
         p0 = starts[lo:hi, 0] - a
         for r in np.flatnonzero(trained[p0 + lengths[lo:hi, 0]] - trained[p0] > 0).tolist():
-            out.append(_row_problem(sh, lo + r, None, "the prompt holds trained tokens"))
+            out.append(_mask_problem(sh, lo + r, None, "the prompt holds trained tokens"))
         pieces, at = [], []
         for r in range(lo, hi):
             p = toks[starts[r, 0] - a:starts[r, 0] - a + lengths[r, 0]]
@@ -68,11 +65,11 @@ def row_mask_problems(sh: Shard, rule, tick: Callable[[int], None] = lambda n: N
         for (r, i, s), want in zip(at, completion_masks(rule, pieces)):
             m = msk[s:s + want.shape[0]]
             if not np.array_equal(want, m) or not m.any():
-                out.append(_row_problem(sh, r, i - 1, "the mask is not the rule's, or trains nothing"))
+                out.append(_mask_problem(sh, r, i - 1, "the mask is not the rule's, or trains nothing"))
     return out[:MAX_PROBLEMS]
 
 
-def _row_problem(sh: Shard, r: int, completion: int | None, message: str) -> Problem:
+def _mask_problem(sh: Shard, r: int, completion: int | None, message: str) -> Problem:
     where = f"row {sh.first_gid // sh.entries + r}, record {int(sh.sources[r])}" if sh.sources is not None \
         else f"row {sh.first_gid // sh.entries + r}"
     return Problem("mask_rule", sh.file(MASK_FILE), where + ("" if completion is None else f", completion {completion}"),
@@ -104,50 +101,32 @@ def stored_row(sh: Shard, r: int) -> list[tuple[np.ndarray, np.ndarray]]:
             for a, n in sh.index[r * per:(r + 1) * per].astype(np.int64).tolist()]
 
 
-def row_drift(shards: Sequence[Shard], meta: dict | None, state: dict | None, n: int, seed: int = 0,
-              rerender: Callable | None = None) -> Drift:
-    """Render the input records of ``n`` sampled rows of ``shards`` again
-    (``rerender(meta, state, records) -> (renders, unread)``, each render's ``parts`` the
-    (ids, mask) of its entries, or ``rejected``); one ``drift`` problem names the first
-    row and record whose render now differs from the stored row."""
-    out = Drift(then=(recorded_build(meta) or {}).get("libraries"), now=library_versions())
-    if rerender is None:
-        out.skipped = NO_RERENDER.replace("prepare.rerender_records", "pref.rerender.rerender_rows")
-        return out
-    if not isinstance(meta, dict) or not meta.get("sources") or not isinstance(state, dict):
-        out.skipped = "the metadata records no input files (or no tokenizer) to render again"
-        return out
-    picks = [(int(sh.sources[r]), sh, r) for sh, local in sample_by_shard(shards, n, seed) if sh.sources is not None
-             for r in np.asarray(local, dtype=np.int64).tolist()]
-    try:
-        renders, unread = rerender(meta, state, sorted({p[0] for p in picks}))
-    except SftDataError as e:
-        out.skipped = f"the recorded tokenizer, template or inputs cannot be opened again: {e}"
-        return out
-    bad = []
-    for record, sh, r in sorted(picks, key=lambda p: p[0]):
-        if record in unread or record not in renders:
-            out.unread += 1
-            continue
-        out.episodes += 1
-        got, want = renders[record], stored_row(sh, r)
-        if got.rejected is not None or not _same_row(got.parts, want):
-            out.differ += 1
-            bad.append((record, sh, r, got))
-    if unread and not out.episodes:
-        out.skipped = f"no sampled record could be read again: record {min(unread)}: {unread[min(unread)]}"
-    if bad:
-        record, sh, r, got = bad[0]
-        where = record_where(meta.get("sources") or [], record) or got.where
-        what = f"is rejected now ({got.rejected})" if got.rejected is not None else \
-            "renders otherwise now: its ids or masks differ from the stored row"
-        more = f" ({len(bad) - 1:,} more sampled row(s) differ)" if len(bad) > 1 else ""
-        gid = sh.first_gid // sh.entries + r
-        out.problems.append(Problem("drift", f"{sh.rel}/{TOKENS_FILE}", f"row {gid}, input record {where}",
-                                    f"input record {where} {what}: row {gid} ({sh.split}){more}; "
-                                    f"{versions(out.then, out.now)}", RERENDER_FIX, split=sh.split,
-                                    code="rejected" if got.rejected is not None else "differs"))
-    return out
+def _row_picks(shards: Sequence[Shard], n: int, seed: int) -> list[tuple]:
+    """(record, row id, shard, the stored row) of ``n`` sampled rows (``retokenize``'s sample)."""
+    return [(int(sh.sources[r]), sh.first_gid // sh.entries + r, sh, stored_row(sh, r))
+            for sh, local in sample_by_shard(shards, n, seed) if sh.sources is not None
+            for r in np.asarray(local, dtype=np.int64).tolist()]
+
+
+def _row_matches(stored: list, got) -> bool:
+    return got.rejected is None and _same_row(got.parts, stored)
+
+
+def _drift_problem(bad: list, meta: dict, d: Drift) -> Problem:
+    record, gid, sh, _, got = bad[0]
+    where = record_where(meta.get("sources") or [], record) or got.where
+    what = f"is rejected now ({got.rejected})" if got.rejected is not None else \
+        "renders otherwise now: its ids or masks differ from the stored row"
+    more = f" ({len(bad) - 1:,} more sampled row(s) differ)" if len(bad) > 1 else ""
+    return Problem("drift", f"{sh.rel}/{TOKENS_FILE}", f"row {gid}, input record {where}",
+                   f"input record {where} {what}: row {gid} ({sh.split}){more}; {versions(d.then, d.now)}",
+                   RERENDER_FIX, split=sh.split, code="rejected" if got.rejected is not None else "differs")
+
+
+# ``--retokenize N``'s drift check of a row dataset: N sampled rows rendered again from their input
+# records (``rerender``: ``sftdata.pref.rerender.rerender_rows``, each render's ``parts`` the
+# (ids, mask) of its entries, or ``rejected``) give exactly the stored row
+ROWS = DriftKind(_row_picks, _row_matches, _drift_problem, "sftdata.pref.rerender.rerender_rows")
 
 
 def _same_row(parts: list, want: list) -> bool:

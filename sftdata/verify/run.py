@@ -40,7 +40,7 @@ from ..tasks import Engine
 from ..util.cache import bypassed
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
-from .drift import DRIFT_CHECK, check_drift
+from .drift import DRIFT_CHECK, EPISODES, check_drift
 from .metadata import (
     NOT_RECORDED,
     any_ranges,
@@ -53,7 +53,7 @@ from .metadata import (
 )
 from .references import check_references
 from .retokenize import RETOKENIZE_CHECK, retokenize
-from .rows import LABELS_CHECK, NO_EOS, ROW_MASK_RULE, labels_skipped, row_drift
+from .rows import LABELS_CHECK, NO_EOS, ROW_MASK_RULE, ROWS, labels_skipped
 from .serving import ABSENT, serving_findings
 from .shards import ShardChecks, ShardContext, check_shard, checksum_jobs, checksum_problems
 from .sources import SourceCheck, check_source, recorded_sources, reproducible, source_bytes, source_problems
@@ -448,7 +448,7 @@ def _serving(run: _Run, report: VerifyReport, stops: StopFindings, tc, serving: 
 def _resample(run: _Run, report: VerifyReport, n: int, executor: Engine | None, rerender: Callable | None) -> None:
     """``--retokenize N``: N sampled episodes (rows) re-encoded by the tokenizers library, and
     their input records rendered again by the libraries installed now (a row: every entry's
-    ids and masks, ``rows.row_drift``)."""
+    ids and masks, ``rows.ROWS``)."""
     ds = run.ds
     if ds.kind == "packed":
         run.skip(("retokenize", "drift"), "a packed dataset: retokenize its source dataset")
@@ -459,8 +459,8 @@ def _resample(run: _Run, report: VerifyReport, n: int, executor: Engine | None, 
     report.retokenized = retok.as_dict()
     if retok.skipped:
         run.skip(("retokenize",), retok.skipped)
-    again = row_drift if run.row_kind else check_drift
-    drift = again(run.usable(), run.meta, ds.tokenizer_state, n, rerender=rerender)
+    drift = check_drift(run.usable(), run.meta, ds.tokenizer_state, n, rerender=rerender,
+                        kind=ROWS if run.row_kind else EPISODES)
     run.found += drift.problems
     report.drift = drift.as_dict()
     if drift.skipped:
