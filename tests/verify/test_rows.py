@@ -153,3 +153,16 @@ def test_kto_and_prompts_datasets_run_the_same_checks(tmp_path, kind):
     want = [(n, "ok" if n == "labels" and kind == "kto" else s) for n, s in PAIR_CHECKS]
     assert [(c.name, c.status) for c in r.checks] == want and r.ok
     assert (r.drift["episodes"], r.drift["differ"]) == (3, 0)
+
+
+def test_retokenize_re_encodes_each_prompt_and_completion_of_a_model_tokenizers_rows(trained, tmp_path):
+    """A model's tokenizer.json: each sampled row's prompt followed by each completion (one
+    render, split in token space) decoded and encoded again by the tokenizers library gives
+    the stored ids: 6 rows, 12 sequences."""
+    rows = [{**PAIR, "chosen": [{"role": "assistant", "content": f"It is blue {i} times, surely."}]} for i in range(6)]
+    inp = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    prepare_pref([inp], tmp_path / "ds", PrefOptions(tokenizer=str(trained), chat_template="chatml"))
+    r = verify_every_row(tmp_path / "ds")
+    assert r.ok and (r.retokenized["episodes"], r.retokenized["differ"]) == (12, 0)
+    assert [c.status for c in r.checks if c.name in ("retokenize", "drift")] == ["ok", "ok"]
+
