@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: ``pack --engine ray`` of a dataset of few large shards, whole shards per task
-against tasks over part of a shard (``engine.pack_ray.row_tasks``).
+against tasks over part of a shard (``pack.tasks.row_tasks``).
 
     python benchmarks/bench_pack_pieces.py [--mb 50] [--cpus 2] [--rounds 3] [--block-size 4096]
 
@@ -35,8 +35,9 @@ from bench_engine_ray_pack_verify import (  # noqa: E402
 )
 from corpus import identical  # noqa: E402
 
-from sftdata.engine.pack_ray import ray_pack_executor, row_tasks  # noqa: E402
+from sftdata.engine.pack_ray import ray_pack_executor  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
+from sftdata.pack.tasks import row_tasks  # noqa: E402
 
 BIG = 100_000_000
 

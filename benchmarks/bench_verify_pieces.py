@@ -33,9 +33,9 @@ from bench_engine_ray_pack_verify import (  # noqa: E402
     whole_against_pieces,
 )
 
-from sftdata.engine.tasks import TASKS_PER_CPU  # noqa: E402
 from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
 from sftdata.store.reader import scan_dataset  # noqa: E402
+from sftdata.tasks import TASKS_PER_CPU  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
 from sftdata.verify.shards import ShardContext, shard_parts  # noqa: E402
 

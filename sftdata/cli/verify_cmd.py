@@ -186,16 +186,15 @@ def verify_cmd(
                    TimeElapsedColumn(), console=err_console, disable=quiet or as_json, transient=True)
     with LazyProgress(bar) as lazy:
         step = lambda done, total: lazy.update("verify", completed=done, total=total)
-        row_kind = not mixture and recorded_kind(path) in ROW_KINDS
-        if row_kind:  # pairs, kto, prompts: every row re-derived (docs/PREFERENCE.md)
-            from ..pref.verify import verify_rows  # lazy: a row dataset's re-render loads the prepare pipeline
-
-            report = verify_rows(path, rerender=not quick)
-        elif mixture:
+        if mixture:
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
             rerender = None
-            if retokenize:
+            if retokenize and recorded_kind(path) in ROW_KINDS:
+                from ..pref.rerender import rerender_rows  # lazy: the pair pipeline loads for --retokenize
+
+                rerender = rerender_rows
+            elif retokenize:
                 from ..prepare.rerender import rerender_records  # lazy: the prepare pipeline loads for --retokenize
 
                 rerender = rerender_records

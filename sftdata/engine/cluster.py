@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import ConfigError, UsageError
+from ..tasks.ray_tasks import kept_raised
 
 ENGINES = ("local", "ray")
 NICENESS_ENV = "RAY_worker_niceness"
@@ -70,34 +71,6 @@ def connect(address: str | None = None) -> RayCluster:
                 signal.signal(signal.SIGTERM, kept_raised(on_term) if callable(on_term) else on_term)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     return RayCluster(ray, max(1, cpus), address)
-
-
-RAISED: list[BaseException] = []  # what a signal handler raised while Ray waited (``raised_in_wait``)
-
-
-def kept_raised(handler):
-    """``handler``, keeping what it raises: Ray turns any exception a handler raises while
-    it waits (``ray.get``, ``ray.wait``) into a plain ``KeyboardInterrupt``, so SIGTERM would
-    read as Ctrl-C (``raised_in_wait`` gives it back)."""
-    if getattr(handler, "keeps_raised", False):
-        return handler
-
-    def on_signal(signum, frame):
-        try:
-            handler(signum, frame)
-        except BaseException as e:
-            RAISED.append(e)
-            raise
-
-    on_signal.keeps_raised = True
-    return on_signal
-
-
-def raised_in_wait(e: KeyboardInterrupt) -> BaseException:
-    """What a signal handler raised while Ray waited (a SIGTERM's own exception), else ``e``."""
-    got = RAISED[-1] if RAISED else e
-    RAISED.clear()
-    return got
 
 
 PROBE_S = 5.0  # how long the head of a cluster is given to accept a connection

@@ -13,33 +13,23 @@ profile, the options) and the curating settings are put once. At most 2 x the cl
 CPUs chunks are in flight, so memory stays bounded by them. The decisions and the
 writing are this process's, the same code as ``--engine local``: the dataset is
 byte-identical for any cluster. A task whose worker dies is retried (``max_retries``); a
-run that stops early leaves the tasks still running unread (they write nothing).
+run that stops early waits for the tasks still running (the one stop rule: ``tasks.RayTasks.close``).
 """
 
 from __future__ import annotations
 
 from ..curate import CurateSettings
+from ..tasks import RayTasks
 from .cluster import RayCluster, connect, import_ray
-from .tasks import RayTasks
 
 
 class RayPrefRunner(RayTasks):
     """A prepare-pref run's tasks on a Ray cluster (``in_order``'s runner): at most 2 x the
-    cluster's CPUs in flight."""
+    cluster's CPUs in flight; ``shared`` and the stop rule are ``tasks.RayTasks``'s."""
 
     def __init__(self, cluster: RayCluster):
         super().__init__(cluster.ray)
         self.depth = 2 * max(1, cluster.cpus)
-
-    def shared(self, value):
-        """``value`` put in the cluster's object store once (every task gets the object)."""
-        return self.ray.put(value)
-
-    def close(self, stopped: bool) -> None:
-        """The tasks still running are let finish unread: they write nothing (never
-        ``ray.cancel``, which can abort the driver inside Ray when a task completes as it
-        is cancelled)."""
-        self._pending.clear()
 
 
 class RayPrefExecutor:

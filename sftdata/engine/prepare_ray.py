@@ -33,8 +33,8 @@ from ..errors import UsageError
 from ..prepare import Executor, PrepareOptions
 from ..sources import SourceInfo
 from ..sources.partitions import PART_BYTES, Partition, plan_partitions
+from ..tasks import RayTasks
 from .cluster import RayCluster, connect, import_ray
-from .tasks import RayTasks, stop_tasks
 
 MIN_PART_BYTES = 1 << 20
 PARTS_PER_CPU = 16  # partitions per CPU of the cluster: the last ones to finish leave CPUs idle briefly
@@ -48,8 +48,9 @@ def part_bytes_for(infos: list[SourceInfo], cpus: int, part_bytes: int | None = 
 
 
 class RayRunner(RayTasks):
-    """A run's tasks on a Ray cluster (``results.TaskRunner``): every task submitted at once,
-    1 CPU each, retried when its worker dies; stopping early writes ``STOP`` and waits."""
+    """A run's tasks on a Ray cluster (``tasks.TaskRunner``): every task submitted at once,
+    1 CPU each, retried when its worker dies; stopping early writes ``STOP`` and waits
+    (the one stop rule: ``tasks.RayTasks.close``)."""
 
     depth = None
 
@@ -66,12 +67,6 @@ class RayRunner(RayTasks):
                 raise UsageError("--engine ray reads files and URLs, which its tasks open themselves; stdin (-) can "
                                  "only be read here: use --engine local, or save the input to a file")
         return plan_partitions(infos, part_bytes_for(infos, self.cpus, self.part_bytes))
-
-    def close(self, stopped: bool) -> None:
-        """A run that stopped early (an error, Ctrl-C): no task may write on into the staging area."""
-        if stopped and self._pending:
-            stop_tasks(self.ray, list(self._pending), self.stage_dir)
-        self._pending.clear()
 
 
 class RayExecutor:

@@ -63,10 +63,6 @@ class RowsBuilt:
     trained_extra: int = 0
 
 
-# builds every row of a plan into a split writer's shards (``--engine``; None: this process)
-RowsExecutor = Callable[..., RowsBuilt]
-
-
 def episode_sources(split: Split, episodes: np.ndarray) -> np.ndarray | None:
     """Input record number of each of ``episodes`` (global ids), read from their shards
     only; None when a shard stores none."""

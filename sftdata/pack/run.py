@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +49,13 @@ from ..store.reader import open_dataset
 from ..store.serving_file import write_serving
 from ..store.shard import Split
 from ..store.writer import DatasetWriter, sweep_beside
+from ..tasks import Engine
 from ..util.hashing import sha256_file
 from ..util.memory import check_fits
 from ..util.ranges import CHUNK_TOKENS, whole_runs
 from .build import pack_components, plan_pack
-from .rows import RowsExecutor, build_rows, gather_segments
+from .rows import build_rows, gather_segments
+from .tasks import run_rows
 
 log = logging.getLogger("sftdata.pack")
 # peak bytes per row token while a chunk of rows is built: the tokens, the mask, their
@@ -233,22 +236,22 @@ def _plan(split: Split, opts: PackOptions, m: LossRule) -> PackPlan:
 
 def pack_split(split: Split, writer, opts: PackOptions, m: LossRule, pad_id: int,
                progress: Callable[[PackProgress], None] | None = None,
-               executor: RowsExecutor | None = None) -> SplitReport:
+               executor: Engine | None = None) -> SplitReport:
     """Plan and write one split's rows; returns its report. ``executor`` builds the rows
-    elsewhere (``--engine ray``: tasks write whole shards that the writer adopts); the
-    plan, the report and the bytes are the same."""
+    as tasks (``--engine ray``: tasks write whole shards that the writer adopts,
+    ``tasks.run_rows``); the plan, the report and the bytes are the same."""
     plan = _plan(split, opts, m)
     L = plan.row_len
     # trained tokens lost: only episodes not placed whole can differ from their rule mask
     whole = plan.whole_episodes()
     nonwhole = np.flatnonzero(~whole & (plan.lengths > 0))
     seg_whole = whole[plan.segments.episode]
-    if executor is None or plan.num_rows == 0:
-        def on_rows(r1: int) -> None:
-            progress(PackProgress(split.name, r1, plan.num_rows))
-        built = build_rows(split, plan, seg_whole, writer, m, pad_id, nonwhole, on_rows if progress else None)
-    else:
-        built = executor(split, plan, seg_whole, writer, m, pad_id, nonwhole, progress)
+
+    def on_rows(r1: int) -> None:
+        progress(PackProgress(split.name, r1, plan.num_rows))
+
+    run = build_rows if executor is None or plan.num_rows == 0 else partial(run_rows, executor)
+    built = run(split, plan, seg_whole, writer, m, pad_id, nonwhole, on_rows if progress else None)
     pad_rows, pad_fill = padding_baseline(plan.lengths, L)
     return SplitReport(
         episodes=plan.episodes, rows=plan.num_rows, row_len=L, tokens_in=plan.tokens_in,
@@ -339,8 +342,59 @@ def _refuse_result(r: SplitReport, opts: PackOptions, output_dir) -> None:
     raise NothingToTrainError(f"pack would write {what}; nothing was written to {output_dir}. {_hint(r, opts)}")
 
 
+def _open_source(source: Path, output_dir, opts: PackOptions) -> tuple:
+    """The source dataset, its mask rule and the pad id, once every refusal is passed:
+    not an episodes dataset, no metadata, a pad id out of range or a stop id, a cut the
+    template rule cannot take, the source as output, nothing to train, too little memory."""
+    ds = open_dataset(source)
+    if ds.kind != "episodes":
+        raise DatasetError(f"{source} is a {ds.kind!r} dataset; pack reads an episodes dataset (the "
+                           f"--output-dir of prepare-chat / prepare-tool)")
+    if ds.metadata is None:
+        raise DatasetError(f"{source} has no {METADATA_FILE} (an older flat layout); its tokenizer and markers "
+                           f"are unknown. Re-create it with `sftdata prepare-chat`")
+    m = _rule(ds)
+    pad_id = m.pad_id if opts.pad_id is None else int(opts.pad_id)
+    limit = min(int(np.iinfo(ds.token_dtype).max) + 1, int(ds.tokenizer_state.get("vocab_size") or 1 << 62))
+    if not 0 <= pad_id < limit:
+        what = "EOS" if m.kind == "markers" else "the tokenizer's pad token"
+        raise UsageError(f"--pad-id {pad_id} is not a token id of this dataset (0..{limit - 1}); "
+                         f"leave it out to pad with {what} ({m.pad_id})")
+    if opts.pad_id is not None and pad_id in rule_stop_ids(m):
+        raise UsageError(f"--pad-id {pad_id} is the end-of-turn token the model learns to stop with; choose a "
+                         f"token the data never trains (or leave --pad-id out to pad with {m.pad_id})")
+    for split in ds.splits.values():
+        _check_cuts(split, opts, m)
+    if Path(output_dir).resolve() == source.resolve():
+        raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
+    _refuse_source(ds, source)
+    _check_memory(ds, opts)
+    return ds, m, pad_id
+
+
+def _metadata(ds, opts: PackOptions, pad_id: int, source_path: str, splits_meta: dict, report: PackReport,
+              lossy: list[str]) -> dict:
+    """The packed dataset's metadata (its build record is added by ``pack``)."""
+    return {
+        "kind": "packed",
+        "created_by": f"sftdata {__version__}",
+        "token_dtype": ds.token_dtype.name,
+        "tokenizer": ds.metadata.get("tokenizer"),
+        "tokenizer_identity": ds.metadata.get("tokenizer_identity"),
+        "packing": {"block_size": opts.block_size, "row_len": opts.row_len, "strategy": opts.strategy,
+                    "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
+                    "shard_tokens": opts.shard_tokens, "pad_seq_id": PAD_SEQ_ID,
+                    "segment_fields": list(SEGMENT_FIELDS)},
+        "source": {"path": source_path, "metadata_sha256": sha256_file(ds.root / METADATA_FILE),
+                   "kind": ds.kind, "counts": ds.metadata.get("counts")},
+        "splits": splits_meta,
+        "report": report.as_dict(timing=False)["splits"],
+        "warnings": lossy,
+    }
+
+
 def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
-         progress: Callable[[PackProgress], None] | None = None, executor: RowsExecutor | None = None,
+         progress: Callable[[PackProgress], None] | None = None, executor: Engine | None = None,
          planned: Callable[[BuildCheck], None] | None = None) -> PackReport:
     """Pack the episodes dataset at ``source`` into a packed dataset at ``output_dir``.
 
@@ -367,29 +421,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
         report.build_key, report.seconds = plan.key, time.perf_counter() - t0
         return report
     plan.refuse_unless(opts.overwrite or opts.force)
-    ds = open_dataset(source)
-    if ds.kind != "episodes":
-        raise DatasetError(f"{source} is a {ds.kind!r} dataset; pack reads an episodes dataset (the "
-                           f"--output-dir of prepare-chat / prepare-tool)")
-    if ds.metadata is None:
-        raise DatasetError(f"{source} has no {METADATA_FILE} (an older flat layout); its tokenizer and markers "
-                           f"are unknown. Re-create it with `sftdata prepare-chat`")
-    m = _rule(ds)
-    pad_id = m.pad_id if opts.pad_id is None else int(opts.pad_id)
-    limit = min(int(np.iinfo(ds.token_dtype).max) + 1, int(ds.tokenizer_state.get("vocab_size") or 1 << 62))
-    if not 0 <= pad_id < limit:
-        what = "EOS" if m.kind == "markers" else "the tokenizer's pad token"
-        raise UsageError(f"--pad-id {pad_id} is not a token id of this dataset (0..{limit - 1}); "
-                         f"leave it out to pad with {what} ({m.pad_id})")
-    if opts.pad_id is not None and pad_id in rule_stop_ids(m):
-        raise UsageError(f"--pad-id {pad_id} is the end-of-turn token the model learns to stop with; choose a "
-                         f"token the data never trains (or leave --pad-id out to pad with {m.pad_id})")
-    for split in ds.splits.values():
-        _check_cuts(split, opts, m)
-    if Path(output_dir).resolve() == source.resolve():
-        raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
-    _refuse_source(ds, source)
-    _check_memory(ds, opts)
+    ds, m, pad_id = _open_source(source, output_dir, opts)
     report = PackReport(str(output_dir), source_url or str(source), opts.strategy, opts.block_size, opts.overlong, pad_id,
                         opts.seed, changed=list(plan.changes))
     if planned is not None:
@@ -415,23 +447,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
             splits_meta[name] = sw.close()
         w.write_json(TOKENIZER_FILE, ds.tokenizer_state)
         write_serving(w.path, ds.tokenizer_state, ds.token_dtype, pad_id, episodes=ds.root)
-        src_meta = ds.root / METADATA_FILE
-        metadata = {
-            "kind": "packed",
-            "created_by": f"sftdata {__version__}",
-            "token_dtype": ds.token_dtype.name,
-            "tokenizer": ds.metadata.get("tokenizer"),
-            "tokenizer_identity": ds.metadata.get("tokenizer_identity"),
-            "packing": {"block_size": opts.block_size, "row_len": opts.row_len, "strategy": opts.strategy,
-                        "overlong": opts.overlong, "pad_token_id": pad_id, "seed": opts.seed,
-                        "shard_tokens": opts.shard_tokens, "pad_seq_id": PAD_SEQ_ID,
-                        "segment_fields": list(SEGMENT_FIELDS)},
-            "source": {"path": source_url or str(source.resolve()), "metadata_sha256": sha256_file(src_meta),
-                       "kind": ds.kind, "counts": ds.metadata.get("counts")},
-            "splits": splits_meta,
-            "report": report.as_dict(timing=False)["splits"],
-            "warnings": lossy,
-        }
+        metadata = _metadata(ds, opts, pad_id, source_url or str(source.resolve()), splits_meta, report, lossy)
         metadata[BUILD] = build_record(pack_components(metadata["source"]["path"], metadata["source"]["metadata_sha256"],
                                                    opts), [])
         report.build_key = metadata[BUILD]["key"]

@@ -43,7 +43,7 @@ from ..curate import (
 from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError, UsageError
 from ..prepare.build import plan_build
-from ..prepare.pool import PoolRunner, chunks_of, in_order, overlapped, process_pool, worker_started
+from ..prepare.pool import PoolRunner, chunks_of
 from ..prepare.results import Progress
 from ..prepare.run import _all_rejected
 from ..prepare.split import split_assignment
@@ -67,6 +67,7 @@ from ..store.location import local_path
 from ..store.serving_file import write_serving
 from ..store.split_writer import RowSplitWriter
 from ..store.writer import DatasetWriter, sweep_beside
+from ..tasks import in_order, overlapped, process_pool, worker_started
 from ..template import choose_tokenizer, template_summary, tokenizer_state
 from ..tokenize.identity import recorded_identity
 from .options import PrefOptions

@@ -1,6 +1,6 @@
 """A partitioned run: the coordinator plans and commits, the workers read, render and write
 (``--workers`` > 1 on inputs that can be cut, and ``--engine ray``). The same functions
-run in local worker processes and as Ray tasks (``results.TaskRunner``)::
+run in local worker processes and as Ray tasks (``tasks.TaskRunner``)::
 
     coordinator (this process)                      workers / tasks
     ─────────────────────────────────────────       ─────────────────────────────────────────────
@@ -42,13 +42,13 @@ from ..sources.partitions import Partition, file_digest, first_where, records_sh
 from ..store.format import LAST_REPLY_FILE, flagged_count, shard_files, shard_name
 from ..store.fsops import folder_identity, make_folder
 from ..store.object_upload import DirectUpload
+from ..tasks import TaskRunner, in_order
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
 from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .plan import plan_shards
-from .pool import in_order
-from .results import ChunkResult, StagedPart, TaskRunner
+from .results import ChunkResult, StagedPart
 from .shard_task import write_shard
 
 MAX_KEY_BUCKETS = 256

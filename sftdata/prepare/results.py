@@ -13,7 +13,8 @@ import numpy as np
 from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings, RecordKeys
 from ..records.turns import TURN_COUNTS
-from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
+from ..sources import DEFAULT_MAX_RECORD_BYTES
+from ..tasks import TaskRunner
 from ..template import TemplateProfile
 from ..tokenize.memo import MemoStats
 from .options import PrepareOptions
@@ -155,25 +156,13 @@ class StagedPart:
         return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
 
 
-class TaskRunner(Protocol):
-    """Where a run's tasks run: a pool of ``--workers`` processes (``pool.PoolRunner``) or a
-    Ray cluster (``sftdata.engine``). The same functions run in either; results are small."""
-
-    cpus: int
-    depth: int | None  # tasks in flight at most (None: every task submitted at once)
-    tokenizer: bytes | None  # what a partition task is given to rebuild the tokenizer (None: the worker's own)
-    curate: object  # what a partition task is given of the curating settings (None: the worker's own)
-
-    def partitions(self, infos: list[SourceInfo]) -> list: ...
-    def submit(self, fn, args: tuple, doing: str): ...
-    def result(self, handle, doing: str): ...
-    def close(self, stopped: bool) -> None: ...
-
-
 class Executor(Protocol):
-    """An engine (``--engine``): ``start`` gives the runner of one partitioned run, whose
-    tasks read the inputs themselves, stage their episodes under ``stage_dir`` and write
-    the final shards (``prepare.partitioned``)."""
+    """An engine (``--engine``): ``start`` gives the runner (``tasks.TaskRunner``) of one
+    partitioned run, whose tasks read the inputs themselves, stage their episodes under
+    ``stage_dir`` and write the final shards (``prepare.partitioned``). That runner also
+    gives ``partitions(infos)`` (the input's ranges, one task each), ``tokenizer`` (what a
+    partition task is given to rebuild the tokenizer; None: the worker's own) and
+    ``curate`` (what it is given of the curating settings; None: the worker's own)."""
 
     def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
               stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

@@ -60,6 +60,7 @@ from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FIL
 from ..store.location import local_path, remote_url
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, sweep_beside
+from ..tasks import TaskRunner
 from ..template import (
     TemplateProfile,
     choose_tokenizer,
@@ -71,7 +72,7 @@ from .build import plan_build
 from .options import PrepareOptions
 from .partitioned import decide_duplicates, partitioned_results, write_planned
 from .pool import PoolRunner, chunk_results, chunks_of
-from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart, TaskRunner
+from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
 from .split import split_assignment, split_parts
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata

@@ -175,12 +175,14 @@ class Tally:
 
 
 def check_content(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
-                  tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None) -> list[Problem]:
-    """Token ids, mask values and the mask rule of the usable episodes (``bounds``), one
-    chunk of whole episodes at a time; ``stops`` also sees each chunk (the stops check)."""
+                  tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None,
+                  rule: bool = True) -> list[Problem]:
+    """Token ids, mask values and (``rule``) the mask rule of the usable episodes
+    (``bounds``), one chunk of whole episodes at a time; ``stops`` also sees each chunk
+    (the stops check). A row dataset's entries hold their mask rule as rows (``rows``)."""
     if shard.tokens is None:
         return []
-    return content_problems(shard, vocab, content_tally(shard, bounds, vocab, tick, stops)) + \
+    return content_problems(shard, vocab, content_tally(shard, bounds, vocab, tick, stops, rule=rule)) + \
         ([] if stops is None else stops.shard_problems(shard))
 
 
@@ -191,7 +193,7 @@ def content_problems(shard: Shard, vocab: Vocab | None, tally: Tally) -> list[Pr
 
 def content_tally(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                   tick: Callable[[int], None] = lambda n: None, stops: StopFindings | None = None,
-                  part: Part = (0, None)) -> Tally:
+                  part: Part = (0, None), rule: bool = True) -> Tally:
     """``check_content``'s findings over the usable episodes of ``part`` (local ids), unmade
     into problems: ``stops`` keeps its own."""
     if shard.tokens is None:
@@ -235,7 +237,7 @@ def content_tally(shard: Shard, bounds: EpisodeBounds, vocab: Vocab | None,
                 if "mask_values" not in first:
                     k, p = locate(bad[0])
                     first["mask_values"] = (use[i + k], p, m[bad[0]], cs[k])
-        if m is not None and vocab is not None:
+        if m is not None and vocab is not None and rule:
             stored = m if binary and not badv else (m != 0).astype(np.uint8)  # any non-zero value trains
             last_only = None if flags is None or vocab.rule.kind != "template" else flags[use[i:j]]
             derived = vocab.rule.masks(ids, cl, last_only=last_only)  # each episode as if alone

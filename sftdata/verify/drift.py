@@ -59,26 +59,34 @@ def _list(v: dict) -> str:
     return ", ".join(f"{k} {v[k] or 'not installed'}" for k in v)
 
 
+@dataclass(frozen=True)
+class DriftKind:
+    """What the drift check samples and compares for one kind of dataset: ``picks(shards, n,
+    seed)`` gives (record, id, shard, stored) of each sampled item; ``matches(stored, render)``
+    whether the render now is the stored item; ``problem(bad, meta, drift)`` the one problem
+    naming the first that differs; ``rerender``: the rendering to pass (its name)."""
+
+    picks: Callable
+    matches: Callable
+    problem: Callable
+    rerender: str = "sftdata.prepare.rerender_records"
+
+
 def check_drift(shards: Sequence, meta: dict | None, state: dict | None, n: int, seed: int = 0,
-                rerender: Callable | None = None) -> Drift:
-    """Render the input records of ``n`` sampled episodes of ``shards`` again
-    (``rerender(meta, state, records) -> (renders, unread)``); one ``drift`` problem names
-    the first record whose render now is none of its stored episodes."""
+                rerender: Callable | None = None, kind: DriftKind | None = None) -> Drift:
+    """Render the input records of ``n`` sampled episodes (``kind``: items) of ``shards``
+    again (``rerender(meta, state, records) -> (renders, unread)``); one ``drift`` problem
+    names the first record whose render now is none of its stored episodes."""
+    kind = kind or EPISODES
     rec = recorded_build(meta)
     out = Drift(then=(rec or {}).get("libraries"), now=library_versions())
     if rerender is None:
-        out.skipped = NO_RERENDER
+        out.skipped = NO_RERENDER.replace("sftdata.prepare.rerender_records", kind.rerender)
         return out
     if not isinstance(meta, dict) or not meta.get("sources") or not isinstance(state, dict):
         out.skipped = "the metadata records no input files (or no tokenizer) to render again"
         return out
-    picks = []
-    for sh, local in sample_by_shard(shards, n, seed):
-        if sh.sources is None:
-            continue
-        for loc in np.asarray(local, dtype=np.int64).tolist():
-            start, length = (int(v) for v in sh.episodes[loc])
-            picks.append((int(sh.sources[loc]), sh.first_gid + loc, sh, np.asarray(sh.tokens[start:start + length])))
+    picks = kind.picks(shards, n, seed)
     if not picks:
         out.skipped = "no sampled episode records its input record (sources.idx)"
         return out
@@ -93,15 +101,29 @@ def check_drift(shards: Sequence, meta: dict | None, state: dict | None, n: int,
             out.unread += 1
             continue
         out.episodes += 1
-        r = renders[record]
-        if not any(np.array_equal(stored, e) for e in r.episodes):
+        if not kind.matches(stored, renders[record]):
             out.differ += 1
-            bad.append((record, gid, sh, stored, r))
+            bad.append((record, gid, sh, stored, renders[record]))
     if unread and not out.episodes:
         out.skipped = f"no sampled record could be read again: record {min(unread)}: {unread[min(unread)]}"
     if bad:
-        out.problems.append(_problem(bad, meta, out))
+        out.problems.append(kind.problem(bad, meta, out))
     return out
+
+
+def _episode_picks(shards: Sequence, n: int, seed: int) -> list[tuple]:
+    picks = []
+    for sh, local in sample_by_shard(shards, n, seed):
+        if sh.sources is None:
+            continue
+        for loc in np.asarray(local, dtype=np.int64).tolist():
+            start, length = (int(v) for v in sh.episodes[loc])
+            picks.append((int(sh.sources[loc]), sh.first_gid + loc, sh, np.asarray(sh.tokens[start:start + length])))
+    return picks
+
+
+def _episode_matches(stored: np.ndarray, r) -> bool:
+    return any(np.array_equal(stored, e) for e in r.episodes)
 
 
 def _problem(bad: list, meta: dict, d: Drift) -> Problem:
@@ -126,4 +148,6 @@ def _problem(bad: list, meta: dict, d: Drift) -> Problem:
                    split=sh.split, episode=gid, code="rejected" if r.rejected is not None else "differs")
 
 
-__all__ = ["DRIFT_CHECK", "NO_RERENDER", "Drift", "check_drift", "versions"]
+EPISODES = DriftKind(_episode_picks, _episode_matches, _problem)
+
+__all__ = ["DRIFT_CHECK", "EPISODES", "NO_RERENDER", "Drift", "DriftKind", "check_drift", "versions"]

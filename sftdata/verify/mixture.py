@@ -11,7 +11,8 @@ from ..errors import DatasetError
 from ..store.format import Problem
 from ..store.mixture import check_compatible, member_root, metadata_checksum, read_mixture
 from ..store.reader import open_dataset
-from .run import ProgressFn, ShardExecutor, VerifyReport, verify
+from ..tasks import Engine
+from .run import ProgressFn, VerifyReport, verify
 
 MIXTURE_CHECKS = {
     "members": "every member folder exists",
@@ -45,7 +46,7 @@ class MixtureVerifyReport:
 
 
 def verify_mixture(path: str | Path, *, quick: bool = False, sources: bool = False,
-                   progress: ProgressFn | None = None, executor: ShardExecutor | None = None) -> MixtureVerifyReport:
+                   progress: ProgressFn | None = None, executor: Engine | None = None) -> MixtureVerifyReport:
     """Every member verified (``verify``, its shards checked by ``executor`` when given),
     then the mixture's checks; never stops at the first problem.
     Raises ``DatasetError`` only when ``path`` is not a readable mixture."""

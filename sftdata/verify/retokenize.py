@@ -73,32 +73,46 @@ def retokenize(shards: Sequence, state: dict | None, n: int, seed: int = 0,
 
 def sample_by_shard(shards: Sequence, n: int, seed: int = 0) -> list[tuple]:
     """The sample of ``retokenize``: (shard, its sampled local episode ids) for each shard
-    holding some, in shard order."""
-    counts = np.array([sh.num_episodes for sh in shards], dtype=np.int64)
+    holding some, in shard order; a row dataset's shard: its sampled local row ids."""
+    counts = np.array([sh.num_items // sh.entries for sh in shards], dtype=np.int64)
     ends = np.cumsum(counts)
     pos = sample_positions(int(ends[-1]) if counts.size else 0, n, seed)
     which = np.searchsorted(ends, pos, side="right")
     return [(shards[i], pos[which == i] - (int(ends[i - 1]) if i else 0)) for i in np.unique(which).tolist()]
 
 
+def sequences(sh, loc: int) -> list[tuple[str, np.ndarray]]:
+    """What ``--retokenize`` re-encodes of item ``loc`` of ``sh``, each the ids of one text
+    encoded once, and how a problem names it: an episode; a row's prompt followed by each
+    of its completions (split from one render in token space)."""
+    per = sh.entries
+    ent = [(int(a), int(n)) for a, n in sh.episodes[loc * per:(loc + 1) * per]]
+    if per == 1:
+        a, n = ent[0]
+        return [(f"episode {sh.first_gid + loc}", np.asarray(sh.tokens[a:a + n], dtype=np.int64))]
+    (pa, pn), row = ent[0], sh.first_gid // per + loc
+    prompt = np.asarray(sh.tokens[pa:pa + pn], dtype=np.int64)
+    return [(f"row {row}, completion {i}", np.concatenate([prompt, np.asarray(sh.tokens[a:a + n], dtype=np.int64)]))
+            for i, (a, n) in enumerate(ent[1:])]
+
+
 def retokenize_shard(tok, sh, local: np.ndarray) -> Retokenized:
-    """Re-encode episodes ``local`` of shard ``sh`` with ``tok`` (the library's engine):
-    the episodes re-encoded, those that differ, a ``Problem`` for each."""
+    """Re-encode items ``local`` of shard ``sh`` (``sequences``) with ``tok`` (the library's
+    engine): the sequences re-encoded, those that differ, a ``Problem`` for each."""
     out = Retokenized()
     for loc in np.asarray(local, dtype=np.int64).tolist():
-        start, length = (int(v) for v in sh.episodes[loc])
-        stored = np.asarray(sh.tokens[start:start + length], dtype=np.int64)
-        again = tok.encode_rendered_by_library(tok.decode(stored.tolist()))
-        out.episodes += 1
-        if np.array_equal(stored, again):
-            continue
-        out.differ += 1
-        m = min(stored.size, again.size)
-        j = int(np.flatnonzero(stored[:m] != again[:m])[0]) if np.any(stored[:m] != again[:m]) else m
-        gid = sh.first_gid + loc
-        out.problems.append(Problem(
-            "retokenize", f"{sh.rel}/{TOKENS_FILE}", f"episode {gid}",
-            f"decoded and re-encoded by the tokenizers library, episode {gid} ({sh.split}) gives other ids from "
-            f"token {j}: stored {stored[j:j + 4].tolist()}, re-encoded {again[j:j + 4].tolist()} ({stored.size} "
-            f"vs {again.size} tokens)", FIX, split=sh.split, episode=gid, code="differs"))
+        for name, stored in sequences(sh, loc):
+            again = tok.encode_rendered_by_library(tok.decode(stored.tolist()))
+            out.episodes += 1
+            if np.array_equal(stored, again):
+                continue
+            out.differ += 1
+            m = min(stored.size, again.size)
+            j = int(np.flatnonzero(stored[:m] != again[:m])[0]) if np.any(stored[:m] != again[:m]) else m
+            out.problems.append(Problem(
+                "retokenize", f"{sh.rel}/{TOKENS_FILE}", name,
+                f"decoded and re-encoded by the tokenizers library, {name} ({sh.split}) gives other ids from "
+                f"token {j}: stored {stored[j:j + 4].tolist()}, re-encoded {again[j:j + 4].tolist()} ({stored.size} "
+                f"vs {again.size} tokens)", FIX, split=sh.split, episode=sh.first_gid + loc if sh.entries == 1 else None,
+                code="differs"))
     return out

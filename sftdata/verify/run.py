@@ -11,25 +11,36 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from ..chat.serving import token_strings
 from ..errors import DatasetError, UsageError
-from ..store.format import EPISODES_FILE, METADATA_FILE, SERVING_FILE, SPLITS, TOKENIZER_FILE, TOKENS_FILE, Problem, in_check_order
+from ..store.format import (
+    EPISODES_FILE,
+    METADATA_FILE,
+    ROW_KINDS,
+    SERVING_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    TOKENS_FILE,
+    Problem,
+    in_check_order,
+)
 from ..store.location import dataset_path
-from ..store.reader import read_one_generation, scan_dataset
+from ..store.reader import Scan, read_one_generation, scan_dataset
 from ..store.serving_file import read_serving
 from ..store.structure import check_counts
+from ..tasks import Engine
 from ..util.cache import bypassed
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
-from .drift import DRIFT_CHECK, check_drift
+from .drift import DRIFT_CHECK, EPISODES, check_drift
 from .metadata import (
     NOT_RECORDED,
     any_ranges,
@@ -41,11 +52,13 @@ from .metadata import (
     recorded_vocab,
 )
 from .references import check_references
-from .retokenize import RETOKENIZE_CHECK, Retokenized, retokenize
+from .retokenize import RETOKENIZE_CHECK, retokenize
+from .rows import LABELS_CHECK, NO_EOS, ROW_MASK_RULE, ROWS, labels_skipped
 from .serving import ABSENT, serving_findings
 from .shards import ShardChecks, ShardContext, check_shard, checksum_jobs, checksum_problems
 from .sources import SourceCheck, check_source, recorded_sources, reproducible, source_bytes, source_problems
 from .stops import StopFindings
+from .tasks import check_shards, compare_tokens, retokenize_shards
 
 _COMMON_HEAD = {
     "metadata": "metadata present, sftdata format, known version",
@@ -89,11 +102,17 @@ PACKED_CHECKS: dict[str, str] = {
     "checksums": "sha256 of every file equals the metadata",
 }
 
+# a pairs, KTO or prompts dataset (``rows``): the episodes' checks, a row's mask rule, KTO's labels;
+# eos is skipped by name (a prompt ends with the generation prompt)
+ROW_CHECKS: dict[str, str] = {**{k: CHECKS[k] for k in ("metadata", "metadata_checksum", "tokenizer", "files", "sizes", "index")},
+                           "labels": LABELS_CHECK, "eos": CHECKS["eos"], "counts": CHECKS["counts"], **_COMMON_TAIL,
+                           "mask_rule": ROW_MASK_RULE, **_STOPS, "checksums": CHECKS["checksums"]}
+
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
 def checks_for(kind: str | None) -> dict[str, str]:
-    return PACKED_CHECKS if kind == "packed" else CHECKS
+    return PACKED_CHECKS if kind == "packed" else ROW_CHECKS if kind in ROW_KINDS else CHECKS
 
 
 @dataclass
@@ -153,27 +172,9 @@ def check_results(kind: str | None, problems: list[Problem], skipped: dict[str, 
     return problems, results
 
 
-class ShardExecutor(Protocol):
-    """Runs the per-shard work of ``verify`` elsewhere (``--engine ray``), yielding the
-    results in shard order."""
-
-    def check(self, shards: list, ctx: ShardContext, stops: StopFindings | None, jobs: list, meta: dict | None,
-              meta_sealed: bool, quick: bool) -> Iterator[ShardChecks]:
-        """``shards.shard_checks`` of every shard (``jobs``: the files of each to hash)."""
-        ...
-
-    def compare_tokens(self, shards: list, sp, row_len: int) -> Iterator[list]:
-        """``references.compare_shard_tokens`` of each packed shard against source split ``sp``."""
-        ...
-
-    def retokenize(self, state: dict, picks: list) -> Iterator[Retokenized]:
-        """``retokenize.retokenize_shard`` of each (shard, sampled local episode ids)."""
-        ...
-
-
 def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer: str | None = None,
            progress: ProgressFn | None = None, hash_threads: int = 1, sources: bool = False,
-           retokenize_episodes: int = 0, executor: ShardExecutor | None = None,
+           retokenize_episodes: int = 0, executor: Engine | None = None,
            rerender: Callable | None = None) -> VerifyReport:
     """Run every check on the dataset at ``path``; never stops at the first problem.
 
@@ -184,8 +185,11 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     records neither. ``retokenize_episodes``: decode that many sampled episodes and
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
     ``retokenize`` check), and render their input records again with the libraries
-    installed now (the ``drift`` check; ``rerender``: ``sftdata.prepare.rerender_records``,
-    which this layer cannot import; without it the check is skipped). ``executor``: where each shard's data is read and checked
+    installed now (the ``drift`` check; ``rerender``: the kind's own rendering,
+    ``sftdata.prepare.rerender_records`` or, for a pairs, KTO or prompts dataset,
+    ``sftdata.pref.rerender.rerender_rows``, which this layer cannot import; without it
+    the check is skipped). Every kind runs the same checks where they mean something
+    (``checks_for``); the others are skipped by name, with why. ``executor``: where each shard's data is read and checked
     (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
     With ``sources`` or ``retokenize_episodes`` no entry of the user's cache is read
     (``util.cache.bypassed``): the tokenizer is rebuilt from its files, as a proof needs.
@@ -201,181 +205,266 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
                                                          rerender))
 
 
-def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,
-            hash_threads: int, sources: bool, retokenize_episodes: int, executor: ShardExecutor | None,
-            rerender: Callable | None) -> VerifyReport:
-    t0 = time.perf_counter()
-    scan = scan_dataset(path, token_dtype=token_dtype)
-    ds, meta, root = scan.dataset, scan.dataset.metadata, scan.dataset.root
-    if tokenizer is not None and scan.tokenizer_file:
-        raise UsageError(f"--tokenizer is for older flat layouts; {root} records its tokenizer in {TOKENIZER_FILE}")
-    if token_dtype is not None and scan.metadata_file:
-        raise UsageError(f"--token-dtype is for older flat layouts; {root} records its token dtype in {METADATA_FILE}")
-    packed, row_len = ds.kind == "packed", scan.row_len
-    rows = packed and row_len is not None  # the packed checks can run
-    notes: list[str] = []
-    skipped: dict[str, str] = {}
+@dataclass
+class _Run:
+    """One verify of one dataset: what its steps share (the scan, the problems found so
+    far, the notes, the checks skipped and why, the bytes read for the progress)."""
 
-    def skip(checks: tuple[str, ...], why: str) -> None:
+    scan: Scan
+    quick: bool
+    progress: ProgressFn | None
+    found: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    done: int = 0
+    total: int = 0
+    meta_sealed: bool = False  # the metadata hashes to the sha256 it records
+
+    @property
+    def ds(self):
+        return self.scan.dataset
+
+    @property
+    def meta(self) -> dict | None:
+        return self.scan.dataset.metadata
+
+    @property
+    def row_kind(self) -> bool:
+        return self.scan.dataset.kind in ROW_KINDS
+
+    def skip(self, checks: tuple[str, ...], why: str) -> None:
         for c in checks:
-            skipped.setdefault(c, why)
+            self.skipped.setdefault(c, why)
 
+    def tick(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    def usable(self) -> list:
+        """The shards whose segments the reader found usable (every shard but a packed one's damaged)."""
+        return [sh for sh in self.ds.shards if sh.rel not in self.scan.bad_segments]
+
+
+def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None,
+            hash_threads: int, sources: bool, retokenize_episodes: int, executor: Engine | None,
+            rerender: Callable | None) -> VerifyReport:
+    """The skeleton every kind runs (episodes, packed, pairs, KTO, prompts): what cannot
+    mean anything for a kind is skipped by name, with why (``_open``)."""
+    t0 = time.perf_counter()
+    run = _open(path, quick, token_dtype, tokenizer, progress)
+    ds, meta, root = run.ds, run.meta, run.ds.root
+    tc = _tokenizer(run, tokenizer)
+    jobs, top_missing, top_resized = checksum_jobs(root, meta, ds.shards) if meta is not None else ([], [], [])
+    jobs = [] if quick else jobs
+    run.total = sum(sh.data_bytes for sh in ds.shards) + sum(j[1].stat().st_size for j in jobs) + \
+        (source_bytes(meta) if sources else 0)
+    report = VerifyReport(str(root), ds.layout, ds.kind, quick)
+    stops, serving, serving_error = _stops(run, tc)
+    ctx = ShardContext(ds.kind == "packed", run.scan.row_len, recorded_vocab(tc.vocab, meta, ds.tokenizer_state),
+                       _pad_id(meta), tokenizer is not None, frozenset(run.scan.bad_segments), run.row_kind)
+    results, remote = _shards(run, report, ctx, None if "stops" in run.skipped else stops, jobs, executor,
+                              hash_threads, sources)
+    if meta is not None:
+        run.found += checksum_problems(results, meta, ds.shards)
+        # the recorded value ranges against the vocabulary, and (not --quick) the data's,
+        # measured where no checksum already proves them equal
+        proven = proven_shards(meta, ds.shards, results, run.meta_sealed)
+        measured = {sh.rel: r.ranges for sh, r in zip(ds.shards, remote or []) if r.ranges is not None}
+        data = None if quick else {sh.rel: measured[sh.rel] if sh.rel in measured else data_ranges(sh)
+                                   for sh in ds.shards if sh.rel not in proven}
+        run.found += check_ranges(meta, ds.shards, None if ctx.vocab is None else ctx.vocab.size, data)
+    if not any(sh.mask is not None for sh in ds.shards):
+        run.skip(("mask_values", "mask_rule", "stops"), "no mask.bin")
+    if stops is not None:
+        _serving(run, report, stops, tc, serving, serving_error)
+    if retokenize_episodes > 0:
+        _resample(run, report, retokenize_episodes, executor, rerender)
+    # within a check, the problems keep the order they were found in: top-level file sizes
+    # before the shards' sizes, the shards' missing files before the top-level ones
+    problems = top_resized + [p for p in run.scan.problems if p.check != "counts"] + tc.problems + top_missing + \
+        run.found
+    extra = {**(SOURCES_CHECK if sources else {}),
+             **({**RETOKENIZE_CHECK, **DRIFT_CHECK} if retokenize_episodes > 0 else {})}
+    report.problems, report.checks = check_results(ds.kind, problems, run.skipped, extra or None)
+    report.notes = run.notes
+    items = "rows" if ctx.rows or run.row_kind else "episodes"
+    for split in SPLITS:
+        mine = [sh for sh in ds.shards if sh.split == split]
+        if mine:
+            report.splits[split] = {items: sum(sh.num_items // sh.entries for sh in mine),
+                                    "tokens": sum(sh.num_tokens for sh in mine), "shards": len(mine)}
+    report.bytes_read = run.done
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _open(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress: ProgressFn | None) -> _Run:
+    """The dataset scanned (the reader's structural checks), the options it cannot take
+    refused, and the checks that cannot mean anything for it skipped, with why."""
+    run = _Run(scan_dataset(path, token_dtype=token_dtype), quick, progress)
+    scan, ds = run.scan, run.ds
+    if tokenizer is not None and scan.tokenizer_file:
+        raise UsageError(f"--tokenizer is for older flat layouts; {ds.root} records its tokenizer in {TOKENIZER_FILE}")
+    if token_dtype is not None and scan.metadata_file:
+        raise UsageError(f"--token-dtype is for older flat layouts; {ds.root} records its token dtype in "
+                         f"{METADATA_FILE}")
     if not scan.metadata_file:
         if ds.layout == "flat":
-            notes.append(f"older flat layout without {METADATA_FILE}: counts, file sizes and checksums cannot be "
-                         "checked against a record of what was written")
-        skip(("counts", "checksums", "metadata_checksum", "ranges"), "no metadata")
-    if packed and row_len is None:
-        skip(("rows", "segments", "references", "mask_rule", "padding"), "no packing.row_len")
-    tc = check_tokenizer(scan, tokenizer)
-    notes += [tc.note] if tc.note else []
-    found = check_tokenizer_identity(meta, ds.tokenizer_state, tc.vocab)
-    vocab = recorded_vocab(tc.vocab, meta, ds.tokenizer_state)  # ids below every recorded vocabulary
+            run.notes.append(f"older flat layout without {METADATA_FILE}: counts, file sizes and checksums cannot be "
+                             "checked against a record of what was written")
+        run.skip(("counts", "checksums", "metadata_checksum", "ranges"), "no metadata")
+    if ds.kind == "packed" and scan.row_len is None:
+        run.skip(("rows", "segments", "references", "mask_rule", "padding"), "no packing.row_len")
+    if run.row_kind:
+        run.skip(("eos",), NO_EOS)
+        if labels_skipped(ds.kind):
+            run.skip(("labels",), labels_skipped(ds.kind))
+    if scan.dtype_guessed and run.meta is None and ds.layout == "flat":
+        run.notes.append("no metadata: tokens read as uint32 (pass --token-dtype uint16 if they are not)")
+    run.notes += [f"{s}/{TOKENS_FILE} has no {EPISODES_FILE}: a token stream, not episodes; not checked"
+                  for s in scan.token_streams]
+    if quick:
+        run.skip(("checksums",), "--quick")
+    return run
+
+
+def _tokenizer(run: _Run, tokenizer: str | None):
+    """The tokenizer check, its identity in the metadata, and the metadata's own checksum."""
+    ds, meta = run.ds, run.meta
+    tc = check_tokenizer(run.scan, tokenizer)
+    run.notes += [tc.note] if tc.note else []
+    run.found += check_tokenizer_identity(meta, ds.tokenizer_state, tc.vocab)
     if meta is not None:
         sums, why = check_metadata_checksum(meta)
-        found += sums
-        meta_sealed = not sums and why is None
+        run.found += sums
+        run.meta_sealed = not sums and why is None
         if why:
-            skip(("metadata_checksum",), why)
+            run.skip(("metadata_checksum",), why)
         if not any_ranges(meta, ds.shards):
-            skip(("ranges",), NOT_RECORDED)
+            run.skip(("ranges",), NOT_RECORDED)
     if tc.unknown:
-        skip(("vocab", "eos", "mask_rule"), "tokenizer unknown")
+        run.skip(("vocab", "eos", "mask_rule"), "tokenizer unknown")
     if tc.unchecked:
-        skip(("tokenizer",), tc.unchecked)
+        run.skip(("tokenizer",), tc.unchecked)
     if tc.vocab is not None and tc.vocab.rule.eos_id is None:
-        skip(("eos",), "a chat template's episodes end as it writes them")
-    if scan.dtype_guessed and meta is None and ds.layout == "flat":
-        notes.append("no metadata: tokens read as uint32 (pass --token-dtype uint16 if they are not)")
-    notes += [f"{s}/{TOKENS_FILE} has no {EPISODES_FILE}: a token stream, not episodes; not checked"
-              for s in scan.token_streams]
-    if quick:
-        skip(("checksums",), "--quick")
-    shards = ds.shards
-    # the top-level files' sizes are checked on --quick too (the reader checks the shards')
-    jobs, top_missing, top_resized = checksum_jobs(root, meta, shards) if meta is not None else ([], [], [])
-    jobs = [] if quick else jobs
-    in_sources = recorded_sources(meta) if sources else []
-    total = sum(sh.data_bytes for sh in shards) + sum(j[1].stat().st_size for j in jobs) + \
-        (source_bytes(meta) if sources else 0)
-    done = [0]
+        run.skip(("eos",), "a chat template's episodes end as it writes them")
+    return tc
 
-    def tick(nbytes: int) -> None:
-        done[0] += nbytes
-        if progress:
-            progress(done[0], total)
 
-    report = VerifyReport(str(root), ds.layout, ds.kind, quick)
+def _pad_id(meta: dict | None) -> int | None:
     pad_id = ((meta or {}).get("packing") or {}).get("pad_token_id")
-    pad_id = pad_id if isinstance(pad_id, int) and not isinstance(pad_id, bool) else None
-    serving, serving_error = _read_serving(root)
-    stops = None
-    if tc.vocab is not None:
-        data_pad = pad_id if packed else tc.vocab.rule.pad_id
-        accepted = bool((serving or {}).get("pad_is_stop")) and (serving or {}).get("pad_id") == data_pad
-        stops = StopFindings(tc.vocab.rule, data_pad, token_strings(ds.tokenizer_state or {}), accepted,
-                             "rows" if packed else "episodes")
-        rule_found, stop_notes = stops.rule_problems()
-        found += rule_found
-        notes += stop_notes
-    else:
-        skip(("stops", "serving"), "tokenizer unknown")
-    ctx = ShardContext(packed, row_len, vocab, pad_id, tokenizer is not None, frozenset(scan.bad_segments))
-    meta_sealed = meta is not None and meta_sealed
+    return pad_id if isinstance(pad_id, int) and not isinstance(pad_id, bool) else None
+
+
+def _stops(run: _Run, tc) -> tuple[StopFindings | None, dict | None, DatasetError | None]:
+    """The stops check's findings (None: the tokenizer is unknown) and serving.json as read."""
+    ds, packed = run.ds, run.ds.kind == "packed"
+    serving, serving_error = _read_serving(ds.root)
+    if tc.vocab is None:
+        run.skip(("stops", "serving"), "tokenizer unknown")
+        return None, serving, serving_error
+    data_pad = _pad_id(run.meta) if packed else tc.vocab.rule.pad_id
+    accepted = bool((serving or {}).get("pad_is_stop")) and (serving or {}).get("pad_id") == data_pad
+    stops = StopFindings(tc.vocab.rule, data_pad, token_strings(ds.tokenizer_state or {}), accepted,
+                         "rows" if packed else "episodes")
+    rule_found, stop_notes = stops.rule_problems()
+    run.found += rule_found
+    run.notes += stop_notes
+    cut = (((run.meta or {}).get("counts") or {}).get("truncated") or {}).get("completions_cut") if run.row_kind else 0
+    if cut:
+        run.skip(("stops",), f"{cut:,} completion(s) cut by --max-length end inside their reply")
+    return stops, serving, serving_error
+
+
+def _shards(run: _Run, report: VerifyReport, ctx: ShardContext, stops: StopFindings | None, jobs: list,
+            executor: Engine | None, hash_threads: int, sources: bool) -> tuple[list, list[ShardChecks] | None]:
+    """Every shard read once (here, or as the engine's tasks), the files hashed in threads
+    beside, the counts and the packed references, and (``sources``) the input files; the
+    checksums found (file, sha256 found, recorded, shard) and the tasks' answers."""
+    meta, shards = run.meta, run.ds.shards
     remote: list[ShardChecks] | None = None
     with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
         here = jobs if executor is None else [j for j in jobs if j[3] is None]  # a task hashes its shard's files
         futures = {j[0]: pool.submit(sha256_file, j[1]) for j in here}  # runs beside the checks below
-        src_futures = [pool.submit(check_source, rec) for rec in in_sources]
+        src_futures = [pool.submit(check_source, rec) for rec in (recorded_sources(meta) if sources else [])]
         if executor is None:
             for sh in shards:
-                found += check_shard(sh, ctx, tick, stops)
+                run.found += check_shard(sh, ctx, run.tick, stops)
             trained = [None if sh.mask is None else int(np.count_nonzero(sh.mask)) for sh in shards] \
                 if meta is not None else []
         else:
             remote = []
-            for r in executor.check(shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards], meta,
-                              meta_sealed, quick):
+            for r in check_shards(executor, shards, ctx, stops, [[j for j in jobs if j[3] == sh.rel] for sh in shards],
+                                  meta, run.meta_sealed, run.quick):
                 remote.append(r)
-                found += r.problems
+                run.found += r.problems
                 if stops is not None:
                     stops.absorb(r.cannot_stop)
-                tick(r.bytes_read)
+                run.tick(r.bytes_read)
             trained = [r.trained for r in remote]
         if meta is not None:  # the reader's counts, with the trained tokens measured here
-            found += check_counts(meta, shards, packed=packed, trained=trained)
-        if rows:
-            refs, ref_notes = check_references([sh for sh in shards if sh.rel not in scan.bad_segments], meta,
-                                               row_len, None if executor is None else executor.compare_tokens)
-            found += refs
-            notes += ref_notes
+            run.found += check_counts(meta, shards, packed=ctx.packed, trained=trained)
+        if ctx.rows:
+            refs, ref_notes = check_references(run.usable(), meta, ctx.row_len,
+                                               None if executor is None else partial(compare_tokens, executor))
+            run.found += refs
+            run.notes += ref_notes
         results = []
         hashed = {fn: h for r in remote or [] for fn, h in r.sha256.items()}
         for fn, p, rec, shard in jobs:
             results.append((fn, futures[fn].result() if fn in futures else hashed[fn], rec.get("sha256"), shard))
             report.bytes_hashed += p.stat().st_size
-            tick(p.stat().st_size)
+            run.tick(p.stat().st_size)
         if sources:
-            report.sources = [f.result() for f in src_futures]
-            report.reproducible = reproducible(report.sources)
-            tick(source_bytes(meta))
-            found += source_problems(report.sources)
-            if not report.sources:
-                notes.append(_no_sources_note(meta, ds.kind))
-                skip(("sources",), "no input files recorded")
-    if meta is not None:
-        found += checksum_problems(results, meta, shards)
-        # the recorded value ranges against the vocabulary, and (not --quick) the data's,
-        # measured where no checksum already proves them equal
-        proven = proven_shards(meta, shards, results, meta_sealed)
-        measured = {sh.rel: r.ranges for sh, r in zip(shards, remote or []) if r.ranges is not None}
-        data = None if quick else {sh.rel: measured[sh.rel] if sh.rel in measured else data_ranges(sh)
-                                   for sh in shards if sh.rel not in proven}
-        found += check_ranges(meta, shards, None if vocab is None else vocab.size, data)
-    if not any(sh.mask is not None for sh in shards):
-        skip(("mask_values", "mask_rule", "stops"), "no mask.bin")
-    if stops is not None:
-        report.cannot_stop = stops.cannot_stop
-        served, why = serving_findings(root, serving_error, serving, ds.tokenizer_state, tc.vocab.rule,
-                                       stops.pad_id, [sh for sh in shards if sh.rel not in scan.bad_segments],
-                                       ds.token_dtype, packed, row_len)
-        found += served
-        if why:
-            skip(("serving",), why)
-            if why == ABSENT:
-                notes.append(f"{SERVING_FILE}: {ABSENT} of sftdata (re-create the dataset to get one)")
-    if retokenize_episodes > 0:
-        if packed:
-            retok = None
-            skip(("retokenize", "drift"), "a packed dataset: retokenize its source dataset")
-        else:
-            retok = retokenize([sh for sh in shards if sh.rel not in scan.bad_segments], ds.tokenizer_state,
-                               retokenize_episodes, run=None if executor is None else executor.retokenize)
-            found += retok.problems
-            report.retokenized = retok.as_dict()
-            if retok.skipped:
-                skip(("retokenize",), retok.skipped)
-            drift = check_drift([sh for sh in shards if sh.rel not in scan.bad_segments], meta, ds.tokenizer_state,
-                                retokenize_episodes, rerender=rerender)
-            found += drift.problems
-            report.drift = drift.as_dict()
-            if drift.skipped:
-                skip(("drift",), drift.skipped)
-    # within a check, the problems keep the order they were found in: top-level file sizes
-    # before the shards' sizes, the shards' missing files before the top-level ones
-    problems = top_resized + [p for p in scan.problems if p.check != "counts"] + tc.problems + top_missing + found
-    extra = {**(SOURCES_CHECK if sources else {}),
-             **({**RETOKENIZE_CHECK, **DRIFT_CHECK} if retokenize_episodes > 0 else {})}
-    report.problems, report.checks = check_results(ds.kind, problems, skipped, extra or None)
-    report.notes = notes
-    for split in SPLITS:
-        mine = [sh for sh in shards if sh.split == split]
-        if mine:
-            report.splits[split] = {"rows" if rows else "episodes": sum(sh.num_items for sh in mine),
-                                    "tokens": sum(sh.num_tokens for sh in mine), "shards": len(mine)}
-    report.bytes_read = done[0]
-    report.seconds = time.perf_counter() - t0
-    return report
+            _sources(run, report, [f.result() for f in src_futures])
+    return results, remote
+
+
+def _sources(run: _Run, report: VerifyReport, checks: list[SourceCheck]) -> None:
+    """``--sources``: each recorded input file found as recorded, or a problem naming it."""
+    report.sources, report.reproducible = checks, reproducible(checks)
+    run.tick(source_bytes(run.meta))
+    run.found += source_problems(checks)
+    if not checks:
+        run.notes.append(_no_sources_note(run.meta, run.ds.kind))
+        run.skip(("sources",), "no input files recorded")
+
+
+def _serving(run: _Run, report: VerifyReport, stops: StopFindings, tc, serving: dict | None,
+             serving_error: DatasetError | None) -> None:
+    """The stops found in the data, and serving.json against them and the tokenizer state."""
+    ds = run.ds
+    report.cannot_stop = stops.cannot_stop
+    served, why = serving_findings(ds.root, serving_error, serving, ds.tokenizer_state, tc.vocab.rule, stops.pad_id,
+                                   run.usable(), ds.token_dtype, ds.kind == "packed", run.scan.row_len)
+    run.found += served
+    if why:
+        run.skip(("serving",), why)
+        if why == ABSENT:
+            run.notes.append(f"{SERVING_FILE}: {ABSENT} of sftdata (re-create the dataset to get one)")
+
+
+def _resample(run: _Run, report: VerifyReport, n: int, executor: Engine | None, rerender: Callable | None) -> None:
+    """``--retokenize N``: N sampled episodes (rows) re-encoded by the tokenizers library, and
+    their input records rendered again by the libraries installed now (a row: every entry's
+    ids and masks, ``rows.ROWS``)."""
+    ds = run.ds
+    if ds.kind == "packed":
+        run.skip(("retokenize", "drift"), "a packed dataset: retokenize its source dataset")
+        return
+    retok = retokenize(run.usable(), ds.tokenizer_state, n,
+                       run=None if executor is None else partial(retokenize_shards, executor))
+    run.found += retok.problems
+    report.retokenized = retok.as_dict()
+    if retok.skipped:
+        run.skip(("retokenize",), retok.skipped)
+    drift = check_drift(run.usable(), run.meta, ds.tokenizer_state, n, rerender=rerender,
+                        kind=ROWS if run.row_kind else EPISODES)
+    run.found += drift.problems
+    report.drift = drift.as_dict()
+    if drift.skipped:
+        run.skip(("drift",), drift.skipped)
 
 
 def _read_serving(root) -> tuple[dict | None, DatasetError | None]:

@@ -38,6 +38,7 @@ from .content import (
     packed_tally,
 )
 from .metadata import data_ranges, proven_shards
+from .rows import label_problems, row_mask_problems
 from .stops import StopFindings
 
 Job = tuple[str, Path, dict, str | None]  # (file relative to the dataset, path, its record, shard rel or None)
@@ -94,6 +95,7 @@ class ShardContext:
     pad_id: int | None
     check_eos: bool  # an older flat layout checked with --tokenizer: the reader could not check EOS endings
     bad_segments: frozenset[str] = frozenset()  # shards (rel) whose segments failed the reader's check
+    row_kind: bool = False  # a row dataset (pairs, kto, prompts): its mask rule and labels by row (``rows``)
 
     @property
     def rows(self) -> bool:
@@ -110,6 +112,9 @@ def check_shard(sh: Shard, ctx: ShardContext, tick: Callable[[int], None] = lamb
     if ctx.packed:
         return []
     bounds = episode_bounds(sh)
+    if ctx.row_kind:
+        return check_content(sh, bounds, ctx.vocab, tick, stops, rule=False) + label_problems(sh) + \
+            row_mask_problems(sh, None if ctx.vocab is None else ctx.vocab.rule)
     found = check_eos(sh, bounds, ctx.vocab.markers) if ctx.check_eos else []
     return found + check_content(sh, bounds, ctx.vocab, tick, stops)
 
@@ -168,9 +173,10 @@ MIN_PART_ITEMS = 256  # a part checks at least this many episodes (rows)
 
 def splittable(ctx: ShardContext) -> bool:
     """Whether a shard's content checks can run as parts: not the EOS endings of an older
-    flat layout (``check_eos`` reports over the whole shard), nor a packed dataset whose
-    row length is unknown (nothing to check)."""
-    return not ctx.check_eos and (ctx.rows or not ctx.packed)
+    flat layout (``check_eos`` reports over the whole shard), nor a row dataset's (its rows
+    are checked a shard at a time), nor a packed dataset whose row length is unknown
+    (nothing to check)."""
+    return not ctx.check_eos and not ctx.row_kind and (ctx.rows or not ctx.packed)
 
 
 def shard_parts(shards: list[Shard], ctx: ShardContext, want: int, items_per_part: int | None = None

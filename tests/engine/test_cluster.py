@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine import cluster
-from sftdata.engine.tasks import get_result
 from sftdata.errors import ConfigError
+from sftdata.tasks import get_result
 from tests.helpers.paths import ROOT
 
 runner = CliRunner()

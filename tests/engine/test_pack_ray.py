@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.pack_ray import MIN_PIECE_ROWS, plan_slice, ray_pack_executor, row_tasks, shard_ranges
+from sftdata.engine.pack_ray import ray_pack_executor
 from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
+from sftdata.pack.tasks import MIN_PIECE_ROWS, plan_slice, row_tasks, shard_ranges
 from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
 from tests.helpers.data import random_conversation

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 from sftdata.engine.pref_ray import ray_pref_executor
 from sftdata.pref import PrefOptions, prepare_pref
-from sftdata.pref.verify import verify_rows
 from sftdata.prepare import pool
 from tests.helpers.data import write_jsonl
+from tests.helpers.pairs import verify_every_row
 from tests.helpers.pref_records import kto_rows as _kto
 from tests.helpers.pref_records import pair_rows as _pairs
 from tests.helpers.pref_records import prompt_rows as _prompts
@@ -36,7 +36,7 @@ def test_ray_prepare_pref_is_byte_identical_to_local(ray_cluster, tmp_path, monk
     for k in ("seconds", "output_dir"):
         a.pop(k), b.pop(k)
     assert a == b and a["rejected"] == ({"not_preference_record": 1, "duplicate": 1} if make is _pairs else {})
-    assert verify_rows(tmp_path / "ray").ok
+    assert verify_every_row(tmp_path / "ray").ok
 
 
 def test_the_command_runs_on_ray_and_refuses_a_ray_address_without_it(ray_cluster, tmp_path):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 from sftdata.engine.verify_ray import ray_verify_executor
 from sftdata.pack import PackOptions, pack
+from sftdata.pref import PrefOptions, prepare_pref
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.template import PRESETS
 from sftdata.tokenize.open import load_hf_tokenizer
@@ -210,3 +211,49 @@ def test_a_split_of_one_shard_is_verified_in_parts_on_ray_with_the_local_report(
     a, b = orjson.loads(loc.stdout), orjson.loads(ray.stdout)
     a.pop("seconds"), b.pop("seconds")
     assert a == b
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """A pairs dataset of several shards per split, and episodes from the same questions."""
+    d = tmp_path_factory.mktemp("pairs")
+    user = [{"role": "user", "content": f"Question {i}: what color is the sky?"} for i in range(60)]
+    write_jsonl(d / "pairs.jsonl", [{"prompt": [u], "chosen": [{"role": "assistant", "content": f"Blue, {i} times."}],
+                                     "rejected": [{"role": "assistant", "content": "Green."}]} for i, u in enumerate(user)])
+    write_jsonl(d / "chats.jsonl", [{"messages": [u, {"role": "assistant", "content": f"Blue, {i} times."}]}
+                                    for i, u in enumerate(user)])
+    prepare_pref([d / "pairs.jsonl"], d / "pairs", PrefOptions(val_split=0.2, shard_tokens=400))
+    prepare([d / "chats.jsonl"], d / "episodes", PrepareOptions(val_split=0.2, workers=1, shard_tokens=400))
+    return d
+
+
+def test_a_pairs_dataset_runs_every_check_on_ray_as_an_episodes_dataset_does(ray_cluster, pairs, tmp_path):
+    """Issue 42: ``verify --sources --retokenize 5 --engine ray`` on a pairs dataset runs the
+    episodes dataset's checks by name (KTO's labels beside them, skipped with why), each
+    shard checked by a task; the report is the local one, and a damaged mask fails alike."""
+    args = ["--sources", "--retokenize", "5", "--engine", "ray", "--json"]
+    got = {k: orjson.loads(runner.invoke(app, ["verify", str(pairs / k), *args]).stdout) for k in ("pairs", "episodes")}
+    checks = {k: [(c["name"], c["status"], c["note"]) for c in r["checks"]] for k, r in got.items()}
+    tiktoken = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
+    assert checks["pairs"] == [
+        ("metadata", "ok", ""), ("metadata_checksum", "ok", ""), ("tokenizer", "ok", ""), ("files", "ok", ""),
+        ("sizes", "ok", ""), ("index", "ok", ""), ("labels", "skipped", "a pairs dataset has no labels"),
+        ("eos", "skipped", "a row's prompt ends with the generation prompt, not <|EOS|>"), ("counts", "ok", ""),
+        ("vocab", "ok", ""), ("mask_values", "ok", ""), ("ranges", "ok", ""), ("mask_rule", "ok", ""),
+        ("stops", "ok", ""), ("serving", "ok", ""), ("checksums", "ok", ""), ("sources", "ok", ""),
+        ("retokenize", "skipped", tiktoken), ("drift", "ok", "")]
+    assert [c[0] for c in checks["pairs"] if c[0] != "labels"] == [c[0] for c in checks["episodes"]]
+    assert got["pairs"]["ok"] and got["pairs"]["drift"]["episodes"] == 5 and len(got["pairs"]["splits"]) == 2
+    assert sum(s["shards"] for s in got["pairs"]["splits"].values()) >= 4  # several tasks
+    bad = tmp_path / "bad"
+    shutil.copytree(pairs / "pairs", bad)
+    mask = bad / "train" / "shard_00001" / "mask.bin"
+    m = bytearray(mask.read_bytes())
+    m[0] = 1  # row's prompt trains its first token
+    mask.write_bytes(bytes(m))
+    local, ray = verify(bad), verify(bad, executor=ray_verify_executor())
+    assert as_dict(ray) == as_dict(local) and not local.ok
+    row = (bad / "train" / "shard_00000" / "sources.idx").stat().st_size // 8  # the shard's first row
+    record = int(np.fromfile(bad / "train" / "shard_00001" / "sources.idx", dtype="<u8")[0])
+    assert [(p.check, p.file, p.where, p.message) for p in local.problems if p.check == "mask_rule"] == [
+        ("mask_rule", "train/shard_00001/mask.bin", f"row {row}, record {record}", "the prompt holds trained tokens")]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import threading
 import time
 from pathlib import Path
+
+from sftdata.tasks import Engine
 
 
 def files(root: Path) -> dict:
@@ -45,3 +48,28 @@ def kill_first_writer(root: Path, pattern: str):
     finally:
         stop.set()
         t.join()
+
+
+class InProcess:
+    """A task runner (``sftdata.tasks.TaskRunner``) that runs each task here as it is
+    submitted, what it is given and what it answers pickled as Ray sends them: each task
+    gets its own copy of a shared value, as a Ray task does."""
+
+    cpus, depth, stage_dir = 1, None, None
+
+    def shared(self, value):
+        return value  # each task gets its own copy: ``submit`` pickles what it is given
+
+    def submit(self, fn, args, doing):
+        return pickle.loads(pickle.dumps(fn(*pickle.loads(pickle.dumps(args)))))
+
+    def result(self, handle, doing):
+        return handle
+
+    def close(self, stopped: bool) -> None:
+        pass
+
+
+def in_process_engine(**sizes) -> Engine:
+    """An engine whose tasks run in this process (``InProcess``), of the given sizes."""
+    return Engine(lambda stage_dir: InProcess(), sizes)

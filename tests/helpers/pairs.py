@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from sftdata.pref.rerender import rerender_rows
 from sftdata.store import TOKENIZER_FILE
 from sftdata.store.format import (
     COLUMNS_FILE,
@@ -27,6 +28,7 @@ from sftdata.store.format import (
 )
 from sftdata.store.writer import DatasetWriter
 from sftdata.util.hashing import sha256_file
+from sftdata.verify import VerifyReport, verify
 
 PAD = 7
 OFFSETS = (1, 300, 600)  # prompt, chosen (completion), rejected
@@ -116,3 +118,12 @@ def _write_shard(d: Path, kind: str, rows, lens, recs, labels, columns, tokens) 
 
 # lengths (prompt, chosen, rejected) of the pairs the tests read: 9 pairs, 3 per shard
 PAIR_LENGTHS = [(3, 2, 4), (2, 5, 1), (4, 3, 3), (1, 2, 2), (5, 4, 6), (2, 2, 3), (3, 6, 2), (2, 3, 3), (4, 1, 2)]
+
+
+EVERY_ROW = 1 << 40  # --retokenize N with N above any row count: every row rendered again
+
+
+def verify_every_row(path, **kw) -> VerifyReport:
+    """``verify`` of a row dataset with every row rendered again from its input record
+    (``--retokenize`` of all of them: the drift check, ids and masks)."""
+    return verify(path, retokenize_episodes=EVERY_ROW, rerender=rerender_rows, **kw)

@@ -120,3 +120,21 @@ class EndlessInput:
             self.proc.stdin.close()
         except OSError:
             pass
+
+
+def pool_threads_closed() -> bool:
+    """Whether nothing is left for CPython's exit handler (``_python_exit``) to wake: every
+    pool manager thread has ended and its wakeup pipe is closed."""
+    from concurrent.futures import process
+
+    return all(not t.is_alive() and w._closed for t, w in list(process._threads_wakeups.items()))
+
+
+def hold(pid_file, go):
+    """A task (module-level: it is pickled to the worker) that says it runs, then is held
+    until a file matching ``go`` (a glob pattern) appears; returns its pid."""
+    pid_file.write_text(str(os.getpid()))
+    root = Path("/")
+    while not list(root.glob(str(go).lstrip("/"))):
+        threading.Event().wait(0.01)
+    return os.getpid()

@@ -12,8 +12,8 @@ import pytest
 from sftdata.chat.tokenizer import open_tokenizer
 from sftdata.errors import AllRecordsRejectedError, UsageError
 from sftdata.pref import PrefOptions, Truncation, prepare_pref
-from sftdata.pref.verify import verify_rows
 from tests.helpers.data import write_jsonl
+from tests.helpers.pairs import verify_every_row
 
 U = {"role": "user", "content": "What color is the sky?"}
 PAIR = {"prompt": [U], "chosen": [{"role": "assistant", "content": "It is blue."}],
@@ -51,7 +51,7 @@ def test_a_pair_is_the_prompt_once_then_both_completions_with_sftdatas_markers(t
     # trained: each completion through its <|END|>, never the prompt, never EOS
     want = [0] * len(prompt) + [1] * (len(chosen) - 1) + [0] + [1] * (len(rejected) - 1) + [0]
     assert mask.tolist() == want + want
-    assert verify_rows(tmp_path / "ds").ok
+    assert verify_every_row(tmp_path / "ds").ok
 
 
 def test_under_a_model_template_the_prompt_is_the_render_with_the_generation_prompt(tmp_path):
@@ -76,7 +76,7 @@ def test_under_a_model_template_the_prompt_is_the_render_with_the_generation_pro
     im_end = tok.special_tokens["<|im_end|>"]
     # trained through <|im_end|>, the newline after it not
     assert mask[p:p + c].tolist() == [1] * (c - 2) + [1, 0] and ids[p + c - 2] == im_end
-    assert verify_rows(tmp_path / "ds").ok
+    assert verify_every_row(tmp_path / "ds").ok
 
 
 def test_a_prompt_the_template_renders_differently_alone_is_rejected_by_name(tmp_path):
@@ -108,7 +108,7 @@ def test_one_budget_cuts_both_completions_and_a_pair_is_never_emptied(tmp_path):
     _, ids, mask, idx, _ = _shard(tmp_path / "ds")
     assert idx[:3, 1].tolist() == [9, 11, 11]  # prompt 9 tokens; both completions cut to the same 11
     assert mask[9:31].all()  # a cut completion is trained to its end
-    assert verify_rows(tmp_path / "ds").ok
+    assert verify_every_row(tmp_path / "ds").ok
     s = prepare_pref([inp], tmp_path / "drop", PrefOptions(truncation=Truncation(max_length=20, policy="drop")))
     assert s.rejected == {"too_long": 1} and s.rows == {"train": 1}
 
@@ -129,7 +129,7 @@ def test_kto_rows_carry_their_labels(tmp_path):
     d, _, _, idx, src = _shard(tmp_path / "ds")
     assert np.fromfile(d / "labels.bin", dtype=np.uint8).tolist() == [1, 0] and idx.shape == (4, 2)
     assert src.tolist() == [0, 1]
-    assert verify_rows(tmp_path / "ds").ok
+    assert verify_every_row(tmp_path / "ds").ok
 
 
 def test_rl_prompts_keep_every_other_column_byte_exact(tmp_path):
@@ -144,79 +144,7 @@ def test_rl_prompts_keep_every_other_column_byte_exact(tmp_path):
     line = (d / "columns.jsonl").read_bytes()
     assert line == b'{"row": 0, "record": 0, "columns": {"answer": "4.00", "meta": "{\\"id\\": \\"q1\\",  ' \
                    b'\\"tags\\": [\\"x\\"]}"}}\n'
-    assert verify_rows(tmp_path / "ds").ok
-
-
-def test_verify_counts_the_bytes_of_every_shard_file_it_hashed(tmp_path):
-    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
-    prepare_pref([inp], tmp_path / "ds", PrefOptions())
-    meta = orjson.loads((tmp_path / "ds" / "dataset_metadata.json").read_bytes())
-    listed = sum(f["bytes"] for split in meta["splits"].values() for sh in split["shards"]
-                 for f in sh["files"].values())
-    r = verify_rows(tmp_path / "ds")
-    assert r.ok and listed > 0 and r.bytes_hashed == r.bytes_read == listed
-
-
-def test_verify_finds_a_changed_mask(tmp_path):
-    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
-    prepare_pref([inp], tmp_path / "ds", PrefOptions())
-    d = tmp_path / "ds" / "train" / "shard_00000"
-    mask = np.fromfile(d / "mask.bin", dtype=np.uint8)
-    mask[0] = 1
-    mask.tofile(d / "mask.bin")
-    r = verify_rows(tmp_path / "ds")
-    assert [(c.name, c.status) for c in r.checks] == [("checksums", "failed"), ("layout", "ok"), ("masks", "failed"),
-                                                      ("pairs", "failed")]
-    assert r.problems[1].message == "the prompt holds trained tokens"
-
-
-def test_verify_reads_rows_a_batch_at_a_time_and_names_each_problem_where_it_is(tmp_path, monkeypatch):
-    """Masks checked and rows rendered again a batch at a time (here 2 rows): problems in
-    the second and third batch are each named by row, record and completion, the others
-    found clean; a stored row with no record in the inputs is counted."""
-    import sftdata.pref.verify as v
-
-    monkeypatch.setattr(v, "ROW_BATCH", 2)
-    rows = [{**PAIR, "chosen": [{"role": "assistant", "content": f"It is blue, {i} times."}]} for i in range(5)]
-    inp = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    prepare_pref([inp], tmp_path / "ds", PrefOptions())
-    assert verify_rows(tmp_path / "ds").ok
-    d, ids, mask, idx, _ = _shard(tmp_path / "ds")
-    a, n = (int(x) for x in idx[3 * 3 + 2])  # row 3's rejected: its last trained token left untrained
-    mask[a + n - 2] = 0
-    mask.tofile(d / "mask.bin")
-    a, _ = (int(x) for x in idx[2 * 3 + 1])  # row 2's chosen: a token changed, its mask still the rule's
-    ids[a] = ids[a] + 1
-    ids.tofile(d / "tokens.bin")
-    r = verify_rows(tmp_path / "ds")
-    got = [(p.check, p.where, p.message) for p in r.problems if p.check in ("masks", "pairs")]
-    assert got == [("masks", "row 3, record 3, completion 1", "the mask is not the rule's, or trains nothing"),
-                   ("pairs", "record 2", "rendered again, its ids or masks differ from the stored row"),
-                   ("pairs", "record 3", "rendered again, its ids or masks differ from the stored row")]
-    write_jsonl(inp, rows[:4])  # record 4 gone from the inputs
-    r = verify_rows(tmp_path / "ds")
-    assert [p.message for p in r.problems if p.check == "pairs"][-1] == \
-        "1 stored rows have no record in the recorded inputs"
-
-
-def test_verify_reports_a_token_file_that_is_not_whole_tokens(tmp_path):
-    """A stray byte after the last token: named by checksums and layout, never a crash."""
-    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR])
-    prepare_pref([inp], tmp_path / "ds", PrefOptions())
-    d = tmp_path / "ds" / "train" / "shard_00000"
-    with open(d / "tokens.bin", "ab") as f:
-        f.write(b"\x00")
-    r = verify_rows(tmp_path / "ds")
-    # the store's reader refuses the structure: its problems, and no row read further (issue 45: a
-    # truncated episodes.idx was an internal error in the row checks)
-    assert [(c.name, c.status) for c in r.checks] == [("structure", "failed"), ("checksums", "skipped"),
-                                                      ("layout", "skipped"), ("masks", "skipped"), ("pairs", "skipped")]
-    assert [(p.check, p.file, p.message) for p in r.problems] == [
-        ("sizes", "train/shard_00000/tokens.bin", "93 bytes is not a whole number of uint32 tokens (4 bytes each): the "
-                                                  "file is truncated (or the token dtype is wrong)"),
-        ("sizes", "train/shard_00000/tokens.bin", "93 bytes; dataset_metadata.json recorded 92: the file is longer than "
-                                                  "written")]
-    assert not r.ok
+    assert verify_every_row(tmp_path / "ds").ok
 
 
 def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_path):

@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from sftdata.pref import PrefOptions, prepare_pref
-from sftdata.pref.verify import verify_rows
 from sftdata.prepare import pool
 from sftdata.prepare.split import split_assignment
 from tests.helpers.data import write_jsonl
+from tests.helpers.pairs import verify_every_row
 from tests.helpers.pref_records import kto_rows as _kto
 from tests.helpers.pref_records import pair as _pair
 from tests.helpers.pref_records import pair_rows as _pairs
@@ -30,7 +30,7 @@ def test_the_dataset_is_byte_identical_for_1_2_and_3_workers(tmp_path, monkeypat
         s = prepare_pref([src], ds, PrefOptions(val_split=0.3, seed=5, shard_tokens=90, dedup="exact",
                                                 workers=workers), rl=rl)
         trees.append(tree_bytes(ds))
-        assert verify_rows(ds).ok
+        assert verify_every_row(ds).ok
     assert trees[0] == trees[1] == trees[2]
     meta = orjson.loads(trees[0]["dataset_metadata.json"])
     assert len(meta["splits"]["train"]["shards"]) > 1  # rows written across shards, never one spanning two

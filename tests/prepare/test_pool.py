@@ -1,14 +1,12 @@
-"""Worker processes (prepare/pool.py): results in input order whatever the number of
-workers, at most ``depth`` jobs in flight, and a worker that dies is an error naming
-where its records came from, not a hang."""
+"""Worker processes (prepare/pool.py): the same bytes whatever the number of workers, a
+worker that dies is an error naming where its records came from, not a hang, and a stopped
+run's workers end before its staging area goes (the runner itself: tests/tasks)."""
 
 import os
 import signal
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,7 @@ from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
 from sftdata.store.format import PARTS_DIR, STOP_FILE
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
-from tests.helpers.processes import SAFETY_S, alive, wait_for
+from tests.helpers.processes import SAFETY_S, alive, hold, pool_threads_closed, wait_for
 
 
 def records(n):
@@ -70,115 +68,7 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_in_order_yields_in_the_jobs_order_with_at_most_depth_in_flight():
-    """Later jobs finish first, by events rather than sleeps: in each run of 3 (the depth,
-    all in flight together) a job waits until the next one has finished."""
-    lock, running, most, finished = threading.Lock(), [0], [0], []
-    done = [threading.Event() for _ in range(12)]
-
-    def job(i):
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        if i % 3 != 2:
-            assert done[i + 1].wait(SAFETY_S), f"job {i + 1} never finished"
-        with lock:
-            running[0] -= 1
-            finished.append(i)
-        done[i].set()
-        return i * i
-
-    class Threads:  # a runner (prepare.results.TaskRunner) over 4 threads, 3 jobs in flight at most
-        depth, threads = 3, ThreadPoolExecutor(4)
-
-        def submit(self, fn, args, doing):
-            return self.threads.submit(fn, *args)
-
-        def result(self, future, doing):
-            return future.result()
-
-    jobs = (((i,), f"job {i}", f"tag {i}") for i in range(12))
-    got = list(pool.in_order(Threads(), job, jobs))
-    assert got == [(i * i, f"tag {i}") for i in range(12)]
-    assert finished == [2, 1, 0, 5, 4, 3, 8, 7, 6, 11, 10, 9]  # the results came back out of order
-    assert most[0] <= 3
-
-
-def test_overlapped_starts_the_next_item_before_yielding_the_one_before():
-    events = []
-
-    def start(item):
-        events.append(f"start {item}")
-        return item * 10
-
-    def jobs(fail_at=None):
-        for i in range(3):
-            if i == fail_at:
-                raise ValueError(f"item {i} unreadable")
-            events.append(f"read {i}")
-            yield i, f"tag {i}"
-
-    for got, tag in pool.overlapped(jobs(), start):
-        events.append(f"yield {got} {tag}")
-    assert events == ["read 0", "start 0", "read 1", "start 1", "yield 0 tag 0", "read 2", "start 2",
-                      "yield 10 tag 1", "yield 20 tag 2"]
-    events.clear()
-    with pytest.raises(ValueError, match="item 2 unreadable"):  # after item 1, as one at a time
-        for got, _ in pool.overlapped(jobs(fail_at=2), start):
-            events.append(f"yield {got}")
-    assert events == ["read 0", "start 0", "read 1", "start 1", "yield 0", "yield 10"]
-    assert list(pool.overlapped(iter(()), start)) == []
-
-    def stops(item):  # a StopIteration escaping the work on an item is an error, never the end of the input
-        return next(iter(())) if item == 1 else item
-
-    with pytest.raises(RuntimeError, match="generator raised StopIteration"):
-        list(pool.overlapped(jobs(), stops))
-
-
 # ---------------------------------------------------------------- a stop: no worker outlives it
-
-def _pool_threads_closed() -> bool:
-    """Whether nothing is left for CPython's exit handler (``_python_exit``) to wake: every
-    pool manager thread has ended and its wakeup pipe is closed."""
-    from concurrent.futures import process
-
-    return all(not t.is_alive() and w._closed for t, w in list(process._threads_wakeups.items()))
-
-
-def _hold(pid_file, go):
-    """A task (module-level: it is pickled to the worker) that says it runs, then is held
-    until a file matching ``go`` (a glob pattern) appears; returns its pid."""
-    pid_file.write_text(str(os.getpid()))
-    root = Path("/")
-    while not list(root.glob(str(go).lstrip("/"))):
-        threading.Event().wait(0.01)
-    return os.getpid()
-
-
-def test_a_closed_pool_has_its_workers_and_its_manager_thread_gone(tmp_path):
-    """A run that ends (its tasks answered) or stops (a task still running) returns from
-    ``stop_pool`` only once the running tasks have finished, every worker process has
-    ended and the pool's manager thread with it: no worker writes on into a staging area
-    about to be removed, and the exit handler finds no pipe to race (issue 44.4)."""
-    p = pool.process_pool(2, pool.worker_started, (), pool.CurateSettings())
-    assert sorted(p.submit(abs, -i).result() for i in range(4)) == [0, 1, 2, 3]
-    procs = list(p._processes.values())
-    pool.stop_pool(p, stopped=False)
-    assert [x.exitcode for x in procs] == [0, 0] and _pool_threads_closed()
-
-    p = pool.process_pool(2, pool.worker_started, (), pool.CurateSettings())
-    pid_file, go_file = tmp_path / "pid", tmp_path / "go"
-    held = p.submit(_hold, pid_file, go_file)
-    wait_for("the task to start", pid_file.exists)
-    procs = list(p._processes.values())
-    stopping = threading.Thread(target=pool.stop_pool, args=(p, True))
-    stopping.start()
-    go_file.touch()  # the running task finishes: stop_pool waits for it, then for the workers
-    stopping.join(SAFETY_S)
-    assert not stopping.is_alive() and held.result() == int(pid_file.read_text())
-    assert [x.exitcode for x in procs] == [0, 0] and _pool_threads_closed()
-
 
 def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes(tmp_path, monkeypatch):
     """Issue 45.1 / 45.4: Ctrl-C while a worker is in the middle of its partition. The run
@@ -193,7 +83,7 @@ def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes
 
     def held(items, *args):
         if any(r.record == 4 for r in items):
-            _hold(pid_file, stop)
+            hold(pid_file, stop)
             seen.write_text(",".join(p.name for p in stop.parent.parent.parent.glob(".ds.tmp-*")))
         return real(items, *args)
 
@@ -209,7 +99,7 @@ def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes
         prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2))
     assert seen.read_text().startswith(".ds.tmp-")  # released by the stop, its staging area still there
     assert not alive(int(pid_file.read_text()))  # ended before prepare returned, not later
-    assert list((tmp_path / "out").iterdir()) == [] and _pool_threads_closed()
+    assert list((tmp_path / "out").iterdir()) == [] and pool_threads_closed()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the race is of forked workers' pools")
@@ -248,4 +138,4 @@ def test_a_strict_stop_of_a_partitioned_run_ends_its_workers_and_leaves_nothing(
         prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2, strict=True))
     workers = [int(p.name) for p in pids.iterdir()]
     assert len(workers) >= 1 and [w for w in workers if alive(w)] == []
-    assert list((tmp_path / "out").iterdir()) == [] and _pool_threads_closed()
+    assert list((tmp_path / "out").iterdir()) == [] and pool_threads_closed()

@@ -5,7 +5,6 @@ in this process (the Ray tasks: tests/engine/test_verify_ray.py)."""
 
 from __future__ import annotations
 
-import pickle
 import shutil
 
 import numpy as np
@@ -16,44 +15,13 @@ from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
 from sftdata.store.reader import scan_dataset
 from sftdata.verify import verify
-from sftdata.verify.references import compare_shard_tokens
 from sftdata.verify.shards import (
     ShardContext,
-    file_checks,
-    merge_pieces,
-    piece_checks,
-    shard_checks,
     shard_parts,
     splittable,
 )
 from tests.helpers.data import random_conversation
-
-
-class PartsExecutor:
-    """``verify``'s shard executor that checks every shard in parts of ``items`` episodes
-    (rows), each part given its own copy of the stops check as a task receives it."""
-
-    def __init__(self, items: int):
-        self.items = items
-        self.parts: list = []
-
-    def check(self, shards, ctx, stops, jobs, meta, meta_sealed, quick):
-        self.parts = shard_parts(shards, ctx, 1, self.items)
-        sent = pickle.dumps(stops)  # as Ray puts it: before any shard's findings are absorbed
-        for sh, parts, job in zip(shards, self.parts, jobs, strict=True):
-            if parts is None:
-                yield shard_checks(sh, ctx, pickle.loads(sent), job, meta, meta_sealed, quick)
-                continue
-            found = [piece_checks(sh, ctx, pickle.loads(sent), p, k, len(parts))
-                     for k, p in enumerate(parts)]
-            yield merge_pieces(sh, ctx, stops, pickle.loads(pickle.dumps(found)),
-                               file_checks(sh, job, meta, meta_sealed, quick))
-
-    def compare_tokens(self, shards, sp, row_len):
-        return (compare_shard_tokens(sh, sp, row_len) for sh in shards)
-
-    def retokenize(self, state, picks):
-        raise AssertionError("not used here")
+from tests.helpers.engines import in_process_engine
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +75,10 @@ def test_a_shard_checked_in_parts_reports_what_the_whole_shard_reports(one_shard
         plant(path, what)
     whole = verify(path)
     for items in (100, 333):
-        ex = PartsExecutor(items)
-        parts = verify(path, executor=ex)
-        assert len(ex.parts[0]) >= 4  # the train shard, in several parts
+        parts = verify(path, executor=in_process_engine(items_per_task=items))
+        scan = scan_dataset(path)
+        ctx = ShardContext(kind == "packed", scan.row_len, None, None, False)
+        assert len(shard_parts(scan.dataset.shards, ctx, 4, items)[0]) >= 4  # the train shard, in several parts
         assert as_dict(parts) == as_dict(whole)
         assert parts.problems == whole.problems
     failed = {c.name for c in whole.checks if c.status == "failed"}
