@@ -47,7 +47,6 @@ from ..verify.run import CheckResult, VerifyReport
 from .options import PrefOptions
 from .render import equal_arrays, one_process_run
 from .run import finish_rows, open_context, start_rows
-from .truncate import Truncation
 
 CHECKS = (("checksums", "every listed file's size and sha256"),
           ("layout", "entries per row, one source per row, labels"),
@@ -83,16 +82,6 @@ def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
 def _row_entries(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, r: int, per_row: int) -> list:
     return [(np.asarray(tokens[a:a + n], dtype=np.int64), np.asarray(mask[a:a + n]))
             for a, n in idx[r * per_row:(r + 1) * per_row].tolist()]
-
-
-def _options(meta: dict) -> PrefOptions:
-    o = meta.get("options") or {}
-    t = o.get("truncation") or {}
-    return PrefOptions(tokenizer=o.get("tokenizer"), chat_template=o.get("chat_template"),
-                       template_vars=o.get("template_vars"), form=o.get("format", "auto"),
-                       truncation=Truncation(t.get("max_length"), t.get("max_prompt_length"), t.get("policy", "keep-end")),
-                       reasoning=o.get("reasoning", "keep"),
-                       allow_pad_as_stop=bool(o.get("allow_pad_as_stop")), max_record_bytes=o.get("max_record_bytes", 1 << 30))
 
 
 def verify_rows(path: str | Path, *, rerender: bool = True) -> VerifyReport:
@@ -226,7 +215,7 @@ def _rerender(meta: dict, shards: list[_Shard], dtype: np.dtype, per_row: int, p
     the next renders) and compared with the row (read from its memory-mapped shard; the
     shards' rows are found by record number)."""
     rl = meta.get("kind") == "prompts"
-    ctx, _ = open_context(_options(meta), rl)
+    ctx, _ = open_context(PrefOptions.from_recorded(meta.get("options") or {}), rl)
     try:
         infos = [inspect_source(s["path"]) for s in meta.get("sources", [])]
     except SftDataError as e:

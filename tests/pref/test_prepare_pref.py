@@ -234,7 +234,7 @@ def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_
     assert lines[0]["message"].startswith("the same prompt and completions as record 0 (")
     # the completion is what matched: decontamination reads completions, not only prompts
     assert lines[1]["message"].startswith('shares the 5-word sequence "purple with the rings of" with item')
-    with pytest.raises(UsageError, match="^--dedup must be one of off, exact, near, got 'fuzzy'$"):
+    with pytest.raises(UsageError, match="^--dedup must be one of off, exact, near, not 'fuzzy'$"):
         prepare_pref([inp], tmp_path / "fuzzy", PrefOptions(dedup="fuzzy"))
 
 
