@@ -59,7 +59,7 @@ def declared_command(command: str, doc: str, run: Callable[..., None]) -> Callab
     fixed = [("ctx", typer.Context, required), ("inputs", InputsArg, required), ("output_dir", OutputOpt, required),
              ("config", ConfigOpt, None)]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d) for n, a, d in fixed]
-    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=declared_option(o),
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=declared_option(o, command),
                                  default=o.cli_value) for o in own]
     params += [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=JsonOpt, default=False),
                inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=QuietOpt, default=False)]

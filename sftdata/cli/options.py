@@ -65,13 +65,14 @@ TokenDtypeOpt = Annotated[str | None, typer.Option("--token-dtype", metavar="DTY
                                                       "dtype of tokens.bin, uint16 or uint32 (default).")]
 
 
-def declared_option(o: Option, panel: bool = True):
-    """The ``Annotated`` Typer parameter of a declared option (its help panel unless not ``panel``)."""
+def declared_option(o: Option, command: str = "", panel: bool = True):
+    """The ``Annotated`` Typer parameter of a declared option for ``command`` (in its help
+    panel unless not ``panel``)."""
     base = {SIZE: int, list: list[str], dict: list[str]}.get(o.type, o.type)
     nullable = o.nullable or o.type in (list, dict) or o.cli_default is None
     extra = {"parser": parse_size} if o.type is SIZE else {}
     return Annotated[base | None if nullable else base, typer.Option(
-        *o.flags, metavar=o.metavar, help=o.help, show_default=o.show_default,
+        *o.flags, metavar=o.metavar, help=o.help_for(command), show_default=o.show_default,
         rich_help_panel=o.panel if panel else None, **extra)]
 
 

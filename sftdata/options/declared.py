@@ -218,8 +218,8 @@ OPTIONS: tuple[Option, ...] = (
            record=always("train_on"), record_pref=lambda o: {"train_on": o.train_on} if o.train_on != "all" else {},
            check=_one_of("--train-on", TRAIN_ON), why="prepare-rl: a prompt trains no token",
            help="Assistant turns to train: all (except those the record marks weight 0 or train false), or last "
-                "(the last of those only); the others stay in the episode as untrained context. prepare-pref: of a "
-                "completion's replies (a completion with tool calls and their results has several)."),
+                "(the last of those only); the others stay in the episode as untrained context.",
+           pairs_help="Of a completion's replies (a completion with tool calls and their results has several)."),
     Option("max_tokens", ("--max-tokens",), int, None, metavar="N", panel=SPLIT, takes=EPISODES, nullable=True,
            record=always("max_tokens"), check=_at_least("--max-tokens", 4, "at least 4"),
            why="pairs and prompts are cut by --max-length / --max-prompt-length (--truncation)",
@@ -281,7 +281,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("memo_mb", ("--memo-mb",), float, DEFAULT_MEMO_MB, metavar="MB", check=_memo, why=NOTHING,
            help="Memory (MiB, all workers together) for the memo of encoded texts: a system prompt, tool schema or "
                 "message text seen before is not tokenized again. The output is byte-identical with any value; 0 "
-                "turns the memo off. prepare-pref / prepare-rl keep no memo: accepted there, and unused."),
+                "turns the memo off.", pairs_help="Pairs and prompts keep no memo: accepted, and unused."),
     Option("memo_policy", (), str, "frequency", takes=EPISODES, check=_one_of("memo_policy", POLICIES), why=NOTHING),
     *(o for o in SHARED if o.panel == RUN),
 )

@@ -31,6 +31,7 @@ class Option:
     type: object  # bool, int, float, str, SIZE, list (of str), dict (--template-var), or a tuple of those
     default: object
     help: str = ""
+    pairs_help: str = ""  # what it means to prepare-pref / prepare-rl, added to their help
     metavar: str = ""
     panel: str = RUN
     takes: frozenset = ALL
@@ -45,6 +46,9 @@ class Option:
 
     def records(self, family: str) -> Callable | None:
         return self.record if family == "prepare" or self.record_pref is SAME else self.record_pref
+
+    def help_for(self, command: str) -> str:
+        return f"{self.help} {self.pairs_help}" if self.pairs_help and command in PAIRS else self.help
 
     @property
     def cli_value(self) -> object:
