@@ -15,7 +15,6 @@ import typer
 from ..options.config import read_config
 from ..options.declared import taken_by
 from ..options.option import IO
-from ..options.values import coerce
 from .options import JsonOpt, QuietOpt, declared_option
 
 InputsArg = Annotated[list[str], typer.Argument(
@@ -43,10 +42,7 @@ def _values(ctx: typer.Context, command: str, given: dict, config: Path | None) 
         if o.name in from_file and ctx.get_parameter_source(o.name).name != "COMMANDLINE":
             out[o.name] = from_file[o.name]
         else:
-            value = given[o.name]
-            out[o.name] = coerce(o.type, value, True) if o.type in (list, dict) and value is not None else value
-            if o.type is list and value is None:
-                out[o.name] = ()
+            out[o.name] = o.from_given(given[o.name])
     return out
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .values import parse_template_vars
+
 CHAT, TOOL, PREF, RL = "prepare-chat", "prepare-tool", "prepare-pref", "prepare-rl"
 COMMANDS = (CHAT, TOOL, PREF, RL)
 FAMILY = {CHAT: "prepare", TOOL: "prepare", PREF: "pref", RL: "pref"}
@@ -46,6 +48,13 @@ class Option:
 
     def records(self, family: str) -> Callable | None:
         return self.record if family == "prepare" or self.record_pref is SAME else self.record_pref
+
+    def from_given(self, value) -> object:
+        """A command line's value as the options classes hold it: a repeatable option's
+        list (None: not given) as a tuple, --template-var's NAME=VALUE items as a dict."""
+        if self.type is list:
+            return tuple(value or ())
+        return parse_template_vars(value) if self.type is dict else value
 
     def help_for(self, command: str) -> str:
         return f"{self.help} {self.pairs_help}" if self.pairs_help and command in PAIRS else self.help
