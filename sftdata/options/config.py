@@ -1,6 +1,6 @@
 """``--config run.toml`` (or ``.yaml`` / ``.yml``): a file of option values, keyed by the
 declared names (``val_split`` or ``val-split``; a flag's own name too: ``format``,
-``template-var``), checked against what the command takes. Every error is one line naming
+``template_var``), checked against what the command takes. Every error is one line naming
 the file, the key and what is allowed (``UsageError``)."""
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def _read(path: Path) -> object:
 
 
 def _names(o: Option) -> set[str]:
-    return {o.name, o.name.replace("_", "-"), *(f.lstrip("-") for f in o.flags if f.startswith("--"))}
+    """The keys that give ``o``: its name and its flag's, each with - or _."""
+    names = {o.name, *(f[2:] for f in o.flags if f.startswith("--"))}
+    return {n.replace(a, b) for n in names for a, b in (("_", "-"), ("-", "_"))}
 
 
 def read_config(path: str | Path, command: str) -> dict:
