@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,22 +33,23 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _script_flag(flag: str) -> str:
-    return "--" + flag[2:].replace("-", "_")
+def _underscored(text: str) -> str:
+    """``text`` naming the scripts' flags: ``--val-split`` -> ``--val_split``."""
+    return re.sub(r"--[a-z][a-z0-9-]+", lambda m: "--" + m.group()[2:].replace("-", "_"), text)
 
 
 def _arguments(p: argparse.ArgumentParser, command: str) -> list:
     """The declared options of ``command`` (sftdata.options) as underscored arguments."""
     options = [o for o in taken_by(command) if o.flags and o.field]
     for o in options:
-        kw = {"help": o.help.replace("%", "%%"), "dest": o.name, "metavar": o.metavar or None}
+        kw = {"help": _underscored(o.help).replace("%", "%%"), "dest": o.name, "metavar": o.metavar or None}
         if o.type is bool:
             kw = {"help": kw["help"], "dest": o.name, "action": "store_true"}
         elif o.type in (list, dict):
             kw["action"] = "append"
         else:
             kw.update(type={SIZE: _size}.get(o.type, o.type), default=o.cli_value)
-        p.add_argument(_script_flag(o.flags[0]), **kw)
+        p.add_argument(_underscored(o.flags[0]), **kw)
     return options
 
 
@@ -91,17 +93,13 @@ def main(argv: list[str] | None, mode: str) -> int:
         print(f"warning: --workers {workers}: this machine gives it {default_workers()} core(s); using "
               f"{default_workers()}", file=sys.stderr)
         workers = default_workers()
-    flags = sorted(((o.flags[0], _script_flag(o.flags[0])) for o in options), key=lambda f: -len(f[0]))
     try:
         values = {o.name: o.from_given(getattr(a, o.name)) for o in options}
         opts = PrepareOptions(mode=mode, **{**values, "workers": workers})
         with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
             s = prepare(a.input, a.output_dir, opts, progress=bar.update)
     except SftDataError as e:
-        msg = str(e).replace("--output-dir", "--output_dir")
-        for flag, script in flags:
-            msg = msg.replace(flag, script)
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {_underscored(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written to the output", file=sys.stderr)

@@ -13,7 +13,7 @@ from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
 from .app import LazyProgress, app, handle_errors, make_progress
 from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
-from .prepare_cmd import usable_workers
+from .prepare_cmd import reject_rows, usable_workers
 
 
 def _table(s: PrefSummary) -> Table:
@@ -38,12 +38,7 @@ def _table(s: PrefSummary) -> Table:
                   f"{s.dedup['exact_duplicates']:,}")
     for f in (s.decontamination or {}).get("files", []):
         t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
-    rej = sum(s.rejected.values())
-    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
-    for reason, n in s.rejected.items():
-        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
-    for reason, n in s.repaired.items():
-        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    reject_rows(t, s.rejected, s.repaired)
     t.add_row("time", f"{s.seconds:.2f} s")
     return t
 

@@ -17,6 +17,16 @@ from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
 
 
+def reject_rows(t: Table, rejected: dict, repaired: dict) -> None:
+    """A summary's rows of rejected records (by reason) and repairs: every build command's."""
+    rej = sum(rejected.values())
+    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
+    for reason, n in rejected.items():
+        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
+    for reason, n in repaired.items():
+        t.add_row(f"  repaired: {reason}", f"{n:,}")
+
+
 def summary_table(s: PrepareSummary) -> Table:
     t = Table(title=f"Prepared {s.output_dir}", show_header=True, header_style="bold")
     t.add_column("", no_wrap=True)
@@ -33,12 +43,7 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("tokenizer engine", e["engine"] if e["engine"] == "tiktoken" and e["requested"] == "auto"
                   and "tiktoken encoding" in e["reason"] else f"{e['engine']} ({e['reason']})")
     t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
-    rej = sum(s.rejected.values())
-    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
-    for reason, n in s.rejected.items():
-        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
-    for reason, n in s.repaired.items():
-        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    reject_rows(t, s.rejected, s.repaired)
     for name, n in s.turns.items():
         if n:
             t.add_row(f"  assistant turns: {name}", f"{n:,}")
