@@ -77,4 +77,6 @@ def declared_option(o: Option, command: str = "", panel: bool = True):
 
 
 # pack's own (no help panels there): the build commands' declaration of them
-OverwriteOpt, ForceOpt, WaitOpt, EngineOpt, RayAddressOpt = (declared_option(o, panel=False) for o in SHARED)
+_PACK = {o.name: declared_option(o, panel=False) for o in SHARED}
+OverwriteOpt, ForceOpt, WaitOpt, EngineOpt, RayAddressOpt = (_PACK[n] for n in ("overwrite", "force", "wait", "engine",
+                                                                                 "ray_address"))
