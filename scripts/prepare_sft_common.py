@@ -1,14 +1,16 @@
 """The script interface shared by prepare_chat_sft.py and prepare_tool_sft.py.
 
 A thin wrapper over the library's ``sftdata.prepare.prepare``: the same result as
-``sftdata prepare-chat`` / ``sftdata prepare-tool`` with the same options (underscored
-names: ``--output_dir``, ``--val_split``), a progress bar on stderr and a two-line summary.
+``sftdata prepare-chat`` / ``sftdata prepare-tool`` with the same options, read from their
+one declaration (``sftdata.options``; underscored names: ``--output_dir``, ``--val_split``),
+a progress bar on stderr and a two-line summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,20 +20,37 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from sftdata.errors import SftDataError  # noqa: E402
-from sftdata.order.batches import DEFAULT_SEED  # noqa: E402
+from sftdata.options.declared import taken_by  # noqa: E402
+from sftdata.options.values import SIZE, size_bytes  # noqa: E402
 from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
 from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
-from sftdata.sources import DEFAULT_MAX_RECORD_BYTES  # noqa: E402
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``67108864``, ``64M`` or ``1G`` (powers of 1024), for argparse."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+def _size(text: str) -> int:
     try:
-        return int(t[:-1]) * units[t[-1]] if t and t[-1] in units else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes or a number with K, M or G") from None
+        return size_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _underscored(text: str) -> str:
+    """``text`` naming the scripts' flags: ``--val-split`` -> ``--val_split``."""
+    return re.sub(r"--[a-z][a-z0-9-]+", lambda m: "--" + m.group()[2:].replace("-", "_"), text)
+
+
+def _arguments(p: argparse.ArgumentParser, command: str) -> list:
+    """The declared options of ``command`` (sftdata.options) as underscored arguments."""
+    options = [o for o in taken_by(command) if o.flags and o.field]
+    for o in options:
+        kw = {"help": _underscored(o.help).replace("%", "%%"), "dest": o.name, "metavar": o.metavar or None}
+        if o.type is bool:
+            kw = {"help": kw["help"], "dest": o.name, "action": "store_true"}
+        elif o.type in (list, dict):
+            kw["action"] = "append"
+        else:
+            kw.update(type={SIZE: _size}.get(o.type, o.type), default=o.cli_value)
+        p.add_argument(_underscored(o.flags[0]), **kw)
+    return options
 
 
 class _Bar:
@@ -65,16 +84,7 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--input", required=True, nargs="+", help="JSONL / JSON array / Parquet file(s), optionally "
                    "compressed; folders, globs, - (stdin) and URLs too (see `sftdata prepare-chat --help`)")
     p.add_argument("--output_dir", required=True, help="dataset folder to create")
-    p.add_argument("--val_split", type=float, default=0.0, help="fraction of episodes for val (default 0)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the train/val split (default {DEFAULT_SEED})")
-    p.add_argument("--max_tokens", type=int, default=None, help="length filter (see docs/FORMAT.md)")
-    p.add_argument("--tokenizer", default=None, help="tiktoken name or .tiktoken path (default: bundled cl100k_base)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir that is not up to date")
-    p.add_argument("--force", action="store_true", help="rebuild even when --output_dir is up to date")
-    p.add_argument("--max_record_bytes", type=parse_size, default=DEFAULT_MAX_RECORD_BYTES,
-                   help="longest record read (bytes, or 64M / 1G); longer ones are rejected as record_too_large")
+    options = _arguments(p, f"prepare-{mode}")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (and no progress bar)")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     a = p.parse_args(argv)
@@ -83,16 +93,13 @@ def main(argv: list[str] | None, mode: str) -> int:
         print(f"warning: --workers {workers}: this machine gives it {default_workers()} core(s); using "
               f"{default_workers()}", file=sys.stderr)
         workers = default_workers()
-    opts = PrepareOptions(mode=mode, val_split=a.val_split, seed=a.seed, max_tokens=a.max_tokens,
-                          tokenizer=a.tokenizer, workers=workers, strict=a.strict, overwrite=a.overwrite,
-                          force=a.force, max_record_bytes=a.max_record_bytes)
     try:
+        values = {o.name: o.from_given(getattr(a, o.name)) for o in options}
+        opts = PrepareOptions(mode=mode, **{**values, "workers": workers})
         with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
             s = prepare(a.input, a.output_dir, opts, progress=bar.update)
     except SftDataError as e:
-        msg = (str(e).replace("--output-dir", "--output_dir").replace("--val-split", "--val_split")
-           .replace("--max-record-bytes", "--max_record_bytes"))
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {_underscored(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written to the output", file=sys.stderr)

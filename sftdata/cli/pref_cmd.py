@@ -1,68 +1,19 @@
 """``sftdata prepare-pref`` and ``sftdata prepare-rl``: thin commands over ``pref.prepare_pref``,
-with prepare-chat's option definitions (imported, not copied)."""
+their options derived from the declaration (``sftdata.options``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
 from rich.table import Table
 
-from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..engine import check_engine
 from ..engine.pref_ray import ray_pref_executor
 from ..errors import UsageError
-from ..order.batches import DEFAULT_SEED
+from ..options.option import PREF, RL
 from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
-from ..sources import DEFAULT_MAX_RECORD_BYTES
-from ..store.format import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, handle_errors, make_progress
 from .build_output import show_prepared, show_rebuild
-from .options import (
-    AllowPadAsStopOpt,
-    ChatTemplateOpt,
-    DecontaminateNgramOpt,
-    DecontaminateOpt,
-    DedupOpt,
-    DedupThresholdOpt,
-    EngineOpt,
-    ForceOpt,
-    JsonOpt,
-    MaxRecordBytesOpt,
-    OverwriteOpt,
-    QuietOpt,
-    RayAddressOpt,
-    ReasoningOpt,
-    TemplateVarOpt,
-    WaitOpt,
-    parse_template_vars,
-)
-from .prepare_cmd import (
-    InputsArg,
-    OutputOpt,
-    SeedOpt,
-    ShardTokensOpt,
-    StrictOpt,
-    TokenizerOpt,
-    ValSplitOpt,
-    WorkersOpt,
-    usable_workers,
-)
-
-MaxLengthOpt = Annotated[int | None, typer.Option(
-    "--max-length", metavar="N", help="Prompt + each completion at most N tokens: both completions are cut to the "
-    "same budget (never inside a run of special tokens, never to no trained token), per --truncation. Default: no "
-    "limit.")]
-MaxPromptLengthOpt = Annotated[int | None, typer.Option(
-    "--max-prompt-length", metavar="N", help="The prompt at most N tokens (default: --max-length - 1). prepare-rl: "
-    "a longer prompt is rejected (prompt_too_long), never cut.")]
-TruncationOpt = Annotated[str, typer.Option(
-    "--truncation", metavar="keep-end|keep-start|drop", help="keep-end: a long prompt loses its start (cut where a "
-    "turn begins), completions their end; keep-start: prompts are never cut (a long one drops the pair), "
-    "completions lose their end; drop: nothing is cut, a pair over a budget is dropped. Counted in the summary.")]
-FormatOpt = Annotated[str, typer.Option(
-    "--format", metavar="auto|trl|kto|ultrafeedback|llamafactory", help="The record form (auto: by each record's "
-    "keys; docs/PREFERENCE.md).")]
+from .declared import declared_command
+from .prepare_cmd import reject_rows, usable_workers
 
 
 def _table(s: PrefSummary) -> Table:
@@ -87,21 +38,22 @@ def _table(s: PrefSummary) -> Table:
                   f"{s.dedup['exact_duplicates']:,}")
     for f in (s.decontamination or {}).get("files", []):
         t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
-    rej = sum(s.rejected.values())
-    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
-    for reason, n in s.rejected.items():
-        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
-    for reason, n in s.repaired.items():
-        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    reject_rows(t, s.rejected, s.repaired)
     t.add_row("time", f"{s.seconds:.2f} s")
     return t
 
 
-def _options(template_var, decontaminate, workers, quiet: bool, **fields) -> PrefOptions:
-    """The run's options from the command's: ``--template-var`` parsed, the evaluation files
-    as a tuple, ``--workers`` capped at the cores (both commands read them alike)."""
-    return PrefOptions(template_vars=parse_template_vars(template_var), decontaminate=tuple(decontaminate or ()),
-                       workers=usable_workers(workers, quiet), **fields)
+def _options(values: dict, quiet: bool) -> PrefOptions:
+    """The run's options from the command's: --max-length, --max-prompt-length and
+    --truncation as one policy (prepare-rl: a long prompt dropped), ``--workers`` capped."""
+    truncation = Truncation(values.pop("max_length", None), values.pop("max_prompt_length", None),
+                            values.pop("truncation", "drop"))
+    return PrefOptions(**{**values, "workers": usable_workers(values["workers"], quiet)}, truncation=truncation)
+
+
+def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
+    engine, ray_address = values.pop("engine"), values.pop("ray_address")
+    _run(_options(values, quiet), inputs, output_dir, command == RL, as_json, quiet, engine, ray_address)
 
 
 def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
@@ -119,111 +71,41 @@ def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: 
     show_prepared(summary, _table, output_dir, as_json, quiet)
 
 
-@app.command("prepare-pref")
-@handle_errors
-def prepare_pref_cmd(
-    inputs: InputsArg,
-    output_dir: OutputOpt,
-    tokenizer: TokenizerOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    template_var: TemplateVarOpt = None,
-    max_length: MaxLengthOpt = None,
-    max_prompt_length: MaxPromptLengthOpt = None,
-    truncation: TruncationOpt = "keep-end",
-    form: FormatOpt = "auto",
-    val_split: ValSplitOpt = 0.0,
-    seed: SeedOpt = DEFAULT_SEED,
-    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
-    reasoning: ReasoningOpt = "keep",
-    allow_pad_as_stop: AllowPadAsStopOpt = False,
-    workers: WorkersOpt = None,
-    engine: EngineOpt = "local",
-    ray_address: RayAddressOpt = None,
-    strict: StrictOpt = False,
-    overwrite: OverwriteOpt = False,
-    force: ForceOpt = False,
-    wait: WaitOpt = False,
-    max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
-    dedup: DedupOpt = "off",
-    dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
-    decontaminate: DecontaminateOpt = None,
-    decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Prepare preference records (DPO/ORPO pairs, KTO rows) into a pair dataset, split in token space.
+PREF_HELP = """Prepare preference records (DPO/ORPO pairs, KTO rows) into a pair dataset, split in token space.
 
-    Each pair is written as its prompt once and its two completions (KTO: one, with its
-    label): the prompt's ids are the template's render of the prompt with the generation
-    prompt, and both `prompt + chosen` and `prompt + rejected` begin with exactly those
-    ids (a pair where they do not is rejected as prompt_not_prefix, never re-split in
-    text). Each completion is trained through its end-of-turn token by the dataset's one
-    mask rule; `sftdata verify` re-derives every pair. Forms: TRL (conversational or
-    standard, explicit or implicit prompt), KTO, UltraFeedback scored completions,
-    LLaMA-Factory pairwise; docs/PREFERENCE.md. `--dedup exact` drops a pair whose prompt
-    and completions repeat an earlier pair's (`near`: nearly, by MinHash of its tokens); `--decontaminate EVAL` drops a pair whose
-    prompt or either completion shares a word sequence with an evaluation item.
+Each pair is written as its prompt once and its two completions (KTO: one, with its
+label): the prompt's ids are the template's render of the prompt with the generation
+prompt, and both `prompt + chosen` and `prompt + rejected` begin with exactly those
+ids (a pair where they do not is rejected as prompt_not_prefix, never re-split in
+text). Each completion is trained through its end-of-turn token by the dataset's one
+mask rule; `sftdata verify` re-derives every pair. Forms: TRL (conversational or
+standard, explicit or implicit prompt), KTO, UltraFeedback scored completions,
+LLaMA-Factory pairwise; docs/PREFERENCE.md. `--dedup exact` drops a pair whose prompt
+and completions repeat an earlier pair's (`near`: nearly, by MinHash of its tokens); `--decontaminate EVAL` drops a pair whose
+prompt or either completion shares a word sequence with an evaluation item.
 
-    Examples:
+Examples:
 
-    * `sftdata prepare-pref pairs.jsonl -o data/dpo --tokenizer llama3/ --max-length 2048`
-    * `sftdata prepare-pref dpo_en_demo.json -o data/dpo --format llamafactory --truncation drop`
-    * `sftdata prepare-pref kto.jsonl -o data/kto --tokenizer qwen3/` (a "kto" dataset)
-    * `sftdata prepare-pref big/ -o /shared/dpo --tokenizer qwen3/ --engine ray` (chunks rendered by tasks on a
-      Ray cluster; the dataset byte-identical)
-    """
-    opts = _options(template_var, decontaminate, workers, quiet, tokenizer=tokenizer, chat_template=chat_template,
-                    form=form, truncation=Truncation(max_length, max_prompt_length, truncation), val_split=val_split,
-                    seed=seed, shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
-                    max_record_bytes=max_record_bytes, reasoning=reasoning, allow_pad_as_stop=allow_pad_as_stop,
-                    dedup=dedup, dedup_threshold=dedup_threshold, decontaminate_ngram=decontaminate_ngram)
-    _run(opts, inputs, output_dir, False, as_json, quiet, engine, ray_address)
+* `sftdata prepare-pref pairs.jsonl -o data/dpo --tokenizer llama3/ --max-length 2048`
+* `sftdata prepare-pref dpo_en_demo.json -o data/dpo --format llamafactory --truncation drop`
+* `sftdata prepare-pref kto.jsonl -o data/kto --tokenizer qwen3/` (a "kto" dataset)
+* `sftdata prepare-pref big/ -o /shared/dpo --tokenizer qwen3/ --engine ray` (chunks rendered by tasks on a
+  Ray cluster; the dataset byte-identical)
+"""
 
+RL_HELP = """Prepare RL prompts (GRPO) rendered with the generation prompt, every other column kept byte-exact.
 
-@app.command("prepare-rl")
-@handle_errors
-def prepare_rl_cmd(
-    inputs: InputsArg,
-    output_dir: OutputOpt,
-    tokenizer: TokenizerOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    template_var: TemplateVarOpt = None,
-    max_prompt_length: MaxPromptLengthOpt = None,
-    allow_pad_as_stop: AllowPadAsStopOpt = False,
-    workers: WorkersOpt = None,
-    engine: EngineOpt = "local",
-    ray_address: RayAddressOpt = None,
-    val_split: ValSplitOpt = 0.0,
-    seed: SeedOpt = DEFAULT_SEED,
-    shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
-    strict: StrictOpt = False,
-    overwrite: OverwriteOpt = False,
-    force: ForceOpt = False,
-    wait: WaitOpt = False,
-    max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
-    dedup: DedupOpt = "off",
-    dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
-    decontaminate: DecontaminateOpt = None,
-    decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Prepare RL prompts (GRPO) rendered with the generation prompt, every other column kept byte-exact.
+Each row's prompt (`prompt`: a string or messages; else `messages`) is rendered as
+`apply_chat_template(prompt, tools=..., add_generation_prompt=True)` and tokenized
+(a "prompts" dataset, nothing trained); every other column (ground truth, metadata) is
+written to columns.jsonl beside it as the input's own JSON text, keyed by row and input
+record. A prompt over --max-prompt-length is rejected, never cut. docs/PREFERENCE.md.
 
-    Each row's prompt (`prompt`: a string or messages; else `messages`) is rendered as
-    `apply_chat_template(prompt, tools=..., add_generation_prompt=True)` and tokenized
-    (a "prompts" dataset, nothing trained); every other column (ground truth, metadata) is
-    written to columns.jsonl beside it as the input's own JSON text, keyed by row and input
-    record. A prompt over --max-prompt-length is rejected, never cut. docs/PREFERENCE.md.
+Examples:
 
-    Examples:
+* `sftdata prepare-rl gsm8k.jsonl -o data/grpo --tokenizer qwen3/ --max-prompt-length 1024`
+* `sftdata prepare-rl prompts/ -o data/grpo --val-split 0.05 --json` (a folder; a JSON summary)
+"""
 
-    * `sftdata prepare-rl gsm8k.jsonl -o data/grpo --tokenizer qwen3/ --max-prompt-length 1024`
-    * `sftdata prepare-rl prompts/ -o data/grpo --val-split 0.05 --json` (a folder; a JSON summary)
-    """
-    opts = _options(template_var, decontaminate, workers, quiet, tokenizer=tokenizer, chat_template=chat_template,
-                    truncation=Truncation(None, max_prompt_length, "drop"), val_split=val_split, seed=seed,
-                    shard_tokens=shard_tokens, strict=strict, overwrite=overwrite, force=force, wait=wait,
-                    max_record_bytes=max_record_bytes, allow_pad_as_stop=allow_pad_as_stop, dedup=dedup,
-                    dedup_threshold=dedup_threshold, decontaminate_ngram=decontaminate_ngram)
-    _run(opts, inputs, output_dir, True, as_json, quiet, engine, ray_address)
+prepare_pref_cmd = app.command(PREF)(handle_errors(declared_command(PREF, PREF_HELP, _run_declared)))
+prepare_rl_cmd = app.command(RL)(handle_errors(declared_command(RL, RL_HELP, _run_declared)))

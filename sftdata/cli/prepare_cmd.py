@@ -4,96 +4,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from pathlib import Path
-from typing import Annotated
 
-import typer
 from rich.table import Table
 
-from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..engine import check_engine
 from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
-from ..order.batches import DEFAULT_SEED
+from ..options.option import CHAT, TOOL
 from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
-from ..sources import DEFAULT_MAX_RECORD_BYTES
-from ..store.format import DEFAULT_SHARD_TOKENS
-from ..template import DEFAULT_MAX_STEPS
-from ..tokenize.memo import DEFAULT_MEMO_MB
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, warn
 from .build_output import show_prepared, show_rebuild
-from .options import (
-    AllowPadAsStopOpt,
-    ChatTemplateOpt,
-    DecontaminateNgramOpt,
-    DecontaminateOpt,
-    DedupOpt,
-    DedupThresholdOpt,
-    EngineOpt,
-    ForceOpt,
-    JsonOpt,
-    MaxRecordBytesOpt,
-    OverwriteOpt,
-    PerReplyOpt,
-    QuietOpt,
-    RayAddressOpt,
-    ReasoningOpt,
-    TemplateVarOpt,
-    TokenizerEngineOpt,
-    TrainOnOpt,
-    WaitOpt,
-    parse_size,
-    parse_template_vars,
-)
+from .declared import declared_command
 
-InputsArg = Annotated[list[str], typer.Argument(
-    metavar="INPUT", help="JSONL (one conversation per line), a JSON array or Parquet, each optionally "
-                          "compressed (.gz .bz2 .xz .zst); a folder (its .jsonl/.json/.parquet files, recursively, "
-                          "sorted), a glob ('data/*.jsonl.gz'), - for stdin, or a URL (s3:// gs:// hf:// https:// "
-                          "file://, with the cloud extra). Several make one dataset; record numbers continue "
-                          "across them.", show_default=False)]
-OutputOpt = Annotated[Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Dataset folder to create "
-                                          "(written to a temporary folder beside it, renamed at the end).")]
-ValSplitOpt = Annotated[float, typer.Option("--val-split", metavar="F", help="Fraction of episodes for the val split: "
-                                             "exactly round(F x episodes), chosen with --seed. 0 = no val split.")]
-SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the train/val split.")]
-MaxTokensOpt = Annotated[int | None, typer.Option(
-    "--max-tokens", metavar="N", help="Length filter: system + first user/assistant pair must fit in N tokens, "
-                                      "each later pair must fit alone; the first later pair that does not fit "
-                                      "is dropped with the rest; a record whose first pair does not fit is "
-                                      "rejected (too_long). Default: no filter.")]
-ShardTokensOpt = Annotated[int, typer.Option("--shard-tokens", metavar="N", help="Maximum tokens per shard "
-                                              "(an episode never spans shards). A shard is a task of pack and verify; "
-                                              "100000000 gives the fewer, larger shards of earlier versions.")]
-TemplateMaxStepsOpt = Annotated[int, typer.Option(
-    "--template-max-steps", metavar="N", help="With a model's chat template: the steps one render of a record may "
-    "take, plus 8 per character of the record (a step: a loop iteration, a call, a filter, or 16 characters the "
-    "template builds). A template that runs past it rejects the record as template_limit (or the run, on a probe "
-    "conversation). Counts, not seconds: the same records are kept on every machine (docs/TOKENIZERS.md).")]
-TemplateMaxOutputOpt = Annotated[int | None, typer.Option(
-    "--template-max-output", metavar="SIZE", parser=parse_size, show_default="--max-record-bytes",
-    help="With a model's chat template: the most characters one render of a record may return (K, M, G are "
-    "powers of 1024); more rejects the record as template_limit. Keeps what is tokenized within the memory "
-    "--max-record-bytes sets (docs/CLI.md).")]
-TokenizerOpt = Annotated[str | None, typer.Option(
-    "--tokenizer", metavar="NAME|PATH", help="tiktoken encoding name or path to a .tiktoken ranks file (sftdata's "
-                                             "chat markers), or a model's own Hugging Face tokenizer.json, the "
-                                             "folder holding it, or a Hub model id org/name[@revision] (from the "
-                                             "Hugging Face cache first; the hf extra) (the model's chat template; "
-                                             "see --chat-template). Default: the bundled cl100k_base (no network).")]
-WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N", help="Worker processes "
-                                                   "(default: all cores; more than the cores are capped). The "
-                                                   "output is byte-identical for any value.")]
-SourceSha256Opt = Annotated[bool, typer.Option(
-    "--source-sha256", metavar="", help="Record every input's whole-file sha256, however large. Without it, a plain JSONL file "
-                            "over 1 GiB that workers read in ranges records its block hash only (block_sha256: "
-                            "each range's task hashes its own 4 MiB blocks; docs/FORMAT.md).")]
-MemoMbOpt = Annotated[float, typer.Option(
-    "--memo-mb", metavar="MB", help="Memory (MiB, all workers together) for the memo of encoded texts: a system "
-                                    "prompt, tool schema or message text seen before is not tokenized again. The "
-                                    "output is byte-identical with any value; 0 turns the memo off.")]
-StrictOpt = Annotated[bool, typer.Option("--strict", metavar="", help="Stop with exit code 1 at the first bad record "
-                                         "instead of skipping it and writing it to rejects.jsonl.")]
+
+def reject_rows(t: Table, rejected: dict, repaired: dict) -> None:
+    """A summary's rows of rejected records (by reason) and repairs: every build command's."""
+    rej = sum(rejected.values())
+    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
+    for reason, n in rejected.items():
+        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
+    for reason, n in repaired.items():
+        t.add_row(f"  repaired: {reason}", f"{n:,}")
 
 
 def summary_table(s: PrepareSummary) -> Table:
@@ -112,12 +43,7 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("tokenizer engine", e["engine"] if e["engine"] == "tiktoken" and e["requested"] == "auto"
                   and "tiktoken encoding" in e["reason"] else f"{e['engine']} ({e['reason']})")
     t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
-    rej = sum(s.rejected.values())
-    t.add_row("rejected records", f"{rej:,}", style="yellow" if rej else None)
-    for reason, n in s.rejected.items():
-        t.add_row(f"  rejected: {reason}", f"{n:,}", style="yellow")
-    for reason, n in s.repaired.items():
-        t.add_row(f"  repaired: {reason}", f"{n:,}")
+    reject_rows(t, s.rejected, s.repaired)
     for name, n in s.turns.items():
         if n:
             t.add_row(f"  assistant turns: {name}", f"{n:,}")
@@ -219,60 +145,11 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
              f"{min_val_split(n)} or more for at least one val episode, or leave it out for no val split")
 
 
-def _prepare_command(mode: str, doc: str):
-    """One Typer command per mode over the same options (no second copy of the signature)."""
-
-    @handle_errors
-    def command(
-        inputs: InputsArg,
-        output_dir: OutputOpt,
-        val_split: ValSplitOpt = 0.0,
-        seed: SeedOpt = DEFAULT_SEED,
-        max_tokens: MaxTokensOpt = None,
-        shard_tokens: ShardTokensOpt = DEFAULT_SHARD_TOKENS,
-        tokenizer: TokenizerOpt = None,
-        chat_template: ChatTemplateOpt = None,
-        template_var: TemplateVarOpt = None,
-        per_reply: PerReplyOpt = False,
-        template_max_steps: TemplateMaxStepsOpt = DEFAULT_MAX_STEPS,
-        template_max_output: TemplateMaxOutputOpt = None,
-        tokenizer_engine: TokenizerEngineOpt = "auto",
-        allow_pad_as_stop: AllowPadAsStopOpt = False,
-        workers: WorkersOpt = None,
-        memo_mb: MemoMbOpt = DEFAULT_MEMO_MB,
-        strict: StrictOpt = False,
-        reasoning: ReasoningOpt = "keep",
-        train_on: TrainOnOpt = "all",
-        overwrite: OverwriteOpt = False,
-        force: ForceOpt = False,
-        wait: WaitOpt = False,
-        max_record_bytes: MaxRecordBytesOpt = DEFAULT_MAX_RECORD_BYTES,
-        engine: EngineOpt = "local",
-        ray_address: RayAddressOpt = None,
-        dedup: DedupOpt = "off",
-        dedup_threshold: DedupThresholdOpt = DEFAULT_THRESHOLD,
-        decontaminate: DecontaminateOpt = None,
-        decontaminate_ngram: DecontaminateNgramOpt = DEFAULT_NGRAM,
-        source_sha256: SourceSha256Opt = False,
-        as_json: JsonOpt = False,
-        quiet: QuietOpt = False,
-    ) -> None:
-        opts = PrepareOptions(mode=mode, val_split=val_split, seed=seed, max_tokens=max_tokens,
-                              shard_tokens=shard_tokens, tokenizer=tokenizer, strict=strict,
-                              workers=default_workers() if workers is None else workers,
-                              overwrite=overwrite, force=force, wait=wait, max_record_bytes=max_record_bytes,
-                              reasoning=reasoning, train_on=train_on, chat_template=chat_template,
-                              template_vars=parse_template_vars(template_var), per_reply=per_reply,
-                              tokenizer_engine=tokenizer_engine,
-                              allow_pad_as_stop=allow_pad_as_stop, dedup=dedup, dedup_threshold=dedup_threshold,
-                              decontaminate=tuple(decontaminate or ()), decontaminate_ngram=decontaminate_ngram,
-                              memo_mb=memo_mb, template_max_steps=template_max_steps,
-                              template_max_output=template_max_output, source_sha256=source_sha256)
-        run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
-
-    command.__name__ = f"prepare_{mode}"
-    command.__doc__ = doc
-    return app.command(f"prepare-{mode}")(command)
+def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
+    engine, ray_address = values.pop("engine"), values.pop("ray_address")
+    opts = PrepareOptions(mode=command.removeprefix("prepare-"), **{**values, "workers": usable_workers(
+        values["workers"], quiet)})
+    run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
 
 CHAT_HELP = """Prepare chat conversations (OpenAI `messages` or ShareGPT `conversations`) into a dataset.
@@ -319,5 +196,5 @@ Examples:
   (tool calls, results and schemas rendered by the model's template)
 """
 
-prepare_chat = _prepare_command("chat", CHAT_HELP)
-prepare_tool = _prepare_command("tool", TOOL_HELP)
+prepare_chat = app.command(CHAT)(handle_errors(declared_command(CHAT, CHAT_HELP, _run_declared)))
+prepare_tool = app.command(TOOL)(handle_errors(declared_command(TOOL, TOOL_HELP, _run_declared)))

@@ -1,57 +1,42 @@
-"""What ``prepare-pref`` and ``prepare-rl`` take: their options (what reaches the build key)."""
+"""What ``prepare-pref`` and ``prepare-rl`` take: ``PrefOptions``, its fields, checks and
+build-key entries those of ``sftdata.options`` (declared once, for every build command)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD, Deduplicator
-from ..errors import UsageError
-from ..records.preference import FORMS
-from ..sources import DEFAULT_MAX_RECORD_BYTES
-from ..store.format import DEFAULT_SHARD_TOKENS
+from ..options.declared import declared_fields, recorded, template_limits, validate
+from ..records.turns import TurnPolicy
+from ..template import DEFAULT_MAX_STEPS, TemplateLimits
 from .truncate import Truncation
 
 
 @dataclass(frozen=True)
+@declared_fields("pref")
 class PrefOptions:
-    """What ``prepare-pref`` and ``prepare-rl`` are given (the CLI's options)."""
+    """What ``prepare-pref`` and ``prepare-rl`` are given (``sftdata.options.declared``), and
+    ``truncation``: --max-length, --max-prompt-length and --truncation as one policy."""
 
-    tokenizer: str | None = None
-    chat_template: str | None = None
-    template_vars: dict | None = None
-    form: str = "auto"
     truncation: Truncation = Truncation()
-    val_split: float = 0.0
-    seed: int = 1337
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
-    strict: bool = False
-    overwrite: bool = False
-    force: bool = False
-    wait: bool = False
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    reasoning: str = "keep"
-    allow_pad_as_stop: bool = False
-    dedup: str = "off"  # off | exact | near
-    dedup_threshold: float = DEFAULT_THRESHOLD
-    decontaminate: tuple = ()
-    decontaminate_ngram: int = DEFAULT_NGRAM
-    workers: int = 1  # processes that render the records (the dataset is the same for any number)
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(self.reasoning, self.train_on)
 
     def validate(self) -> None:
-        Deduplicator(self.dedup, self.dedup_threshold)  # the mode and threshold checked as prepare-chat's
-        if self.workers < 1:
-            raise UsageError(f"--workers must be at least 1, got {self.workers}")
-        if self.form not in FORMS:
-            raise UsageError(f"--format must be one of {', '.join(FORMS)}, got {self.form!r}")
-        if not 0.0 <= self.val_split < 1.0:
-            raise UsageError(f"--val-split must be in [0, 1), got {self.val_split}")
-        self.truncation.validate()
+        validate(self, "pref")
+
+    def template_limits(self) -> TemplateLimits:
+        return template_limits(self)
 
     def recorded(self) -> dict:
-        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "template_vars": self.template_vars,
-                "format": self.form, "truncation": self.truncation.recorded(), "val_split": self.val_split,
-                "seed": self.seed, "shard_tokens": self.shard_tokens, "reasoning": self.reasoning,
-                "max_record_bytes": self.max_record_bytes, "allow_pad_as_stop": self.allow_pad_as_stop,
-                "dedup": self.dedup, "decontaminate": list(self.decontaminate),
-                "decontaminate_ngram": self.decontaminate_ngram,
-                **({"dedup_threshold": self.dedup_threshold} if self.dedup == "near" else {})}
+        return recorded(self, "pref")
+
+    @classmethod
+    def from_recorded(cls, o: dict) -> PrefOptions:
+        """The options a dataset's metadata records (``recorded()``), for verify to render again."""
+        t, limits = o.get("truncation") or {}, o.get("template_limits") or {}
+        same = {k: v for k, v in o.items() if k in cls.__dataclass_fields__ and k not in ("truncation", "decontaminate")}
+        return cls(**same, form=o.get("format", "auto"), decontaminate=tuple(o.get("decontaminate", ())),
+                   template_max_steps=limits.get("max_steps", DEFAULT_MAX_STEPS), template_max_output=limits.get("max_output"),
+                   truncation=Truncation(t.get("max_length"), t.get("max_prompt_length"), t.get("policy", "keep-end")))

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RecordError, SftDataError
-from ..sources import DEFAULT_MAX_RECORD_BYTES, inspect_source, iter_all
+from ..sources import inspect_source, iter_all
 from ..store.format import KIND_PROMPTS
 from ..tasks import overlapped
 from .options import PrefOptions
 from .render import one_process_run
 from .run import finish_rows, open_context, start_rows
-from .truncate import Truncation
 
 ROW_BATCH = 512  # records rendered again at once
 
@@ -39,13 +38,7 @@ class RowRender:
 
 def recorded_options(meta: dict) -> PrefOptions:
     """The options a row dataset records, as the run that made it took them."""
-    o = meta.get("options") or {}
-    t = o.get("truncation") or {}
-    return PrefOptions(tokenizer=o.get("tokenizer"), chat_template=o.get("chat_template"),
-                       template_vars=o.get("template_vars"), form=o.get("format", "auto"),
-                       truncation=Truncation(t.get("max_length"), t.get("max_prompt_length"), t.get("policy", "keep-end")),
-                       reasoning=o.get("reasoning", "keep"), allow_pad_as_stop=bool(o.get("allow_pad_as_stop")),
-                       max_record_bytes=o.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
+    return PrefOptions.from_recorded(meta.get("options") or {})
 
 
 def rerender_rows(meta: dict, state: dict, records: Sequence[int]) -> tuple[dict[int, RowRender], dict[int, str]]:

@@ -52,6 +52,7 @@ from ..records.preference import PreferenceRecord, parse_preference, parse_promp
 from ..records.rejects import RejectsFile, reject_line, writing
 from ..records.turns import TurnPolicy
 from ..sources import RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
+from ..sources.partitions import records_sha256
 from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import (
     ENTRIES_PER_ROW,
@@ -157,10 +158,11 @@ class Row:
 
 def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
     """The tokenizer, template profile and mask rule of ``opts``, and the tokenizer state."""
-    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine,
+                                    opts.template_vars, limits=opts.template_limits())
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
-    ctx = Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
+    ctx = Context(tok, profile, rule_from_state(state), opts.policy, opts,
                   _special_flags(tok), rl)
     return ctx, state
 
@@ -570,6 +572,8 @@ def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: Pre
             with writing(rejects, output_dir):
                 rej.close()
         records, rejected, dedup, contaminated = g.records, g.rejected, g.dedup, g.contaminated
+        for info in (i for i in infos if not records_sha256(i, opts.source_sha256)):  # as prepare-chat records it
+            info.sha256 = None
         if g.writer is None:
             raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)
         kind = g.kind

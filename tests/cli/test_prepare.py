@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from sftdata import __version__
 from sftdata.cli import app
 from sftdata.cli.app import RateColumn, per_second
+from sftdata.options.declared import taken_by
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
 
@@ -194,3 +195,21 @@ def test_prepare_pref_progress_shows_records_per_second_not_a_zero_token_rate(tm
     assert r.exit_code == 0, r.output
     bar = r.stderr.splitlines()[0]
     assert re.fullmatch(r"prepare-pref ━+ 100% [\d,.]+k? records/s [\d:]+ [\d:-]+", bar), bar
+
+
+def test_the_scripts_take_the_declared_options_underscored_and_name_them_so_in_errors(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prepare_tool_sft", ROOT / "scripts" / "prepare_tool_sft.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.main(["--help"])
+    except SystemExit:
+        pass
+    shown = set(re.findall(r"(--[a-z_0-9]+)", capsys.readouterr().out))
+    declared = {"--" + o.flags[0][2:].replace("-", "_") for o in taken_by("prepare-tool") if o.flags and o.field}
+    assert shown == declared | {"--help", "--input", "--output_dir", "--json", "--quiet"}
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    assert mod.main(["--input", str(src), "--output_dir", str(tmp_path / "ds"), "--template_max_steps", "0"]) == 2
+    assert capsys.readouterr().err == "error: --template_max_steps must be positive, got 0\n"

@@ -162,7 +162,7 @@ def test_exact_duplicates_and_contaminated_pairs_are_dropped_in_input_order(tmp_
     assert lines[0]["message"].startswith("the same prompt and completions as record 0 (")
     # the completion is what matched: decontamination reads completions, not only prompts
     assert lines[1]["message"].startswith('shares the 5-word sequence "purple with the rings of" with item')
-    with pytest.raises(UsageError, match="^--dedup must be one of off, exact, near, got 'fuzzy'$"):
+    with pytest.raises(UsageError, match="^--dedup must be one of off, exact, near, not 'fuzzy'$"):
         prepare_pref([inp], tmp_path / "fuzzy", PrefOptions(dedup="fuzzy"))
 
 
@@ -180,3 +180,46 @@ def test_the_episode_reader_refuses_a_pairs_dataset_by_name(tmp_path):
                                            r"not SFT episodes: the SFT loader \(make_loader\) reads episodes or packed "
                                            r"rows; read it with sftdata.loader.make_pair_loader"):
         make_loader(LoaderConfig(batch_size=1, block_size=64), tmp_path / "ds", backend="numpy")
+
+
+def test_train_on_last_trains_only_the_last_reply_of_a_completion_of_several(tmp_path):
+    """--train-on means for a pair what it means for an episode, over the completion's replies:
+    last leaves the earlier ones untrained context; verify re-derives it from the metadata."""
+    two = {"prompt": [U], "chosen": [{"role": "assistant", "content": "Let me look."}, {"role": "user", "content": "ok"},
+                                     {"role": "assistant", "content": "It is blue."}],
+           "rejected": [{"role": "assistant", "content": "Hmm."}, {"role": "user", "content": "ok"},
+                        {"role": "assistant", "content": "Green."}]}
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [two])
+    tok = open_tokenizer(None, "auto")
+    m = tok.ids
+    first, second = [*tok.encode("Let me look."), m.end], [*tok.encode("It is blue."), m.end]
+    middle = [m.user, *tok.encode("ok"), m.end]
+    for train_on, first_open, first_mask in (("all", m.assistant, 1), ("last", m.assistant_context, 0)):
+        ds = tmp_path / train_on
+        prepare_pref([inp], ds, PrefOptions(train_on=train_on))
+        _, ids, mask, idx, _ = _shard(ds)
+        p, c = int(idx[0, 1]), int(idx[1, 1])
+        assert ids[p:p + c].tolist() == [*first, *middle, m.assistant, *second, m.eos] and ids[p - 1] == first_open
+        # the second reply's <|ASSISTANT|> is trained as the rule trains it in an episode, EOS never
+        assert mask[p:p + c].tolist() == [first_mask] * len(first) + [0] * len(middle) + [1] * (1 + len(second)) + [0]
+        meta = json.loads((ds / "dataset_metadata.json").read_text())
+        assert meta["options"].get("train_on") == (None if train_on == "all" else "last")
+        assert verify_every_row(ds).ok
+
+
+def test_the_template_limits_reach_pairs(tmp_path):
+    pytest.importorskip("tokenizers")
+    from sftdata.template import PRESETS
+    from tests.helpers.templates import TOKENS, train_tokenizer
+
+    specials, bos, eos, extra = TOKENS["chatml"]
+    folder = train_tokenizer(tmp_path / "chatml", specials, bos, eos, extra, {"chat_template": PRESETS["chatml"],
+                                                                                  "pad_token": "<|endoftext|>"})
+    long = {**PAIR, "chosen": [{"role": "assistant", "content": "blue " * 400}]}
+    inp = write_jsonl(tmp_path / "pairs.jsonl", [PAIR, long])
+    s = prepare_pref([inp], tmp_path / "ds", PrefOptions(tokenizer=str(folder), template_max_output=1500))
+    assert (s.rows, s.rejected) == ({"train": 1}, {"template_limit": 1})
+    meta = json.loads((tmp_path / "ds" / "dataset_metadata.json").read_text())
+    assert (meta["options"]["template_limits"]["max_output"], meta["options"]["template_limits"]["max_steps"]) == \
+        (1500, 100_000)
+    assert verify_every_row(tmp_path / "ds").ok
