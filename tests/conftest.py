@@ -100,7 +100,8 @@ def ray_cluster():
     seconds): the Ray engine's tests share it."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # address "local": the session's own cluster, even when another local one runs on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

@@ -62,7 +62,9 @@ def connect(address: str | None = None) -> RayCluster:
             check_address(address, source)
         on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
+            # "local": a cluster of this run's own, even when another run's local cluster is up on this
+            # machine (without it Ray joins the newest one, which ends when that run does)
+            ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=False,
                      include_dashboard=False, configure_logging=False)
         except ConnectionError as e:
             raise ConfigError(f"cannot reach the Ray cluster at {address} ({source}): {e}. {_FIX}") from None

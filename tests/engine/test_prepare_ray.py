@@ -158,7 +158,8 @@ def test_connect_starts_a_local_cluster_at_normal_priority_or_names_the_unreacha
     fake = SimpleNamespace(is_initialized=lambda: False, init=init, cluster_resources=lambda: {"CPU": 3.0})
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setattr(os, "environ", {})
-    assert connect().cpus == 3 and calls == [(None, "0")]  # Ray would start the workers at nice 15
+    # "local": a cluster of the run's own, never another run's local cluster; workers at nice 0, not Ray's 15
+    assert connect().cpus == 3 and calls == [("local", "0")]
     os.environ.clear()
     # a head that accepts the connection but is no cluster: Ray's own refusal, named
     monkeypatch.setattr(cluster.socket, "create_connection", lambda *a, **kw: SimpleNamespace(close=lambda: None))
