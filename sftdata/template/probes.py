@@ -13,7 +13,7 @@ from ..chat.template_rule import MaskRule, mask_disagreement
 from ..errors import TemplateError, TemplateLimitError
 from ..records.turns import Conversation, ToolCall, Turn
 from ..tokenize.hf import HFTokenizer
-from .headers import Found, appended_stop, asked_ids, generation_layout, header_ids, learn_layout
+from .headers import Found, appended_stop, asked_ids, generation_layout, header_ids, learn_layout, marker_ids
 from .parts import missing_part
 from .profile import TemplateProfile
 from .spans import (
@@ -87,7 +87,10 @@ def fit_probes(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict]
         ends = found.ends + ([stop] if stop is not None and stop not in found.ends else [])
         layout, inclusive = Layout(tuple(found.headers), tuple(ends)), True
     end_ids = []
+    markers = [t for t in layout.end_texts if t not in added and not draft.generation]  # text ends (_text_marker)
     for t in layout.end_texts:
+        if t in markers:
+            continue
         tid = tok.token_id(t)
         if tid is None or t not in tok.added_tokens:
             raise TemplateError(f"chat template {name}: the end-of-turn text {t!r} is not one token of this "
@@ -118,9 +121,11 @@ def fit_probes(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict]
     # a reply located as several spans (gpt-oss's analysis message before its answer): the
     # rule keeps them together as one reply where it trains an episode's last reply only
     joined = any(len(spans) > n for (_, spans), n in zip(episodes, counts))
-    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone,
-                    asked=asked_ids(render, probes, encoded, layout.end_texts, added, tok.token_strings.get("bos_token")),
-                    joined_spans=joined)
+    seqs = marker_ids(encoded, markers, name)
+    rule = MaskRule(tuple(headers), tuple(end_ids) + tuple(e[0] for e in seqs if len(e) == 1), inclusive,
+                    replies_alone, asked=asked_ids(render, probes, encoded, layout.end_texts, added,
+                                                   tok.token_strings.get("bos_token"), bool(markers)),
+                    joined_spans=joined, end_seqs=tuple(e for e in seqs if len(e) > 1))
     for _, spans, enc in encoded:
         at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from sftdata.errors import RecordError
+from sftdata.prepare import PrepareOptions, prepare
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes, template_summary, tokenizer_state
 from sftdata.tokenize.open import load_hf_tokenizer
+from sftdata.verify import verify
 from sftdata.verify.template import rederived_rule_problems
 from tests.helpers.templates import CORPUS, train_tokenizer
 from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens, zoo_folder
@@ -236,3 +238,51 @@ def test_a_template_that_reads_only_text_parts_is_located(model):
     assert ep.ids.tolist() == list(hf.apply_chat_template(parts, tokenize=True, return_dict=False))
     assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
         " I am well, thank you. How can I help?<end_of_utterance> The capital of France is Paris.<end_of_utterance>"
+
+
+RWKV = "zoo:llama-cpp-rwkv-world"  # ``User: ...\n\nAssistant: ...\n\n``: no special token at all
+PARAGRAPHS = {"messages": [{"role": "user", "content": "Two lines?"},
+                           {"role": "assistant", "content": "One.\n\nTwo."}]}
+LEADING = {"messages": [{"role": "assistant", "content": "Welcome! Ask me anything."},
+                        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]}
+
+
+def test_a_template_that_ends_replies_with_text_gets_its_rule_from_the_marker(model):
+    """RWKV World closes a reply with ``\\n\\n``, no special token: the marker is the end of
+    turn, its ids as tokenized in context (``\\n\\n`` alone at the end of a text, ``\\n``,
+    ``\\n`` before the next turn) end a reply; every episode token-identical to transformers'."""
+    tok, profile, hf = model(RWKV)
+    nl, nlnl = tok.token_id("\u010a"), tok.token_id("\u010a\u010a")  # byte-level "\n" and "\n\n"
+    assert profile.layout.end_texts == ("\n\n",) and profile.appended_stop is None
+    assert profile.rule.end_ids == (nlnl,) and profile.rule.end_seqs == ((nl, nl),)
+    assert profile.state()["mask_rule"]["end_seqs"] == [[nl, nl]]
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert_exact(result, RECORDS["chat"], tok, profile, hf)
+    ep = result.episodes[0]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        " I am well, thank you. How can I help?\n\n The capital of France is Paris.\n\n"
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
+    # a reply that answers no one is not trained, as under every other template
+    result = prepared(LEADING, tok, profile)
+    assert result.repairs == ("leading_assistant_untrained",)
+    assert tok.decode(result.episodes[0].ids[result.episodes[0].mask.astype(bool)].tolist()) == " It is 4.\n\n"
+
+
+def test_a_reply_holding_the_text_marker_is_rejected_by_name(model):
+    """A reply whose own text holds the marker would stop there at inference: rejected as
+    ``rule_mismatch`` (transformers renders it, but no rule over the ids can tell its end)."""
+    tok, profile, hf = model(RWKV)
+    result = prepared(PARAGRAPHS, tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "rule_mismatch"
+    assert "One.\n\nTwo." in hf.apply_chat_template(PARAGRAPHS["messages"], tokenize=False)
+
+
+def test_a_dataset_under_a_text_marker_template_verifies(model, tmp_path):
+    tok, profile, hf = model(RWKV)
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in (RECORDS["chat"], LEADING, PARAGRAPHS)), encoding="utf-8")
+    summary = prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=hf.name_or_path, chat_template="model"))
+    assert summary.episodes == {"train": 2} and summary.rejected == {"rule_mismatch": 1}
+    report = verify(tmp_path / "ds")
+    assert report.ok, [p.message for p in report.problems]

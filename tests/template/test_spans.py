@@ -216,13 +216,32 @@ def test_a_template_with_no_special_token_is_refused(chatml_tok):
         learn_profile(ChatTemplate("plain.jinja", "file", plain), chatml_tok)
 
 
-def test_a_template_with_no_end_of_turn_token_between_replies_is_refused(chatml_tok):
-    """A header before each reply, but nothing special after one that another message follows."""
-    text = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>' }}{%- endif %}"
-            "{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}")
+TEXT_ENDS = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>' }}{%- endif %}"
+             "{{- m.role + ': ' + m.content }}{{- '\\n' if ENDS else '' }}{%- endfor %}")
+
+
+def test_a_template_with_no_end_of_turn_text_after_its_last_reply_is_refused(chatml_tok):
+    """A header before each reply, nothing special after one, and nothing at all after the
+    last one: no marker ends every reply."""
+    text = TEXT_ENDS.replace("ENDS", "not loop.last")
     with pytest.raises(TemplateError, match=r"^chat template plain.jinja writes no special token after an assistant "
-                                            r"reply.*never learn to stop"):
+                                            r"reply, and no text after every reply that could end one.*never learn to "
+                                            r"stop"):
         learn_profile(ChatTemplate("plain.jinja", "file", text), chatml_tok)
+
+
+def test_a_template_that_ends_every_reply_with_text_ends_them_at_its_ids(chatml_tok):
+    """The text a template writes after every reply (here a newline) is its end-of-turn
+    marker: a reply ends at its ids; a reply whose own text holds them is ``rule_mismatch``."""
+    profile = learn_profile(ChatTemplate("plain.jinja", "file", TEXT_ENDS.replace("ENDS", "true")), chatml_tok)
+    assert profile.layout.end_texts == ("\n",) and profile.appended_stop is None
+    assert profile.rule.end_ids == (chatml_tok.encode_rendered("\n").ids[0],) and profile.rule.end_seqs == ()
+    out = render_messages(TWO_TURNS, None, profile, chatml_tok)
+    ep = out.episodes[0]
+    assert out.rule_agrees and chatml_tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        "assistant: Hello!\nassistant: Bye.\n"  # its only header is the special token before a reply
+    two_lines = [TWO_TURNS[0], {"role": "assistant", "content": "One.\nTwo."}]
+    assert not render_messages(two_lines, None, profile, chatml_tok).rule_agrees
 
 
 def test_generation_blocks_that_mark_nothing_are_refused(chatml_tok):
