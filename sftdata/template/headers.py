@@ -136,8 +136,10 @@ def _own_header(s: str, since: int, at: int, gen_prompt: str, shortest: int, add
             return s[pos:at]
     head = last_added(s, since, at, added)
     if head is None:
-        raise TemplateError(f"chat template {name} writes no assistant header and no special token "
-                            f"before a reply; a reply's start cannot be told from the token ids")
+        e = TemplateError(f"chat template {name} writes no assistant header and no special token "
+                          f"before a reply; a reply's start cannot be told from the token ids")
+        e.reason = "reply_not_located"  # a record holding such a reply is rejected as that (Apertus after a tool result)
+        raise e
     return head[1]
 
 

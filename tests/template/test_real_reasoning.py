@@ -286,3 +286,23 @@ def test_a_dataset_under_a_text_marker_template_verifies(model, tmp_path):
     assert summary.episodes == {"train": 2} and summary.rejected == {"rule_mismatch": 1}
     report = verify(tmp_path / "ds")
     assert report.ok, [p.message for p in report.problems]
+
+
+def test_a_reply_no_token_opens_is_rejected_by_name_where_transformers_renders_it(model):
+    """Apertus writes the reply after a tool result right after the result's text, inside the
+    call's own assistant turn: no token marks where it starts, so no rule over the ids can
+    train it. Its chat records are exact; a tool record is rejected as ``reply_not_located``
+    (not as a template that cannot render tools: transformers renders it, the reply
+    straight after the result)."""
+    tok, profile, hf = model("zoo:Apertus-8B-Instruct")
+    assert profile.unlocated == {"tools"} and profile.renders_tool_calls
+    (ep,) = prepared(RECORDS["chat"], tok, profile).episodes
+    messages, _ = reference_messages(RECORDS["chat"])
+    theirs = list(hf.apply_chat_template(messages, tokenize=True, return_dict=False))
+    assert ep.ids.tolist() == theirs + [tok.token_id(profile.appended_stop)]  # its last reply is left unclosed
+    result = prepared(RECORDS["tool"], tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "reply_not_located"
+    assert "renders them, but writes no assistant header and no special token before a reply" in result.detail
+    messages, tools = reference_messages(RECORDS["tool"])
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert '"sky": "sunny"}]It is 18 degrees and sunny in Paris.' in text
