@@ -263,6 +263,16 @@ def test_a_template_that_ends_replies_with_text_gets_its_rule_from_the_marker(mo
     assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
         " I am well, thank you. How can I help?\n\n The capital of France is Paris.\n\n"
     assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
+    # reasoning it renders for no reply: dropped and counted, the rest exact
+    result = prepared(RECORDS["reasoning"], tok, profile)
+    assert result.counts.count("reasoning_ignored_by_template") == 2
+    messages, _ = reference_messages(RECORDS["reasoning"], reasoning=False)
+    assert result.episodes[0].ids.tolist() == list(hf.apply_chat_template(messages, tokenize=True, return_dict=False))
+    # tool calls it never renders (transformers' render holds no call): refused by name
+    result = prepared(RECORDS["tool"], tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "template_cannot_render_tools"
+    messages, tools = reference_messages(RECORDS["tool"])
+    assert "get_weather" not in hf.apply_chat_template(messages, tools=tools, tokenize=False)
     # a reply that answers no one is not trained, as under every other template
     result = prepared(LEADING, tok, profile)
     assert result.repairs == ("leading_assistant_untrained",)

@@ -71,6 +71,22 @@ def test_qwen3_reasoning_dropped_from_earlier_replies_is_served_per_reply_automa
     assert not np.array_equal(rule_mask(second.ids, profile.rule), second.mask)  # unflagged: both replies
 
 
+def test_a_reply_its_own_prefix_also_renders_inexactly_is_rejected_for_what_that_render_drops(chatml_tok):
+    """The whole render drops the earlier reply's reasoning (so the record goes per reply),
+    and the prefix ending at the last reply drops that reply's reasoning too (this template
+    writes no reasoning for a reply saying "secret"): no render keeps the record whole, and
+    it is rejected for what the per-reply render drops, not as ``template_rewrites_history``."""
+    text = load_chat_template("qwen3").text.replace("loop.index0 > ns.last_query and",
+                                                    "loop.index0 > ns.last_query and 'secret' not in content and")
+    assert text != load_chat_template("qwen3").text
+    profile = learn_profile(ChatTemplate("secret.jinja", "file", text), chatml_tok)
+    messages = [*QWEN3_REASONING[:3], {**QWEN3_REASONING[3], "content": "a secret."}]
+    with pytest.raises(RecordError, match=r"^w: chat template secret.jinja drops assistant message 3's reasoning ") \
+            as e:
+        render_messages(messages, None, profile, chatml_tok, where="w")
+    assert e.value.reason == "template_drops_reasoning"
+
+
 def test_qwen3_reasoning_one_episode_per_reply_keeps_every_reply_whole(chatml_tok):
     """--per-reply: each reply is the last of its episode, where Qwen3 renders its reasoning."""
     profile = learn_profile(load_chat_template("qwen3"), chatml_tok, per_reply=True)
