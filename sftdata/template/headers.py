@@ -152,7 +152,7 @@ def generation_layout(render_full, probes, gen_prompt: str, added: list[str], na
         if not out.generation:
             raise TemplateError(f"chat template {name} has {{% generation %}} blocks but marks nothing in a probe "
                                 f"conversation; every assistant reply would be untrained")
-        for start, end in closed_blocks(out.text, out.generation, added):
+        for start, end in closed_blocks(out.text, out.generation, added, (gen_prompt,)):
             text = out.text
             if gen_prompt and text.endswith(gen_prompt, 0, start):
                 head = gen_prompt

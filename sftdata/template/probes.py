@@ -144,11 +144,12 @@ def probe_episodes(profile: TemplateProfile, messages, tools, render_full,
     name = profile.template.name
     if profile.generation and per_reply:  # each reply the last block of the conversation up to it
         out = [render_full(messages[:k + 1], tools) for k, m in enumerate(messages) if m["role"] == "assistant"]
-        return [(o.text, closed_blocks(o.text, o.generation, profile.layout.end_texts)[-1:]) for o in out]
+        layout = profile.layout
+        return [(o.text, closed_blocks(o.text, o.generation, layout.end_texts, layout.header_texts)[-1:]) for o in out]
     if profile.generation:
         out = render_full(messages, tools)
         _check_parts(out.text, messages, {-1: (0, 0)}, tools, name)
-        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts))]
+        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts, profile.layout.header_texts))]
     fn = profile.render_fn(list(tools) if tools else None)
     if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)

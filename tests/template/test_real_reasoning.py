@@ -288,12 +288,16 @@ def test_a_reply_holding_the_text_marker_is_rejected_by_name(model):
     assert "One.\n\nTwo." in hf.apply_chat_template(PARAGRAPHS["messages"], tokenize=False)
 
 
-def test_a_dataset_under_a_text_marker_template_verifies(model, tmp_path):
-    tok, profile, hf = model(RWKV)
+@pytest.mark.parametrize(("stem", "rejected"), [(RWKV, {"rule_mismatch": 1}), ("gptoss_training", {}),
+                                               ("muse_glimmer_training", {})])
+def test_a_dataset_under_a_template_refused_whole_before_verifies(model, tmp_path, stem, rejected):
+    """prepare under each template that was refused whole before, then verify: every mask
+    re-derived by the rule learned again; RWKV World's paragraph reply rejected by name."""
+    tok, profile, hf = model(stem)
     src = tmp_path / "chat.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in (RECORDS["chat"], LEADING, PARAGRAPHS)), encoding="utf-8")
     summary = prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=hf.name_or_path, chat_template="model"))
-    assert summary.episodes == {"train": 2} and summary.rejected == {"rule_mismatch": 1}
+    assert summary.episodes == {"train": 3 - sum(rejected.values())} and summary.rejected == rejected
     report = verify(tmp_path / "ds")
     assert report.ok, [p.message for p in report.problems]
 
@@ -316,3 +320,24 @@ def test_a_reply_no_token_opens_is_rejected_by_name_where_transformers_renders_i
     messages, tools = reference_messages(RECORDS["tool"])
     text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
     assert '"sky": "sunny"}]It is 18 degrees and sunny in Paris.' in text
+
+
+@pytest.mark.parametrize("stem", ["gptoss_training", "muse_glimmer_training"])
+def test_generation_blocks_that_open_with_the_assistant_header_leave_it_untrained(model, stem):
+    """TRL's gpt-oss training template puts ``<|start|>assistant`` inside the block: what the
+    generation prompt supplies at inference is the header, untrained as under every other
+    template, and the rest of the block trained; the template was refused whole before (its
+    rule, opening after ``<|end|>``, trained the user turns too)."""
+    tok, profile, hf = model(stem)
+    assert profile.generation and profile.layout.header_texts == ("<|start|>assistant",)
+    for kind in ("chat", "tool"):
+        result = prepared(RECORDS[kind], tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert_exact(result, RECORDS[kind], tok, profile, hf)
+    ep = prepared(RECORDS["chat"], tok, profile).episodes[0]
+    opens, ends = {"gptoss_training": ("<|channel|>final", ("<|end|>", "<|return|>")),
+                   "muse_glimmer_training": (" to=user", ("<|eot|>", "<|eot|>"))}[stem]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == (
+        f"{opens}<|message|>I am well, thank you. How can I help?{ends[0]}"
+        f"{opens}<|message|>The capital of France is Paris.{ends[1]}")
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
