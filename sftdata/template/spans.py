@@ -345,9 +345,17 @@ def closed_blocks(text: str, blocks, added, heads: tuple[str, ...] = ()) -> list
     after it, as for a template without blocks; and starting after the assistant header
     (one of ``heads``) where the block opens with it (TRL's gpt-oss training template puts
     ``<|start|>assistant`` inside the block): what the generation prompt supplies at
-    inference is never trained, as for a template without blocks. Other blocks are as given."""
+    inference is never trained, as for a template without blocks. Blocks that touch are one
+    (TRL's diffusion-Gemma training template closes the reply's block and opens another for
+    its ``<turn|>``). Other blocks are as given."""
     out = []
+    touching: list[list[int]] = []
     for a, b in blocks:
+        if touching and touching[-1][1] == a:
+            touching[-1][1] = b
+        else:
+            touching.append([a, b])
+    for a, b in touching:
         kept = a + len(text[a:b].rstrip())
         if kept < b and any(text.endswith(t, a, kept) for t in added):
             b = kept

@@ -289,7 +289,7 @@ def test_a_reply_holding_the_text_marker_is_rejected_by_name(model):
 
 
 @pytest.mark.parametrize(("stem", "rejected"), [(RWKV, {"rule_mismatch": 1}), ("gptoss_training", {}),
-                                               ("muse_glimmer_training", {})])
+                                               ("muse_glimmer_training", {}), ("diffusion_gemma_training", {})])
 def test_a_dataset_under_a_template_refused_whole_before_verifies(model, tmp_path, stem, rejected):
     """prepare under each template that was refused whole before, then verify: every mask
     re-derived by the rule learned again; RWKV World's paragraph reply rejected by name."""
@@ -341,3 +341,18 @@ def test_generation_blocks_that_open_with_the_assistant_header_leave_it_untraine
         f"{opens}<|message|>I am well, thank you. How can I help?{ends[0]}"
         f"{opens}<|message|>The capital of France is Paris.{ends[1]}")
     assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
+
+
+def test_generation_blocks_that_touch_are_one_reply(model):
+    """TRL's diffusion-Gemma training template closes a reply's block and opens another for
+    its ``<turn|>\\n``: touching blocks are one, trained through ``<turn|>`` (its newline not,
+    as LFM2.5's), where the template was refused whole (some blocks "include the end-of-turn
+    token and some do not")."""
+    tok, profile, hf = model("diffusion_gemma_training")
+    assert profile.generation and profile.rule.end_inclusive
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert_exact(result, RECORDS["chat"], tok, profile, hf)
+    ep = result.episodes[0]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        "I am well, thank you. How can I help?<turn|>The capital of France is Paris.<turn|>"
