@@ -330,7 +330,8 @@ def test_generation_blocks_that_open_with_the_assistant_header_leave_it_untraine
     rule, opening after ``<|end|>``, trained the user turns too)."""
     tok, profile, hf = model(stem)
     assert profile.generation and profile.layout.header_texts == ("<|start|>assistant",)
-    for kind in ("chat", "tool"):
+    assert {"gptoss_training": {"reasoning"}, "muse_glimmer_training": set()}[stem] == set(profile.unsupported)
+    for kind in ("chat", "tool") + (("reasoning",) if stem == "muse_glimmer_training" else ()):
         result = prepared(RECORDS[kind], tok, profile)
         assert not isinstance(result, RecordError), result.detail
         assert_exact(result, RECORDS[kind], tok, profile, hf)
@@ -349,10 +350,12 @@ def test_generation_blocks_that_touch_are_one_reply(model):
     as LFM2.5's), where the template was refused whole (some blocks "include the end-of-turn
     token and some do not")."""
     tok, profile, hf = model("diffusion_gemma_training")
-    assert profile.generation and profile.rule.end_inclusive
+    assert profile.generation and profile.rule.end_inclusive and not profile.unsupported
+    for record in (RECORDS["chat"], RECORDS["tool"], RECORDS["reasoning"], REASON_TOOL):
+        result = prepared(record, tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert_exact(result, record, tok, profile, hf)
     result = prepared(RECORDS["chat"], tok, profile)
-    assert not isinstance(result, RecordError), result.detail
-    assert_exact(result, RECORDS["chat"], tok, profile, hf)
     ep = result.episodes[0]
     assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
         "I am well, thank you. How can I help?<turn|>The capital of France is Paris.<turn|>"
