@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import UsageError
 from ..tokenize import is_hf_state
 from .loss_rule import LossRule, rule_from_state
-from .stops import rule_stop_ids, rule_trains_stop
+from .stops import rule_stop_ids, rule_trains_stop, serving_stop_ids
 
 SERVING_FORMAT = "sftdata-serving"
 SERVING_VERSION = 1
@@ -101,10 +101,14 @@ def serving_manifest(state: dict, rule: LossRule, pad_id: int, bos_policy: str, 
     if bos_policy not in BOS_POLICIES:
         raise ValueError(f"bos policy must be one of {BOS_POLICIES}, not {bos_policy!r}")
     strings = token_strings(state)
-    stops = list(rule_stop_ids(rule))
+    stops = list(serving_stop_ids(rule))
     template = is_hf_state(state)
     if template:
         ct = state.get("chat_template") or {}
+        # an end-of-turn text that is no added token (a text marker): its ids are the stop's
+        markers = [t for t in ct.get("end_texts") or [] if t not in strings.values()]
+        missing = [i for i in stops if i not in strings]
+        strings.update(dict(zip(missing, markers)) if len(markers) == len(missing) else {})
         tpl = {"name": ct.get("name"), "source": ct.get("source"), "sha256": ct.get("sha256")}
         if ct.get("appended_stop"):  # a stop the template writes after no last reply: sftdata appended it
             tpl["appended_stop"] = ct["appended_stop"]

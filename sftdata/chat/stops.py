@@ -30,12 +30,22 @@ from .loss_rule import LossRule, MarkerRule, TemplateRule
 
 def rule_stop_ids(rule: LossRule) -> tuple[int, ...]:
     """The ids a trained reply ends with under ``rule``: ``<|END|>`` (chat markers), the
-    template's end-of-turn ids (a template)."""
+    template's end-of-turn ids (a template), and the last id of each of its end-of-turn
+    markers of several tokens (a text marker: RWKV World's ``\n\n`` as ``\n``, ``\n``)."""
     if isinstance(rule, MarkerRule):
         return (int(rule.markers.end),)
     if isinstance(rule, TemplateRule):
-        return tuple(int(i) for i in rule.rule.end_ids)
+        return serving_stop_ids(rule) + tuple(dict.fromkeys(int(e[-1]) for e in rule.rule.end_seqs
+                                                            if int(e[-1]) not in rule.rule.end_ids))
     raise TypeError(f"not a mask rule: {type(rule).__name__}")
+
+
+def serving_stop_ids(rule: LossRule) -> tuple[int, ...]:
+    """The ids generation stops at under ``rule`` (``serving.json``): its one-token
+    end-of-turn ids; a marker of several tokens is a stop string only."""
+    if isinstance(rule, TemplateRule):
+        return tuple(int(i) for i in rule.rule.end_ids)
+    return rule_stop_ids(rule)
 
 
 def rule_opener(rule: LossRule) -> int | None:

@@ -16,6 +16,10 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
   template writes as a message of its own, gpt-oss's analysis channel, is two spans; so is
   an assistant message right after another under such a template). The rule then applies
   to one episode's ids at a time;
+* ``end_seqs``: end-of-turn markers of several tokens, for a template that closes a reply
+  with text, not an added token (RWKV World's ``\n\n``, split ``\n``, ``\n`` before the
+  next turn's text): a reply ends after the first of them or of ``end_ids``; recorded only
+  where there is one;
 * ``asked``: the id sequences that open a turn a reply answers (a user turn's header,
   ``<|start_header_id|>user<|end_header_id|>``, ``<|im_start|>user``; a tool result's). A
   reply with none of them before it in its episode answers no one (a conversation that
@@ -49,12 +53,15 @@ class MaskRule:
     last_reply_only: bool = False
     asked: tuple[tuple[int, ...], ...] = ()
     joined_spans: bool = False  # a reply may be several spans only a header separates (gpt-oss's reasoning)
+    end_seqs: tuple[tuple[int, ...], ...] = ()  # end-of-turn markers of several tokens (a text marker)
 
     def state(self) -> dict:
         out = {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
                "end_inclusive": self.end_inclusive, "last_reply_only": self.last_reply_only}
         if self.asked:  # recorded only where there is one: a rule without it reads as before
             out["asked"] = [list(h) for h in self.asked]
+        if self.end_seqs:
+            out["end_seqs"] = [list(e) for e in self.end_seqs]
         return {**out, "joined_spans": True} if self.joined_spans else out  # absent: false (older datasets)
 
     @classmethod
@@ -67,18 +74,21 @@ class MaskRule:
         if not isinstance(state, dict) or state.get("kind") != RULE_KIND:
             raise DatasetError(f"{where}: mask_rule is not a {RULE_KIND!r} rule; re-prepare the dataset")
         headers, end_ids = state.get("headers"), state.get("end_ids")
-        asked = state.get("asked", [])
-        if not (isinstance(headers, list) and headers and all(ints(h) for h in headers) and ints(end_ids)
+        asked, seqs = state.get("asked", []), state.get("end_seqs", [])
+        if not (isinstance(headers, list) and headers and all(ints(h) for h in headers)
+                and isinstance(seqs, list) and all(ints(e) for e in seqs)
+                and (ints(end_ids) or (end_ids == [] and seqs))
                 and isinstance(state.get("end_inclusive"), bool)
                 and isinstance(state.get("last_reply_only", False), bool)
                 and isinstance(asked, list) and all(ints(h) for h in asked)
                 and isinstance(state.get("joined_spans", False), bool)):
-            raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids', "
-                               f"booleans 'end_inclusive' and 'last_reply_only', 'asked' (lists of token ids) where given "
-                               f"and the boolean 'joined_spans' where given; re-prepare the dataset")
+            raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids' "
+                               f"(empty only beside 'end_seqs', lists of token ids), booleans 'end_inclusive' and "
+                               f"'last_reply_only', 'asked' (lists of token ids) where given and the boolean "
+                               f"'joined_spans' where given; re-prepare the dataset")
         return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
                    state.get("last_reply_only", False), tuple(tuple(h) for h in asked),
-                   state.get("joined_spans", False))
+                   state.get("joined_spans", False), tuple(tuple(e) for e in seqs))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -106,10 +116,29 @@ def header_spans(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarra
 
 
 def _positions_of(ids: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    if not values:
+        return np.empty(0, np.int64)
     hit = ids == values[0]
     for v in values[1:]:
         hit |= ids == v
     return np.flatnonzero(hit)
+
+
+def _end_positions(ids: np.ndarray, rule: MaskRule) -> tuple[np.ndarray, np.ndarray]:
+    """Where each end-of-turn marker begins, by position, and its length in tokens: the
+    ``end_ids`` (one token) and the ``end_seqs``, the longest where two begin at one place."""
+    pos = _positions_of(ids, rule.end_ids).astype(np.int64)
+    if not rule.end_seqs:
+        return pos, np.ones(pos.size, np.int64)
+    found = [(_header_ends(ids, e) - len(e), len(e)) for e in rule.end_seqs]
+    pos = np.concatenate([pos] + [p for p, _ in found]).astype(np.int64)
+    lens = np.concatenate([np.ones(pos.size - sum(p.size for p, _ in found), np.int64)]
+                          + [np.full(p.size, m, np.int64) for p, m in found])
+    order = np.lexsort((-lens, pos))
+    pos, lens = pos[order], lens[order]
+    keep = np.ones(pos.size, dtype=bool)
+    keep[1:] = pos[1:] != pos[:-1]
+    return pos[keep], lens[keep]
 
 
 def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
@@ -140,15 +169,16 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
         heads = begins[keep][first_at]
     else:
         starts, heads = ends_, begins
-    end_pos = _positions_of(ids, rule.end_ids)
+    end_pos, end_len = _end_positions(ids, rule)
     stops = np.empty(0, np.int64) if stops is None else np.asarray(stops, dtype=np.int64)
     if stops.size:
         is_stop = np.concatenate([np.zeros(end_pos.size, bool), np.ones(stops.size, bool)])
         closers = np.concatenate([end_pos, stops])
+        lengths = np.concatenate([end_len, np.ones(stops.size, np.int64)])
         order = np.argsort(closers, kind="stable")
-        closers, is_stop = closers[order], is_stop[order]
+        closers, is_stop, lengths = closers[order], is_stop[order], lengths[order]
     else:
-        closers, is_stop = end_pos, np.zeros(end_pos.size, bool)
+        closers, is_stop, lengths = end_pos, np.zeros(end_pos.size, bool), end_len
     k = np.searchsorted(closers, starts, side="left")
     closed = k < closers.size
     starts, k, heads = starts[closed], k[closed], heads[closed]
@@ -158,8 +188,8 @@ def rule_spans(ids: np.ndarray, rule: MaskRule, stops: np.ndarray | None = None,
     starts, k, heads = starts[first], k[first], heads[first]
     real = ~is_stop[k]  # a span still open where its piece ends trains nothing
     starts, k, heads = starts[real], k[real], heads[real]
-    ends = closers[k] + (1 if rule.end_inclusive else 0)
-    after = closers[k] + 1  # just after each span's end-of-turn token
+    ends = closers[k] + (lengths[k] if rule.end_inclusive else 0)
+    after = closers[k] + lengths[k]  # just after each span's end-of-turn token(s)
     piece = np.searchsorted(stops, starts, side="left")
     if cut is not None and starts.size:  # before ``asked``: the cut piece's first span, answered or not
         lead = np.ones(piece.size, dtype=bool)

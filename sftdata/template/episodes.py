@@ -284,7 +284,7 @@ def _blocks(profile: TemplateProfile, messages: list[dict], tools, kwargs, repli
     if not out.generation:
         raise RecordError("reply_not_located", f"chat template {name} marks no generation block in this "
                           f"conversation; nothing would be trained", where)
-    spans = [(-1, a, b) for a, b in closed_blocks(out.text, out.generation, profile.layout.end_texts)]
+    spans = [(-1, a, b) for a, b in closed_blocks(out.text, out.generation, profile.layout.end_texts, profile.layout.header_texts)]
     _checked(out.text, messages, [(-1, 0, 0)], tools)
     if chosen != replies:
         if len(spans) != len(replies):
@@ -306,7 +306,7 @@ def _block_alone(profile: TemplateProfile, messages: list[dict], tools, kwargs, 
     if not out.generation:
         raise RecordError("reply_not_located", f"chat template {name} marks no generation block for assistant "
                           f"message {k}; nothing would be trained", where)
-    a, b = closed_blocks(out.text, out.generation, profile.layout.end_texts)[-1]
+    a, b = closed_blocks(out.text, out.generation, profile.layout.end_texts, profile.layout.header_texts)[-1]
     return out.text, ((k, a, b),)
 
 

@@ -8,7 +8,7 @@ prompt asked for, and the ids of those headers as tokenized in context (``header
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class Found:
     headers: list[str]
     ends: list[str]
     unclosed: bool = False
+    tails: list[str] = field(default_factory=list)  # what follows a last reply closed by no added token
+    between: list[str] = field(default_factory=list)  # what follows an earlier one, to the next message's text
 
 
 def learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, found: Found) -> None:
@@ -63,12 +65,13 @@ def learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, f
             nxt = s.find("\ufdd2", at + len(mark))  # the next message's text: a reply's end comes before it
             since = s.rfind(SENT_CLOSE, 0, at) + 1  # the previous message's text ends there
             end = _reply_end(s, since, at, at + len(mark), len(s) if nxt < 0 else nxt, gen_prompt[:shortest], added)
-            if end is None:
-                if s[at + len(mark):].strip() or i != len(messages) - 1:
-                    raise TemplateError(f"chat template {name} writes no special token after an assistant reply, "
-                                        f"so no rule can tell where a reply stops (the model would never learn to "
-                                        f"stop)")
-                found.unclosed = True  # the last reply, closed by nothing: a stop is appended
+            after = s[at + len(mark):len(s) if nxt < 0 else nxt]
+            if end is None and any(after.startswith(e) for e in ends if e not in added):
+                pass  # closed by a text marker already learned
+            elif end is None:
+                last = i == len(messages) - 1 and not s[at + len(mark):].strip()
+                (found.tails if last else found.between).append(after)
+                found.unclosed = found.unclosed or last  # the last reply, closed by nothing: a stop is appended
             elif end[1] not in ends:
                 ends.append(end[1])
             if gen_prompt and not s.endswith(gen_prompt, 0, at):
@@ -81,9 +84,26 @@ def learn_layout(render, probes, gen_prompt: str, added: list[str], name: str, f
                     headers.append(gen_prompt[:k])
             if not any(s.rfind(h, since, at) >= 0 for h in headers):
                 headers.append(_own_header(s, since, at, gen_prompt, shortest, added, name))
+    if found.between:
+        _text_marker(found, added, name)
     if not ends and not found.unclosed:
         raise TemplateError(f"chat template {name} renders no assistant reply's text in a probe conversation; "
                             f"replies cannot be located")
+
+
+def _text_marker(found: Found, added: list[str], name: str) -> None:
+    """A template that closes a reply with text, no added token (RWKV World's ``\n\n``): the
+    text it writes after a last reply is the end-of-turn marker, where every earlier reply
+    is followed by it too; the rule then ends a reply at the marker's token ids
+    (``MaskRule.end_seqs``), and a reply whose own text holds them is rejected by name."""
+    marker = found.tails[0] if found.tails and len(set(found.tails)) == 1 else ""
+    if not marker or first_added(marker, 0, len(marker), added) is not None or \
+            not all(b.startswith(marker) for b in found.between):
+        raise TemplateError(f"chat template {name} writes no special token after an assistant reply, and no text "
+                            f"after every reply that could end one, so no rule can tell where a reply stops (the "
+                            f"model would never learn to stop)")
+    found.ends.append(marker)
+    found.unclosed = False
 
 
 def _reply_end(s: str, since: int, at: int, lo: int, hi: int, role: str, added: list[str]) -> tuple[int, str] | None:
@@ -116,8 +136,10 @@ def _own_header(s: str, since: int, at: int, gen_prompt: str, shortest: int, add
             return s[pos:at]
     head = last_added(s, since, at, added)
     if head is None:
-        raise TemplateError(f"chat template {name} writes no assistant header and no special token "
-                            f"before a reply; a reply's start cannot be told from the token ids")
+        e = TemplateError(f"chat template {name} writes no assistant header and no special token "
+                          f"before a reply; a reply's start cannot be told from the token ids")
+        e.reason = "reply_not_located"  # a record holding such a reply is rejected as that (Apertus after a tool result)
+        raise e
     return head[1]
 
 
@@ -130,7 +152,7 @@ def generation_layout(render_full, probes, gen_prompt: str, added: list[str], na
         if not out.generation:
             raise TemplateError(f"chat template {name} has {{% generation %}} blocks but marks nothing in a probe "
                                 f"conversation; every assistant reply would be untrained")
-        for start, end in closed_blocks(out.text, out.generation, added):
+        for start, end in closed_blocks(out.text, out.generation, added, (gen_prompt,)):
             text = out.text
             if gen_prompt and text.endswith(gen_prompt, 0, start):
                 head = gen_prompt
@@ -185,7 +207,8 @@ def written_prompt(render_full, tools, added: list[str]) -> str:
     return rest if first_added(rest, 0, len(rest), added) is not None and rest.strip() else ""
 
 
-def _turn_header(s: str, since: int, at: int, ends: tuple[str, ...], added: list[str], bos: str | None) -> str | None:
+def _turn_header(s: str, since: int, at: int, ends: tuple[str, ...], added: list[str], bos: str | None,
+                 text_turns: bool = False) -> str | None:
     """The header the template writes before the text of the message at ``at`` (the text
     of the one before it ends at ``since``): from the first added token after the last
     end-of-turn text there (BOS skipped) to the end of its line, trailing spaces left out
@@ -205,6 +228,9 @@ def _turn_header(s: str, since: int, at: int, ends: tuple[str, ...], added: list
     if hit is not None:
         eol = s.find("\n", hit[0] + len(hit[1]), at)
         return s[hit[0]:at if eol < 0 else eol].rstrip() or None
+    if text_turns:  # a turn written in text only: its line's text (``User:``), none at a conversation's start
+        eol = s.find("\n", lo, at)
+        return (s[lo:at if eol < 0 else eol].strip() or None) if last_end is not None else None
     return last_end[1] if last_end is not None else None
 
 
@@ -217,11 +243,34 @@ def _tiled_ids(text: str, lo: int, hi: int, enc) -> tuple[int, ...] | None:
     return tuple(int(i) for i in enc.ids[idx])
 
 
+def marker_ids(encoded, markers: list[str], name: str) -> list[tuple[int, ...]]:
+    """The id sequences of the text end-of-turn ``markers`` as tokenized in the probe
+    episodes (``encoded``: ``(text, spans, enc)``), where each closes a trained span: GPT-2's
+    pattern gives ``\n\n`` alone at the end of a text but ``\n``, ``\n`` before a word, so
+    one marker may have several. Raises ``TemplateError`` where a marker is not on token
+    boundaries (it merges with the reply's last characters or the next turn's first)."""
+    found: list[tuple[int, ...]] = []
+    for text, spans, enc in encoded:
+        for _, end in spans:
+            marker = next((m for m in markers if text.endswith(m, 0, end)), None)
+            if marker is None:
+                continue
+            ids = _tiled_ids(text, end - len(marker), end, enc)
+            if ids is None:
+                raise TemplateError(f"chat template {name}: its end-of-turn text {marker!r} (no special token) "
+                                    f"is not on token boundaries with this tokenizer, so no rule over token ids can "
+                                    f"find where a reply stops")
+            found += [ids] if ids not in found else []
+    return found
+
+
 def asked_ids(render, probes, encoded, ends: tuple[str, ...], added: list[str],
-              bos: str | None) -> tuple[tuple[int, ...], ...]:
+              bos: str | None, text_turns: bool = False) -> tuple[tuple[int, ...], ...]:
     """``MaskRule.asked``: the id sequences of the headers of the turns a reply answers
     (user turns, tool results) in the probe conversations, as tokenized in their renders
-    (``encoded``: ``(text, spans, enc)`` per probe episode)."""
+    (``encoded``: ``(text, spans, enc)`` per probe episode). ``text_turns``: the template
+    ends replies with text (a marker, no added token): a turn's header is then its line's
+    text after that marker (RWKV World's ``User:``)."""
     texts: set[str] = set()
     for messages, tools in probes:
         sent, _ = sentinel_messages(list(messages))
@@ -229,7 +278,7 @@ def asked_ids(render, probes, encoded, ends: tuple[str, ...], added: list[str],
         for i, m in enumerate(messages):
             at = s.find(f"{SENT_OPEN}c{i}{SENT_CLOSE}") if m["role"] in ("user", "tool") else -1
             if at >= 0:
-                head = _turn_header(s, s.rfind(SENT_CLOSE, 0, at) + 1, at, ends, added, bos)
+                head = _turn_header(s, s.rfind(SENT_CLOSE, 0, at) + 1, at, ends, added, bos, text_turns)
                 texts.update([head] if head else [])
     found: set[tuple[int, ...]] = set()
     for text, _, enc in encoded:

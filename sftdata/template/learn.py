@@ -28,7 +28,7 @@ was; records that need it are refused by name (``records``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..chat.template_rule import MaskRule
 from ..errors import TemplateError, TemplateLimitError
@@ -58,6 +58,7 @@ class _Probing:
     render_full: Callable
     added: list[str]
     needs_tools: bool = False
+    unlocated: set[str] = field(default_factory=set)  # capabilities whose probe replies the ids cannot tell
 
     def probe(self, conv: Conversation) -> Probe:
         return self.draft.messages(conv), tool_schemas(conv) or ([WEATHER] if self.needs_tools else None)
@@ -145,6 +146,8 @@ def _capabilities(p: _Probing, required: list[Probe], fit: Fit) -> tuple[Fit, di
         except (TemplateError, NotLocated) as e:
             unsupported[cap] = _why(e, name) if isinstance(e, TemplateError) else f"a probe reply cannot be located " \
                 f"in the whole render ({e.why})"
+            if isinstance(e, TemplateError) and e.reason == "reply_not_located":
+                p.unlocated.add(cap)
     return fit, unsupported
 
 
@@ -178,7 +181,7 @@ def _finished(p: _Probing, fit: Fit, unsupported: dict[str, str]) -> TemplatePro
         ignores_schemas(p.render_full, *p.probe(CAPABILITY_PROBES["tools"]))
     profile = replace(p.draft, layout=fit.layout, rule=fit.rule, appended_stop=fit.appended_stop,
                       replies_alone=fit.replies_alone, unsupported=unsupported, renders_tool_calls=calls,
-                      ignores_tool_schemas=ignores, reasoning=position)
+                      ignores_tool_schemas=ignores, reasoning=position, unlocated=frozenset(p.unlocated))
     if profile.rule.asked and not leaves_leading_untrained(profile, p.render_full, p.tok):
         profile = replace(profile, rule=replace(profile.rule, asked=()))
     return profile

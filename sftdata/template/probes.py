@@ -13,7 +13,7 @@ from ..chat.template_rule import MaskRule, mask_disagreement
 from ..errors import TemplateError, TemplateLimitError
 from ..records.turns import Conversation, ToolCall, Turn
 from ..tokenize.hf import HFTokenizer
-from .headers import Found, appended_stop, asked_ids, generation_layout, header_ids, learn_layout
+from .headers import Found, appended_stop, asked_ids, generation_layout, header_ids, learn_layout, marker_ids
 from .parts import missing_part
 from .profile import TemplateProfile
 from .spans import (
@@ -87,7 +87,10 @@ def fit_probes(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict]
         ends = found.ends + ([stop] if stop is not None and stop not in found.ends else [])
         layout, inclusive = Layout(tuple(found.headers), tuple(ends)), True
     end_ids = []
+    markers = [t for t in layout.end_texts if t not in added and not draft.generation]  # text ends (_text_marker)
     for t in layout.end_texts:
+        if t in markers:
+            continue
         tid = tok.token_id(t)
         if tid is None or t not in tok.added_tokens:
             raise TemplateError(f"chat template {name}: the end-of-turn text {t!r} is not one token of this "
@@ -118,9 +121,11 @@ def fit_probes(draft: TemplateProfile, probes: list[tuple[list[dict], list[dict]
     # a reply located as several spans (gpt-oss's analysis message before its answer): the
     # rule keeps them together as one reply where it trains an episode's last reply only
     joined = any(len(spans) > n for (_, spans), n in zip(episodes, counts))
-    rule = MaskRule(tuple(headers), tuple(end_ids), inclusive, replies_alone,
-                    asked=asked_ids(render, probes, encoded, layout.end_texts, added, tok.token_strings.get("bos_token")),
-                    joined_spans=joined)
+    seqs = marker_ids(encoded, markers, name)
+    rule = MaskRule(tuple(headers), tuple(end_ids) + tuple(e[0] for e in seqs if len(e) == 1), inclusive,
+                    replies_alone, asked=asked_ids(render, probes, encoded, layout.end_texts, added,
+                                                   tok.token_strings.get("bos_token"), bool(markers)),
+                    joined_spans=joined, end_seqs=tuple(e for e in seqs if len(e) > 1))
     for _, spans, enc in encoded:
         at = mask_disagreement(enc.ids, token_mask(enc.offsets, spans), rule)
         if at is not None:
@@ -139,11 +144,12 @@ def probe_episodes(profile: TemplateProfile, messages, tools, render_full,
     name = profile.template.name
     if profile.generation and per_reply:  # each reply the last block of the conversation up to it
         out = [render_full(messages[:k + 1], tools) for k, m in enumerate(messages) if m["role"] == "assistant"]
-        return [(o.text, closed_blocks(o.text, o.generation, profile.layout.end_texts)[-1:]) for o in out]
+        layout = profile.layout
+        return [(o.text, closed_blocks(o.text, o.generation, layout.end_texts, layout.header_texts)[-1:]) for o in out]
     if profile.generation:
         out = render_full(messages, tools)
         _check_parts(out.text, messages, {-1: (0, 0)}, tools, name)
-        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts))]
+        return [(out.text, closed_blocks(out.text, out.generation, profile.layout.end_texts, profile.layout.header_texts))]
     fn = profile.render_fn(list(tools) if tools else None)
     if not per_reply:
         text, spans = locate_replies(fn, messages, profile.layout)

@@ -45,6 +45,10 @@ class TemplateProfile:
     user_variables: dict = field(default_factory=dict, hash=False)
     replies_alone: bool = False  # every record served one episode per reply (learned, or --per-reply)
     reasoning: str = "none"  # where it renders reasoning_content: every reply's, the last one's, none
+    # unsupported capabilities whose probes render, but a reply of which no token marks the
+    # start (Apertus writes the reply after a tool result right after it): records needing
+    # them are rejected as reply_not_located
+    unlocated: frozenset = frozenset()
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 

@@ -78,6 +78,10 @@ def require_tool_calls(profile: TemplateProfile) -> None:
 
 
 def _cannot(profile: TemplateProfile, capability: str, what: str, fix: str, where: str) -> RecordError:
+    if capability in profile.unlocated:  # it renders them, but a reply's start is in no token
+        return RecordError("reply_not_located", f"the record holds {what}; chat template {profile.template.name} "
+                           f"renders them, but {profile.unsupported[capability]}, so the record is left out; "
+                           f"{fix}", where)
     return RecordError(f"template_cannot_render_{capability}", f"the record holds {what}, which chat template "
                        f"{profile.template.name} cannot render ({profile.unsupported[capability]}); {fix}", where)
 

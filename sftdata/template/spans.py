@@ -338,16 +338,28 @@ def token_mask(offsets: np.ndarray, spans) -> np.ndarray:
     return (np.cumsum(delta[:n]) > 0).astype(np.uint8)
 
 
-def closed_blocks(text: str, blocks, added) -> list[tuple[int, int]]:
+def closed_blocks(text: str, blocks, added, heads: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """``{% generation %}`` blocks ``(start, end)`` of ``text``, each ending with the last
     added token inside it when only whitespace follows that token in the block (LFM2.5's
     block holds ``<|im_end|>\n``): trained through the end-of-turn token, never the text
-    after it, as for a template without blocks. Other blocks are as given."""
+    after it, as for a template without blocks; and starting after the assistant header
+    (one of ``heads``) where the block opens with it (TRL's gpt-oss training template puts
+    ``<|start|>assistant`` inside the block): what the generation prompt supplies at
+    inference is never trained, as for a template without blocks. Blocks that touch are one
+    (TRL's diffusion-Gemma training template closes the reply's block and opens another for
+    its ``<turn|>``). Other blocks are as given."""
     out = []
+    touching: list[list[int]] = []
     for a, b in blocks:
+        if touching and touching[-1][1] == a:
+            touching[-1][1] = b
+        else:
+            touching.append([a, b])
+    for a, b in touching:
         kept = a + len(text[a:b].rstrip())
         if kept < b and any(text.endswith(t, a, kept) for t in added):
             b = kept
-        out.append((a, b))
+        head = next((h for h in heads if h and text.startswith(h, a) and a + len(h) < b), None)
+        out.append((a + len(head) if head else a, b))
     return out
 

@@ -36,6 +36,7 @@ def rederived_rule_problems(state: dict, tok) -> list[Problem]:
     differs = [k for k in ("headers", "end_ids", "end_inclusive", "last_reply_only") if got.get(k) != want[k]]
     if "asked" in got and got["asked"] != want.get("asked", []):  # a rule recorded before it existed has none
         differs.append("asked")
+    differs += ["end_seqs"] if got.get("end_seqs", []) != want.get("end_seqs", []) else []
     if got.get("joined_spans", False) != want.get("joined_spans", False):
         differs.append("joined_spans")
     if ct.get("appended_stop", None) != profile.appended_stop:

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from sftdata.chat.loss_rule import TemplateRule
+from sftdata.chat.stops import rule_stop_ids, serving_stop_ids
 from sftdata.chat.template_rule import MaskRule, mask_disagreement, rule_mask, rule_spans, segment_rule_mask
 from sftdata.errors import DatasetError
 
@@ -123,6 +125,8 @@ def test_a_flag_per_segment_keeps_that_segment_s_last_reply_only():
     {"kind": "template-headers", "headers": [[1]], "end_ids": [], "end_inclusive": True},
     {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": "yes"},
     {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": True, "last_reply_only": 1},
+    {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": True, "end_seqs": [[]]},
+    {"kind": "template-headers", "headers": [[1]], "end_ids": [5], "end_inclusive": True, "end_seqs": [4, 4]},
 ])
 def test_bad_state(state):
     with pytest.raises(DatasetError, match=r"^ds/tokenizer_state.json: mask_rule .*re-prepare the dataset"):
@@ -144,3 +148,31 @@ def test_the_longer_of_two_headers_at_one_place_wins():
     rule = MaskRule(headers=((1, 11, 4), (1, 11, 4, 40, 41, 42)), end_ids=(5,))
     ids = np.array([1, 11, 4, 21, 5, 1, 10, 4, 20, 5, 1, 11, 4, 40, 41, 42, 22, 5])
     assert np.flatnonzero(rule_mask(ids, rule)).tolist() == [3, 4, 16, 17]
+
+
+# RWKV World-like text marker: 40 = "User", 41 = "Assistant", 42 = ":", 4 = "\n\n" (one token
+# at the end of a text), 3 = "\n" (twice before the next turn's text)
+TEXT_MARKER = MaskRule(headers=((41, 42),), end_ids=(4,), end_seqs=((3, 3),))
+
+
+def test_a_text_marker_of_several_tokens_ends_a_reply_through_its_last_token():
+    ids = np.array([40, 42, 20, 3, 3, 41, 42, 21, 22, 3, 3, 40, 42, 23, 3, 3, 41, 42, 24, 3, 25, 4])
+    assert np.flatnonzero(rule_mask(ids, TEXT_MARKER)).tolist() == [7, 8, 9, 10, 18, 19, 20, 21]
+    # one "\n" inside a reply does not end it; the marker split across two segments ends nothing
+    lengths = np.array([10, 12])
+    got = segment_rule_mask(ids, lengths, TEXT_MARKER)
+    assert np.flatnonzero(got).tolist() == [18, 19, 20, 21]  # the first segment's reply is open at its end
+    state = json.loads(json.dumps(TEXT_MARKER.state()))
+    assert state["end_seqs"] == [[3, 3]] and MaskRule.from_state(state) == TEXT_MARKER
+    assert "end_seqs" not in LLAMA.state()  # recorded only where there is one: older rules read as before
+    only_seqs = MaskRule.from_state({**state, "end_ids": []})
+    assert np.flatnonzero(rule_mask(ids[:11], only_seqs)).tolist() == [7, 8, 9, 10]
+
+
+def test_a_text_marker_s_last_token_ends_a_trained_reply_but_generation_stops_at_one_token_ids_only():
+    """verify's stop scan accepts a reply ending with the marker's last token (``\\n`` of
+    ``\\n``, ``\\n``); serving.json's stop ids are the one-token ends (``\\n\\n``), never ``\\n``
+    (generation would stop at every newline): the marker is its stop string."""
+    rule = TemplateRule(TEXT_MARKER, pad_id=0)
+    assert rule_stop_ids(rule) == (4, 3) and serving_stop_ids(rule) == (4,)
+    assert rule_stop_ids(TemplateRule(LLAMA, pad_id=0)) == serving_stop_ids(TemplateRule(LLAMA, pad_id=0)) == (5,)

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from sftdata.errors import RecordError
+from sftdata.prepare import PrepareOptions, prepare
 from sftdata.records.conversation import parse_record
 from sftdata.template import model_profile, records_episodes, template_summary, tokenizer_state
 from sftdata.tokenize.open import load_hf_tokenizer
+from sftdata.verify import verify
 from sftdata.verify.template import rederived_rule_problems
 from tests.helpers.templates import CORPUS, train_tokenizer
 from tests.helpers.zoo import RECORD_TEXT, RECORDS, WEATHER, reference_messages, template_tokens, zoo_folder
@@ -236,3 +238,124 @@ def test_a_template_that_reads_only_text_parts_is_located(model):
     assert ep.ids.tolist() == list(hf.apply_chat_template(parts, tokenize=True, return_dict=False))
     assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
         " I am well, thank you. How can I help?<end_of_utterance> The capital of France is Paris.<end_of_utterance>"
+
+
+RWKV = "zoo:llama-cpp-rwkv-world"  # ``User: ...\n\nAssistant: ...\n\n``: no special token at all
+PARAGRAPHS = {"messages": [{"role": "user", "content": "Two lines?"},
+                           {"role": "assistant", "content": "One.\n\nTwo."}]}
+LEADING = {"messages": [{"role": "assistant", "content": "Welcome! Ask me anything."},
+                        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]}
+
+
+def test_a_template_that_ends_replies_with_text_gets_its_rule_from_the_marker(model):
+    """RWKV World closes a reply with ``\\n\\n``, no special token: the marker is the end of
+    turn, its ids as tokenized in context (``\\n\\n`` alone at the end of a text, ``\\n``,
+    ``\\n`` before the next turn) end a reply; every episode token-identical to transformers'."""
+    tok, profile, hf = model(RWKV)
+    nl, nlnl = tok.token_id("\u010a"), tok.token_id("\u010a\u010a")  # byte-level "\n" and "\n\n"
+    assert profile.layout.end_texts == ("\n\n",) and profile.appended_stop is None
+    assert profile.rule.end_ids == (nlnl,) and profile.rule.end_seqs == ((nl, nl),)
+    assert profile.state()["mask_rule"]["end_seqs"] == [[nl, nl]]
+    result = prepared(RECORDS["chat"], tok, profile)
+    assert not isinstance(result, RecordError), result.detail
+    assert_exact(result, RECORDS["chat"], tok, profile, hf)
+    ep = result.episodes[0]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        " I am well, thank you. How can I help?\n\n The capital of France is Paris.\n\n"
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
+    # reasoning it renders for no reply: dropped and counted, the rest exact
+    result = prepared(RECORDS["reasoning"], tok, profile)
+    assert result.counts.count("reasoning_ignored_by_template") == 2
+    messages, _ = reference_messages(RECORDS["reasoning"], reasoning=False)
+    assert result.episodes[0].ids.tolist() == list(hf.apply_chat_template(messages, tokenize=True, return_dict=False))
+    # tool calls it never renders (transformers' render holds no call): refused by name
+    result = prepared(RECORDS["tool"], tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "template_cannot_render_tools"
+    messages, tools = reference_messages(RECORDS["tool"])
+    assert "get_weather" not in hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    # a reply that answers no one is not trained, as under every other template
+    result = prepared(LEADING, tok, profile)
+    assert result.repairs == ("leading_assistant_untrained",)
+    assert tok.decode(result.episodes[0].ids[result.episodes[0].mask.astype(bool)].tolist()) == " It is 4.\n\n"
+
+
+def test_a_reply_holding_the_text_marker_is_rejected_by_name(model):
+    """A reply whose own text holds the marker would stop there at inference: rejected as
+    ``rule_mismatch`` (transformers renders it, but no rule over the ids can tell its end)."""
+    tok, profile, hf = model(RWKV)
+    result = prepared(PARAGRAPHS, tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "rule_mismatch"
+    assert "One.\n\nTwo." in hf.apply_chat_template(PARAGRAPHS["messages"], tokenize=False)
+
+
+@pytest.mark.parametrize(("stem", "rejected"), [(RWKV, {"rule_mismatch": 1}), ("gptoss_training", {}),
+                                               ("muse_glimmer_training", {}), ("diffusion_gemma_training", {})])
+def test_a_dataset_under_a_template_refused_whole_before_verifies(model, tmp_path, stem, rejected):
+    """prepare under each template that was refused whole before, then verify: every mask
+    re-derived by the rule learned again; RWKV World's paragraph reply rejected by name."""
+    tok, profile, hf = model(stem)
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in (RECORDS["chat"], LEADING, PARAGRAPHS)), encoding="utf-8")
+    summary = prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=hf.name_or_path, chat_template="model"))
+    assert summary.episodes == {"train": 3 - sum(rejected.values())} and summary.rejected == rejected
+    report = verify(tmp_path / "ds")
+    assert report.ok, [p.message for p in report.problems]
+
+
+def test_a_reply_no_token_opens_is_rejected_by_name_where_transformers_renders_it(model):
+    """Apertus writes the reply after a tool result right after the result's text, inside the
+    call's own assistant turn: no token marks where it starts, so no rule over the ids can
+    train it. Its chat records are exact; a tool record is rejected as ``reply_not_located``
+    (not as a template that cannot render tools: transformers renders it, the reply
+    straight after the result)."""
+    tok, profile, hf = model("zoo:Apertus-8B-Instruct")
+    assert profile.unlocated == {"tools"} and profile.renders_tool_calls
+    (ep,) = prepared(RECORDS["chat"], tok, profile).episodes
+    messages, _ = reference_messages(RECORDS["chat"])
+    theirs = list(hf.apply_chat_template(messages, tokenize=True, return_dict=False))
+    assert ep.ids.tolist() == theirs + [tok.token_id(profile.appended_stop)]  # its last reply is left unclosed
+    result = prepared(RECORDS["tool"], tok, profile)
+    assert isinstance(result, RecordError) and result.reason == "reply_not_located"
+    assert "renders them, but writes no assistant header and no special token before a reply" in result.detail
+    messages, tools = reference_messages(RECORDS["tool"])
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert '"sky": "sunny"}]It is 18 degrees and sunny in Paris.' in text
+
+
+@pytest.mark.parametrize("stem", ["gptoss_training", "muse_glimmer_training"])
+def test_generation_blocks_that_open_with_the_assistant_header_leave_it_untrained(model, stem):
+    """TRL's gpt-oss training template puts ``<|start|>assistant`` inside the block: what the
+    generation prompt supplies at inference is the header, untrained as under every other
+    template, and the rest of the block trained; the template was refused whole before (its
+    rule, opening after ``<|end|>``, trained the user turns too)."""
+    tok, profile, hf = model(stem)
+    assert profile.generation and profile.layout.header_texts == ("<|start|>assistant",)
+    assert {"gptoss_training": {"reasoning"}, "muse_glimmer_training": set()}[stem] == set(profile.unsupported)
+    for kind in ("chat", "tool") + (("reasoning",) if stem == "muse_glimmer_training" else ()):
+        result = prepared(RECORDS[kind], tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert_exact(result, RECORDS[kind], tok, profile, hf)
+    ep = prepared(RECORDS["chat"], tok, profile).episodes[0]
+    opens, ends = {"gptoss_training": ("<|channel|>final", ("<|end|>", "<|return|>")),
+                   "muse_glimmer_training": (" to=user", ("<|eot|>", "<|eot|>"))}[stem]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == (
+        f"{opens}<|message|>I am well, thank you. How can I help?{ends[0]}"
+        f"{opens}<|message|>The capital of France is Paris.{ends[1]}")
+    assert rederived_rule_problems(tokenizer_state(tok, profile), tok) == []
+
+
+def test_generation_blocks_that_touch_are_one_reply(model):
+    """TRL's diffusion-Gemma training template closes a reply's block and opens another for
+    its ``<turn|>\\n``: touching blocks are one, trained through ``<turn|>`` (its newline not,
+    as LFM2.5's), where the template was refused whole (some blocks "include the end-of-turn
+    token and some do not")."""
+    tok, profile, hf = model("diffusion_gemma_training")
+    assert profile.generation and profile.rule.end_inclusive and not profile.unsupported
+    for record in (RECORDS["chat"], RECORDS["tool"], RECORDS["reasoning"], REASON_TOOL):
+        result = prepared(record, tok, profile)
+        assert not isinstance(result, RecordError), result.detail
+        assert_exact(result, record, tok, profile, hf)
+    result = prepared(RECORDS["chat"], tok, profile)
+    ep = result.episodes[0]
+    assert tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        "I am well, thank you. How can I help?<turn|>The capital of France is Paris.<turn|>"

@@ -71,6 +71,22 @@ def test_qwen3_reasoning_dropped_from_earlier_replies_is_served_per_reply_automa
     assert not np.array_equal(rule_mask(second.ids, profile.rule), second.mask)  # unflagged: both replies
 
 
+def test_a_reply_its_own_prefix_also_renders_inexactly_is_rejected_for_what_that_render_drops(chatml_tok):
+    """The whole render drops the earlier reply's reasoning (so the record goes per reply),
+    and the prefix ending at the last reply drops that reply's reasoning too (this template
+    writes no reasoning for a reply saying "secret"): no render keeps the record whole, and
+    it is rejected for what the per-reply render drops, not as ``template_rewrites_history``."""
+    text = load_chat_template("qwen3").text.replace("loop.index0 > ns.last_query and",
+                                                    "loop.index0 > ns.last_query and 'secret' not in content and")
+    assert text != load_chat_template("qwen3").text
+    profile = learn_profile(ChatTemplate("secret.jinja", "file", text), chatml_tok)
+    messages = [*QWEN3_REASONING[:3], {**QWEN3_REASONING[3], "content": "a secret."}]
+    with pytest.raises(RecordError, match=r"^w: chat template secret.jinja drops assistant message 3's reasoning ") \
+            as e:
+        render_messages(messages, None, profile, chatml_tok, where="w")
+    assert e.value.reason == "template_drops_reasoning"
+
+
 def test_qwen3_reasoning_one_episode_per_reply_keeps_every_reply_whole(chatml_tok):
     """--per-reply: each reply is the last of its episode, where Qwen3 renders its reasoning."""
     profile = learn_profile(load_chat_template("qwen3"), chatml_tok, per_reply=True)
@@ -216,13 +232,32 @@ def test_a_template_with_no_special_token_is_refused(chatml_tok):
         learn_profile(ChatTemplate("plain.jinja", "file", plain), chatml_tok)
 
 
-def test_a_template_with_no_end_of_turn_token_between_replies_is_refused(chatml_tok):
-    """A header before each reply, but nothing special after one that another message follows."""
-    text = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>' }}{%- endif %}"
-            "{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}")
+TEXT_ENDS = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>' }}{%- endif %}"
+             "{{- m.role + ': ' + m.content }}{{- '\\n' if ENDS else '' }}{%- endfor %}")
+
+
+def test_a_template_with_no_end_of_turn_text_after_its_last_reply_is_refused(chatml_tok):
+    """A header before each reply, nothing special after one, and nothing at all after the
+    last one: no marker ends every reply."""
+    text = TEXT_ENDS.replace("ENDS", "not loop.last")
     with pytest.raises(TemplateError, match=r"^chat template plain.jinja writes no special token after an assistant "
-                                            r"reply.*never learn to stop"):
+                                            r"reply, and no text after every reply that could end one.*never learn to "
+                                            r"stop"):
         learn_profile(ChatTemplate("plain.jinja", "file", text), chatml_tok)
+
+
+def test_a_template_that_ends_every_reply_with_text_ends_them_at_its_ids(chatml_tok):
+    """The text a template writes after every reply (here a newline) is its end-of-turn
+    marker: a reply ends at its ids; a reply whose own text holds them is ``rule_mismatch``."""
+    profile = learn_profile(ChatTemplate("plain.jinja", "file", TEXT_ENDS.replace("ENDS", "true")), chatml_tok)
+    assert profile.layout.end_texts == ("\n",) and profile.appended_stop is None
+    assert profile.rule.end_ids == (chatml_tok.encode_rendered("\n").ids[0],) and profile.rule.end_seqs == ()
+    out = render_messages(TWO_TURNS, None, profile, chatml_tok)
+    ep = out.episodes[0]
+    assert out.rule_agrees and chatml_tok.decode(ep.ids[ep.mask.astype(bool)].tolist()) == \
+        "assistant: Hello!\nassistant: Bye.\n"  # its only header is the special token before a reply
+    two_lines = [TWO_TURNS[0], {"role": "assistant", "content": "One.\nTwo."}]
+    assert not render_messages(two_lines, None, profile, chatml_tok).rule_agrees
 
 
 def test_generation_blocks_that_mark_nothing_are_refused(chatml_tok):
