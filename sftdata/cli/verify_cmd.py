@@ -70,14 +70,16 @@ def draw_report(r: VerifyReport) -> Group:
         parts.append(draw_sources(r))
     if r.retokenized and not r.retokenized.get("skipped"):
         k, d = r.retokenized["episodes"], r.retokenized["differ"]
-        parts.append(Text(f"retokenize: {k:,} sampled episode(s) re-encoded by the tokenizers library, "
+        what = "sequence(s) of sampled rows" if r.kind in ROW_KINDS else "sampled episode(s)"
+        parts.append(Text(f"retokenize: {k:,} {what} re-encoded by the tokenizers library, "
                           f"{'all equal to the stored ids' if not d else f'{d:,} differ'}",
                           style="green" if not d else "bold red"))
     if r.drift and not r.drift.get("skipped"):
         k, d, u = r.drift["episodes"], r.drift["differ"], r.drift["unread"]
         unread = f" ({u:,} more not, their input cannot be read as it was)" if u else ""
-        parts.append(Text(f"drift: {k:,} sampled episode(s) rendered again from their input records{unread}, "
-                          f"{'all equal to the stored ids' if not d else f'{d:,} differ'}; {versions(**r.drift)}",
+        what, stored = ("sampled row(s)", "ids and masks") if r.kind in ROW_KINDS else ("sampled episode(s)", "ids")
+        parts.append(Text(f"drift: {k:,} {what} rendered again from their input records{unread}, "
+                          f"{'all equal to the stored ' + stored if not d else f'{d:,} differ'}; {versions(**r.drift)}",
                           style="green" if not d else "bold red"))
     for n in r.notes:
         parts.append(Text(f"note: {n}", style="yellow"))

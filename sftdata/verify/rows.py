@@ -26,6 +26,7 @@ from ..chat.pair_rule import completion_masks
 from ..sources import record_where
 from ..store.format import KIND_KTO, LABELS_FILE, MASK_FILE, RECREATE, TOKENS_FILE, Problem
 from ..store.shard import Shard
+from ..store.structure import episode_bounds
 from .drift import Drift, DriftKind, versions
 from .retokenize import sample_by_shard
 
@@ -37,12 +38,26 @@ LABELS_CHECK = "KTO: one 0 or 1 label per row"
 RERENDER_FIX = "re-create the dataset from its inputs with this sftdata (`sftdata prepare-pref` / `prepare-rl`)"
 
 
+def readable(sh: Shard) -> bool:
+    """Whether every row of ``sh`` can be read whole: its tokens, mask and sources present
+    and of one size, its entries contiguous, in bounds and non-empty. Where not, the
+    reader's checks (files, sizes, index) say what is wrong, and no row is read."""
+    per = sh.entries
+    if sh.tokens is None or sh.mask is None or sh.sources is None or sh.num_items % per or \
+            sh.mask.shape[0] != sh.tokens.shape[0] or sh.sources.shape[0] != sh.num_items // per:
+        return False
+    b = episode_bounds(sh)
+    return bool(b.usable.all()) and (b.starts.size == 0 or (b.starts[0] == 0 and bool(
+        np.array_equal(b.starts[1:], b.starts[:-1] + b.lengths[:-1]))))
+
+
 def row_mask_problems(sh: Shard, rule) -> list[Problem]:
     """The ``mask_rule`` problems of row shard ``sh``, ``ROW_BATCH`` rows at a time: no
     prompt trains a token (one cumulative sum), and each completion's mask is the rule's
-    (``completion_masks``: one rule call per batch) and trains at least one token."""
+    (``completion_masks``: one rule call per batch) and trains at least one token. A shard
+    whose rows cannot be read whole (``readable``) is left to the reader's checks."""
     per, out = sh.entries, []
-    if sh.tokens is None or sh.mask is None or rule is None:
+    if rule is None or not readable(sh):
         return out
     rows = sh.num_items // per
     starts = sh.index[:rows * per, 0].astype(np.int64).reshape(rows, per)
@@ -70,8 +85,7 @@ def row_mask_problems(sh: Shard, rule) -> list[Problem]:
 
 
 def _mask_problem(sh: Shard, r: int, completion: int | None, message: str) -> Problem:
-    where = f"row {sh.first_gid // sh.entries + r}, record {int(sh.sources[r])}" if sh.sources is not None \
-        else f"row {sh.first_gid // sh.entries + r}"
+    where = f"row {sh.first_gid // sh.entries + r}, record {int(sh.sources[r])}"
     return Problem("mask_rule", sh.file(MASK_FILE), where + ("" if completion is None else f", completion {completion}"),
                    message, RERENDER_FIX, split=sh.split)
 
@@ -104,7 +118,7 @@ def stored_row(sh: Shard, r: int) -> list[tuple[np.ndarray, np.ndarray]]:
 def _row_picks(shards: Sequence[Shard], n: int, seed: int) -> list[tuple]:
     """(record, row id, shard, the stored row) of ``n`` sampled rows (``retokenize``'s sample)."""
     return [(int(sh.sources[r]), sh.first_gid // sh.entries + r, sh, stored_row(sh, r))
-            for sh, local in sample_by_shard(shards, n, seed) if sh.sources is not None
+            for sh, local in sample_by_shard(shards, n, seed) if readable(sh)
             for r in np.asarray(local, dtype=np.int64).tolist()]
 
 
