@@ -13,7 +13,8 @@ from ..engine import check_engine
 from ..engine.pref_ray import ray_pref_executor
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
-from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
+from ..pref import PrefOptions, PrefSummary, Truncation
+from ..prepare import prepare_pref
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS
 from .app import LazyProgress, app, handle_errors, make_progress

@@ -3,6 +3,7 @@ protocols of where its tasks run."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +154,11 @@ class StagedPart:
     def kept(self) -> int:
         """The episodes the run keeps."""
         return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
+
+    def without(self, records) -> StagedPart:
+        """This part with the episodes of ``records`` left out of what it keeps."""
+        keep = ~np.isin(self.sources, np.fromiter(records, dtype=np.int64))
+        return dataclasses.replace(self, keep=keep if self.keep is None else self.keep & keep)
 
 
 class TaskRunner(Protocol):

@@ -24,37 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from ..records.rejects import writing
-from ..store.format import STOP_FILE, shard_name
+from ..store.format import KIND_EPISODES, STOP_FILE, shard_name
 from ..store.fsops import check_owned_folder, make_owned_folder
 from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
 from ..store.writer import SplitWriter
 from .plan import Piece, ShardJob
-
-COPY_TOKENS = 1 << 20  # tokens read at once from a staged part (bounds a task's memory)
+from .split import copy_rows
 
 
 def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None:
-    """The episodes of ``piece`` appended to ``writer``, about ``COPY_TOKENS`` at a time."""
-    src = Shard(Path(piece.path), token_dtype)
-    index = src.index
-    i = piece.first
-    while i < piece.stop:
-        base = int(index[i, 0])
-        ends = index[i:piece.stop, 0].astype(np.int64) + index[i:piece.stop, 1].astype(np.int64)
-        j = i + max(1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
-        lens = index[i:j, 1].astype(np.int64)
-        toks, mask = src.read_range(base, int(ends[j - i - 1]))
-        srcs = src.sources[i:j].astype(np.int64) + piece.record_offset
-        flags = src.last_only(i, j)
-        if piece.take is None:
-            writer.add_many(toks, mask, lens, srcs, flags)
-        else:
-            take = piece.take[i - piece.first:j - piece.first]
-            if take.any():
-                per_token = np.repeat(take, lens)
-                writer.add_many(toks[per_token], mask[per_token], lens[take], srcs[take], flags[take])
-        i = j
+    """The episodes of ``piece`` appended to ``writer`` (``split.copy_rows``)."""
+    route = None if piece.take is None else np.where(piece.take, 0, -1)
+    copy_rows(Shard(Path(piece.path), token_dtype), KIND_EPISODES, piece.first, piece.stop, route, [writer],
+              piece.record_offset)
 
 
 def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str,

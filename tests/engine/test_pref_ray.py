@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine.pref_ray import ray_pref_executor
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
 from sftdata.pref.verify import verify_rows
-from sftdata.prepare import pool
+from sftdata.prepare import pool, prepare_pref
 from tests.helpers.data import write_jsonl
 from tests.helpers.pref_records import kto_rows as _kto
 from tests.helpers.pref_records import pair_rows as _pairs

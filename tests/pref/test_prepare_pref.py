@@ -11,8 +11,9 @@ import pytest
 
 from sftdata.chat.tokenizer import open_tokenizer
 from sftdata.errors import AllRecordsRejectedError, UsageError
-from sftdata.pref import PrefOptions, Truncation, prepare_pref
+from sftdata.pref import PrefOptions, Truncation
 from sftdata.pref.verify import verify_rows
+from sftdata.prepare import prepare_pref
 from tests.helpers.data import write_jsonl
 
 U = {"role": "user", "content": "What color is the sky?"}

@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
 from sftdata.pref.verify import verify_rows
-from sftdata.prepare import pool
+from sftdata.prepare import pool, prepare_pref
 from sftdata.prepare.split import split_assignment
 from tests.helpers.data import write_jsonl
 from tests.helpers.pref_records import kto_rows as _kto

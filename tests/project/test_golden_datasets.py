@@ -18,8 +18,8 @@ import pytest
 from sftdata.engine.pref_ray import ray_pref_executor
 from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.pack import PackOptions, pack
-from sftdata.pref import PrefOptions, Truncation, prepare_pref
-from sftdata.prepare import PrepareOptions, pool, prepare
+from sftdata.pref import PrefOptions, Truncation
+from sftdata.prepare import PrepareOptions, pool, prepare, prepare_pref
 from tests.helpers.data import write_jsonl
 from tests.helpers.paths import ROOT
 from tests.helpers.pref_records import kto_rows, pair_rows, prompt_rows
