@@ -338,7 +338,7 @@ class RowsKind:
     the kind of row the build driver (``sftdata.prepare.driver``) knows them by."""
 
     item, same = "row", "the same prompt and completions as"
-    trains = remote = empty_val = False
+    trains = remote = empty_val = counts_tokens = False
     records_dedup = True
 
     def __init__(self, opts: PrefOptions, rl: bool):

@@ -65,6 +65,7 @@ class RowKind(Protocol):
     remote: bool  # may be written to object storage
     empty_val: bool  # --val-split > 0 gives a val split even when it draws no row
     records_dedup: bool  # the metadata records the dedup counts even with --dedup off
+    counts_tokens: bool  # the progress counts tokens (else records only)
     tok: object
     profile: object
     state: dict
@@ -260,7 +261,7 @@ class _Build:
                     tokens += rows.tokens
                 elif rows is not None and rows.size:
                     self._stage(w, rows)
-                    tokens += int(rows.ids.shape[0])
+                    tokens += int(rows.ids.shape[0]) if kind.counts_tokens else 0
                 self.records += res.records
                 if self.progress:
                     self.progress(Progress(pos, total, self.records, tokens))

@@ -54,7 +54,7 @@ class EpisodesKind:
 
     build_kind = store_kind = KIND_EPISODES
     item, same = "episode", "the same conversation as"
-    trains = remote = empty_val = True
+    trains = remote = empty_val = counts_tokens = True
     records_dedup = False
 
     def __init__(self, opts: PrepareOptions):
