@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..curate import DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..engine import check_engine
-from ..engine.pref_ray import ray_pref_executor
+from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..pref import PrefOptions, PrefSummary, Truncation
@@ -108,7 +108,7 @@ def _options(template_var, decontaminate, workers, quiet: bool, **fields) -> Pre
 def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
          ray_address: str | None = None) -> None:
     name = "prepare-rl" if rl else "prepare-pref"
-    executor = ray_pref_executor(ray_address) if check_engine(engine) == "ray" else None
+    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     with LazyProgress(make_progress(quiet or as_json)) as bar:

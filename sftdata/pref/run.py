@@ -12,8 +12,6 @@ Verify renders a row again with the same functions (``open_context``, ``start_ro
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import pickle
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -26,13 +24,13 @@ import orjson
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
-from ..curate import CurateSettings, RecordKeys, canonical_text, exact_key
+from ..curate import CurateSettings, RecordKeys, canonical_text, concat_keys, exact_key
 from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError
 from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.turns import TurnPolicy
-from ..sources import RawRecord, SourceInfo
+from ..sources import RawRecord, SourceInfo, record_where
 from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.rows import Rows
 from ..template import choose_tokenizer, tokenizer_state
@@ -235,17 +233,114 @@ def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -
                text="\n\n".join(canonical_text(c) for c in out.conversations))
 
 
+KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)
+
+
+@dataclass
+class RowFacts:
+    """What the coordinator of a partitioned run learns of each row a task staged (no
+    token, no text, a few bytes a row): its record, kind, KTO label (-1: none), form,
+    whether its prompt or a completion was cut, and (few) its repairs."""
+
+    records: np.ndarray
+    kinds: np.ndarray  # index in KINDS
+    labels: np.ndarray
+    forms: np.ndarray  # index in ``names``
+    cuts: np.ndarray  # bit 0: the prompt was cut, bit 1: a completion was
+    names: list = field(default_factory=list)
+    repairs: list = field(default_factory=list)  # (row, repairs) of the rows with any
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, str, Row]]) -> RowFacts:
+        names = sorted({row.form for _, _, row in rows})
+        return cls(np.array([r for r, _, _ in rows], np.int64),
+                   np.array([KINDS.index(row.kind) for _, _, row in rows], np.uint8),
+                   np.array([-1 if row.label is None else row.label for _, _, row in rows], np.int8),
+                   np.array([names.index(row.form) for _, _, row in rows], np.uint8),
+                   np.array([row.prompt_cut + 2 * row.completion_cut for _, _, row in rows], np.uint8), names,
+                   [(i, row.repairs) for i, (_, _, row) in enumerate(rows) if row.repairs])
+
+    def __add__(self, other: RowFacts) -> RowFacts:
+        names = sorted(set(self.names) | set(other.names))
+        forms = [np.array([names.index(f.names[i]) for i in f.forms.tolist()], np.uint8) for f in (self, other)]
+        n = self.records.shape[0]
+        return RowFacts(*(np.concatenate([getattr(self, k), getattr(other, k)]) for k in ("records", "kinds", "labels")),
+                        np.concatenate(forms), np.concatenate([self.cuts, other.cuts]), names,
+                        self.repairs + [(i + n, r) for i, r in other.repairs])
+
+    def __iter__(self):
+        """Each row as ``(record, where, kind, label, form, repairs, prompt_cut, completion_cut)``
+        (where: None, the coordinator knows it from the record)."""
+        repairs = dict(self.repairs)
+        for i, (r, k, lab, f, c) in enumerate(zip(self.records.tolist(), self.kinds.tolist(), self.labels.tolist(),
+                                                  self.forms.tolist(), self.cuts.tolist())):
+            yield r, None, KINDS[k], None if lab < 0 else lab, self.names[f], repairs.get(i, ()), bool(c & 1), c >> 1 == 1
+
+
 @dataclass
 class PrefChunk:
     """What one chunk of records became (picklable: sent back from a worker): its records,
     the rejected ones ``(record, where, reason, message)`` and the rows ``(record, where,
-    Row)``, in input order, and the curating keys of its rows (``RecordKeys``, rows in the
-    same order)."""
+    Row)`` (a partition task's: their ``RowFacts``, the rows staged), in input order, and
+    the curating keys of its rows (``RecordKeys``, rows in the same order)."""
 
     records: int
     rejects: list
-    rows: list
-    keys: RecordKeys
+    rows: list | RowFacts
+    keys: RecordKeys | None
+    staged: dict | None = None  # a partition task staged the rows: {kind: StagedPart}
+
+    def facts(self):
+        """Each row as ``RowFacts`` iterates them."""
+        if isinstance(self.rows, RowFacts):
+            yield from self.rows
+            return
+        for record, where, row in self.rows:
+            yield record, where, row.kind, row.label, row.form, row.repairs, row.prompt_cut, row.completion_cut
+
+    def shifted(self, first: int) -> PrefChunk:
+        """This chunk with its record numbers counted from ``first`` (in place)."""
+        if first:
+            self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
+            self.rows.records = self.rows.records + first
+            if self.keys is not None:
+                self.keys.records = self.keys.records + first
+                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+        return self
+
+
+@dataclass
+class PairWork:
+    """What a partition task (``sftdata.prepare.partition_task``) makes of a chunk of records:
+    rows (``pref_chunk``), staged per kind, and their ``RowFacts``."""
+
+    ctx: Context
+
+    @staticmethod
+    def merged(acc: PrefChunk | None, res: PrefChunk | None) -> PrefChunk:
+        res = res or PrefChunk(0, [], RowFacts.of([]), None)
+        if acc is None:
+            return res
+        return PrefChunk(acc.records + res.records, acc.rejects + res.rejects, acc.rows + res.rows,
+                         concat_keys(acc.keys, res.keys))
+
+    def chunk(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> tuple[PrefChunk, dict]:
+        res = pref_chunk(items, self.ctx, curate)
+        rows = {k: rows_of(k, [(r, row) for r, _, row in res.rows if row.kind == k]) for k in KINDS}
+        return PrefChunk(res.records, res.rejects, RowFacts.of(res.rows), res.keys), rows
+
+
+def rows_of(kind: str, kept: list[tuple[int, Row]]) -> Rows:
+    """The ``Rows`` of ``kept`` (record, row), all of ``kind``."""
+    parts = [p for _, row in kept for p in row.parts]
+    if not parts:
+        return Rows(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
+                    ENTRIES_PER_ROW[kind])
+    return Rows(np.concatenate([p for p, _ in parts]), np.concatenate([m for _, m in parts]),
+                np.array([p.shape[0] for p, _ in parts], dtype=np.int64), np.array([r for r, _ in kept], dtype=np.int64),
+                ENTRIES_PER_ROW[kind],
+                labels=np.array([row.label for _, row in kept], dtype=np.uint8) if kind == KIND_KTO else None,
+                columns=[row.columns for _, row in kept] if kind == KIND_PROMPTS else None)
 
 
 def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> RecordKeys:
@@ -319,20 +414,6 @@ def _pref_worker_run(items: Sequence[RawRecord]) -> PrefChunk:
     return pref_chunk(items, PREF_WORKER["ctx"], PREF_WORKER["curate"])
 
 
-_TASK_CONTEXTS: dict[bytes, Context] = {}  # a cluster worker's contexts, by their pickle's digest
-
-
-def pref_task(ctx_blob: bytes, curate: CurateSettings, items: Sequence[RawRecord]) -> PrefChunk:
-    """``pref_chunk`` as a cluster task (``--engine ray``): the run's context arrives
-    pickled (the tokenizer as its path and sha256) and is rebuilt once per worker."""
-    key = hashlib.blake2b(ctx_blob, digest_size=16).digest()
-    ctx = _TASK_CONTEXTS.get(key)
-    if ctx is None:
-        _TASK_CONTEXTS.clear()
-        ctx = _TASK_CONTEXTS[key] = pickle.loads(ctx_blob)  # noqa: S301 - the run's own context, pickled by this run
-    return pref_chunk(items, ctx, curate)
-
-
 class RowsKind:
     """Pairs and KTO rows (the dataset's kind: its first kept row's), or RL prompts (``rl``):
     the kind of row the build driver (``sftdata.prepare.driver``) knows them by."""
@@ -360,13 +441,11 @@ class RowsKind:
         with one_process_run() as pool:
             yield (lambda items: start_chunk(items, self.ctx, pool)), (lambda s: finish_chunk(s, self.ctx, curate))
 
-    def on_cluster(self, runner, curate: CurateSettings) -> tuple:
-        """``pref_task`` and its leading arguments on an engine's runner (the context and the
-        curating settings put once: ``runner.shared``)."""
-        return pref_task, (runner.shared(pickle.dumps(self.ctx)), runner.shared(curate))
-
-    def runner(self, infos: list[SourceInfo], stage_dir, curate: CurateSettings, executor) -> None:
-        return None  # never partitioned: this process reads the inputs (an engine renders the chunks)
+    def runner(self, infos: list[SourceInfo], stage_dir, curate: CurateSettings, executor):
+        """A partitioned run's runner: the engine's (its tasks read their own partitions and
+        stage their own rows: ``PairWork``); None: this process reads the inputs."""
+        self.infos = infos
+        return None if executor is None else executor.start(self.opts, PairWork(self.ctx), stage_dir, curate)
 
     def new_summary(self, output_dir: str) -> PrefSummary:
         return PrefSummary(output_dir, self.build_kind)
@@ -375,35 +454,32 @@ class RowsKind:
         return PrefSummary.of_dataset(output_dir, meta)
 
     def accept(self, chunk: PrefChunk, drop: set[int]) -> tuple[list, object]:
-        """The rows of ``chunk`` but those of ``drop``: a row of another kind than the
-        dataset's is rejected (``mixed_kinds``); the kept ones are counted."""
-        own, kept = [], []
-        for record, where, row in chunk.rows:
+        """The rows of ``chunk`` but those of ``drop`` (a partitioned run's: its staged part
+        of the dataset's kind, those left out); a row of another kind than the dataset's is
+        rejected (``mixed_kinds``); the kept ones are counted."""
+        own, kept = [], set()
+        for record, where, kind, label, form, repairs, prompt_cut, completion_cut in chunk.facts():
             if record in drop:
                 continue
             if self.store_kind is None:
-                self.store_kind = row.kind
-            elif self.store_kind != row.kind:
-                own.append((record, where, "mixed_kinds", f"a {row.kind} row in a {self.store_kind} dataset (the "
-                            f"first kept row decided); prepare pairs and KTO rows into separate datasets"))
+                self.store_kind = kind
+            elif self.store_kind != kind:
+                where = where or record_where([i.as_dict() for i in self.infos], record)
+                own.append((record, where, "mixed_kinds", f"a {kind} row in a {self.store_kind} dataset (the first "
+                            f"kept row decided); prepare pairs and KTO rows into separate datasets"))
                 continue
-            kept.append((record, row))
-            if row.label is not None:
-                self.labels["desirable" if row.label else "undesirable"] += 1
-            if row.form:
-                self.forms[row.form] += 1
-            self.repaired.update(row.repairs)
-            self.counts["prompts_cut"] += row.prompt_cut
-            self.counts["completions_cut"] += row.completion_cut
-        return own, self._rows(kept) if kept else None
-
-    def _rows(self, kept: list[tuple[int, Row]]) -> Rows:
-        parts = [p for _, row in kept for p in row.parts]
-        return Rows(np.concatenate([p for p, _ in parts]), np.concatenate([m for _, m in parts]),
-                    np.array([p.shape[0] for p, _ in parts], dtype=np.int64), np.array([r for r, _ in kept], dtype=np.int64),
-                    ENTRIES_PER_ROW[self.store_kind],
-                    labels=np.array([row.label for _, row in kept], dtype=np.uint8) if self.store_kind == KIND_KTO else None,
-                    columns=[row.columns for _, row in kept] if self.store_kind == KIND_PROMPTS else None)
+            kept.add(record)
+            if label is not None:
+                self.labels["desirable" if label else "undesirable"] += 1
+            if form:
+                self.forms[form] += 1
+            self.repaired.update(repairs)
+            self.counts["prompts_cut"] += prompt_cut
+            self.counts["completions_cut"] += completion_cut
+        if chunk.staged is not None:
+            part = chunk.staged.get(self.store_kind)
+            return own, None if part is None else part.without(drop | {r for r, *_ in own})
+        return own, rows_of(self.store_kind, [(r, row) for r, _, row in chunk.rows if r in kept]) if kept else None
 
     def finish(self, summary: PrefSummary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]:
         kind = summary.kind = self.store_kind

@@ -164,14 +164,3 @@ def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
             acc.memo = MemoStats()
         acc.memo.add(res.memo)
     return acc
-
-
-def shifted(res: ChunkResult, first: int) -> ChunkResult:
-    if first:
-        res.sources = res.sources + first  # tokens returned with the result (staged ones: record_offset)
-        res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
-        res.mismatches = [(r + first, where) for r, where in res.mismatches]
-        if res.keys is not None:
-            res.keys.records = res.keys.records + first
-            res.keys.contaminated = [(r + first, *rest) for r, *rest in res.keys.contaminated]
-    return res

@@ -46,7 +46,7 @@ from ..store.writer import DatasetWriter, sweep_beside
 from ..template import template_summary
 from ..tokenize.identity import recorded_identity
 from .build import plan_build
-from .partitioned import decide_duplicates, write_planned
+from .partitioned import decide_duplicates, partitioned_results, write_planned
 from .pool import PoolRunner, chunks_of, in_order, overlapped, process_pool, start_worker
 from .results import Progress, StagedPart, TaskRunner
 from .split import add_rows, open_split, split_assignment, split_staged
@@ -74,11 +74,8 @@ class RowKind(Protocol):
     def open(self) -> None: ...
     def worker(self, curate: CurateSettings) -> tuple: ...  # (setup, its arguments, task) of a --workers process
     def local(self, curate: CurateSettings) -> AbstractContextManager: ...  # (start, finish) of a chunk here
-    def on_cluster(self, runner, curate: CurateSettings) -> tuple: ...  # (task, its leading arguments)
     def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
                ) -> TaskRunner | None: ...
-    def results(self, infos: list[SourceInfo], dtype: np.dtype, runner: TaskRunner, stage_dir: Path,
-                output: str) -> Iterator: ...
     def accept(self, chunk, drop: set[int]) -> tuple[list, Rows | StagedPart | None]: ...
     def new_summary(self, output_dir: str): ...
     def of_dataset(self, output_dir: str, meta: dict): ...
@@ -115,30 +112,22 @@ def curate(chunk, dedup: Deduplicator, evals, contaminated: Counter, same: str) 
     return out, drop
 
 
-def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings, executor=None
-                  ) -> Iterator[tuple[object, int]]:
+def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings) -> Iterator[tuple[object, int]]:
     """The kind's outcome of each chunk, in input order: in this process (each chunk
-    finished while the next one starts: ``overlapped``), in ``--workers`` processes (at
-    most 2 x workers chunks in flight), or by ``executor``'s tasks on a cluster."""
-    def jobs(args=()):
-        return (((*args, items), f"the records from {items[0].where} on were being prepared", pos)
-                for items, pos in chunks)
-
-    if executor is None and opts.workers <= 1:
+    finished while the next one starts: ``overlapped``), or in ``--workers`` processes
+    (at most 2 x workers chunks in flight)."""
+    if opts.workers <= 1:
         with kind.local(curate) as (start, finish):
             for started, pos in overlapped(chunks, start):
                 yield finish(started), pos
         return
-    if executor is not None:
-        runner = executor.start(kind, curate)
-        task, args = kind.on_cluster(runner, curate)
-    else:
-        setup, setup_args, task = kind.worker(curate)
-        pool = process_pool(opts.workers, start_worker, (setup, *setup_args), curate)
-        runner, args = PoolRunner(opts, None, None, None, curate, pool=pool), ()
+    setup, setup_args, task = kind.worker(curate)
+    runner = PoolRunner(opts, None, None, None, curate,
+                        pool=process_pool(opts.workers, start_worker, (setup, *setup_args), curate))
     done = False
     try:
-        yield from in_order(runner, task, jobs(args))
+        yield from in_order(runner, task, (((items,), f"the records from {items[0].where} on were being prepared", pos)
+                                           for items, pos in chunks))
         done = True
     finally:
         runner.close(not done)
@@ -182,7 +171,7 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
         runner = kind.runner(run.infos, w.path / PARTS_DIR, run.curate, executor)
         done = False
         try:
-            run.gather(w, runner, executor)
+            run.gather(w, runner)
             metadata = run.metadata(run.write(w, runner, inputs), options)
             metadata[BUILD] = plan.record(run.infos, kind.state, options)  # from the inputs as read
             run.summary.build_key = metadata[BUILD]["key"]
@@ -223,45 +212,35 @@ class _Build:
         with writing(w.path / ("train" if self.direct else STAGING_SPLIT), self.output):
             add_rows(self.staging, rows)
 
-    def _results(self, runner: TaskRunner | None, stage_dir: Path, executor) -> Iterator:
+    def _results(self, runner: TaskRunner | None, stage_dir: Path) -> Iterator:
         if runner is not None:
-            return self.kind.results(self.infos, self.dtype, runner, stage_dir, self.output)
+            return partitioned_results(self.infos, self.opts, self.dtype, runner, stage_dir, self.output)
         chunks = chunks_of(iter_all(self.infos, self.opts.max_record_bytes))
-        return chunk_results(self.kind, chunks, self.opts, self.curate, executor)
+        return chunk_results(self.kind, chunks, self.opts, self.curate)
 
-    def gather(self, w: DatasetWriter, runner: TaskRunner | None, executor) -> None:
+    def gather(self, w: DatasetWriter, runner: TaskRunner | None) -> None:
         """Every outcome in input order: --strict, rejects.jsonl, curating, the kind's
-        decisions; the kept rows into this process's staging split, or (a partitioned run)
-        their parts."""
-        opts, kind = self.opts, self.kind
+        decisions; the kept rows into this process's staging split, or (a partitioned run,
+        once its duplicates are decided: ``_settle``) their parts."""
+        opts = self.opts
         # no val split to draw (and no workers writing parts of their own): the rows go straight to train in
         # input order, the shards train's own, with no staging copy to split afterwards
         self.direct = opts.val_split == 0 and runner is None
         total = sum(i.bytes for i in self.infos) if all(i.size_known for i in self.infos) else None
-        tokens = 0
-        rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as f, closing(self._results(runner, w.path / PARTS_DIR, executor)) as results:
+        tokens, pending = 0, []
+        rejects = self.rejects = w.path / REJECTS_FILE
+        with open(rejects, "wb") as f, closing(self._results(runner, w.path / PARTS_DIR)) as results:
             rej = RejectsFile(f)  # bounded: past its size, rejects are counted only
             for res, pos in results:
                 if res.rejects and opts.strict:
                     raise strict_error(res.rejects[0])
-                curated, drop = curate(res, self.dedup, self.evals, self.contaminated, kind.same)
-                own, rows = kind.accept(res, drop)
-                if own and opts.strict:
-                    raise strict_error(own[0])
-                lines = []
-                for record, where, reason, message in sorted(res.rejects + curated + own):
-                    self.rejected[reason] += 1
-                    lines.append(reject_line(record, where, reason, message))
-                if lines:
-                    with writing(rejects, self.output):
-                        rej.write(b"\n".join(lines) + b"\n")
-                if isinstance(rows, StagedPart):
-                    self.parts.append(rows)
-                    tokens += rows.tokens
-                elif rows is not None and rows.size:
-                    self._stage(w, rows)
-                    tokens += int(rows.ids.shape[0]) if kind.counts_tokens else 0
+                curated, drop = curate(res, self.dedup, self.evals, self.contaminated, self.kind.same)
+                if runner is not None:
+                    pending.append((res, drop))
+                    self._reject(rej, res.rejects + curated)
+                    tokens += sum(p.tokens for p in res.staged.values()) if self.kind.counts_tokens else 0
+                else:
+                    tokens += self._take(w, rej, res, drop, curated)
                 self.records += res.records
                 if self.progress:
                     self.progress(Progress(pos, total, self.records, tokens))
@@ -269,7 +248,7 @@ class _Build:
                 rej.close()
                 rej.flush()
         if runner is not None:  # the duplicates of a partitioned run: decided over every partition's keys
-            self._drop_duplicates(runner, rejects, w.path / PARTS_DIR, rej.left_out)
+            self._settle(runner, pending, rejects, w.path / PARTS_DIR, rej.left_out)
         if self.staging is not None:
             with writing(w.path / ("train" if self.direct else STAGING_SPLIT), self.output):
                 self.staged = self.staging.close()
@@ -277,26 +256,61 @@ class _Build:
             if not records_sha256(info, getattr(opts, "source_sha256", False)):  # a large file read in partitions
                 info.sha256 = None
 
-    def _drop_duplicates(self, runner: TaskRunner, rejects: Path, stage_dir: Path, left_out: int) -> None:
-        """A partitioned run's duplicates (``decide_duplicates``) left out of the parts, and
-        their rejects merged into ``rejects`` in record order, under the same size bound as
-        a one-process run's (``left_out``: the rejects the file had no room for already).
-        The stored lines are the first of all rejects in record order, as one process
-        writes them: those dropped for room were past every line kept."""
-        drops = decide_duplicates(runner, self.parts, self.dedup, [i.as_dict() for i in self.infos])
-        if not drops:
-            return
-        dropped = {d.record for d in drops}
-        self.parts = [p.without(dropped) if p.keys_dir is not None else p for p in self.parts]
-        self.rejected["duplicate"] += len(drops)
+    def _reject(self, rej: RejectsFile, rejects: list) -> None:
+        """``rejects`` (record, where, reason, message) counted and written in record order."""
+        lines = []
+        for record, where, reason, message in sorted(rejects):
+            self.rejected[reason] += 1
+            lines.append(reject_line(record, where, reason, message))
+        if lines:
+            with writing(self.rejects, self.output):
+                rej.write(b"\n".join(lines) + b"\n")
+
+    def _take(self, w: DatasetWriter, rej: RejectsFile, res, drop: set[int], curated: list) -> int:
+        """What the kind keeps of ``res`` but ``drop``, staged; returns its tokens (progress)."""
+        own, rows = self.kind.accept(res, drop)
+        if own and self.opts.strict:
+            raise strict_error(own[0])
+        self._reject(rej, res.rejects + curated + own)
+        if rows is None or not rows.size:
+            return 0
+        self._stage(w, rows)
+        return int(rows.ids.shape[0]) if self.kind.counts_tokens else 0
+
+    def _settle(self, runner: TaskRunner, pending: list, rejects: Path, stage_dir: Path, left_out: int) -> None:
+        """A partitioned run's results decided: its duplicates (``decide_duplicates``, over
+        every partition's keys) and the kind's own decisions, each result's rows but those
+        left out as its parts; their rejects merged into ``rejects`` in record order, under
+        the same size bound as a one-process run's (``left_out``: the rejects the file had
+        no room for already). The stored lines are the first of all rejects in record
+        order, as one process writes them: those dropped for room were past every line kept."""
+        keyed = [_keys_part(res) for res, _ in pending if res.staged]
+        drops = decide_duplicates(runner, keyed, self.dedup, [i.as_dict() for i in self.infos])
+        if drops:
+            self.rejected["duplicate"] += len(drops)
         same = self.kind.same
         lines = [(d.record, reject_line(d.record, d.where, "duplicate",
                                         d.message().replace("the same conversation as", same))) for d in drops]
+        dups = np.array(sorted(d.record for d in drops), dtype=np.int64)
+        for res, drop in pending:
+            if dups.size and res.staged:
+                src = _keys_part(res).sources
+                drop = drop | set(dups[(dups >= src[0]) & (dups <= src[-1])].tolist())
+            own, part = self.kind.accept(res, drop)
+            if own and self.opts.strict:
+                raise strict_error(own[0])
+            for record, where, reason, message in own:
+                self.rejected[reason] += 1
+                lines.append((record, reject_line(record, where, reason, message)))
+            if part is not None:
+                self.parts.append(part)
+        if not lines:
+            return
         merged = stage_dir / REJECTS_FILE
         with writing(merged, self.output), open(rejects, "rb") as old, open(merged, "wb") as out:
             earlier = ((r, line.rstrip(b"\n")) for line in old if (r := line_record(line)) != NOT_A_RECORD)
             capped = RejectsFile(out)
-            for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
+            for _, line in heapq.merge(earlier, sorted(lines, key=lambda x: x[0]), key=lambda x: x[0]):
                 capped.write(line + b"\n")
             capped.left_out += left_out
             capped.close()
@@ -315,14 +329,14 @@ class _Build:
         if n - int(is_val.sum()) == 0:
             raise UsageError(f"--val-split {opts.val_split} of {n} {kind.item}s leaves no training {kind.item}; "
                              f"lower --val-split")
+        val = opts.val_split > 0 if kind.empty_val else bool(is_val.any())
         with writing(w.path, output):
             if self.direct:
                 splits = {"train": self.staged}
             elif runner is not None:
                 splits = write_planned(runner, w.path, w.path / PARTS_DIR, self.parts, is_val, self.dtype, opts,
-                                       output, direct=w.direct_upload)
+                                       output, kind.store_kind, val, direct=w.direct_upload)
             else:
-                val = opts.val_split > 0 if kind.empty_val else bool(is_val.any())
                 splits = split_staged(w.path, kind.store_kind, self.staged, self.parts, is_val, self.dtype, val,
                                       opts.shard_tokens)
             w.write_json(TOKENIZER_FILE, kind.state)
@@ -358,6 +372,16 @@ class _Build:
         if kind.records_dedup or self.opts.dedup != "off":
             metadata["dedup"] = summary.dedup
         return metadata
+
+
+def _keys_part(res) -> StagedPart:
+    """The staged part that holds a partition's duplicate keys, with the records of all its
+    rows (of every kind it staged), for ``decide_duplicates``."""
+    parts = list(res.staged.values())
+    if len(parts) == 1:
+        return parts[0]
+    return StagedPart("", 0, 0, parts[0].record_offset, sources=np.sort(np.concatenate([p.sources for p in parts])),
+                      keys_dir=parts[0].keys_dir)
 
 
 def _all_rejected(inputs, records: int, rejected: Counter, rejects: Path, output_dir, beside: Path) -> SftDataError:

@@ -11,13 +11,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings, RecordKeys
 from ..records.turns import TURN_COUNTS
 from ..sources import DEFAULT_MAX_RECORD_BYTES, SourceInfo
-from ..template import TemplateProfile
 from ..tokenize.memo import MemoStats
-from .options import PrepareOptions
 
 
 @dataclass
@@ -128,10 +125,21 @@ class ChunkResult:
     per_reply_episodes: int = 0
     mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
     keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
-    staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
+    staged: dict | None = None  # a partition task staged the episodes itself: {kind: StagedPart} (ids, mask empty)
     memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
     per_reply_automatic: int = 0  # records served per reply without --per-reply
     last_only: np.ndarray | None = None  # uint8 per episode, 1 = trains its last reply only (None: all 0)
+
+    def shifted(self, first: int) -> ChunkResult:
+        """This result with its record numbers counted from ``first`` (in place)."""
+        if first:
+            self.sources = self.sources + first  # tokens returned with the result (staged ones: record_offset)
+            self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
+            self.mismatches = [(r + first, where) for r, where in self.mismatches]
+            if self.keys is not None:
+                self.keys.records = self.keys.records + first
+                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+        return self
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,7 @@ class TaskRunner(Protocol):
 
     cpus: int
     depth: int | None  # tasks in flight at most (None: every task submitted at once)
-    tokenizer: bytes | None  # what a partition task is given to rebuild the tokenizer (None: the worker's own)
+    tokenizer: bytes | None  # the pickled work a partition task makes rows with (None: the worker's own)
     curate: object  # what a partition task is given of the curating settings (None: the worker's own)
 
     def partitions(self, infos: list[SourceInfo]) -> list: ...
@@ -178,8 +186,8 @@ class TaskRunner(Protocol):
 
 class Executor(Protocol):
     """An engine (``--engine``): ``start`` gives the runner of one partitioned run, whose
-    tasks read the inputs themselves, stage their episodes under ``stage_dir`` and write
-    the final shards (``prepare.partitioned``)."""
+    tasks read the inputs themselves, make their rows with ``work`` (the kind's:
+    ``partition_task.EpisodeWork`` ...), stage them under ``stage_dir`` and write the
+    final shards (``prepare.partitioned``)."""
 
-    def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
-              stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...
+    def start(self, opts, work, stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

@@ -33,7 +33,7 @@ from ..template import choose_tokenizer, tokenizer_state
 from .chunk import curated_chunk
 from .driver import build
 from .options import PrepareOptions
-from .partitioned import partitioned_results
+from .partition_task import EpisodeWork
 from .pool import PoolRunner, worker_setup, worker_task
 from .results import ChunkResult, Executor, PrepareSummary, Progress
 
@@ -83,13 +83,12 @@ class EpisodesKind:
     def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor: Executor | None):
         """A partitioned run's runner: the engine's, or ``--workers`` processes where the
         inputs can be cut; None: this process reads the inputs."""
+        opts = self.opts
         if executor is not None:
-            return executor.start(self.opts, self.tok, self.profile, stage_dir, curate)
+            work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy)
+            return executor.start(opts, work, stage_dir, curate)
         return PoolRunner(self.opts, self.tok, self.profile, stage_dir, curate) if can_partition(infos, self.opts) \
             else None
-
-    def results(self, infos, dtype, runner, stage_dir: Path, output: str):
-        return partitioned_results(infos, self.opts, dtype, runner, stage_dir, output)
 
     def new_summary(self, output_dir: str) -> PrepareSummary:
         self.summary = PrepareSummary(output_dir=output_dir, max_record_bytes=self.opts.max_record_bytes,
@@ -113,9 +112,9 @@ class EpisodesKind:
             summary.memo.add(res.memo)
         keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
         summary.rule_mismatch += [{"record": r, "where": wh} for r, wh in res.mismatches[:max(keep, 0)]]
-        rows = res.staged if res.staged is not None else Rows(res.ids, res.mask, res.lengths, res.sources,
-                                                              flags=res.last_only)
-        return [], rows.without(drop) if drop else rows
+        rows = Rows(res.ids, res.mask, res.lengths, res.sources, flags=res.last_only) if res.staged is None \
+            else res.staged.get(KIND_EPISODES)
+        return [], rows.without(drop) if drop and rows is not None else rows
 
     def finish(self, summary: PrepareSummary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]:
         summary.input_bytes = sum(i.bytes for i in infos)
@@ -147,12 +146,14 @@ def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareO
 
 def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
                  progress: Callable[[Progress], None] | None = None, rl: bool = False,
-                 planned: Callable[[BuildCheck], None] | None = None, executor=None) -> PrefSummary:
+                 planned: Callable[[BuildCheck], None] | None = None,
+                 executor: Executor | None = None) -> PrefSummary:
     """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
     kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``),
     by the same driver as ``prepare`` (``driver.build``: the build key of kind "pairs" or
     "prompts", the up-to-date check, rejects, curation, the exact split). Every record
     that cannot be written exactly is rejected by name into ``rejects.jsonl``.
-    ``executor``: render the chunks on a cluster (``sftdata.engine.pref_ray``)."""
+    ``executor``: an engine (``sftdata.engine.prepare_ray``) that runs it partitioned, as
+    ``prepare``'s: the dataset is the same whichever runs it."""
     opts.validate()
     return build(RowsKind(opts, rl), inputs, output_dir, opts, progress, planned, executor)

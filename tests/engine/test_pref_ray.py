@@ -1,6 +1,8 @@
-"""``prepare-pref --engine ray`` / ``prepare-rl --engine ray``: each chunk rendered by a
-task on the session's local Ray cluster; this process decides and writes, so the dataset
-is the one ``--engine local`` writes, byte for byte (rejects, duplicates, the split)."""
+"""``prepare-pref --engine ray`` / ``prepare-rl --engine ray``: prepare-chat's partitioned run
+on the session's local Ray cluster (tasks read their own partitions, stage their rows and
+write the final shards); this process decides on each record from what they send back, so
+the dataset is the one ``--engine local`` writes, byte for byte (rejects, duplicates, the
+split)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.pref_ray import ray_pref_executor
+from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.pref import PrefOptions
 from sftdata.pref.verify import verify_rows
 from sftdata.prepare import pool, prepare_pref
@@ -30,7 +32,7 @@ def test_ray_prepare_pref_is_byte_identical_to_local(ray_cluster, tmp_path, monk
     src = write_jsonl(tmp_path / "in.jsonl", make(23))
     opts = PrefOptions(val_split=0.3, seed=5, shard_tokens=90, dedup="exact", workers=1)
     local = prepare_pref([src], tmp_path / "local", opts, rl=rl)
-    ray = prepare_pref([src], tmp_path / "ray", opts, rl=rl, executor=ray_pref_executor())
+    ray = prepare_pref([src], tmp_path / "ray", opts, rl=rl, executor=ray_prepare_executor())
     assert tree_bytes(tmp_path / "local") == tree_bytes(tmp_path / "ray")
     a, b = local.as_dict(), ray.as_dict()
     for k in ("seconds", "output_dir"):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sftdata.errors import InputError
-from sftdata.prepare import PrepareOptions, driver, local_parts, partition_task, pool, prepare, run
+from sftdata.prepare import PrepareOptions, driver, local_parts, partition_task, pool, prepare
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
 from sftdata.util import hashing
@@ -144,8 +144,8 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     packed = tmp_path / "in.jsonl.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     calls = []
-    real = run.partitioned_results
-    monkeypatch.setattr(run, "partitioned_results", lambda *a: calls.append(1) or real(*a))
+    real = driver.partitioned_results
+    monkeypatch.setattr(driver, "partitioned_results", lambda *a: calls.append(1) or real(*a))
     prepare([packed], tmp_path / "one", PrepareOptions(mode="tool", val_split=0.1))
     prepare([packed], tmp_path / "two", PrepareOptions(mode="tool", val_split=0.1, workers=2))
     prepare([packed], tmp_path / "near", PrepareOptions(mode="tool", workers=2, dedup="exact"))
