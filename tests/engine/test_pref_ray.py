@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.engine.prepare_ray import ray_prepare_executor
+from sftdata.engine.tasks import RayTasks
 from sftdata.pref import PrefOptions
+from sftdata.pref.run import RowFacts
 from sftdata.pref.verify import verify_rows
-from sftdata.prepare import pool, prepare_pref
+from sftdata.prepare import PartSummary, driver, pool, prepare_pref
+from sftdata.sources.partitions import RangeScan
 from tests.helpers.data import write_jsonl
 from tests.helpers.pref_records import kto_rows as _kto
 from tests.helpers.pref_records import pair_rows as _pairs
@@ -39,6 +43,55 @@ def test_ray_prepare_pref_is_byte_identical_to_local(ray_cluster, tmp_path, monk
         a.pop(k), b.pop(k)
     assert a == b and a["rejected"] == ({"not_preference_record": 1, "duplicate": 1} if make is _pairs else {})
     assert verify_rows(tmp_path / "ray").ok
+
+
+def _arrays_and_types(obj, arrays: list, types: set, seen: set) -> None:
+    """Every numpy array and every type of object reachable from ``obj`` (what a task sent back)."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    types.add(type(obj).__name__)
+    if isinstance(obj, np.ndarray):
+        arrays.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _arrays_and_types(v, arrays, types, seen)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            _arrays_and_types(v, arrays, types, seen)
+    elif hasattr(obj, "__dict__"):
+        _arrays_and_types(vars(obj), arrays, types, seen)
+
+
+def test_pairs_on_ray_are_partitioned_the_coordinator_reads_no_record_and_gets_no_token(ray_cluster, tmp_path,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
+    src = write_jsonl(tmp_path / "in.jsonl", _pairs(23))
+    opts = PrefOptions(val_split=0.3, seed=5, shard_tokens=90, dedup="exact", workers=1)
+    local = prepare_pref([src], tmp_path / "local", opts)
+
+    def no_reading(*_):
+        raise AssertionError("the coordinator read the records itself")
+
+    got, real = [], RayTasks.result
+    monkeypatch.setattr(driver, "iter_all", no_reading)
+    monkeypatch.setattr(RayTasks, "result", lambda self, ref, doing: got.append(real(self, ref, doing)) or got[-1])
+    ray = prepare_pref([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1500))
+    assert tree_bytes(tmp_path / "local") == tree_bytes(tmp_path / "ray")
+    parts = [g for g in got if isinstance(g, PartSummary)]
+    assert len(parts) == len([g for g in got if isinstance(g, RangeScan)]) + 1 > 2  # ranges: one scan each but the first
+    assert sum(p.records for p in parts) == 23 and ray.records_read == 23
+    # each partition's rows came back as facts (22: the bad record is a reject, the duplicate is decided here)
+    assert all(type(p.result.rows) is RowFacts for p in parts)
+    assert sum(p.result.rows.records.shape[0] for p in parts) == 22 and sum(ray.rows.values()) == 21
+    # and no token: every array that came back is a row's length, record or facts, or a duplicate's record
+    arrays, types = [], set()
+    _arrays_and_types(got, arrays, types, set())
+    assert {a.dtype.name for a in arrays} == {"int64", "int8", "uint8"}
+    assert json.loads((tmp_path / "ray" / "dataset_metadata.json").read_bytes())["token_dtype"] == "uint32"
+    assert "Row" not in types and "ndarray" in types
+    assert (local.rows, local.rejected) == (ray.rows, ray.rejected) == ({"train": 15, "val": 6},
+                                                                        {"duplicate": 1, "not_preference_record": 1})
 
 
 def test_the_command_runs_on_ray_and_refuses_a_ray_address_without_it(ray_cluster, tmp_path):
