@@ -102,6 +102,9 @@ class Context:
     special: np.ndarray
     rl: bool
 
+    def __reduce__(self):  # pickled as what rebuilds it (a tokenizer pickles as its path and sha256)
+        return _context, (self.tok, self.profile, self.opts, self.rl)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -123,9 +126,13 @@ def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
     tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, variables=opts.template_vars)
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
-    ctx = Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
-                  _special_flags(tok), rl)
-    return ctx, state
+    return _context(tok, profile, opts, rl, state), state
+
+
+def _context(tok, profile, opts: PrefOptions, rl: bool, state: dict | None = None) -> Context:
+    state = state or (tok.state() if profile is None else tokenizer_state(tok, profile))
+    return Context(tok, profile, rule_from_state(state), TurnPolicy(reasoning=opts.reasoning), opts,
+                   _special_flags(tok), rl)
 
 
 def _columns(raw, obj: dict, names) -> bytes:
@@ -238,43 +245,38 @@ KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)
 
 @dataclass
 class RowFacts:
-    """What the coordinator of a partitioned run learns of each row a task staged (no
-    token, no text, a few bytes a row): its record, kind, KTO label (-1: none), form,
-    whether its prompt or a completion was cut, and (few) its repairs."""
+    """What the coordinator of a partitioned run learns of each row a task staged, in record
+    order (no token, no text, no record number: its staged rows' records are those; two
+    bytes a row): its kind, KTO label and cuts (``bits``: kind, label + 1, prompt cut,
+    completion cut), its form, and (few) its repairs."""
 
-    records: np.ndarray
-    kinds: np.ndarray  # index in KINDS
-    labels: np.ndarray
+    bits: np.ndarray  # uint8: kind index (KINDS) | (label + 1) << 2 | prompt cut << 4 | completion cut << 5
     forms: np.ndarray  # index in ``names``
-    cuts: np.ndarray  # bit 0: the prompt was cut, bit 1: a completion was
     names: list = field(default_factory=list)
     repairs: list = field(default_factory=list)  # (row, repairs) of the rows with any
 
     @classmethod
     def of(cls, rows: list[tuple[int, str, Row]]) -> RowFacts:
         names = sorted({row.form for _, _, row in rows})
-        return cls(np.array([r for r, _, _ in rows], np.int64),
-                   np.array([KINDS.index(row.kind) for _, _, row in rows], np.uint8),
-                   np.array([-1 if row.label is None else row.label for _, _, row in rows], np.int8),
-                   np.array([names.index(row.form) for _, _, row in rows], np.uint8),
-                   np.array([row.prompt_cut + 2 * row.completion_cut for _, _, row in rows], np.uint8), names,
+        bits = [KINDS.index(row.kind) | (0 if row.label is None else row.label + 1) << 2 | row.prompt_cut << 4
+                | row.completion_cut << 5 for _, _, row in rows]
+        return cls(np.array(bits, np.uint8), np.array([names.index(row.form) for _, _, row in rows], np.uint8), names,
                    [(i, row.repairs) for i, (_, _, row) in enumerate(rows) if row.repairs])
 
     def __add__(self, other: RowFacts) -> RowFacts:
         names = sorted(set(self.names) | set(other.names))
         forms = [np.array([names.index(f.names[i]) for i in f.forms.tolist()], np.uint8) for f in (self, other)]
-        n = self.records.shape[0]
-        return RowFacts(*(np.concatenate([getattr(self, k), getattr(other, k)]) for k in ("records", "kinds", "labels")),
-                        np.concatenate(forms), np.concatenate([self.cuts, other.cuts]), names,
+        n = self.bits.shape[0]
+        return RowFacts(np.concatenate([self.bits, other.bits]), np.concatenate(forms), names,
                         self.repairs + [(i + n, r) for i, r in other.repairs])
 
-    def __iter__(self):
-        """Each row as ``(record, where, kind, label, form, repairs, prompt_cut, completion_cut)``
-        (where: None, the coordinator knows it from the record)."""
+    def rows(self, records: np.ndarray):
+        """Each row (its record from ``records``) as ``(record, where, kind, label, form,
+        repairs, prompt_cut, completion_cut)`` (where: None, the coordinator knows it)."""
         repairs = dict(self.repairs)
-        for i, (r, k, lab, f, c) in enumerate(zip(self.records.tolist(), self.kinds.tolist(), self.labels.tolist(),
-                                                  self.forms.tolist(), self.cuts.tolist())):
-            yield r, None, KINDS[k], None if lab < 0 else lab, self.names[f], repairs.get(i, ()), bool(c & 1), c >> 1 == 1
+        for i, (r, b, f) in enumerate(zip(records.tolist(), self.bits.tolist(), self.forms.tolist())):
+            yield r, None, KINDS[b & 3], None if not b >> 2 & 3 else (b >> 2 & 3) - 1, self.names[f], \
+                repairs.get(i, ()), bool(b >> 4 & 1), bool(b >> 5 & 1)
 
 
 @dataclass
@@ -291,9 +293,10 @@ class PrefChunk:
     staged: dict | None = None  # a partition task staged the rows: {kind: StagedPart}
 
     def facts(self):
-        """Each row as ``RowFacts`` iterates them."""
-        if isinstance(self.rows, RowFacts):
-            yield from self.rows
+        """Each row as ``RowFacts.rows`` gives them."""
+        if isinstance(self.rows, RowFacts):  # a partition's: its rows' records are those it staged
+            staged = [p.sources for p in self.staged.values()]
+            yield from self.rows.rows(np.sort(np.concatenate(staged)) if staged else np.empty(0, np.int64))
             return
         for record, where, row in self.rows:
             yield record, where, row.kind, row.label, row.form, row.repairs, row.prompt_cut, row.completion_cut
@@ -302,7 +305,6 @@ class PrefChunk:
         """This chunk with its record numbers counted from ``first`` (in place)."""
         if first:
             self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
-            self.rows.records = self.rows.records + first
             if self.keys is not None:
                 self.keys.records = self.keys.records + first
                 self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]

@@ -7,6 +7,7 @@ split)."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -75,7 +76,9 @@ def test_pairs_on_ray_are_partitioned_the_coordinator_reads_no_record_and_gets_n
 
     got, real = [], RayTasks.result
     monkeypatch.setattr(driver, "iter_all", no_reading)
-    monkeypatch.setattr(RayTasks, "result", lambda self, ref, doing: got.append(real(self, ref, doing)) or got[-1])
+    # what came back, as it came (the coordinator numbers the results in place afterwards)
+    monkeypatch.setattr(RayTasks, "result", lambda self, ref, doing: got.append(pickle.loads(pickle.dumps(
+        out := real(self, ref, doing)))) or out)
     ray = prepare_pref([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=1500))
     assert tree_bytes(tmp_path / "local") == tree_bytes(tmp_path / "ray")
     parts = [g for g in got if isinstance(g, PartSummary)]
@@ -83,13 +86,14 @@ def test_pairs_on_ray_are_partitioned_the_coordinator_reads_no_record_and_gets_n
     assert sum(p.records for p in parts) == 23 and ray.records_read == 23
     # each partition's rows came back as facts (22: the bad record is a reject, the duplicate is decided here)
     assert all(type(p.result.rows) is RowFacts for p in parts)
-    assert sum(p.result.rows.records.shape[0] for p in parts) == 22 and sum(ray.rows.values()) == 21
-    # and no token: every array that came back is a row's length, record or facts, or a duplicate's record
+    assert sum(p.result.rows.bits.shape[0] for p in parts) == 22 and sum(ray.rows.values()) == 21
+    # and no token: a partition's arrays are its rows' lengths and records (4 bytes each) and facts (2 bytes)
     arrays, types = [], set()
-    _arrays_and_types(got, arrays, types, set())
-    assert {a.dtype.name for a in arrays} == {"int64", "int8", "uint8"}
-    assert json.loads((tmp_path / "ray" / "dataset_metadata.json").read_bytes())["token_dtype"] == "uint32"
-    assert "Row" not in types and "ndarray" in types
+    _arrays_and_types(parts, arrays, types, set())
+    assert sum(a.nbytes for a in arrays) == 22 * (4 + 4 + 2)
+    # besides: the ranges' scans, the input's hash (a tuple), the duplicate keys' groups, the final shards' records
+    assert "Row" not in types and {type(g).__name__ for g in got} == {"RangeScan", "PartSummary", "tuple", "BucketGroups",
+                                                                      "dict"}
     assert (local.rows, local.rejected) == (ray.rows, ray.rejected) == ({"train": 15, "val": 6},
                                                                         {"duplicate": 1, "not_preference_record": 1})
 
