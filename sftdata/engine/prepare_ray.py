@@ -13,11 +13,12 @@ the cluster, for every kind of row (the kind's work: ``prepare.partition_task``)
 
 What crosses the network: the partition descriptors and the kind's work (the tokenizer
 in it pickled, a few hundred bytes: what rebuilds it; each worker rebuilds it once) to the
-tasks; back, a summary per partition (counts, rejected records, keys, 16 bytes per row,
-a few more per row of pairs) and a record per final shard. Tokens go from a partition task to the staging area and from there to
-their final shard through a task (with an object-store output, put straight into the
-bucket by that task: ``store.object_upload``), never through the driver; the dataset is byte-identical
-to ``--engine local`` for any number of workers.
+tasks; back, a summary per partition (counts, rejected records, keys, 3-8 bytes per row
+for its length and record, 2 more per row of pairs) and a record per final shard. Tokens
+go from a partition task to the staging area and from there to their final shard through
+a task (with an object-store output, put straight into the bucket by that task:
+``store.object_upload``), never through the driver; the dataset is byte-identical to
+``--engine local`` for any number of workers.
 
 A task whose worker dies is retried by Ray (``max_retries``); the dead attempt's
 ``.tmp-PID`` folder is never renamed, so its partial files are never read, and the whole

@@ -162,8 +162,7 @@ STAGED = {KIND_EPISODES: "s"}  # the split folder a part stages a kind's rows in
 
 def _staged(final: Path, kind: str, w: tuple) -> StagedPart:
     """The ``StagedPart`` of the rows of ``kind`` a task wrote (``w``: writer, the rows'
-    lengths, their records), at its place once the task's folder is renamed ``final``;
-    lengths and records sent as 4 bytes each where they fit."""
+    lengths, their records), at its place once the task's folder is renamed ``final``."""
     meta = w[0].close()
     lengths, sources = np.concatenate(w[1]), np.concatenate(w[2])
     return StagedPart(str(final / STAGED.get(kind, kind) / "shard_00000"), meta.get("rows", meta["episodes"]),
@@ -171,8 +170,9 @@ def _staged(final: Path, kind: str, w: tuple) -> StagedPart:
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` (int64, not negative) as uint32 where they fit: half the bytes to send."""
-    return values.astype(np.uint32) if values.size and int(values.max()) < 1 << 32 else values
+    """``values`` (int64, not negative) in the smallest unsigned type that holds them: the
+    fewest bytes to send (a row's tokens and a record's number: 2 and 4 bytes, mostly)."""
+    return values.astype(np.min_scalar_type(int(values.max()))) if values.size else values
 
 
 def partition_settings(opts, token_dtype: np.dtype, output: str, buckets: int) -> dict:

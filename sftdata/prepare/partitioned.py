@@ -11,7 +11,7 @@ run in local worker processes and as Ray tasks (``results.TaskRunner``)::
                                                     the bytes it parses lie in), render, mask;
                                                     the episodes staged in _parts/part_N
     in input order: record numbers, rejects, ◄──    a summary: counts, rejects, keys, each
-    curating, the exact split (split.py),           episode's length and record (16 bytes an
+    curating, the exact split (split.py),           episode's length and record (3-8 bytes an
     the final shards planned (plan.py)              episode; no token)
                                              ──►    write_shard: one final shard, from the
                                                     staged parts it covers, renamed into place

@@ -87,10 +87,12 @@ def test_pairs_on_ray_are_partitioned_the_coordinator_reads_no_record_and_gets_n
     # each partition's rows came back as facts (22: the bad record is a reject, the duplicate is decided here)
     assert all(type(p.result.rows) is RowFacts for p in parts)
     assert sum(p.result.rows.bits.shape[0] for p in parts) == 22 and sum(ray.rows.values()) == 21
-    # and no token: a partition's arrays are its rows' lengths and records (4 bytes each) and facts (2 bytes)
+    # and no token: a partition's arrays are its rows' lengths and records (1 byte each here: under 256 tokens, under
+    # 256 records; the smallest type that holds them) and facts (2 bytes), and its keys' records (none: they stay)
     arrays, types = [], set()
     _arrays_and_types(parts, arrays, types, set())
-    assert sum(a.nbytes for a in arrays) == 22 * (4 + 4 + 2)
+    assert {a.dtype.name for a in arrays if a.size} == {"uint8"}
+    assert sum(a.nbytes for a in arrays) == 22 * (1 + 1 + 2)
     # besides: the ranges' scans, the input's hash (a tuple), the duplicate keys' groups, the final shards' records
     assert "Row" not in types and {type(g).__name__ for g in got} == {"RangeScan", "PartSummary", "tuple", "BucketGroups",
                                                                       "dict"}
