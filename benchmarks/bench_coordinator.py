@@ -286,6 +286,7 @@ def main() -> None:
     for src in corpora:
         r = measured_run(src, out / "ray", opts)
         if args.pref:
+            shutil.rmtree(out / "local", ignore_errors=True)
             prepare_pref([src], out / "local", opts)
             r["byte_identical_to_local"] = same_tree(out / "ray", out / "local")
         if args.old is not None:
