@@ -59,7 +59,8 @@ class RayRunner(RayTasks):
                  part_bytes: int | None = None, task_env: dict[str, str] | None = None):
         super().__init__(cluster.ray, {"runtime_env": {"env_vars": dict(task_env)}} if task_env else None)
         self.cpus, self.stage_dir, self.part_bytes = cluster.cpus, stage_dir, part_bytes
-        self.tokenizer = pickle.dumps(work)  # what a partition task makes rows with (the tokenizer in it)
+        # what a partition task makes rows with (the tokenizer in it), put once: every task gets the object
+        self.tokenizer = self.ray.put(pickle.dumps(work))
         self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
