@@ -23,9 +23,9 @@ from sftdata.prepare import PartSummary, driver, pool, prepare_pref
 from sftdata.sources.partitions import RangeScan
 from tests.helpers.data import write_jsonl
 from tests.helpers.pref_records import kto_rows as _kto
+from tests.helpers.pref_records import mixed_rows, tree_bytes
 from tests.helpers.pref_records import pair_rows as _pairs
 from tests.helpers.pref_records import prompt_rows as _prompts
-from tests.helpers.pref_records import tree_bytes
 
 runner = CliRunner()
 
@@ -98,6 +98,16 @@ def test_pairs_on_ray_are_partitioned_the_coordinator_reads_no_record_and_gets_n
                                                                       "dict"}
     assert (local.rows, local.rejected) == (ray.rows, ray.rejected) == ({"train": 15, "val": 6},
                                                                         {"duplicate": 1, "not_preference_record": 1})
+
+
+def test_rows_of_two_kinds_are_decided_on_ray_as_here(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "CHUNK_RECORDS", 2)
+    src = write_jsonl(tmp_path / "in.jsonl", mixed_rows(14, (3, 8, 9)))
+    opts = PrefOptions(val_split=0.3, seed=5, shard_tokens=90, dedup="exact", workers=1)
+    local = prepare_pref([src], tmp_path / "local", opts)
+    ray = prepare_pref([src], tmp_path / "ray", opts, executor=ray_prepare_executor(part_bytes=700))
+    assert tree_bytes(tmp_path / "local") == tree_bytes(tmp_path / "ray")
+    assert local.rejected == ray.rejected == {"duplicate": 2, "mixed_kinds": 1}
 
 
 def test_the_command_runs_on_ray_and_refuses_a_ray_address_without_it(ray_cluster, tmp_path):
