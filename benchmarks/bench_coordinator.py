@@ -24,6 +24,11 @@ With ``--old TREE`` (a checkout of the code before the change, e.g. ``git worktr
 subprocess) and the two datasets are compared file by file: ``byte_identical_to_old``
 (the metadata but for the ``block_sha256`` each input now records, and so its checksum).
 
+``--pref`` runs prepare-pref instead (pairs from benchmarks/bench_pref.py's generator, of
+each ``--mb`` size, partitioned like prepare-chat: ``sftdata.prepare.prepare_pref`` with the
+Ray executor), and checks each dataset byte-identical to ``--engine local``'s
+(``byte_identical_to_local``).
+
 ``--plan-only N`` times the coordinator's own steps on N synthetic episodes (no Ray, no
 tokenizer): what its CPU grows with. Per episode, from 100 partitions' summaries: the
 16 bytes each summary carries unpickled, the exact split (``split.split_assignment``),
@@ -60,7 +65,8 @@ import orjson  # noqa: E402
 from corpus import WORK, generated_corpus  # noqa: E402
 
 from sftdata.engine import prepare_ray  # noqa: E402
-from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
+from sftdata.pref import PrefOptions  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare, prepare_pref  # noqa: E402
 
 TASKS = {"args": 0, "results": 0, "count": 0}
 
@@ -107,15 +113,48 @@ def dataset_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
-def measured_run(src: Path, out: Path, opts: PrepareOptions) -> dict:
+def pairs_corpus(mb: float) -> Path:
+    """Conversational pairs (bench_pref's generator) of about ``mb`` MB, JSONL."""
+    from bench_pref import pairs
+
+    out = WORK / f"pairs_{mb:g}mb.jsonl"
+    if not out.exists():
+        WORK.mkdir(parents=True, exist_ok=True)
+        with open(out, "wb") as f:
+            seed = 0
+            while f.tell() < mb * 1e6:
+                f.write(b"".join(orjson.dumps(r) + b"\n" for r in pairs(1000, seed)))
+                seed += 1
+    return out
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    """Every file of ``a`` byte-identical in ``b`` (the metadata but for its time and the build's timing)."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    if files != sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()):
+        return False
+    for rel in files:
+        x, y = (a / rel).read_bytes(), (b / rel).read_bytes()
+        if rel.name == "dataset_metadata.json":
+            x, y = (orjson.loads(v) for v in (x, y))
+            for m in (x, y):
+                for k in ("build", "metadata_checksum", "files"):
+                    m.pop(k, None)
+        if x != y:
+            return False
+    return True
+
+
+def measured_run(src: Path, out: Path, opts) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     TASKS.update(args=0, results=0, count=0)
+    build = prepare_pref if isinstance(opts, PrefOptions) else prepare
     io0, c0, m0, t0 = proc_io(), cpu_s(), time.thread_time(), time.perf_counter()
-    s = prepare([src], out, opts, executor=prepare_ray.ray_prepare_executor())
+    s = build([src], out, opts, executor=prepare_ray.ray_prepare_executor())
     wall, cpu, main_cpu, io1 = time.perf_counter() - t0, cpu_s() - c0, time.thread_time() - m0, proc_io()
     rchar, wchar = io1["rchar"] - io0["rchar"], io1["wchar"] - io0["wchar"]
     size = dataset_bytes(out)
-    episodes = sum(s.episodes.values())
+    episodes = sum(s.rows.values() if isinstance(opts, PrefOptions) else s.episodes.values())
     return {
         "input_mb": round(src.stat().st_size / 1e6, 1), "episodes": episodes, "tokens": sum(s.tokens.values()),
         "dataset_mb": round(size / 1e6, 1), "wall_s": round(wall, 1),
@@ -218,6 +257,7 @@ def main() -> None:
     ap.add_argument("--raylets", type=int, default=2)
     ap.add_argument("--old", type=Path, default=None, help="a checkout of the code before the change")
     ap.add_argument("--task-rates", type=float, default=0, metavar="MB", help="time scan and write tasks on MB")
+    ap.add_argument("--pref", action="store_true", help="prepare-pref (pairs) instead of prepare-chat")
     ap.add_argument("--plan-only", type=int, default=0, metavar="N", help="time the coordinator's steps on N episodes")
     args = ap.parse_args()
     if args.plan_only:
@@ -235,14 +275,20 @@ def main() -> None:
         cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     prepare_ray.RayRunner = _Counted
-    opts = PrepareOptions(val_split=0.01)
+    opts = PrefOptions(val_split=0.01) if args.pref else PrepareOptions(val_split=0.01)
     out = WORK / "coordinator"
     sizes = sorted(args.mb)
-    corpora = [generated_corpus(mb) for mb in sizes] + [longer_corpus(generated_corpus(sizes[0]), 4)]
-    prepare([corpora[0]], out / "warm", opts, executor=prepare_ray.ray_prepare_executor())  # workers started
+    corpora = [pairs_corpus(mb) for mb in sizes] if args.pref else \
+        [generated_corpus(mb) for mb in sizes] + [longer_corpus(generated_corpus(sizes[0]), 4)]
+    build = prepare_pref if args.pref else prepare
+    build([corpora[0]], out / "warm", opts, executor=prepare_ray.ray_prepare_executor())  # workers started
     runs = []
     for src in corpora:
         r = measured_run(src, out / "ray", opts)
+        if args.pref:
+            shutil.rmtree(out / "local", ignore_errors=True)
+            prepare_pref([src], out / "local", opts)
+            r["byte_identical_to_local"] = same_tree(out / "ray", out / "local")
         if args.old is not None:
             old_run(args.old, src, out / "old", opts)
             r["byte_identical_to_old"] = same_as_old(out / "ray", out / "old")

@@ -57,7 +57,8 @@ def _ours(path: Path, folder: Path, out: Path):
     import numpy as np
     import orjson
 
-    from sftdata.pref import PrefOptions, prepare_pref
+    from sftdata.pref import PrefOptions
+    from sftdata.prepare import prepare_pref
 
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()

@@ -25,6 +25,7 @@ times instead what prepare does beside the core (its answers replayed), in parts
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
@@ -52,7 +53,12 @@ def _prepare_module(name: str):
 def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = (0, 256)) -> dict:
     """Runs inside one tree (its sftdata first on sys.path)."""
     from sftdata.prepare import PrepareOptions, prepare
-    prep = _prepare_module("run")  # where prepare looks up local_results and curate_result
+    # where prepare looks up its chunks' results and its curating (the driver's, or an older tree's run)
+    try:
+        prep = importlib.import_module("sftdata.prepare.driver")
+    except ModuleNotFoundError:
+        prep = _prepare_module("run")
+    names = ("chunk_results", "curate") if hasattr(prep, "chunk_results") else ("local_results", "curate_result")
     from sftdata.chat.tokenizer import load_tokenizer
 
     texts = pickle.loads(texts_file.read_bytes())
@@ -81,7 +87,7 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = 
         report[f"memo{memo:g}"] = {"core_cpu": ref, "prepare_cpu": cpu, "ratio": ref / cpu}
     if scaling:
         marks: dict = {}
-        real_results, real_curate = prep.local_results, prep.curate_result
+        real_results, real_curate = (getattr(prep, n) for n in names)
 
         def results(*a, **k):  # the engine starts: what came before (tokenizer, inputs) is serial
             marks["first"] = time.process_time()
@@ -91,7 +97,8 @@ def child(src: Path, mode: str, texts_file: Path, scaling: bool, memos: tuple = 
             marks["last"] = time.process_time()
             return real_curate(*a)
 
-        prep.local_results, prep.curate_result = results, curate
+        for n, f in zip(names, (results, curate)):
+            setattr(prep, n, f)
         mb = src.stat().st_size / 1e6
         kids_before = 0.0
         for memo in memos:  # the 2-worker model of each memo setting, against its own 1-worker run

@@ -6,10 +6,11 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..engine import check_engine
-from ..engine.pref_ray import ray_pref_executor
+from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..options.option import PREF, RL
-from ..pref import PrefOptions, PrefSummary, Truncation, prepare_pref
+from ..pref import PrefOptions, PrefSummary, Truncation
+from ..prepare import prepare_pref
 from .app import LazyProgress, app, handle_errors, make_progress
 from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
@@ -59,7 +60,7 @@ def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool,
 def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
          ray_address: str | None = None) -> None:
     name = "prepare-rl" if rl else "prepare-pref"
-    executor = ray_pref_executor(ray_address) if check_engine(engine) == "ray" else None
+    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     with LazyProgress(make_progress(quiet or as_json)) as bar:

@@ -1,5 +1,6 @@
-"""``prepare-chat`` / ``prepare-tool`` on a Ray cluster (``--engine ray``): the partitioned
-run (``sftdata.prepare.partitioned``) with its tasks on the cluster.
+"""``prepare-chat``, ``prepare-tool``, ``prepare-pref`` and ``prepare-rl`` on a Ray cluster
+(``--engine ray``): the partitioned run (``sftdata.prepare.partitioned``) with its tasks on
+the cluster, for every kind of row (the kind's work: ``prepare.partition_task``).
 
 ::
 
@@ -10,13 +11,14 @@ run (``sftdata.prepare.partitioned``) with its tasks on the cluster.
              inputs whole)        the exact split, the final shards planned from the lengths
                               ──► write_shard per final shard (from the staged parts) ──► commit
 
-What crosses the network: the partition descriptors and the tokenizer (pickled, a few
-hundred bytes: what rebuilds it; each worker rebuilds it once) to the tasks; back, a
-summary per partition (counts, rejected records, keys, 16 bytes per episode) and a record
-per final shard. Tokens go from a partition task to the staging area and from there to
-their final shard through a task (with an object-store output, put straight into the
-bucket by that task: ``store.object_upload``), never through the driver; the dataset is byte-identical
-to ``--engine local`` for any number of workers.
+What crosses the network: the partition descriptors and the kind's work (the tokenizer
+in it pickled, a few hundred bytes: what rebuilds it; each worker rebuilds it once) to the
+tasks; back, a summary per partition (counts, rejected records, keys, 3-8 bytes per row
+for its length and record, 2 more per row of pairs) and a record per final shard. Tokens
+go from a partition task to the staging area and from there to their final shard through
+a task (with an object-store output, put straight into the bucket by that task:
+``store.object_upload``), never through the driver; the dataset is byte-identical to
+``--engine local`` for any number of workers.
 
 A task whose worker dies is retried by Ray (``max_retries``); the dead attempt's
 ``.tmp-PID`` folder is never renamed, so its partial files are never read, and the whole
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from ..curate import CurateSettings
 from ..errors import UsageError
-from ..prepare import Executor, PrepareOptions
+from ..prepare import Executor
 from ..sources import SourceInfo
 from ..sources.partitions import PART_BYTES, Partition, plan_partitions
 from ..tasks import RayTasks
@@ -54,11 +56,12 @@ class RayRunner(RayTasks):
 
     depth = None
 
-    def __init__(self, cluster: RayCluster, tok, profile, stage_dir: Path, curate: CurateSettings,
+    def __init__(self, cluster: RayCluster, work, stage_dir: Path, curate: CurateSettings,
                  part_bytes: int | None = None, task_env: dict[str, str] | None = None):
         super().__init__(cluster.ray, {"runtime_env": {"env_vars": dict(task_env)}} if task_env else None)
         self.cpus, self.stage_dir, self.part_bytes = cluster.cpus, stage_dir, part_bytes
-        self.tokenizer = pickle.dumps((tok, profile))
+        # what a partition task makes rows with (the tokenizer in it), put once: every task gets the object
+        self.tokenizer = self.ray.put(pickle.dumps(work))
         self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
@@ -70,20 +73,20 @@ class RayRunner(RayTasks):
 
 
 class RayExecutor:
-    """``prepare``'s executor on the Ray cluster at ``address`` (``Executor``)."""
+    """``prepare``'s and ``prepare_pref``'s executor on the Ray cluster at ``address`` (``Executor``)."""
 
     def __init__(self, address: str | None = None, part_bytes: int | None = None,
                  task_env: dict[str, str] | None = None):
         import_ray()  # without Ray: a UsageError now, before anything is read or written
         self.address, self.part_bytes, self.task_env = address, part_bytes, task_env
 
-    def start(self, opts: PrepareOptions, tok, profile, stage_dir: Path, curate: CurateSettings) -> RayRunner:
-        return RayRunner(connect(self.address), tok, profile, stage_dir, curate, self.part_bytes, self.task_env)
+    def start(self, opts, work, stage_dir: Path, curate: CurateSettings) -> RayRunner:
+        return RayRunner(connect(self.address), work, stage_dir, curate, self.part_bytes, self.task_env)
 
 
 def ray_prepare_executor(address: str | None = None, part_bytes: int | None = None,
                          task_env: dict[str, str] | None = None) -> Executor:
-    """An ``Executor`` for ``sftdata.prepare.prepare`` that runs on the Ray cluster at
+    """An ``Executor`` for ``sftdata.prepare.prepare`` and ``prepare_pref`` that runs on the Ray cluster at
     ``address`` (else ``RAY_ADDRESS``, else a local one). ``task_env``: environment
     variables the tasks run with (Ray's ``runtime_env``), e.g. an object store's endpoint
     for tasks that upload their shards (the nodes' own settings otherwise). Without Ray

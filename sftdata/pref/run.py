@@ -1,79 +1,41 @@
-"""The preference and RL pipelines: records -> pairs (or KTO rows, or prompts) -> split -> dataset.
+"""Pairs, KTO rows and RL prompts as a kind of row (``RowsKind``), which the one build driver
+(``sftdata.prepare.driver``) builds as it builds episodes::
 
-::
+    records ──parse_preference──► render_record (token-space split, proven) ──► one
+        truncation cut per pair ──► a row: prompt and completion(s) (a prompt alone, and
+        its columns: RL) ──► the driver: curation, rejects, the exact split, the commit
 
-    inputs ──read (sources)──► records ──parse_preference──► render_record (token-space split,
-        proven) ──► one truncation cut per pair ──► exact seeded split of the rows
-        ──► train/ val/ shards (RowSplitWriter) ──► metadata (written last) ──► rename
-
-The inputs, rejects (``rejects.jsonl``, the same reasons and lines as prepare-chat), the
-tokenizer and template profile, the split and the committing writer are prepare's own.
+Verify renders a row again with the same functions (``open_context``, ``start_rows``,
+``finish_rows``, ``record_row``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import pickle
-import shutil
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from contextlib import closing
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import orjson
 
-from .. import __version__
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
 from ..chat.serving import check_state_stops
-from ..curate import (
-    CurateSettings,
-    Deduplicator,
-    RecordKeys,
-    canonical_text,
-    exact_key,
-    load_evals,
-)
+from ..curate import CurateSettings, RecordKeys, canonical_text, concat_keys, exact_key
 from ..curate.minhash import shingle_hashes, signatures
-from ..errors import RecordError, UsageError
-from ..prepare.build import plan_build
-from ..prepare.pool import PoolRunner, chunks_of
-from ..prepare.results import Progress
-from ..prepare.run import _all_rejected
-from ..prepare.split import split_assignment
+from ..errors import RecordError
 from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
-from ..records.rejects import RejectsFile, reject_line, writing
 from ..records.turns import TurnPolicy
-from ..sources import RawRecord, SourceInfo, expand_inputs, inspect_source, iter_all
-from ..sources.partitions import records_sha256
-from ..store.build_key import BUILD, BuildCheck, library_changes
-from ..store.format import (
-    ENTRIES_PER_ROW,
-    KIND_KTO,
-    KIND_PAIRS,
-    KIND_PROMPTS,
-    REJECTS_FILE,
-    STAGING_SPLIT,
-    TOKENIZER_FILE,
-    token_dtype_for,
-)
-from ..store.location import local_path
-from ..store.serving_file import write_serving
-from ..store.split_writer import RowSplitWriter
-from ..store.writer import DatasetWriter, sweep_beside
-from ..tasks import in_order, overlapped, process_pool, worker_started
-from ..template import choose_tokenizer, template_summary, tokenizer_state
-from ..tokenize.identity import recorded_identity
+from ..sources import RawRecord, SourceInfo, record_where
+from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
+from ..store.rows import Rows
+from ..template import choose_tokenizer, tokenizer_state
 from .options import PrefOptions
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
-from .split import split_rows
 from .truncate import Cut, plan_cut
 
 
@@ -140,6 +102,9 @@ class Context:
     special: np.ndarray
     rl: bool
 
+    def __reduce__(self):  # pickled as what rebuilds it (a tokenizer pickles as its path and sha256)
+        return _context, (self.tok, self.profile, self.opts, self.rl)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -162,9 +127,13 @@ def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
                                     opts.template_vars, limits=opts.template_limits())
     state = tok.state() if profile is None else tokenizer_state(tok, profile)
     check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
-    ctx = Context(tok, profile, rule_from_state(state), opts.policy, opts,
-                  _special_flags(tok), rl)
-    return ctx, state
+    return _context(tok, profile, opts, rl, state), state
+
+
+def _context(tok, profile, opts: PrefOptions, rl: bool, state: dict | None = None) -> Context:
+    state = state or (tok.state() if profile is None else tokenizer_state(tok, profile))
+    return Context(tok, profile, rule_from_state(state), opts.policy, opts,
+                   _special_flags(tok), rl)
 
 
 def _columns(raw, obj: dict, names) -> bytes:
@@ -272,15 +241,109 @@ def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -
                text="\n\n".join(canonical_text(c) for c in out.conversations))
 
 
+KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)
+
+
+@dataclass
+class RowFacts:
+    """What the coordinator of a partitioned run learns of each row a task staged, in record
+    order (no token, no text, no record number: its staged rows' records are those; two
+    bytes a row): its kind, KTO label and cuts (``bits``: kind, label + 1, prompt cut,
+    completion cut), its form, and (few) its repairs."""
+
+    bits: np.ndarray  # uint8: kind index (KINDS) | (label + 1) << 2 | prompt cut << 4 | completion cut << 5
+    forms: np.ndarray  # index in ``names``
+    names: list = field(default_factory=list)
+    repairs: list = field(default_factory=list)  # (row, repairs) of the rows with any
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, str, Row]]) -> RowFacts:
+        names = sorted({row.form for _, _, row in rows})
+        bits = [KINDS.index(row.kind) | (0 if row.label is None else row.label + 1) << 2 | row.prompt_cut << 4
+                | row.completion_cut << 5 for _, _, row in rows]
+        return cls(np.array(bits, np.uint8), np.array([names.index(row.form) for _, _, row in rows], np.uint8), names,
+                   [(i, row.repairs) for i, (_, _, row) in enumerate(rows) if row.repairs])
+
+    def __add__(self, other: RowFacts) -> RowFacts:
+        names = sorted(set(self.names) | set(other.names))
+        forms = [np.array([names.index(f.names[i]) for i in f.forms.tolist()], np.uint8) for f in (self, other)]
+        n = self.bits.shape[0]
+        return RowFacts(np.concatenate([self.bits, other.bits]), np.concatenate(forms), names,
+                        self.repairs + [(i + n, r) for i, r in other.repairs])
+
+    def rows(self, records: np.ndarray):
+        """Each row (its record from ``records``) as ``(record, where, kind, label, form,
+        repairs, prompt_cut, completion_cut)`` (where: None, the coordinator knows it)."""
+        repairs = dict(self.repairs)
+        for i, (r, b, f) in enumerate(zip(records.tolist(), self.bits.tolist(), self.forms.tolist())):
+            yield r, None, KINDS[b & 3], None if not b >> 2 & 3 else (b >> 2 & 3) - 1, self.names[f], \
+                repairs.get(i, ()), bool(b >> 4 & 1), bool(b >> 5 & 1)
+
+
 @dataclass
 class PrefChunk:
-    """What one chunk of records became (picklable: sent back from a worker): per record in
-    input order ``(record, where, Row)`` or ``(record, where, (reason, message))``, and the
-    curating keys of its rows (``RecordKeys``, rows in the same order)."""
+    """What one chunk of records became (picklable: sent back from a worker): its records,
+    the rejected ones ``(record, where, reason, message)`` and the rows ``(record, where,
+    Row)`` (a partition task's: their ``RowFacts``, the rows staged), in input order, and
+    the curating keys of its rows (``RecordKeys``, rows in the same order)."""
 
     records: int
-    outcomes: list
-    keys: RecordKeys
+    rejects: list
+    rows: list | RowFacts
+    keys: RecordKeys | None
+    staged: dict | None = None  # a partition task staged the rows: {kind: StagedPart}
+
+    def facts(self):
+        """Each row as ``RowFacts.rows`` gives them."""
+        if isinstance(self.rows, RowFacts):  # a partition's: its rows' records are those it staged
+            staged = [p.sources for p in self.staged.values()]
+            yield from self.rows.rows(np.sort(np.concatenate(staged)) if staged else np.empty(0, np.int64))
+            return
+        for record, where, row in self.rows:
+            yield record, where, row.kind, row.label, row.form, row.repairs, row.prompt_cut, row.completion_cut
+
+    def shifted(self, first: int) -> PrefChunk:
+        """This chunk with its record numbers counted from ``first`` (in place)."""
+        if first:
+            self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
+            if self.keys is not None:
+                self.keys.records = self.keys.records + first
+                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+        return self
+
+
+@dataclass
+class PairWork:
+    """What a partition task (``sftdata.prepare.partition_task``) makes of a chunk of records:
+    rows (``pref_chunk``), staged per kind, and their ``RowFacts``."""
+
+    ctx: Context
+
+    @staticmethod
+    def merged(acc: PrefChunk | None, res: PrefChunk | None) -> PrefChunk:
+        res = res or PrefChunk(0, [], RowFacts.of([]), None)
+        if acc is None:
+            return res
+        return PrefChunk(acc.records + res.records, acc.rejects + res.rejects, acc.rows + res.rows,
+                         concat_keys(acc.keys, res.keys))
+
+    def chunk(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> tuple[PrefChunk, dict]:
+        res = pref_chunk(items, self.ctx, curate)
+        rows = {k: rows_of(k, [(r, row) for r, _, row in res.rows if row.kind == k]) for k in KINDS}
+        return PrefChunk(res.records, res.rejects, RowFacts.of(res.rows), res.keys), rows
+
+
+def rows_of(kind: str, kept: list[tuple[int, Row]]) -> Rows:
+    """The ``Rows`` of ``kept`` (record, row), all of ``kind``."""
+    parts = [p for _, row in kept for p in row.parts]
+    if not parts:
+        return Rows(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
+                    ENTRIES_PER_ROW[kind])
+    return Rows(np.concatenate([p for p, _ in parts]), np.concatenate([m for _, m in parts]),
+                np.array([p.shape[0] for p, _ in parts], dtype=np.int64), np.array([r for r, _ in kept], dtype=np.int64),
+                ENTRIES_PER_ROW[kind],
+                labels=np.array([row.label for _, row in kept], dtype=np.uint8) if kind == KIND_KTO else None,
+                columns=[row.columns for _, row in kept] if kind == KIND_PROMPTS else None)
 
 
 def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> RecordKeys:
@@ -322,23 +385,20 @@ def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None 
 
 def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) -> PrefChunk:
     """The second half of ``pref_chunk``: the chunk's rows and their keys."""
-    outcomes, rows, at = [], [], []
+    rejects, rows = [], []
     made = iter(finish_rows(started.rows, ctx))
     for rec in started.items:
         if rec.reject is not None:  # decided while reading (too large to read)
-            outcomes.append((rec.record, rec.where, rec.reject))
+            rejects.append((rec.record, rec.where, *rec.reject))
             continue
         row = next(made)
         if isinstance(row, RecordError):
-            outcomes.append((rec.record, rec.where, (row.reason, row.detail)))
-            continue
-        at.append(len(outcomes))
-        rows.append((rec.record, rec.where, row))
-        outcomes.append(rows[-1])
+            rejects.append((rec.record, rec.where, row.reason, row.detail))
+        else:
+            rows.append((rec.record, rec.where, row))
     keys = row_keys(rows, curate)
-    for i, (record, where, row) in zip(at, rows):  # the text has served (keys): not sent back
-        outcomes[i] = (record, where, dataclasses.replace(row, text=""))
-    return PrefChunk(len(started.items), outcomes, keys)
+    # the text has served (keys): not sent back
+    return PrefChunk(len(started.items), rejects, [(r, w, dataclasses.replace(row, text="")) for r, w, row in rows], keys)
 
 
 def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
@@ -349,8 +409,7 @@ def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings)
 PREF_WORKER: dict = {}
 
 
-def _pref_worker_init(parent_pid: int, ctx: Context, curate: CurateSettings) -> None:
-    worker_started(parent_pid)
+def _pref_worker_setup(ctx: Context, curate: CurateSettings) -> None:
     PREF_WORKER["ctx"], PREF_WORKER["curate"] = ctx, curate
 
 
@@ -358,264 +417,82 @@ def _pref_worker_run(items: Sequence[RawRecord]) -> PrefChunk:
     return pref_chunk(items, PREF_WORKER["ctx"], PREF_WORKER["curate"])
 
 
-_TASK_CONTEXTS: dict[bytes, Context] = {}  # a cluster worker's contexts, by their pickle's digest
+class RowsKind:
+    """Pairs and KTO rows (the dataset's kind: its first kept row's), or RL prompts (``rl``):
+    the kind of row the build driver (``sftdata.prepare.driver``) knows them by."""
 
+    item, same = "row", "the same prompt and completions as"
+    trains = remote = empty_val = counts_tokens = False
+    records_dedup = True
 
-def pref_task(ctx_blob: bytes, curate: CurateSettings, items: Sequence[RawRecord]) -> PrefChunk:
-    """``pref_chunk`` as a cluster task (``--engine ray``): the run's context arrives
-    pickled (the tokenizer as its path and sha256) and is rebuilt once per worker."""
-    key = hashlib.blake2b(ctx_blob, digest_size=16).digest()
-    ctx = _TASK_CONTEXTS.get(key)
-    if ctx is None:
-        _TASK_CONTEXTS.clear()
-        ctx = _TASK_CONTEXTS[key] = pickle.loads(ctx_blob)  # noqa: S301 - the run's own context, pickled by this run
-    return pref_chunk(items, ctx, curate)
+    def __init__(self, opts: PrefOptions, rl: bool):
+        self.opts, self.rl = opts, rl
+        self.build_kind = KIND_PROMPTS if rl else KIND_PAIRS
+        self.store_kind = KIND_PROMPTS if rl else None
+        self.repaired, self.forms, self.counts, self.labels = Counter(), Counter(), Counter(), Counter()
 
+    def open(self) -> None:
+        self.ctx, self.state = open_context(self.opts, self.rl)
+        self.tok, self.profile = self.ctx.tok, self.ctx.profile
 
-class PrefExecutor(Protocol):
-    """Where a run's chunks are rendered when not in this machine's processes (``--engine
-    ray``: ``sftdata.engine.pref_ray``): ``start`` gives a task runner (``in_order``'s:
-    ``submit``, ``result``, ``close``, ``depth``) that runs ``pref_task`` with the
-    context and curating settings it was started with (``shared`` puts a value once)."""
+    def worker(self, curate: CurateSettings) -> tuple:
+        return _pref_worker_setup, (self.ctx, curate), _pref_worker_run
 
-    def start(self, ctx: Context, curate: CurateSettings): ...
-
-
-def pref_results(infos: list[SourceInfo], ctx: Context, curate: CurateSettings, workers: int,
-                 executor: PrefExecutor | None = None) -> Iterator[tuple[PrefChunk, int]]:
-    """Chunk results in input order (prepare's chunks); with ``workers`` > 1 rendered by
-    that many processes (prepare's pool, at most 2 x workers chunks in flight); with an
-    ``executor``, by its tasks (a Ray cluster; as many chunks in flight as it says)."""
-    chunks = chunks_of(iter_all(infos, ctx.opts.max_record_bytes))
-    if executor is not None:
-        runner = executor.start(ctx, curate)
-        blob, shared = runner.shared(pickle.dumps(ctx)), runner.shared(curate)
-        try:
-            yield from in_order(runner, pref_task, (((blob, shared, items), f"the records from {items[0].where} on "
-                                                     f"were being prepared", pos) for items, pos in chunks))
-        except BaseException:
-            runner.close(True)
-            raise
-        runner.close(False)
-        return
-    if workers <= 1:  # each chunk's texts are tokenized on a second thread while the next one renders
+    @contextmanager
+    def local(self, curate: CurateSettings):
+        """Each chunk's texts tokenized on a second thread while the next one renders."""
         with one_process_run() as pool:
-            for started, pos in overlapped(chunks, lambda items: start_chunk(items, ctx, pool)):
-                yield finish_chunk(started, ctx, curate), pos
-        return
-    runner = PoolRunner(ctx.opts, None, None, None, curate,
-                        pool=process_pool(workers, _pref_worker_init, (ctx, curate), curate))
-    done = False
-    try:
-        yield from in_order(runner, _pref_worker_run, (((items,), f"the records from {items[0].where} on were "
-                                                        f"being prepared", pos) for items, pos in chunks))
-        done = True
-    finally:
-        runner.close(not done)
+            yield (lambda items: start_chunk(items, self.ctx, pool)), (lambda s: finish_chunk(s, self.ctx, curate))
 
+    def runner(self, infos: list[SourceInfo], stage_dir, curate: CurateSettings, executor):
+        """A partitioned run's runner: the engine's (its tasks read their own partitions and
+        stage their own rows: ``PairWork``); None: this process reads the inputs."""
+        self.infos = infos
+        return None if executor is None else executor.start(self.opts, PairWork(self.ctx), stage_dir, curate)
 
-class _Gather:
-    """The driver's decisions on each record in input order (contamination, duplicates, the
-    dataset's kind, --strict), the kept rows written as they come, the counts."""
+    def new_summary(self, output_dir: str) -> PrefSummary:
+        return PrefSummary(output_dir, self.build_kind)
 
-    def __init__(self, w: DatasetWriter, opts: PrefOptions, rl: bool, dtype: np.dtype, evals):
-        self.w, self.opts, self.dtype, self.evals = w, opts, dtype, evals
-        self.kind = KIND_PROMPTS if rl else None
-        self.dedup = Deduplicator(opts.dedup, opts.dedup_threshold)
-        self.contaminated: Counter = Counter()
-        self.rejected, self.repaired, self.forms, self.counts, self.labels = (Counter() for _ in range(5))
-        self.records = 0
-        self.direct = opts.val_split == 0  # no split to draw: rows go straight to train, in input order
-        self.writer: RowSplitWriter | None = None
-        self.hits: dict = {}  # the chunk's contaminated rows: record -> (evaluation item, shared words)
+    def of_dataset(self, output_dir: str, meta: dict) -> PrefSummary:
+        return PrefSummary.of_dataset(output_dir, meta)
 
-    def _curate(self, record: int, where: str, keys: RecordKeys, i: int) -> None:
-        """Raise ``RecordError`` when the row shares an n-gram with an evaluation item (its
-        prompt or any completion: ``contaminated``) or repeats an earlier kept row
-        (``duplicate``: exactly with ``--dedup exact``, or nearly with ``near``; exact ones
-        counted either way)."""
-        hit = self.hits.get(record)
-        if hit is not None:
-            ev = self.evals
-            fi, number, ewhere = ev.items[hit[0]]
-            self.contaminated[fi] += 1
-            raise RecordError("contaminated", f"shares the {ev.n}-word sequence \"{hit[1]}\" with item {number} of "
-                              f"the evaluation file {ev.files[fi]} ({ewhere}); dropped so that the evaluation stays "
-                              f"unseen", where)
-        one = RecordKeys(keys.records[i:i + 1], [where], keys.exact[i:i + 1],
-                         None if keys.signatures is None else keys.signatures[i:i + 1], [])
-        for d in self.dedup.decide(one):
-            raise RecordError("duplicate", d.message().replace("the same conversation as", "the same prompt and "
-                                                               "completions as"), where)
-
-    def add(self, res: PrefChunk, rej, rejects: Path, output_dir) -> None:
-        """One chunk's records, in input order."""
-        self.hits = {c[0]: (c[2], c[3]) for c in res.keys.contaminated}
-        kept, lines, k = [], [], 0
-        for record, where, out in res.outcomes:
-            try:
-                if isinstance(out, tuple):
-                    raise RecordError(*out, where)
-                row, i = out, k
-                k += 1
-                self._curate(record, where, res.keys, i)
-                if self.kind is None:
-                    self.kind = row.kind
-                elif self.kind != row.kind:
-                    raise RecordError("mixed_kinds", f"a {row.kind} row in a {self.kind} dataset (the first kept row "
-                                      f"decided); prepare pairs and KTO rows into separate datasets", where)
-            except RecordError as e:
-                if self.opts.strict:
-                    raise RecordError(e.reason, e.detail + " (--strict stops at the first bad record; drop "
-                                      "--strict to skip and count bad records)", where, record) from None
-                self.rejected[e.reason] += 1
-                lines.append(reject_line(record, where, e.reason, e.detail) + b"\n")
+    def accept(self, chunk: PrefChunk, drop: set[int]) -> tuple[list, object]:
+        """The rows of ``chunk`` but those of ``drop`` (a partitioned run's: its staged part
+        of the dataset's kind, those left out); a row of another kind than the dataset's is
+        rejected (``mixed_kinds``); the kept ones are counted."""
+        own, kept = [], set()
+        for record, where, kind, label, form, repairs, prompt_cut, completion_cut in chunk.facts():
+            if record in drop:
                 continue
-            kept.append((record, row))
-            if row.label is not None:
-                self.labels["desirable" if row.label else "undesirable"] += 1
-            if row.form:
-                self.forms[row.form] += 1
-            for r in row.repairs:
-                self.repaired[r] += 1
-            self.counts["prompts_cut"] += row.prompt_cut
-            self.counts["completions_cut"] += row.completion_cut
-        self.records += res.records
-        if lines:
-            with writing(rejects, output_dir):
-                rej.write(b"".join(lines))
-        if kept:
-            with writing(self.w.path, output_dir):
-                self._write(kept)
+            if self.store_kind is None:
+                self.store_kind = kind
+            elif self.store_kind != kind:
+                where = where or record_where([i.as_dict() for i in self.infos], record)
+                own.append((record, where, "mixed_kinds", f"a {kind} row in a {self.store_kind} dataset (the first "
+                            f"kept row decided); prepare pairs and KTO rows into separate datasets"))
+                continue
+            kept.add(record)
+            if label is not None:
+                self.labels["desirable" if label else "undesirable"] += 1
+            if form:
+                self.forms[form] += 1
+            self.repaired.update(repairs)
+            self.counts["prompts_cut"] += prompt_cut
+            self.counts["completions_cut"] += completion_cut
+        if chunk.staged is not None:
+            part = chunk.staged.get(self.store_kind)
+            return own, None if part is None else part.without(drop | {r for r, *_ in own})
+        return own, rows_of(self.store_kind, [(r, row) for r, _, row in chunk.rows if r in kept]) if kept else None
 
-    def _write(self, kept: list[tuple[int, Row]]) -> None:
-        if self.writer is None:
-            self.writer = self.w.row_split("train", self.kind, self.dtype, self.opts.shard_tokens) if self.direct \
-                else self.w.row_split(STAGING_SPLIT, self.kind, self.dtype, 1 << 62)
-        parts = [p for _, row in kept for p in row.parts]
-        self.writer.add_rows(np.concatenate([p for p, _ in parts]), np.concatenate([m for _, m in parts]),
-                             np.array([p.shape[0] for p, _ in parts], dtype=np.int64),
-                             np.array([r for r, _ in kept], dtype=np.int64),
-                             labels=np.array([row.label for _, row in kept], dtype=np.uint8)
-                             if self.kind == KIND_KTO else None,
-                             columns=[row.columns for _, row in kept] if self.kind == KIND_PROMPTS else None)
-
-    def splits(self) -> dict:
-        """Each split's metadata: the staged rows split (exact and seeded, prepare's), or
-        train as written."""
-        staged = self.writer.close()
-        if self.direct:
-            return {"train": staged}
-        n = staged["rows"]
-        is_val = split_assignment(n, self.opts.val_split, self.opts.seed)
-        if n - int(is_val.sum()) == 0:
-            raise UsageError(f"--val-split {self.opts.val_split} of {n} rows leaves no training row; lower --val-split")
-        writers = {False: self.w.row_split("train", self.kind, self.dtype, self.opts.shard_tokens),
-                   True: self.w.row_split("val", self.kind, self.dtype, self.opts.shard_tokens)
-                   if is_val.any() else None}
-        split_rows(self.w.path / STAGING_SPLIT / staged["shards"][0]["name"], self.kind, self.dtype, is_val, writers)
-        out = {name: wr.close() for name, wr in (("train", writers[False]), ("val", writers[True])) if wr is not None}
-        shutil.rmtree(self.w.path / STAGING_SPLIT)
-        return out
-
-
-def prepare_pref(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrefOptions,
-                 progress: Callable[[Progress], None] | None = None, rl: bool = False,
-                 planned: Callable[[BuildCheck], None] | None = None,
-                 executor: PrefExecutor | None = None) -> PrefSummary:
-    """Prepare preference records (``rl``: RL prompts) into a dataset at ``output_dir``:
-    kind ``pairs`` (or ``kto`` when the records are KTO rows; ``prompts`` with ``rl``).
-    Raises ``SftDataError``s; every record that cannot be written exactly is rejected by
-    name into ``rejects.jsonl``.
-
-    The build key is prepare-chat's (``prepare.build``, of kind "pairs" or "prompts"): a
-    target that holds this build is up to date (nothing is read or written; the summary
-    is the dataset's, ``up_to_date``); another is refused without ``overwrite`` naming what
-    changed, ``force`` rebuilds regardless; ``planned`` is called with the decision first.
-    ``executor``: render the chunks on a cluster (``sftdata.engine.pref_ray``; this process
-    still reads the inputs and writes the rows, so the dataset is byte-identical)."""
-    opts.validate()
-    if not inputs:
-        raise UsageError("no input files given")
-    t0 = time.perf_counter()
-    output_dir = local_path(output_dir)
-    ctx, state = open_context(opts, rl)
-    tok, profile = ctx.tok, ctx.profile
-    options = {**opts.recorded(), "tokenizer": tok.path or tok.name}
-    plan = plan_build(output_dir, expand_inputs(inputs), opts.decontaminate, state, options, opts.force,
-                      kind=KIND_PROMPTS if rl else KIND_PAIRS)
-    if plan.check.up_to_date:
-        sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
-        summary = PrefSummary.of_dataset(str(output_dir), plan.check.target.metadata)
-        summary.build_key, summary.libraries_changed = plan.check.key, library_changes(plan.check.target.metadata)
-        summary.seconds = time.perf_counter() - t0
-        return summary
-    plan.check.refuse_unless(opts.overwrite or opts.force)
-    if planned is not None:
-        planned(plan.check)
-    infos = [inspect_source(src) for src in plan.inputs]
-    known = all(i.size_known for i in infos)
-    total = sum(i.bytes for i in infos) if known else None
-    dtype = token_dtype_for(tok.vocab_size)
-    evals = load_evals(list(opts.decontaminate), opts.decontaminate_ngram, opts.max_record_bytes) \
-        if opts.decontaminate else None
-    curate = CurateSettings(opts.dedup, evals)
-    with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
-        g = _Gather(w, opts, rl, dtype, evals)
-        rejects = w.path / REJECTS_FILE
-        with open(rejects, "wb") as f, closing(pref_results(infos, ctx, curate, opts.workers, executor)) as results:
-            rej = RejectsFile(f)  # bounded: past its size, rejects are counted only
-            for res, pos in results:
-                g.add(res, rej, rejects, output_dir)
-                if progress:
-                    progress(Progress(pos, total, g.records, 0))
-            with writing(rejects, output_dir):
-                rej.close()
-        records, rejected, dedup, contaminated = g.records, g.rejected, g.dedup, g.contaminated
-        for info in (i for i in infos if not records_sha256(i, opts.source_sha256)):  # as prepare-chat records it
-            info.sha256 = None
-        if g.writer is None:
-            raise _all_rejected(inputs, records, rejected, rejects, output_dir, w.target)
-        kind = g.kind
-        with writing(w.path, output_dir):
-            splits_meta = g.splits()
-            w.write_json(TOKENIZER_FILE, state)
-            write_serving(w.path, state, dtype)
-        repaired, forms, counts, labels = g.repaired, g.forms, g.counts, g.labels
-        summary = PrefSummary(str(output_dir), kind, records_read=records, rejected=dict(sorted(rejected.items())),
-                              repaired=dict(sorted(repaired.items())), forms=dict(sorted(forms.items())),
-                              truncated={"prompts_cut": counts["prompts_cut"],
-                                         "completions_cut": counts["completions_cut"]},
-                              labels=dict(sorted(labels.items())))
-        for split, m in splits_meta.items():
-            summary.rows[split] = m["rows"]
-            summary.tokens[split] = m["tokens"]
+    def finish(self, summary: PrefSummary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]:
+        kind = summary.kind = self.store_kind
+        summary.repaired, summary.forms = dict(sorted(self.repaired.items())), dict(sorted(self.forms.items()))
+        summary.truncated = {"prompts_cut": self.counts["prompts_cut"], "completions_cut": self.counts["completions_cut"]}
+        summary.labels = dict(sorted(self.labels.items()))
+        for split, m in splits.items():
+            summary.rows[split], summary.tokens[split] = m["rows"], m["tokens"]
             summary.trained_tokens[split] = m["trained_tokens"]
-        metadata = {
-            "kind": kind,
-            "created_by": f"sftdata {__version__}",
-            "token_dtype": dtype.name,
-            "tokenizer": tok.summary() if profile is None else template_summary(tok, profile),
-            "tokenizer_identity": recorded_identity(state, tok).as_dict(),
-            "entries_per_row": ENTRIES_PER_ROW[kind],
-            "splits": splits_meta,
-            "pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows),
-            "truncation": opts.truncation.recorded(),
-            "sources": [i.as_dict() for i in infos],
-            "options": options,
-            "counts": {"records_read": records, "rejected": summary.rejected, "repaired": summary.repaired,
-                       "forms": summary.forms, "truncated": summary.truncated, "labels": summary.labels},
-            "dedup": dedup.counts(),
-        }
-        summary.dedup = dedup.counts()
-        summary.changed = list(plan.check.changes)
-        metadata[BUILD] = plan.record(infos, state, options)  # from the inputs as read
-        summary.build_key = metadata[BUILD]["key"]
-        if evals is not None:
-            summary.decontamination = {"ngram": evals.n, "files": [
-                {**f, "contaminated": contaminated[i]} for i, f in enumerate(evals.describe())]}
-            metadata["decontamination"] = summary.decontamination
-        with writing(w.path, output_dir):
-            w.commit(metadata)
-    summary.seconds = time.perf_counter() - t0
-    return summary
+        counts = {"repaired": summary.repaired, "forms": summary.forms, "truncated": summary.truncated,
+                  "labels": summary.labels}
+        return ({"entries_per_row": ENTRIES_PER_ROW[kind]}, counts,
+                {"pairs" if kind == KIND_PAIRS else "rows": dict(summary.rows), "truncation": self.opts.truncation.recorded()})

@@ -7,20 +7,23 @@ order; the pool as a runner of tasks), ``partition_task`` (a worker reading its 
 partition of the input: the unit the Ray engine runs too), ``plan`` (the final shards
 planned from the episodes' lengths), ``shard_task`` (a worker writing one final shard),
 ``partitioned`` (a partitioned run's waves of tasks), ``split`` (the exact seeded
-train/val split), ``run`` (the run itself: each result's records curated in input
-order, the split, the commit).
+train/val split, rows of any kind through the store's writers), ``driver`` (the one
+build of every kind of row: each result's records curated in input order, the split,
+the commit), ``run`` (the entry points: ``prepare`` builds episodes, ``prepare_pref``
+pairs, KTO rows and RL prompts).
 """
 
 from .chunk import process_chunk
+from .driver import default_workers
 from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .pool import local_parts
 from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
-from .run import default_workers, local_results, prepare
+from .run import prepare, prepare_pref
 from .split import split_assignment
 
 __all__ = [
     "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
-    "PrepareSummary", "Progress", "StagedPart", "default_workers", "local_parts", "local_results",
-    "partition_settings", "prepare", "prepare_partition", "process_chunk", "split_assignment",
+    "PrepareSummary", "Progress", "StagedPart", "default_workers", "local_parts", "partition_settings", "prepare",
+    "prepare_partition", "prepare_pref", "process_chunk", "split_assignment",
 ]

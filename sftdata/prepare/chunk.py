@@ -32,22 +32,9 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
     With a ``profile`` (a model's chat template), ``template_chunk`` renders them."""
     if profile is not None:
         return template_chunk(items, tok, profile, mode, max_tokens, policy, curate)
-    convs, kept, rejects = [], [], []
-    repairs: Counter = Counter()
+    convs, kept, rejects = _parsed(items, mode, policy)
+    repairs: Counter = Counter(name for conv in convs for name in set(conv.repairs))
     turns: Counter = Counter()
-    for rec in items:
-        if rec.reject is not None:  # decided while reading (too large to read)
-            rejects.append((rec.record, rec.where, *rec.reject))
-            continue
-        try:
-            conv = parse_record(rec.raw, rec.where, mode, policy)
-        except RecordError as e:
-            rejects.append((rec.record, rec.where, e.reason, e.detail))
-            continue
-        for name in set(conv.repairs):
-            repairs[name] += 1
-        convs.append(conv)
-        kept.append(rec)
     chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
     sources = []
     accepted = {}  # record -> (where, conversation), for the keys
@@ -72,17 +59,10 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         memo=memo.take_stats() if memo is not None else None)
 
 
-def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
-                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
-                   curate: CurateSettings = CurateSettings()) -> ChunkResult:
-    """``process_chunk`` with a model's chat template: each record becomes the episodes the
-    template renders (one per reply where it must), each episode's mask the rendered one,
-    which its stored rule re-derives (a record where it does not is rejected by name)."""
-    ids, masks, lengths, sources, rejects, mismatches, flags = [], [], [], [], [], [], []
-    repairs: Counter = Counter()
-    turns: Counter = Counter()
-    truncated = dropped = per_reply = per_reply_eps = automatic = 0
-    convs, kept, accepted = [], [], {}
+def _parsed(items: Sequence[RawRecord], mode: str, policy: TurnPolicy) -> tuple[list, list, list]:
+    """The conversations of ``items`` and their records, and the rejects of those that
+    cannot be read or parsed (record, where, reason, message)."""
+    convs, kept, rejects = [], [], []
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
@@ -92,6 +72,21 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
             kept.append(rec)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
+    return convs, kept, rejects
+
+
+def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: TemplateProfile, mode: str,
+                   max_tokens: int | None, policy: TurnPolicy = TurnPolicy(),
+                   curate: CurateSettings = CurateSettings()) -> ChunkResult:
+    """``process_chunk`` with a model's chat template: each record becomes the episodes the
+    template renders (one per reply where it must), each episode's mask the rendered one,
+    which its stored rule re-derives (a record where it does not is rejected by name)."""
+    ids, masks, lengths, sources, mismatches, flags = [], [], [], [], [], []
+    repairs: Counter = Counter()
+    turns: Counter = Counter()
+    truncated = dropped = per_reply = per_reply_eps = automatic = 0
+    convs, kept, rejects = _parsed(items, mode, policy)
+    accepted = {}
     results = records_episodes([(c, r.where) for c, r in zip(convs, kept)], profile, tok, max_tokens)
     for rec, conv, out in zip(kept, convs, results):
         if isinstance(out, RecordError):
@@ -164,14 +159,3 @@ def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
             acc.memo = MemoStats()
         acc.memo.add(res.memo)
     return acc
-
-
-def shifted(res: ChunkResult, first: int) -> ChunkResult:
-    if first:
-        res.sources = res.sources + first  # tokens returned with the result (staged ones: record_offset)
-        res.rejects = [(r + first, *rest) for r, *rest in res.rejects]
-        res.mismatches = [(r + first, where) for r, where in res.mismatches]
-        if res.keys is not None:
-            res.keys.records = res.keys.records + first
-            res.keys.contaminated = [(r + first, *rest) for r, *rest in res.keys.contaminated]
-    return res

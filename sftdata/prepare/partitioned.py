@@ -11,7 +11,7 @@ run in local worker processes and as Ray tasks (``tasks.TaskRunner``)::
                                                     the bytes it parses lie in), render, mask;
                                                     the episodes staged in _parts/part_N
     in input order: record numbers, rejects, ◄──    a summary: counts, rejects, keys, each
-    curating, the exact split (split.py),           episode's length and record (16 bytes an
+    curating, the exact split (split.py),           episode's length and record (3-8 bytes an
     the final shards planned (plan.py)              episode; no token)
                                              ──►    write_shard: one final shard, from the
                                                     staged parts it covers, renamed into place
@@ -31,6 +31,7 @@ run by name instead of being recorded as something the dataset was not made from
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,16 +40,15 @@ import numpy as np
 from ..curate import Deduplicator, Drop, RecordKeys
 from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
-from ..store.format import LAST_REPLY_FILE, flagged_count, shard_files, shard_name
+from ..store.format import ENTRIES_PER_ROW, KIND_EPISODES, LAST_REPLY_FILE, flagged_count, shard_files, shard_name
 from ..store.fsops import folder_identity, make_folder
 from ..store.object_upload import DirectUpload
 from ..tasks import TaskRunner, in_order
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
-from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .plan import plan_shards
-from .results import ChunkResult, StagedPart
+from .results import StagedPart
 from .shard_task import write_shard
 
 MAX_KEY_BUCKETS = 256
@@ -90,10 +90,11 @@ class _Scans:
         return combine_blocks(self.blocks.get(last.source, []))
 
 
-def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dtype: np.dtype, runner: TaskRunner,
-                        stage_dir: Path, output: str) -> Iterator[tuple[ChunkResult, int]]:
-    """The partition tasks' results in input order, numbered globally (their episodes as
-    ``ChunkResult.staged``), with the input bytes done; fills in ``infos`` (records, hashes)."""
+def partitioned_results(infos: list[SourceInfo], opts, token_dtype: np.dtype, runner: TaskRunner,
+                        stage_dir: Path, output: str) -> Iterator[tuple[object, int]]:
+    """The partition tasks' results in input order, numbered globally (their rows staged:
+    ``staged``, a ``StagedPart`` per kind), with the input bytes done; fills in ``infos``
+    (records, hashes)."""
     parts = runner.partitions(infos)
     make_folder(stage_dir)
     # every task writes only inside the folder of this identity (``fsops.make_owned_folder``)
@@ -102,7 +103,8 @@ def partitioned_results(infos: list[SourceInfo], opts: PrepareOptions, token_dty
     scans = _Scans(runner, infos, parts)
     numbering = PartNumbering(parts, infos)  # before any range is read: the inputs' state
     whole = {si: runner.submit(file_digest, (infos[si].path,), f"{infos[si].path} was being hashed")
-             for si in sorted({p.source for p in scans.ranged}) if records_sha256(infos[si], opts.source_sha256)}
+             for si in sorted({p.source for p in scans.ranged})
+             if records_sha256(infos[si], getattr(opts, "source_sha256", False))}
 
     def jobs():
         for p in parts:
@@ -167,14 +169,15 @@ def decide_duplicates(runner: TaskRunner, parts: list[StagedPart], dedup: Dedupl
 
 
 def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[StagedPart], is_val: np.ndarray,
-                  token_dtype: np.dtype, opts: PrepareOptions, output: str,
+                  token_dtype: np.dtype, opts, output: str, kind: str = KIND_EPISODES, val: bool | None = None,
                   direct: Callable[[list[str]], DirectUpload | None] | None = None) -> dict:
-    """The final shards, planned here (``plan_shards``) and written by the workers
-    (``write_shard``) into ``root``'s split folders, or, where ``direct`` (given every
-    planned object) gives a ``DirectUpload``, put by them straight into the object-store
-    target; returns each split's metadata (the shards' records in order) and removes
-    what was staged."""
-    splits = ("train", "val") if opts.val_split > 0 else ("train",)
+    """The final shards of rows of ``kind``, planned here (``plan_shards``) and written by
+    the workers (``write_shard``) into ``root``'s split folders (``val``: a val split
+    too; None: where --val-split is given), or, where ``direct``
+    (given every planned object) gives a ``DirectUpload``, put by them straight into the
+    object-store target; returns each split's metadata (the shards' records in order) and
+    removes what was staged."""
+    splits = ("train", "val") if (opts.val_split > 0 if val is None else val) else ("train",)
     for split in splits:
         (root / split).mkdir()
     jobs = plan_shards(parts, is_val, opts.shard_tokens, splits)
@@ -182,17 +185,22 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
         [f"{job.split}/{shard_name(job.index)}/{f}" for job in jobs for f in shard_files(False)])
     shards: dict[str, list[dict]] = {split: [] for split in splits}
     stage_id = folder_identity(stage_dir)
-    for rec, job in in_order(runner, write_shard, (
-            ((job, token_dtype.name, str(root), str(stage_dir), output, upload, stage_id),
-             f"{job.split}/{shard_name(job.index)} was being written", job) for job in jobs)):
+    before = Counter()  # rows of the split in the shards before a job's (a row's number in columns.jsonl)
+    args = []
+    for job in jobs:
+        args.append(((job, token_dtype.name, str(root), str(stage_dir), output, upload, stage_id, kind,
+                      before[job.split]), f"{job.split}/{shard_name(job.index)} was being written", job))
+        before[job.split] += sum(p.stop - p.first if p.take is None else int(p.take.sum()) for p in job.pieces)
+    for rec, job in in_order(runner, write_shard, args):
         shards[job.split].append(rec)
     flagged = [f"{split}/{rec['name']}/{LAST_REPLY_FILE}" for split, recs in shards.items() for rec in recs
                if LAST_REPLY_FILE in rec["files"]]
     if upload is not None and flagged:  # a shard's flags (only where it holds a flagged episode): the commit's too
         direct(flagged)
     shutil.rmtree(stage_dir, ignore_errors=True)
-    return {split: {"episodes": sum(r["episodes"] for r in recs), "tokens": sum(r["tokens"] for r in recs),
-                    "trained_tokens": sum(r["trained_tokens"] for r in recs), **flagged_count(recs), "shards": recs}
+    rows = ("rows",) if kind in ENTRIES_PER_ROW else ()
+    return {split: {**{k: sum(r[k] for r in recs) for k in (*rows, "episodes", "tokens", "trained_tokens")},
+                    **flagged_count(recs), "shards": recs}
             for split, recs in shards.items()}
 
 

@@ -3,15 +3,14 @@ partitioned run's runner (``PoolRunner``; the generic runner is ``sftdata.tasks`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings
 from ..records.turns import TurnPolicy
 from ..sources import RawRecord, SourceInfo
 from ..sources.partitions import Partition, plan_partitions
-from ..tasks import ProcessRunner, in_order, process_pool, worker_started
+from ..tasks import ProcessRunner, process_pool, worker_started
 from ..template import TemplateProfile
 from .chunk import curated_chunk
 from .options import PrepareOptions
@@ -28,10 +27,16 @@ MIN_PART_BYTES = 256 << 10
 TAIL_WAYS = 2
 
 
-def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None,
-                 policy: TurnPolicy, curate: CurateSettings = CurateSettings(),
-                 opts: PrepareOptions | None = None) -> None:
+def start_worker(parent_pid: int, setup: Callable, *args) -> None:
+    """A ``process_pool`` initializer: ``worker_started``, then ``setup(*args)`` (a row
+    kind's worker: what its task reads, kept in the worker)."""
     worker_started(parent_pid)
+    setup(*args)
+
+
+def worker_setup(tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None, policy: TurnPolicy,
+                 curate: CurateSettings = CurateSettings(), opts: PrepareOptions | None = None) -> None:
+    """An episodes worker's state (``worker_task``'s, and a partition task's)."""
     WORKER["tok"] = tok  # pickled to a spawned worker: each kind reloads itself and checks its hash
     WORKER["profile"] = profile
     WORKER["mode"] = mode
@@ -41,7 +46,8 @@ def _worker_init(parent_pid: int, tok, profile: TemplateProfile | None, mode: st
     WORKER["memo"] = opts.new_memo(WORKER["tok"]) if opts is not None else None  # one per worker, kept
 
 
-def _worker_run(items: Sequence[RawRecord]) -> ChunkResult:
+def worker_task(items: Sequence[RawRecord]) -> ChunkResult:
+    """One chunk of episodes in a worker (``worker_setup``'s)."""
     return curated_chunk(items, WORKER["tok"], WORKER["mode"], WORKER["max_tokens"], WORKER["policy"],
                          WORKER["profile"], WORKER["curate"], WORKER["memo"])
 
@@ -61,32 +67,9 @@ def chunks_of(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[R
 
 
 def worker_pool(opts: PrepareOptions, tok, profile: TemplateProfile | None, curate: CurateSettings):
-    """``opts.workers`` prepare workers (``_worker_init``): ``process_pool``."""
-    return process_pool(opts.workers, _worker_init, (tok, profile, opts.mode, opts.max_tokens, opts.policy, curate,
-                                                     opts), curate)
-
-
-def chunk_results(chunks: Iterator[tuple[list[RawRecord], int]], opts: PrepareOptions,
-             tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None = None,
-             curate: CurateSettings = CurateSettings()) -> Iterator[tuple[ChunkResult, int]]:
-    """Chunk results in input order; with workers, at most 2 x workers chunks in flight.
-
-    Workers run in a ``ProcessPoolExecutor``: a worker that dies (killed by the system,
-    out of memory) breaks the pool and ends the run with an error. A
-    ``multiprocessing.Pool`` would wait forever for the chunk the dead worker held."""
-    if opts.workers <= 1:
-        memo = opts.new_memo(tok)
-        for items, pos in chunks:
-            yield curated_chunk(items, tok, opts.mode, opts.max_tokens, opts.policy, profile, curate, memo), pos
-        return
-    runner = PoolRunner(opts, tok, profile, None, curate)
-    done = False
-    try:
-        yield from in_order(runner, _worker_run, (((items,), f"the records from {items[0].where} on were being "
-                                                   f"prepared", pos) for items, pos in chunks))
-        done = True
-    finally:
-        runner.close(not done)
+    """``opts.workers`` episodes workers (``worker_setup``): ``process_pool``."""
+    return process_pool(opts.workers, start_worker, (worker_setup, tok, profile, opts.mode, opts.max_tokens,
+                                                     opts.policy, curate, opts), curate)
 
 
 class PoolRunner(ProcessRunner):

@@ -3,6 +3,7 @@ protocols of where its tasks run."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,14 +11,11 @@ from typing import Protocol
 
 import numpy as np
 
-from ..chat.tokenizer import ChatTokenizer, HFTokenizer
 from ..curate import CurateSettings, RecordKeys
 from ..records.turns import TURN_COUNTS
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..tasks import TaskRunner
-from ..template import TemplateProfile
 from ..tokenize.memo import MemoStats
-from .options import PrepareOptions
 
 
 @dataclass
@@ -128,10 +126,21 @@ class ChunkResult:
     per_reply_episodes: int = 0
     mismatches: list = field(default_factory=list)  # (record, where) of rule_mismatch rejects
     keys: RecordKeys | None = None  # the accepted records' duplicate keys and contamination (curate)
-    staged: StagedPart | None = None  # an engine's task wrote the episodes itself (ids and mask are then empty)
+    staged: dict | None = None  # a partition task staged the episodes itself: {kind: StagedPart} (ids, mask empty)
     memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
     per_reply_automatic: int = 0  # records served per reply without --per-reply
     last_only: np.ndarray | None = None  # uint8 per episode, 1 = trains its last reply only (None: all 0)
+
+    def shifted(self, first: int) -> ChunkResult:
+        """This result with its record numbers counted from ``first`` (in place)."""
+        if first:
+            self.sources = self.sources + first  # tokens returned with the result (staged ones: record_offset)
+            self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
+            self.mismatches = [(r + first, where) for r, where in self.mismatches]
+            if self.keys is not None:
+                self.keys.records = self.keys.records + first
+                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+        return self
 
 
 @dataclass(frozen=True)
@@ -155,14 +164,19 @@ class StagedPart:
         """The episodes the run keeps."""
         return self.episodes if self.keep is None else int(np.count_nonzero(self.keep))
 
+    def without(self, records) -> StagedPart:
+        """This part with the episodes of ``records`` left out of what it keeps."""
+        keep = ~np.isin(self.sources, np.fromiter(records, dtype=np.int64))
+        return dataclasses.replace(self, keep=keep if self.keep is None else self.keep & keep)
+
 
 class Executor(Protocol):
     """An engine (``--engine``): ``start`` gives the runner (``tasks.TaskRunner``) of one
-    partitioned run, whose tasks read the inputs themselves, stage their episodes under
-    ``stage_dir`` and write the final shards (``prepare.partitioned``). That runner also
-    gives ``partitions(infos)`` (the input's ranges, one task each), ``tokenizer`` (what a
-    partition task is given to rebuild the tokenizer; None: the worker's own) and
-    ``curate`` (what it is given of the curating settings; None: the worker's own)."""
+    partitioned run, whose tasks read the inputs themselves, make their rows with ``work``
+    (the kind's: ``partition_task.EpisodeWork`` ...), stage them under ``stage_dir`` and
+    write the final shards (``prepare.partitioned``). That runner also gives
+    ``partitions(infos)`` (the input's ranges, one task each), ``tokenizer`` (the pickled
+    work a partition task makes rows with; None: the worker's own) and ``curate`` (what
+    it is given of the curating settings; None: the worker's own)."""
 
-    def start(self, opts: PrepareOptions, tok: ChatTokenizer | HFTokenizer, profile: TemplateProfile | None,
-              stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...
+    def start(self, opts, work, stage_dir: Path, curate: CurateSettings) -> TaskRunner: ...

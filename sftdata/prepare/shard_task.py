@@ -24,60 +24,46 @@ from pathlib import Path
 import numpy as np
 
 from ..records.rejects import writing
-from ..store.format import STOP_FILE, shard_name
+from ..store.format import ENTRIES_PER_ROW, KIND_EPISODES, STOP_FILE, shard_name
 from ..store.fsops import check_owned_folder, make_owned_folder
 from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
-from ..store.split_writer import SplitWriter
 from .plan import Piece, ShardJob
+from .split import copy_rows, open_split
 
-COPY_TOKENS = 1 << 20  # tokens read at once from a staged part (bounds a task's memory)
 
-
-def copy_piece(piece: Piece, token_dtype: np.dtype, writer: SplitWriter) -> None:
-    """The episodes of ``piece`` appended to ``writer``, about ``COPY_TOKENS`` at a time."""
-    src = Shard(Path(piece.path), token_dtype)
-    index = src.index
-    i = piece.first
-    while i < piece.stop:
-        base = int(index[i, 0])
-        ends = index[i:piece.stop, 0].astype(np.int64) + index[i:piece.stop, 1].astype(np.int64)
-        j = i + max(1, int(np.searchsorted(ends, base + COPY_TOKENS, side="right")))
-        lens = index[i:j, 1].astype(np.int64)
-        toks, mask = src.read_range(base, int(ends[j - i - 1]))
-        srcs = src.sources[i:j].astype(np.int64) + piece.record_offset
-        flags = src.last_only(i, j)
-        if piece.take is None:
-            writer.add_many(toks, mask, lens, srcs, flags)
-        else:
-            take = piece.take[i - piece.first:j - piece.first]
-            if take.any():
-                per_token = np.repeat(take, lens)
-                writer.add_many(toks[per_token], mask[per_token], lens[take], srcs[take], flags[take])
-        i = j
+def copy_piece(piece: Piece, token_dtype: np.dtype, writer, kind: str = KIND_EPISODES) -> None:
+    """The rows (of ``kind``) of ``piece`` appended to ``writer`` (``split.copy_rows``)."""
+    route = None if piece.take is None else np.where(piece.take, 0, -1)
+    copy_rows(Shard(Path(piece.path), token_dtype, entries=ENTRIES_PER_ROW.get(kind, 1)), kind, piece.first,
+              piece.stop, route, [writer], piece.record_offset)
 
 
 def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str,
-                upload: DirectUpload | None = None, stage_id: dict | None = None) -> dict | None:
+                upload: DirectUpload | None = None, stage_id: dict | None = None, kind: str = KIND_EPISODES,
+                first_row: int = 0) -> dict | None:
     """One task: the shard ``job`` names, written under ``stage_dir`` and renamed to
     ``root/SPLIT/shard_NNNNN``, or, with ``upload`` (an object-store output), put straight
     into the bucket as ``SPLIT/shard_NNNNN/FILE`` (each object checked against its sha256)
     and its local copy removed; returns its record (the split writer's: counts, every
     file's bytes and sha256, value ranges). None when the run has stopped. ``output``: the
     run's output, named by a failed write; ``stage_id``: the identity of ``stage_dir`` the
-    coordinator recorded (a task writes only inside that folder: ``fsops.make_owned_folder``)."""
+    coordinator recorded (a task writes only inside that folder: ``fsops.make_owned_folder``);
+    ``kind``: of the rows, ``first_row``: the split's rows in the shards before this one."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return None
     dtype = np.dtype(token_dtype)
     name = shard_name(job.index)
     tmp = make_owned_folder(Path(stage_dir), f"{job.split}_{job.index:06d}", stage_id)  # never its parents
-    writer = SplitWriter(tmp, "s", dtype, 1 << 62)
+    writer = open_split(tmp, kind, "s", dtype, 1 << 62)
+    if kind in ENTRIES_PER_ROW:
+        writer.rows = first_row  # the number of its first row (columns.jsonl)
     with writing(tmp, output):
         for piece in job.pieces:
             if stop.exists():
                 return None
-            copy_piece(piece, dtype, writer)
+            copy_piece(piece, dtype, writer, kind)
         record = writer.close()["shards"][0]
     if upload is not None:
         try:

@@ -17,8 +17,11 @@ start both sequences, its mask is 0, each completion's mask is the template's ru
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -33,6 +36,40 @@ DESCRIBE = {KIND_PAIRS: "preference pairs (prompt, chosen, rejected)", KIND_KTO:
 PAIR_LOADER = "sftdata.loader.make_pair_loader"
 ROW_ITEMS = {KIND_PAIRS: "pairs", KIND_KTO: "rows", KIND_PROMPTS: "prompts"}  # what the order's ids name (logs, replay)
 ROW_ID_COLUMN = {KIND_PAIRS: "pair", KIND_KTO: "row", KIND_PROMPTS: "prompt"}  # replay-order's id column
+
+
+@dataclass
+class Rows:
+    """Rows of any kind, in input order: one concatenated ids/mask array, the length of each
+    of its sequences (``per`` a row: an episode 1, a pair 3), each row's record, and its
+    kind's extras (an episode's "last reply only" flag, a KTO row's label, an RL prompt's
+    ``columns`` object; None where the kind has none)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    sources: np.ndarray
+    per: int = 1
+    flags: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    columns: list[bytes] | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.sources.shape[0])
+
+    def only(self, keep: np.ndarray) -> Rows:
+        """The rows where ``keep`` (bool, one a row) is True."""
+        row_len = self.lengths.reshape(-1, self.per).sum(axis=1)
+        tokens = np.repeat(keep, row_len)
+        return Rows(self.ids[tokens], self.mask[tokens], self.lengths[np.repeat(keep, self.per)], self.sources[keep],
+                    self.per, None if self.flags is None else self.flags[keep],
+                    None if self.labels is None else self.labels[keep],
+                    None if self.columns is None else [c for c, k in zip(self.columns, keep.tolist()) if k])
+
+    def without(self, records) -> Rows:
+        """The rows of every record but ``records``."""
+        return self.only(~np.isin(self.sources, np.fromiter(records, dtype=np.int64)))
 
 
 def is_row_kind(ds: Dataset) -> bool:
@@ -175,3 +212,12 @@ def row_split(ds: Dataset, split: str) -> RowSplit:
     """The rows of ``split`` of a pairs, KTO or prompts dataset."""
     require_row_kind(ds, "this reader")
     return RowSplit(ds.kind, ds.split(split))
+
+
+@contextmanager
+def shard_columns(shard: Path) -> Iterator[Iterator[bytes]]:
+    """The ``columns`` object of each row of the shard folder ``shard`` (RL prompts, as its
+    ``columns.jsonl`` holds it, byte for byte), read a line at a time."""
+    key = b'"columns": '
+    with open(Path(shard) / COLUMNS_FILE, "rb") as f:
+        yield (line[line.index(key) + len(key):line.rindex(b"}")] for line in f)

@@ -35,7 +35,7 @@ import orjson
 from ..store.format import TOKENIZER_FILE
 from ..store.shard import Shard
 from ..tasks import TASKS_PER_CPU, Engine, running
-from ..tokenize.hf import hf_tokenizer_from_state
+from ..tokenize.open import hf_tokenizer_from_state
 from .references import compare_shard_tokens
 from .retokenize import Retokenized, retokenize_shard
 from .shards import PieceChecks, ShardChecks, file_checks, merge_pieces, piece_checks, shard_checks, shard_parts

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from sftdata.cli import app
 from sftdata.engine.verify_ray import ray_verify_executor
 from sftdata.pack import PackOptions, pack
-from sftdata.pref import PrefOptions, prepare_pref
-from sftdata.prepare import PrepareOptions, prepare
+from sftdata.pref import PrefOptions
+from sftdata.prepare import PrepareOptions, prepare, prepare_pref
 from sftdata.template import PRESETS
 from sftdata.tokenize.open import load_hf_tokenizer
 from sftdata.verify import verify

@@ -28,3 +28,9 @@ def kto_rows(n: int) -> list:
 def prompt_rows(n: int) -> list:
     return [{"prompt": [{"role": "user", "content": f"what is {i} + {i}?"}], "answer": 2 * i,
              "meta": {"id": f"p{i}", "w": 1.50}} for i in range(n)]
+
+
+def mixed_rows(n: int, kto_at: tuple) -> list:
+    """``n`` pairs but, at each record of ``kto_at``, the same KTO row (its copies: exact duplicates)."""
+    kto = kto_rows(2)[1]
+    return [kto if i in kto_at else pair(i) for i in range(n)]

@@ -15,7 +15,8 @@ import pytest
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.interop.export import export
 from sftdata.loader import LoaderConfig
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
+from sftdata.prepare import prepare_pref
 from sftdata.replay.dataset import replay_order
 from sftdata.template import PRESETS
 from sftdata.torch import (

@@ -11,7 +11,8 @@ import pytest
 
 from sftdata.errors import ConfigError, DatasetError
 from sftdata.loader import LoaderConfig, PairBatch, make_loader, make_pair_loader
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
+from sftdata.prepare import prepare_pref
 from sftdata.replay.mixture import replay_mixture
 from sftdata.store.mixture import make_mixture
 from tests.helpers.data import write_jsonl

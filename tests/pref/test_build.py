@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import OutputExistsError
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
+from sftdata.prepare import prepare_pref
 from sftdata.store import build_key as bk
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import write_jsonl

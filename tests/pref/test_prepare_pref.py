@@ -11,7 +11,8 @@ import pytest
 
 from sftdata.chat.tokenizer import open_tokenizer
 from sftdata.errors import AllRecordsRejectedError, UsageError
-from sftdata.pref import PrefOptions, Truncation, prepare_pref
+from sftdata.pref import PrefOptions, Truncation
+from sftdata.prepare import prepare_pref
 from tests.helpers.data import write_jsonl
 from tests.helpers.pairs import verify_every_row
 

@@ -25,7 +25,8 @@ from trl import DPOTrainer  # noqa: E402
 from trl.data_utils import extract_prompt  # noqa: E402
 
 from sftdata.errors import AllRecordsRejectedError  # noqa: E402
-from sftdata.pref import PrefOptions, prepare_pref  # noqa: E402
+from sftdata.pref import PrefOptions  # noqa: E402
+from sftdata.prepare import prepare_pref  # noqa: E402
 from tests.helpers.data import write_jsonl  # noqa: E402
 from tests.helpers.zoo import DATE, zoo_model  # noqa: E402
 

@@ -8,16 +8,17 @@ import numpy as np
 import orjson
 import pytest
 
-from sftdata.pref import PrefOptions, prepare_pref
-from sftdata.prepare import pool
+from sftdata.errors import RecordError
+from sftdata.pref import PrefOptions
+from sftdata.prepare import pool, prepare_pref
 from sftdata.prepare.split import split_assignment
 from tests.helpers.data import write_jsonl
 from tests.helpers.pairs import verify_every_row
 from tests.helpers.pref_records import kto_rows as _kto
+from tests.helpers.pref_records import mixed_rows, tree_bytes
 from tests.helpers.pref_records import pair as _pair
 from tests.helpers.pref_records import pair_rows as _pairs
 from tests.helpers.pref_records import prompt_rows as _prompts
-from tests.helpers.pref_records import tree_bytes
 
 
 @pytest.mark.parametrize(("make", "rl"), [(_pairs, False), (_kto, False), (_prompts, True)])
@@ -124,3 +125,23 @@ def test_rows_are_written_chunk_by_chunk_not_held_until_the_end(tmp_path, monkey
     prepare_pref([src], tmp_path / "ds2", PrefOptions(val_split=0.2, seed=1))  # staged, then split
     assert [c[0] for c in calls] == ["_staging"] * 3 + ["train", "val"]
     assert [c[1] for c in calls[:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_kto_row_in_a_pairs_dataset_is_rejected_by_name_and_its_copy_as_a_duplicate(tmp_path, workers):
+    src = write_jsonl(tmp_path / "in.jsonl", mixed_rows(5, (1, 3)))
+    s = prepare_pref([src], tmp_path / "ds", PrefOptions(dedup="exact", workers=workers))
+    assert (s.kind, s.rows, s.rejected) == ("pairs", {"train": 3}, {"duplicate": 1, "mixed_kinds": 1})
+    lines = [orjson.loads(x) for x in (tmp_path / "ds" / "rejects.jsonl").read_bytes().splitlines()]
+    assert [(x["record"], x["reason"]) for x in lines] == [(1, "mixed_kinds"), (3, "duplicate")]
+    assert lines[0]["message"] == ("a kto row in a pairs dataset (the first kept row decided); prepare pairs and KTO "
+                                   "rows into separate datasets")
+    assert lines[1]["message"].startswith(f"the same prompt and completions as record 1 ({src}:line 2)")
+
+
+def test_strict_stops_at_a_row_of_another_kind(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", mixed_rows(5, (1, 3)))
+    with pytest.raises(RecordError, match=r"in.jsonl:line 2: a kto row in a pairs dataset .* \(--strict stops at "
+                                          r"the first bad record; drop --strict to skip and count bad records\)$"):
+        prepare_pref([src], tmp_path / "ds", PrefOptions(strict=True))
+    assert not (tmp_path / "ds").exists()

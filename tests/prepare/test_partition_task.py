@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sftdata.errors import InputError
-from sftdata.prepare import PrepareOptions, local_parts, partition_task, pool, prepare, run
+from sftdata.prepare import PrepareOptions, driver, local_parts, partition_task, pool, prepare
 from sftdata.sources import expand_inputs, inspect_source
 from sftdata.store import open_dataset
 from sftdata.util import hashing
@@ -129,7 +129,7 @@ def test_the_parent_reads_no_records_when_the_input_is_cut(tmp_path, small_range
     def no_reading(*_):
         raise AssertionError("the parent read the records itself")
 
-    monkeypatch.setattr(run, "iter_all", no_reading)
+    monkeypatch.setattr(driver, "iter_all", no_reading)
     seen = []
     prepare([src], tmp_path / "two", PrepareOptions(mode="tool", workers=2), progress=seen.append)
     assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
@@ -144,8 +144,8 @@ def test_inputs_that_cannot_be_cut_are_read_as_before(tmp_path, small_ranges, mo
     packed = tmp_path / "in.jsonl.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     calls = []
-    real = run.partitioned_results
-    monkeypatch.setattr(run, "partitioned_results", lambda *a: calls.append(1) or real(*a))
+    real = driver.partitioned_results
+    monkeypatch.setattr(driver, "partitioned_results", lambda *a: calls.append(1) or real(*a))
     prepare([packed], tmp_path / "one", PrepareOptions(mode="tool", val_split=0.1))
     prepare([packed], tmp_path / "two", PrepareOptions(mode="tool", val_split=0.1, workers=2))
     prepare([packed], tmp_path / "near", PrepareOptions(mode="tool", workers=2, dedup="exact"))

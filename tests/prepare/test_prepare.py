@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sftdata.errors import AllRecordsRejectedError, NoUsableRecordsError, OutputExistsError, RecordError, UsageError
-from sftdata.prepare import PrepareOptions, pool, prepare, run
+from sftdata.prepare import PrepareOptions, driver, pool, prepare
 from sftdata.store import open_dataset
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import chat, write_jsonl
@@ -224,7 +224,7 @@ def test_a_full_disk_while_writing_rejects_names_the_rejects_file(tmp_path, monk
 
         write = flush = _disk_full
 
-    monkeypatch.setattr(run, "open", lambda path, mode="r": Full(real_open(path, mode)), raising=False)
+    monkeypatch.setattr(driver, "open", lambda path, mode="r": Full(real_open(path, mode)), raising=False)
     with pytest.raises(OSError) as e:
         prepare([src], tmp_path / "ds", PrepareOptions())
     assert e.value.filename.endswith("/rejects.jsonl") and e.value.errno == errno.ENOSPC

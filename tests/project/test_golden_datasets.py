@@ -15,11 +15,10 @@ import hashlib
 import orjson
 import pytest
 
-from sftdata.engine.pref_ray import ray_pref_executor
 from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.pack import PackOptions, pack
-from sftdata.pref import PrefOptions, Truncation, prepare_pref
-from sftdata.prepare import PrepareOptions, pool, prepare
+from sftdata.pref import PrefOptions, Truncation
+from sftdata.prepare import PrepareOptions, pool, prepare, prepare_pref
 from tests.helpers.data import write_jsonl
 from tests.helpers.paths import ROOT
 from tests.helpers.pref_records import kto_rows, pair_rows, prompt_rows
@@ -105,4 +104,4 @@ def test_every_kind_keeps_its_bytes_on_ray(ray_cluster, tmp_path, small_chunks):
     for kind in ("pairs", "kto", "prompts"):
         base = tmp_path / kind
         base.mkdir()
-        assert digest(_pref(base, kind, 1, ray_pref_executor()), base) == GOLDEN[kind], kind
+        assert digest(_pref(base, kind, 1, ray_prepare_executor()), base) == GOLDEN[kind], kind

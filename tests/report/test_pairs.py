@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import DatasetError, UsageError
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
+from sftdata.prepare import prepare_pref
 from sftdata.report import views
 from sftdata.report.pairs import PairView
 from sftdata.report.write import write_report

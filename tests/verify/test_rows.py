@@ -12,8 +12,9 @@ import numpy as np
 import orjson
 import pytest
 
-from sftdata.pref import PrefOptions, prepare_pref
+from sftdata.pref import PrefOptions
 from sftdata.pref.rerender import rerender_rows
+from sftdata.prepare import prepare_pref
 from sftdata.verify import CHECKS, verify
 from tests.helpers.data import write_jsonl
 from tests.helpers.pairs import verify_every_row
