@@ -331,8 +331,8 @@ def test_retokenize_names_an_episode_whose_ids_the_library_would_not_give(traine
     good = np.array(tok.encode("Hello world"), dtype=np.uint32)
     bytewise = np.array([tok.token_id(c) for c in "Hello"], dtype=np.uint32)  # decodes to the same text
     tokens = np.concatenate([good, bytewise])
-    shard = SimpleNamespace(num_episodes=2, episodes=np.array([[0, good.size], [good.size, 5]]), tokens=tokens,
-                            first_gid=0, split="train", rel="train/shard_00000")
+    shard = SimpleNamespace(num_episodes=2, num_items=2, entries=1, episodes=np.array([[0, good.size], [good.size, 5]]),
+                            tokens=tokens, first_gid=0, split="train", rel="train/shard_00000")
     res = retokenize([shard], tok.state(), 10)
     assert (res.episodes, res.differ, res.skipped) == (2, 1, None)
     (p,) = res.problems
