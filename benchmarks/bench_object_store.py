@@ -42,8 +42,8 @@ from corpus import WORK, generated_corpus  # noqa: E402
 
 from sftdata.loader import LoaderConfig, make_loader  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
-from sftdata.store import object_commit as oc  # noqa: E402
-from sftdata.store.object_cache import fetch_dataset  # noqa: E402
+from sftdata.storage import object_commit as oc  # noqa: E402
+from sftdata.storage.object_cache import fetch_dataset  # noqa: E402
 from tests.helpers.moto_s3 import CountingFS  # noqa: E402
 
 BUCKET = "bench"

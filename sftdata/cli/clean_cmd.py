@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..store.leftovers import CleanReport, clean
-from ..store.lock import OWNER_FILE
+from ..storage.leftovers import CleanReport, clean
+from ..storage.lock import OWNER_FILE
 from ..util.memory import human
 from .app import after_writing, app, err_console, handle_errors, print_json
 from .options import JsonOpt, QuietOpt

@@ -12,8 +12,8 @@ import typer
 from ..errors import DatasetError, UsageError
 from ..options.option import SHARED, Option
 from ..options.values import SIZE, size_bytes
+from ..storage.location import dataset_path
 from ..store.format import TOKEN_DTYPES
-from ..store.location import dataset_path
 
 
 def parse_size(text: str) -> int:

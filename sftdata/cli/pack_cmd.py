@@ -15,8 +15,8 @@ from ..order.batches import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
 from ..packing.block_size import KEEP_PERCENT
 from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE
+from ..storage.location import remote_url
 from ..store.format import DEFAULT_SHARD_TOKENS
-from ..store.location import remote_url
 from .app import app, handle_errors, rows_bar
 from .build_output import show_built, show_rebuild
 from .options import ForceOpt, JsonOpt, OverwriteOpt, QuietOpt, RayAddressOpt, WaitOpt, dataset_dir

@@ -17,7 +17,7 @@ tasks; back, a summary per partition (counts, rejected records, keys, 3-8 bytes 
 for its length and record, 2 more per row of pairs) and a record per final shard. Tokens
 go from a partition task to the staging area and from there to their final shard through
 a task (with an object-store output, put straight into the bucket by that task:
-``store.object_upload``), never through the driver; the dataset is byte-identical to
+``storage.object_upload``), never through the driver; the dataset is byte-identical to
 ``--engine local`` for any number of workers.
 
 A task whose worker dies is retried by Ray (``max_retries``); the dead attempt's

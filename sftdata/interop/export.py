@@ -45,11 +45,12 @@ import orjson
 from .. import __version__
 from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..loader import IGNORE_INDEX, dataset_identity
+from ..storage.fsops import OUTPUT_DIR_FIX, refuse_link
+from ..storage.location import remote_url
+from ..storage.manifest import METADATA_FILE, read_json
+from ..storage.object_cache import remote_metadata
 from ..store.build_key import BUILD, BuildCheck, Target, base_components, build_record, check_target, read_target
-from ..store.format import METADATA_FILE, ROW_KINDS, read_json
-from ..store.fsops import OUTPUT_DIR_FIX, refuse_link
-from ..store.location import remote_url
-from ..store.object_cache import remote_metadata
+from ..store.format import ROW_KINDS
 from ..store.reader import open_dataset
 from ..store.rows import RowSplit
 from ..store.shard import Split, split_segments

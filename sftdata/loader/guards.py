@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, DatasetError, NothingToTrainError, UsageError
 from ..order.config import LoaderConfig
-from ..store.format import METADATA_FILE, TOKENIZER_FILE, shard_record
+from ..storage.manifest import METADATA_FILE
+from ..store.format import TOKENIZER_FILE, shard_record
 from ..store.reader import Dataset
 from ..util.memory import check_fits
 

@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..order.audit import FIRST_IDS, AuditLog, format_value
 from ..order.batches import BatchOrder, Order, Origin
 from ..order.config import LoaderConfig
-from ..store.format import METADATA_FILE, dumps_json, read_json
+from ..storage.manifest import METADATA_FILE, read_json
+from ..store.format import dumps_json
 from ..store.reader import Dataset
 from .batch import Batch, BatchIterable, to_backend, torch_iterable, trained_count
 from .guards import check_batch_fits, check_trains_something, check_value_ranges

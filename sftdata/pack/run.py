@@ -42,9 +42,10 @@ from ..packing.block_size import KEEP_PERCENT, TrainedSpans, min_block_size, tra
 from ..packing.layout import PAD_SEQ_ID
 from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE, OVERLONG_POLICIES, STRATEGIES, PackPlan, padding_baseline
 from ..packing.strategies import plan_bfd, plan_stream
+from ..storage.location import dataset_path, remote_url
+from ..storage.manifest import METADATA_FILE
 from ..store.build_key import BUILD, BuildCheck, build_record
-from ..store.format import DEFAULT_SHARD_TOKENS, METADATA_FILE, SEGMENT_FIELDS, TOKENIZER_FILE
-from ..store.location import dataset_path, remote_url
+from ..store.format import DEFAULT_SHARD_TOKENS, SEGMENT_FIELDS, TOKENIZER_FILE
 from ..store.reader import open_dataset
 from ..store.serving_file import write_serving
 from ..store.shard import Split

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from ..packing.plan import PackPlan
+from ..storage.fsops import check_owned_folder, folder_identity, make_folder, make_owned_folder
 from ..store.format import PARTS_DIR, STOP_FILE, shard_name
-from ..store.fsops import check_owned_folder, folder_identity, make_folder, make_owned_folder
 from ..store.shard_merge import merge_packed_pieces
 from ..store.split_writer import PackedSplitWriter
 from ..tasks import TASKS_PER_CPU, Engine, running

@@ -37,9 +37,9 @@ from ..errors import AllRecordsRejectedError, NothingToTrainError, NoUsableRecor
 from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, lists_every_reject, reject_line, writing
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
 from ..sources.partitions import records_sha256
+from ..storage.location import local_path, remote_url
 from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
-from ..store.location import local_path, remote_url
 from ..store.rows import Rows
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, sweep_beside

@@ -21,8 +21,8 @@ from ..records.rejects import writing
 from ..records.turns import TurnPolicy
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, RangeRead, ReadCheck, iter_partition
+from ..storage.fsops import make_owned_folder
 from ..store.format import KIND_EPISODES, STOP_FILE
-from ..store.fsops import make_owned_folder
 from ..store.rows import Rows
 from ..template import TemplateProfile
 from .chunk import empty_result, merged, process_chunk

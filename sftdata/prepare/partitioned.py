@@ -40,9 +40,9 @@ import numpy as np
 from ..curate import Deduplicator, Drop, RecordKeys
 from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
+from ..storage.fsops import folder_identity, make_folder
+from ..storage.object_upload import DirectUpload
 from ..store.format import ENTRIES_PER_ROW, KIND_EPISODES, LAST_REPLY_FILE, flagged_count, shard_files, shard_name
-from ..store.fsops import folder_identity, make_folder
-from ..store.object_upload import DirectUpload
 from ..tasks import TaskRunner, in_order
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket

@@ -9,7 +9,7 @@ writes one final shard from the staged episodes the coordinator's plan names.
 
 The shard is written by the split writer itself, so its bytes, sha256 and record are the
 ones the single-process run writes at that place. With an object-store output the shard's
-files go from the ``.tmp-`` folder straight to the bucket (``store.object_upload``),
+files go from the ``.tmp-`` folder straight to the bucket (``storage.object_upload``),
 never through the coordinator. A task whose worker died leaves its ``.tmp-`` folder,
 never renamed; a retry writes the shard again and replaces one that an
 attempt completed but could not report.
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ..records.rejects import writing
+from ..storage.fsops import check_owned_folder, make_owned_folder
+from ..storage.object_upload import DirectUpload
 from ..store.format import ENTRIES_PER_ROW, KIND_EPISODES, STOP_FILE, shard_name
-from ..store.fsops import check_owned_folder, make_owned_folder
-from ..store.object_upload import DirectUpload
 from ..store.shard import Shard
 from .plan import Piece, ShardJob
 from .split import copy_rows, open_split

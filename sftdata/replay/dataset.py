@@ -19,8 +19,8 @@ from ..order.audit import AuditCheck, check_audit
 from ..order.batches import BatchOrder, Order, row_order
 from ..order.budget import TokenBudgetOrder, episode_batch_order, row_batch_order
 from ..order.config import LoaderConfig
+from ..storage.location import dataset_path
 from ..store.format import ROW_KINDS
-from ..store.location import dataset_path
 from ..store.reader import Dataset, has_episode_index, open_dataset
 from ..store.rows import ROW_ID_COLUMN, ROW_ITEMS, RowSplit
 from ..store.shard import Split, split_segments

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OutputExistsError, UsageError
+from ..storage.fsops import refuse_link
 from ..store.format import ROW_KINDS, dataset_holding
-from ..store.fsops import refuse_link
 from ..store.reader import open_dataset
 from ..util.oserrors import naming
 from .collect import dataset_report

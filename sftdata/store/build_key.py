@@ -35,15 +35,15 @@ import orjson
 
 from .. import __version__
 from ..errors import OutputExistsError
-from .format import METADATA_FILE, TOKENIZER_FILE, format_version_for
-from .location import local_path, remote_url
-from .manifest import manifest_of
+from ..storage.location import local_path, remote_url
+from ..storage.manifest import METADATA_FILE, manifest_of
+from .format import TOKENIZER_FILE, format_version_for
 
 BUILD = "build"  # the metadata's key
 BUILD_VERSION = 1  # of the layout of BUILD
 # the modules that decide a dataset's bytes, relative to the sftdata package (folders: every .py below)
-CODE_PATHS = ("__init__.py", "sources", "records", "tokenize", "chat", "template", "curate", "packing", "prepare",
-              "pack", "store/format.py", "store/writer.py", "store/split_writer.py", "store/serving_file.py")
+CODE_PATHS = ("__init__.py", "sources", "records", "tokenize", "chat", "template", "curate", "packing", "options",
+              "pref", "prepare", "pack", "store/format.py", "store/writer.py", "store/split_writer.py", "store/serving_file.py")
 CODE_NAMES = {"export": "the export code"}  # what a kind's "code" component is called when it changes
 LIBRARIES = ("tiktoken", "tokenizers", "jinja2")  # recorded beside sftdata's version (verify --retokenize)
 SPLIT_PARTS = ("chat_template",)  # a tokenizer state's objects whose keys are named one by one when they change
@@ -310,7 +310,7 @@ def read_target(location) -> Target:
     then say what is wrong)."""
     url = remote_url(location)
     if url is not None:
-        from .object_cache import remote_metadata  # lazy: object-storage code loads only for a target at a URL
+        from ..storage.object_cache import remote_metadata  # lazy: object-storage code loads only for a target at a URL
 
         try:
             meta = remote_metadata(url)

@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from ..errors import DatasetError, UsageError
+from ..errors import UsageError
 from ..order.config import TOKEN_DTYPES
 from ..packing.layout import Segments
+from ..storage.manifest import METADATA_FILE, SPLITS
 
-FORMAT_NAME = "sftdata"
 FORMAT_VERSION = 1
-METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
 REJECTS_FILE = "rejects.jsonl"
 SERVING_FILE = "serving.json"  # what an inference config needs (stop ids, pad id, BOS, template); see serving
@@ -46,7 +45,6 @@ SEGMENTS_FILE = "segments.idx"  # packed datasets: what rebuilds each row's segm
 LAST_REPLY_FILE = "last_reply.bin"
 LAST_REPLY_DTYPE = np.dtype(np.uint8)
 LAST_REPLY_KEY = "last_reply_only"
-SPLITS = ("train", "val")
 STAGING_SPLIT = "_staging"  # in a run's staging folder: episodes in input order, before the train/val split
 PARTS_DIR = "_parts"  # in a run's staging folder: where an engine's tasks write (removed before the commit)
 STOP_FILE = "STOP"  # in PARTS_DIR: the run has stopped early, tasks write nothing more
@@ -220,18 +218,6 @@ def metadata_sha256(meta: dict) -> str:
     reordering the file changes nothing and changing any value changes the hash."""
     body = {k: v for k, v in meta.items() if k != METADATA_CHECKSUM}
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def read_json(path: Path) -> dict:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise DatasetError(f"{path} is missing") from None
-    except orjson.JSONDecodeError as e:
-        raise DatasetError(f"{path} is not valid JSON ({e}); the file is damaged. Re-create the dataset") from None
-    if not isinstance(obj, dict):
-        raise DatasetError(f"{path} holds a JSON {type(obj).__name__}, not an object")
-    return obj
 
 
 def detect_layout(root: Path) -> str | None:

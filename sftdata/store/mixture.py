@@ -34,20 +34,20 @@ from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..order.batches import MAX_SEED, eligible_ids
 from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
+from ..storage.fsops import create_file, refuse_link
+from ..storage.lock import NAME_TRIES, tag
+from ..storage.manifest import METADATA_FILE
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from .format import (
     FORMAT_VERSION,
     LAST_REPLY_FORMAT_VERSION,
-    METADATA_FILE,
     MIXTURE_FORMAT,
     ROW_KINDS,
     dataset_holding,
     dumps_json,
     is_mixture_file,
 )
-from .fsops import create_file, refuse_link
-from .lock import NAME_TRIES, tag
 from .reader import Dataset, open_dataset
 from .rows import ROW_ITEMS, RowSplit
 from .shard import split_segments

@@ -18,20 +18,19 @@ import numpy as np
 
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
+from ..storage.location import dataset_path
+from ..storage.manifest import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 from .format import (
     ENTRIES_PER_ROW,
     EPISODES_FILE,
-    FORMAT_NAME,
     KIND_EPISODES,
     KIND_PACKED,
     KNOWN_FORMAT_VERSIONS,
     METADATA,
-    METADATA_FILE,
     RECREATE,
     REPACK,
     RESTORE,
     ROW_KINDS,
-    SPLITS,
     TOKENIZER_FILE,
     TOKENIZER_STATE,
     TOKENS_FILE,
@@ -44,12 +43,10 @@ from .format import (
     in_check_order,
     list_shards,
     packed_row_len,
-    read_json,
     row_shard_files,
     shard_files,
     shard_record,
 )
-from .location import dataset_path
 from .shard import Shard, Split, map_values, missing_files, size_problems
 from .structure import (
     HARMLESS_IN_FLAT,

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..packing.layout import Segments
+from ..storage.manifest import METADATA_FILE
 from ..util.ranges import read_range
 from .format import (
     CLIP,
@@ -26,7 +27,6 @@ from .format import (
     LAST_REPLY_DTYPE,
     LAST_REPLY_FILE,
     MASK_FILE,
-    METADATA_FILE,
     RECREATE,
     REPACK,
     SEGMENT_FIELDS,

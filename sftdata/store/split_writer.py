@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..storage.fsops import make_folder
 from ..util.oserrors import naming
 from .format import (
     COLUMNS_FILE,
@@ -34,7 +35,6 @@ from .format import (
     row_shard_files,
     shard_name,
 )
-from .fsops import make_folder
 
 
 class _HashedFile:

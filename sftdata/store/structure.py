@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..chat.markers import MarkerIds
+from ..storage.manifest import METADATA_FILE
 from .format import (
     EPISODES_FILE,
-    METADATA_FILE,
     RECREATE,
     REPACK,
     SEGMENTS_FILE,

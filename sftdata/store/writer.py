@@ -12,28 +12,26 @@ import numpy as np
 import orjson
 
 from ..errors import OutputExistsError
+from ..storage.fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
+from ..storage.leftovers import remove_replaced, sweep
+from ..storage.location import local_path, remote_url
+from ..storage.lock import WriterLock, make_staging, release_staging, replaced_name, target_of, write_folder_record
+from ..storage.manifest import FORMAT_NAME, METADATA_FILE, check_replaceable, named, signature, survey
+from ..storage.object_commit import ObjectCommit
+from ..storage.object_upload import DirectUpload
+from ..storage.objects import upload_home
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from .format import (
     DEFAULT_SHARD_TOKENS,
-    FORMAT_NAME,
     KIND_EPISODES,
     METADATA_CHECKSUM,
     METADATA_CHECKSUM_VERSION,
-    METADATA_FILE,
     dumps_json,
     format_version_for,
     has_last_reply_flags,
     metadata_sha256,
 )
-from .fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
-from .leftovers import remove_replaced, sweep
-from .location import local_path, remote_url
-from .lock import WriterLock, make_staging, release_staging, replaced_name, target_of, write_folder_record
-from .manifest import check_replaceable, named, signature, survey
-from .object_commit import ObjectCommit
-from .object_upload import DirectUpload
-from .objects import upload_home
 from .split_writer import PackedSplitWriter, RowSplitWriter, SplitWriter
 
 log = logging.getLogger("sftdata.store")

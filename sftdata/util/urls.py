@@ -1,7 +1,7 @@
 """fsspec for a URL (``s3://``, ``gs://``, ``hf://``, ``https://``, ``memory://`` ...): the
 file system and path it names, or one line naming the pip extra that adds a missing
 package. fsspec is imported only when a URL is opened. Used by the inputs
-(``sources.remote``) and by datasets in object storage (``store.location``).
+(``sources.remote``) and by datasets in object storage (``storage.location``).
 """
 
 from __future__ import annotations

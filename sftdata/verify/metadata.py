@@ -21,11 +21,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..storage.manifest import METADATA_FILE
 from ..store.format import (
     MASK_FILE,
     METADATA_CHECKSUM,
     METADATA_CHECKSUM_VERSION,
-    METADATA_FILE,
     RECREATE,
     REPACK,
     TOKENIZER_FILE,

@@ -21,18 +21,9 @@ import numpy as np
 
 from ..chat.serving import token_strings
 from ..errors import DatasetError, UsageError
-from ..store.format import (
-    EPISODES_FILE,
-    METADATA_FILE,
-    ROW_KINDS,
-    SERVING_FILE,
-    SPLITS,
-    TOKENIZER_FILE,
-    TOKENS_FILE,
-    Problem,
-    in_check_order,
-)
-from ..store.location import dataset_path
+from ..storage.location import dataset_path
+from ..storage.manifest import METADATA_FILE, SPLITS
+from ..store.format import EPISODES_FILE, ROW_KINDS, SERVING_FILE, TOKENIZER_FILE, TOKENS_FILE, Problem, in_check_order
 from ..store.reader import Scan, read_one_generation, scan_dataset
 from ..store.serving_file import read_serving
 from ..store.structure import check_counts

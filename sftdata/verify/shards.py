@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store.format import METADATA_FILE, RECREATE, Problem, recorded_files, shard_record
+from ..storage.manifest import METADATA_FILE
+from ..store.format import RECREATE, Problem, recorded_files, shard_record
 from ..store.shard import Shard
 from ..store.structure import check_eos, episode_bounds
 from ..util.hashing import sha256_file

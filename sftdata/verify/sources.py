@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..store.format import METADATA_FILE, Problem
+from ..storage.manifest import METADATA_FILE
+from ..store.format import Problem
 from ..util.hashing import HASH_BLOCK_BYTES, file_hashes, sha256_file
 
 MATCHES, MISSING, CHANGED, UNREADABLE = "matches", "missing", "changed", "unreadable"

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.store.lock import OWNER_FILE, owner_record
+from sftdata.storage.lock import OWNER_FILE, owner_record
 from tests.helpers.paths import CONTRACT, ROOT
 
 UPDATE = os.environ.get("SFTDATA_UPDATE_CONTRACT") == "1"

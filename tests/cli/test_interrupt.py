@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sftdata.store.leftovers import clean
+from sftdata.storage.leftovers import clean
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import SAFETY_S, EndlessInput, alive, children, ignores, stopped, wait_for
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-import sftdata.store.fsops as fsops
+import sftdata.storage.fsops as fsops
 
 _OS_CALLS = ("mkdir", "rename", "replace", "unlink", "remove", "rmdir", "write", "pwrite", "ftruncate", "link")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND

@@ -96,10 +96,10 @@ class CountingFS:
 
 
 def count_coordinator(monkeypatch) -> list[CountingFS]:
-    """Wrap the file system the coordinator commits through (``store.object_commit``) in a
+    """Wrap the file system the coordinator commits through (``storage.object_commit``) in a
     ``CountingFS``; returns the list each run's wrapper is appended to. Workers and tasks
-    open their own (``store.object_upload``), uncounted."""
-    from sftdata.store import object_commit
+    open their own (``storage.object_upload``), uncounted."""
+    from sftdata.storage import object_commit
 
     seen: list[CountingFS] = []
     real = object_commit.remote_fs

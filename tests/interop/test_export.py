@@ -20,8 +20,8 @@ from sftdata.errors import ConfigError, DatasetError, OutputExistsError, UsageEr
 from sftdata.interop import export as export_mod
 from sftdata.interop.export import PARQUET_KEY, ExportOptions, export
 from sftdata.loader import IGNORE_INDEX
+from sftdata.storage.lock import OWNER_FILE, owner_record
 from sftdata.store import METADATA_FILE, read_json
-from sftdata.store.lock import OWNER_FILE, owner_record
 from sftdata.torch import SFTDataset
 from tests.helpers.loader import make_dataset, make_flat, make_packed
 

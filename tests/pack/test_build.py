@@ -13,7 +13,7 @@ import pytest
 from sftdata.errors import OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store.lock import OWNER_FILE, owner_record
+from sftdata.storage.lock import OWNER_FILE, owner_record
 from sftdata.util.hashing import sha256_file
 from tests.helpers.data import chat, write_jsonl
 

@@ -12,8 +12,8 @@ from sftdata.errors import OutputExistsError, SftDataError
 from sftdata.prepare.plan import plan_shards
 from sftdata.prepare.results import StagedPart
 from sftdata.prepare.shard_task import write_shard
+from sftdata.storage.fsops import folder_identity
 from sftdata.store.format import PARTS_DIR, STOP_FILE
-from sftdata.store.fsops import folder_identity
 from sftdata.store.split_writer import SplitWriter, shard_starts
 from tests.helpers.engines import files
 

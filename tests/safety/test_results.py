@@ -32,10 +32,10 @@ from sftdata.packing.block_size import TrainedSpans, min_block_size, smallest_ro
 from sftdata.packing.plan import MIN_BLOCK_SIZE
 from sftdata.packing.strategies import plan_bfd
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.storage.leftovers import find_leftovers
+from sftdata.storage.lock import OWNER_FILE, WriterLock, owner_record
 from sftdata.store import METADATA_FILE, TOKENIZER_FILE, open_dataset, split_segments
 from sftdata.store.format import PARTS_DIR, REJECTS_FILE, SERVING_FILE, STAGING_SPLIT
-from sftdata.store.leftovers import find_leftovers
-from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record
 from sftdata.store.writer import DatasetWriter
 from sftdata.util import memory
 from tests.helpers.data import chat, write_jsonl

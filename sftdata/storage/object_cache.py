@@ -45,8 +45,7 @@ import orjson
 from ..errors import DatasetError
 from ..util.cache import cache_dir
 from ..util.hashing import sha256_file
-from .format import MASK_FILE, METADATA_FILE, TOKENS_FILE
-from .manifest import manifest_of, named
+from .manifest import METADATA_FILE, manifest_of, named
 from .objects import credentials_error, list_objects, lock_key, remote_fs
 
 RANGE_BYTES = 16 << 20  # one ranged read
@@ -168,7 +167,7 @@ def _plan(fs, root: str, meta: dict) -> list[tuple[str, int]]:
     listed = manifest_of(meta)
     names = [f for f in (listed[0] if listed else present) if f != METADATA_FILE and f in present]
     return sorted(((f, int(present[f].get("size") or 0)) for f in names),
-                  key=lambda x: (x[0].rpartition("/")[2] in (TOKENS_FILE, MASK_FILE), x[0]))
+                  key=lambda x: (x[1], x[0]))
 
 
 def _fill(fs, root: str, url: str, raw: bytes, meta: dict, entry: Path) -> Fetched:

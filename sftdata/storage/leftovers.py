@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DatasetError, UsageError
-from .format import METADATA_FILE, read_json
 from .fsops import remove_listed
 from .lock import (
     LOCK_SUFFIX,
@@ -52,7 +51,7 @@ from .lock import (
     parse_record,
     target_of,
 )
-from .manifest import manifest_of, survey, walk
+from .manifest import METADATA_FILE, manifest_of, read_json, survey, walk
 
 
 @dataclass

@@ -24,9 +24,9 @@ from sftdata.interop.export import ExportOptions, export
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.storage import object_commit as oc
+from sftdata.storage.object_cache import fetch_dataset
 from sftdata.store import METADATA_FILE, open_dataset
-from sftdata.store import object_commit as oc
-from sftdata.store.object_cache import fetch_dataset
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.moto_s3 import moto_s3, objects
 from tests.helpers.paths import ROOT
@@ -128,7 +128,7 @@ def test_a_second_open_reads_the_metadata_alone_and_a_changed_dataset_is_fetched
 def test_ranges_a_large_file(s3, source, monkeypatch):
     url = f"s3://{BUCKET}/sft/ranged"
     prepare([source], url, PrepareOptions(val_split=0.0))
-    monkeypatch.setattr("sftdata.store.object_cache.RANGE_BYTES", 100)
+    monkeypatch.setattr("sftdata.storage.object_cache.RANGE_BYTES", 100)
     got = fetch_dataset(url)
     sizes = {k: len(v) for k, v in objects(s3, url).items() if k != METADATA_FILE}
     assert got.requests == sum(-(-n // 100) for n in sizes.values()) and got.bytes == sum(sizes.values())
@@ -234,7 +234,7 @@ def test_a_killed_writer_leaves_no_readable_dataset_and_the_next_run_clears_it(s
 KILLED_WRITER = """
 import sys
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store import object_commit as oc
+from sftdata.storage import object_commit as oc
 def hang(*args):
     print("uploaded", flush=True)
     sys.stdin.read()  # until it is killed: the test holds this pipe open

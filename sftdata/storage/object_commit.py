@@ -39,9 +39,8 @@ from pathlib import Path
 import orjson
 
 from ..errors import DatasetError, OutputExistsError
-from .format import METADATA_FILE, read_json
 from .lock import owner_alive, owner_record
-from .manifest import manifest_of, named
+from .manifest import METADATA_FILE, manifest_of, named, read_json
 from .object_upload import DirectUpload
 from .objects import credentials_error, identity, list_objects, lock_key, remote_fs
 

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.errors import OutputExistsError
-from sftdata.store import lock
-from sftdata.store.leftovers import find_leftovers, sweep
-from sftdata.store.lock import OWNER_FILE, WriterLock, owner_record
-from sftdata.store.manifest import check_replaceable, manifest_of, survey
+from sftdata.storage import lock
+from sftdata.storage.leftovers import find_leftovers, sweep
+from sftdata.storage.lock import OWNER_FILE, WriterLock, owner_record
+from sftdata.storage.manifest import check_replaceable, manifest_of, survey
 from sftdata.store.writer import DatasetWriter
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
@@ -223,7 +223,7 @@ def test_wait_waits_for_the_first_writer(tmp_path):
 
 def test_the_lock_dies_with_its_process(tmp_path):
     target = tmp_path / "out"
-    code = (f"import sys; from sftdata.store.lock import WriterLock\n"
+    code = (f"import sys; from sftdata.storage.lock import WriterLock\n"
             f"with WriterLock({str(target)!r}):\n    print('held', flush=True); sys.stdin.read()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})

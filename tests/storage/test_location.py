@@ -11,8 +11,8 @@ from sftdata.cli import app
 from sftdata.errors import DatasetError
 from sftdata.loader import LoaderConfig, make_loader
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.storage.location import local_path, remote_url
 from sftdata.store import open_dataset
-from sftdata.store.location import local_path, remote_url
 from tests.helpers.data import chat, write_jsonl
 
 runner = CliRunner()

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.store.leftovers import find_leftovers
-from sftdata.store.manifest import survey, walk
+from sftdata.storage.leftovers import find_leftovers
+from sftdata.storage.manifest import survey, walk
 
 DEPTH = 1_100  # past the recursion limit (1,000), where os.walk of Python 3.11 failed
 runner = CliRunner()

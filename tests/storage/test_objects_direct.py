@@ -1,5 +1,5 @@
 """Final shards put straight into object storage by the workers that write them
-(``store.object_upload``), the coordinator uploading only the metadata and the commit:
+(``storage.object_upload``), the coordinator uploading only the metadata and the commit:
 moto's S3 server in a thread, as tests/store/test_objects.py. The coordinator's file
 system is wrapped to count every byte it sends."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from sftdata.errors import DatasetError
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.storage import object_commit as oc
+from sftdata.storage.object_upload import DirectUpload
 from sftdata.store import METADATA_FILE
-from sftdata.store import object_commit as oc
-from sftdata.store.object_upload import DirectUpload
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.moto_s3 import count_coordinator, moto_s3, objects
 from tests.helpers.zoo import trl_model_folder

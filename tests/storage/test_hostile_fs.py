@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from sftdata.cli import app
 from sftdata.prepare import PrepareOptions, prepare
-from sftdata.store.lock import OWNER_FILE, owner_record
+from sftdata.storage.lock import OWNER_FILE, owner_record
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
 
