@@ -50,8 +50,9 @@ def test_import_loader_needs_numpy_only():
 
 def test_import_loader_loads_no_parsing_template_source_or_curation_code():
     """A training process imports the loader, the store's reader (with the storage's commit
-    protocol and location), the order and the mask markers: at most 32 sftdata modules, none of record parsing, templates, sources,
-    curation, tokenizers or object storage, and no third-party library but numpy/orjson."""
+    protocol and location), the order and the mask markers: at most 32 sftdata modules, none
+    of record parsing, templates, sources, curation, tokenizers or object storage, and no
+    third-party library but numpy/orjson."""
     code = ("import json, sys, sftdata.loader; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('sftdata', 'jinja2', 'tokenizers', 'tiktoken', 'pyarrow', 'fsspec', 'torch', 'typer', 'rich'))))")

@@ -1,6 +1,6 @@
 """The structure cannot silently decay: the layers of docs/ARCHITECTURE.md §5 (import-linter),
 ruff's rule set, no function-level imports of sftdata modules (a cycle or a layer break
-hiding), every module placed in a layer and given its line in the README's map, no
+hiding), every module placed in a layer and given its line in docs/ARCHITECTURE.md's map, no
 specification-section names in the tree, and the tests' own layout: a folder of tests per
 package, and no test module importing another."""
 
@@ -83,10 +83,10 @@ def test_no_specification_section_names_in_code_or_docs():
     assert hits == []
 
 
-def _readme_map() -> list[str]:
-    """The module paths of the README's map: ``sftdata/`` then lines indented two spaces
-    per level, a package ending in ``/`` and holding the lines indented below it."""
-    text = (ROOT / "README.md").read_text()
+def _module_map() -> list[str]:
+    """The module paths of docs/ARCHITECTURE.md's map (§8): ``sftdata/`` then lines indented
+    two spaces per level, a package ending in ``/`` and holding the lines indented below it."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     block = text[text.index("```\nsftdata/\n") + 4:]
     block = block[:block.index("\nscripts/")]
     out, stack = [], []
@@ -103,8 +103,8 @@ def _readme_map() -> list[str]:
     return out
 
 
-def test_the_readme_map_has_one_line_per_module():
-    listed = _readme_map()
+def test_the_module_map_has_one_line_per_module():
+    listed = _module_map()
     present = sorted(p.relative_to(ROOT / "sftdata").as_posix() for p in (ROOT / "sftdata").rglob("*.py"))
     assert sorted(set(listed)) == sorted(listed), "a module listed twice"
     assert sorted(listed) == present
