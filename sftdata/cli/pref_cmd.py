@@ -5,23 +5,16 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ..engine import check_engine
-from ..engine.prepare_ray import ray_prepare_executor
-from ..errors import UsageError
 from ..options.option import PREF, RL
 from ..pref import PrefOptions, PrefSummary, Truncation
 from ..prepare import prepare_pref
-from .app import LazyProgress, app, handle_errors, make_progress
-from .build_output import show_prepared, show_rebuild
+from .app import app, handle_errors
 from .declared import declared_command
-from .prepare_cmd import reject_rows, usable_workers
+from .prepare_cmd import new_summary_table, reject_rows, run_build, usable_workers
 
 
 def _table(s: PrefSummary) -> Table:
-    t = Table(title=f"Prepared {s.output_dir} ({s.kind})", show_header=True, header_style="bold")
-    t.add_column("", no_wrap=True)
-    t.add_column("value", justify="right")
-    t.add_row("records read", f"{s.records_read:,}")
+    t = new_summary_table(s, f"Prepared {s.output_dir} ({s.kind})")
     what = {"pairs": "pairs", "kto": "rows", "prompts": "prompts"}[s.kind]
     for split, n in s.rows.items():
         t.add_row(f"{what} ({split})", f"{n:,}")
@@ -54,22 +47,9 @@ def _options(values: dict, quiet: bool) -> PrefOptions:
 
 def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
     engine, ray_address = values.pop("engine"), values.pop("ray_address")
-    _run(_options(values, quiet), inputs, output_dir, command == RL, as_json, quiet, engine, ray_address)
-
-
-def _run(opts: PrefOptions, inputs, output_dir, rl: bool, as_json: bool, quiet: bool, engine: str = "local",
-         ray_address: str | None = None) -> None:
-    name = "prepare-rl" if rl else "prepare-pref"
-    executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
-    if ray_address is not None and executor is None:
-        raise UsageError("--ray-address needs --engine ray")
-    with LazyProgress(make_progress(quiet or as_json)) as bar:
-        def on_progress(p):  # prepare_pref counts records as it goes, not tokens (its p.tokens stays 0)
-            bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records, tokens=p.tokens or None)
-
-        summary = prepare_pref(inputs, output_dir, opts, progress=on_progress, rl=rl,
-                               planned=None if quiet or as_json else show_rebuild, executor=executor)
-    show_prepared(summary, _table, output_dir, as_json, quiet)
+    # prepare_pref counts records as it goes, not tokens
+    run_build(command, prepare_pref, _table, _options(values, quiet), inputs, output_dir, engine, ray_address,
+              as_json, quiet, tokens=False, rl=command == RL)
 
 
 PREF_HELP = """Prepare preference records (DPO/ORPO pairs, KTO rows) into a pair dataset, split in token space.

@@ -27,11 +27,17 @@ def reject_rows(t: Table, rejected: dict, repaired: dict) -> None:
         t.add_row(f"  repaired: {reason}", f"{n:,}")
 
 
-def summary_table(s: PrepareSummary) -> Table:
-    t = Table(title=f"Prepared {s.output_dir}", show_header=True, header_style="bold")
+def new_summary_table(s, title: str) -> Table:
+    """A build command's summary table (every build command's), its first row: the records read."""
+    t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_row("records read", f"{s.records_read:,}")
+    return t
+
+
+def summary_table(s: PrepareSummary) -> Table:
+    t = new_summary_table(s, f"Prepared {s.output_dir}")
     for split in s.episodes:
         t.add_row(f"episodes ({split})", f"{s.episodes[split]:,}")
     for split in s.tokens:
@@ -95,24 +101,35 @@ def usable_workers(workers: int | None, quiet: bool) -> int:
     return workers
 
 
-def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "local", ray_address: str | None = None,
-                as_json: bool = False, quiet: bool = False) -> None:
-    """Run prepare with ``opts`` (the command's options, built once) and draw its progress
-    and summary. More ``opts.workers`` than the machine's cores are capped."""
+def run_build(name: str, build, table, opts, inputs, output_dir, engine: str, ray_address: str | None, as_json: bool,
+              quiet: bool, tokens: bool = True, **kw) -> tuple[object, bool]:
+    """Run ``build`` (``prepare``, ``prepare_pref``) with ``opts`` on ``--engine``, its
+    progress bar named ``name`` (records per second, and tokens where ``tokens``), then
+    its result (``show_prepared``: ``table``); returns the summary and whether the command
+    may add notes of its own."""
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
-    opts = replace(opts, workers=usable_workers(opts.workers, quiet))
-    mode, val_split = opts.mode, opts.val_split
     with LazyProgress(make_progress(quiet or as_json)) as bar:  # drawn from the first report, after the checks
 
         def on_progress(p):
-            bar.update(f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total, records=p.records,
-                       tokens=p.tokens)
+            bar.update(name, completed=p.bytes_done, total=p.bytes_total, records=p.records,
+                       tokens=p.tokens if tokens else None)
 
-        summary = prepare(inputs, output_dir, opts, progress=on_progress, executor=executor,
-                          planned=None if quiet or as_json else show_rebuild)
-    if show_prepared(summary, summary_table, output_dir, as_json, quiet):
+        summary = build(inputs, output_dir, opts, progress=on_progress, executor=executor,
+                        planned=None if quiet or as_json else show_rebuild, **kw)
+    return summary, show_prepared(summary, table, output_dir, as_json, quiet)
+
+
+def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "local", ray_address: str | None = None,
+                as_json: bool = False, quiet: bool = False) -> None:
+    """Run prepare with ``opts`` (the command's options, built once) and draw its progress
+    and summary, with its notes. More ``opts.workers`` than the machine's cores are capped."""
+    opts = replace(opts, workers=usable_workers(opts.workers, quiet))
+    summary, notes = run_build(f"prepare-{opts.mode}", prepare, summary_table, opts, inputs, output_dir, engine,
+                               ray_address, as_json, quiet)
+    val_split = opts.val_split
+    if notes:
         exact = summary.dedup.get("exact_duplicates", 0)
         if exact and summary.dedup.get("mode") == "off":
             warn(f"{exact:,} record(s) repeat an earlier record exactly (whitespace aside) and were kept: rerun with "

@@ -20,7 +20,7 @@ from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..records.preference import FORMS
-from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON
+from ..records.turns import REASONING_POLICIES, RESERVED_TEMPLATE_VARIABLES, TRAIN_ON, TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES
 from ..store.format import DEFAULT_SHARD_TOKENS, TRUNCATION_POLICIES
 from ..template import DEFAULT_MAX_STEPS, TemplateLimits
@@ -298,23 +298,39 @@ def family_options(family: str) -> list[Option]:
     return [o for o in OPTIONS if o.takes & {c for c, f in FAMILY.items() if f == family}]
 
 
-def validate(opts, family: str) -> None:
-    """Every check of the family's options, in declaration order."""
-    for o in family_options(family):
-        if o.check is not None:
-            o.check(getattr(opts, o.name) if o.field else None, opts)
+class DeclaredOptions:
+    """What a build command's options class (under ``@declared_fields``) gives from its
+    family's declarations: ``validate`` (every check, in declaration order), ``recorded``
+    (what reaches the metadata and the build key: each option's entries, module
+    docstring), ``template_limits`` and ``policy``."""
 
+    family = ""
 
-def recorded(opts, family: str) -> dict:
-    """What reaches the metadata and the build key: each option's entries (module docstring)."""
-    out: dict = {}
-    seen: set = set()
-    for o in family_options(family):
-        rule = o.records(family)
-        if rule is not None and rule not in seen:
-            seen.add(rule)
-            out.update(rule(opts))
-    return out
+    @property
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(self.reasoning, self.train_on)
+
+    def validate(self) -> None:
+        for o in family_options(self.family):
+            if o.check is not None:
+                o.check(getattr(self, o.name) if o.field else None, self)
+
+    def template_limits(self) -> TemplateLimits:
+        """What every render of a model's chat template runs under (docs/TOKENIZERS.md)."""
+        return template_limits(self)
+
+    def recorded(self) -> dict:
+        """The options that determine the output, recorded in the metadata and part of the
+        build key (each option's ``record`` rule). The tokenizer, --chat-template and
+        --tokenizer-engine are in the key through the tokenizer state too."""
+        out: dict = {}
+        seen: set = set()
+        for o in family_options(self.family):
+            rule = o.records(self.family)
+            if rule is not None and rule not in seen:
+                seen.add(rule)
+                out.update(rule(self))
+        return out
 
 
 def declared_fields(family: str):

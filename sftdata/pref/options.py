@@ -5,32 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options.declared import declared_fields, recorded, template_limits, validate
-from ..records.turns import TurnPolicy
-from ..template import DEFAULT_MAX_STEPS, TemplateLimits
+from ..options.declared import DeclaredOptions, declared_fields
+from ..template import DEFAULT_MAX_STEPS
 from .truncate import Truncation
 
 
 @dataclass(frozen=True)
 @declared_fields("pref")
-class PrefOptions:
+class PrefOptions(DeclaredOptions):
     """What ``prepare-pref`` and ``prepare-rl`` are given (``sftdata.options.declared``), and
     ``truncation``: --max-length, --max-prompt-length and --truncation as one policy."""
 
     truncation: Truncation = Truncation()
-
-    @property
-    def policy(self) -> TurnPolicy:
-        return TurnPolicy(self.reasoning, self.train_on)
-
-    def validate(self) -> None:
-        validate(self, "pref")
-
-    def template_limits(self) -> TemplateLimits:
-        return template_limits(self)
-
-    def recorded(self) -> dict:
-        return recorded(self, "pref")
+    family = "pref"
 
     @classmethod
     def from_recorded(cls, o: dict) -> PrefOptions:

@@ -6,7 +6,7 @@
         its columns: RL) ──► the driver: curation, rejects, the exact split, the commit
 
 Verify renders a row again with the same functions (``open_context``, ``start_rows``,
-``finish_rows``, ``record_row``).
+``finish_rows``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.turns import TurnPolicy
 from ..sources import RawRecord, SourceInfo, record_where
+from ..store.build_key import BuildSummary
 from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.rows import Rows
 from ..template import choose_tokenizer, tokenizer_state
@@ -40,46 +41,27 @@ from .truncate import Cut, plan_cut
 
 
 @dataclass
-class PrefSummary:
-    output_dir: str
-    kind: str
-    records_read: int = 0
+class PrefSummary(BuildSummary):
+    kind: str = KIND_PAIRS
     rows: dict = field(default_factory=dict)  # split -> pairs / KTO rows / prompts
-    tokens: dict = field(default_factory=dict)
-    trained_tokens: dict = field(default_factory=dict)
-    rejected: dict = field(default_factory=dict)
-    repaired: dict = field(default_factory=dict)
     forms: dict = field(default_factory=dict)  # record form -> rows kept
     truncated: dict = field(default_factory=dict)  # prompts_cut, completions_cut (rows)
     labels: dict = field(default_factory=dict)  # kto: desirable / undesirable rows
-    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (counted either way)
-    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
-    seconds: float = 0.0
-    build_key: str | None = None  # the dataset's build key (store.build_key)
-    up_to_date: bool = False  # the target held this build already: nothing was done
-    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
-    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
 
     def as_dict(self) -> dict:
         return {"output_dir": self.output_dir, "kind": self.kind, "records_read": self.records_read,
                 "rows": self.rows, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "rejected": self.rejected, "repaired": self.repaired, "forms": self.forms,
                 "truncated": self.truncated, "labels": self.labels, "dedup": self.dedup,
-                "decontamination": self.decontamination, "seconds": round(self.seconds, 3),
-                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
-                "libraries_changed": list(self.libraries_changed)}
+                "decontamination": self.decontamination, "seconds": round(self.seconds, 3), **self.key_dict()}
 
     @classmethod
     def of_dataset(cls, output_dir: str, meta: dict) -> PrefSummary:
         """The summary of the dataset a run found up to date, from its metadata."""
-        counts, kind = meta.get("counts") or {}, meta.get("kind", KIND_PAIRS)
-        out = cls(output_dir, kind, records_read=counts.get("records_read", 0), rejected=counts.get("rejected") or {},
-                  repaired=counts.get("repaired") or {}, forms=counts.get("forms") or {},
-                  truncated=counts.get("truncated") or {}, labels=counts.get("labels") or {},
-                  dedup=meta.get("dedup") or {}, decontamination=meta.get("decontamination") or {}, up_to_date=True)
-        for split, m in (meta.get("splits") or {}).items():
-            out.rows[split], out.tokens[split] = m.get("rows", 0), m.get("tokens", 0)
-            out.trained_tokens[split] = m.get("trained_tokens", 0)
+        counts = meta.get("counts") or {}
+        out = cls.found(output_dir, meta, kind=meta.get("kind", KIND_PAIRS), forms=counts.get("forms") or {},
+                        truncated=counts.get("truncated") or {}, labels=counts.get("labels") or {})
+        out.rows = {split: m.get("rows", 0) for split, m in (meta.get("splits") or {}).items()}
         return out
 
 
@@ -148,15 +130,6 @@ def _columns(raw, obj: dict, names) -> bytes:
     return b"{" + b", ".join(out) + b"}"
 
 
-def record_row(raw: bytes, where: str, ctx: Context) -> Row:
-    """The row of one input record under ``ctx``, or raises ``RecordError``: prepare writes
-    it (``record_rows``, a chunk at once), verify renders it again and compares."""
-    (row,) = record_rows([(raw, where)], ctx)
-    if isinstance(row, RecordError):
-        raise row
-    return row
-
-
 def _prompt_row(obj: dict, raw, where: str, ctx: Context) -> Row:
     pr = parse_prompt(obj, where)
     ids = render_prompt(pr, ctx.tok, ctx.profile, ctx.policy, where)
@@ -180,8 +153,8 @@ class StartedRows:
 
 
 def start_rows(items: Sequence[tuple[bytes, str]], ctx: Context, pool: Executor | None = None) -> StartedRows:
-    """The first half of ``record_rows``: the records read and rendered, their texts being
-    tokenized (on ``pool``'s thread when given: ``render.start_records``)."""
+    """Each ``(raw, where)`` read and rendered, their texts being tokenized (on ``pool``'s
+    thread when given: ``render.start_records``); preference records as one chunk."""
     out: list = [None] * len(items)
     pending: list[tuple[int, PreferenceRecord, str]] = []
     for i, (raw, where) in enumerate(items):
@@ -198,7 +171,7 @@ def start_rows(items: Sequence[tuple[bytes, str]], ctx: Context, pool: Executor 
 
 
 def finish_rows(started: StartedRows, ctx: Context) -> list[Row | RecordError]:
-    """The second half of ``record_rows``: each record's ``Row`` or ``RecordError``."""
+    """The second half of ``start_rows``: each record's ``Row`` or ``RecordError``."""
     out = started.out
     for (i, pr, where), r in zip(started.pending, finish_records(started.rendering, ctx.tok, ctx.rule)):
         try:
@@ -206,12 +179,6 @@ def finish_rows(started: StartedRows, ctx: Context) -> list[Row | RecordError]:
         except RecordError as e:
             out[i] = e
     return out
-
-
-def record_rows(items: Sequence[tuple[bytes, str]], ctx: Context) -> list[Row | RecordError]:
-    """``record_row`` of each ``(raw, where)``: its ``Row`` or the ``RecordError`` it
-    raises. Preference records are rendered as one chunk (``render_records``)."""
-    return finish_rows(start_rows(items, ctx), ctx)
 
 
 def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -> Row:
@@ -314,10 +281,14 @@ class PrefChunk:
 
 @dataclass
 class PairWork:
-    """What a partition task (``sftdata.prepare.partition_task``) makes of a chunk of records:
-    rows (``pref_chunk``), staged per kind, and their ``RowFacts``."""
+    """What a worker or partition task (``sftdata.prepare.partition_task``) makes of a chunk
+    of records: rows (``pref_chunk``); a partition task's staged per kind, and their
+    ``RowFacts``."""
 
     ctx: Context
+
+    def outcome(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> PrefChunk:
+        return pref_chunk(items, self.ctx, curate)
 
     @staticmethod
     def merged(acc: PrefChunk | None, res: PrefChunk | None) -> PrefChunk:
@@ -328,7 +299,7 @@ class PairWork:
                          concat_keys(acc.keys, res.keys))
 
     def chunk(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> tuple[PrefChunk, dict]:
-        res = pref_chunk(items, self.ctx, curate)
+        res = self.outcome(items, memo, curate)
         rows = {k: rows_of(k, [(r, row) for r, _, row in res.rows if row.kind == k]) for k in KINDS}
         return PrefChunk(res.records, res.rejects, RowFacts.of(res.rows), res.keys), rows
 
@@ -369,25 +340,20 @@ def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> Record
                       contaminated)
 
 
-@dataclass
-class StartedChunk:
-    """``start_chunk``'s chunk of input records, its readable ones rendering."""
-
-    items: Sequence[RawRecord]
-    rows: StartedRows
-
-
-def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None) -> StartedChunk:
-    """The first half of ``pref_chunk``: the chunk rendered, its texts being tokenized
-    (on ``pool``'s thread when given, while the caller starts the next chunk)."""
-    return StartedChunk(items, start_rows([(rec.raw, rec.where) for rec in items if rec.reject is None], ctx, pool))
+def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None
+                ) -> tuple[Sequence[RawRecord], StartedRows]:
+    """The first half of ``pref_chunk``: the chunk, its readable records rendered, their
+    texts being tokenized (on ``pool``'s thread when given, while the caller starts the
+    next chunk)."""
+    return items, start_rows([(rec.raw, rec.where) for rec in items if rec.reject is None], ctx, pool)
 
 
-def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) -> PrefChunk:
+def finish_chunk(started: tuple[Sequence[RawRecord], StartedRows], ctx: Context, curate: CurateSettings) -> PrefChunk:
     """The second half of ``pref_chunk``: the chunk's rows and their keys."""
+    items, rendering = started
     rejects, rows = [], []
-    made = iter(finish_rows(started.rows, ctx))
-    for rec in started.items:
+    made = iter(finish_rows(rendering, ctx))
+    for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
             continue
@@ -398,23 +364,12 @@ def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) ->
             rows.append((rec.record, rec.where, row))
     keys = row_keys(rows, curate)
     # the text has served (keys): not sent back
-    return PrefChunk(len(started.items), rejects, [(r, w, dataclasses.replace(row, text="")) for r, w, row in rows], keys)
+    return PrefChunk(len(items), rejects, [(r, w, dataclasses.replace(row, text="")) for r, w, row in rows], keys)
 
 
 def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
     """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
     return finish_chunk(start_chunk(items, ctx), ctx, curate)
-
-
-PREF_WORKER: dict = {}
-
-
-def _pref_worker_setup(ctx: Context, curate: CurateSettings) -> None:
-    PREF_WORKER["ctx"], PREF_WORKER["curate"] = ctx, curate
-
-
-def _pref_worker_run(items: Sequence[RawRecord]) -> PrefChunk:
-    return pref_chunk(items, PREF_WORKER["ctx"], PREF_WORKER["curate"])
 
 
 class RowsKind:
@@ -436,7 +391,7 @@ class RowsKind:
         self.tok, self.profile = self.ctx.tok, self.ctx.profile
 
     def worker(self, curate: CurateSettings) -> tuple:
-        return _pref_worker_setup, (self.ctx, curate), _pref_worker_run
+        return PairWork(self.ctx), curate, None
 
     @contextmanager
     def local(self, curate: CurateSettings):
@@ -451,7 +406,7 @@ class RowsKind:
         return None if executor is None else executor.start(self.opts, PairWork(self.ctx), stage_dir, curate)
 
     def new_summary(self, output_dir: str) -> PrefSummary:
-        return PrefSummary(output_dir, self.build_kind)
+        return PrefSummary(output_dir, kind=self.build_kind)
 
     def of_dataset(self, output_dir: str, meta: dict) -> PrefSummary:
         return PrefSummary.of_dataset(output_dir, meta)
@@ -489,9 +444,8 @@ class RowsKind:
         summary.repaired, summary.forms = dict(sorted(self.repaired.items())), dict(sorted(self.forms.items()))
         summary.truncated = {"prompts_cut": self.counts["prompts_cut"], "completions_cut": self.counts["completions_cut"]}
         summary.labels = dict(sorted(self.labels.items()))
-        for split, m in splits.items():
-            summary.rows[split], summary.tokens[split] = m["rows"], m["tokens"]
-            summary.trained_tokens[split] = m["trained_tokens"]
+        summary.add_splits(splits)
+        summary.rows = {split: m["rows"] for split, m in splits.items()}
         counts = {"repaired": summary.repaired, "forms": summary.forms, "truncated": summary.truncated,
                   "labels": summary.labels}
         return ({"entries_per_row": ENTRIES_PER_ROW[kind]}, counts,

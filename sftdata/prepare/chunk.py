@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +18,8 @@ from ..errors import RecordError
 from ..records.conversation import parse_record
 from ..records.turns import TurnPolicy
 from ..sources import RawRecord
+from ..store.format import KIND_EPISODES
+from ..store.rows import Rows
 from ..template import TemplateProfile, records_episodes
 from ..tokenize.memo import MemoStats, SegmentMemo
 from .results import ChunkResult
@@ -122,11 +125,30 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
         last_only=np.asarray(flags, dtype=np.uint8) if any(flags) else None)
 
 
-def curated_chunk(items: Sequence[RawRecord], tok, mode: str, max_tokens: int | None, policy: TurnPolicy,
-                  profile: TemplateProfile | None, curate: CurateSettings,
-                  memo: SegmentMemo | None = None) -> ChunkResult:
-    """``process_chunk`` with the keys ``curate`` asks for."""
-    return process_chunk(items, tok, mode, max_tokens, policy, profile, memo, curate)
+@dataclass
+class EpisodeWork:
+    """What a worker or partition task makes of a chunk of records: episodes
+    (``process_chunk``), with the duplicate keys (the exact ones always: prepare's summary
+    counts them) and the contamination, from the same parse as the tokens. Another kind of
+    row gives its own work (``merged``; ``outcome``: a chunk's result; ``chunk``: that
+    result, and its rows per kind, for a partition task to stage)."""
+
+    tok: object
+    profile: TemplateProfile | None
+    mode: str
+    max_tokens: int | None
+    policy: TurnPolicy
+
+    @staticmethod
+    def merged(acc, res):
+        return merged(acc, res if res is not None else empty_result())
+
+    def outcome(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> ChunkResult:
+        return process_chunk(items, self.tok, self.mode, self.max_tokens, self.policy, self.profile, memo, curate)
+
+    def chunk(self, items, memo, curate: CurateSettings) -> tuple[ChunkResult, dict[str, Rows]]:
+        res = self.outcome(items, memo, curate)
+        return res, {KIND_EPISODES: Rows(res.ids, res.mask, res.lengths, res.sources, flags=res.last_only)}
 
 
 def empty_result() -> ChunkResult:

@@ -25,7 +25,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, closing
+from contextlib import AbstractContextManager, closing, nullcontext
 from pathlib import Path
 from typing import Protocol
 
@@ -43,12 +43,12 @@ from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FIL
 from ..store.rows import Rows
 from ..store.serving_file import write_serving
 from ..store.writer import DatasetWriter, sweep_beside
-from ..tasks import TaskRunner, in_order, overlapped, process_pool
+from ..tasks import TaskRunner, in_order, overlapped, running
 from ..template import template_summary
 from ..tokenize.identity import recorded_identity
 from .build import plan_build
 from .partitioned import decide_duplicates, partitioned_results, write_planned
-from .pool import PoolRunner, chunks_of, start_worker
+from .pool import PoolRunner, chunks_of, worker_task
 from .results import Progress, StagedPart
 from .split import add_rows, open_split, split_assignment, split_staged
 
@@ -73,10 +73,10 @@ class RowKind(Protocol):
     store_kind: str | None  # the dataset's kind (pairs or kto: decided by the first kept row)
 
     def open(self) -> None: ...
-    def worker(self, curate: CurateSettings) -> tuple: ...  # (setup, its arguments, task) of a --workers process
+    def worker(self, curate: CurateSettings) -> tuple: ...  # pool.start_worker's arguments: (work, curate, opts)
     def local(self, curate: CurateSettings) -> AbstractContextManager: ...  # (start, finish) of a chunk here
     # a partitioned run's runner (an engine's, or --workers processes), its tasks making rows with the kind's
-    # work (partition_task.EpisodeWork, pref.run.PairWork); None: this process reads the inputs in chunks
+    # work (chunk.EpisodeWork, pref.run.PairWork); None: this process reads the inputs in chunks
     def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
                ) -> TaskRunner | None: ...
     # a chunk's or partition's rows but those of ``drop``, counted; the kind's own rejects (record order)
@@ -126,16 +126,9 @@ def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings)
             for started, pos in overlapped(chunks, start):
                 yield finish(started), pos
         return
-    setup, setup_args, task = kind.worker(curate)
-    runner = PoolRunner(opts, None, None, None, curate,
-                        pool=process_pool(opts.workers, start_worker, (setup, *setup_args), curate))
-    done = False
-    try:
-        yield from in_order(runner, task, (((items,), f"the records from {items[0].where} on were being prepared", pos)
-                                           for items, pos in chunks))
-        done = True
-    finally:
-        runner.close(not done)
+    with running(PoolRunner(opts.workers, kind.worker(curate))) as runner:
+        yield from in_order(runner, worker_task, (((items,), f"the records from {items[0].where} on were being "
+                                                   f"prepared", pos) for items, pos in chunks))
 
 
 def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, opts,
@@ -174,18 +167,14 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
     run.summary.changed = list(plan.check.changes)
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
         runner = kind.runner(run.infos, w.path / PARTS_DIR, run.curate, executor)
-        done = False
-        try:
+        # a run that stops early: its tasks stop before the staging is removed
+        with running(runner) if runner is not None else nullcontext():
             run.gather(w, runner)
             metadata = run.metadata(run.write(w, runner, inputs), options)
             metadata[BUILD] = plan.record(run.infos, kind.state, options)  # from the inputs as read
             run.summary.build_key = metadata[BUILD]["key"]
             with writing(w.path, output_dir):
                 w.commit(metadata)
-            done = True
-        finally:  # a run that stops early: its tasks stop before the staging is removed
-            if runner is not None:
-                runner.close(stopped=not done)
     run.summary.seconds = time.perf_counter() - t0
     return run.summary
 

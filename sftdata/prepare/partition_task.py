@@ -18,17 +18,13 @@ import numpy as np
 
 from ..curate import CurateSettings, RecordKeys
 from ..records.rejects import writing
-from ..records.turns import TurnPolicy
 from ..sources import SourceInfo
 from ..sources.partitions import Partition, RangeRead, ReadCheck, iter_partition
 from ..storage.fsops import make_owned_folder
 from ..store.format import KIND_EPISODES, STOP_FILE
-from ..store.rows import Rows
-from ..template import TemplateProfile
-from .chunk import empty_result, merged, process_chunk
 from .curate_tasks import KEYS_DIR, stage_keys
 from .pool import WORKER, chunks_of
-from .results import ChunkResult, StagedPart
+from .results import StagedPart
 from .split import add_rows, open_split
 
 
@@ -50,29 +46,6 @@ class PartSummary:
     read: RangeRead | None = None  # a byte range of JSONL: what its reader hashed (``ReadCheck``)
 
 
-@dataclass
-class EpisodeWork:
-    """What a partition task makes of a chunk of records: episodes (``chunk.process_chunk``).
-    Another kind of row gives its own work (``merged``, ``chunk``: its outcome without
-    the tokens, and its rows per kind)."""
-
-    tok: object
-    profile: TemplateProfile | None
-    mode: str
-    max_tokens: int | None
-    policy: TurnPolicy
-
-    @staticmethod
-    def merged(acc, res):
-        return merged(acc, res if res is not None else empty_result())
-
-    def chunk(self, items, memo, curate: CurateSettings) -> tuple[ChunkResult, dict[str, Rows]]:
-        # with the duplicate keys (the exact ones always: prepare's summary counts them) and the
-        # contamination, from the same parse as the tokens
-        res = process_chunk(items, self.tok, self.mode, self.max_tokens, self.policy, self.profile, memo, curate)
-        return res, {KIND_EPISODES: Rows(res.ids, res.mask, res.lengths, res.sources, flags=res.last_only)}
-
-
 _WORKS: dict = {}  # per worker process: works rebuilt once, not once per task or per run
 _KEEP_WORKS = 4
 
@@ -81,9 +54,9 @@ def _work(pickled: bytes | None):
     """The work pickled in ``pickled`` (a few hundred bytes: a tokenizer pickles as what
     rebuilds it), rebuilt on a worker's first task and kept for later tasks and runs
     (rebuilding takes seconds: the ranks are read and checked). None: the local worker's
-    own (``pool.worker_setup``)."""
+    own (``pool.start_worker``)."""
     if pickled is None:
-        return EpisodeWork(WORKER["tok"], WORKER["profile"], WORKER["mode"], WORKER["max_tokens"], WORKER["policy"])
+        return WORKER["work"]
     key = hashlib.sha256(pickled).hexdigest()
     got = _WORKS.get(key)
     if got is None:

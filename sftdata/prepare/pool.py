@@ -3,18 +3,13 @@ partitioned run's runner (``PoolRunner``; the generic runner is ``sftdata.tasks`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ..curate import CurateSettings
-from ..records.turns import TurnPolicy
 from ..sources import RawRecord, SourceInfo
 from ..sources.partitions import Partition, plan_partitions
 from ..tasks import ProcessRunner, process_pool, worker_started
-from ..template import TemplateProfile
-from .chunk import curated_chunk
-from .options import PrepareOptions
-from .results import ChunkResult
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
@@ -27,29 +22,18 @@ MIN_PART_BYTES = 256 << 10
 TAIL_WAYS = 2
 
 
-def start_worker(parent_pid: int, setup: Callable, *args) -> None:
-    """A ``process_pool`` initializer: ``worker_started``, then ``setup(*args)`` (a row
-    kind's worker: what its task reads, kept in the worker)."""
+def start_worker(parent_pid: int, work, curate: CurateSettings = CurateSettings(), opts=None) -> None:
+    """A ``process_pool`` initializer: ``worker_started``, then what the worker's tasks read,
+    kept in it: the row kind's ``work`` (``chunk.EpisodeWork``, ``pref.run.PairWork``:
+    pickled to a spawned worker, a tokenizer reloads itself and checks its hash), the
+    curating settings and (episodes: ``opts``) its memo of encoded texts."""
     worker_started(parent_pid)
-    setup(*args)
+    WORKER.update(work=work, curate=curate, memo=opts.new_memo(work.tok) if opts is not None else None)
 
 
-def worker_setup(tok, profile: TemplateProfile | None, mode: str, max_tokens: int | None, policy: TurnPolicy,
-                 curate: CurateSettings = CurateSettings(), opts: PrepareOptions | None = None) -> None:
-    """An episodes worker's state (``worker_task``'s, and a partition task's)."""
-    WORKER["tok"] = tok  # pickled to a spawned worker: each kind reloads itself and checks its hash
-    WORKER["profile"] = profile
-    WORKER["mode"] = mode
-    WORKER["max_tokens"] = max_tokens
-    WORKER["policy"] = policy
-    WORKER["curate"] = curate
-    WORKER["memo"] = opts.new_memo(WORKER["tok"]) if opts is not None else None  # one per worker, kept
-
-
-def worker_task(items: Sequence[RawRecord]) -> ChunkResult:
-    """One chunk of episodes in a worker (``worker_setup``'s)."""
-    return curated_chunk(items, WORKER["tok"], WORKER["mode"], WORKER["max_tokens"], WORKER["policy"],
-                         WORKER["profile"], WORKER["curate"], WORKER["memo"])
+def worker_task(items: Sequence[RawRecord]):
+    """One chunk of records in a worker (``start_worker``'s): the kind's outcome."""
+    return WORKER["work"].outcome(items, WORKER["memo"], WORKER["curate"])
 
 
 def chunks_of(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[RawRecord], int]]:
@@ -66,27 +50,18 @@ def chunks_of(records: Iterable[tuple[RawRecord, int]]) -> Iterator[tuple[list[R
         yield buf, pos
 
 
-def worker_pool(opts: PrepareOptions, tok, profile: TemplateProfile | None, curate: CurateSettings):
-    """``opts.workers`` episodes workers (``worker_setup``): ``process_pool``."""
-    return process_pool(opts.workers, start_worker, (worker_setup, tok, profile, opts.mode, opts.max_tokens,
-                                                     opts.policy, curate, opts), curate)
-
-
 class PoolRunner(ProcessRunner):
-    """A run's tasks in ``--workers`` local processes (``worker_pool``), which hold the
-    run's tokenizer, memo and curating settings: partition tasks get ``tokenizer`` and
-    ``curate`` None. A partitioned run's
-    ranges are guided (``local_parts``): the last ones small, so the workers finish
-    together. At most 2 x workers tasks in flight; the stop rule is ``ProcessRunner``'s."""
+    """A run's tasks in ``--workers`` local processes (``start_worker``, given ``worker``:
+    its arguments), which hold the run's work, memo and curating settings: partition tasks
+    get ``tokenizer`` and ``curate`` None. A partitioned run's ranges are guided
+    (``local_parts``): the last ones small, so the workers finish together. At most
+    2 x workers tasks in flight; the stop rule is ``ProcessRunner``'s."""
 
     tokenizer = None
     curate = None
 
-    def __init__(self, opts: PrepareOptions, tok, profile: TemplateProfile | None, stage_dir: Path | None,
-                 curate: CurateSettings = CurateSettings(), pool=None):
-        """``pool``: a ``process_pool`` of other workers (prepare-pref's) instead of prepare's."""
-        super().__init__(pool if pool is not None else worker_pool(opts, tok, profile, curate), opts.workers,
-                         stage_dir)
+    def __init__(self, workers: int, worker: tuple, stage_dir: Path | None = None):
+        super().__init__(process_pool(workers, start_worker, worker, worker[1]), workers, stage_dir)
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
         return local_parts(infos, self.cpus)

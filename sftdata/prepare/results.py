@@ -14,6 +14,7 @@ import numpy as np
 from ..curate import CurateSettings, RecordKeys
 from ..records.turns import TURN_COUNTS
 from ..sources import DEFAULT_MAX_RECORD_BYTES
+from ..store.build_key import BuildSummary
 from ..tasks import TaskRunner
 from ..tokenize.memo import MemoStats
 
@@ -27,19 +28,12 @@ class Progress:
 
 
 @dataclass
-class PrepareSummary:
-    output_dir: str
-    records_read: int = 0
+class PrepareSummary(BuildSummary):
     episodes: dict = field(default_factory=dict)  # split -> count
-    tokens: dict = field(default_factory=dict)
-    trained_tokens: dict = field(default_factory=dict)
     shards: dict = field(default_factory=dict)
-    rejected: dict = field(default_factory=dict)  # reason -> count
-    repaired: dict = field(default_factory=dict)  # repair -> records
     turns: dict = field(default_factory=lambda: dict.fromkeys(TURN_COUNTS, 0))  # per assistant turn (TURN_COUNTS)
     records_truncated: int = 0
     pairs_dropped: int = 0
-    seconds: float = 0.0
     input_bytes: int = 0
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     per_reply_records: int = 0  # chat template: records served one episode per assistant reply
@@ -47,14 +41,8 @@ class PrepareSummary:
     per_reply_automatic: int = 0  # of them, served so without --per-reply (their whole render is not exact)
     rule_mismatch: list = field(default_factory=list)  # chat template: rejected records, by name (capped)
     tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
-    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
-    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
     memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
     memo_mb: float = 0.0  # --memo-mb (0: no memo)
-    build_key: str | None = None  # the dataset's build key (store.build_key)
-    up_to_date: bool = False  # the target held this build already: nothing was done
-    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
-    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
 
     @property
     def total_tokens(self) -> int:
@@ -76,28 +64,23 @@ class PrepareSummary:
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
                 "per_reply_automatic": self.per_reply_automatic,
                 "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
-                "decontamination": self.decontamination, "memo": self.memo_dict(),
-                "build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
-                "libraries_changed": list(self.libraries_changed)}
+                "decontamination": self.decontamination, "memo": self.memo_dict(), **self.key_dict()}
 
     @classmethod
     def of_dataset(cls, output_dir: str, meta: dict) -> PrepareSummary:
         """The summary of the dataset a run found up to date, from its metadata."""
-        counts, splits, options = meta.get("counts") or {}, meta.get("splits") or {}, meta.get("options") or {}
-        out = cls(output_dir=output_dir, records_read=counts.get("records_read", 0),
-                  rejected=counts.get("rejected") or {}, repaired=counts.get("repaired") or {},
-                  turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
-                  records_truncated=counts.get("records_truncated", 0), pairs_dropped=counts.get("pairs_dropped", 0),
-                  input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
-                  max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
-                  per_reply_records=counts.get("per_reply_records", 0),
-                  per_reply_episodes=counts.get("per_reply_episodes", 0),
-                  per_reply_automatic=counts.get("per_reply_automatic", 0),
-                  rule_mismatch=meta.get("rule_mismatch") or [], dedup=meta.get("dedup") or {},
-                  decontamination=meta.get("decontamination") or {}, up_to_date=True)
-        for split, m in splits.items():
-            out.episodes[split], out.tokens[split] = m.get("episodes", 0), m.get("tokens", 0)
-            out.trained_tokens[split], out.shards[split] = m.get("trained_tokens", 0), len(m.get("shards") or [])
+        counts, options = meta.get("counts") or {}, meta.get("options") or {}
+        out = cls.found(output_dir, meta, turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
+                        records_truncated=counts.get("records_truncated", 0),
+                        pairs_dropped=counts.get("pairs_dropped", 0),
+                        input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
+                        max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
+                        per_reply_records=counts.get("per_reply_records", 0),
+                        per_reply_episodes=counts.get("per_reply_episodes", 0),
+                        per_reply_automatic=counts.get("per_reply_automatic", 0),
+                        rule_mismatch=meta.get("rule_mismatch") or [])
+        for split, m in (meta.get("splits") or {}).items():
+            out.episodes[split], out.shards[split] = m.get("episodes", 0), len(m.get("shards") or [])
         return out
 
     def memo_dict(self) -> dict:
@@ -173,7 +156,7 @@ class StagedPart:
 class Executor(Protocol):
     """An engine (``--engine``): ``start`` gives the runner (``tasks.TaskRunner``) of one
     partitioned run, whose tasks read the inputs themselves, make their rows with ``work``
-    (the kind's: ``partition_task.EpisodeWork`` ...), stage them under ``stage_dir`` and
+    (the kind's: ``chunk.EpisodeWork`` ...), stage them under ``stage_dir`` and
     write the final shards (``prepare.partitioned``). That runner also gives
     ``partitions(infos)`` (the input's ranges, one task each), ``tokenizer`` (the pickled
     work a partition task makes rows with; None: the worker's own) and ``curate`` (what

@@ -30,11 +30,10 @@ from ..store.build_key import BuildCheck
 from ..store.format import KIND_EPISODES
 from ..store.rows import Rows
 from ..template import choose_tokenizer, tokenizer_state
-from .chunk import curated_chunk
+from .chunk import EpisodeWork
 from .driver import build
 from .options import PrepareOptions
-from .partition_task import EpisodeWork
-from .pool import PoolRunner, worker_setup, worker_task
+from .pool import PoolRunner
 from .results import ChunkResult, Executor, PrepareSummary, Progress
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
@@ -70,24 +69,22 @@ class EpisodesKind:
         self.state = self.tok.state() if self.profile is None else tokenizer_state(self.tok, self.profile)
         check_state_stops(self.state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
 
+        self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy)
+
     def worker(self, curate: CurateSettings) -> tuple:
-        opts = self.opts
-        return worker_setup, (self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy, curate, opts), worker_task
+        return self.work, curate, self.opts
 
     @contextmanager
     def local(self, curate: CurateSettings):
-        opts, memo = self.opts, self.opts.new_memo(self.tok)
-        yield (lambda items: curated_chunk(items, self.tok, opts.mode, opts.max_tokens, opts.policy, self.profile,
-                                           curate, memo)), (lambda res: res)
+        memo = self.opts.new_memo(self.tok)
+        yield (lambda items: self.work.outcome(items, memo, curate)), (lambda res: res)
 
     def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor: Executor | None):
         """A partitioned run's runner: the engine's, or ``--workers`` processes where the
         inputs can be cut; None: this process reads the inputs."""
-        opts = self.opts
         if executor is not None:
-            work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy)
-            return executor.start(opts, work, stage_dir, curate)
-        return PoolRunner(self.opts, self.tok, self.profile, stage_dir, curate) if can_partition(infos, self.opts) \
+            return executor.start(self.opts, self.work, stage_dir, curate)
+        return PoolRunner(self.opts.workers, self.worker(curate), stage_dir) if can_partition(infos, self.opts) \
             else None
 
     def new_summary(self, output_dir: str) -> PrepareSummary:
@@ -120,9 +117,9 @@ class EpisodesKind:
         summary.input_bytes = sum(i.bytes for i in infos)
         summary.repaired = dict(sorted(self.repaired.items()))
         summary.turns = {name: self.turns[name] for name in TURN_COUNTS}
+        summary.add_splits(splits)
         for split, m in splits.items():
-            summary.episodes[split], summary.tokens[split] = m["episodes"], m["tokens"]
-            summary.trained_tokens[split], summary.shards[split] = m["trained_tokens"], len(m["shards"])
+            summary.episodes[split], summary.shards[split] = m["episodes"], len(m["shards"])
         counts = {"episodes": sum(m["episodes"] for m in splits.values()), "repaired": summary.repaired,
                   "turns": summary.turns, "records_truncated": summary.records_truncated,
                   "pairs_dropped": summary.pairs_dropped}

@@ -361,6 +361,49 @@ def damaged(root: Path, meta: dict) -> str | None:
 
 
 @dataclass
+class BuildSummary:
+    """What every build command's summary gives (``prepare.PrepareSummary``, ``pref.PrefSummary``
+    add their kind's figures): records read, rejected (reason -> count) and repaired
+    (repair -> records), tokens per split, the curation's counts, the time and the build
+    key's outcome."""
+
+    output_dir: str
+    records_read: int = 0
+    tokens: dict = field(default_factory=dict)  # split -> tokens
+    trained_tokens: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
+    repaired: dict = field(default_factory=dict)
+    dedup: dict = field(default_factory=dict)  # mode, exact_duplicates (always counted), near_duplicates ...
+    decontamination: dict = field(default_factory=dict)  # ngram, files: [{path, items, too_short, contaminated}]
+    seconds: float = 0.0
+    build_key: str | None = None  # the dataset's build key
+    up_to_date: bool = False  # the target held this build already: nothing was done
+    changed: list = field(default_factory=list)  # why the target was rebuilt, in words (empty: a new target)
+    libraries_changed: list = field(default_factory=list)  # up to date, but made with other library versions
+
+    def key_dict(self) -> dict:
+        """The last entries of ``as_dict``: the build key's outcome."""
+        return {"build_key": self.build_key, "up_to_date": self.up_to_date, "changed": list(self.changed),
+                "libraries_changed": list(self.libraries_changed)}
+
+    @classmethod
+    def found(cls, output_dir: str, meta: dict, **own):
+        """The summary of the dataset a run found up to date, from its metadata (``own``:
+        the kind's figures); each split's tokens filled in."""
+        counts = meta.get("counts") or {}
+        out = cls(output_dir, records_read=counts.get("records_read", 0), rejected=counts.get("rejected") or {},
+                  repaired=counts.get("repaired") or {}, dedup=meta.get("dedup") or {},
+                  decontamination=meta.get("decontamination") or {}, up_to_date=True, **own)
+        out.add_splits(meta.get("splits") or {})
+        return out
+
+    def add_splits(self, splits: dict) -> None:
+        """Each split's tokens and trained tokens, from its metadata."""
+        for split, m in splits.items():
+            self.tokens[split], self.trained_tokens[split] = m.get("tokens", 0), m.get("trained_tokens", 0)
+
+
+@dataclass
 class BuildCheck:
     """A planned build against its target: ``up_to_date`` (the target's key is this one),
     or ``changes``: why it is built (empty for a new target)."""

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from sftdata.errors import RecordError, SftDataError
-from sftdata.prepare import PrepareOptions, partition_task, pool, prepare
+from sftdata.prepare import PrepareOptions, chunk, pool, prepare
 from sftdata.store.format import PARTS_DIR, STOP_FILE
 from tests.helpers.data import chat, write_jsonl
 from tests.helpers.paths import ROOT
@@ -42,14 +42,14 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang(tmp_path, monkeypatch):
     """A worker process killed by the system (out of memory) used to leave prepare waiting
     forever for its chunk; now prepare stops with a message and leaves nothing behind."""
     monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
-    real = partition_task.process_chunk  # workers=2 on plain JSONL: each reads its own range
+    real = chunk.process_chunk  # workers=2 on plain JSONL: each reads its own range
 
     def dying(items, *args):
         if any(r.record == 30 for r in items):
             os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
         return real(items, *args)
 
-    monkeypatch.setattr(partition_task, "process_chunk", dying)
+    monkeypatch.setattr(chunk, "process_chunk", dying)
     src = write_jsonl(tmp_path / "in.jsonl", records(60))
 
     def too_slow(*_):
@@ -78,7 +78,7 @@ def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes
     (a link planted at its name would be written through), nothing is left beside it."""
     monkeypatch.setattr(pool, "CHUNK_RECORDS", 3)
     pid_file, seen = tmp_path / "pid", tmp_path / "seen"
-    real = partition_task.process_chunk
+    real = chunk.process_chunk
     stop = tmp_path / "out" / ".ds.tmp-*" / PARTS_DIR / STOP_FILE
 
     def held(items, *args):
@@ -87,7 +87,7 @@ def test_a_stopped_partitioned_run_waits_for_its_workers_before_its_staging_goes
             seen.write_text(",".join(p.name for p in stop.parent.parent.parent.glob(".ds.tmp-*")))
         return real(items, *args)
 
-    monkeypatch.setattr(partition_task, "process_chunk", held)
+    monkeypatch.setattr(chunk, "process_chunk", held)
     src = write_jsonl(tmp_path / "in.jsonl", records(60))
 
     def interrupt():  # Ctrl-C to the main thread once a worker holds its partition
@@ -126,13 +126,13 @@ def test_a_strict_stop_of_a_partitioned_run_ends_its_workers_and_leaves_nothing(
     monkeypatch.setattr(pool, "MAX_PART_BYTES", 2000)
     pids = tmp_path / "pids"
     pids.mkdir()
-    real = partition_task.process_chunk
+    real = chunk.process_chunk
 
     def noted(items, *args):
         (pids / str(os.getpid())).touch()
         return real(items, *args)
 
-    monkeypatch.setattr(partition_task, "process_chunk", noted)
+    monkeypatch.setattr(chunk, "process_chunk", noted)
     src = write_jsonl(tmp_path / "in.jsonl", records(5) + ["bad line"] + records(300))
     with pytest.raises(RecordError, match=r"in.jsonl:line 6: .*--strict stops at the first bad record"):
         prepare([src], tmp_path / "out" / "ds", PrepareOptions(workers=2, strict=True))
