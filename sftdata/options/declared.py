@@ -150,7 +150,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("strict", ("--strict",), bool, False, panel=IO, record=always("strict"), record_pref=None,
            why="prepare-pref / prepare-rl: a run that ends writes the same rows with or without it",
            help="Stop with exit code 1 at the first bad record instead of skipping it and writing it to "
-                "rejects.jsonl."),
+                "rejects.jsonl. Duplicates and contaminated records, which --dedup and --decontaminate ask to "
+                "drop, are dropped and counted either way."),
     *(o for o in SHARED if o.panel == IO),
     # tokenizer and template
     Option("tokenizer", ("--tokenizer",), str, None, metavar="NAME|PATH", panel=TEMPLATE, nullable=True,

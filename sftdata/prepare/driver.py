@@ -226,8 +226,8 @@ class _Build:
         with open(rejects, "wb") as f, closing(self._results(runner, w.path / PARTS_DIR)) as results:
             rej = RejectsFile(f)  # bounded: past its size, rejects are counted only
             for res, pos in results:
-                if res.rejects and opts.strict:
-                    raise strict_error(res.rejects[0])
+                if res.rejects and opts.strict and runner is not None:
+                    raise strict_error(min(res.rejects))
                 curated, drop = curate(res, self.dedup, self.evals, self.contaminated, self.kind.same)
                 if runner is not None:
                     pending.append((res, drop))
@@ -263,8 +263,8 @@ class _Build:
     def _take(self, w: DatasetWriter, rej: RejectsFile, res, drop: set[int], curated: list) -> int:
         """What the kind keeps of ``res`` but ``drop``, staged; returns its tokens (progress)."""
         own, rows = self.kind.accept(res, drop)
-        if own and self.opts.strict:
-            raise strict_error(own[0])
+        if (res.rejects or own) and self.opts.strict:  # the first bad record, whichever step found it
+            raise strict_error(min(res.rejects + own))
         self._reject(rej, res.rejects + curated + own)
         if rows is None or not rows.size:
             return 0

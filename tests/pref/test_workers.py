@@ -145,3 +145,25 @@ def test_strict_stops_at_a_row_of_another_kind(tmp_path):
                                           r"the first bad record; drop --strict to skip and count bad records\)$"):
         prepare_pref([src], tmp_path / "ds", PrefOptions(strict=True))
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_strict_names_the_first_bad_record_whichever_step_finds_it(tmp_path, workers):
+    """A row of another kind (found when the driver keeps rows) at line 2 comes before a
+    record no preference form fits (found when the chunk renders) at line 4: --strict names
+    line 2, as a run through the records one by one meets them."""
+    rows = [_pair(0), _kto(2)[1], _pair(2), {"bad": 1}, _pair(4)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    with pytest.raises(RecordError, match=r"in.jsonl:line 2: a kto row in a pairs dataset"):
+        prepare_pref([src], tmp_path / "ds", PrefOptions(strict=True, workers=workers))
+    assert not (tmp_path / "ds").exists()
+
+
+def test_strict_does_not_stop_at_the_duplicates_dedup_was_asked_to_drop(tmp_path):
+    """--dedup exact asks for duplicates to be dropped: under --strict they are dropped and
+    counted, as prepare-chat does, and the run ends with the other rows."""
+    rows = [_pair(i) for i in range(5)]
+    rows[3] = _pair(1)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    s = prepare_pref([src], tmp_path / "ds", PrefOptions(strict=True, dedup="exact"))
+    assert (s.rows, s.rejected) == ({"train": 4}, {"duplicate": 1})
