@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import orjson
 
 from ..chat.pair_rule import completion_masks
 from ..sources import record_where
-from ..store.format import KIND_KTO, LABELS_FILE, MASK_FILE, RECREATE, TOKENS_FILE, Problem
+from ..store.format import COLUMNS_FILE, KIND_KTO, KIND_PROMPTS, LABELS_FILE, MASK_FILE, RECREATE, TOKENS_FILE, Problem
 from ..store.shard import Shard
 from ..store.structure import episode_bounds
 from .drift import Drift, DriftKind, versions
@@ -35,6 +36,7 @@ MAX_PROBLEMS = 20  # problems of one check in one shard
 NO_EOS = "a row's prompt ends with the generation prompt, not <|EOS|>"
 ROW_MASK_RULE = "prompts train nothing; each completion's mask is the one rule's after its prompt, none empty"
 LABELS_CHECK = "KTO: one 0 or 1 label per row"
+COLUMNS_CHECK = "RL prompts: one columns.jsonl line per row, naming its row and input record"
 RERENDER_FIX = "re-create the dataset from its inputs with this sftdata (`sftdata prepare-pref` / `prepare-rl`)"
 
 
@@ -106,6 +108,41 @@ def label_problems(sh: Shard) -> list[Problem]:
 def labels_skipped(kind: str | None) -> str | None:
     """Why the ``labels`` check means nothing for ``kind`` (None: it runs)."""
     return None if kind == KIND_KTO else f"a {kind} dataset has no labels"
+
+
+def columns_skipped(kind: str | None) -> str | None:
+    """Why the ``columns`` check means nothing for ``kind`` (None: it runs)."""
+    return None if kind == KIND_PROMPTS else f"a {kind} dataset has no columns.jsonl"
+
+
+def column_problems(sh: Shard, kind: str | None) -> list[Problem]:
+    """The ``columns`` problem of an RL prompts shard: its ``columns.jsonl`` must hold one
+    line per row, ``{"row": R, "record": N, "columns": {...}}`` with R the row's global id
+    and N its input record (``sources.idx``), as the loader and exporters read it."""
+    if kind != KIND_PROMPTS or sh.sources is None:
+        return []
+    path = sh.path / COLUMNS_FILE
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        return [Problem("columns", sh.file(COLUMNS_FILE), "the file", f"cannot be read ({type(e).__name__})",
+                        RECREATE, split=sh.split)]
+    rows, first = sh.num_items // sh.entries, sh.first_gid // sh.entries
+    if len(lines) != rows:
+        return [Problem("columns", sh.file(COLUMNS_FILE), "the file", f"holds {len(lines):,} lines for {rows:,} "
+                        f"rows", RECREATE, split=sh.split)]
+    for r, line in enumerate(lines):
+        try:
+            obj = orjson.loads(line)
+            ok = isinstance(obj, dict) and obj.get("row") == first + r and \
+                obj.get("record") == int(sh.sources[r]) and isinstance(obj.get("columns"), dict)
+        except orjson.JSONDecodeError:
+            ok = False
+        if not ok:
+            return [Problem("columns", sh.file(COLUMNS_FILE), f"line {r + 1} (row {first + r}, record "
+                            f"{int(sh.sources[r])})", f"is not {{\"row\": {first + r}, \"record\": "
+                            f"{int(sh.sources[r])}, \"columns\": {{...}}}}", RECREATE, split=sh.split)]
+    return []
 
 
 def stored_row(sh: Shard, r: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -44,7 +44,7 @@ from .metadata import (
 )
 from .references import check_references
 from .retokenize import RETOKENIZE_CHECK, retokenize
-from .rows import LABELS_CHECK, NO_EOS, ROW_MASK_RULE, ROWS, labels_skipped
+from .rows import COLUMNS_CHECK, LABELS_CHECK, NO_EOS, ROW_MASK_RULE, ROWS, columns_skipped, labels_skipped
 from .serving import ABSENT, serving_findings
 from .shards import ShardChecks, ShardContext, check_shard, checksum_jobs, checksum_problems
 from .sources import SourceCheck, check_source, recorded_sources, reproducible, source_bytes, source_problems
@@ -96,7 +96,8 @@ PACKED_CHECKS: dict[str, str] = {
 # a pairs, KTO or prompts dataset (``rows``): the episodes' checks, a row's mask rule, KTO's labels;
 # eos is skipped by name (a prompt ends with the generation prompt)
 ROW_CHECKS: dict[str, str] = {**{k: CHECKS[k] for k in ("metadata", "metadata_checksum", "tokenizer", "files", "sizes", "index")},
-                           "labels": LABELS_CHECK, "eos": CHECKS["eos"], "counts": CHECKS["counts"], **_COMMON_TAIL,
+                           "labels": LABELS_CHECK, "columns": COLUMNS_CHECK, "eos": CHECKS["eos"],
+                           "counts": CHECKS["counts"], **_COMMON_TAIL,
                            "mask_rule": ROW_MASK_RULE, **_STOPS, "checksums": CHECKS["checksums"]}
 
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -253,7 +254,8 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
     report = VerifyReport(str(root), ds.layout, ds.kind, quick)
     stops, serving, serving_error = _stops(run, tc)
     ctx = ShardContext(ds.kind == "packed", run.scan.row_len, recorded_vocab(tc.vocab, meta, ds.tokenizer_state),
-                       _pad_id(meta), tokenizer is not None, frozenset(run.scan.bad_segments), run.row_kind)
+                       _pad_id(meta), tokenizer is not None, frozenset(run.scan.bad_segments),
+                       ds.kind if run.row_kind else None)
     results, remote = _shards(run, report, ctx, None if "stops" in run.skipped else stops, jobs, executor,
                               hash_threads, sources)
     if meta is not None:
@@ -309,8 +311,9 @@ def _open(path: Path, quick: bool, token_dtype, tokenizer: str | None, progress:
         run.skip(("rows", "segments", "references", "mask_rule", "padding"), "no packing.row_len")
     if run.row_kind:
         run.skip(("eos",), NO_EOS)
-        if labels_skipped(ds.kind):
-            run.skip(("labels",), labels_skipped(ds.kind))
+        for name, why in (("labels", labels_skipped(ds.kind)), ("columns", columns_skipped(ds.kind))):
+            if why:
+                run.skip((name,), why)
     if scan.dtype_guessed and run.meta is None and ds.layout == "flat":
         run.notes.append("no metadata: tokens read as uint32 (pass --token-dtype uint16 if they are not)")
     run.notes += [f"{s}/{TOKENS_FILE} has no {EPISODES_FILE}: a token stream, not episodes; not checked"

@@ -39,7 +39,7 @@ from .content import (
     packed_tally,
 )
 from .metadata import data_ranges, proven_shards
-from .rows import label_problems, row_mask_problems
+from .rows import column_problems, label_problems, row_mask_problems
 from .stops import StopFindings
 
 Job = tuple[str, Path, dict, str | None]  # (file relative to the dataset, path, its record, shard rel or None)
@@ -96,7 +96,7 @@ class ShardContext:
     pad_id: int | None
     check_eos: bool  # an older flat layout checked with --tokenizer: the reader could not check EOS endings
     bad_segments: frozenset[str] = frozenset()  # shards (rel) whose segments failed the reader's check
-    row_kind: bool = False  # a row dataset (pairs, kto, prompts): its mask rule and labels by row (``rows``)
+    row_kind: str | None = None  # a row dataset's kind (pairs, kto, prompts): its mask rule, labels, columns by row
 
     @property
     def rows(self) -> bool:
@@ -115,7 +115,7 @@ def check_shard(sh: Shard, ctx: ShardContext, tick: Callable[[int], None] = lamb
     bounds = episode_bounds(sh)
     if ctx.row_kind:
         return check_content(sh, bounds, ctx.vocab, tick, stops, rule=False) + label_problems(sh) + \
-            row_mask_problems(sh, None if ctx.vocab is None else ctx.vocab.rule)
+            column_problems(sh, ctx.row_kind) + row_mask_problems(sh, None if ctx.vocab is None else ctx.vocab.rule)
     found = check_eos(sh, bounds, ctx.vocab.markers) if ctx.check_eos else []
     return found + check_content(sh, bounds, ctx.vocab, tick, stops)
 

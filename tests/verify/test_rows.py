@@ -6,6 +6,7 @@ record that differ. On Ray: tests/engine/test_verify_ray.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from sftdata.pref import PrefOptions
 from sftdata.pref.rerender import rerender_rows
 from sftdata.prepare import prepare_pref
 from sftdata.verify import CHECKS, verify
+from tests.helpers.audit import edit_metadata
 from tests.helpers.data import write_jsonl
 from tests.helpers.pairs import verify_every_row
 
@@ -23,10 +25,10 @@ U = {"role": "user", "content": "What color is the sky?"}
 PAIR = {"prompt": [U], "chosen": [{"role": "assistant", "content": "It is blue."}],
         "rejected": [{"role": "assistant", "content": "It is green, surely."}]}
 EPISODE_CHECKS = list(CHECKS) + ["sources", "retokenize", "drift"]
-# a pairs dataset: the episodes' checks in the same order, and KTO's labels
+# a pairs dataset: the episodes' checks in the same order, and KTO's labels and RL prompts' columns
 PAIR_CHECKS = [("metadata", "ok"), ("metadata_checksum", "ok"), ("tokenizer", "ok"), ("files", "ok"), ("sizes", "ok"),
-               ("index", "ok"), ("labels", "skipped"), ("eos", "skipped"), ("counts", "ok"), ("vocab", "ok"),
-               ("mask_values", "ok"), ("ranges", "ok"), ("mask_rule", "ok"), ("stops", "ok"), ("serving", "ok"),
+               ("index", "ok"), ("labels", "skipped"), ("columns", "skipped"), ("eos", "skipped"), ("counts", "ok"),
+               ("vocab", "ok"), ("mask_values", "ok"), ("ranges", "ok"), ("mask_rule", "ok"), ("stops", "ok"), ("serving", "ok"),
                ("checksums", "ok"), ("sources", "ok"), ("retokenize", "skipped"), ("drift", "ok")]
 TIKTOKEN = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
 
@@ -49,9 +51,9 @@ def test_a_pairs_dataset_runs_the_episodes_checks_by_name(tmp_path):
     ds, _, _ = _pairs(tmp_path)
     r = verify(ds, sources=True, retokenize_episodes=5, rerender=rerender_rows)
     assert [(c.name, c.status) for c in r.checks] == PAIR_CHECKS and r.ok
-    assert [c.name for c in r.checks if c.name != "labels"] == EPISODE_CHECKS  # the episodes' names, in order
+    assert [c.name for c in r.checks if c.name not in ("labels", "columns")] == EPISODE_CHECKS  # in the same order
     notes = {c.name: c.note for c in r.checks if c.status == "skipped"}
-    assert notes == {"labels": "a pairs dataset has no labels",
+    assert notes == {"labels": "a pairs dataset has no labels", "columns": "a pairs dataset has no columns.jsonl",
                      "eos": "a row's prompt ends with the generation prompt, not <|EOS|>", "retokenize": TIKTOKEN}
     assert (r.drift["episodes"], r.drift["differ"], r.reproducible) == (5, 0, True)
     assert r.splits == {"train": {"rows": 5, "tokens": int(_shard(ds)[1].size), "shards": 1}}
@@ -62,8 +64,8 @@ def test_a_changed_input_file_fails_sources_naming_the_file(tmp_path):
     old = inp.stat().st_size
     write_jsonl(inp, rows[:4] + [PAIR])
     r = verify(ds, sources=True)
-    assert [(c.name, c.status) for c in r.checks if c.status != "ok"] == [("labels", "skipped"), ("eos", "skipped"),
-                                                                          ("sources", "failed")]
+    assert [(c.name, c.status) for c in r.checks if c.status != "ok"] == [
+        ("labels", "skipped"), ("columns", "skipped"), ("eos", "skipped"), ("sources", "failed")]
     (p,) = r.problems
     assert (p.check, p.file, p.message) == ("sources", str(inp), f"input file {inp} is {inp.stat().st_size:,} bytes; "
                                             f"dataset_metadata.json recorded {old:,}: it changed since prepare read "
@@ -151,7 +153,8 @@ def test_kto_and_prompts_datasets_run_the_same_checks(tmp_path, kind):
     inp = write_jsonl(tmp_path / "in.jsonl", [rec] * 3)
     prepare_pref([inp], tmp_path / "ds", PrefOptions(), rl=kind == "prompts")
     r = verify(tmp_path / "ds", sources=True, retokenize_episodes=5, rerender=rerender_rows)
-    want = [(n, "ok" if n == "labels" and kind == "kto" else s) for n, s in PAIR_CHECKS]
+    own = {"kto": "labels", "prompts": "columns"}[kind]  # the kind's own check runs
+    want = [(n, "ok" if n == own else s) for n, s in PAIR_CHECKS]
     assert [(c.name, c.status) for c in r.checks] == want and r.ok
     assert (r.drift["episodes"], r.drift["differ"]) == (3, 0)
 
@@ -167,3 +170,26 @@ def test_retokenize_re_encodes_each_prompt_and_completion_of_a_model_tokenizers_
     assert r.ok and (r.retokenized["episodes"], r.retokenized["differ"]) == (12, 0)
     assert [c.status for c in r.checks if c.name in ("retokenize", "drift")] == ["ok", "ok"]
 
+
+
+@pytest.mark.parametrize(("damage", "where", "message"), [
+    (lambda lines: [lines[1], lines[0], lines[2]], "line 1 (row 0, record 0)",
+     'is not {"row": 0, "record": 0, "columns": {...}}'),
+    (lambda lines: lines[:2], "the file", "holds 2 lines for 3 rows"),
+])
+def test_an_rl_prompts_columns_file_out_of_step_with_its_rows_fails_the_columns_check(tmp_path, damage, where, message):
+    """columns.jsonl holds one line per row naming its row and input record: lines swapped or
+    one missing (the file's sha256 resealed, so only this check can see it) fail by name."""
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"prompt": [U], "answer": str(i)} for i in range(3)])
+    prepare_pref([inp], tmp_path / "ds", PrefOptions(), rl=True)
+    cols = tmp_path / "ds" / "train" / "shard_00000" / "columns.jsonl"
+    cols.write_bytes(b"\n".join(damage(cols.read_bytes().splitlines())) + b"\n")
+    data = cols.read_bytes()
+
+    def reseal(meta):  # the file's size and sha256 as recorded: the checksums cannot see the edit
+        meta["splits"]["train"]["shards"][0]["files"]["columns.jsonl"].update(
+            bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    edit_metadata(tmp_path / "ds", reseal)
+    r = verify(tmp_path / "ds")
+    assert [(p.check, p.where, p.message) for p in r.problems] == [("columns", where, message)]
