@@ -71,8 +71,11 @@ def declared_option(o: Option, command: str = "", panel: bool = True):
     base = {SIZE: int, list: list[str], dict: list[str]}.get(o.type, o.type)
     nullable = o.nullable or o.type in (list, dict) or o.cli_default is None
     extra = {"parser": parse_size} if o.type is SIZE else {}
+    # a build command's flag also has its --no- form: the command line can undo a --config file's true
+    no_form = o.type is bool and panel
+    flags = (f"{o.flags[0]}/--no-{o.flags[0][2:]}", *o.flags[1:]) if no_form else o.flags
     return Annotated[base | None if nullable else base, typer.Option(
-        *o.flags, metavar=o.metavar, help=o.help_for(command), show_default=o.show_default,
+        *flags, metavar=o.metavar, help=o.help_for(command), show_default=False if no_form else o.show_default,
         rich_help_panel=o.panel if panel else None, **extra)]
 
 

@@ -65,6 +65,20 @@ def test_the_command_line_overrides_the_file_and_the_resolved_options_are_record
         (0.25, 9, {"train": 6, "val": 2})
 
 
+def test_a_flag_the_file_turns_on_is_turned_off_by_its_no_form(tmp_path):
+    """``strict = true`` in the file, ``--no-strict`` on the command line: the command line
+    wins, so the bad record is skipped and counted instead of stopping the run; without it
+    the file's --strict stops at line 2."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q0", "a0"), {"bad": 1}, chat("q2", "a2")])
+    (tmp_path / "run.toml").write_text("strict = true\n", encoding="utf-8")
+    r = _run("prepare-chat", src, "-o", tmp_path / "ds", "--config", tmp_path / "run.toml", "--no-strict", "--json", "-q")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rejected"] == {"no_messages": 1}
+    assert json.loads((tmp_path / "ds" / "dataset_metadata.json").read_text())["options"]["strict"] is False
+    r = _run("prepare-chat", src, "-o", tmp_path / "ds2", "--config", tmp_path / "run.toml", "-q")
+    assert r.exit_code == 1 and "in.jsonl:line 2:" in r.output and not (tmp_path / "ds2").exists()
+
+
 @pytest.mark.parametrize("command", ["prepare-chat", "prepare-tool", "prepare-pref", "prepare-rl"])
 def test_a_bad_key_is_one_line_and_exit_code_2_on_every_command(tmp_path, command):
     cfg = tmp_path / "run.toml"
