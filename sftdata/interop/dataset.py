@@ -36,8 +36,7 @@ from ..errors import ConfigError, DatasetError
 from ..loader import IGNORE_INDEX, check_tokenizer
 from ..loader.indexed import recorded_pad_id
 from ..packing.layout import PAD_SEQ_ID, Segments, row_layout
-from ..store.reader import Dataset, open_dataset
-from ..store.rows import refuse_row_kind
+from ..store.reader import Dataset, open_dataset, refuse_row_kind
 from ..store.shard import split_segments
 
 

@@ -45,9 +45,9 @@ import orjson
 from .. import __version__
 from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..loader import IGNORE_INDEX, dataset_identity
+from ..storage import METADATA_FILE, read_json
 from ..storage.fsops import OUTPUT_DIR_FIX, refuse_link
 from ..storage.location import remote_url
-from ..storage.manifest import METADATA_FILE, read_json
 from ..storage.object_cache import remote_metadata
 from ..store.build_key import BUILD, BuildCheck, Target, base_components, build_record, check_target, read_target
 from ..store.format import ROW_KINDS

@@ -37,8 +37,8 @@ from ..errors import ConfigError
 from ..loader import check_tokenizer
 from ..loader.indexed import recorded_pad_id
 from ..store.format import KIND_KTO, KIND_PAIRS, KIND_PROMPTS
-from ..store.reader import open_dataset
-from ..store.rows import RowSplit, require_row_kind
+from ..store.reader import open_dataset, require_row_kind
+from ..store.rows import RowSplit
 from .collate import require_torch
 from .dataset import TokenLimits
 

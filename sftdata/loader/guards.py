@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DatasetError, NothingToTrainError, UsageError
 from ..order.config import LoaderConfig
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..store.format import TOKENIZER_FILE, shard_record
 from ..store.reader import Dataset
 from ..util.memory import check_fits

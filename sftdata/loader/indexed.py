@@ -57,8 +57,7 @@ from ..order.config import LoaderConfig
 from ..packing import Segments
 from ..packing.layout import PAD_SEQ_ID, row_layout
 from ..packing.varlen import varlen_layout, varlen_width
-from ..store.reader import Dataset
-from ..store.rows import refuse_row_kind
+from ..store.reader import Dataset, refuse_row_kind
 from ..store.shard import Split, split_segments
 from ..tokenize import is_hf_state
 from ..util.ranges import trained_per_episode

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..order.audit import FIRST_IDS, AuditLog, format_value
 from ..order.batches import BatchOrder, Order, Origin
 from ..order.config import LoaderConfig
-from ..storage.manifest import METADATA_FILE, read_json
+from ..storage import METADATA_FILE, read_json
 from ..store.format import dumps_json
 from ..store.reader import Dataset
 from .batch import Batch, BatchIterable, to_backend, torch_iterable, trained_count

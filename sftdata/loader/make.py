@@ -7,11 +7,10 @@ from pathlib import Path
 from ..errors import ConfigError, DatasetError
 from ..order.audit import AuditLog
 from ..order.config import LoaderConfig
+from ..storage import METADATA_FILE, read_json
 from ..storage.location import dataset_path
-from ..storage.manifest import METADATA_FILE, read_json
 from ..store.format import TOKENIZER_FILE, is_mixture_file
-from ..store.reader import has_episode_index, open_dataset, open_token_stream
-from ..store.rows import require_row_kind
+from ..store.reader import has_episode_index, open_dataset, open_token_stream, require_row_kind
 from .batch import resolve_backend, resolve_rank
 from .guards import check_value_ranges
 from .loader import Loader

@@ -38,8 +38,8 @@ from ..order.batches import Order
 from ..order.budget import row_batch_order
 from ..order.config import LoaderConfig
 from ..store.format import KIND_KTO, KIND_PAIRS, KIND_PROMPTS
-from ..store.reader import Dataset
-from ..store.rows import ROW_ITEMS, RowSplit, require_row_kind
+from ..store.reader import Dataset, require_row_kind
+from ..store.rows import ROW_ITEMS, RowSplit
 from ..util.ranges import trained_per_episode
 from .batch import Batch
 from .indexed import resolve_pad_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..store.build_key import BuildCheck, base_components, check_target, read_target
 from ..util.hashing import sha256_file
 

@@ -42,8 +42,8 @@ from ..packing.block_size import KEEP_PERCENT, TrainedSpans, min_block_size, tra
 from ..packing.layout import PAD_SEQ_ID
 from ..packing.plan import DEFAULT_OVERLONG, MIN_BLOCK_SIZE, OVERLONG_POLICIES, STRATEGIES, PackPlan, padding_baseline
 from ..packing.strategies import plan_bfd, plan_stream
+from ..storage import METADATA_FILE
 from ..storage.location import dataset_path, remote_url
-from ..storage.manifest import METADATA_FILE
 from ..store.build_key import BUILD, BuildCheck, build_record
 from ..store.format import DEFAULT_SHARD_TOKENS, SEGMENT_FIELDS, TOKENIZER_FILE
 from ..store.reader import open_dataset

@@ -20,13 +20,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-import orjson
-
 from ..errors import DatasetError, OutputExistsError
-
-FORMAT_NAME = "sftdata"
-METADATA_FILE = "dataset_metadata.json"
-SPLITS = ("train", "val")
+from . import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 
 NAMED = 5  # how many foreign paths a message names
 
@@ -210,15 +205,3 @@ def signature(folder: str | Path) -> tuple | None:
         st = (folder / rel).lstat()
         out.append((rel, kind, st.st_size if kind == "file" else 0, st.st_mtime_ns if kind != "dir" else 0))
     return tuple(out)
-
-
-def read_json(path: Path) -> dict:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise DatasetError(f"{path} is missing") from None
-    except orjson.JSONDecodeError as e:
-        raise DatasetError(f"{path} is not valid JSON ({e}); the file is damaged. Re-create the dataset") from None
-    if not isinstance(obj, dict):
-        raise DatasetError(f"{path} holds a JSON {type(obj).__name__}, not an object")
-    return obj

@@ -30,7 +30,7 @@ writing, locks, object storage and ``serving.json`` are imported from their modu
 
 from __future__ import annotations
 
-from ..storage.manifest import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
+from ..storage import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 from .format import EPISODES_FILE, FORMAT_VERSION, MASK_FILE, SOURCES_FILE, TOKENIZER_FILE, TOKENS_FILE, Problem
 from .reader import Dataset, Scan, has_episode_index, open_dataset, open_token_stream, scan_dataset
 from .shard import Shard, Split, split_segments

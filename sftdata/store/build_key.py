@@ -35,8 +35,9 @@ import orjson
 
 from .. import __version__
 from ..errors import OutputExistsError
+from ..storage import METADATA_FILE
 from ..storage.location import local_path, remote_url
-from ..storage.manifest import METADATA_FILE, manifest_of
+from ..storage.manifest import manifest_of
 from .format import TOKENIZER_FILE, format_version_for
 
 BUILD = "build"  # the metadata's key

@@ -23,7 +23,7 @@ import orjson
 from ..errors import UsageError
 from ..order.config import TOKEN_DTYPES
 from ..packing.layout import Segments
-from ..storage.manifest import METADATA_FILE, SPLITS
+from ..storage import METADATA_FILE, SPLITS
 
 FORMAT_VERSION = 1
 TOKENIZER_FILE = "tokenizer_state.json"

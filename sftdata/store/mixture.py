@@ -34,9 +34,9 @@ from ..errors import ConfigError, DatasetError, OutputExistsError, UsageError
 from ..order.batches import MAX_SEED, eligible_ids
 from ..order.config import LoaderConfig
 from ..order.mixture import MemberItems, MixtureOrder
+from ..storage import METADATA_FILE
 from ..storage.fsops import create_file, refuse_link
 from ..storage.lock import NAME_TRIES, tag
-from ..storage.manifest import METADATA_FILE
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from .format import (

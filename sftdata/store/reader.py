@@ -18,13 +18,16 @@ import numpy as np
 
 from ..chat.markers import MarkerIds
 from ..errors import DatasetError, SftDataError
+from ..storage import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 from ..storage.location import dataset_path
-from ..storage.manifest import FORMAT_NAME, METADATA_FILE, SPLITS, read_json
 from .format import (
     ENTRIES_PER_ROW,
     EPISODES_FILE,
     KIND_EPISODES,
+    KIND_KTO,
     KIND_PACKED,
+    KIND_PAIRS,
+    KIND_PROMPTS,
     KNOWN_FORMAT_VERSIONS,
     METADATA,
     RECREATE,
@@ -360,3 +363,30 @@ def open_token_stream(root: str | Path, split: str, *, token_dtype=None) -> list
                                f"Run `sftdata verify` and re-create the dataset")
         out.append(map_values(p, dtype))
     return out
+
+
+DESCRIBE = {KIND_PAIRS: "preference pairs (prompt, chosen, rejected)", KIND_KTO: "KTO rows (prompt, completion, label)",
+            KIND_PROMPTS: "RL prompts (prompt, columns)"}
+PAIR_LOADER = "sftdata.loader.make_pair_loader"
+
+
+def is_row_kind(ds: Dataset) -> bool:
+    return ds.kind in ENTRIES_PER_ROW
+
+
+def refuse_row_kind(ds: Dataset, reader: str) -> None:
+    """``DatasetError`` when ``ds`` holds pairs, KTO rows or RL prompts: ``reader`` (an
+    SFT reader: "the SFT loader", "pack" ...) reads episodes, and would otherwise train a
+    prompt and its two completions as three conversations."""
+    if is_row_kind(ds):
+        raise DatasetError(f"{ds.root} is a {ds.kind} dataset ({DESCRIBE[ds.kind]}), not SFT episodes: {reader} "
+                           f"reads episodes or packed rows; read it with {PAIR_LOADER} (docs/LOADER.md, "
+                           f"\"Pairs, KTO rows and RL prompts\")")
+
+
+def require_row_kind(ds: Dataset, reader: str, kinds=tuple(ENTRIES_PER_ROW)) -> None:
+    """``DatasetError`` unless ``ds`` is one of ``kinds``."""
+    if ds.kind not in kinds:
+        raise DatasetError(f"{ds.root} is a {ds.kind} dataset: {reader} reads {' or '.join(kinds)} datasets "
+                           f"(made by `sftdata prepare-pref` / `sftdata prepare-rl`); read SFT episodes with "
+                           f"sftdata.loader.make_loader")

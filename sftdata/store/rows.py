@@ -28,12 +28,9 @@ import orjson
 
 from ..errors import DatasetError
 from .format import COLUMNS_FILE, ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
-from .reader import Dataset
+from .reader import Dataset, require_row_kind
 from .shard import Split
 
-DESCRIBE = {KIND_PAIRS: "preference pairs (prompt, chosen, rejected)", KIND_KTO: "KTO rows (prompt, completion, label)",
-            KIND_PROMPTS: "RL prompts (prompt, columns)"}
-PAIR_LOADER = "sftdata.loader.make_pair_loader"
 ROW_ITEMS = {KIND_PAIRS: "pairs", KIND_KTO: "rows", KIND_PROMPTS: "prompts"}  # what the order's ids name (logs, replay)
 ROW_ID_COLUMN = {KIND_PAIRS: "pair", KIND_KTO: "row", KIND_PROMPTS: "prompt"}  # replay-order's id column
 
@@ -70,28 +67,6 @@ class Rows:
     def without(self, records) -> Rows:
         """The rows of every record but ``records``."""
         return self.only(~np.isin(self.sources, np.fromiter(records, dtype=np.int64)))
-
-
-def is_row_kind(ds: Dataset) -> bool:
-    return ds.kind in ENTRIES_PER_ROW
-
-
-def refuse_row_kind(ds: Dataset, reader: str) -> None:
-    """``DatasetError`` when ``ds`` holds pairs, KTO rows or RL prompts: ``reader`` (an
-    SFT reader: "the SFT loader", "pack" ...) reads episodes, and would otherwise train a
-    prompt and its two completions as three conversations."""
-    if is_row_kind(ds):
-        raise DatasetError(f"{ds.root} is a {ds.kind} dataset ({DESCRIBE[ds.kind]}), not SFT episodes: {reader} "
-                           f"reads episodes or packed rows; read it with {PAIR_LOADER} (docs/LOADER.md, "
-                           f"\"Pairs, KTO rows and RL prompts\")")
-
-
-def require_row_kind(ds: Dataset, reader: str, kinds=tuple(ENTRIES_PER_ROW)) -> None:
-    """``DatasetError`` unless ``ds`` is one of ``kinds``."""
-    if ds.kind not in kinds:
-        raise DatasetError(f"{ds.root} is a {ds.kind} dataset: {reader} reads {' or '.join(kinds)} datasets "
-                           f"(made by `sftdata prepare-pref` / `sftdata prepare-rl`); read SFT episodes with "
-                           f"sftdata.loader.make_loader")
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 from ..chat.loss_rule import rule_from_state
 from ..chat.serving import bos_policy_of, serving_manifest
 from ..errors import DatasetError
-from ..storage.manifest import SPLITS, read_json
+from ..storage import SPLITS, read_json
 from .format import EPISODES_FILE, IDX_DTYPE, SERVING, SERVING_FILE, TOKENS_FILE, clean_fields, dumps_json
 from .shard import map_values
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..packing.layout import Segments
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..util.ranges import read_range
 from .format import (
     CLIP,

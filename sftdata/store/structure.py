@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..chat.markers import MarkerIds
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from .format import (
     EPISODES_FILE,
     RECREATE,

@@ -12,11 +12,12 @@ import numpy as np
 import orjson
 
 from ..errors import OutputExistsError
+from ..storage import FORMAT_NAME, METADATA_FILE
 from ..storage.fsops import OUTPUT_DIR_FIX, exchange, refuse_link, rename_noreplace
 from ..storage.leftovers import remove_replaced, sweep
 from ..storage.location import local_path, remote_url
 from ..storage.lock import WriterLock, make_staging, release_staging, replaced_name, target_of, write_folder_record
-from ..storage.manifest import FORMAT_NAME, METADATA_FILE, check_replaceable, named, signature, survey
+from ..storage.manifest import check_replaceable, named, signature, survey
 from ..storage.object_commit import ObjectCommit
 from ..storage.object_upload import DirectUpload
 from ..storage.objects import upload_home

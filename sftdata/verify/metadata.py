@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..store.format import (
     MASK_FILE,
     METADATA_CHECKSUM,

@@ -16,8 +16,8 @@ from ..chat.loss_rule import LossRule, rule_from_state
 from ..errors import DatasetError, SftDataError
 from ..packing.layout import Segments
 from ..packing.strategies import stream_prefix
+from ..storage import METADATA_FILE
 from ..storage.location import dataset_path, remote_url
-from ..storage.manifest import METADATA_FILE
 from ..store.format import REPACK, SEGMENTS_FILE, Problem, decode_segments, more_like_it
 from ..store.reader import Dataset, open_dataset
 from ..store.shard import Shard, Split

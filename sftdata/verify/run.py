@@ -21,8 +21,8 @@ import numpy as np
 
 from ..chat.serving import token_strings
 from ..errors import DatasetError, UsageError
+from ..storage import METADATA_FILE, SPLITS
 from ..storage.location import dataset_path
-from ..storage.manifest import METADATA_FILE, SPLITS
 from ..store.format import EPISODES_FILE, ROW_KINDS, SERVING_FILE, TOKENIZER_FILE, TOKENS_FILE, Problem, in_check_order
 from ..store.reader import Scan, read_one_generation, scan_dataset
 from ..store.serving_file import read_serving

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..store.format import RECREATE, Problem, recorded_files, shard_record
 from ..store.shard import Shard
 from ..store.structure import check_eos, episode_bounds

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..storage.manifest import METADATA_FILE
+from ..storage import METADATA_FILE
 from ..store.format import Problem
 from ..util.hashing import HASH_BLOCK_BYTES, file_hashes, sha256_file
 

@@ -22,8 +22,9 @@ from sftdata.cli import app
 from sftdata.interop.export import ExportOptions, export
 from sftdata.pack.run import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.storage import METADATA_FILE
 from sftdata.storage.leftovers import clean
-from sftdata.storage.manifest import METADATA_FILE, manifest_of
+from sftdata.storage.manifest import manifest_of
 from sftdata.util.cache import CACHE_ENV
 from sftdata.verify import verify
 from tests.helpers.data import random_conversation

@@ -10,10 +10,11 @@ import orjson
 import pytest
 
 from sftdata.errors import DatasetError
-from sftdata.storage.manifest import METADATA_FILE
+from sftdata.storage import METADATA_FILE
 from sftdata.store import open_dataset
 from sftdata.store.format import METADATA_CHECKSUM, dumps_json, metadata_sha256
-from sftdata.store.rows import RowSplit, refuse_row_kind, row_split
+from sftdata.store.reader import refuse_row_kind
+from sftdata.store.rows import RowSplit, row_split
 from tests.helpers.pairs import PAIR_LENGTHS, sequence, write_rows
 
 
