@@ -14,15 +14,6 @@ KINDS = (IMAGE, VIDEO)
 
 
 @dataclass(frozen=True)
-class MediaRef:
-    """One media part of a message, as the record names it: ``kind`` (``image`` or ``video``)
-    and ``ref`` (a path, ``file://``, ``data:`` or fsspec URL, exactly as given)."""
-
-    kind: str
-    ref: str
-
-
-@dataclass(frozen=True)
 class MediaItem:
     """A reference read and counted: ``uri`` where its bytes came from, ``sha256`` and
     ``nbytes`` of those bytes, ``size`` (width, height) as shown (EXIF orientation applied),

@@ -39,11 +39,24 @@ class ToolCall:
     text: str | None = field(default=None, compare=False)
 
 
+MEDIA_MARK = "\ufffc"  # where a media item stands in a turn's text (U+FFFC, the object replacement character)
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One media part of a message, as the record names it: ``kind`` (``image`` or ``video``)
+    and ``ref`` (a path, ``file://``, ``data:`` or fsspec URL, exactly as given)."""
+
+    kind: str
+    ref: str
+
+
 @dataclass(frozen=True)
 class Turn:
     """One turn. Assistant turns also carry ``reasoning`` ("" for none) and, when they are
     context (rendered, never trained), why: ``untrained`` is ``"weight_0"`` (marked by
-    the record) or ``"train_on_last"`` (``--train-on last``); "" when trained."""
+    the record) or ``"train_on_last"`` (``--train-on last``); "" when trained. ``media``:
+    the turn's images and videos in order, each standing at one ``MEDIA_MARK`` of ``text``."""
 
     role: Role
     text: str
@@ -51,6 +64,7 @@ class Turn:
     tool_call_id: str | None = None
     reasoning: str = ""
     untrained: str = ""
+    media: tuple[MediaRef, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,15 @@ PREFERENCE_FORMAT_VERSION = 2
 # is format_version 3: an sftdata that predates the flags says "upgrade" instead of
 # re-deriving its masks without them (every reply trained); one without stays 1
 LAST_REPLY_FORMAT_VERSION = 3
+# an episodes or packed dataset whose episodes hold images or videos carries a media table per
+# shard (MEDIA_FILE) and is format_version 4: an sftdata that predates it says "upgrade"
+# instead of reading media placeholder tokens as text; one without media keeps its version
+MEDIA_FORMAT_VERSION = 4
+MEDIA_FILE = "media.jsonl"  # one line per media item: sftdata.media.item.MediaSpan.row, "episode" shard-local
+MEDIA_KEY = "media"  # a shard record's / the metadata's count of media items
 KIND_FORMAT_VERSIONS = {KIND_EPISODES: FORMAT_VERSION, KIND_PACKED: FORMAT_VERSION, KIND_PAIRS: PREFERENCE_FORMAT_VERSION,
                         KIND_KTO: PREFERENCE_FORMAT_VERSION, KIND_PROMPTS: PREFERENCE_FORMAT_VERSION}
-KNOWN_FORMAT_VERSIONS = (FORMAT_VERSION, PREFERENCE_FORMAT_VERSION, LAST_REPLY_FORMAT_VERSION)
+KNOWN_FORMAT_VERSIONS = (FORMAT_VERSION, PREFERENCE_FORMAT_VERSION, LAST_REPLY_FORMAT_VERSION, MEDIA_FORMAT_VERSION)
 ROW_KINDS = (KIND_PAIRS, KIND_KTO, KIND_PROMPTS)  # kinds whose rows are groups of episodes
 ENTRIES_PER_ROW = {KIND_PAIRS: 3, KIND_KTO: 2, KIND_PROMPTS: 1}  # episodes.idx entries per row
 PAIR_PARTS = ("prompt", "chosen", "rejected")  # the order of a pair's entries
@@ -86,11 +92,13 @@ COLUMNS_FILE = "columns.jsonl"  # prompts: one line per row, {"row", "record", "
 TRUNCATION_POLICIES = ("keep-end", "keep-start", "drop")  # what happens to a prompt over its budget
 
 
-def format_version_for(kind: str, flagged: bool = False) -> int:
+def format_version_for(kind: str, flagged: bool = False, media: bool = False) -> int:
     """The format_version a folder of ``kind`` is written with (2: pairs, kto, prompts;
-    3: episodes or packed holding an episode flagged "last reply only" (``flagged``,
-    ``LAST_REPLY_FILE``); 1: episodes, packed and every other folder sftdata writes, e.g.
-    an export)."""
+    4: episodes or packed holding media (``media``, ``MEDIA_FILE``); 3: episodes or packed
+    holding an episode flagged "last reply only" (``flagged``, ``LAST_REPLY_FILE``); 1:
+    episodes, packed and every other folder sftdata writes, e.g. an export)."""
+    if media and kind in (KIND_EPISODES, KIND_PACKED):
+        return MEDIA_FORMAT_VERSION
     if flagged and kind in (KIND_EPISODES, KIND_PACKED):
         return LAST_REPLY_FORMAT_VERSION
     return KIND_FORMAT_VERSIONS.get(kind, FORMAT_VERSION)
