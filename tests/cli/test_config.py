@@ -158,3 +158,14 @@ def test_prepare_pref_help_shows_the_options_it_gained_and_what_they_mean_for_pa
     assert [p for p in ("Input and output", "Tokenizer and template", "Split and shards", "Curation", "Run")
             if f"╭─ {p} " in r.output] == ["Input and output", "Tokenizer and template", "Split and shards",
                                            "Curation", "Run"]
+
+
+def test_a_value_out_of_range_names_the_file_and_key_it_came_from_and_the_flag_alone_otherwise(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(4)])
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("max_length = 1\n", encoding="utf-8")
+    r = _run("prepare-pref", src, "-o", tmp_path / "ds", "--config", cfg)
+    assert (r.exit_code, r.stderr) == (2, f"error: --config {cfg}: max_length: --max-length must be at least 2, got 1\n")
+    r = _run("prepare-pref", src, "-o", tmp_path / "ds", "--config", cfg, "--max-length", "0")
+    assert (r.exit_code, r.stderr) == (2, "error: --max-length must be at least 2, got 0\n")
+    assert not (tmp_path / "ds").exists()
