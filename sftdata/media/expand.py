@@ -10,8 +10,10 @@ family         placeholder         one item's expansion (``n`` = ``count.tokens`
 Qwen2/2.5-VL   ``<|image_pad|>``   ``<|image_pad|>`` * n (a video: ``<|video_pad|>`` * n)
 Qwen3-VL       ``<|image_pad|>``   as Qwen2-VL; a video, for each temporal patch ``i``:
                                    ``<{t_i:.1f} seconds><|vision_start|>`` + ``<|video_pad|>`` *
-                                   (n / t) + ``<|vision_end|>`` (the template's own
-                                   ``<|vision_start|>`` / ``<|vision_end|>`` stay around it all)
+                                   (n / t) + ``<|vision_end|>``, in place of the template's whole
+                                   ``<|vision_start|><|video_pad|><|vision_end|>`` where it wrote
+                                   one (``Qwen3VLProcessor.get_text_with_replacements`` drops
+                                   that wrapper, so the patches' own marks are the only ones)
 Gemma 3        ``<start_of_image>``  ``\\n\\n<start_of_image>`` + ``<image_soft_token>`` * n +
                                    ``<end_of_image>\\n\\n``
 LLaVA-1.5,     ``<image>``         ``<image>`` * n
@@ -124,6 +126,7 @@ def _qwen3(settings: dict, kind: str, count: MediaCount) -> str:
     return "".join(f"<{s:.1f} seconds>{patch}" for s in count.timestamps)
 
 
+ARTICLES = {IMAGE: "an image", VIDEO: "a video"}
 EXPANSIONS: dict[str, Callable[[dict, str, MediaCount], str]] = {
     "qwen2_vl": _repeat, "qwen2_5_vl": _repeat, "qwen3_vl": _qwen3, "gemma3": _gemma3, "llava": _repeat,
     "llava_next": _repeat, "idefics3": _tiles, "smolvlm": _tiles}
@@ -139,24 +142,35 @@ def expansion(settings: dict, kind: str, count: MediaCount) -> str:
     return EXPANSIONS[family](settings, kind, count)
 
 
+def _marks(settings: dict) -> dict[str, str]:
+    """What the processor's scan replaces, in the order it tries them -> the kind of item: a
+    Qwen3-VL video's placeholder with the vision marks the template wraps it in, as a whole
+    (the processor collapses that wrapper first), then each kind's placeholder."""
+    marks = {mark: kind for kind, mark in placeholders(settings).items()}
+    if settings["family"] == "qwen3_vl":
+        t = family_tokens(settings)
+        marks = {t["vision_start_token"] + t["video_token"] + t["vision_end_token"]: VIDEO, **marks}
+    return marks
+
+
 def expand_text(settings: dict, text: str, items: Sequence[tuple[str, MediaCount]]) -> str:
     """``text`` with each placeholder replaced, in order of appearance, by the expansion of
     the next ``(kind, count)`` of ``items``, as the processor does: one scan for the
     placeholders of every kind, so a placeholder inside an expansion is never read again.
     Raises ``ValueError`` when the text holds another number of placeholders than ``items``,
     or one of another kind than the item it meets (the caller names the record)."""
-    marks = placeholders(settings)
-    kinds = {mark: kind for kind, mark in marks.items()}
-    found = list(re.finditer("|".join(re.escape(m) for m in kinds), text))  # the processor's order: image, video
+    kinds = _marks(settings)
+    found = list(re.finditer("|".join(re.escape(m) for m in kinds), text))
     if len(found) != len(items):
-        raise ValueError(f"the render holds {len(found)} media placeholder(s) ({', '.join(map(repr, kinds))}) where "
+        raise ValueError(f"the render holds {len(found)} media placeholder(s) "
+                         f"({', '.join(map(repr, placeholders(settings).values()))}) where "
                          f"the record has {len(items)} media item(s)")
     out: list[str] = []
     pos = 0
     for k, (m, (kind, count)) in enumerate(zip(found, items)):
         if kinds[m.group()] != kind:
-            raise ValueError(f"the render's placeholder {k + 1} is {m.group()!r} (a {kinds[m.group()]}) where the "
-                             f"record's media item {k + 1} is a {kind}")
+            raise ValueError(f"the render's placeholder {k + 1} is {m.group()!r} ({ARTICLES[kinds[m.group()]]}'s) "
+                             f"where the record's media item {k + 1} is {ARTICLES[kind]}")
         out.append(text[pos:m.start()])
         out.append(expansion(settings, kind, count))
         pos = m.end()

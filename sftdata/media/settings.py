@@ -129,8 +129,9 @@ def _llava(family: str, image: dict, processor: dict) -> dict:
 
 
 def _token_text(value) -> str | None:
-    """A token as a tokenizer config writes it: a string, or an AddedToken's dict."""
-    if isinstance(value, dict):
+    """A token as a tokenizer config writes it: a string, or a dict marked ``"__type":
+    "AddedToken"`` (transformers reads no other dict as a token)."""
+    if isinstance(value, dict) and value.get("__type") == "AddedToken":
         value = value.get("content")
     return value if isinstance(value, str) else None
 

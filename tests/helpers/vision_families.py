@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
+
 from tests.helpers.templates import CORPUS, train_tokenizer
 from tests.helpers.zoo import _installed, trl_templates
 
@@ -147,9 +149,10 @@ def _template(family: Family) -> str:
 
 
 def family_folder(out: Path, name: str, *, tokenizer_config: dict | None = None, processor: dict | None = None,
-                  template: str | None = None) -> Path:
+                  template: str | None = None, specials: tuple[str, ...] = ()) -> Path:
     """The model folder of family ``name`` at ``out``; ``tokenizer_config`` / ``processor``
-    entries are laid over the published ones, ``template`` replaces the template's text."""
+    entries are laid over the published ones, ``template`` replaces the template's text, and
+    a trained tokenizer also holds ``specials``."""
     family = FAMILIES[name]
     text = template if template is not None else _template(family)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +165,7 @@ def family_folder(out: Path, name: str, *, tokenizer_config: dict | None = None,
         shutil.copyfile(src / "tokenizer_files" / "tokenizer.json", out / "tokenizer.json")
     else:
         words = " ".join(re.findall(r"[A-Za-z]+", text))
-        train_tokenizer(out, family.specials, vocab_size=800, corpus=CORPUS + WORDS + [words] * 3)
+        train_tokenizer(out, family.specials + specials, vocab_size=800, corpus=CORPUS + WORDS + [words] * 3)
     (out / "tokenizer_config.json").write_text(json.dumps({**family.tokenizer_config, **(tokenizer_config or {})}))
     (out / "chat_template.jinja").write_text(text, encoding="utf-8")
     (out / "preprocessor_config.json").write_text(json.dumps(family.image))
@@ -191,7 +194,7 @@ class PlannedVideos:
         self.plan: list = []
 
     def __call__(self, videos, **kwargs):
-        out = {"video_grid_thw": [list(grid) for grid, _ in self.plan]}
+        out = {"video_grid_thw": np.array([list(grid) for grid, _ in self.plan])}
         if any(meta is not None for _, meta in self.plan):
             out["video_metadata"] = [meta for _, meta in self.plan]
         return out
