@@ -33,9 +33,6 @@ from unittest import mock
 
 import numpy as np
 
-from tests.helpers.templates import CORPUS, train_tokenizer
-from tests.helpers.zoo import _installed, trl_templates
-
 # llava-hf/llava-1.5-7b-hf's chat template, its generation marks left out (images first, then text)
 LLAVA_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
@@ -80,7 +77,8 @@ FAMILIES: dict[str, Family] = {
         {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
          "merge_size": 2, "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor"},
         video={"size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
-               "merge_size": 2, "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True},
+               "merge_size": 2, "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+               "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor"},
         tokenizer="qwen", tokenizer_config={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
     "gemma3": Family(  # google/gemma-3-4b-it
         "gemma3", f"{_M}gemma3.image_processing_pil_gemma3:Gemma3ImageProcessorPil",
@@ -137,6 +135,8 @@ WORDS = ["Describe the picture.", "What is in this image?", "Compare them.", "A 
 
 
 def _template(family: Family) -> str:
+    from tests.helpers.zoo import trl_templates  # (the published settings above need no tokenizers)
+
     if "{%" in family.template:
         return family.template
     folder = trl_templates()
@@ -153,6 +153,9 @@ def family_folder(out: Path, name: str, *, tokenizer_config: dict | None = None,
     """The model folder of family ``name`` at ``out``; ``tokenizer_config`` / ``processor``
     entries are laid over the published ones, ``template`` replaces the template's text, and
     a trained tokenizer also holds ``specials``."""
+    from tests.helpers.templates import CORPUS, train_tokenizer
+    from tests.helpers.zoo import _installed
+
     family = FAMILIES[name]
     text = template if template is not None else _template(family)
     out.mkdir(parents=True, exist_ok=True)

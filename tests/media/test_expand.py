@@ -36,7 +36,7 @@ pytest.importorskip("tokenizers")
 from transformers.image_utils import load_image  # noqa: E402
 from transformers.video_utils import VideoMetadata  # noqa: E402
 
-from tests.helpers.vision_families import FAMILIES, family_folder, reference_processor  # noqa: E402
+from tests.helpers.vision_families import FAMILIES, NOT_KWARGS, family_folder, reference_processor  # noqa: E402
 
 rng = random.Random(43)
 SIZES = [(1, 1), (28, 28), (336, 336), (480, 1280), (1280, 480), (4000, 200), (200, 4000), (640, 480), (1, 30),
@@ -158,7 +158,7 @@ def test_gemma3_text_around_the_image_is_part_of_the_expansion(tmp_path, encode_
 def _video_processor_frames(published: dict, info: VideoInfo) -> list[int]:
     """The frames Qwen3-VL's own video processor samples (its module needs no torchvision)."""
     module = pytest.importorskip("transformers.models.qwen3_vl.video_processing_qwen3_vl")
-    proc = module.Qwen3VLVideoProcessor(**published)
+    proc = module.Qwen3VLVideoProcessor(**{k: v for k, v in published.items() if k not in NOT_KWARGS})
     meta = VideoMetadata(total_num_frames=info.frames, fps=info.fps)
     return [int(i) for i in proc.sample_frames(meta, num_frames=proc.num_frames, fps=proc.fps)]
 
