@@ -158,8 +158,13 @@ def expand_text(settings: dict, text: str, items: Sequence[tuple[str, MediaCount
     the next ``(kind, count)`` of ``items``, as the processor does: one scan for the
     placeholders of every kind, so a placeholder inside an expansion is never read again.
     Raises ``ValueError`` when the text holds another number of placeholders than ``items``,
-    or one of another kind than the item it meets (the caller names the record)."""
+    one of another kind than the item it meets, or a media token no placeholder wrote (the
+    caller names the record)."""
     kinds = _marks(settings)
+    for token in set(media_tokens(settings)) - set(kinds):  # Gemma's soft token: the model would take it for an image's
+        if token in text:
+            raise ValueError(f"the render holds {text.count(token)} media token(s) {token!r} that no placeholder "
+                             f"wrote: the model would read them as image positions")
     found = list(re.finditer("|".join(re.escape(m) for m in kinds), text))
     if len(found) != len(items):
         raise ValueError(f"the render holds {len(found)} media placeholder(s) "

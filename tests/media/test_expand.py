@@ -308,6 +308,9 @@ def test_expand_text_errors():
         expand_text(gemma, "a<start_of_image>b", [one, one])
     with pytest.raises(ValueError, match=r"^the render holds 2 media placeholder\(s\) .* where the record has 1 media"):
         expand_text(gemma, "<start_of_image> <start_of_image>", [one])
+    with pytest.raises(ValueError, match=r"^the render holds 2 media token\(s\) '<image_soft_token>' that no "
+                                         r"placeholder wrote: the model would read them as image positions$"):
+        expand_text(gemma, "a<start_of_image>b<image_soft_token><image_soft_token>", [one])
     with pytest.raises(ConfigError, match=r"^Gemma 3 takes no video in sftdata: video is expanded for the Qwen family "
                                           r"only$"):
         expansion(gemma, "video", one[1])
