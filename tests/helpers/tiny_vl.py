@@ -1,0 +1,56 @@
+"""Tiny randomly initialised Qwen-VL models on CPU (hidden 32, one layer, vision depth 1,
+vocabulary 200): the reference for mRoPE positions (``get_rope_index``) and for losses on
+packed rows. Token ids 150-153 are the vision start, image, video and vision end tokens."""
+
+from __future__ import annotations
+
+VOCAB = 200
+VISION_START, IMAGE_ID, VIDEO_ID, VISION_END = 150, 151, 152, 153
+TEXT_IDS = 150  # ordinary text ids are 0..149
+
+_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "vocab_size": VOCAB, "bos_token_id": None, "eos_token_id": None}
+_TOKENS = {"image_token_id": IMAGE_ID, "video_token_id": VIDEO_ID, "vision_start_token_id": VISION_START,
+           "vision_end_token_id": VISION_END}
+
+
+def tiny_config(family: str, *, patch_size: int = 14, merge_size: int = 2, tokens_per_second: int = 4):
+    """The config of a tiny model of ``family`` (qwen2_vl, qwen2_5_vl, qwen3_vl)."""
+    import transformers
+
+    if family == "qwen2_vl":
+        return transformers.Qwen2VLConfig(
+            text_config={**_TEXT, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                      "rope_theta": 10000.0}},
+            vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
+                           "spatial_merge_size": merge_size, "patch_size": patch_size, "temporal_patch_size": 2},
+            **_TOKENS)
+    if family == "qwen2_5_vl":
+        return transformers.Qwen2_5_VLConfig(
+            text_config={**_TEXT, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                      "rope_theta": 10000.0}},
+            vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                           "out_hidden_size": 32, "spatial_merge_size": merge_size, "patch_size": patch_size,
+                           "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [0],
+                           "tokens_per_second": tokens_per_second},
+            **_TOKENS)
+    if family == "qwen3_vl":
+        return transformers.Qwen3VLConfig(
+            text_config={**_TEXT, "head_dim": 16, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                                       "mrope_interleaved": True, "rope_theta": 10000.0}},
+            vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                           "out_hidden_size": 32, "spatial_merge_size": merge_size, "patch_size": patch_size,
+                           "temporal_patch_size": 2, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+            **_TOKENS)
+    raise ValueError(family)
+
+
+def tiny_model(family: str, cls: str = "Model", seed: int = 0, **kwargs):
+    """A tiny ``<Family>Model`` (or ``ForConditionalGeneration``), weights from ``seed``, in eval mode."""
+    import torch
+    import transformers
+
+    names = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{names[family]}{cls}")(tiny_config(family, **kwargs))
+    return model.eval()
