@@ -59,7 +59,8 @@ def alone(model, pinned, episode):
 
 def batched(model, batch):
     with torch.no_grad():
-        keys = {k: batch[k] for k in ("input_ids", "position_ids", "pixel_values", "image_grid_thw") if k in batch}
+        keys = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "pixel_values",
+                                                        "image_grid_thw") if k in batch}
         res = model(**keys, labels=batch["labels"], num_items_in_batch=1, use_cache=False)
     return token_losses(res.logits, batch["labels"]), float(res.loss)
 
@@ -92,7 +93,9 @@ def test_a_packed_rows_loss_is_the_sum_of_its_episodes_alone(tmp_path, model, pi
     assert loss == pytest.approx(sum(r[1] for r in refs), rel=1e-6)  # the model's loss: float32 inside
     flat, _ = batched(model, VisionCollator.of(pinned, TOKEN_IDS, padding_free=True)(eps))
     np.testing.assert_allclose(flat, want, rtol=1e-10, atol=1e-12)
-    padded, _ = batched(model, {**collator(eps), "attention_mask": None})
+    padded_batch = collator(eps)  # one episode a row, right-padded: attention_mask and (3, B, T) positions
+    assert padded_batch["attention_mask"].shape[0] == len(eps) and padded_batch["position_ids"].shape[0] == 3
+    padded, _ = batched(model, padded_batch)
     np.testing.assert_allclose(padded, want, rtol=1e-10, atol=1e-12)
 
 
