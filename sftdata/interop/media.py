@@ -15,6 +15,7 @@ collator runs: in the ``DataLoader``'s worker processes.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import warnings
 from dataclasses import dataclass, field
@@ -46,8 +47,6 @@ def image_processor(settings: dict):
     if family not in QWEN:
         raise ConfigError(f"sftdata loads the pixels of the Qwen-VL family only so far, not "
                           f"{FAMILY_NAMES.get(family, family)}'s; pass your own processor (processor=...)")
-    import importlib.util
-
     import transformers  # optional dependency: only where pixels are made
 
     if importlib.util.find_spec("torchvision") is not None:

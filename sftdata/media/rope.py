@@ -83,8 +83,10 @@ class EpisodeMedia:
 def grids_of(spans: Sequence[MediaSpan]) -> tuple[tuple[Grid, ...], tuple[Grid, ...]]:
     """(image grids, video grids) of an episode's spans, each in order of offset."""
     ordered = sorted(spans, key=lambda s: s.offset)
-    pick = lambda kind: tuple(tuple(int(x) for x in s.item.count.grid) for s in ordered if s.item.kind == kind)  # noqa: E731
-    return pick(IMAGE), pick(VIDEO)
+    grids = {IMAGE: [], VIDEO: []}
+    for s in ordered:
+        grids[s.item.kind].append(tuple(int(x) for x in s.item.count.grid))
+    return tuple(grids[IMAGE]), tuple(grids[VIDEO])
 
 
 def _runs(types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
