@@ -73,8 +73,14 @@ TOKEN_IDS = {"<|image_pad|>": IMAGE_ID, "<|video_pad|>": VIDEO_ID, "<|vision_sta
              "<|vision_end|>": VISION_END}
 
 
-def settings():
-    return settings_from_dicts(PUBLISHED)
+PUBLISHED_BY_FAMILY = {"qwen2_vl": PUBLISHED, "qwen2_5_vl": {**PUBLISHED, "processor_class": "Qwen2_5_VLProcessor"},
+                       "qwen3_vl": {**PUBLISHED, "processor_class": "Qwen3VLProcessor", "patch_size": 16,
+                                    "min_pixels": 64 * 64, "max_pixels": 32 * 32 * 64}}
+
+
+def settings(family: str = "qwen2_vl"):
+    """The pinned settings of ``family``'s bounded processor (Qwen3-VL: patch 16)."""
+    return settings_from_dicts(PUBLISHED_BY_FAMILY[family])
 
 
 def write_image(path, width: int, height: int, *, fmt: str = "PNG", orientation: int | None = None, seed: int = 0):

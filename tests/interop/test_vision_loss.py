@@ -1,6 +1,6 @@
-"""The proof that a packed Qwen2-VL batch trains as its episodes alone: a tiny randomly
-initialised ``Qwen2VLForConditionalGeneration`` (hidden 32, one layer, vision depth 1, seed
-fixed) in float64 on CPU. Each episode run alone takes the model's own path (the
+"""The proof that a packed Qwen-VL batch trains as its episodes alone: a tiny randomly
+initialised ``Qwen2VLForConditionalGeneration`` (and Qwen2.5-VL's, Qwen3-VL's; hidden 32, one
+layer, vision depth 1, seed fixed) in float64 on CPU. Each episode run alone takes the model's own path (the
 processor's pixels, ``mm_token_type_ids``, the model's own ``get_rope_index``); the packed
 row and the padding-free batch are ``vision_collate``'s (each episode's own mRoPE rows,
 row 0 the plain positions from which transformers confines attention to each episode).
@@ -25,14 +25,20 @@ ImageOps = pytest.importorskip("PIL.ImageOps")
 pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("qwen2_vl", "ForConditionalGeneration", seed=43).to(torch.float64)
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def family(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def pinned():
-    return settings()
+def model(family):
+    patch = settings(family)["patch_size"]
+    return tiny_model(family, "ForConditionalGeneration", seed=43, patch_size=patch).to(torch.float64)
+
+
+@pytest.fixture(scope="module")
+def pinned(family):
+    return settings(family)
 
 
 def token_losses(logits, labels) -> np.ndarray:
