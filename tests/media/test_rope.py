@@ -109,8 +109,8 @@ def test_qwen2_5_vl_video_spacing_by_seconds_per_grid_in_float32(models):
     assert checked > 30
 
 
-def test_merge_size_one_and_four():
-    """Other merge sizes: the grid is divided by the merge on each side (a model of merge 1)."""
+def test_merge_size_one():
+    """Another merge size: the grid is divided by the merge on each side (a model of merge 1)."""
     model = tiny_model("qwen2_vl", merge_size=1)
     rng = random.Random("rope-merge")
     for _ in range(60):
