@@ -47,8 +47,9 @@ from typing import Any
 import orjson
 
 from ..errors import RecordError
-from .content import json_kind, read_assistant
+from .content import context_turn, read_assistant, top_system_text
 from .exact_json import InexactJSON, loads
+from .media import media_lists, place_listed
 from .plain import plain_conversation
 from .plain_tools import plain_tool_conversation
 from .tools import parse_tool
@@ -65,13 +66,12 @@ from .turns import (
     normalise_turns,
     raw_messages,
     read_template_kwargs,
-    text_of,
     unknown_role,
 )
 
 # the names other modules and tests import from here
-__all__ = ["Conversation", "ToolCall", "Turn", "TurnPolicy", "decode_json", "is_tool_record", "json_kind",
-           "parse_chat", "parse_record"]
+__all__ = ["Conversation", "ToolCall", "Turn", "TurnPolicy", "decode_json", "is_tool_record", "parse_chat",
+           "parse_record"]
 MAX_JSON_DEPTH = 1024  # orjson's nesting limit
 _ARRAY_ITEM = re.compile(r":item (\d+)$")  # the ``where`` of a JSON array's item (sources.records): "file:item N"
 _AT = re.compile(r": line (\d+) column (\d+) \(char \d+\)$")  # orjson's position, in the text it was given
@@ -135,19 +135,17 @@ def is_tool_record(obj: Any) -> bool:
     return False
 
 
-def parse_chat(obj: Any, where: str) -> Conversation:
-    """Normalise one chat record (no tools) into a ``Conversation``."""
+def parse_chat(obj: Any, where: str, media: bool = False) -> Conversation:
+    """Normalise one chat record (no tools) into a ``Conversation`` (``media``: as ``parse_record``)."""
     msgs, fmt = raw_messages(obj, where)
     repairs: list[str] = []
     counts: list[str] = []
-    turns: list[Turn] = []
+    indexed: list[tuple[int, Turn]] = []  # each turn and its message's index (-1: the top-level system)
     top_system = obj.get("system")
     if top_system is not None:
-        if not isinstance(top_system, str):
-            raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
-                              f"not a string", where)
-        turns.append(Turn("system", top_system))
+        indexed.append((-1, Turn("system", top_system_text(top_system, where))))
     kwargs = read_template_kwargs(obj, where)
+    lists = media_lists(obj, where, media)
     text_key = "content" if fmt == "openai" else "value"
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
@@ -160,21 +158,26 @@ def parse_chat(obj: Any, where: str) -> Conversation:
                                                     "system/developer")
         content = m.get(text_key, m.get("content"))
         if role == "assistant":
-            a = read_assistant(m, content, where, i)
+            a = read_assistant(m, content, where, i, media)
             repairs += a.repairs
             counts += a.notes
-            turns.append(Turn("assistant", a.text, reasoning=a.reasoning, untrained="" if a.trained else "weight_0"))
+            indexed.append((i, Turn("assistant", a.text, reasoning=a.reasoning,
+                                    untrained="" if a.trained else "weight_0")))
         else:
-            turns.append(Turn(role, text_of(content, where, i, role)))
+            indexed.append((i, context_turn(role, content, where, i, media=media)))
+    turns = place_listed(indexed, lists, where)
     normal = normalise_turns(turns, where, repairs)
     return Conversation(normal, (), tuple(repairs), tuple(counts),
                         given=normalise_given(turns, normal, where, {t.role for t in turns}, repairs),
                         template_kwargs=kwargs)
 
 
-def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy()) -> Conversation:
+def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy(),
+                 media: bool = False) -> Conversation:
     """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``;
-    ``policy`` applies ``--reasoning`` and ``--train-on``."""
+    ``policy`` applies ``--reasoning`` and ``--train-on``; ``media``: read images and
+    videos (``records.media``: ``Turn.media``) where the caller renders them; without it
+    a record holding any is refused as ``non_text_content``, as before media were read."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
     if mode in ("chat", "tool"):
         conv = plain_conversation(obj)  # the common shapes, in one pass (the same conversation)
@@ -186,9 +189,9 @@ def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = 
         if is_tool_record(obj):
             raise RecordError("tool_conversation", "the record has tool schemas, calls or results; "
                               "prepare it with `sftdata prepare-tool`", where)
-        conv = parse_chat(obj, where)
+        conv = parse_chat(obj, where, media)
     elif mode == "tool":
-        conv = parse_tool(obj, where)
+        conv = parse_tool(obj, where, media)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     return apply_policy(conv, policy, where)
