@@ -14,6 +14,10 @@ Chat record formats, detected per record:
 * ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
   human/user, gpt/assistant/chatgpt/bing/bard/model, system.
 * Either may carry a top-level ``"system"`` string.
+* With ``media`` (``parse_record(..., media=True)``): images and videos as content parts,
+  or as top-level ``images`` / ``videos`` lists with ``<image>`` / ``<video>`` placeholders
+  (LLaMA-Factory) or bare ``{"type": "image"}`` parts (TRL) (``media``). Without it a record
+  holding any is refused as ``non_text_content``, as before media were read.
 
 An assistant turn carries its reasoning (rendered between ``<|THINK|>`` and
 ``<|END_THINK|>``) and whether it is trained (``weight: 0`` / ``train: false`` make it
@@ -28,7 +32,9 @@ rejected                   invalid_json, invalid_utf8, not_an_object, no_message
                            empty_conversation, no_assistant_turn,
                            empty_assistant_turn, no_trainable_turn,
                            tool_conversation (chat mode), invalid_reasoning,
-                           unclosed_think, invalid_weight
+                           unclosed_think, invalid_weight, reserved_character
+                           (U+FFFC in text), invalid_media, media_in_reply,
+                           media_placeholder_mismatch
 repaired                   dropped_empty_turn (blank message removed),
                            merged_same_role (consecutive user or assistant turns
                            joined with a blank line), dropped_trailing_turns (turns

@@ -60,6 +60,10 @@ def check_text(text: str, what: str, where: str) -> None:
                           f"where an image or video stands; remove it", where)
 
 
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -83,8 +87,8 @@ def part_ref(part: dict, ptype: str, role: str, where: str, index: int, k: int) 
     kind = MEDIA_PARTS[ptype]
     at = f"message {index} content part {k}"
     if role not in MEDIA_ROLES:
-        raise RecordError("media_in_reply", f"{at} is an {ptype!r} part in {'an' if role == 'assistant' else 'a'} "
-                          f"{role} message; images and videos are read in user and system messages only (a reply or "
+        raise RecordError("media_in_reply", f"{at} is {_a(ptype)} {ptype!r} part in {_a(role)} {role} message; "
+                          f"images and videos are read in user and system messages only (a reply or "
                           f"tool result holds text): move it into the user message before it, or drop it", where)
     if ptype.endswith("_url"):
         value = part.get(ptype)
@@ -98,13 +102,13 @@ def part_ref(part: dict, ptype: str, role: str, where: str, index: int, k: int) 
             return MediaRef(kind, BARE)
         if len({repr(v) for _, v in given}) > 1:
             keys = " and ".join(repr(key) for key, _ in given)
-            raise RecordError("invalid_media", f"{at} is an {ptype!r} part giving {keys}, two different {kind}s; "
-                              f"keep one", where)
+            raise RecordError("invalid_media", f"{at} is {_a(ptype)} {ptype!r} part giving {keys}, different "
+                              f"{kind}s; keep one", where)
     key, value = given[0]
     if not isinstance(value, str) or not value:
         said = "an empty string" if value == "" else _what(value, kind)
-        raise RecordError("invalid_media", f"{at} is an {ptype!r} part whose {key!r} is {said}, not a reference: "
-                          f"{_fix(kind)}", where)
+        raise RecordError("invalid_media", f"{at} is {_a(ptype)} {ptype!r} part whose {key!r} is {said}, not a "
+                          f"reference: {_fix(kind)}", where)
     if key == "base64" and not value.startswith("data:"):
         value = "data:;base64," + value
     return MediaRef(kind, value)
@@ -152,7 +156,8 @@ def place_listed(indexed: list[tuple[int, Turn]], lists: dict[str, list[str]], w
     bare = {m.kind: i for i, t in reversed(indexed) for m in t.media if m.ref == BARE}
     for kind, i in bare.items():
         if kind not in lists:
-            raise RecordError("invalid_media", f"message {i} has a {kind!r} part naming no {kind} and the record "
+            raise RecordError("invalid_media", f"message {i} has {_a(kind)} {kind!r} part "
+                              f"naming no {kind} and the record "
                               f"has no '{LISTS[kind]}' list: give the part its {kind} "
                               f"({{\"type\": \"{kind}\", \"{kind}\": {EXAMPLE[kind]!r}}}), or list the record's "
                               f"{kind}s in '{LISTS[kind]}', in order", where)
@@ -196,7 +201,7 @@ def _check_count(indexed: list[tuple[int, Turn]], kind: str, items: list[str], b
     else:
         for i, t in indexed:
             if t.role not in MEDIA_ROLES and mark in t.text:
-                raise RecordError("media_in_reply", f"message {i} is {'an' if t.role == 'assistant' else 'a'} "
+                raise RecordError("media_in_reply", f"message {i} is {_a(t.role)} "
                                   f"{t.role} message holding {mark}, a placeholder of the record's '{LISTS[kind]}'; "
                                   f"images and videos are read in user and system messages only: move it into the "
                                   f"user message before it, or remove it", where)
