@@ -146,10 +146,12 @@ def parse_chat(obj: Any, where: str, media: bool = False) -> Conversation:
     msgs, fmt = raw_messages(obj, where)
     repairs: list[str] = []
     counts: list[str] = []
-    indexed: list[tuple[int, Turn]] = []  # each turn and its message's index (-1: the top-level system)
+    turns: list[Turn] = []
+    at: list[int] = []  # each turn's message index (-1: the top-level system)
     top_system = obj.get("system")
     if top_system is not None:
-        indexed.append((-1, Turn("system", top_system_text(top_system, where))))
+        turns.append(Turn("system", top_system_text(top_system, where)))
+        at.append(-1)
     kwargs = read_template_kwargs(obj, where)
     lists = media_lists(obj, where, media)
     text_key = "content" if fmt == "openai" else "value"
@@ -167,11 +169,12 @@ def parse_chat(obj: Any, where: str, media: bool = False) -> Conversation:
             a = read_assistant(m, content, where, i, media)
             repairs += a.repairs
             counts += a.notes
-            indexed.append((i, Turn("assistant", a.text, reasoning=a.reasoning,
-                                    untrained="" if a.trained else "weight_0")))
+            turns.append(Turn("assistant", a.text, reasoning=a.reasoning, untrained="" if a.trained else "weight_0"))
         else:
-            indexed.append((i, context_turn(role, content, where, i, media=media)))
-    turns = place_listed(indexed, lists, where)
+            turns.append(context_turn(role, content, where, i, media=media))
+        at.append(i)
+    if lists or any(t.media for t in turns):
+        turns = place_listed(list(zip(at, turns)), lists, where)
     normal = normalise_turns(turns, where, repairs)
     return Conversation(normal, (), tuple(repairs), tuple(counts),
                         given=normalise_given(turns, normal, where, {t.role for t in turns}, repairs),

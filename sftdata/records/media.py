@@ -46,7 +46,7 @@ from .values import json_kind
 MEDIA_PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}  # part type -> kind
 REF_KEYS = {"image": ("image", "url", "path", "base64"), "video": ("video", "url", "path")}  # as transformers reads
 LISTS = {"image": "images", "video": "videos"}  # kind -> the record's list (LLaMA-Factory, TRL)
-LIST_KEYS = (*LISTS.values(), "audios")  # a record holding one is read by the general parser
+LIST_KEYS = (*LISTS.values(), "audios")  # a record holding one is read by the general parser (plain.has_media_lists)
 PLACEHOLDERS = {"image": "<image>", "video": "<video>"}  # LLaMA-Factory's defaults
 MEDIA_ROLES = ("user", "system")
 BARE = ""  # the ref of a part that names no item: the record's list gives it (``place_listed``)
@@ -118,6 +118,8 @@ def media_lists(obj: dict, where: str, media: bool = True) -> dict[str, list[str
     """The record's top-level media lists by kind (``LISTS``; a lone string is a list of
     one, as LLaMA-Factory reads it); empty when it has none. Without ``media`` (a caller
     that reads no media) a list holding anything refuses the record, never drops it."""
+    if "images" not in obj and "videos" not in obj and "audios" not in obj:  # LIST_KEYS; most records: three lookups
+        return {}
     audios = obj.get("audios")
     if audios:
         raise RecordError("non_text_content", "the record holds 'audios'; sftdata reads images and videos only "

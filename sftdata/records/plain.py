@@ -24,7 +24,6 @@ from typing import Any
 
 from ..errors import RecordError
 from .content import THINK_OPEN
-from .media import LIST_KEYS
 from .turns import CHAT_ROLES, MEDIA_MARK, TEMPLATE_KWARGS, Conversation, Turn, read_template_kwargs
 
 _OTHER = {"user": "assistant", "assistant": "user"}
@@ -90,7 +89,7 @@ def template_kwargs(obj: dict) -> dict | None | bool:
 def has_media_lists(obj: dict) -> bool:
     """True when a record holds a top-level media list (``images``, ``videos``, ``audios``),
     which only the general parser reads."""
-    return any(key in obj for key in LIST_KEYS)
+    return "images" in obj or "videos" in obj or "audios" in obj  # LIST_KEYS, spelled out: no generator per record
 
 
 def opens_thinking(text: str) -> bool:

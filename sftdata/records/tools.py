@@ -284,8 +284,10 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str, counts: list[
             turns.append((i, context_turn("tool", content, where, i, str_id(m.get("tool_call_id")), media), ()))
         else:
             raise _unknown_role(role_name, where, i)
-    placed = place_listed([(i, t) for i, t, _ in turns], lists, where)
-    return [(i, t, at) for (i, _, at), t in zip(turns, placed)]
+    if lists or any(t.media for _, t, _ in turns):
+        placed = place_listed([(i, t) for i, t, _ in turns], lists, where)
+        turns = [(i, t, at) for (i, _, at), t in zip(turns, placed)]
+    return turns
 
 
 def _result_list(text: str, n: int) -> list[str] | None:

@@ -8,7 +8,8 @@ import pytest
 import sftdata.records.conversation as conversation
 from sftdata.errors import RecordError
 from sftdata.records.conversation import Conversation, Turn, TurnPolicy, parse_record
-from sftdata.records.plain import plain_conversation
+from sftdata.records.media import LIST_KEYS
+from sftdata.records.plain import has_media_lists, plain_conversation
 
 ROLES = ["user", "User", "HUMAN", "human", "assistant", "gpt", "model", "Assistant", "system", "developer",
          "tool", "function_call", "observation", "narrator", None, 3]
@@ -125,3 +126,9 @@ def test_a_plain_record_keeps_its_template_variables():
 ])
 def test_records_that_need_the_general_parser_are_left_to_it(rec):
     assert plain_conversation(rec) is None
+
+
+def test_the_media_lists_the_plain_readers_leave_to_the_general_parser_are_every_one_it_reads():
+    assert LIST_KEYS == ("images", "videos", "audios")
+    assert [has_media_lists({key: None}) for key in LIST_KEYS] == [True, True, True]
+    assert has_media_lists({"messages": [], "image": "a.png", "video_list": []}) is False
