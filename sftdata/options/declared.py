@@ -73,8 +73,9 @@ def _memo(v, o):
 
 def _media_root(v, o):
     if v is not None and not Path(v).is_dir():
-        raise UsageError(f"--media-root {v}: no such folder; give the folder that relative image and video paths in "
-                         f"the records are read from")
+        said = "not a folder" if Path(v).exists() else "no such folder"
+        raise UsageError(f"--media-root {v}: {said}; give the folder that relative image and video paths in the "
+                         f"records are read from")
 
 
 def _threshold(v, o):

@@ -146,6 +146,8 @@ def test_verify_reads_back_the_options_a_pair_dataset_records():
     ("prepare", {"mode": "pairs"}, r"^mode must be one of chat, tool, not 'pairs'$"),
     ("prepare", {"media_root": "/no/such/folder"}, r"^--media-root /no/such/folder: no such folder; give the folder "
                                                    r"that relative image and video paths in the records are read from$"),
+    ("prepare", {"media_root": __file__}, r"^--media-root .*test_declared.py: not a folder; give the folder that "
+                                          r"relative image and video paths in the records are read from$"),
 ])
 def test_the_checks_are_the_declared_ones_for_every_kind(family, values, message):
     with pytest.raises(UsageError, match=message):
