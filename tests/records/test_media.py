@@ -180,6 +180,19 @@ def test_sharegpt_records_with_images_and_videos_interleaved():
                            Turn("user", f"{M} and {M}{M}?", media=(vid("v.mp4"), img("a.png"), img("b.png"))))
 
 
+def test_a_llamafactory_tool_record_places_its_images_in_user_turns_only():
+    raw = {"conversations": [{"from": "human", "value": "Crop <image> to the face."},
+                             {"from": "function_call", "value": '{"name": "crop", "arguments": {"box": [1, 2]}}'},
+                             {"from": "observation", "value": "cropped"},
+                             {"from": "gpt", "value": "Done."}],
+           "tools": '[{"name": "crop", "parameters": {"type": "object"}}]', "images": ["face.jpg"]}
+    c = parsed(raw, "tool")
+    assert [(t.role, t.text, t.media) for t in c.turns] == [
+        ("user", f"Crop {M} to the face.", (img("face.jpg"),)), ("assistant", "", ()), ("tool", "cropped", ()),
+        ("assistant", "Done.", ())]
+    assert c.turns[1].tool_calls[0].arguments == {"box": [1, 2]}
+
+
 def test_a_lone_string_is_a_list_of_one_and_placeholders_in_the_top_level_system_count():
     c = parsed({"system": "<video>", "messages": [{"role": "user", "content": "Q"}, A], "videos": "v.mp4"})
     assert c.turns[0] == Turn("system", M, media=(vid("v.mp4"),))
