@@ -29,6 +29,15 @@ def test_whitespace_and_formats_do_not_change_the_exact_key():
     assert canonical_text(conv("hi", "yo")) != canonical_text(conv("hi yo", "x"))
 
 
+def test_the_same_words_about_other_images_are_not_duplicates():
+    def with_image(ref):
+        return parse_record({"messages": [{"role": "user", "content": [{"type": "image", "image": ref}, "What is it?"]},
+                                          {"role": "assistant", "content": "A cat."}]}, "f:line 1", media=True)
+    a, b = canonical_text(with_image("a.png")), canonical_text(with_image("b.png"))
+    assert exact_key(a) != exact_key(b) and exact_key(a) == exact_key(canonical_text(with_image("a.png")))
+    assert a.endswith("\x1fmedia:image=a.png\x1eassistant\x1fA cat.")
+
+
 def test_shingles_cover_each_range_and_a_short_range_is_one_shingle():
     ids = np.arange(20, dtype=np.uint32)
     flat, off = shingle_hashes(ids, np.array([0, 10, 17]), np.array([10, 17, 20]), k=5)
