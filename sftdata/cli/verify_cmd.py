@@ -14,7 +14,6 @@ from ..engine import check_engine
 from ..engine.verify_ray import ray_verify_executor
 from ..errors import UsageError
 from ..store.format import ROW_KINDS, is_mixture_file
-from ..store.reader import recorded_kind
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
@@ -192,12 +191,8 @@ def verify_cmd(
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
             rerender = None
-            if retokenize and recorded_kind(path) in ROW_KINDS:
-                from ..pref.rerender import rerender_rows  # lazy: the pair pipeline loads for --retokenize
-
-                rerender = rerender_rows
-            elif retokenize:
-                from ..prepare.rerender import rerender_records  # lazy: the prepare pipeline loads for --retokenize
+            if retokenize:
+                from ..prepare.rerender import rerender_records  # lazy: the build pipeline loads for --retokenize
 
                 rerender = rerender_records
             report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,

@@ -5,8 +5,8 @@
         truncation cut per pair ──► a row: prompt and completion(s) (a prompt alone, and
         its columns: RL) ──► the driver: curation, rejects, the exact split, the commit
 
-Verify renders a row again with the same functions (``open_context``, ``start_rows``,
-``finish_rows``).
+Verify renders a row again with the same functions (``open_context``, ``start_chunk``,
+``finish_chunk``: ``sftdata.prepare.rerender``).
 """
 
 from __future__ import annotations
