@@ -10,8 +10,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 from rich.text import Text
 
-from ..engine import check_engine
-from ..engine.verify_ray import ray_verify_executor
+from ..engine import check_engine, ray_engine
 from ..errors import UsageError
 from ..store.format import ROW_KINDS, is_mixture_file
 from ..verify import VerifyReport, verify
@@ -172,7 +171,7 @@ def verify_cmd(
     * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
     * `sftdata verify /shared/sft --engine ray` (one task per shard on a Ray cluster; docs/SCALE.md)
     """
-    executor = ray_verify_executor(ray_address) if check_engine(engine) == "ray" else None
+    executor = ray_engine(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     mixture = is_mixture_file(path)
