@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import __version__
-from ..curate import CurateSettings, Deduplicator, load_evals
+from ..curate import CurateSettings, Deduplicator, Drop, load_evals
 from ..errors import AllRecordsRejectedError, NothingToTrainError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, lists_every_reject, reject_line, writing
 from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
@@ -71,6 +71,7 @@ class RowKind(Protocol):
     profile: object
     state: dict
     store_kind: str | None  # the dataset's kind (pairs or kto: decided by the first kept row)
+    summary_type: type  # its summary's class; ``of_dataset``: the summary of a dataset found up to date
 
     def open(self) -> None: ...
     def worker(self, curate: CurateSettings) -> tuple: ...  # pool.start_worker's arguments: (work, curate, opts)
@@ -82,7 +83,6 @@ class RowKind(Protocol):
     # a chunk's or partition's rows but those of ``drop``, counted; the kind's own rejects (record order)
     def accept(self, chunk, drop: set[int]) -> tuple[list, Rows | StagedPart | None]: ...
     def new_summary(self, output_dir: str): ...
-    def of_dataset(self, output_dir: str, meta: dict): ...  # the summary of a dataset found up to date
     # the summary filled in; the metadata's entries before "splits", its counts, its entries after "splits"
     def finish(self, summary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]: ...
 
@@ -113,8 +113,13 @@ def curate(chunk, dedup: Deduplicator, evals, contaminated: Counter, same: str) 
         keys = keys.subset(~np.isin(keys.records, list(drop)))
     for d in dedup.decide(keys):
         drop.add(d.record)
-        out.append((d.record, d.where, "duplicate", d.message().replace("the same conversation as", same)))
+        out.append(_duplicate(d, same))
     return out, drop
+
+
+def _duplicate(d: Drop, same: str) -> tuple:
+    """The reject of the duplicate ``d``, naming what it repeats as the kind's ``same`` does."""
+    return d.record, d.where, "duplicate", d.message().replace("the same conversation as", same)
 
 
 def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings) -> Iterator[tuple[object, int]]:
@@ -154,7 +159,7 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
     if plan.check.up_to_date:
         sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         meta = plan.check.target.metadata
-        summary = kind.of_dataset(str(output_dir), meta)
+        summary = kind.summary_type.of_dataset(str(output_dir), meta)
         summary.build_key, summary.libraries_changed = plan.check.key, library_changes(meta)
         summary.seconds = time.perf_counter() - t0
         return summary
@@ -250,12 +255,17 @@ class _Build:
             if not records_sha256(info, getattr(opts, "source_sha256", False)):  # a large file read in partitions
                 info.sha256 = None
 
-    def _reject(self, rej: RejectsFile, rejects: list) -> None:
-        """``rejects`` (record, where, reason, message) counted and written in record order."""
-        lines = []
+    def _counted(self, rejects: list) -> list[tuple[int, bytes]]:
+        """``rejects`` (record, where, reason, message) counted; (record, line) of each, in record order."""
+        out = []
         for record, where, reason, message in sorted(rejects):
             self.rejected[reason] += 1
-            lines.append(reject_line(record, where, reason, message))
+            out.append((record, reject_line(record, where, reason, message)))
+        return out
+
+    def _reject(self, rej: RejectsFile, rejects: list) -> None:
+        """``rejects`` (record, where, reason, message) counted and written in record order."""
+        lines = [line for _, line in self._counted(rejects)]
         if lines:
             with writing(self.rejects, self.output):
                 rej.write(b"\n".join(lines) + b"\n")
@@ -280,11 +290,7 @@ class _Build:
         order, as one process writes them: those dropped for room were past every line kept."""
         keyed = [_keys_part(res) for res, _ in pending if res.staged]
         drops = decide_duplicates(runner, keyed, self.dedup, [i.as_dict() for i in self.infos])
-        if drops:
-            self.rejected["duplicate"] += len(drops)
-        same = self.kind.same
-        lines = [(d.record, reject_line(d.record, d.where, "duplicate",
-                                        d.message().replace("the same conversation as", same))) for d in drops]
+        found = [_duplicate(d, self.kind.same) for d in drops]  # with the kind's own rejects
         dups = np.array(sorted(d.record for d in drops), dtype=np.int64)
         for res, drop in pending:
             if dups.size and res.staged:
@@ -293,18 +299,17 @@ class _Build:
             own, part = self.kind.accept(res, drop)
             if own and self.opts.strict:
                 raise strict_error(own[0])
-            for record, where, reason, message in own:
-                self.rejected[reason] += 1
-                lines.append((record, reject_line(record, where, reason, message)))
+            found += own
             if part is not None:
                 self.parts.append(part)
+        lines = self._counted(found)
         if not lines:
             return
         merged = stage_dir / REJECTS_FILE
         with writing(merged, self.output), open(rejects, "rb") as old, open(merged, "wb") as out:
             earlier = ((r, line.rstrip(b"\n")) for line in old if (r := line_record(line)) != NOT_A_RECORD)
             capped = RejectsFile(out)
-            for _, line in heapq.merge(earlier, sorted(lines, key=lambda x: x[0]), key=lambda x: x[0]):
+            for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
                 capped.write(line + b"\n")
             capped.left_out += left_out
             capped.close()
@@ -407,3 +412,13 @@ def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def usable_workers(workers: int | None, warn: Callable[[str], None] | None = None) -> int:
+    """``--workers`` as run (the CLI's and the scripts'): all cores when not given; more than
+    the cores are capped (``warn`` is told so), as more processes than cores only cost
+    memory and start-up."""
+    cores = default_workers()
+    if workers is not None and workers > cores and warn is not None:
+        warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
+    return cores if workers is None else min(workers, cores)

@@ -34,7 +34,7 @@ from .chunk import EpisodeWork
 from .driver import build
 from .options import PrepareOptions
 from .pool import PoolRunner
-from .results import ChunkResult, Executor, PrepareSummary, Progress
+from .results import SUMMED, ChunkResult, Executor, PrepareSummary, Progress
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
 
@@ -55,6 +55,7 @@ class EpisodesKind:
     item, same = "episode", "the same conversation as"
     trains = remote = empty_val = counts_tokens = True
     records_dedup = False
+    summary_type = PrepareSummary
 
     def __init__(self, opts: PrepareOptions):
         self.opts = opts
@@ -92,19 +93,13 @@ class EpisodesKind:
                                       tokenizer_engine=engine_record(self.tok), memo_mb=self.opts.memo_mb)
         return self.summary
 
-    def of_dataset(self, output_dir: str, meta: dict) -> PrepareSummary:
-        return PrepareSummary.of_dataset(output_dir, meta)
-
     def accept(self, res: ChunkResult, drop: set[int]):
         """The counts of a chunk's records, and its episodes but those of ``drop``."""
         summary = self.summary
         self.repaired.update(res.repairs)
         self.turns.update(res.turns)
-        summary.records_truncated += res.truncated
-        summary.pairs_dropped += res.pairs_dropped
-        summary.per_reply_records += res.per_reply_records
-        summary.per_reply_episodes += res.per_reply_episodes
-        summary.per_reply_automatic += res.per_reply_automatic
+        for name in SUMMED:
+            setattr(summary, name, getattr(summary, name) + getattr(res, name.removeprefix("records_")))
         if res.memo is not None:
             summary.memo.add(res.memo)
         keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
