@@ -14,12 +14,8 @@ from .prepare_cmd import curation_rows, new_summary_table, reject_rows, run_buil
 
 
 def _table(s: PrefSummary) -> Table:
-    t = new_summary_table(s, f"Prepared {s.output_dir} ({s.kind})")
     what = {"pairs": "pairs", "kto": "rows", "prompts": "prompts"}[s.kind]
-    for split, n in s.rows.items():
-        t.add_row(f"{what} ({split})", f"{n:,}")
-    for split, n in s.tokens.items():
-        t.add_row(f"tokens ({split})", f"{n:,}")
+    t = new_summary_table(s, f"Prepared {s.output_dir} ({s.kind})", what, s.rows)
     for form, n in s.forms.items():
         t.add_row(f"  form: {form}", f"{n:,}")
     for label, n in s.labels.items():

@@ -40,21 +40,21 @@ def curation_rows(t: Table, s) -> None:
         t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
 
 
-def new_summary_table(s, title: str) -> Table:
-    """A build command's summary table (every build command's), its first row: the records read."""
+def new_summary_table(s, title: str, what: str, counts: dict) -> Table:
+    """A build command's summary table (every build command's), its first rows: the records
+    read, then each split's ``counts`` of ``what`` (episodes, pairs ...) and its tokens."""
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_row("records read", f"{s.records_read:,}")
+    for name, figures in ((what, counts), ("tokens", s.tokens)):
+        for split, n in figures.items():
+            t.add_row(f"{name} ({split})", f"{n:,}")
     return t
 
 
 def summary_table(s: PrepareSummary) -> Table:
-    t = new_summary_table(s, f"Prepared {s.output_dir}")
-    for split in s.episodes:
-        t.add_row(f"episodes ({split})", f"{s.episodes[split]:,}")
-    for split in s.tokens:
-        t.add_row(f"tokens ({split})", f"{s.tokens[split]:,}")
+    t = new_summary_table(s, f"Prepared {s.output_dir}", "episodes", s.episodes)
     t.add_row("trained-token share", f"{s.trained_share:.1%}")
     t.add_row("record size limit", f"{s.max_record_bytes:,} bytes")
     if s.tokenizer_engine:
