@@ -30,7 +30,7 @@ from ..errors import RecordError
 from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.turns import TurnPolicy
-from ..sources import RawRecord, SourceInfo, record_where
+from ..sources import RawRecord, SourceInfo
 from ..store.build_key import BuildSummary
 from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.rows import Rows
@@ -364,9 +364,10 @@ class RowsKind:
     the kind of row the build driver (``sftdata.prepare.driver``) knows them by."""
 
     item, same = "row", "the same prompt and completions as"
-    trains = remote = empty_val = counts_tokens = False
+    trains = remote = empty_val = counts_tokens = local_parts = False
     records_dedup = True
     summary_type = PrefSummary
+    memo_opts = None
 
     def __init__(self, opts: PrefOptions, rl: bool):
         self.opts, self.rl = opts, rl
@@ -376,22 +377,13 @@ class RowsKind:
 
     def open(self) -> None:
         self.ctx, self.state = open_context(self.opts, self.rl)
-        self.tok, self.profile = self.ctx.tok, self.ctx.profile
-
-    def worker(self, curate: CurateSettings) -> tuple:
-        return PairWork(self.ctx), curate, None
+        self.tok, self.profile, self.work = self.ctx.tok, self.ctx.profile, PairWork(self.ctx)
 
     @contextmanager
     def local(self, curate: CurateSettings):
         """Each chunk's texts tokenized on a second thread while the next one renders."""
         with one_process_run() as pool:
             yield (lambda items: start_chunk(items, self.ctx, pool)), (lambda s: finish_chunk(s, self.ctx, curate))
-
-    def runner(self, infos: list[SourceInfo], stage_dir, curate: CurateSettings, executor):
-        """A partitioned run's runner: the engine's (its tasks read their own partitions and
-        stage their own rows: ``PairWork``); None: this process reads the inputs."""
-        self.infos = infos
-        return None if executor is None else executor.start(self.opts, PairWork(self.ctx), stage_dir, curate)
 
     def new_summary(self, output_dir: str) -> PrefSummary:
         return PrefSummary(output_dir, kind=self.build_kind)
@@ -406,8 +398,7 @@ class RowsKind:
                 continue
             if self.store_kind is None:
                 self.store_kind = kind
-            elif self.store_kind != kind:
-                where = where or record_where([i.as_dict() for i in self.infos], record)
+            elif self.store_kind != kind:  # (a partitioned run's: where None, the driver names it)
                 own.append((record, where, "mixed_kinds", f"a {kind} row in a {self.store_kind} dataset (the first "
                             f"kept row decided); prepare pairs and KTO rows into separate datasets"))
                 continue

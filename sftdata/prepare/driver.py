@@ -14,7 +14,7 @@ The driver knows a kind only through ``RowKind``: how a chunk of records becomes
 (``accept``: the rows, one or more sequences each, with their kind's extras), and its
 summary's and metadata's own figures. Chunks are processed by workers but decided on
 strictly in input order, so the output is byte-identical for any number of workers. A
-kind may run partitioned (``RowKind.runner``): the workers read their own partitions
+kind may run partitioned (``runner_of``): the workers read their own partitions
 and write the final shards, this process plans and commits (``partitioned``).
 """
 
@@ -35,8 +35,8 @@ from .. import __version__
 from ..curate import CurateSettings, Deduplicator, Drop, load_evals
 from ..errors import AllRecordsRejectedError, NothingToTrainError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, lists_every_reject, reject_line, writing
-from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
-from ..sources.partitions import records_sha256
+from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all, record_where
+from ..sources.partitions import partitionable, records_sha256
 from ..storage.location import local_path, remote_url
 from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
@@ -67,19 +67,20 @@ class RowKind(Protocol):
     empty_val: bool  # --val-split > 0 gives a val split even when it draws no row
     records_dedup: bool  # the metadata records the dedup counts even with --dedup off
     counts_tokens: bool  # the progress counts tokens (else records only)
+    local_parts: bool  # --workers processes read their own partitions where the inputs can be cut
     tok: object
     profile: object
     state: dict
     store_kind: str | None  # the dataset's kind (pairs or kto: decided by the first kept row)
     summary_type: type  # its summary's class; ``of_dataset``: the summary of a dataset found up to date
 
+    # what a worker or partition task makes rows with (chunk.EpisodeWork, pref.run.PairWork), set by ``open``;
+    # and what makes a worker's memo of encoded texts (pool.start_worker's ``opts``; None: no memo)
+    work: object
+    memo_opts: object
+
     def open(self) -> None: ...
-    def worker(self, curate: CurateSettings) -> tuple: ...  # pool.start_worker's arguments: (work, curate, opts)
     def local(self, curate: CurateSettings) -> AbstractContextManager: ...  # (start, finish) of a chunk here
-    # a partitioned run's runner (an engine's, or --workers processes), its tasks making rows with the kind's
-    # work (chunk.EpisodeWork, pref.run.PairWork); None: this process reads the inputs in chunks
-    def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
-               ) -> TaskRunner | None: ...
     # a chunk's or partition's rows but those of ``drop``, counted; the kind's own rejects (record order)
     def accept(self, chunk, drop: set[int]) -> tuple[list, Rows | StagedPart | None]: ...
     def new_summary(self, output_dir: str): ...
@@ -122,6 +123,26 @@ def _duplicate(d: Drop, same: str) -> tuple:
     return d.record, d.where, "duplicate", d.message().replace("the same conversation as", same)
 
 
+def can_partition(infos: list[SourceInfo], opts) -> bool:
+    """``--workers`` > 1 with every input a file workers can cut (plain local JSONL in byte
+    ranges on line starts, local Parquet in row groups): the workers read the input
+    themselves (``partitioned``).
+    Otherwise this process reads it and sends records."""
+    return opts.workers > 1 and all(partitionable(i) for i in infos)
+
+
+def runner_of(kind: RowKind, opts, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
+              ) -> TaskRunner | None:
+    """A partitioned run's runner, its tasks making rows with the kind's ``work``: the
+    engine's (``executor``), or ``--workers`` processes where the kind has them read the
+    inputs and the inputs can be cut; None: this process reads the inputs in chunks."""
+    if executor is not None:
+        return executor.start(opts, kind.work, stage_dir, curate)
+    if kind.local_parts and can_partition(infos, opts):
+        return PoolRunner(opts.workers, (kind.work, curate, kind.memo_opts), stage_dir)
+    return None
+
+
 def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings) -> Iterator[tuple[object, int]]:
     """The kind's outcome of each chunk, in input order: in this process (each chunk
     finished while the next one starts: ``overlapped``), or in ``--workers`` processes
@@ -131,7 +152,7 @@ def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings)
             for started, pos in overlapped(chunks, start):
                 yield finish(started), pos
         return
-    with running(PoolRunner(opts.workers, kind.worker(curate))) as runner:
+    with running(PoolRunner(opts.workers, (kind.work, curate, kind.memo_opts))) as runner:
         yield from in_order(runner, worker_task, (((items,), f"the records from {items[0].where} on were being "
                                                    f"prepared", pos) for items, pos in chunks))
 
@@ -171,7 +192,7 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
     run = _Build(kind, opts, [inspect_source(src) for src in plan.inputs], evals, progress, str(output_dir))
     run.summary.changed = list(plan.check.changes)
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
-        runner = kind.runner(run.infos, w.path / PARTS_DIR, run.curate, executor)
+        runner = runner_of(kind, opts, run.infos, w.path / PARTS_DIR, run.curate, executor)
         # a run that stops early: its tasks stop before the staging is removed
         with running(runner) if runner is not None else nullcontext():
             run.gather(w, runner)
@@ -289,7 +310,8 @@ class _Build:
         no room for already). The stored lines are the first of all rejects in record
         order, as one process writes them: those dropped for room were past every line kept."""
         keyed = [_keys_part(res) for res, _ in pending if res.staged]
-        drops = decide_duplicates(runner, keyed, self.dedup, [i.as_dict() for i in self.infos])
+        sources = [i.as_dict() for i in self.infos]
+        drops = decide_duplicates(runner, keyed, self.dedup, sources)
         found = [_duplicate(d, self.kind.same) for d in drops]  # with the kind's own rejects
         dups = np.array(sorted(d.record for d in drops), dtype=np.int64)
         for res, drop in pending:
@@ -297,6 +319,7 @@ class _Build:
                 src = _keys_part(res).sources
                 drop = drop | set(dups[(dups >= src[0]) & (dups <= src[-1])].tolist())
             own, part = self.kind.accept(res, drop)
+            own = [(r, where or record_where(sources, r), *rest) for r, where, *rest in own]  # a task's: no where
             if own and self.opts.strict:
                 raise strict_error(own[0])
             found += own
