@@ -43,8 +43,7 @@ sys.path.insert(0, str(HERE))
 from corpus import WORK, generated_corpus, identical  # noqa: E402
 
 from sftdata.cli.options import parse_size  # noqa: E402
-from sftdata.engine.pack_ray import ray_pack_executor  # noqa: E402
-from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
+from sftdata.engine import ray_engine  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
@@ -154,7 +153,7 @@ def main() -> None:
     t = time.perf_counter()
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     init_s = time.perf_counter() - t
-    packer, checker = ray_pack_executor(), ray_verify_executor()
+    packer, checker = ray_engine(), ray_engine()
     kopts = PackOptions(block_size=args.block_size, shard_tokens=shard_tokens, overwrite=True)
     # warm the workers once (imports, first task), as a cluster in use would be
     pack(out / "tiny", out / "tiny_ray", kopts, executor=packer)

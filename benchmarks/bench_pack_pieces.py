@@ -35,7 +35,7 @@ from bench_engine_ray_pack_verify import (  # noqa: E402
 )
 from corpus import identical  # noqa: E402
 
-from sftdata.engine.pack_ray import ray_pack_executor  # noqa: E402
+from sftdata.engine import ray_engine  # noqa: E402
 from sftdata.pack import PackOptions, pack  # noqa: E402
 from sftdata.pack.tasks import row_tasks  # noqa: E402
 
@@ -56,7 +56,7 @@ def main() -> None:
     kopts = PackOptions(block_size=args.block_size, shard_tokens=BIG, force=True)  # rebuilt every run
     pack(out / "ds", out / "p_local", kopts)
     local_ray(args.cpus)
-    whole, pieces = ray_pack_executor(shards_per_task=1), ray_pack_executor()
+    whole, pieces = ray_engine(shards_per_task=1), ray_engine()
     runs, _ = alternate_rounds(args.rounds, lambda: pack(out / "ds", out / "p_whole", kopts, executor=whole),
                                lambda: pack(out / "ds", out / "p_pieces", kopts, executor=pieces))
     rows = json.loads((out / "p_local" / "dataset_metadata.json").read_bytes())["splits"]["train"]["rows"]

@@ -33,7 +33,7 @@ from bench_engine_ray_pack_verify import (  # noqa: E402
     whole_against_pieces,
 )
 
-from sftdata.engine.verify_ray import ray_verify_executor  # noqa: E402
+from sftdata.engine import ray_engine  # noqa: E402
 from sftdata.store.reader import scan_dataset  # noqa: E402
 from sftdata.tasks import TASKS_PER_CPU  # noqa: E402
 from sftdata.verify import verify  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
     out = ds.parent
     local = report_dict(verify(out / "ds"))
     local_ray(args.cpus)
-    whole, pieces = ray_verify_executor(items_per_task=10**12), ray_verify_executor()
+    whole, pieces = ray_engine(items_per_task=10**12), ray_engine()
     runs, reports = alternate_rounds(args.rounds, lambda: verify(out / "ds", executor=whole),
                                      lambda: verify(out / "ds", executor=pieces))
     same = all(report_dict(r) == local for r in reports)

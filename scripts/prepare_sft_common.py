@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from sftdata.errors import SftDataError  # noqa: E402
 from sftdata.options.declared import taken_by  # noqa: E402
 from sftdata.options.values import SIZE, size_bytes  # noqa: E402
-from sftdata.prepare import PrepareOptions, default_workers, prepare  # noqa: E402
+from sftdata.prepare import PrepareOptions, prepare, usable_workers  # noqa: E402
 from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
 
 
@@ -88,11 +88,7 @@ def main(argv: list[str] | None, mode: str) -> int:
     p.add_argument("--json", action="store_true", help="print the summary as JSON (and no progress bar)")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     a = p.parse_args(argv)
-    workers = a.workers or default_workers()
-    if workers > default_workers():  # more processes than cores only cost memory and start-up
-        print(f"warning: --workers {workers}: this machine gives it {default_workers()} core(s); using "
-              f"{default_workers()}", file=sys.stderr)
-        workers = default_workers()
+    workers = usable_workers(a.workers, lambda message: print(f"warning: {message}", file=sys.stderr))
     try:
         values = {o.name: o.from_given(getattr(a, o.name)) for o in options}
         opts = PrepareOptions(mode=mode, **{**values, "workers": workers})

@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..engine import check_engine
-from ..engine.pack_ray import ray_pack_executor
+from ..engine import check_engine, ray_engine
 from ..errors import UsageError
 from ..order.batches import DEFAULT_SEED
 from ..pack import PackOptions, PackReport, pack, speedup
@@ -124,7 +123,7 @@ def pack_command(
     * `sftdata pack data/tool_sft -o data/tool_sft_packed -b 2048 --overlong keep_end` (long system prompts)
     * `sftdata pack /shared/sft -o /shared/sft_packed -b 8192 --engine ray` (tasks on a Ray cluster; docs/SCALE.md)
     """
-    executor = ray_pack_executor(ray_address) if check_engine(engine) == "ray" else None
+    executor = ray_engine(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     checked = dataset_dir(dataset)  # a URL's copy is fetched here; pack records the URL itself as its source

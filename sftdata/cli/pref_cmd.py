@@ -7,19 +7,15 @@ from rich.table import Table
 
 from ..options.option import PREF, RL
 from ..pref import PrefOptions, PrefSummary, Truncation
-from ..prepare import prepare_pref
-from .app import app, handle_errors
+from ..prepare import prepare_pref, usable_workers
+from .app import app, handle_errors, warn
 from .declared import declared_command
-from .prepare_cmd import new_summary_table, reject_rows, run_build, usable_workers
+from .prepare_cmd import curation_rows, new_summary_table, reject_rows, run_build
 
 
 def _table(s: PrefSummary) -> Table:
-    t = new_summary_table(s, f"Prepared {s.output_dir} ({s.kind})")
     what = {"pairs": "pairs", "kto": "rows", "prompts": "prompts"}[s.kind]
-    for split, n in s.rows.items():
-        t.add_row(f"{what} ({split})", f"{n:,}")
-    for split, n in s.tokens.items():
-        t.add_row(f"tokens ({split})", f"{n:,}")
+    t = new_summary_table(s, f"Prepared {s.output_dir} ({s.kind})", what, s.rows)
     for form, n in s.forms.items():
         t.add_row(f"  form: {form}", f"{n:,}")
     for label, n in s.labels.items():
@@ -27,11 +23,7 @@ def _table(s: PrefSummary) -> Table:
     if s.kind != "prompts":
         t.add_row("prompts cut (--max-prompt-length)", f"{s.truncated.get('prompts_cut', 0):,}")
         t.add_row("completions cut (--max-length)", f"{s.truncated.get('completions_cut', 0):,}")
-    if s.dedup:
-        t.add_row("exact duplicates" + (" (dropped)" if s.dedup["mode"] != "off" else " (kept)"),
-                  f"{s.dedup['exact_duplicates']:,}")
-    for f in (s.decontamination or {}).get("files", []):
-        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
+    curation_rows(t, s)
     reject_rows(t, s.rejected, s.repaired)
     t.add_row("time", f"{s.seconds:.2f} s")
     return t
@@ -42,7 +34,8 @@ def _options(values: dict, quiet: bool) -> PrefOptions:
     --truncation as one policy (prepare-rl: a long prompt dropped), ``--workers`` capped."""
     truncation = Truncation(values.pop("max_length", None), values.pop("max_prompt_length", None),
                             values.pop("truncation", "drop"))
-    return PrefOptions(**{**values, "workers": usable_workers(values["workers"], quiet)}, truncation=truncation)
+    workers = usable_workers(values.pop("workers"), None if quiet else warn)
+    return PrefOptions(**values, workers=workers, truncation=truncation)
 
 
 def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:

@@ -11,7 +11,7 @@ from ..engine import check_engine
 from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..options.option import CHAT, TOOL
-from ..prepare import PrepareOptions, PrepareSummary, default_workers, prepare
+from ..prepare import PrepareOptions, PrepareSummary, prepare, usable_workers
 from .app import LazyProgress, app, err_console, handle_errors, make_progress, warn
 from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
@@ -27,21 +27,34 @@ def reject_rows(t: Table, rejected: dict, repaired: dict) -> None:
         t.add_row(f"  repaired: {reason}", f"{n:,}")
 
 
-def new_summary_table(s, title: str) -> Table:
-    """A build command's summary table (every build command's), its first row: the records read."""
+def curation_rows(t: Table, s) -> None:
+    """A summary's rows of duplicates and contaminated records: every build command's."""
+    d = s.dedup
+    if d and (d["exact_duplicates"] or d["mode"] != "off"):
+        dropped = d["mode"] != "off"
+        t.add_row("exact duplicates" + (" (dropped)" if dropped else " (kept)"), f"{d['exact_duplicates']:,}",
+                  style="yellow" if d["exact_duplicates"] and not dropped else None)
+        if d["mode"] == "near":
+            t.add_row(f"near duplicates (dropped, Jaccard >= {d['threshold']})", f"{d['near_duplicates']:,}")
+    for f in (s.decontamination or {}).get("files", []):
+        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
+
+
+def new_summary_table(s, title: str, what: str, counts: dict) -> Table:
+    """A build command's summary table (every build command's), its first rows: the records
+    read, then each split's ``counts`` of ``what`` (episodes, pairs ...) and its tokens."""
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_row("records read", f"{s.records_read:,}")
+    for name, figures in ((what, counts), ("tokens", s.tokens)):
+        for split, n in figures.items():
+            t.add_row(f"{name} ({split})", f"{n:,}")
     return t
 
 
 def summary_table(s: PrepareSummary) -> Table:
-    t = new_summary_table(s, f"Prepared {s.output_dir}")
-    for split in s.episodes:
-        t.add_row(f"episodes ({split})", f"{s.episodes[split]:,}")
-    for split in s.tokens:
-        t.add_row(f"tokens ({split})", f"{s.tokens[split]:,}")
+    t = new_summary_table(s, f"Prepared {s.output_dir}", "episodes", s.episodes)
     t.add_row("trained-token share", f"{s.trained_share:.1%}")
     t.add_row("record size limit", f"{s.max_record_bytes:,} bytes")
     if s.tokenizer_engine:
@@ -59,15 +72,7 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("  one episode per reply", f"{s.per_reply_records:,} records, {s.per_reply_episodes:,} episodes")
     if s.per_reply_automatic:
         t.add_row("  of them per_reply_automatic", f"{s.per_reply_automatic:,} records (whole render not exact)")
-    d = s.dedup
-    if d and (d["exact_duplicates"] or d["mode"] != "off"):
-        dropped = d["mode"] != "off"
-        t.add_row("exact duplicates" + (" (dropped)" if dropped else " (kept)"), f"{d['exact_duplicates']:,}",
-                  style="yellow" if d["exact_duplicates"] and not dropped else None)
-        if d["mode"] == "near":
-            t.add_row(f"near duplicates (dropped, Jaccard >= {d['threshold']})", f"{d['near_duplicates']:,}")
-    for f in (s.decontamination or {}).get("files", []):
-        t.add_row(f"contaminated by {f['path']}", f"{f['contaminated']:,} records ({f['items']:,} items)")
+    curation_rows(t, s)
     if s.memo_mb and s.memo.lookups:
         m = s.memo
         idle = f"; idle on {m.chunks_idle:,} chunks, whose texts seldom repeat" if m.chunks_idle else ""
@@ -86,19 +91,6 @@ def min_val_split(n: int) -> float:
     f = 0.5 / n
     step = 10.0 ** (math.floor(math.log10(f)) - 1)
     return round(math.ceil(f / step) * step, 12)
-
-
-def usable_workers(workers: int | None, quiet: bool) -> int:
-    """``--workers`` as run: all cores when not given; more than the cores are capped (with
-    a warning unless ``quiet``), as more processes than cores only cost memory and start-up."""
-    cores = default_workers()
-    if workers is None:
-        return cores
-    if workers > cores:
-        if not quiet:
-            warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
-        return cores
-    return workers
 
 
 def run_build(name: str, build, table, opts, inputs, output_dir, engine: str, ray_address: str | None, as_json: bool,
@@ -125,7 +117,7 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
                 as_json: bool = False, quiet: bool = False) -> None:
     """Run prepare with ``opts`` (the command's options, built once) and draw its progress
     and summary, with its notes. More ``opts.workers`` than the machine's cores are capped."""
-    opts = replace(opts, workers=usable_workers(opts.workers, quiet))
+    opts = replace(opts, workers=usable_workers(opts.workers, None if quiet else warn))
     summary, notes = run_build(f"prepare-{opts.mode}", prepare, summary_table, opts, inputs, output_dir, engine,
                                ray_address, as_json, quiet)
     val_split = opts.val_split
@@ -164,8 +156,7 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
 
 def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
     engine, ray_address = values.pop("engine"), values.pop("ray_address")
-    opts = PrepareOptions(mode=command.removeprefix("prepare-"), **{**values, "workers": usable_workers(
-        values["workers"], quiet)})
+    opts = PrepareOptions(mode=command.removeprefix("prepare-"), **values)  # run_prepare caps --workers
     run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
 

@@ -10,11 +10,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 from rich.text import Text
 
-from ..engine import check_engine
-from ..engine.verify_ray import ray_verify_executor
+from ..engine import check_engine, ray_engine
 from ..errors import UsageError
 from ..store.format import ROW_KINDS, is_mixture_file
-from ..store.reader import recorded_kind
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
@@ -173,7 +171,7 @@ def verify_cmd(
     * `sftdata verify data/mix.json` (a mixture: every member, and that none changed since it was made)
     * `sftdata verify /shared/sft --engine ray` (one task per shard on a Ray cluster; docs/SCALE.md)
     """
-    executor = ray_verify_executor(ray_address) if check_engine(engine) == "ray" else None
+    executor = ray_engine(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
     mixture = is_mixture_file(path)
@@ -192,12 +190,8 @@ def verify_cmd(
             report = verify_mixture(path, quick=quick, sources=sources, progress=step, executor=executor)
         else:
             rerender = None
-            if retokenize and recorded_kind(path) in ROW_KINDS:
-                from ..pref.rerender import rerender_rows  # lazy: the pair pipeline loads for --retokenize
-
-                rerender = rerender_rows
-            elif retokenize:
-                from ..prepare.rerender import rerender_records  # lazy: the prepare pipeline loads for --retokenize
+            if retokenize:
+                from ..prepare.rerender import rerender_records  # lazy: the build pipeline loads for --retokenize
 
                 rerender = rerender_records
             report = verify(path, quick=quick, token_dtype=token_dtype, tokenizer=tokenizer, sources=sources,

@@ -37,6 +37,11 @@ class RecordKeys:
     signatures: np.ndarray | None  # (n, num_perm) uint32 with --dedup near
     contaminated: list[tuple[int, str, int, str]]  # (record, where, eval item index, shared words)
 
+    def shift(self, first: int) -> None:
+        """Its record numbers counted from ``first`` (in place)."""
+        self.records = self.records + first
+        self.contaminated = [(r + first, *rest) for r, *rest in self.contaminated]
+
     def subset(self, keep: np.ndarray) -> RecordKeys:
         """The records where ``keep`` is True."""
         idx = np.flatnonzero(keep)

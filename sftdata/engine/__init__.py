@@ -2,11 +2,11 @@
 ``ray`` (tasks on a Ray cluster). The same per-partition function runs in either; only
 the driver commits, and the dataset is byte-identical whichever engine made it.
 
-Each pipeline's Ray executor lives in its own module (``prepare_ray``, ``pack_ray``,
-``verify_ray``), imported by the command that needs it: a command imports no other
-pipeline. ``cluster`` connects; ``tasks`` holds what their tasks share.
+``cluster`` connects, and gives pack's and verify's engine (``ray_engine``: their tasks
+as Ray tasks); prepare's partitioned run has its own module (``prepare_ray``), imported
+by the build commands alone: a command imports no other pipeline.
 """
 
-from .cluster import ENGINES, RayCluster, check_engine, connect
+from .cluster import ENGINES, RayCluster, check_engine, connect, ray_engine
 
-__all__ = ["ENGINES", "RayCluster", "check_engine", "connect"]
+__all__ = ["ENGINES", "RayCluster", "check_engine", "connect", "ray_engine"]

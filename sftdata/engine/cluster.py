@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import ConfigError, UsageError
+from ..tasks import Engine, RayTasks
 from ..tasks.ray_tasks import kept_raised
 
 ENGINES = ("local", "ray")
@@ -35,6 +36,26 @@ def import_ray():
     except ImportError:
         raise UsageError("--engine ray needs Ray: pip install 'sftdata[ray]'") from None
     return ray
+
+
+def ray_engine(address: str | None = None, **sizes: int | None) -> Engine:
+    """pack's and verify's engine (``--engine ray``): their tasks (``pack.tasks``,
+    ``verify.tasks``) as Ray tasks on the cluster at ``address`` (else ``RAY_ADDRESS``,
+    else a local one), connected when a run starts; what the tasks send and how a stopped
+    run ends are theirs and ``sftdata.tasks``'. ``sizes``: how much work one task takes
+    (``tasks.Engine``): pack's ``shards_per_task`` (ranges of whole output shards) or
+    ``rows_per_task`` (pieces of one; by default pieces where a split has fewer shards
+    than ``TASKS_PER_CPU`` per CPU: ``pack.tasks.row_tasks``), verify's ``items_per_task``
+    (a split of fewer shards than that is checked in parts of its shards' episodes or
+    rows; the report is the same). Without Ray installed, a ``UsageError`` now, before
+    anything is read or written."""
+    import_ray()
+
+    def start(stage_dir):
+        cluster = connect(address)
+        return RayTasks(cluster.ray, cpus=cluster.cpus, stage_dir=stage_dir)
+
+    return Engine(start, sizes)
 
 
 def check_engine(engine: str) -> str:

@@ -4,7 +4,7 @@
 assembles rows and their per-segment mask (``packing.assemble_rows``, the mask rule) and
 appends them to a split writer, a bounded number of tokens at a time. ``--engine local``
 runs it over a whole split; ``--engine ray`` over ranges of whole output shards, one Ray
-task each (``sftdata.engine.pack_ray``). Returns counts only (``RowsBuilt``).
+task each (``sftdata.engine.ray_engine``). Returns counts only (``RowsBuilt``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
             pad ──► PackedSplitWriter (shards, sha256) ──► metadata last ──► atomic rename
 
 ``build_rows`` builds the rows of a plan; ``--engine local`` runs it over each whole split
-here, ``--engine ray`` (``sftdata.engine.pack_ray.ray_pack_executor``) over ranges of whole output
+here, ``--engine ray`` (``sftdata.engine.ray_engine``) over ranges of whole output
 shards as Ray tasks, whose shards the split writer adopts: the same bytes either way.
 
 The output keeps the source's tokenizer and records the packing options and the
@@ -402,7 +402,7 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
     Refuses (``NothingToTrainError``, nothing written) a train split that would hold 0
     rows or 0 trained tokens; warns (``sftdata.pack`` logger, ``report.warnings``, the
     metadata) when a split loses more than 1% of its trained tokens. ``executor``: where
-    the rows are built (``sftdata.engine.pack_ray.ray_pack_executor``; default this process); the
+    the rows are built (``sftdata.engine.ray_engine``; default this process); the
     output is byte-identical either way.
 
     A target whose metadata holds this pack's build key (the source's metadata sha256 and

@@ -5,8 +5,8 @@
         truncation cut per pair ──► a row: prompt and completion(s) (a prompt alone, and
         its columns: RL) ──► the driver: curation, rejects, the exact split, the commit
 
-Verify renders a row again with the same functions (``open_context``, ``start_rows``,
-``finish_rows``).
+Verify renders a row again with the same functions (``open_context``, ``start_chunk``,
+``finish_chunk``: ``sftdata.prepare.rerender``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..errors import RecordError
 from ..records.conversation import decode_json
 from ..records.preference import PreferenceRecord, parse_preference, parse_prompt, value_texts
 from ..records.turns import TurnPolicy
-from ..sources import RawRecord, SourceInfo, record_where
+from ..sources import RawRecord, SourceInfo
 from ..store.build_key import BuildSummary
 from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.rows import Rows
@@ -143,42 +143,57 @@ def _prompt_row(obj: dict, raw, where: str, ctx: Context) -> Row:
 
 
 @dataclass
-class StartedRows:
-    """``start_rows``' chunk: per record its outcome so far (a ``Row`` of an RL prompt, a
-    ``RecordError``, or None while its pair renders), the preference records rendering."""
+class StartedChunk:
+    """``start_chunk``'s chunk: its records, per record its outcome so far (a ``Row`` of an
+    RL prompt, a reject's (reason, message), or None while its pair renders), and the
+    preference records rendering."""
 
+    items: Sequence[RawRecord]
     out: list
     pending: list[tuple[int, PreferenceRecord, str]]
     rendering: RenderingChunk
 
 
-def start_rows(items: Sequence[tuple[bytes, str]], ctx: Context, pool: Executor | None = None) -> StartedRows:
-    """Each ``(raw, where)`` read and rendered, their texts being tokenized (on ``pool``'s
-    thread when given: ``render.start_records``); preference records as one chunk."""
+def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None) -> StartedChunk:
+    """The first half of ``pref_chunk``: each record of the chunk read and rendered, the
+    texts of its preference records, as one chunk, being tokenized (on ``pool``'s thread
+    when given, while the caller starts the next chunk: ``render.start_records``)."""
     out: list = [None] * len(items)
     pending: list[tuple[int, PreferenceRecord, str]] = []
-    for i, (raw, where) in enumerate(items):
+    for i, rec in enumerate(items):
+        if rec.reject is not None:  # decided while reading (too large to read)
+            out[i] = rec.reject
+            continue
         try:
-            obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
+            obj = decode_json(rec.raw, rec.where) if isinstance(rec.raw, (bytes, str)) else rec.raw
             if ctx.rl:
-                out[i] = _prompt_row(obj, raw, where, ctx)
+                out[i] = _prompt_row(obj, rec.raw, rec.where, ctx)
             else:
-                pending.append((i, parse_preference(obj, where, ctx.opts.form), where))
+                pending.append((i, parse_preference(obj, rec.where, ctx.opts.form), rec.where))
         except RecordError as e:
-            out[i] = e
+            out[i] = (e.reason, e.detail)
     rendering = start_records([(pr, where) for _, pr, where in pending], ctx.tok, ctx.profile, ctx.policy, pool)
-    return StartedRows(out, pending, rendering)
+    return StartedChunk(items, out, pending, rendering)
 
 
-def finish_rows(started: StartedRows, ctx: Context) -> list[Row | RecordError]:
-    """The second half of ``start_rows``: each record's ``Row`` or ``RecordError``."""
+def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) -> PrefChunk:
+    """The second half of ``pref_chunk``: the chunk's rows, its rejects and the rows' keys."""
     out = started.out
     for (i, pr, where), r in zip(started.pending, finish_records(started.rendering, ctx.tok, ctx.rule)):
         try:
-            out[i] = r if isinstance(r, RecordError) else _pair_row(pr, r, where, ctx)
+            out[i] = (r.reason, r.detail) if isinstance(r, RecordError) else _pair_row(pr, r, where, ctx)
         except RecordError as e:
-            out[i] = e
-    return out
+            out[i] = (e.reason, e.detail)
+    rejects, rows = [], []
+    for rec, got in zip(started.items, out):
+        if isinstance(got, Row):
+            rows.append((rec.record, rec.where, got))
+        else:
+            rejects.append((rec.record, rec.where, *got))
+    keys = row_keys(rows, curate)
+    # the text has served (keys): not sent back
+    return PrefChunk(len(started.items), rejects, [(r, w, dataclasses.replace(row, text="")) for r, w, row in rows],
+                     keys)
 
 
 def _pair_row(pr: PreferenceRecord, out: PairRender, where: str, ctx: Context) -> Row:
@@ -274,8 +289,7 @@ class PrefChunk:
         if first:
             self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
             if self.keys is not None:
-                self.keys.records = self.keys.records + first
-                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+                self.keys.shift(first)
         return self
 
 
@@ -340,33 +354,6 @@ def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> Record
                       contaminated)
 
 
-def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None
-                ) -> tuple[Sequence[RawRecord], StartedRows]:
-    """The first half of ``pref_chunk``: the chunk, its readable records rendered, their
-    texts being tokenized (on ``pool``'s thread when given, while the caller starts the
-    next chunk)."""
-    return items, start_rows([(rec.raw, rec.where) for rec in items if rec.reject is None], ctx, pool)
-
-
-def finish_chunk(started: tuple[Sequence[RawRecord], StartedRows], ctx: Context, curate: CurateSettings) -> PrefChunk:
-    """The second half of ``pref_chunk``: the chunk's rows and their keys."""
-    items, rendering = started
-    rejects, rows = [], []
-    made = iter(finish_rows(rendering, ctx))
-    for rec in items:
-        if rec.reject is not None:  # decided while reading (too large to read)
-            rejects.append((rec.record, rec.where, *rec.reject))
-            continue
-        row = next(made)
-        if isinstance(row, RecordError):
-            rejects.append((rec.record, rec.where, row.reason, row.detail))
-        else:
-            rows.append((rec.record, rec.where, row))
-    keys = row_keys(rows, curate)
-    # the text has served (keys): not sent back
-    return PrefChunk(len(items), rejects, [(r, w, dataclasses.replace(row, text="")) for r, w, row in rows], keys)
-
-
 def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
     """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
     return finish_chunk(start_chunk(items, ctx), ctx, curate)
@@ -377,8 +364,10 @@ class RowsKind:
     the kind of row the build driver (``sftdata.prepare.driver``) knows them by."""
 
     item, same = "row", "the same prompt and completions as"
-    trains = remote = empty_val = counts_tokens = False
+    trains = remote = empty_val = counts_tokens = local_parts = False
     records_dedup = True
+    summary_type = PrefSummary
+    memo_opts = None
 
     def __init__(self, opts: PrefOptions, rl: bool):
         self.opts, self.rl = opts, rl
@@ -388,10 +377,7 @@ class RowsKind:
 
     def open(self) -> None:
         self.ctx, self.state = open_context(self.opts, self.rl)
-        self.tok, self.profile = self.ctx.tok, self.ctx.profile
-
-    def worker(self, curate: CurateSettings) -> tuple:
-        return PairWork(self.ctx), curate, None
+        self.tok, self.profile, self.work = self.ctx.tok, self.ctx.profile, PairWork(self.ctx)
 
     @contextmanager
     def local(self, curate: CurateSettings):
@@ -399,17 +385,8 @@ class RowsKind:
         with one_process_run() as pool:
             yield (lambda items: start_chunk(items, self.ctx, pool)), (lambda s: finish_chunk(s, self.ctx, curate))
 
-    def runner(self, infos: list[SourceInfo], stage_dir, curate: CurateSettings, executor):
-        """A partitioned run's runner: the engine's (its tasks read their own partitions and
-        stage their own rows: ``PairWork``); None: this process reads the inputs."""
-        self.infos = infos
-        return None if executor is None else executor.start(self.opts, PairWork(self.ctx), stage_dir, curate)
-
     def new_summary(self, output_dir: str) -> PrefSummary:
         return PrefSummary(output_dir, kind=self.build_kind)
-
-    def of_dataset(self, output_dir: str, meta: dict) -> PrefSummary:
-        return PrefSummary.of_dataset(output_dir, meta)
 
     def accept(self, chunk: PrefChunk, drop: set[int]) -> tuple[list, object]:
         """The rows of ``chunk`` but those of ``drop`` (a partitioned run's: its staged part
@@ -421,8 +398,7 @@ class RowsKind:
                 continue
             if self.store_kind is None:
                 self.store_kind = kind
-            elif self.store_kind != kind:
-                where = where or record_where([i.as_dict() for i in self.infos], record)
+            elif self.store_kind != kind:  # (a partitioned run's: where None, the driver names it)
                 own.append((record, where, "mixed_kinds", f"a {kind} row in a {self.store_kind} dataset (the first "
                             f"kept row decided); prepare pairs and KTO rows into separate datasets"))
                 continue

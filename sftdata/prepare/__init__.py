@@ -14,7 +14,7 @@ pairs, KTO rows and RL prompts).
 """
 
 from .chunk import process_chunk
-from .driver import default_workers
+from .driver import usable_workers
 from .options import PrepareOptions
 from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
 from .pool import local_parts
@@ -24,6 +24,6 @@ from .split import split_assignment
 
 __all__ = [
     "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
-    "PrepareSummary", "Progress", "StagedPart", "default_workers", "local_parts", "partition_settings", "prepare",
-    "prepare_partition", "prepare_pref", "process_chunk", "split_assignment",
+    "PrepareSummary", "Progress", "StagedPart", "local_parts", "partition_settings", "prepare", "prepare_partition",
+    "prepare_pref", "process_chunk", "split_assignment", "usable_workers",
 ]

@@ -4,7 +4,6 @@ the worker's memo), and chunk results merged and renumbered.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,33 +150,27 @@ class EpisodeWork:
         return res, {KIND_EPISODES: Rows(res.ids, res.mask, res.lengths, res.sources, flags=res.last_only)}
 
 
+COUNTS = ("truncated", "pairs_dropped", "records", "per_reply_records", "per_reply_episodes", "per_reply_automatic")
+
+
 def empty_result() -> ChunkResult:
     return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
                        [], Counter(), Counter(), 0, 0, 0)
 
 
 def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
-    """``res``'s counts, rejects and keys added to ``acc`` (tokens are not kept)."""
+    """``res``'s counts (``COUNTS``, repairs, turns, the memo's), rejects and keys added to
+    ``acc`` (tokens are not kept)."""
     if acc is None:
-        return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64),
-                           np.empty(0, np.int64), list(res.rejects), Counter(res.repairs), Counter(res.turns),
-                           res.truncated, res.pairs_dropped, res.records, res.per_reply_records,
-                           res.per_reply_episodes, list(res.mismatches), keys=res.keys,
-                           memo=dataclasses.replace(res.memo) if res.memo is not None else None,
-                           per_reply_automatic=res.per_reply_automatic)
+        acc = empty_result()
     acc.keys = concat_keys(acc.keys, res.keys)
     acc.rejects += res.rejects
+    acc.mismatches += res.mismatches
     acc.repairs.update(res.repairs)
     acc.turns.update(res.turns)
-    acc.truncated += res.truncated
-    acc.pairs_dropped += res.pairs_dropped
-    acc.records += res.records
-    acc.per_reply_records += res.per_reply_records
-    acc.per_reply_episodes += res.per_reply_episodes
-    acc.per_reply_automatic += res.per_reply_automatic
-    acc.mismatches += res.mismatches
+    for name in COUNTS:
+        setattr(acc, name, getattr(acc, name) + getattr(res, name))
     if res.memo is not None:
-        if acc.memo is None:
-            acc.memo = MemoStats()
+        acc.memo = acc.memo or MemoStats()
         acc.memo.add(res.memo)
     return acc

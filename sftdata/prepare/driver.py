@@ -14,7 +14,7 @@ The driver knows a kind only through ``RowKind``: how a chunk of records becomes
 (``accept``: the rows, one or more sequences each, with their kind's extras), and its
 summary's and metadata's own figures. Chunks are processed by workers but decided on
 strictly in input order, so the output is byte-identical for any number of workers. A
-kind may run partitioned (``RowKind.runner``): the workers read their own partitions
+kind may run partitioned (``runner_of``): the workers read their own partitions
 and write the final shards, this process plans and commits (``partitioned``).
 """
 
@@ -32,11 +32,11 @@ from typing import Protocol
 import numpy as np
 
 from .. import __version__
-from ..curate import CurateSettings, Deduplicator, load_evals
+from ..curate import CurateSettings, Deduplicator, Drop, load_evals
 from ..errors import AllRecordsRejectedError, NothingToTrainError, NoUsableRecordsError, RecordError, SftDataError, UsageError
 from ..records.rejects import NOT_A_RECORD, RejectsFile, keep_rejects, line_record, lists_every_reject, reject_line, writing
-from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all
-from ..sources.partitions import records_sha256
+from ..sources import SourceInfo, expand_inputs, inspect_source, iter_all, record_where
+from ..sources.partitions import partitionable, records_sha256
 from ..storage.location import local_path, remote_url
 from ..store.build_key import BUILD, BuildCheck, library_changes
 from ..store.format import PARTS_DIR, REJECTS_FILE, STAGING_SPLIT, TOKENIZER_FILE, token_dtype_for
@@ -67,22 +67,23 @@ class RowKind(Protocol):
     empty_val: bool  # --val-split > 0 gives a val split even when it draws no row
     records_dedup: bool  # the metadata records the dedup counts even with --dedup off
     counts_tokens: bool  # the progress counts tokens (else records only)
+    local_parts: bool  # --workers processes read their own partitions where the inputs can be cut
     tok: object
     profile: object
     state: dict
     store_kind: str | None  # the dataset's kind (pairs or kto: decided by the first kept row)
+    summary_type: type  # its summary's class; ``of_dataset``: the summary of a dataset found up to date
+
+    # what a worker or partition task makes rows with (chunk.EpisodeWork, pref.run.PairWork), set by ``open``;
+    # and what makes a worker's memo of encoded texts (pool.start_worker's ``opts``; None: no memo)
+    work: object
+    memo_opts: object
 
     def open(self) -> None: ...
-    def worker(self, curate: CurateSettings) -> tuple: ...  # pool.start_worker's arguments: (work, curate, opts)
     def local(self, curate: CurateSettings) -> AbstractContextManager: ...  # (start, finish) of a chunk here
-    # a partitioned run's runner (an engine's, or --workers processes), its tasks making rows with the kind's
-    # work (chunk.EpisodeWork, pref.run.PairWork); None: this process reads the inputs in chunks
-    def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
-               ) -> TaskRunner | None: ...
     # a chunk's or partition's rows but those of ``drop``, counted; the kind's own rejects (record order)
     def accept(self, chunk, drop: set[int]) -> tuple[list, Rows | StagedPart | None]: ...
     def new_summary(self, output_dir: str): ...
-    def of_dataset(self, output_dir: str, meta: dict): ...  # the summary of a dataset found up to date
     # the summary filled in; the metadata's entries before "splits", its counts, its entries after "splits"
     def finish(self, summary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]: ...
 
@@ -113,8 +114,33 @@ def curate(chunk, dedup: Deduplicator, evals, contaminated: Counter, same: str) 
         keys = keys.subset(~np.isin(keys.records, list(drop)))
     for d in dedup.decide(keys):
         drop.add(d.record)
-        out.append((d.record, d.where, "duplicate", d.message().replace("the same conversation as", same)))
+        out.append(_duplicate(d, same))
     return out, drop
+
+
+def _duplicate(d: Drop, same: str) -> tuple:
+    """The reject of the duplicate ``d``, naming what it repeats as the kind's ``same`` does."""
+    return d.record, d.where, "duplicate", d.message().replace("the same conversation as", same)
+
+
+def can_partition(infos: list[SourceInfo], opts) -> bool:
+    """``--workers`` > 1 with every input a file workers can cut (plain local JSONL in byte
+    ranges on line starts, local Parquet in row groups): the workers read the input
+    themselves (``partitioned``).
+    Otherwise this process reads it and sends records."""
+    return opts.workers > 1 and all(partitionable(i) for i in infos)
+
+
+def runner_of(kind: RowKind, opts, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor
+              ) -> TaskRunner | None:
+    """A partitioned run's runner, its tasks making rows with the kind's ``work``: the
+    engine's (``executor``), or ``--workers`` processes where the kind has them read the
+    inputs and the inputs can be cut; None: this process reads the inputs in chunks."""
+    if executor is not None:
+        return executor.start(opts, kind.work, stage_dir, curate)
+    if kind.local_parts and can_partition(infos, opts):
+        return PoolRunner(opts.workers, (kind.work, curate, kind.memo_opts), stage_dir)
+    return None
 
 
 def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings) -> Iterator[tuple[object, int]]:
@@ -126,7 +152,7 @@ def chunk_results(kind: RowKind, chunks: Iterator, opts, curate: CurateSettings)
             for started, pos in overlapped(chunks, start):
                 yield finish(started), pos
         return
-    with running(PoolRunner(opts.workers, kind.worker(curate))) as runner:
+    with running(PoolRunner(opts.workers, (kind.work, curate, kind.memo_opts))) as runner:
         yield from in_order(runner, worker_task, (((items,), f"the records from {items[0].where} on were being "
                                                    f"prepared", pos) for items, pos in chunks))
 
@@ -154,7 +180,7 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
     if plan.check.up_to_date:
         sweep_beside(output_dir)  # nothing to build, but what a killed run left beside it still goes
         meta = plan.check.target.metadata
-        summary = kind.of_dataset(str(output_dir), meta)
+        summary = kind.summary_type.of_dataset(str(output_dir), meta)
         summary.build_key, summary.libraries_changed = plan.check.key, library_changes(meta)
         summary.seconds = time.perf_counter() - t0
         return summary
@@ -166,7 +192,7 @@ def build(kind: RowKind, inputs: Sequence[str | Path], output_dir: str | Path, o
     run = _Build(kind, opts, [inspect_source(src) for src in plan.inputs], evals, progress, str(output_dir))
     run.summary.changed = list(plan.check.changes)
     with DatasetWriter(output_dir, overwrite=opts.overwrite or opts.force, wait=opts.wait) as w:
-        runner = kind.runner(run.infos, w.path / PARTS_DIR, run.curate, executor)
+        runner = runner_of(kind, opts, run.infos, w.path / PARTS_DIR, run.curate, executor)
         # a run that stops early: its tasks stop before the staging is removed
         with running(runner) if runner is not None else nullcontext():
             run.gather(w, runner)
@@ -250,12 +276,17 @@ class _Build:
             if not records_sha256(info, getattr(opts, "source_sha256", False)):  # a large file read in partitions
                 info.sha256 = None
 
-    def _reject(self, rej: RejectsFile, rejects: list) -> None:
-        """``rejects`` (record, where, reason, message) counted and written in record order."""
-        lines = []
+    def _counted(self, rejects: list) -> list[tuple[int, bytes]]:
+        """``rejects`` (record, where, reason, message) counted; (record, line) of each, in record order."""
+        out = []
         for record, where, reason, message in sorted(rejects):
             self.rejected[reason] += 1
-            lines.append(reject_line(record, where, reason, message))
+            out.append((record, reject_line(record, where, reason, message)))
+        return out
+
+    def _reject(self, rej: RejectsFile, rejects: list) -> None:
+        """``rejects`` (record, where, reason, message) counted and written in record order."""
+        lines = [line for _, line in self._counted(rejects)]
         if lines:
             with writing(self.rejects, self.output):
                 rej.write(b"\n".join(lines) + b"\n")
@@ -279,32 +310,29 @@ class _Build:
         no room for already). The stored lines are the first of all rejects in record
         order, as one process writes them: those dropped for room were past every line kept."""
         keyed = [_keys_part(res) for res, _ in pending if res.staged]
-        drops = decide_duplicates(runner, keyed, self.dedup, [i.as_dict() for i in self.infos])
-        if drops:
-            self.rejected["duplicate"] += len(drops)
-        same = self.kind.same
-        lines = [(d.record, reject_line(d.record, d.where, "duplicate",
-                                        d.message().replace("the same conversation as", same))) for d in drops]
+        sources = [i.as_dict() for i in self.infos]
+        drops = decide_duplicates(runner, keyed, self.dedup, sources)
+        found = [_duplicate(d, self.kind.same) for d in drops]  # with the kind's own rejects
         dups = np.array(sorted(d.record for d in drops), dtype=np.int64)
         for res, drop in pending:
             if dups.size and res.staged:
                 src = _keys_part(res).sources
                 drop = drop | set(dups[(dups >= src[0]) & (dups <= src[-1])].tolist())
             own, part = self.kind.accept(res, drop)
+            own = [(r, where or record_where(sources, r), *rest) for r, where, *rest in own]  # a task's: no where
             if own and self.opts.strict:
                 raise strict_error(own[0])
-            for record, where, reason, message in own:
-                self.rejected[reason] += 1
-                lines.append((record, reject_line(record, where, reason, message)))
+            found += own
             if part is not None:
                 self.parts.append(part)
+        lines = self._counted(found)
         if not lines:
             return
         merged = stage_dir / REJECTS_FILE
         with writing(merged, self.output), open(rejects, "rb") as old, open(merged, "wb") as out:
             earlier = ((r, line.rstrip(b"\n")) for line in old if (r := line_record(line)) != NOT_A_RECORD)
             capped = RejectsFile(out)
-            for _, line in heapq.merge(earlier, sorted(lines, key=lambda x: x[0]), key=lambda x: x[0]):
+            for _, line in heapq.merge(earlier, lines, key=lambda x: x[0]):
                 capped.write(line + b"\n")
             capped.left_out += left_out
             capped.close()
@@ -407,3 +435,13 @@ def _nothing_trained(episodes: int, rejected: Counter, rejects: Path, output_dir
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def usable_workers(workers: int | None, warn: Callable[[str], None] | None = None) -> int:
+    """``--workers`` as run (the CLI's and the scripts'): all cores when not given; more than
+    the cores are capped (``warn`` is told so), as more processes than cores only cost
+    memory and start-up."""
+    cores = default_workers()
+    if workers is not None and workers > cores and warn is not None:
+        warn(f"--workers {workers}: this machine gives sftdata {cores} core(s); using {cores}")
+    return cores if workers is None else min(workers, cores)

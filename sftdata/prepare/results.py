@@ -27,6 +27,10 @@ class Progress:
     tokens: int
 
 
+# a summary's counts summed over its chunks' results (``ChunkResult.truncated`` is records_truncated)
+SUMMED = ("records_truncated", "pairs_dropped", "per_reply_records", "per_reply_episodes", "per_reply_automatic")
+
+
 @dataclass
 class PrepareSummary(BuildSummary):
     episodes: dict = field(default_factory=dict)  # split -> count
@@ -71,14 +75,9 @@ class PrepareSummary(BuildSummary):
         """The summary of the dataset a run found up to date, from its metadata."""
         counts, options = meta.get("counts") or {}, meta.get("options") or {}
         out = cls.found(output_dir, meta, turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
-                        records_truncated=counts.get("records_truncated", 0),
-                        pairs_dropped=counts.get("pairs_dropped", 0),
                         input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
                         max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
-                        per_reply_records=counts.get("per_reply_records", 0),
-                        per_reply_episodes=counts.get("per_reply_episodes", 0),
-                        per_reply_automatic=counts.get("per_reply_automatic", 0),
-                        rule_mismatch=meta.get("rule_mismatch") or [])
+                        rule_mismatch=meta.get("rule_mismatch") or [], **{k: counts.get(k, 0) for k in SUMMED})
         for split, m in (meta.get("splits") or {}).items():
             out.episodes[split], out.shards[split] = m.get("episodes", 0), len(m.get("shards") or [])
         return out
@@ -121,8 +120,7 @@ class ChunkResult:
             self.rejects = [(r + first, *rest) for r, *rest in self.rejects]
             self.mismatches = [(r + first, where) for r, where in self.mismatches]
             if self.keys is not None:
-                self.keys.records = self.keys.records + first
-                self.keys.contaminated = [(r + first, *rest) for r, *rest in self.keys.contaminated]
+                self.keys.shift(first)
         return self
 
 

@@ -3,7 +3,7 @@ one driver (``driver.build``): ``prepare`` (episodes: prepare-chat, prepare-tool
 ``prepare_pref`` (pairs and KTO rows: prepare-pref; RL prompts: prepare-rl; the kind is
 ``pref.run.RowsKind``).
 
-An episodes run where the inputs can be cut (``can_partition``; ``--engine ray``:
+An episodes run where the inputs can be cut (``driver.can_partition``; ``--engine ray``:
 always) is partitioned: the workers read their own partitions and write the final
 shards, the driver plans and commits (``partitioned``). Memory is bounded by options,
 not by the input (docs/CLI.md has the formula): a few chunks in flight, each at most
@@ -25,7 +25,6 @@ from ..pref.options import PrefOptions
 from ..pref.run import PrefSummary, RowsKind
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo
-from ..sources.partitions import partitionable
 from ..store.build_key import BuildCheck
 from ..store.format import KIND_EPISODES
 from ..store.rows import Rows
@@ -33,18 +32,9 @@ from ..template import choose_tokenizer, tokenizer_state
 from .chunk import EpisodeWork
 from .driver import build
 from .options import PrepareOptions
-from .pool import PoolRunner
-from .results import ChunkResult, Executor, PrepareSummary, Progress
+from .results import SUMMED, ChunkResult, Executor, PrepareSummary, Progress
 
 MAX_NAMED_MISMATCHES = 100  # rule_mismatch records named in the summary and the metadata
-
-
-def can_partition(infos: list[SourceInfo], opts: PrepareOptions) -> bool:
-    """``--workers`` > 1 with every input a file workers can cut (plain local JSONL in byte
-    ranges on line starts, local Parquet in row groups): the workers read the input
-    themselves (``partitioned``).
-    Otherwise this process reads it and sends records."""
-    return opts.workers > 1 and all(partitionable(i) for i in infos)
 
 
 class EpisodesKind:
@@ -53,11 +43,12 @@ class EpisodesKind:
 
     build_kind = store_kind = KIND_EPISODES
     item, same = "episode", "the same conversation as"
-    trains = remote = empty_val = counts_tokens = True
+    trains = remote = empty_val = counts_tokens = local_parts = True
     records_dedup = False
+    summary_type = PrepareSummary
 
     def __init__(self, opts: PrepareOptions):
-        self.opts = opts
+        self.opts = self.memo_opts = opts
         self.repaired: Counter = Counter()
         self.turns: Counter = Counter()
 
@@ -71,40 +62,23 @@ class EpisodesKind:
 
         self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy)
 
-    def worker(self, curate: CurateSettings) -> tuple:
-        return self.work, curate, self.opts
-
     @contextmanager
     def local(self, curate: CurateSettings):
         memo = self.opts.new_memo(self.tok)
         yield (lambda items: self.work.outcome(items, memo, curate)), (lambda res: res)
-
-    def runner(self, infos: list[SourceInfo], stage_dir: Path, curate: CurateSettings, executor: Executor | None):
-        """A partitioned run's runner: the engine's, or ``--workers`` processes where the
-        inputs can be cut; None: this process reads the inputs."""
-        if executor is not None:
-            return executor.start(self.opts, self.work, stage_dir, curate)
-        return PoolRunner(self.opts.workers, self.worker(curate), stage_dir) if can_partition(infos, self.opts) \
-            else None
 
     def new_summary(self, output_dir: str) -> PrepareSummary:
         self.summary = PrepareSummary(output_dir=output_dir, max_record_bytes=self.opts.max_record_bytes,
                                       tokenizer_engine=engine_record(self.tok), memo_mb=self.opts.memo_mb)
         return self.summary
 
-    def of_dataset(self, output_dir: str, meta: dict) -> PrepareSummary:
-        return PrepareSummary.of_dataset(output_dir, meta)
-
     def accept(self, res: ChunkResult, drop: set[int]):
         """The counts of a chunk's records, and its episodes but those of ``drop``."""
         summary = self.summary
         self.repaired.update(res.repairs)
         self.turns.update(res.turns)
-        summary.records_truncated += res.truncated
-        summary.pairs_dropped += res.pairs_dropped
-        summary.per_reply_records += res.per_reply_records
-        summary.per_reply_episodes += res.per_reply_episodes
-        summary.per_reply_automatic += res.per_reply_automatic
+        for name in SUMMED:
+            setattr(summary, name, getattr(summary, name) + getattr(res, name.removeprefix("records_")))
         if res.memo is not None:
             summary.memo.add(res.memo)
         keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)

@@ -41,10 +41,17 @@ def process_pool(workers: int, initializer: Callable, initargs: tuple, curate=No
     return ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=(os.getpid(), *initargs))
 
 
-def _broken(doing: str) -> SftDataError:
-    return SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
-                        f"memory) while {doing}; nothing was written. Free memory, or rerun with fewer "
-                        f"--workers (--workers 1 uses no worker process)")
+@contextlib.contextmanager
+def _unbroken(doing: str):
+    """A pool broken by a worker that died, while the run was ``doing``: one error saying so."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        yield
+    except BrokenProcessPool:
+        raise SftDataError(f"a worker process stopped unexpectedly (killed by the system, e.g. out of "
+                           f"memory) while {doing}; nothing was written. Free memory, or rerun with fewer "
+                           f"--workers (--workers 1 uses no worker process)") from None
 
 
 class ProcessRunner:
@@ -61,21 +68,12 @@ class ProcessRunner:
         return value
 
     def submit(self, fn: Callable, args: tuple, doing: str):
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
-            with signals_held():  # submit takes the lock the pool's manager thread takes
-                return self.pool.submit(fn, *args)
-        except BrokenProcessPool:
-            raise _broken(doing) from None
+        with _unbroken(doing), signals_held():  # submit takes the lock the pool's manager thread takes
+            return self.pool.submit(fn, *args)
 
     def result(self, future, doing: str):
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
+        with _unbroken(doing):
             return wait_result(future)
-        except BrokenProcessPool:
-            raise _broken(doing) from None
 
     def close(self, stopped: bool) -> None:
         """The stop rule (``runner``): a run that stopped early first tells the tasks still

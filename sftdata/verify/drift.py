@@ -64,12 +64,11 @@ class DriftKind:
     """What the drift check samples and compares for one kind of dataset: ``picks(shards, n,
     seed)`` gives (record, id, shard, stored) of each sampled item; ``matches(stored, render)``
     whether the render now is the stored item; ``problem(bad, meta, drift)`` the one problem
-    naming the first that differs; ``rerender``: the rendering to pass (its name)."""
+    naming the first that differs."""
 
     picks: Callable
     matches: Callable
     problem: Callable
-    rerender: str = "sftdata.prepare.rerender_records"
 
 
 def check_drift(shards: Sequence, meta: dict | None, state: dict | None, n: int, seed: int = 0,
@@ -81,7 +80,7 @@ def check_drift(shards: Sequence, meta: dict | None, state: dict | None, n: int,
     rec = recorded_build(meta)
     out = Drift(then=(rec or {}).get("libraries"), now=library_versions())
     if rerender is None:
-        out.skipped = NO_RERENDER.replace("sftdata.prepare.rerender_records", kind.rerender)
+        out.skipped = NO_RERENDER
         return out
     if not isinstance(meta, dict) or not meta.get("sources") or not isinstance(state, dict):
         out.skipped = "the metadata records no input files (or no tokenizer) to render again"
@@ -123,7 +122,7 @@ def _episode_picks(shards: Sequence, n: int, seed: int) -> list[tuple]:
 
 
 def _episode_matches(stored: np.ndarray, r) -> bool:
-    return any(np.array_equal(stored, e) for e in r.episodes)
+    return any(np.array_equal(stored, e) for e in r.renders)
 
 
 def _problem(bad: list, meta: dict, d: Drift) -> Problem:
@@ -132,7 +131,7 @@ def _problem(bad: list, meta: dict, d: Drift) -> Problem:
     if r.rejected is not None:
         what = f"is rejected now ({r.rejected}); it was episode {gid} ({sh.split})"
     else:
-        now = min(r.episodes, key=lambda e: abs(e.size - stored.size)) if r.episodes else np.empty(0, np.int64)
+        now = min(r.renders, key=lambda e: abs(e.size - stored.size)) if r.renders else np.empty(0, np.int64)
         m = min(stored.size, now.size)
         diff = np.flatnonzero(stored[:m] != now[:m])
         j = int(diff[0]) if diff.size else m

@@ -7,8 +7,8 @@ episodes' own, run by the same skeleton (``run``), on Ray too.
   least one token;
 * ``labels`` (per shard, KTO only): one 0 or 1 label per row;
 * ``drift`` (``--retokenize N``, ``ROWS``: the drift check's sample and comparison): N sampled rows, rendered again from their
-  input records by the libraries installed now (the kind's own rendering, passed in as
-  ``rerender``: ``sftdata.pref.rerender.rerender_rows``, which this layer cannot import),
+  input records by the libraries installed now (the rendering, passed in as
+  ``rerender``: ``sftdata.prepare.rerender_records``, which this layer cannot import),
   give exactly the stored ids and masks of every entry: the prompt identical in both
   sides and equal to the prompt rendered alone, re-derived, not trusted.
 
@@ -160,7 +160,7 @@ def _row_picks(shards: Sequence[Shard], n: int, seed: int) -> list[tuple]:
 
 
 def _row_matches(stored: list, got) -> bool:
-    return got.rejected is None and _same_row(got.parts, stored)
+    return got.rejected is None and any(_same_row(parts, stored) for parts in got.renders)
 
 
 def _drift_problem(bad: list, meta: dict, d: Drift) -> Problem:
@@ -175,9 +175,9 @@ def _drift_problem(bad: list, meta: dict, d: Drift) -> Problem:
 
 
 # ``--retokenize N``'s drift check of a row dataset: N sampled rows rendered again from their input
-# records (``rerender``: ``sftdata.pref.rerender.rerender_rows``, each render's ``parts`` the
-# (ids, mask) of its entries, or ``rejected``) give exactly the stored row
-ROWS = DriftKind(_row_picks, _row_matches, _drift_problem, "sftdata.pref.rerender.rerender_rows")
+# records (``rerender``: ``sftdata.prepare.rerender_records``, each record's render the (ids, mask)
+# of its entries, or ``rejected``) give exactly the stored row
+ROWS = DriftKind(_row_picks, _row_matches, _drift_problem)
 
 
 def _same_row(parts: list, want: list) -> bool:

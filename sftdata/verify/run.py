@@ -177,12 +177,11 @@ def verify(path: str | Path, *, quick: bool = False, token_dtype=None, tokenizer
     records neither. ``retokenize_episodes``: decode that many sampled episodes and
     re-encode them with the tokenizers library (a model's own tokenizer.json; the
     ``retokenize`` check), and render their input records again with the libraries
-    installed now (the ``drift`` check; ``rerender``: the kind's own rendering,
-    ``sftdata.prepare.rerender_records`` or, for a pairs, KTO or prompts dataset,
-    ``sftdata.pref.rerender.rerender_rows``, which this layer cannot import; without it
+    installed now (the ``drift`` check; ``rerender``: the rendering of every kind,
+    ``sftdata.prepare.rerender_records``, which this layer cannot import; without it
     the check is skipped). Every kind runs the same checks where they mean something
     (``checks_for``); the others are skipped by name, with why. ``executor``: where each shard's data is read and checked
-    (``sftdata.engine.verify_ray.ray_verify_executor``; default this process); the report is the same.
+    (``sftdata.engine.ray_engine``; default this process); the report is the same.
     With ``sources`` or ``retokenize_episodes`` no entry of the user's cache is read
     (``util.cache.bypassed``): the tokenizer is rebuilt from its files, as a proof needs.
     Raises ``DatasetError`` only when ``path`` holds no dataset at all. A dataset that a

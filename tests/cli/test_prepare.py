@@ -87,8 +87,9 @@ def test_a_val_split_that_rounds_to_zero_is_warned(tmp_path):
 
 def test_more_workers_than_cores_are_capped_with_a_warning(tmp_path, monkeypatch):
     from sftdata.cli import prepare_cmd
+    from sftdata.prepare import driver
 
-    monkeypatch.setattr(prepare_cmd, "default_workers", lambda: 1)
+    monkeypatch.setattr(driver, "default_workers", lambda: 1)
     seen = []
     real = prepare_cmd.prepare
     monkeypatch.setattr(prepare_cmd, "prepare", lambda i, o, opts, progress=None, **kw: seen.append(opts.workers)

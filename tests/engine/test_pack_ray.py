@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.pack_ray import ray_pack_executor
+from sftdata.engine import ray_engine
 from sftdata.errors import NothingToTrainError, OutputExistsError
 from sftdata.pack import PackOptions, pack
 from sftdata.pack.tasks import MIN_PIECE_ROWS, plan_slice, row_tasks, shard_ranges
@@ -51,7 +51,7 @@ def report_without_timing(r) -> dict:
 ])
 def test_ray_pack_is_byte_identical_to_local(ray_cluster, source, tmp_path, opts, per_task, rows):
     local = pack(source, tmp_path / "local", opts)
-    ray = pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task,
+    ray = pack(source, tmp_path / "ray", opts, executor=ray_engine(shards_per_task=per_task,
                                                                           rows_per_task=rows))
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert report_without_timing(local) == report_without_timing(ray)
@@ -112,7 +112,7 @@ def test_a_killed_pack_worker_is_retried_and_the_output_is_the_same(ray_cluster,
     again, the dead attempt's partial shards are never adopted, the dataset is identical."""
     pack(source, tmp_path / "local", opts)
     with kill_first_writer(tmp_path, f".ray*/_parts/{pattern}") as killed:
-        pack(source, tmp_path / "ray", opts, executor=ray_pack_executor(**executor))
+        pack(source, tmp_path / "ray", opts, executor=ray_engine(**executor))
     assert len(killed) == 1
     same_dataset(tmp_path / "local", tmp_path / "ray")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
@@ -123,7 +123,7 @@ def test_errors_of_a_ray_pack_are_those_of_a_local_one(ray_cluster, source, tmp_
     with pytest.raises(NothingToTrainError) as local:
         pack(source, tmp_path / "l", opts)
     with pytest.raises(NothingToTrainError) as ray:
-        pack(source, tmp_path / "l", opts, executor=ray_pack_executor())
+        pack(source, tmp_path / "l", opts, executor=ray_engine())
     assert str(ray.value) == str(local.value)
     assert str(local.value).startswith("pack would write 0 rows for train: --overlong drop leaves out all ")
     (tmp_path / "taken").mkdir()
@@ -131,7 +131,7 @@ def test_errors_of_a_ray_pack_are_those_of_a_local_one(ray_cluster, source, tmp_
     with pytest.raises(OutputExistsError) as local:
         pack(source, tmp_path / "taken", PackOptions())
     with pytest.raises(OutputExistsError) as ray:
-        pack(source, tmp_path / "taken", PackOptions(), executor=ray_pack_executor())
+        pack(source, tmp_path / "taken", PackOptions(), executor=ray_engine())
     assert str(ray.value) == str(local.value) == (f"{tmp_path / 'taken'} already exists; pass --overwrite to "
                                                   f"replace it, or choose another --output-dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
@@ -157,7 +157,7 @@ def test_ray_pack_of_flagged_episodes_is_byte_identical_to_local(ray_cluster, tm
     prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(model), shard_tokens=2000))
     opts = PackOptions(block_size=128, shard_tokens=600)
     pack(tmp_path / "ds", tmp_path / "local", opts)
-    pack(tmp_path / "ds", tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task,
+    pack(tmp_path / "ds", tmp_path / "ray", opts, executor=ray_engine(shards_per_task=per_task,
                                                                                rows_per_task=rows))
     same_dataset(tmp_path / "local", tmp_path / "ray")
     meta = orjson.loads((tmp_path / "ray" / "dataset_metadata.json").read_bytes())

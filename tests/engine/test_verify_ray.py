@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.verify_ray import ray_verify_executor
+from sftdata.engine import ray_engine
 from sftdata.pack import PackOptions, pack
 from sftdata.pref import PrefOptions
 from sftdata.prepare import PrepareOptions, prepare, prepare_pref
@@ -69,7 +69,7 @@ def test_ray_verify_reports_what_local_reports(ray_cluster, datasets, tmp_path, 
     path = damaged(datasets, tmp_path, kind) if damage else datasets / kind
     assert len(list((path / "train").iterdir())) >= 4
     local = verify(path, quick=quick)
-    ray = verify(path, quick=quick, executor=ray_verify_executor())
+    ray = verify(path, quick=quick, executor=ray_engine())
     assert as_dict(ray) == as_dict(local)
     assert local.ok is not damage
     if damage:
@@ -112,7 +112,7 @@ def test_a_truncated_shard_is_checked_on_ray_as_locally(ray_cluster, datasets, t
     mask = path / "train" / "shard_00001" / "mask.bin"
     mask.write_bytes(mask.read_bytes()[:-7])
     local = verify(path)
-    ray = verify(path, executor=ray_verify_executor())
+    ray = verify(path, executor=ray_engine())
     assert as_dict(ray) == as_dict(local)
     assert "sizes" in {p.check for p in local.problems}
 
@@ -150,7 +150,7 @@ def test_retokenize_on_ray_gives_the_local_result(ray_cluster, trained, tmp_path
     assert r.exit_code == 0, r.output
     assert len(list((ds / "train").iterdir())) >= 3
     local = verify(ds, retokenize_episodes=1000)
-    ray = verify(ds, retokenize_episodes=1000, executor=ray_verify_executor())
+    ray = verify(ds, retokenize_episodes=1000, executor=ray_engine())
     assert as_dict(ray) == as_dict(local) and local.ok and local.retokenized["differ"] == 0
     tokens = ds / "train" / "shard_00001" / "tokens.bin"
     dtype = orjson.loads((ds / "dataset_metadata.json").read_bytes())["token_dtype"]
@@ -159,15 +159,15 @@ def test_retokenize_on_ray_gives_the_local_result(ray_cluster, trained, tmp_path
     ids[:] = unmerged(tok, ids)
     ids.tofile(tokens)
     local = verify(ds, quick=True, retokenize_episodes=1000)
-    ray = verify(ds, quick=True, retokenize_episodes=1000, executor=ray_verify_executor())
+    ray = verify(ds, quick=True, retokenize_episodes=1000, executor=ray_engine())
     assert as_dict(ray) == as_dict(local) and local.retokenized["differ"] >= 1
     assert [p.file for p in local.problems if p.check == "retokenize"][0] == "train/shard_00001/tokens.bin"
 
 
 def test_verify_with_its_engine_imports_no_other_pipeline():
     mods = modules_after("verify", "--help")
-    assert {"sftdata.cli.verify_cmd", "sftdata.engine.verify_ray", "sftdata.verify"} <= mods
-    assert not {"sftdata.prepare", "sftdata.pack", "sftdata.engine.pack_ray", "sftdata.engine.prepare_ray",
+    assert {"sftdata.cli.verify_cmd", "sftdata.engine.cluster", "sftdata.verify"} <= mods
+    assert not {"sftdata.prepare", "sftdata.pack", "sftdata.engine.prepare_ray",
                 "sftdata.report", "sftdata.loader"} & mods
 
 
@@ -193,7 +193,7 @@ def test_a_split_of_one_shard_is_verified_in_parts_on_ray_with_the_local_report(
     shutil.copytree(one_shard / kind, path)
     assert [p.name for p in (path / "train").iterdir() if p.is_dir()] == ["shard_00000"]
     clean = verify(path)
-    assert as_dict(verify(path, executor=ray_verify_executor(items_per_task=150))) == as_dict(clean) and clean.ok
+    assert as_dict(verify(path, executor=ray_engine(items_per_task=150))) == as_dict(clean) and clean.ok
     sh = path / "train" / "shard_00000"
     ids, mask = np.fromfile(sh / "tokens.bin", np.uint32), np.fromfile(sh / "mask.bin", np.uint8)
     ones = np.flatnonzero(mask == 1)
@@ -204,7 +204,7 @@ def test_a_split_of_one_shard_is_verified_in_parts_on_ray_with_the_local_report(
     local = verify(path)
     assert {"vocab", "mask_rule", "stops", "checksums"} <= {c.name for c in local.checks if c.status == "failed"}
     for items in (None, 150):
-        assert as_dict(verify(path, executor=ray_verify_executor(items_per_task=items))) == as_dict(local)
+        assert as_dict(verify(path, executor=ray_engine(items_per_task=items))) == as_dict(local)
     loc = runner.invoke(app, ["verify", str(path), "--json"])
     ray = runner.invoke(app, ["verify", str(path), "--json", "--engine", "ray"])
     assert (loc.exit_code, ray.exit_code) == (1, 1)
@@ -252,7 +252,7 @@ def test_a_pairs_dataset_runs_every_check_on_ray_as_an_episodes_dataset_does(ray
     m = bytearray(mask.read_bytes())
     m[0] = 1  # row's prompt trains its first token
     mask.write_bytes(bytes(m))
-    local, ray = verify(bad), verify(bad, executor=ray_verify_executor())
+    local, ray = verify(bad), verify(bad, executor=ray_engine())
     assert as_dict(ray) == as_dict(local) and not local.ok
     row = (bad / "train" / "shard_00000" / "sources.idx").stat().st_size // 8  # the shard's first row
     record = int(np.fromfile(bad / "train" / "shard_00001" / "sources.idx", dtype="<u8")[0])

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from sftdata.pref.rerender import rerender_rows
+from sftdata.prepare.rerender import rerender_records
 from sftdata.store import TOKENIZER_FILE
 from sftdata.store.format import (
     COLUMNS_FILE,
@@ -126,4 +126,4 @@ EVERY_ROW = 1 << 40  # --retokenize N with N above any row count: every row rend
 def verify_every_row(path, **kw) -> VerifyReport:
     """``verify`` of a row dataset with every row rendered again from its input record
     (``--retokenize`` of all of them: the drift check, ids and masks)."""
-    return verify(path, retokenize_episodes=EVERY_ROW, rerender=rerender_rows, **kw)
+    return verify(path, retokenize_episodes=EVERY_ROW, rerender=rerender_records, **kw)

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sftdata.cli import app
-from sftdata.engine.pack_ray import ray_pack_executor
+from sftdata.engine import ray_engine
 from sftdata.engine.prepare_ray import ray_prepare_executor
 from sftdata.pack import PackOptions, pack
 from sftdata.prepare import PrepareOptions, prepare
@@ -36,7 +36,7 @@ def test_ray_pack_and_verify_of_an_object_store_dataset_equal_local(ray_cluster,
     prepare([src], url, PrepareOptions(val_split=0.2, shard_tokens=400))
     opts = PackOptions(block_size=64, shard_tokens=300)
     local = pack(url, f"s3://{BUCKET}/sft/local", opts)
-    ray = pack(url, f"s3://{BUCKET}/sft/ray", opts, executor=ray_pack_executor(shards_per_task=1))
+    ray = pack(url, f"s3://{BUCKET}/sft/ray", opts, executor=ray_engine(shards_per_task=1))
     got, want = objects(s3, ray.output_dir), objects(s3, local.output_dir)
     assert got == want and len([k for k in got if k.endswith("tokens.bin")]) > 4
     a, b = runner.invoke(app, ["verify", ray.output_dir, "--json"]), runner.invoke(

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from sftdata.pref import PrefOptions
-from sftdata.pref.rerender import rerender_rows
 from sftdata.prepare import prepare_pref
+from sftdata.prepare.rerender import rerender_records
 from sftdata.verify import CHECKS, verify
 from tests.helpers.audit import edit_metadata
 from tests.helpers.data import write_jsonl
@@ -49,7 +49,7 @@ def _shard(ds):
 
 def test_a_pairs_dataset_runs_the_episodes_checks_by_name(tmp_path):
     ds, _, _ = _pairs(tmp_path)
-    r = verify(ds, sources=True, retokenize_episodes=5, rerender=rerender_rows)
+    r = verify(ds, sources=True, retokenize_episodes=5, rerender=rerender_records)
     assert [(c.name, c.status) for c in r.checks] == PAIR_CHECKS and r.ok
     assert [c.name for c in r.checks if c.name not in ("labels", "columns")] == EPISODE_CHECKS  # in the same order
     notes = {c.name: c.note for c in r.checks if c.status == "skipped"}
@@ -152,7 +152,7 @@ def test_kto_and_prompts_datasets_run_the_same_checks(tmp_path, kind):
         else {"prompt": [U], "answer": "blue"}
     inp = write_jsonl(tmp_path / "in.jsonl", [rec] * 3)
     prepare_pref([inp], tmp_path / "ds", PrefOptions(), rl=kind == "prompts")
-    r = verify(tmp_path / "ds", sources=True, retokenize_episodes=5, rerender=rerender_rows)
+    r = verify(tmp_path / "ds", sources=True, retokenize_episodes=5, rerender=rerender_records)
     own = {"kto": "labels", "prompts": "columns"}[kind]  # the kind's own check runs
     want = [(n, "ok" if n == own else s) for n, s in PAIR_CHECKS]
     assert [(c.name, c.status) for c in r.checks] == want and r.ok
