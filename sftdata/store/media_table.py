@@ -63,17 +63,13 @@ class MediaTable:
     offset, tokens, kind, its 1-based line number) and every problem found."""
 
     spans: dict[int, tuple[MediaSpan, ...]] = field(default_factory=dict)
+    entries: list[tuple[int, MediaSpan]] = field(default_factory=list)  # (local item, span) per well-formed line
     items: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     offsets: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kinds: list[str] = field(default_factory=list)
     lines: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def all_spans(self) -> list[tuple[int, MediaSpan]]:
-        """Every (local item, span), in table order."""
-        return [(i, s) for i, spans in self.spans.items() for s in spans]
 
 
 def _line_problem(shard: Shard, line: int, message: str, code: str, n: int = 1) -> Problem:
@@ -131,9 +127,9 @@ def read_media_table(shard: Shard) -> MediaTable:
     table.kinds = [r["kind"] for r in rows]
     table.lines = np.array(lines, np.int64)
     table.problems += check_media_spans(shard, table.items, table.offsets, table.tokens, table.lines)
+    table.entries = [span_from_row(row) for row in rows]
     grouped: dict[int, list[MediaSpan]] = {}
-    for row in rows:
-        item, span = span_from_row(row)
+    for item, span in table.entries:
         grouped.setdefault(item, []).append(span)
     table.spans = {k: tuple(v) for k, v in grouped.items()}
     return table
