@@ -276,6 +276,7 @@ def pieces_text(pieces: list) -> Text:
             out.append(TRAINED_CLOSE, style="bold green")
             open_ = False
         style = ("bold magenta" if p.trained else "bold dim") if p.marker else ("green" if p.trained else None)
+        style = "bold cyan" if getattr(p, "media", False) and not p.trained else style
         out.append(one_line(p.text) if p.marker else escape_controls(p.text), style=style)
         if p.marker and p.text == "<|END|>":
             if open_:
