@@ -294,15 +294,13 @@ def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule |
     L = ids.shape[0]
     marker = is_marker(ids, tok)
     media = ds.media_spans(split, row)
-    numbers = media_numbers(media)
     segments = []
     for i in range(len(seg)):
         a, b = int(seg.offset[i]), int(seg.offset[i] + seg.length[i])
         c = a + int(seg.prefix[i])  # injected context [a, c), episode tokens [c, b)
         pieces = pieces_of(ids[a:c], trained[a:c], marker[a:c], tok, injected=True) if c > a else []
-        mine = [k for k, s in enumerate(media) if c <= s.offset < b]  # a span is never cut: inside one segment
-        pieces += media_pieces(ids[c:b], trained[c:b], marker[c:b], tok,
-                               [replace(media[k], offset=media[k].offset - c) for k in mine], [numbers[k] for k in mine])
+        mine = [replace(s, offset=s.offset - c) for s in media if c <= s.offset < b]  # never cut: in one segment
+        pieces += media_pieces(ids[c:b], trained[c:b], marker[c:b], tok, mine, media_numbers(mine))  # from 1 each
         segments.append(SegmentView(
             index=i, offset=a, length=b - a, prefix=c - a, episode=int(seg.episode[i]),
             episode_start=int(seg.episode_start[i]), record=None if seg.source[i] < 0 else int(seg.source[i]),

@@ -15,12 +15,15 @@ check naming the line; ``verify`` reports them all, a reader refuses the first.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import orjson
 
 from ..errors import DatasetError
 from ..media.item import KINDS, MediaSpan, span_from_row
+from ..util.hashing import sha256_file
+from ..util.oserrors import naming
 from .format import MEDIA_FILE, RESTORE, Problem, more_like_it
 from .shard import Shard
 from .structure import check_media_spans
@@ -149,3 +152,12 @@ def item_spans(shard: Shard, local: int) -> tuple[MediaSpan, ...]:
     if table.problems:
         raise DatasetError(f"{shard.root}: {table.problems[0]}. Run `sftdata verify {shard.root}` for the full report")
     return table.spans.get(int(local), ())
+
+
+def write_media_table(folder: Path, rows: list[dict]) -> dict:
+    """``rows`` (``MediaSpan.row`` lines, in (item, offset) order) as the media table of the
+    shard folder ``folder``; its file record for the metadata (bytes, sha256)."""
+    path = folder / MEDIA_FILE
+    with naming(path):
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
