@@ -23,6 +23,10 @@ see ``export_rows``.
 
 ``record`` is the 0-based input record number (null when the dataset does not know it).
 
+A dataset with images (or videos) adds ``images`` (``videos``): each row's items in token
+order, their uris, or with ``media_bytes`` their bytes in Hugging Face's Image layout
+(``export_media``).
+
 Streamed: a split is read a chunk of whole items at a time (plain file reads, so memory
 stays flat in the dataset size), and each chunk is one Parquet row group of about
 ``row_group_tokens`` tokens. The output folder is written like a dataset (staging folder

@@ -69,3 +69,14 @@ def test_a_text_dataset_report_has_no_media_section(tmp_path):
     assert rep.figures[0].media_tokens is None
     r = CliRunner().invoke(app, ["report", str(tmp_path / "text"), "-o", str(tmp_path / "r.html")], env=ENV)
     assert r.exit_code == 0 and "Tokens per image" not in (tmp_path / "r.html").read_text()
+
+
+def test_the_overview_names_the_media_and_the_processor(built):
+    r = CliRunner().invoke(app, ["inspect", str(built.root)], env=ENV)
+    assert r.exit_code == 0, r.output
+    assert "media: 3 images, 76 placeholder tokens (never trained) · processor qwen2_5_vl, pixels 3,136..50,176" \
+        in r.output.splitlines()
+    r = CliRunner().invoke(app, ["inspect", str(built.root), "--json"], env=ENV)
+    media = json.loads(r.stdout)["media"]
+    assert ({k: v for k, v in media.items() if k != "processor"}, media["processor"]) == \
+        ({"items": 3, "images": 3, "videos": 0, "tokens": 76}, built.settings)
