@@ -95,7 +95,7 @@ def check_media(ds: Dataset) -> MediaFindings:
 
 
 # ------------------------------------------------------------------------- counts
-def _rederive(settings: dict, span: MediaSpan, cache: dict) -> str | None:
+def rederive_count(settings: dict, span: MediaSpan, cache: dict) -> str | None:
     """What differs between a span's recorded count and the one its size gives, or None."""
     item, got = span.item, span.item.count
     if item.kind == IMAGE:
@@ -127,7 +127,7 @@ def _show(v) -> str:
 def _count_problems(shard: Shard, table: MediaTable, settings: dict, cache: dict) -> list[Problem]:
     bad = []
     for k, (item, span) in enumerate(table.entries):
-        why = _rederive(settings, span, cache)
+        why = rederive_count(settings, span, cache)
         if why:
             bad.append((k, item, span, why))
     if not bad:

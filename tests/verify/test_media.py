@@ -167,3 +167,24 @@ def test_sources_rehashes_every_media_file(tmp_path):
          f"{_sha(second)['sha256'][:16]}..., its media table recorded {recorded[:16]}...: it changed since prepare "
          "read it")]
     assert report.reproducible is False
+
+
+def test_a_counts_rederivation_for_images_and_videos(built):
+    from sftdata.media import MediaCount
+    from sftdata.media.item import MediaItem, MediaSpan
+    from sftdata.verify.media import rederive_count
+
+    def span(kind, size, count):
+        return MediaSpan(0, MediaItem(kind, "/x", "0" * 64, 1, size, size, count))
+
+    s = built.settings
+    assert rederive_count(s, span("image", (56, 56), MediaCount(4, (56, 56), (1, 4, 4))), {}) is None
+    assert rederive_count(s, span("image", (56, 56), MediaCount(5, (56, 56), (1, 4, 4))), {}) == \
+        "tokens 5 recorded, 4 re-derived"
+    assert rederive_count(s, span("image", (10000, 10), MediaCount(5, (56, 56), (1, 4, 4))), {}).startswith(
+        "its size 10000x10 cannot be counted: an image of 10000x10: the Qwen-VL processor refuses an aspect ratio "
+        "over 200")
+    video = MediaCount(2 * 6 * 8 // 4, (84, 112), (2, 6, 8), frames=4)
+    assert rederive_count(s, span("video", (112, 84), video), {}) is None
+    assert rederive_count(s, span("video", (112, 84), MediaCount(20, (84, 112), (2, 6, 8), frames=4)), {}) == \
+        "tokens 20 recorded, 24 re-derived"
