@@ -80,3 +80,41 @@ def test_the_overview_names_the_media_and_the_processor(built):
     media = json.loads(r.stdout)["media"]
     assert ({k: v for k, v in media.items() if k != "processor"}, media["processor"]) == \
         ({"items": 3, "images": 3, "videos": 0, "tokens": 76}, built.settings)
+
+
+def test_the_reports_samples_show_each_image_as_a_thumbnail_and_one_label(built, tmp_path):
+    import re
+
+    r = CliRunner().invoke(app, ["report", str(built.root), "-o", str(tmp_path / "r.html")], env=ENV)
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "r.html").read_text()
+    assert re.findall(r"<figcaption>([^<]*)</figcaption>", html) == [
+        "&lt;image 1: 56x56 -&gt; 4 tokens&gt;", "&lt;image 2: 100x200 -&gt; 28 tokens&gt;",
+        "&lt;image 1: 300x120 -&gt; 44 tokens&gt;"]
+    assert html.count('<img src="data:image/jpeg;base64,') == 3
+    assert ">&lt;|image_pad|&gt;<" not in html  # no placeholder drawn token by token
+    assert '<span class="k" data-i="' + " ".join(["151655"] * 4) + '">&lt;image 1: 56x56 -&gt; 4 tokens&gt;</span>' \
+        in html
+
+
+def test_a_media_run_is_one_labelled_run_and_a_missing_image_has_no_thumbnail(built, tmp_path):
+    from PIL import Image
+
+    from sftdata.report.thumbnails import thumbnail
+    from sftdata.report.tokens import token_runs
+
+    ds = open_dataset(built.root)
+    tok, _, _ = dataset_tokenizer(ds)
+    ids, mask = ds.split("train").episode(0)
+    runs = token_runs(ids[20:70], mask[20:70] != 0, tok, media=[(8, 12, "<image 1>"), (17, 45, "<image 2>")])
+    labelled = [(r.start, r.marker, [len(g.ids) for g in r.groups], [g.text for g in r.groups]) for r in runs
+                if r.start in (8, 17)]
+    assert labelled == [(8, True, [4], ["<image 1>"]), (17, True, [28], ["<image 2>"])]
+    assert "".join(g.text for r in runs for g in r.groups if r.start not in (8, 17)) == \
+        tok.decode(ids[20:28].tolist()) + tok.decode(ids[32:37].tolist()) + tok.decode(ids[65:70].tolist())
+    src = thumbnail(str(built.images[0][1]))
+    import base64
+    import io
+    with Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))) as im:
+        assert (im.format, im.size) == ("JPEG", (48, 96))  # 100x200 shrunk to 96 on its longer side
+    assert thumbnail(str(tmp_path / "gone.jpg")) is None and thumbnail("data:") is None
