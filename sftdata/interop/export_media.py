@@ -19,7 +19,7 @@ from ..errors import DatasetError
 from ..media import MediaError, read_media
 from ..media.item import IMAGE, VIDEO, MediaSpan
 from ..store.format import MEDIA_KEY
-from ..store.media_table import item_spans
+from ..store.media_table import MediaTable, read_media_table
 from ..store.reader import Dataset
 from ..store.shard import Shard
 
@@ -43,6 +43,18 @@ class MediaCells:
         self.with_bytes = with_bytes
         self.jsonl = jsonl
         self.inline = 0  # data: items whose bytes are not kept
+        self._table: tuple[str, MediaTable] | None = None  # the table of the shard being exported (one at a time)
+
+    def spans(self, shard: Shard, item: int) -> tuple[MediaSpan, ...]:
+        """The spans of local item ``item`` of ``shard``; its table is read once and kept until
+        the next shard (memory stays one shard's table), a damaged one refused by name."""
+        if self._table is None or self._table[0] != shard.rel:
+            table = read_media_table(shard)
+            if table.problems:
+                raise DatasetError(f"{shard.root}: {table.problems[0]}. Run `sftdata verify {shard.root}` for the "
+                                   "full report")
+            self._table = (shard.rel, table)
+        return self._table[1].spans.get(int(item), ())
 
     def cell(self, span: MediaSpan):
         item = span.item
@@ -69,7 +81,7 @@ class MediaCells:
         of it (a packed row's segment), in token order."""
         out: dict[str, list[list]] = {c: [] for c in self.columns}
         for k, item in enumerate(items.tolist()):
-            spans = item_spans(shard, item)
+            spans = self.spans(shard, item)
             if windows is not None:
                 a, b = int(windows[k, 0]), int(windows[k, 1])
                 spans = tuple(s for s in spans if a <= s.offset < b)

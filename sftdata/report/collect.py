@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..chat.loss_rule import LossRule
-from ..store.media_table import shard_media
+from ..store.media_table import read_media_table
 from ..store.reader import Dataset
 from ..store.shard import Split, split_segments
 from ..util.ranges import CHUNK_TOKENS, OnesBefore, read_range, whole_runs
@@ -161,7 +161,7 @@ def _packed_figures(sp: Split, row_len: int) -> SplitFigures:
 def _media_figures(ds: Dataset, figures: list[SplitFigures]) -> None:
     """Each split's tokens per media item, from its shards' media tables (no token read)."""
     for fig, sp in zip(figures, ds.splits.values()):
-        tokens = np.concatenate([shard_media(sh).tokens for sh in sp.shards] or [np.zeros(0, np.int64)])
+        tokens = np.concatenate([read_media_table(sh).tokens for sh in sp.shards] or [np.zeros(0, np.int64)])
         fig.media_tokens = log_histogram(tokens) if tokens.size else None
 
 

@@ -28,7 +28,7 @@ from ..media import MEDIA_MISSING, MediaError, image_count, read_media
 from ..media.expand import placeholders
 from ..media.item import IMAGE, MediaSpan
 from ..store.format import MEDIA_FILE, RECREATE, TOKENIZER_FILE, TOKENS_FILE, Problem, more_like_it
-from ..store.media_table import MEDIA_CHECK, MediaTable, shard_media
+from ..store.media_table import MEDIA_CHECK, MediaTable, read_media_table
 from ..store.reader import Dataset
 from ..store.shard import Shard
 
@@ -84,7 +84,7 @@ def check_media(ds: Dataset) -> MediaFindings:
         ids = None
     counts: dict = {}
     for shard in ds.shards:
-        table = shard_media(shard)
+        table = read_media_table(shard)  # not kept: one shard's table in memory at a time
         out.problems += [p for p in table.problems if p.check == MEDIA_CHECK]  # a missing table: the reader's files
         out.spans += len(table.entries)
         out.problems += _count_problems(shard, table, settings, counts)
@@ -225,7 +225,7 @@ def media_source_problems(ds: Dataset) -> tuple[list[Problem], list[str]]:
     seen: dict[str, tuple[str, str, int]] = {}  # uri -> (sha256, shard rel, line)
     inline = 0
     for shard in ds.shards:
-        table = shard_media(shard)
+        table = read_media_table(shard)  # not kept: one shard's table in memory at a time
         for k, (_, span) in enumerate(table.entries):
             uri = span.item.uri
             if uri.startswith("data:"):

@@ -77,3 +77,16 @@ def test_the_cli_takes_media_bytes(built, tmp_path):
     assert json.loads(r.stdout)["columns"] == [*EPISODE_COLUMNS, "images"]
     first = json.loads((tmp_path / "out" / "train.jsonl").read_text().splitlines()[0])
     assert first["images"][0]["path"] == str(built.images[0][0])
+
+
+def test_a_damaged_media_table_refuses_the_export_by_name(tmp_path):
+    from tests.helpers.media_dataset import reseal
+
+    ds = media_dataset(tmp_path, [[(56, 56)]])
+    table = ds.root / "train" / "shard_00000" / "media.jsonl"
+    table.write_text("junk\n")
+    reseal(ds.root, "train/shard_00000", "media.jsonl")
+    with pytest.raises(DatasetError, match=r"train/shard_00000/media.jsonl \(line 1 of media.jsonl\): line 1 is not "
+                                           r"JSON\. To fix: restore it"):
+        export(ds.root, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
