@@ -40,6 +40,10 @@ def export_command(
                                             "--output-dir once the new one is complete (never a dataset or other "
                                             "files).")] = False,
     force: ForceOpt = False,
+    media_bytes: Annotated[bool, typer.Option("--media-bytes", metavar="", help="A dataset with images: each "
+                                              "image's bytes in the images column (Hugging Face's Image layout, "
+                                              "{bytes, path}; read again and checked against its sha256), not only "
+                                              "its uri.")] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -47,7 +51,8 @@ def export_command(
 
     One row per episode with the columns transformers models take: input_ids, labels
     (-100 where the loss mask is 0, aligned with input_ids: the model shifts them
-    itself), attention_mask, and its episode and input record number. A packed dataset:
+    itself), attention_mask, and its episode and input record number; a dataset with
+    images adds images (each image's uri, or with --media-bytes its bytes). A packed dataset:
     one row per sequence of each packed row (and its row), so that no collator (TRL's
     SFTTrainer, padding-free or not, DataCollatorWithFlattening) lets two conversations
     attend to each other. Streamed in chunks of whole rows, so memory stays flat;
@@ -65,7 +70,8 @@ def export_command(
     * `sftdata export data/chat_sft_packed -o exports/packed_jsonl --format jsonl --split train`
     """
     dataset = dataset_dir(dataset)
-    opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite, force=force)
+    opts = ExportOptions(format=fmt, splits=tuple(splits) if splits else None, overwrite=overwrite, force=force,
+                         media_bytes=media_bytes)
     bar, on_progress = rows_bar("export", quiet or as_json)
     with bar:
         report = export(dataset, output_dir, opts, progress=on_progress,

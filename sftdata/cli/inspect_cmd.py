@@ -121,6 +121,8 @@ def draw_overview(ov: Overview) -> Group:
                                         f"{ov.packed_from.get('metadata_sha256')})"))
     if ov.serving:
         head.append("\n" + one_line(serving_line(ov.serving)))
+    if ov.media:
+        head.append("\n" + one_line(media_line(ov.media)))
     if ov.rows:
         parts_of = {"pairs": "prompt, chosen, rejected", "kto": "prompt, completion", "prompts": "prompt"}
         counts = ", ".join(f"{n:,} in {one_line(s)}" for s, n in ov.rows["splits"].items())
@@ -135,6 +137,15 @@ def draw_overview(ov: Overview) -> Group:
         parts += _episode_tables(ov)
     _tail(ov, parts)
     return Group(*parts)
+
+
+def media_line(media: dict) -> str:
+    """A dataset's media in one line: the counts and the processor that decided them."""
+    p = media.get("processor") or {}
+    pixels = f", pixels {p['min_pixels']:,}..{p['max_pixels']:,}" if "min_pixels" in p and "max_pixels" in p else ""
+    videos = f", {media.get('videos', 0):,} videos" if media.get("videos") else ""
+    return (f"media: {media.get('images', 0):,} images{videos}, {media.get('tokens', 0):,} placeholder tokens (never "
+            f"trained) · processor {p.get('family')}{pixels}")
 
 
 def serving_line(sv: dict) -> str:
@@ -276,6 +287,7 @@ def pieces_text(pieces: list) -> Text:
             out.append(TRAINED_CLOSE, style="bold green")
             open_ = False
         style = ("bold magenta" if p.trained else "bold dim") if p.marker else ("green" if p.trained else None)
+        style = "bold cyan" if getattr(p, "media", False) and not p.trained else style
         out.append(one_line(p.text) if p.marker else escape_controls(p.text), style=style)
         if p.marker and p.text == "<|END|>":
             if open_:

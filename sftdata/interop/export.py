@@ -23,6 +23,10 @@ see ``export_rows``.
 
 ``record`` is the 0-based input record number (null when the dataset does not know it).
 
+A dataset with images (or videos) adds ``images`` (``videos``): each row's items in token
+order, their uris, or with ``media_bytes`` their bytes in Hugging Face's Image layout
+(``export_media``).
+
 Streamed: a split is read a chunk of whole items at a time (plain file reads, so memory
 stays flat in the dataset size), and each chunk is one Parquet row group of about
 ``row_group_tokens`` tokens. The output folder is written like a dataset (staging folder
@@ -58,6 +62,7 @@ from ..store.writer import DatasetWriter, sweep_beside
 from ..util.hashing import sha256_file
 from ..util.oserrors import naming
 from ..util.ranges import range_index, whole_runs
+from .export_media import MediaCells, media_columns, parquet_type
 from .export_rows import RowJsonlSink, RowParquetSink, row_chunks, row_columns
 
 FORMATS = ("parquet", "jsonl")
@@ -65,8 +70,8 @@ ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: ~25 MB of columns, a few
 EXPORT_KIND = "export"
 PARQUET_KEY = b"sftdata"  # the Parquet file's key-value metadata: where it came from
 # the modules whose output is an export's bytes (its build key's code version)
-EXPORT_CODE = ("__init__.py", "interop/export.py", "interop/export_rows.py", "store/format.py", "store/writer.py",
-               "store/rows.py", "store/shard.py")
+EXPORT_CODE = ("__init__.py", "interop/export.py", "interop/export_rows.py", "interop/export_media.py",
+               "store/format.py", "store/writer.py", "store/rows.py", "store/shard.py", "store/media_table.py")
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,12 @@ class ExportOptions:
     overwrite: bool = False
     row_group_tokens: int = ROW_GROUP_TOKENS
     force: bool = False  # export again even when the target is up to date (implies overwrite)
+    media_bytes: bool = False  # a dataset with media: each item's bytes in its cell, not only its uri
 
     def recorded(self) -> dict:
         """The options that decide the export's bytes (its build key), as the CLI names them."""
         return {"format": self.format, "split": list(self.splits) if self.splits else None,
-                "row_group_tokens": self.row_group_tokens}
+                "row_group_tokens": self.row_group_tokens, **({"media_bytes": True} if self.media_bytes else {})}
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,9 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
                                f"trained; re-create the dataset with `sftdata prepare-chat`")
     rows = ds.kind in ROW_KINDS  # pairs, KTO rows, RL prompts: TRL's tokenized columns (export_rows)
     sink_cls, columns = _layout(ds.kind, options.format)
+    media = [] if rows else media_columns(ds)
+    cells = MediaCells(media, options.media_bytes, options.format == "jsonl") if media else None
+    columns = columns + media
     report = ExportReport(str(source), url or str(target), options.format, ds.kind, columns, changed=list(plan.changes))
     provenance = {"source": str(source.resolve()), "source_identity": dataset_identity(source), "kind": ds.kind,
                   "sftdata_version": __version__}
@@ -178,13 +187,14 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
             out = report.splits[name] = SplitExport(f"{name}.{options.format}")
             # a full disk or a file-size limit names the file (its write errors carry no name)
             with naming(w.path / out.file, f"while exporting to {url or target}"), \
-                    sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}, PARQUET_KEY) as sink:
+                    sink_cls(w.path / out.file, ds.kind, {**provenance, "split": name}, PARQUET_KEY,
+                             **({"media": media, "media_bytes": options.media_bytes} if media else {})) as sink:
                 if rows:
                     chunks = row_chunks(RowSplit(ds.kind, sp), options.row_group_tokens)
                 elif ds.kind == "packed":
-                    chunks = packed_chunks(sp, ds.packing, options.row_group_tokens)
+                    chunks = packed_chunks(sp, ds.packing, options.row_group_tokens, cells)
                 else:
-                    chunks = episode_chunks(sp, options.row_group_tokens)
+                    chunks = episode_chunks(sp, options.row_group_tokens, cells)
                 total = sp.num_items // ds.entries
                 for chunk in chunks:
                     sink.write(chunk)
@@ -199,7 +209,7 @@ def export(dataset_dir: str | Path, output_dir: str | Path, options: ExportOptio
         w.commit({"kind": EXPORT_KIND, "splits": {}, "export": {
             **provenance, "format": options.format, "columns": columns,
             "files": {k: asdict(v) for k, v in report.splits.items()}}, BUILD: record})
-        report.notes = list(w.notes)
+        report.notes = list(w.notes) + (cells.note() if cells else [])
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -279,6 +289,7 @@ class Chunk:
     labels: np.ndarray  # int64
     attention: np.ndarray  # int8
     scalars: dict[str, np.ndarray]  # per-row int64 columns (-1 = unknown)
+    media: dict[str, list[list]] = field(default_factory=dict)  # a dataset with media: each row's cells per column
 
     @property
     def rows(self) -> int:
@@ -293,8 +304,9 @@ class Chunk:
         return int(np.count_nonzero(self.labels != IGNORE_INDEX))
 
 
-def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
-    """The episodes of ``sp`` in global id order, whole episodes of up to ``budget`` tokens."""
+def episode_chunks(sp: Split, budget: int, cells: MediaCells | None = None) -> Iterator[Chunk]:
+    """The episodes of ``sp`` in global id order, whole episodes of up to ``budget`` tokens
+    (``cells``: a dataset with media, each episode's media cells)."""
     sources = sp.sources
     for si, sh in enumerate(sp.shards):
         starts = sh.index[:, 0].astype(np.int64)
@@ -311,10 +323,11 @@ def episode_chunks(sp: Split, budget: int) -> Iterator[Chunk]:
             gid = np.arange(first + i, first + j, dtype=np.int64)
             rec = sources[gid] if sources is not None else np.full(j - i, -1, dtype=np.int64)
             yield Chunk(np.concatenate([[0], np.cumsum(ln)]), ids, np.where(mask == 1, ids, IGNORE_INDEX),
-                        np.ones(ids.shape[0], dtype=np.int8), {"episode": gid, "record": rec})
+                        np.ones(ids.shape[0], dtype=np.int8), {"episode": gid, "record": rec},
+                        cells.rows(sh, np.arange(i, j)) if cells else {})
 
 
-def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
+def packed_chunks(sp: Split, packing: dict, budget: int, cells: MediaCells | None = None) -> Iterator[Chunk]:
     """The sequences (segments) of a packed split, one item each, in row order (and in
     order within a row), whole rows of up to ``budget`` tokens a chunk: each sequence is
     its own example, so a collator that pads or flattens examples never lets two
@@ -332,8 +345,10 @@ def packed_chunks(sp: Split, packing: dict, budget: int) -> Iterator[Chunk]:
             toks, mask = sh.read_range(a * L, b * L)
             idx = range_index((s.row - (first + a)) * L + s.offset, s.length)
             ids, trained = toks[idx].astype(np.int64), mask[idx] == 1
+            media = cells.rows(sh, s.row - first, np.stack([s.offset, s.offset + s.length], axis=1)) if cells else {}
             yield Chunk(np.concatenate([[0], np.cumsum(s.length)]), ids, np.where(trained, ids, IGNORE_INDEX),
-                        np.ones(ids.shape[0], dtype=np.int8), {"row": s.row, "episode": s.episode, "record": s.source})
+                        np.ones(ids.shape[0], dtype=np.int8), {"row": s.row, "episode": s.episode, "record": s.source},
+                        media)
 
 
 # ------------------------------------------------------------------------------ writers
@@ -349,7 +364,8 @@ class ParquetSink:
     """One Parquet file; each chunk is one row group. The file's key-value metadata
     says where it came from (``sftdata``: source, identity, split, kind)."""
 
-    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY):
+    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY, media: list[str] = (),
+                 media_bytes: bool = False):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -357,6 +373,7 @@ class ParquetSink:
         tokens, mask = pa.list_(pa.int64()), pa.list_(pa.int8())
         lists = [("input_ids", tokens), ("labels", tokens), ("attention_mask", mask)]
         fields = [(name, pa.int64()) for name in (PACKED_COLUMNS if kind == "packed" else EPISODE_COLUMNS)[:-3]] + lists
+        fields += [(name, parquet_type(pa, media_bytes)) for name in media]
         self.schema = pa.schema(fields, metadata={key: orjson.dumps(provenance)})
         self.path = path
         self._writer = None
@@ -374,6 +391,7 @@ class ParquetSink:
 
         cols = {name: pa.array(v, mask=v < 0) for name, v in c.scalars.items()}
         cols.update(input_ids=lists(c.input_ids), labels=lists(c.labels), attention_mask=lists(c.attention))
+        cols.update({name: pa.array(cells, type=self.schema.field(name).type) for name, cells in c.media.items()})
         table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         self._writer.write_table(table, row_group_size=max(1, c.rows))
 
@@ -385,7 +403,8 @@ class ParquetSink:
 class JsonlSink:
     """One JSON object per line, the columns as keys (unknown record numbers as null)."""
 
-    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY):
+    def __init__(self, path: Path, kind: str, provenance: dict, key: bytes = PARQUET_KEY, media: list[str] = (),
+                 media_bytes: bool = False):
         self.path = path
         self._f = None
 
@@ -400,6 +419,7 @@ class JsonlSink:
             a, b = int(o[k]), int(o[k + 1])
             row = {name: (None if v[k] < 0 else int(v[k])) for name, v in c.scalars.items()}
             row.update(input_ids=c.input_ids[a:b], labels=c.labels[a:b], attention_mask=c.attention[a:b])
+            row.update({name: cells[k] for name, cells in c.media.items()})
             lines.append(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY))
         self._f.write(b"\n".join(lines) + b"\n")
 

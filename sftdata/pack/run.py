@@ -45,7 +45,7 @@ from ..packing.strategies import plan_bfd, plan_stream
 from ..storage import METADATA_FILE
 from ..storage.location import dataset_path, remote_url
 from ..store.build_key import BUILD, BuildCheck, build_record
-from ..store.format import DEFAULT_SHARD_TOKENS, SEGMENT_FIELDS, TOKENIZER_FILE
+from ..store.format import DEFAULT_SHARD_TOKENS, MEDIA_KEY, SEGMENT_FIELDS, TOKENIZER_FILE
 from ..store.reader import open_dataset
 from ..store.serving_file import write_serving
 from ..store.shard import Split
@@ -55,6 +55,7 @@ from ..util.hashing import sha256_file
 from ..util.memory import check_fits
 from ..util.ranges import CHUNK_TOKENS, whole_runs
 from .build import pack_components, plan_pack
+from .media import COUNTS, refuse_stream, write_split_media
 from .rows import build_rows, gather_segments
 from .tasks import run_rows
 
@@ -366,6 +367,7 @@ def _open_source(source: Path, output_dir, opts: PackOptions) -> tuple:
                          f"token the data never trains (or leave --pad-id out to pad with {m.pad_id})")
     for split in ds.splits.values():
         _check_cuts(split, opts, m)
+    refuse_stream(ds, opts.strategy)
     if Path(output_dir).resolve() == source.resolve():
         raise UsageError(f"--output-dir {output_dir} is the source dataset; choose another folder")
     _refuse_source(ds, source)
@@ -446,9 +448,13 @@ def pack(source: str | Path, output_dir: str | Path, opts: PackOptions,
                 lossy.append(msg)
                 log.warning(msg)
             splits_meta[name] = sw.close()
+            if ds.has_media:  # each shard's media table, "episode" its packed row
+                write_split_media(ds, name, sw.dir, splits_meta[name])
         w.write_json(TOKENIZER_FILE, ds.tokenizer_state)
         write_serving(w.path, ds.tokenizer_state, ds.token_dtype, pad_id, episodes=ds.root)
         metadata = _metadata(ds, opts, pad_id, source_url or str(source.resolve()), splits_meta, report, lossy)
+        if ds.has_media:
+            metadata[MEDIA_KEY] = {k: sum(s[MEDIA_KEY][k] for s in splits_meta.values()) for k in COUNTS}
         metadata[BUILD] = build_record(pack_components(metadata["source"]["path"], metadata["source"]["metadata_sha256"],
                                                    opts), [])
         report.build_key = metadata[BUILD]["key"]

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..chat.loss_rule import LossRule
+from ..store.media_table import read_media_table
+from ..store.reader import Dataset
 from ..store.shard import Split, split_segments
 from ..util.ranges import CHUNK_TOKENS, OnesBefore, read_range, whole_runs
 from .distributions import (
@@ -52,6 +54,7 @@ class SplitFigures:
     truncation: list[TruncationCost] | None = None  # one per block size of ``curve_block_sizes``
     fill: Bins | None = None  # packed: real tokens / row length, per row
     segments_per_row: Bins | None = None
+    media_tokens: Bins | None = None  # a dataset with media: placeholder tokens per image (video)
 
 
 @dataclass
@@ -155,6 +158,13 @@ def _packed_figures(sp: Split, row_len: int) -> SplitFigures:
     return fig
 
 
+def _media_figures(ds: Dataset, figures: list[SplitFigures]) -> None:
+    """Each split's tokens per media item, from its shards' media tables (no token read)."""
+    for fig, sp in zip(figures, ds.splits.values()):
+        tokens = np.concatenate([read_media_table(sh).tokens for sh in sp.shards] or [np.zeros(0, np.int64)])
+        fig.media_tokens = log_histogram(tokens) if tokens.size else None
+
+
 def dataset_report(path: str | Path, *, split: str = "train", sample: int = 8, seed: int = 0,
                    episodes: list[int] | None = None, rows: list[int] | None = None, block_size: int | None = None,
                    token_dtype=None, token_budget: int = TOKEN_BUDGET) -> DatasetReport:
@@ -193,6 +203,8 @@ def dataset_report(path: str | Path, *, split: str = "train", sample: int = 8, s
         elif ov.sources:
             notes.append("the dataset stores no record numbers (sources.idx): episodes cannot be traced to "
                          "their input files")
+    if ds.has_media:
+        _media_figures(ds, figures)
     repairs = {k: int(v) for k, v in (ov.counts.get("repaired") or {}).items()}
     return DatasetReport(overview=ov, figures=figures, files=files, rejects=rejects, repairs=repairs, samples=shown,
                          sample_split=split, seed=seed, block_size=block_size, tokenizer=tok.name, notes=notes)

@@ -22,6 +22,7 @@ from .html_sections import (
     Section,
     files_section,
     length_plots,
+    media_plots,
     packed_rows_plots,
     rejects_section,
     section,
@@ -172,6 +173,10 @@ def sections_of(reports: list[DatasetReport], names: list[str]) -> list[Section]
                        length_plots(series, first.block_size, unit)))
     out.append(section("training", "What is trained", "The tokens the loss is computed on.", "",
                        training_plots(series, unit)))
+    media = [p for p in media_plots(series) if p is not None]
+    if media:
+        out.append(section("media", "Media", "Images and videos, each expanded to its placeholder tokens.", "",
+                           media))
     if not first.packed:
         out.append(truncation_section(reports, series, names))
         files = files_section(reports, names)

@@ -29,6 +29,16 @@ def runs_html(runs: list[Run]) -> str:
     return "".join(out)
 
 
+def media_html(items) -> str:
+    """A sampled episode's (segment's) images: each thumbnail with its label (the label alone
+    where the image could not be read again)."""
+    if not items:
+        return ""
+    figs = "".join(f'<figure title="{escape(t.uri)}">' + (f'<img src="{t.src}" alt="{escape(t.label)}">' if t.src else "")
+                   + f'<figcaption>{escape(t.label)}</figcaption></figure>' for t in items)
+    return f'<div class="media">{figs}</div>'
+
+
 def _share(part: int | None, whole: int) -> str:
     return "" if part is None else f", {part:,} trained ({part / max(1, whole):.0%})"
 
@@ -52,7 +62,7 @@ def episode_html(s: SampleEpisode, seed: int, dataset: str) -> str:
                 f'<code>sftdata verify {escape(dataset)}</code>.</p>')
     is_open = " open" if s.length <= OPEN_UP_TO else ""
     return (f'<details class="sample" data-kind="episode" data-split="{escape(s.split)}" data-episode="{s.episode}"'
-            f'{is_open}><summary>{head}</summary><div class="body">{warn}'
+            f'{is_open}><summary>{head}</summary><div class="body">{warn}{media_html(s.media)}'
             f'<div class="tokens">{runs_html(s.runs)}</div>{more}</div></details>')
 
 
@@ -78,7 +88,7 @@ def row_html(s: SampleRow, seed: int, dataset: str) -> str:
             f'<div class="segment" style="--seg:{colour};--segbg:{colour}14" data-segment="{g.index}">'
             f'<div class="head">segment {g.index} (seq_id {g.index}) · episode {g.episode:,}{rec}{cut} · row offsets '
             f'{g.offset:,}–{g.offset + g.length - 1:,}, positions 0–{g.length - 1:,} · {g.trained_tokens:,} trained{inj}'
-            f'</div><div class="tokens">{runs_html(by_segment[g.index])}</div></div>')
+            f'</div>{media_html(g.media)}<div class="tokens">{runs_html(by_segment[g.index])}</div></div>')
     if s.shown < s.real_tokens:
         parts.append(f'<p class="more">… {s.real_tokens - s.shown:,} more tokens not shown here; '
                      f'<code>sftdata inspect {escape(dataset)} --split {escape(s.split)} --row {s.row} --tokens</code> '

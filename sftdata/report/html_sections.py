@@ -90,6 +90,14 @@ def training_plots(series: list[Series], unit: str) -> list[Plot | None]:
     return plots
 
 
+def media_plots(series: list[Series]) -> list[Plot | None]:
+    """Tokens per media item (a dataset with media; None for a text dataset)."""
+    return [_plot("media-tokens", "Tokens per image",
+                  "How many placeholder tokens each image (or video) expands to under the pinned processor settings "
+                  "(log scale); they are never trained. A long tail: raise the bound on pixels, or cap it.",
+                  histogram_plot(series, "media_tokens", unit="image", what="tokens", x_title="tokens (log scale)"))]
+
+
 def truncation_section(reports: list[DatasetReport], series: list[Series], names: list[str]) -> Section:
     """The cost at ``--block-size`` per split in words, and the curve over block sizes of
     the sampled split (of each dataset with ``--compare``)."""

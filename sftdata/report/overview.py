@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import DatasetError, UsageError
 from ..packing.layout import Segments
-from ..store.format import REJECTS_FILE, SERVING_FILE
+from ..store.format import MEDIA_KEY, REJECTS_FILE, SERVING_FILE
 from ..store.reader import Dataset, open_dataset
 from ..store.serving_file import read_serving
 from ..store.shard import Split, split_segments
@@ -108,6 +108,7 @@ class Overview:
     notes: list[str] = field(default_factory=list)
     serving: dict | None = None  # serving.json (stop ids, pad id, BOS policy, template); None: an older dataset
     rows: dict | None = None  # pairs, KTO rows, RL prompts: entries per row, rows per split, the truncation used
+    media: dict | None = None  # a dataset with media: its counts (items, images, videos, tokens) and "processor"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -268,4 +269,5 @@ def overview(path: str | Path, *, block_size: int | None = None, token_dtype=Non
         notes=notes, serving=serving,
         rows=None if ds.entries == 1 else {"per_row": ds.entries, "splits": {n: sp.num_items // ds.entries
                                                                              for n, sp in ds.splits.items()},
-                                           "truncation": meta.get("truncation")})
+                                           "truncation": meta.get("truncation")},
+        media={**meta[MEDIA_KEY], "processor": ds.processor_settings} if ds.has_media else None)

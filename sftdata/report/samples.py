@@ -6,7 +6,7 @@ share shows its first tokens and says how many follow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -16,8 +16,9 @@ from ..packing.plan import row_mask
 from ..store.format import ROW_KINDS
 from ..store.reader import Dataset
 from .pairs import SamplePair, sample_pair
+from .thumbnails import Thumb, thumbs
 from .tokens import Run, token_runs
-from .views import Tokenizer, episode_flag, read_episode, read_row, row_flags, sample_ids
+from .views import Tokenizer, episode_flag, media_label, media_numbers, read_episode, read_row, row_flags, sample_ids
 
 TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
 MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)
@@ -34,6 +35,7 @@ class SampleEpisode:
     shown: int  # tokens drawn: the first ``shown`` of ``length``
     runs: list[Run]
     rule_differs: int  # tokens whose stored mask is not the mask rule's
+    media: list[Thumb] = field(default_factory=list)  # its images (videos): label and thumbnail
 
 
 @dataclass
@@ -46,6 +48,7 @@ class SampleSegment:
     episode_start: int  # the first episode token it holds
     record: int | None
     trained_tokens: int
+    media: list[Thumb] = field(default_factory=list)  # its images (videos): label and thumbnail
 
 
 @dataclass
@@ -89,9 +92,18 @@ def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, cho
     derived = rule.masks(ids, np.array([ids.shape[0]]), last_only=np.array([flag]) if flag else None)
     differs = 0 if mask is None else int((derived != trained).sum())
     shown = min(ids.shape[0], limit)
+    spans = ds.media_spans(split, episode)
+    labels = _media_runs(spans)
     return SampleEpisode(split=split, episode=int(episode), chosen=chosen, record=record,
                          length=int(ids.shape[0]), trained_tokens=None if mask is None else int(trained.sum()),
-                         shown=shown, runs=token_runs(ids[:shown], trained[:shown], tok), rule_differs=differs)
+                         shown=shown, runs=token_runs(ids[:shown], trained[:shown], tok, media=labels),
+                         rule_differs=differs, media=thumbs(list(spans)))
+
+
+def _media_runs(spans, base: int = 0) -> list[tuple[int, int, str]]:
+    """(start, end, label) of each media span, numbered from 1 per kind, shifted by ``base``."""
+    return [(base + s.offset, base + s.offset + s.item.count.tokens, media_label(s, k))
+            for s, k in zip(spans, media_numbers(spans))]
 
 
 def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: bool, limit: int,
@@ -105,19 +117,23 @@ def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: boo
     segment = np.full(L, -1, np.int64)
     injected = np.zeros(L, bool)
     segments = []
+    row_media = ds.media_spans(split, row)
+    labels: list[tuple[int, int, str]] = []
     for i in range(len(seg)):
         a, b = int(seg.offset[i]), int(seg.offset[i] + seg.length[i])
         segment[a:b] = i
         injected[a:a + int(seg.prefix[i])] = True
+        mine = [replace(s, offset=s.offset - a) for s in row_media if a <= s.offset < b]  # numbered per segment
+        labels += _media_runs(mine, a)
         segments.append(SampleSegment(i, a, b - a, int(seg.prefix[i]), int(seg.episode[i]),
                                       int(seg.episode_start[i]), None if seg.source[i] < 0 else int(seg.source[i]),
-                                      int(trained[a:b].sum())))
+                                      int(trained[a:b].sum()), thumbs(mine)))
     shown = min(real, limit)
     return SampleRow(split=split, row=int(row), chosen=chosen, row_len=L, real_tokens=real, padding=L - real,
                      pad_id=(ds.packing or {}).get("pad_token_id"),
                      trained_tokens=None if mask is None else int(trained.sum()), segments=segments, shown=shown,
                      runs=token_runs(ids[:shown], trained[:shown], tok, segment=segment[:shown],
-                                     injected=injected[:shown]),
+                                     injected=injected[:shown], media=labels),
                      rule_differs=differs)
 
 

@@ -64,9 +64,10 @@ def token_groups(ids, tok: Tokenizer) -> list[TokenGroup]:
 
 
 def token_runs(ids: np.ndarray, trained: np.ndarray, tok: Tokenizer, *, segment: np.ndarray | None = None,
-               injected: np.ndarray | None = None) -> list[Run]:
+               injected: np.ndarray | None = None, media: list[tuple[int, int, str]] | None = None) -> list[Run]:
     """Runs that break at every marker and wherever training, the segment or injected
-    context starts or stops."""
+    context starts or stops. Each of ``media`` (start, end, label: a media item's placeholder
+    tokens) is one run of one group, drawn as its label."""
     ids = np.asarray(ids, dtype=np.int64)
     n = ids.shape[0]
     if not n:
@@ -78,7 +79,19 @@ def token_runs(ids: np.ndarray, trained: np.ndarray, tok: Tokenizer, *, segment:
         cut |= segment[1:] != segment[:-1]
     if injected is not None:
         cut |= injected[1:] != injected[:-1]
+    labels = {}
+    for a, b, label in media or ():
+        if a >= n:
+            continue
+        b = min(b, n)
+        cut[a:b - 1] = False
+        if a > 0:
+            cut[a - 1] = True
+        if b < n:
+            cut[b - 1] = True
+        labels[a] = label
     bounds = [0, *(np.flatnonzero(cut) + 1).tolist(), n]
-    return [Run(a, bool(trained[a]), bool(marker[a]), bool(injected[a]) if injected is not None else False,
-                int(segment[a]) if segment is not None else None, token_groups(ids[a:b], tok))
+    return [Run(a, bool(trained[a:b].any()) if a in labels else bool(trained[a]), a in labels or bool(marker[a]),
+                bool(injected[a]) if injected is not None else False, int(segment[a]) if segment is not None else None,
+                [TokenGroup(ids[a:b].tolist(), labels[a])] if a in labels else token_groups(ids[a:b], tok))
             for a, b in zip(bounds[:-1], bounds[1:])]

@@ -25,7 +25,7 @@ request, one line per token with its ``seq_id`` and ``position_id``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import orjson
@@ -33,6 +33,7 @@ import orjson
 from ..chat.loss_rule import LossRule, MarkerRule, rule_from_state
 from ..chat.tokenizer import ChatTokenizer, load_tokenizer, recorded_tokenizer
 from ..errors import DatasetError, UsageError
+from ..media.item import VIDEO, MediaSpan
 from ..packing.layout import row_layout
 from ..packing.plan import row_mask
 from ..store.format import REJECTS_FILE, TOKENIZER_FILE
@@ -53,6 +54,7 @@ class Piece:
     trained: bool
     marker: bool
     injected: bool = False  # packed rows: context the packer prepended (never trained)
+    media: bool = False  # one media item's placeholder tokens, shown as its label (``media_label``)
 
 
 @dataclass
@@ -78,9 +80,47 @@ class EpisodeView:
     tokens: list[EpisodeToken] | None = None
     rule_differs_at: list[int] | None = None  # positions where the stored mask is not the rule's
     last_reply_only: bool = False  # served as one reply's prefix: its last reply alone trained (last_reply.bin)
+    media: list[dict] = field(default_factory=list)  # its media spans: MediaSpan.row without "episode"
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def media_label(span: MediaSpan, number: int) -> str:
+    """What a media item's run of placeholder tokens is shown as: ``<image 1: 480x640 -> 391 tokens>``
+    (width x height as shown; a video adds its frames)."""
+    item = span.item
+    frames = f", {item.count.frames} frames" if item.kind == VIDEO else ""
+    return f"<{item.kind} {number}: {item.size[0]}x{item.size[1]}{frames} -> {item.count.tokens} tokens>"
+
+
+def span_rows(spans) -> list[dict]:
+    """Media spans as ``--json`` gives them: each one's media table line without its ``episode``."""
+    return [{k: v for k, v in s.row(0).items() if k != "episode"} for s in spans]
+
+
+def media_pieces(ids: np.ndarray, trained: np.ndarray, marker: np.ndarray, tok: Tokenizer, spans, numbers,
+                 injected: bool = False) -> list[Piece]:
+    """``pieces_of`` with each media span (offsets into ``ids``) one piece, its label: media
+    tokens are never decoded as text (hundreds of placeholders say nothing)."""
+    out: list[Piece] = []
+    pos = 0
+    for span, number in zip(spans, numbers):
+        a, b = span.offset, span.offset + span.item.count.tokens
+        out += pieces_of(ids[pos:a], trained[pos:a], marker[pos:a], tok, injected)
+        out.append(Piece(media_label(span, number), bool(trained[a:b].any()), True, injected, media=True))
+        pos = b
+    return out + pieces_of(ids[pos:], trained[pos:], marker[pos:], tok, injected)
+
+
+def media_numbers(spans) -> list[int]:
+    """Each span's number among the items of its kind, from 1 (``image 1``, ``image 2``, ``video 1``)."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in spans:
+        seen[s.item.kind] = seen.get(s.item.kind, 0) + 1
+        out.append(seen[s.item.kind])
+    return out
 
 
 def spans_of(ids: np.ndarray, tok: Tokenizer, rule: LossRule | None = None) -> list[str]:
@@ -148,11 +188,12 @@ def episode_view(ds: Dataset, split: str, episode: int, tok: Tokenizer, rule: Lo
                  for p, t in enumerate(ids)]
     derived = rule.masks(ids, np.array([ids.shape[0]]), last_only=np.array([flag]) if flag else None)
     differs = None if mask is None else np.flatnonzero(derived != trained).tolist()
+    spans = ds.media_spans(split, episode)
     return EpisodeView(split=split, episode=int(episode), record=record, shard=shard.name, start=start,
                        length=int(ids.shape[0]),
                        trained_tokens=None if mask is None else int(trained.sum()),
-                       pieces=pieces_of(ids, trained, marker, tok), tokens=lines, rule_differs_at=differs,
-                       last_reply_only=flag)
+                       pieces=media_pieces(ids, trained, marker, tok, spans, media_numbers(spans)), tokens=lines,
+                       rule_differs_at=differs, last_reply_only=flag, media=span_rows(spans))
 
 
 def find_record(ds: Dataset, record: int) -> tuple[str, int]:
@@ -225,6 +266,7 @@ class RowView:
     trained_tokens: int | None
     tokens: list[RowToken] | None = None
     rule_differs_at: list[int] | None = None  # positions where the stored mask is not the rule's per segment
+    media: list[dict] = field(default_factory=list)  # its media spans (offsets in the row): MediaSpan.row less "episode"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -251,12 +293,14 @@ def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule |
     flags = row_flags(ds, split, row, len(seg), rule)
     L = ids.shape[0]
     marker = is_marker(ids, tok)
+    media = ds.media_spans(split, row)
     segments = []
     for i in range(len(seg)):
         a, b = int(seg.offset[i]), int(seg.offset[i] + seg.length[i])
         c = a + int(seg.prefix[i])  # injected context [a, c), episode tokens [c, b)
         pieces = pieces_of(ids[a:c], trained[a:c], marker[a:c], tok, injected=True) if c > a else []
-        pieces += pieces_of(ids[c:b], trained[c:b], marker[c:b], tok)
+        mine = [replace(s, offset=s.offset - c) for s in media if c <= s.offset < b]  # never cut: in one segment
+        pieces += media_pieces(ids[c:b], trained[c:b], marker[c:b], tok, mine, media_numbers(mine))  # from 1 each
         segments.append(SegmentView(
             index=i, offset=a, length=b - a, prefix=c - a, episode=int(seg.episode[i]),
             episode_start=int(seg.episode_start[i]), record=None if seg.source[i] < 0 else int(seg.source[i]),
@@ -274,7 +318,8 @@ def row_view(ds: Dataset, split: str, row: int, tok: Tokenizer, rule: LossRule |
                                                       != trained).tolist()
     return RowView(split=split, row=int(row), shard=shard.name, row_len=L, segments=segments, padding=L - real,
                    pad_id=(ds.packing or {}).get("pad_token_id"), real_tokens=real,
-                   trained_tokens=None if mask is None else int(trained.sum()), tokens=lines, rule_differs_at=differs)
+                   trained_tokens=None if mask is None else int(trained.sum()), tokens=lines, rule_differs_at=differs,
+                   media=span_rows(media))
 
 
 def rows_of_record(ds: Dataset, record: int) -> list[tuple[str, int]]:

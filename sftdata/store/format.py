@@ -116,6 +116,14 @@ def has_last_reply_flags(meta: dict) -> bool:
     return any(isinstance(s, dict) and s.get(LAST_REPLY_KEY) for s in (meta.get("splits") or {}).values())
 
 
+def has_media(meta: dict | None) -> bool:
+    """Whether a dataset's metadata records media items (``MEDIA_KEY``: ``{"items", "images",
+    "videos", "tokens"}``): its shards then each hold a ``MEDIA_FILE`` and it is
+    ``MEDIA_FORMAT_VERSION``."""
+    media = (meta or {}).get(MEDIA_KEY)
+    return isinstance(media, dict) and bool(media.get("items"))
+
+
 def row_shard_files(kind: str) -> tuple[str, ...]:
     """The files every shard folder of a row kind holds: the episode files, plus
     ``labels.bin`` (kto) or ``columns.jsonl`` (prompts)."""
@@ -404,11 +412,12 @@ IDS = Leaf("ids", "a token id or a list of token ids")  # generation_config.json
 
 # ---------------------------------------------------------------- dataset_metadata.json
 FILE_RECORD = {"bytes": COUNT, "sha256": STR}
+MEDIA_COUNTS = {"items": COUNT, "images": COUNT, "videos": COUNT, "tokens": COUNT}  # MEDIA_KEY's value
 ITEM_COUNTS = {"episodes": COUNT, "tokens": COUNT, "trained_tokens": COUNT, "rows": COUNT, "segments": COUNT,
                "pairs": COUNT}
 # the ranges: verify's and the loader's own checks
 SHARD = {"name": STR, "files": Map(FILE_RECORD), LAST_REPLY_KEY: COUNT, **ITEM_COUNTS}
-SPLIT = {"shards": List(SHARD), "row_len": COUNT, LAST_REPLY_KEY: COUNT, **ITEM_COUNTS}
+SPLIT = {"shards": List(SHARD), "row_len": COUNT, LAST_REPLY_KEY: COUNT, MEDIA_KEY: MEDIA_COUNTS, **ITEM_COUNTS}
 SOURCE = {"path": STR, "bytes": Opt(COUNT), "sha256": Opt(STR), "records": Opt(COUNT), "first_record": Opt(COUNT)}
 COUNTS = {"episodes": COUNT, "records_read": COUNT, "records_truncated": COUNT, "pairs_dropped": COUNT,
           "per_reply_automatic": COUNT,
@@ -423,7 +432,7 @@ METADATA = {
     "options": OBJECT, "sources": List(SOURCE), "build": OBJECT,
     "tokenizer": TOKENIZER_SUMMARY, "tokenizer_identity": Opt(OBJECT), "warnings": ARRAY, "report": OBJECT,
     "source": {"path": STR, "kind": STR, "metadata_sha256": STR, "counts": COUNTS}, "pairs": Map(COUNT),
-    "rows": Map(COUNT),
+    "rows": Map(COUNT), MEDIA_KEY: MEDIA_COUNTS,
 }
 
 # ---------------------------------------------------------------- tokenizer_state.json
@@ -432,6 +441,7 @@ TOKENIZER_STATE = {
     "bos_id": Opt(ID), "pad_id": Opt(ID), "vocab_size": COUNT, "name": Opt(STR), "path": Opt(STR),
     "pat_str": Opt(STR), "ranks_sha256": Opt(STR), "source": Opt(STR), "format": STR, "version": INT,
     "kind": Opt(STR), "mask_rule": OBJECT, "engine": OBJECT, "token_strings": Map(Opt(STR)),
+    "processor": OBJECT,  # a dataset with media: the pinned processor settings (sftdata.media.settings)
 }
 
 # ---------------------------------------------------------------- serving.json

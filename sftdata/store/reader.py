@@ -29,6 +29,7 @@ from .format import (
     KIND_PAIRS,
     KIND_PROMPTS,
     KNOWN_FORMAT_VERSIONS,
+    MEDIA_FILE,
     METADATA,
     RECREATE,
     REPACK,
@@ -43,6 +44,7 @@ from .format import (
     detect_layout,
     format_version_for,
     has_last_reply_flags,
+    has_media,
     in_check_order,
     list_shards,
     packed_row_len,
@@ -102,6 +104,29 @@ class Dataset:
             have = ", ".join(self.splits) or "none"
             raise DatasetError(f"{self.root} has no split {name!r} (splits: {have})")
         return self.splits[name]
+
+    @property
+    def has_media(self) -> bool:
+        """Whether the dataset holds images or videos (a media table in every shard)."""
+        return has_media(self.metadata)
+
+    @property
+    def processor_settings(self) -> dict | None:
+        """The processor settings pinned when the media were counted (``sftdata.media``'s
+        ``read_processor_settings``), or None: a text dataset."""
+        settings = (self.tokenizer_state or {}).get("processor")
+        return settings if isinstance(settings, dict) else None
+
+    def media_spans(self, split: str, item: int) -> tuple:
+        """The ``MediaSpan``s of global episode (packed: row) ``item`` of ``split``, in
+        token order, offsets counted from the item's first token; () for a text dataset.
+        A shard's media table is read the first time one of its items is asked for; a
+        table that is not as the format says is a ``DatasetError`` naming its first problem."""
+        shard, local = self.split(split).locate(item)
+        if not self.has_media:
+            return ()
+        from .media_table import item_spans  # lazy: the media table's code loads only for a dataset with media
+        return item_spans(shard, local)
 
 
 @dataclass
@@ -165,10 +190,11 @@ def _read_metadata(root: Path, layout: str) -> tuple[dict | None, list[Problem]]
         return meta, [Problem("metadata", METADATA_FILE, "kind", f"kind {kind!r} is not known (this sftdata reads "
                               f"{', '.join(DATASET_KINDS)})", "upgrade sftdata, or re-create the dataset "
                               "with this one")]
-    if version != format_version_for(kind, has_last_reply_flags(meta)):
-        return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset is format_version "
-                              f"{format_version_for(kind, has_last_reply_flags(meta))}, but this one records "
-                              f"{version!r}", RECREATE)]
+    want = format_version_for(kind, has_last_reply_flags(meta), has_media(meta))
+    if version != want:
+        media = " with media" if has_media(meta) else ""
+        return meta, [Problem("metadata", METADATA_FILE, "format_version", f"a {kind!r} dataset{media} is "
+                              f"format_version {want}, but this one records {version!r}", RECREATE)]
     return meta, damaged
 
 
@@ -307,6 +333,7 @@ def _open_splits(scan: Scan, packed: bool) -> None:
                           entries=ds.entries)
             listed = tuple((shard_record(ds.metadata, split, shard.name) or {}).get("files") or {})
             files = row_shard_files(ds.kind) if ds.kind in ROW_KINDS else shard_files(packed)
+            files += (MEDIA_FILE,) if ds.has_media else ()
             scan.problems += missing_files(shard, files + listed)
             first += shard.num_items
             shards.append(shard)

@@ -89,6 +89,7 @@ class Shard:
         seg, k = map_values(p / SEGMENTS_FILE, IDX_DTYPE), len(SEGMENT_FIELDS)
         self.segments = None if seg is None else seg[:seg.shape[0] // k * k].reshape(-1, k)
         self.last_reply = map_values(p / LAST_REPLY_FILE, LAST_REPLY_DTYPE)  # None: no item flagged
+        self.media_table = None  # its media table once read (store.media_table.shard_media; datasets with media)
 
     def last_only(self, first: int = 0, stop: int | None = None) -> np.ndarray:
         """The "last reply only" flag (bool) of items ``[first, stop)``: episodes, or a

@@ -17,8 +17,10 @@ from ..chat.markers import MarkerIds
 from ..storage import METADATA_FILE
 from .format import (
     EPISODES_FILE,
+    MEDIA_FILE,
     RECREATE,
     REPACK,
+    RESTORE,
     SEGMENTS_FILE,
     TOKENS_FILE,
     Problem,
@@ -156,6 +158,55 @@ def check_eos(shard: Shard, b: EpisodeBounds, markers: MarkerIds) -> list[Proble
                     f"do not match the tokens, or the tokens were changed{more_like_it(bad.size)}",
                     fix="restore the shard, or " + RECREATE,
                     **shard.at(i, TOKENS_FILE, pos * shard.token_dtype.itemsize))]
+
+
+# ------------------------------------------------------------------------- media spans
+def check_media_spans(shard: Shard, items: np.ndarray, offsets: np.ndarray, tokens: np.ndarray,
+                      lines: np.ndarray) -> list[Problem]:
+    """A shard's media spans (``items``: local episode or packed row, ``offsets`` within it,
+    ``tokens``; ``lines``: their 1-based lines of ``MEDIA_FILE``) placed as the format says:
+    each in an item of the shard and inside it, in (item, offset) order, none overlapping
+    the one before it in its item. Pure over the arrays and the shard's index."""
+    out = []
+    n = shard.num_items
+    f = shard.file(MEDIA_FILE)
+    fix = RESTORE + shard.recreate
+    what = "row" if shard.packed else "episode"
+
+    def add(k: np.ndarray, message, code: str) -> None:
+        i = int(k[0])
+        gid = shard.first_gid + int(items[i]) if 0 <= int(items[i]) < n else None
+        where = (f"{what} {gid} of {shard.split}, " if gid is not None else "") + f"line {int(lines[i]):,} of {MEDIA_FILE}"
+        out.append(Problem("media", f, where, message(i) + more_like_it(k.size, "lines"), fix, shard.split,
+                           episode=gid, code=code))
+
+    g = shard.first_gid
+    bad = np.flatnonzero(items >= n)
+    if bad.size:
+        add(bad, lambda i: f"line {lines[i]} places an item in {what} {items[i]} of the shard, which holds {n} "
+                           f"{what}s", "item_out_of_range")
+    inside = items < n
+    length = np.zeros(items.shape, np.int64)
+    length[inside] = np.minimum(np.asarray(shard.index)[items[inside], 1], 2**62).astype(np.int64)
+    end = offsets + tokens
+    bad = np.flatnonzero(inside & (end > length))
+    if bad.size:
+        add(bad, lambda i: f"the media span at offset {offsets[i]:,} ({tokens[i]:,} tokens) runs past the end of "
+                           f"{what} {g + items[i]} ({length[i]:,} tokens)", "past_item_end")
+    if items.size >= 2:
+        key_back = (items[1:] < items[:-1]) | ((items[1:] == items[:-1]) & (offsets[1:] <= offsets[:-1]))
+        bad = np.flatnonzero(key_back) + 1
+        if bad.size:
+            add(bad, lambda i: f"the span at ({what} {g + items[i]}, offset {offsets[i]:,}) comes after "
+                               f"({what} {g + items[i - 1]}, offset {offsets[i - 1]:,}): {MEDIA_FILE} is not in "
+                               f"({what}, offset) order", "unsorted")
+        over = np.flatnonzero((items[1:] == items[:-1]) & (offsets[1:] > offsets[:-1]) &
+                              (offsets[1:] < end[:-1])) + 1
+        if over.size:
+            add(over, lambda i: f"the media span at offset {offsets[i]:,} of {what} {g + items[i]} starts inside "
+                                f"the one before it (tokens [{offsets[i - 1]:,}, {end[i - 1]:,})): the spans "
+                                "overlap", "overlap")
+    return out
 
 
 # ------------------------------------------------------------------------- packed rows

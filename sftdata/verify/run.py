@@ -32,6 +32,7 @@ from ..util.cache import bypassed
 from ..util.hashing import sha256_file
 from .content import check_tokenizer
 from .drift import DRIFT_CHECK, EPISODES, check_drift
+from .media import MEDIA_CHECKS, check_media, media_source_problems
 from .metadata import (
     NOT_RECORDED,
     any_ranges,
@@ -77,6 +78,7 @@ CHECKS: dict[str, str] = {
     "counts": "episode, token, trained-token counts equal the metadata",
     **_COMMON_TAIL,
     "mask_rule": "the mask is the mask rule's, re-derived from the tokens",
+    **MEDIA_CHECKS,
     **_STOPS,
     "checksums": "sha256 of every file equals the metadata",
 }
@@ -89,6 +91,7 @@ PACKED_CHECKS: dict[str, str] = {
     **_COMMON_TAIL,
     "mask_rule": "the mask is the rule's per segment; 0 on injected tokens",
     "padding": "each row's tail after its segments is the padding id",
+    **MEDIA_CHECKS,
     **_STOPS,
     "checksums": "sha256 of every file equals the metadata",
 }
@@ -98,7 +101,7 @@ PACKED_CHECKS: dict[str, str] = {
 ROW_CHECKS: dict[str, str] = {**{k: CHECKS[k] for k in ("metadata", "metadata_checksum", "tokenizer", "files", "sizes", "index")},
                            "labels": LABELS_CHECK, "columns": COLUMNS_CHECK, "eos": CHECKS["eos"],
                            "counts": CHECKS["counts"], **_COMMON_TAIL,
-                           "mask_rule": ROW_MASK_RULE, **_STOPS, "checksums": CHECKS["checksums"]}
+                           "mask_rule": ROW_MASK_RULE, **MEDIA_CHECKS, **_STOPS, "checksums": CHECKS["checksums"]}
 
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -270,6 +273,7 @@ def _verify(path: Path, quick: bool, token_dtype, tokenizer: str | None, progres
         run.skip(("mask_values", "mask_rule", "stops"), "no mask.bin")
     if stops is not None:
         _serving(run, report, stops, tc, serving, serving_error)
+    _media(run)
     if retokenize_episodes > 0:
         _resample(run, report, retokenize_episodes, executor, rerender)
     # within a check, the problems keep the order they were found in: top-level file sizes
@@ -414,12 +418,27 @@ def _shards(run: _Run, report: VerifyReport, ctx: ShardContext, stops: StopFindi
     return results, remote
 
 
+def _media(run: _Run) -> None:
+    """The ``media`` check (a text dataset: skipped, with why)."""
+    found = check_media(run.ds)
+    run.found += found.problems
+    run.notes += found.notes
+    if found.skipped:
+        run.skip(tuple(MEDIA_CHECKS), found.skipped)
+
+
 def _sources(run: _Run, report: VerifyReport, checks: list[SourceCheck]) -> None:
-    """``--sources``: each recorded input file found as recorded, or a problem naming it."""
+    """``--sources``: each recorded input file found as recorded, or a problem naming it;
+    the media of a dataset with media read again and hashed."""
     report.sources, report.reproducible = checks, reproducible(checks)
     run.tick(source_bytes(run.meta))
     run.found += source_problems(checks)
-    if not checks:
+    media, media_notes = media_source_problems(run.ds)
+    run.found += media
+    run.notes += media_notes
+    if media:
+        report.reproducible = False
+    if not checks and not run.ds.has_media:
         run.notes.append(_no_sources_note(run.meta, run.ds.kind))
         run.skip(("sources",), "no input files recorded")
 

@@ -241,7 +241,8 @@ def test_a_pairs_dataset_runs_every_check_on_ray_as_an_episodes_dataset_does(ray
         ("columns", "skipped", "a pairs dataset has no columns.jsonl"),
         ("eos", "skipped", "a row's prompt ends with the generation prompt, not <|EOS|>"), ("counts", "ok", ""),
         ("vocab", "ok", ""), ("mask_values", "ok", ""), ("ranges", "ok", ""), ("mask_rule", "ok", ""),
-        ("stops", "ok", ""), ("serving", "ok", ""), ("checksums", "ok", ""), ("sources", "ok", ""),
+        ("media", "skipped", "no media (a text dataset)"), ("stops", "ok", ""), ("serving", "ok", ""),
+        ("checksums", "ok", ""), ("sources", "ok", ""),
         ("retokenize", "skipped", tiktoken), ("drift", "ok", "")]
     assert [c[0] for c in checks["pairs"] if c[0] not in ("labels", "columns")] == [c[0] for c in checks["episodes"]]
     assert got["pairs"]["ok"] and got["pairs"]["drift"]["episodes"] == 5 and len(got["pairs"]["splits"]) == 2

@@ -28,7 +28,8 @@ EPISODE_CHECKS = list(CHECKS) + ["sources", "retokenize", "drift"]
 # a pairs dataset: the episodes' checks in the same order, and KTO's labels and RL prompts' columns
 PAIR_CHECKS = [("metadata", "ok"), ("metadata_checksum", "ok"), ("tokenizer", "ok"), ("files", "ok"), ("sizes", "ok"),
                ("index", "ok"), ("labels", "skipped"), ("columns", "skipped"), ("eos", "skipped"), ("counts", "ok"),
-               ("vocab", "ok"), ("mask_values", "ok"), ("ranges", "ok"), ("mask_rule", "ok"), ("stops", "ok"), ("serving", "ok"),
+               ("vocab", "ok"), ("mask_values", "ok"), ("ranges", "ok"), ("mask_rule", "ok"), ("media", "skipped"),
+               ("stops", "ok"), ("serving", "ok"),
                ("checksums", "ok"), ("sources", "ok"), ("retokenize", "skipped"), ("drift", "ok")]
 TIKTOKEN = "the dataset's tokenizer is a tiktoken encoding with sftdata's markers, not a tokenizer.json"
 
@@ -54,7 +55,8 @@ def test_a_pairs_dataset_runs_the_episodes_checks_by_name(tmp_path):
     assert [c.name for c in r.checks if c.name not in ("labels", "columns")] == EPISODE_CHECKS  # in the same order
     notes = {c.name: c.note for c in r.checks if c.status == "skipped"}
     assert notes == {"labels": "a pairs dataset has no labels", "columns": "a pairs dataset has no columns.jsonl",
-                     "eos": "a row's prompt ends with the generation prompt, not <|EOS|>", "retokenize": TIKTOKEN}
+                     "eos": "a row's prompt ends with the generation prompt, not <|EOS|>", "retokenize": TIKTOKEN,
+                     "media": "no media (a text dataset)"}
     assert (r.drift["episodes"], r.drift["differ"], r.reproducible) == (5, 0, True)
     assert r.splits == {"train": {"rows": 5, "tokens": int(_shard(ds)[1].size), "shards": 1}}
 
@@ -65,7 +67,7 @@ def test_a_changed_input_file_fails_sources_naming_the_file(tmp_path):
     write_jsonl(inp, rows[:4] + [PAIR])
     r = verify(ds, sources=True)
     assert [(c.name, c.status) for c in r.checks if c.status != "ok"] == [
-        ("labels", "skipped"), ("columns", "skipped"), ("eos", "skipped"), ("sources", "failed")]
+        ("labels", "skipped"), ("columns", "skipped"), ("eos", "skipped"), ("media", "skipped"), ("sources", "failed")]
     (p,) = r.problems
     assert (p.check, p.file, p.message) == ("sources", str(inp), f"input file {inp} is {inp.stat().st_size:,} bytes; "
                                             f"dataset_metadata.json recorded {old:,}: it changed since prepare read "

@@ -49,7 +49,7 @@ def only(report, check):
 def test_clean_dataset_passes_every_check(ds):
     r = verify(ds)
     assert r.ok and r.problems == []
-    assert [(c.name, c.status) for c in r.checks] == [(name, "ok") for name in CHECKS]
+    assert [(c.name, c.status) for c in r.checks] == [(name, "skipped" if name == "media" else "ok") for name in CHECKS]
     assert r.splits == {"train": {"episodes": 6, "tokens": 146, "shards": 2},
                         "val": {"episodes": 2, "tokens": 33, "shards": 1}}
     files = sorted(p for p in ds.rglob("*") if p.is_file() and p.name != "dataset_metadata.json")
@@ -62,7 +62,7 @@ def test_quick_skips_only_the_checksums(ds):
     r = verify(ds, quick=True)
     assert r.ok and r.bytes_hashed == 0
     assert {c.name: c.status for c in r.checks}["checksums"] == "skipped"
-    assert [c.name for c in r.checks if c.status == "ok"] == [c for c in CHECKS if c != "checksums"]
+    assert [c.name for c in r.checks if c.status == "ok"] == [c for c in CHECKS if c not in ("checksums", "media")]
 
 
 def test_truncated_tokens_bin(ds):
@@ -301,7 +301,7 @@ def test_unsorted_gap_and_trailing_tokens_each_have_a_message(ds):
 def test_metadata_and_tokenizer_problems(ds):
     edit_metadata(ds, lambda m: m.__setitem__("format_version", 99))
     r = verify(ds, quick=True)
-    assert [p.message for p in by_check(r, "metadata")] == ["format_version 99 is not known (this sftdata reads 1, 2 and 3)"]
+    assert [p.message for p in by_check(r, "metadata")] == ["format_version 99 is not known (this sftdata reads 1, 2, 3 and 4)"]
     st = json.loads((ds / "tokenizer_state.json").read_text())
     st["ranks_sha256"] = "0" * 64
     (ds / "tokenizer_state.json").write_text(json.dumps(st))
@@ -361,7 +361,8 @@ def test_flat_layout_structural_checks_with_notes(ds, tmp_path):
     assert r.ok and r.layout == "flat"
     status = {c.name: c.status for c in r.checks}
     assert [k for k, v in status.items() if v == "skipped"] == ["metadata_checksum", "eos", "counts", "vocab", "ranges",
-                                                                 "mask_rule", "stops", "serving", "checksums"]
+                                                                 "mask_rule", "media", "stops", "serving",
+                                                                 "checksums"]
     assert any("counts, file sizes and checksums cannot be checked" in n for n in r.notes)
     assert any("token ids, EOS endings and the loss mask cannot be checked" in n for n in r.notes)
     idx = read_idx(flat / "train" / "episodes.idx")
