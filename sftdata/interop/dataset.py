@@ -96,7 +96,7 @@ class SFTDataset(TokenLimits):
         refuse_row_kind(ds, "SFTDataset")
         self.dataset = ds
         self.split = ds.split(self.split_name)
-        self.has_media = bool(getattr(ds, "has_media", False))  # the store reader's (a media table per shard)
+        self.has_media = ds.has_media  # a media table per shard
         self.kind = ds.kind
         self._segments: Segments | None = None
         if self.kind == "packed":
