@@ -19,9 +19,9 @@ from sftdata.interop.collate import Collator
 from sftdata.interop.media import MediaChangedError, MediaLoader, ResolutionDriftError, image_processor
 from sftdata.media import settings_from_dicts
 from sftdata.media.rope import mrope_positions
-from sftdata.store.reader import Dataset
 from sftdata.torch import SFTDataset, VisionCollator, media_token_ids, vision_collate
 from tests.helpers.loader import make_dataset
+from tests.helpers.media_dataset import media_dataset
 from tests.helpers.tiny_vl import IMAGE_ID, PUBLISHED, TOKEN_IDS, image_span, settings, vision_episode, write_image
 
 torch = pytest.importorskip("torch")
@@ -198,23 +198,27 @@ def test_decoding_happens_in_the_dataloaders_workers(monkeypatch, pinned, episod
     assert len(decoded) == 6  # the in-process collation above decoded them, here
 
 
-def test_sftdataset_items_carry_their_spans_and_vision_collate_reads_the_pinned_settings(tmp_path, monkeypatch, pinned):
-    """The wiring: a dataset with media gives each item its spans (the store reader's
-    media_spans); vision_collate takes the settings and token ids its tokenizer_state pins."""
-    path = make_dataset(tmp_path / "ds", [12, 9, 15])
-    spans = {1: (image_span(write_image(tmp_path / "a.png", 56, 56), 2, pinned),)}
-    monkeypatch.setattr(Dataset, "has_media", True, raising=False)
-    monkeypatch.setattr(Dataset, "media_spans", lambda self, split, i: spans.get(i, ()), raising=False)
-    ds = SFTDataset(path)
-    assert ds[1]["media"] == spans[1] and ds[0]["media"] == ()
-    with pytest.raises(ConfigError, match=r"pins no processor settings \(no \"processor\" in tokenizer_state.json\)"):
-        vision_collate(ds)
-    ds.dataset.tokenizer_state = {**ds.dataset.tokenizer_state, "processor": pinned, "added_tokens": TOKEN_IDS}
+def test_sftdataset_items_carry_their_spans_and_vision_collate_reads_the_pinned_settings(tmp_path):
+    """The wiring, on a dataset with media: each item carries its episode's spans (the store
+    reader's media_spans); vision_collate takes the settings and token ids its
+    tokenizer_state.json pins, and makes the processor's pixels and grids of those spans."""
+    md = media_dataset(tmp_path, [[(56, 56), (84, 56)], []])
+    ds = SFTDataset(md.root)
+    assert [ds[i]["media"] for i in range(2)] == md.spans["train"] and len(ds[0]["media"]) == 2
+    assert ds[1]["media"] == ()
     c = vision_collate(ds, tokens_per_second=2)
-    assert (c.spec.image_token_id, c.spec.video_token_id, c.spec.merge_size, c.text.pad_id) == (IMAGE_ID, 152, 2,
-                                                                                               ds.pad_id)
+    assert (c.spec.image_token_id, c.spec.merge_size, c.text.pad_id) == (md.image_pad, 2, ds.pad_id)
+    batch = c.numpy([ds[0]])
+    assert batch["image_grid_thw"].tolist() == [list(s.item.count.grid) for s in md.spans["train"][0]]
     assert media_token_ids({"special_tokens": {"<|EOS|>": 3}, "added_tokens": {"<|image_pad|>": 7}}) == {
         "<|EOS|>": 3, "<|image_pad|>": 7}
+
+
+def test_a_dataset_that_pins_no_processor_is_refused_by_vision_collate(tmp_path):
+    ds = SFTDataset(make_dataset(tmp_path / "ds", [12, 9, 15]))
+    assert ds[0].get("media") is None
+    with pytest.raises(ConfigError, match=r"pins no processor settings \(no \"processor\" in tokenizer_state.json\)"):
+        vision_collate(ds)
 
 
 def test_the_collator_pickles_without_its_processor(pinned, episodes):
