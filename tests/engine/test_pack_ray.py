@@ -173,7 +173,7 @@ def test_ray_pack_of_a_dataset_with_images_is_byte_identical_to_local(ray_cluste
     built = media_dataset(tmp_path, [[(56, 56), (100, 200)], [(300, 120)], [], [(56, 56)] * 3] * 6)
     opts = PackOptions(block_size=255, shard_tokens=600)
     pack(built.root, tmp_path / "local", opts)
-    pack(built.root, tmp_path / "ray", opts, executor=ray_pack_executor(shards_per_task=per_task, rows_per_task=rows))
+    pack(built.root, tmp_path / "ray", opts, executor=ray_engine(shards_per_task=per_task, rows_per_task=rows))
     same_dataset(tmp_path / "local", tmp_path / "ray")
     meta = orjson.loads((tmp_path / "ray" / "dataset_metadata.json").read_bytes())
     assert meta["format_version"] == 4 and meta["media"] == {"items": 36, "images": 36, "videos": 0, "tokens": 528}
