@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store.format import ENTRIES_PER_ROW, KIND_PROMPTS, PARTS_DIR, STAGING_SPLIT
-from ..store.rows import Rows, shard_columns
+from ..store.rows import Rows, shard_columns, shard_media
 from ..store.shard import Shard
 from ..store.split_writer import RowSplitWriter, SplitWriter
 from .results import StagedPart
@@ -52,7 +52,7 @@ def add_rows(writer: SplitWriter | RowSplitWriter, rows: Rows) -> None:
     if isinstance(writer, RowSplitWriter):
         writer.add_rows(rows.ids, rows.mask, rows.lengths, rows.sources, labels=rows.labels, columns=rows.columns)
     else:
-        writer.add_many(rows.ids, rows.mask, rows.lengths, rows.sources, rows.flags)
+        writer.add_many(rows.ids, rows.mask, rows.lengths, rows.sources, rows.flags, rows.media)
 
 
 def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | None, writers: list,
@@ -65,6 +65,7 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
     lengths = src.index[first * per:stop * per, 1].astype(np.int64)
     row_ends = np.cumsum(lengths.reshape(-1, per).sum(axis=1))
     origin = int(src.index[first * per, 0]) if stop > first else 0
+    media = shard_media(src.path, first, stop) if per == 1 and kind not in ENTRIES_PER_ROW else None
     with shard_columns(src.path) if kind == KIND_PROMPTS else nullcontext() as columns:
         for _ in range(first if columns is not None else 0):
             next(columns)
@@ -77,7 +78,8 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
             rows = Rows(toks, mask, lengths[i * per:j * per], src.sources[a:b].astype(np.int64) + record_offset,
                         per, flags=src.last_only(a, b) if per == 1 and kind not in ENTRIES_PER_ROW else None,
                         labels=None if src.labels is None else np.asarray(src.labels[a:b]),
-                        columns=None if columns is None else [next(columns) for _ in range(j - i)])
+                        columns=None if columns is None else [next(columns) for _ in range(j - i)],
+                        media=None if media is None else media[i:j])
             to = np.zeros(j - i, np.int64) if route is None else route[i:j]
             for k, w in enumerate(writers):
                 sel = to == k

@@ -31,6 +31,7 @@ from .format import (
     dumps_json,
     format_version_for,
     has_last_reply_flags,
+    has_media,
     metadata_sha256,
 )
 from .split_writer import PackedSplitWriter, RowSplitWriter, SplitWriter
@@ -217,7 +218,8 @@ class DatasetWriter:
             if p.is_file() and p.name != METADATA_FILE:
                 files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         # 2 for pairs, kto, prompts; 3 where an episode is flagged "last reply only"
-        version = format_version_for(metadata.get("kind", KIND_EPISODES), has_last_reply_flags(metadata))
+        version = format_version_for(metadata.get("kind", KIND_EPISODES), has_last_reply_flags(metadata),
+                                     has_media(metadata))
         meta = {"format": FORMAT_NAME, "format_version": version, **metadata, "files": files}
         meta = orjson.loads(dumps_json(meta))  # hashed as a reader parses it (numpy values become plain)
         meta[METADATA_CHECKSUM] = {"version": METADATA_CHECKSUM_VERSION, "sha256": metadata_sha256(meta)}

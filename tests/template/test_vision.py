@@ -1,0 +1,174 @@
+"""Media under a vision model's template: each episode's ids equal transformers'
+``processor.apply_chat_template(messages, tokenize=True)``, every media token is masked 0 by
+the rule, each item's span is where its placeholders are, and the length filter never cuts
+a media item (conversations made by hand: the records' media parsing is tested in records/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sftdata.prepare.media as media_step
+from sftdata.chat.template_rule import MaskRule, rule_mask
+from sftdata.errors import ConfigError, RecordError
+from sftdata.prepare.media import MediaStep, record_base
+from sftdata.records.turns import MEDIA_MARK, Conversation, MediaRef, Turn
+from sftdata.template import choose_tokenizer, records_episodes, render_within, tokenizer_state
+from sftdata.template.messages import media_parts
+from sftdata.template.vision import with_processor
+from tests.helpers.vision import IMAGES, model_folder, reference_ids, reference_processor, write_images
+
+
+def _conv(*turns: Turn) -> Conversation:
+    return Conversation(turns=tuple(turns))
+
+
+def _user(text: str, *refs: str) -> Turn:
+    return Turn(role="user", text=text, media=tuple(MediaRef("image", r) for r in refs))
+
+
+def _messages(conv: Conversation) -> list[dict]:
+    """The conversation as a user of transformers writes it: image parts naming their files."""
+    out = []
+    for t in conv.turns:
+        if t.media:
+            parts = media_parts(t)
+            refs = iter(t.media)
+            out.append({"role": t.role, "content": [{"type": "image", "image": next(refs).ref}
+                                                    if p["type"] == "image" else p for p in parts]})
+        else:
+            out.append({"role": t.role, "content": t.text})
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen25(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen25")
+    folder = model_folder(root / "model", "qwen2_5_vl")
+    write_images(root / "data")
+    tok, profile = choose_tokenizer(str(folder), None)
+    return root, folder, tok, profile
+
+
+def _render(qwen, conv: Conversation, max_tokens=None, where=None):
+    root, _, tok, profile = qwen
+    where = where or f"{root / 'data' / 'records.jsonl'}:line 1"
+    media = MediaStep(profile.processor).record_media(conv, where)
+    (out,) = records_episodes([(conv, where)], profile, tok, max_tokens, [media])
+    return out
+
+
+def test_the_profile_pins_the_processor_and_never_trains_media(qwen25):
+    _, _, tok, profile = qwen25
+    pad, video = tok.token_id("<|image_pad|>"), tok.token_id("<|video_pad|>")
+    assert profile.media_ids == {"image": pad, "video": video}
+    assert profile.rule.media_ids == tuple(sorted((pad, video)))
+    state = tokenizer_state(tok, profile)
+    assert state["processor"] == profile.processor
+    assert state["processor"]["family"] == "qwen2_5_vl"
+    assert state["mask_rule"]["media_ids"] == sorted((pad, video))
+    assert MaskRule.from_state(state["mask_rule"]) == profile.rule
+
+
+def test_every_episode_equals_the_processors_ids(qwen25):
+    root, folder, tok, profile = qwen25
+    processor = reference_processor(folder, "qwen2_5_vl")
+    names = [name for name, *_ in IMAGES]
+    for k, name in enumerate(names):
+        other = names[(k + 3) % len(names)]
+        conv = _conv(_user(f"{MEDIA_MARK}What is this?", name), Turn("assistant", "A picture."),
+                     _user(f"And these: {MEDIA_MARK} and {MEDIA_MARK}.", other, name), Turn("assistant", "Two more."))
+        out = _render(qwen25, conv)
+        assert not isinstance(out, RecordError), out
+        (ep,) = out.episodes
+        assert ep.ids.tolist() == reference_ids(processor, _messages(conv), root / "data")
+        media = np.isin(ep.ids, list(profile.media_ids.values()))
+        assert ep.mask[media].tolist() == [0] * int(media.sum())
+        assert np.array_equal(rule_mask(ep.ids, profile.rule), ep.mask)
+        assert [s.item.uri for s in ep.media] == [str(root / "data" / n) for n in (name, other, name)]
+        pad = profile.media_ids["image"]
+        start, end = tok.token_id("<|vision_start|>"), tok.token_id("<|vision_end|>")
+        for s in ep.media:
+            n = s.item.count.tokens
+            assert ep.ids[s.offset - 1:s.offset + n + 1].tolist() == [start] + [pad] * n + [end]
+
+
+def test_a_media_token_in_a_reply_is_not_trained_by_the_rule():
+    rule = MaskRule(headers=((1,),), end_ids=(2,), media_ids=(7,))
+    ids = np.array([5, 1, 3, 7, 7, 3, 2, 5])
+    assert rule_mask(ids, rule).tolist() == [0, 0, 1, 0, 0, 1, 1, 0]
+    assert rule_mask(ids, MaskRule(headers=((1,),), end_ids=(2,))).tolist() == [0, 0, 1, 1, 1, 1, 1, 0]
+    assert MaskRule.from_state(rule.state()) == rule
+    assert "media_ids" not in MaskRule(headers=((1,),), end_ids=(2,)).state()
+
+
+def test_a_record_whose_first_pair_cannot_fit_with_its_image_is_media_truncated(qwen25):
+    conv = _conv(_user(f"{MEDIA_MARK}What is this?", "portrait.jpg"), Turn("assistant", "A picture."))
+    whole = _render(qwen25, conv).episodes[0]
+    out = _render(qwen25, conv, max_tokens=len(whole.ids) - 1)
+    assert isinstance(out, RecordError) and out.reason == "media_truncated"
+    assert f"renders to {len(whole.ids)} tokens" in out.detail and "never cut" in out.detail
+    assert _render(qwen25, conv, max_tokens=len(whole.ids)).episodes[0].ids.tolist() == whole.ids.tolist()
+
+
+def test_a_later_pair_with_an_image_is_dropped_whole(qwen25):
+    first = _render(qwen25, _conv(_user("Hello", ), Turn("assistant", "Hi."))).episodes[0]
+    conv = _conv(_user("Hello"), Turn("assistant", "Hi."), _user(f"{MEDIA_MARK}And this?", "portrait.jpg"),
+                 Turn("assistant", "A picture."))
+    out = _render(qwen25, conv, max_tokens=len(first.ids) + 20)
+    assert out.pairs_dropped == 1
+    (ep,) = out.episodes
+    assert ep.ids.tolist() == first.ids.tolist() and ep.media == ()
+
+
+def test_bad_media_rejects_the_record_by_name(qwen25):
+    root, *_ = qwen25
+    (root / "data" / "cut.jpg").write_bytes((root / "data" / "portrait.jpg").read_bytes()[:600])
+    step = MediaStep(qwen25[3].processor)
+    where = f"{root / 'data' / 'records.jsonl'}:line 4"
+    with pytest.raises(RecordError, match=r"image nothere\.png: no such file: .*nothere\.png") as e:
+        step.record_media(_conv(_user(f"{MEDIA_MARK}?", "nothere.png"), Turn("assistant", "x")), where)
+    assert e.value.reason == "media_missing" and e.value.where == where
+    with pytest.raises(RecordError) as e:
+        step.record_media(_conv(_user(f"{MEDIA_MARK}?", "cut.jpg"), Turn("assistant", "x")), where)
+    assert e.value.reason == "media_unreadable"
+    video = Conversation(turns=(Turn("user", f"{MEDIA_MARK}?", media=(MediaRef("video", "clip.mp4"),)),
+                                Turn("assistant", "x")))
+    with pytest.raises(RecordError, match="videos are not prepared yet") as e:
+        step.record_media(video, where)
+    assert e.value.reason == "media_unsupported"
+
+
+def test_identical_references_are_read_once_per_chunk(qwen25, monkeypatch):
+    root, *_ = qwen25
+    reads = []
+    real = media_step.read_media
+    monkeypatch.setattr(media_step, "read_media", lambda ref, **kw: reads.append(ref) or real(ref, **kw))
+    step = MediaStep(qwen25[3].processor)
+    where = f"{root / 'data' / 'records.jsonl'}:line 1"
+    conv = _conv(_user(f"{MEDIA_MARK}{MEDIA_MARK}", "gray.png", "gray.png"), Turn("assistant", "x"))
+    step.record_media(conv, where)
+    step.record_media(conv, where.replace("line 1", "line 2"))
+    assert reads == ["gray.png"]
+
+
+def test_a_folder_whose_placeholder_is_no_token_is_refused(qwen25):
+    _, _, tok, profile = qwen25
+    with pytest.raises(ConfigError, match="does not yet expand the media placeholders of Gemma 3"):
+        with_processor(profile, {"family": "gemma3"}, tok)
+
+
+def test_render_within_keeps_a_text_record_as_it_was(qwen25):
+    _, _, tok, profile = qwen25
+    conv = _conv(Turn("user", "Hello"), Turn("assistant", "Hi."))
+    out, dropped = render_within(conv, profile, tok, None)
+    assert dropped == 0 and out.episodes[0].media == ()
+
+
+def test_where_names_the_records_folder(tmp_path):
+    assert record_base("data/x.jsonl:line 3") == "data"
+    assert record_base("x.jsonl:line 3") == "."
+    assert record_base("s3://bucket/dir/x.jsonl:line 3") == "s3://bucket/dir"
+    assert Path(record_base(f"{tmp_path}/a.jsonl:row 0")) == tmp_path
