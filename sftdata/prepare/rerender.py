@@ -23,6 +23,7 @@ from ..records.turns import TurnPolicy
 from ..sources import DEFAULT_MAX_RECORD_BYTES, STDIN, Input, inspect_source, iter_records
 from ..sources.remote import url_protocol
 from ..template import ChatTemplate, TemplateProfile, learn_profile
+from ..template.vision import with_processor
 from ..tokenize import is_hf_state
 from .chunk import process_chunk
 
@@ -45,6 +46,8 @@ def _profile(tok: HFTokenizer, state: dict, train_on: str) -> TemplateProfile:
     profile = learn_profile(template, tok, ct.get("variables") if isinstance(ct.get("variables"), dict) else None)
     if train_on == "last" and not profile.rule.last_reply_only:
         profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
+    if isinstance(state.get("processor"), dict):  # a vision model's: the pinned settings count the media again
+        profile = with_processor(profile, state["processor"], tok)
     return profile
 
 
@@ -86,7 +89,8 @@ def rerender_records(meta: dict, state: dict, records: Sequence[int]) -> tuple[d
     raws, unread = _raw_records(meta, set(int(r) for r in records),
                                 int(opts.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES))
     res = process_chunk(raws, tok, opts.get("mode", "chat"), opts.get("max_tokens"),
-                        TurnPolicy(opts.get("reasoning", "keep"), opts.get("train_on", "all")), profile)
+                        TurnPolicy(opts.get("reasoning", "keep"), opts.get("train_on", "all")), profile,
+                        media_root=opts.get("media_root"))
     out = {rec.record: Rerendered(rec.where) for rec in raws}
     for record, _where, reason, message in res.rejects:
         out[record].rejected = f"{reason}: {message}"

@@ -18,7 +18,7 @@ from sftdata.records.turns import MEDIA_MARK, Conversation, MediaRef, Turn
 from sftdata.template import choose_tokenizer, records_episodes, render_within, tokenizer_state
 from sftdata.template.messages import media_parts
 from sftdata.template.vision import with_processor
-from tests.helpers.vision import IMAGES, model_folder, reference_ids, reference_processor, write_images
+from tests.helpers.vision import IMAGES, MODELS, model_folder, reference_ids, reference_processor, write_images
 
 
 def _conv(*turns: Turn) -> Conversation:
@@ -72,15 +72,26 @@ def test_the_profile_pins_the_processor_and_never_trains_media(qwen25):
     assert MaskRule.from_state(state["mask_rule"]) == profile.rule
 
 
-def test_every_episode_equals_the_processors_ids(qwen25):
-    root, folder, tok, profile = qwen25
-    processor = reference_processor(folder, "qwen2_5_vl")
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def family(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    folder = model_folder(root / "model", request.param)
+    write_images(root / "data")
+    tok, profile = choose_tokenizer(str(folder), None)
+    return root, folder, tok, profile, request.param
+
+
+def test_every_episode_equals_the_processors_ids(family):
+    root, folder, tok, profile, name = family
+    assert profile.processor["family"] == name
+    processor = reference_processor(folder, name)
+    qwen = family[:4]
     names = [name for name, *_ in IMAGES]
     for k, name in enumerate(names):
         other = names[(k + 3) % len(names)]
         conv = _conv(_user(f"{MEDIA_MARK}What is this?", name), Turn("assistant", "A picture."),
                      _user(f"And these: {MEDIA_MARK} and {MEDIA_MARK}.", other, name), Turn("assistant", "Two more."))
-        out = _render(qwen25, conv)
+        out = _render(qwen, conv)
         assert not isinstance(out, RecordError), out
         (ep,) = out.episodes
         assert ep.ids.tolist() == reference_ids(processor, _messages(conv), root / "data")
