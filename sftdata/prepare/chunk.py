@@ -35,11 +35,11 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
     the worker's ``memo`` of encoded texts, which changes no id), and compute the keys of
     its accepted records (``curate``: the exact-duplicate key always) from the same parse.
     With a ``profile`` (a model's chat template), ``template_chunk`` renders them (and reads
-    their media, ``media_root``: ``--media-root``); sftdata's markers take no media."""
+    their media, ``media_root``: ``--media-root``); sftdata's markers take no media (a record
+    holding any is ``non_text_content``, as it always was)."""
     if profile is not None:
         return template_chunk(items, tok, profile, mode, max_tokens, policy, curate, media_root)
     convs, kept, rejects = _parsed(items, mode, policy)
-    convs, kept, _ = _with_media(convs, kept, rejects, None, None)
     repairs: Counter = Counter(name for conv in convs for name in set(conv.repairs))
     turns: Counter = Counter()
     chunk = render_chunk(convs, tok, wheres=[r.where for r in kept], max_tokens=max_tokens, memo=memo)
@@ -82,13 +82,13 @@ def _parsed(items: Sequence[RawRecord], mode: str, policy: TurnPolicy) -> tuple[
     return convs, kept, rejects
 
 
-def _with_media(convs: list, kept: list, rejects: list, profile: TemplateProfile | None,
+def _with_media(convs: list, kept: list, rejects: list, profile: TemplateProfile,
                 media_root: str | None) -> tuple[list, list, list]:
     """The conversations whose media are read and counted (the media step, each reference
     once per chunk: ``media.MediaStep``), their records and media (None: a record without);
     a record with media but no processor to count it (``media_needs_processor``), or with a
     bad item (its reason), goes to ``rejects``."""
-    step = MediaStep(profile.processor, media_root) if profile is not None and profile.processor else None
+    step = MediaStep(profile.processor, media_root) if profile.processor is not None else None
     out_convs, out_kept, media = [], [], []
     for conv, rec in zip(convs, kept):
         held = None

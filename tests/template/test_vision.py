@@ -183,3 +183,22 @@ def test_where_names_the_records_folder(tmp_path):
     assert record_base("x.jsonl:line 3") == "."
     assert record_base("s3://bucket/dir/x.jsonl:line 3") == "s3://bucket/dir"
     assert Path(record_base(f"{tmp_path}/a.jsonl:row 0")) == tmp_path
+
+
+def test_per_reply_episodes_carry_the_spans_of_the_items_they_hold(qwen25):
+    root, folder, _, _ = qwen25
+    tok, profile = choose_tokenizer(str(folder), None, per_reply=True)
+    processor = reference_processor(folder, "qwen2_5_vl")
+    conv = _conv(_user(f"{MEDIA_MARK}What is this?", "gray.png"), Turn("assistant", "Gray."),
+                 _user(f"And {MEDIA_MARK}?", "alpha.png"), Turn("assistant", "Clear."))
+    out = _render((root, folder, tok, profile), conv)
+    assert out.per_reply and len(out.episodes) == 2
+    first, second = out.episodes
+    assert first.ids.tolist() == reference_ids(processor, _messages(conv)[:2], root / "data")
+    assert second.ids.tolist() == reference_ids(processor, _messages(conv), root / "data")
+    assert [Path(s.item.uri).name for s in first.media] == ["gray.png"]
+    assert [Path(s.item.uri).name for s in second.media] == ["gray.png", "alpha.png"]
+    assert first.media[0] == second.media[0]  # the same prefix: the same place
+    for ep in out.episodes:
+        assert np.array_equal(rule_mask(ep.ids, profile.rule, ep.last_only), ep.mask)
+        assert all(ep.mask[s.offset:s.offset + s.item.count.tokens].sum() == 0 for s in ep.media)
