@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sftdata.prepare.media as media_step
 from sftdata.chat.template_rule import MaskRule, rule_mask
 from sftdata.errors import ConfigError, RecordError
-from sftdata.prepare.media import MediaStep, record_base
+from sftdata.prepare.media import MediaStep
 from sftdata.records.turns import MEDIA_MARK, Conversation, MediaRef, Turn
 from sftdata.template import choose_tokenizer, records_episodes, render_within, tokenizer_state
 from sftdata.template.messages import media_parts
@@ -134,37 +133,6 @@ def test_a_later_pair_with_an_image_is_dropped_whole(qwen25):
     assert ep.ids.tolist() == first.ids.tolist() and ep.media == ()
 
 
-def test_bad_media_rejects_the_record_by_name(qwen25):
-    root, *_ = qwen25
-    (root / "data" / "cut.jpg").write_bytes((root / "data" / "portrait.jpg").read_bytes()[:600])
-    step = MediaStep(qwen25[3].processor)
-    where = f"{root / 'data' / 'records.jsonl'}:line 4"
-    with pytest.raises(RecordError, match=r"image nothere\.png: no such file: .*nothere\.png") as e:
-        step.record_media(_conv(_user(f"{MEDIA_MARK}?", "nothere.png"), Turn("assistant", "x")), where)
-    assert e.value.reason == "media_missing" and e.value.where == where
-    with pytest.raises(RecordError) as e:
-        step.record_media(_conv(_user(f"{MEDIA_MARK}?", "cut.jpg"), Turn("assistant", "x")), where)
-    assert e.value.reason == "media_unreadable"
-    video = Conversation(turns=(Turn("user", f"{MEDIA_MARK}?", media=(MediaRef("video", "clip.mp4"),)),
-                                Turn("assistant", "x")))
-    with pytest.raises(RecordError, match="videos are not prepared yet") as e:
-        step.record_media(video, where)
-    assert e.value.reason == "media_unsupported"
-
-
-def test_identical_references_are_read_once_per_chunk(qwen25, monkeypatch):
-    root, *_ = qwen25
-    reads = []
-    real = media_step.read_media
-    monkeypatch.setattr(media_step, "read_media", lambda ref, **kw: reads.append(ref) or real(ref, **kw))
-    step = MediaStep(qwen25[3].processor)
-    where = f"{root / 'data' / 'records.jsonl'}:line 1"
-    conv = _conv(_user(f"{MEDIA_MARK}{MEDIA_MARK}", "gray.png", "gray.png"), Turn("assistant", "x"))
-    step.record_media(conv, where)
-    step.record_media(conv, where.replace("line 1", "line 2"))
-    assert reads == ["gray.png"]
-
-
 def test_a_folder_whose_placeholder_is_no_token_is_refused(qwen25):
     _, _, tok, profile = qwen25
     with pytest.raises(ConfigError, match="does not yet expand the media placeholders of Gemma 3"):
@@ -176,13 +144,6 @@ def test_render_within_keeps_a_text_record_as_it_was(qwen25):
     conv = _conv(Turn("user", "Hello"), Turn("assistant", "Hi."))
     out, dropped = render_within(conv, profile, tok, None)
     assert dropped == 0 and out.episodes[0].media == ()
-
-
-def test_where_names_the_records_folder(tmp_path):
-    assert record_base("data/x.jsonl:line 3") == "data"
-    assert record_base("x.jsonl:line 3") == "."
-    assert record_base("s3://bucket/dir/x.jsonl:line 3") == "s3://bucket/dir"
-    assert Path(record_base(f"{tmp_path}/a.jsonl:row 0")) == tmp_path
 
 
 def test_per_reply_episodes_carry_the_spans_of_the_items_they_hold(qwen25):
