@@ -50,7 +50,6 @@ def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer
     ends = _pair_ends(turns)
     messages = profile.messages(conv, turns)
     render = profile.render_fn(tool_schemas(conv), conv.template_kwargs)
-    items = turn_media(turns, media, profile, where)
     prev = 0
     for k, end in enumerate(ends):
         try:
@@ -58,11 +57,11 @@ def render_within(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer
         except TemplateError as e:  # the template refuses this prefix (e.g. it must end with a reply)
             raise RecordError(e.reason, f"{e} (while measuring the first {end} turns for --max-tokens)",
                               where) from None
+        held = turn_media(turns[:end], media, profile, where)  # a message a turn: the items of these turns
         if profile.processor is not None:  # the placeholders counted as the stored episode holds them
-            text = expanded(profile, (text,), ((),), items, where)[0][0]
+            text = expanded(profile, (text,), ((),), held, where)[0][0]
         n = len(tok.encode_rendered(text).ids)
         if k == 0 and n > max_tokens:
-            held = turn_media(turns[:end], media, profile, where)
             if held:
                 raise RecordError(MEDIA_TRUNCATED, f"the first user/assistant pair with the turns before it and its "
                                   f"{len(held)} media item(s) ({sum(i.count.tokens for i in held)} media tokens, never "

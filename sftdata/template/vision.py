@@ -65,9 +65,17 @@ def expanded(profile: TemplateProfile, texts: Sequence[str], spans: Sequence[tup
     """Each rendered text with its placeholders expanded (the first ``n`` of ``items``,
     where it renders ``n``), its replies' character spans shifted by the expansion before
     them, and the items it holds. A text holding more placeholders than the record has
-    items is ``media_placeholder_mismatch``."""
+    items, or a render that holds fewer than all of them (a template that drops images
+    would train the model on replies to pictures it never sees), is
+    ``media_placeholder_mismatch``."""
     marks = placeholders(profile.processor)
     out_texts, out_spans, held = [], [], []
+    most = max((sum(text.count(m) for m in set(marks.values())) for text in texts), default=0)
+    if items and most < len(items):
+        kinds = " or ".join(dict.fromkeys(marks[it.kind] for it in items))
+        raise RecordError(MEDIA_MISMATCH, f"chat template {profile.template.name} renders {most} of the record's "
+                          f"{len(items)} media items (it writes no {kinds} for the others), so the model would "
+                          f"learn replies to pictures it never sees; use the vision model's own chat template", where)
     for text, sp in zip(texts, spans):
         at = sorted((i, m) for m in set(marks.values()) for i in _find_all(text, m))
         if len(at) > len(items):

@@ -163,3 +163,19 @@ def test_per_reply_episodes_carry_the_spans_of_the_items_they_hold(qwen25):
     for ep in out.episodes:
         assert np.array_equal(rule_mask(ep.ids, profile.rule, ep.last_only), ep.mask)
         assert all(ep.mask[s.offset:s.offset + s.item.count.tokens].sum() == 0 for s in ep.media)
+
+
+def test_a_template_that_drops_images_is_refused_by_name(qwen25):
+    root, folder, tok, _ = qwen25
+    text_only = root / "text_only.jinja"  # it reads content parts, but writes only their text
+    text_only.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}"
+                         "{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}"
+                         "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                         "{% endif %}")
+    _, profile = choose_tokenizer(str(folder), str(text_only))
+    conv = _conv(_user(f"{MEDIA_MARK}What is this?", "gray.png"), Turn("assistant", "Gray."))
+    out = _render((root, folder, tok, profile), conv)
+    assert isinstance(out, RecordError) and out.reason == "media_placeholder_mismatch"
+    assert out.detail == ("chat template text_only.jinja renders 0 of the record's 1 media items (it writes no "
+                          "<|image_pad|> for the others), so the model would learn replies to pictures it never "
+                          "sees; use the vision model's own chat template")
