@@ -3,8 +3,9 @@
 Two records are exact duplicates when their canonical texts are equal: every turn's
 role and text with runs of whitespace collapsed to one space (leading and trailing
 whitespace dropped), tool calls as name and arguments in sorted-key JSON, reasoning
-and tool schemas included. So the same conversation written with other indentation,
-line breaks or JSON key order, or in another input format, is the same key.
+and tool schemas included, and each image's or video's reference (the same question about
+another picture is another conversation). So the same conversation written with other
+indentation, line breaks or JSON key order, or in another input format, is the same key.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ def canonical_text(conv: Conversation) -> str:
         parts.append("tool_schema" + SEP_FIELD + orjson.dumps(t, option=orjson.OPT_SORT_KEYS).decode())
     for t in conv.turns:
         head = t.role + SEP_FIELD + " ".join(t.text.split())  # _ws, inline: one call less per turn
-        if not t.reasoning and not t.tool_calls:
+        if not t.reasoning and not t.tool_calls and not t.media:
             parts.append(head)
             continue
-        fields = [head]
+        fields = [head] + [f"media:{m.kind}:{m.ref}" for m in t.media]
         if t.reasoning:
             fields.append("reasoning:" + _ws(t.reasoning))
         for c in t.tool_calls:

@@ -11,6 +11,7 @@ from sftdata.curate.decontaminate import item_text, ngram_hashes, words
 from sftdata.curate.minhash import band_keys, lsh_params, shingle_hashes, signatures
 from sftdata.errors import UsageError
 from sftdata.records.conversation import parse_record
+from sftdata.records.turns import MEDIA_MARK, Conversation, MediaRef, Turn
 
 
 def conv(*texts):
@@ -119,3 +120,11 @@ def test_eval_ngrams_ignore_case_and_punctuation():
     assert ngram_hashes(["a", "b"], 3).size == 0
     with pytest.raises(UsageError, match="--decontaminate-ngram must be >= 1, got 0"):
         build_eval_index([], n=0)
+
+
+def test_the_same_question_about_another_picture_is_another_conversation():
+    from_refs = [Conversation((Turn("user", f"{MEDIA_MARK}What is this?", media=(MediaRef("image", ref),)),
+                               Turn("assistant", "A cat."))) for ref in ("a.png", "b.png", "a.png")]
+    keys = [exact_key(canonical_text(c)) for c in from_refs]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+    assert canonical_text(from_refs[0]) == ("user\x1f\ufffcWhat is this?\x1fmedia:image:a.png\x1eassistant\x1fA cat.")
