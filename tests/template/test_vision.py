@@ -179,3 +179,15 @@ def test_a_template_that_drops_images_is_refused_by_name(qwen25):
     assert out.detail == ("chat template text_only.jinja renders 0 of the record's 1 media items (it writes no "
                           "<|image_pad|> for the others), so the model would learn replies to pictures it never "
                           "sees; use the vision model's own chat template")
+
+
+def test_a_processor_sftdata_cannot_count_refuses_the_run_up_front(qwen25, tmp_path):
+    _, folder, _, _ = qwen25
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (other / f).write_bytes((folder / f).read_bytes())
+    (other / "preprocessor_config.json").write_text('{"processor_class": "FuyuProcessor"}')
+    with pytest.raises(ConfigError, match="the model's processor is FuyuProcessor: sftdata counts image tokens for "
+                                          "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3"):
+        choose_tokenizer(str(other), None)
