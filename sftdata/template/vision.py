@@ -69,6 +69,8 @@ def expanded(profile: TemplateProfile, texts: Sequence[str], spans: Sequence[tup
     would train the model on replies to pictures it never sees), is
     ``media_placeholder_mismatch``."""
     marks = placeholders(profile.processor)
+    if not items and not any(m in text for text in texts for m in marks.values()):  # a text record
+        return tuple(texts), tuple(spans), ((),) * len(texts)
     out_texts, out_spans, held = [], [], []
     most = max((sum(text.count(m) for m in set(marks.values())) for text in texts), default=0)
     if items and most < len(items):
