@@ -12,9 +12,10 @@ from typing import Annotated
 
 import typer
 
+from ..errors import UsageError
 from ..options.config import read_config
 from ..options.declared import taken_by
-from ..options.option import IO
+from ..options.option import IO, Option
 from .options import JsonOpt, QuietOpt, declared_option
 
 InputsArg = Annotated[list[str], typer.Argument(
@@ -32,18 +33,27 @@ ConfigOpt = Annotated[Path | None, typer.Option(
          "on the command line overrides the file's. The options as resolved are what the dataset records.")]
 
 
-def _values(ctx: typer.Context, command: str, given: dict, config: Path | None) -> dict:
-    """The command's options as resolved: a config file's values, then the command line's."""
+def _values(ctx: typer.Context, command: str, given: dict, config: Path | None) -> tuple[dict, list[Option]]:
+    """The command's options as resolved: a config file's values, then the command line's;
+    and the options whose value is the file's."""
     from_file = read_config(config, command) if config is not None else {}
-    out = {}
+    out, filed = {}, []
     for o in taken_by(command):
         if not o.flags:
             continue
         if o.name in from_file and ctx.get_parameter_source(o.name).name != "COMMANDLINE":
             out[o.name] = from_file[o.name]
+            filed.append(o)
         else:
             out[o.name] = o.from_given(given[o.name])
-    return out
+    return out, filed
+
+
+def _from_file(e: UsageError, filed: list[Option], config: Path | None) -> UsageError:
+    """``e`` naming the config file and key when the value it refuses is the file's: an option's
+    check speaks of its flag, which the user did not type."""
+    o = next((o for o in filed if any(str(e).startswith(f"{flag} ") for flag in o.flags)), None)
+    return e if o is None else UsageError(f"--config {config}: {o.name}: {e}")
 
 
 def declared_command(command: str, doc: str, run: Callable[..., None]) -> Callable:
@@ -61,7 +71,11 @@ def declared_command(command: str, doc: str, run: Callable[..., None]) -> Callab
                inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=QuietOpt, default=False)]
 
     def command_fn(*, ctx, inputs, output_dir, config, as_json, quiet, **given) -> None:
-        run(command, _values(ctx, command, given, config), inputs, output_dir, as_json, quiet)
+        values, filed = _values(ctx, command, given, config)
+        try:
+            run(command, values, inputs, output_dir, as_json, quiet)
+        except UsageError as e:
+            raise _from_file(e, filed, config) from None
 
     command_fn.__signature__ = inspect.Signature(params)
     command_fn.__annotations__ = {p.name: p.annotation for p in params}

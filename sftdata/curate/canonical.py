@@ -2,10 +2,9 @@
 
 Two records are exact duplicates when their canonical texts are equal: every turn's
 role and text with runs of whitespace collapsed to one space (leading and trailing
-whitespace dropped), tool calls as name and arguments in sorted-key JSON, reasoning
-and tool schemas included, and each image's or video's reference (the same question about
-another picture is another conversation). So the same conversation written with other
-indentation, line breaks or JSON key order, or in another input format, is the same key.
+whitespace dropped), tool calls as name and arguments in sorted-key JSON, reasoning,
+media references (kind and reference, in order) and tool schemas included. So the same conversation written with other indentation,
+line breaks or JSON key order, or in another input format, is the same key.
 """
 
 from __future__ import annotations
@@ -33,7 +32,9 @@ def canonical_text(conv: Conversation) -> str:
         if not t.reasoning and not t.tool_calls and not t.media:
             parts.append(head)
             continue
-        fields = [head] + [f"media:{m.kind}:{m.ref}" for m in t.media]
+        fields = [head]
+        if t.media:  # the same words about another image are another record
+            fields.append("media:" + " ".join(f"{m.kind}={m.ref}" for m in t.media))
         if t.reasoning:
             fields.append("reasoning:" + _ws(t.reasoning))
         for c in t.tool_calls:

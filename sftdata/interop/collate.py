@@ -86,7 +86,7 @@ class Collator:
         items = list(items)
         if not items:
             raise UsageError("cannot collate an empty list of items")
-        packed = [_is_packed(it) for it in items]
+        packed = [is_packed(it) for it in items]
         if any(packed) != all(packed):
             raise UsageError("a batch mixes packed rows and episodes; collate items of one SFTDataset")
         ids = [np.asarray(it["input_ids"], dtype=np.int64) for it in items]
@@ -127,7 +127,7 @@ class Collator:
         return out
 
 
-def _is_packed(item: dict) -> bool:
+def is_packed(item: dict) -> bool:
     return "position_ids" in item or "seq_lengths" in item
 
 
@@ -161,9 +161,9 @@ def sequence_bounds(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.append(starts, n))
 
 
-def flatten(ids: list[np.ndarray], labels: list[np.ndarray], pos: list[np.ndarray | None]) -> dict:
-    """The padding-free batch (module docstring) of items given as arrays; ``pos`` None
-    for an episode (one sequence)."""
+def flat_sequences(ids: list[np.ndarray], pos: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the sequences a padding-free batch keeps (those of 2 or more
+    tokens), starts counted in the items' ids laid end to end; ``pos`` None for an episode."""
     starts, lengths = [], []
     offset = 0
     for k, a in enumerate(ids):
@@ -175,13 +175,25 @@ def flatten(ids: list[np.ndarray], labels: list[np.ndarray], pos: list[np.ndarra
         starts.append(s[keep] + offset)
         lengths.append(n[keep])
         offset += a.shape[0]
-    all_ids = np.concatenate(ids)
-    all_labels = np.concatenate(labels)
     starts, lengths = np.concatenate(starts), np.concatenate(lengths)
     if lengths.size == 0:
         raise UsageError("the batch holds no sequence of 2 or more tokens, so nothing to train on")
+    return starts, lengths
+
+
+def flat_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Where each token of the padding-free row comes from in the items' ids laid end to end."""
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+
+
+def flatten(ids: list[np.ndarray], labels: list[np.ndarray], pos: list[np.ndarray | None]) -> dict:
+    """The padding-free batch (module docstring) of items given as arrays; ``pos`` None
+    for an episode (one sequence)."""
+    starts, lengths = flat_sequences(ids, pos)
+    all_ids = np.concatenate(ids)
+    all_labels = np.concatenate(labels)
     total = int(lengths.sum())
-    index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+    index = flat_index(starts, lengths)
     new_starts = np.cumsum(lengths) - lengths
     flat_labels = all_labels[index]
     flat_labels[new_starts] = IGNORE_INDEX

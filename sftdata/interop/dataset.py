@@ -68,12 +68,13 @@ class SFTDataset(TokenLimits):
 
     ``ds[i]`` is item ``i`` (global episode id, or row id of a packed dataset): a dict
     of int64 arrays ``input_ids`` and ``labels`` (+ ``position_ids`` and ``seq_lengths``
-    for a packed row). ``block_size``: an episode keeps its first ``block_size + 1``
-    tokens, as in the loader (None: whole episodes); a packed dataset has its own, and
-    another value is refused. ``use_loss_mask=False`` trains every target (for a packed
-    row, every one inside a segment). ``tokenizer``: the model's tokenizer (a folder, a
-    tokenizer.json, a tiktoken name or a Hub id); a dataset made with another is refused,
-    naming both tokenizers' sha256 (``sftdata.loader.check_tokenizer``).
+    for a packed row; + ``media``, its ``MediaSpan``s, in a dataset with images).
+    ``block_size``: an episode keeps its first ``block_size + 1`` tokens, as in the loader
+    (None: whole episodes); a packed dataset has its own, and another value is refused.
+    ``use_loss_mask=False`` trains every target (for a packed row, every one inside a
+    segment). ``tokenizer``: the model's tokenizer (a folder, a tokenizer.json, a tiktoken
+    name or a Hub id); a dataset made with another is refused, naming both tokenizers'
+    sha256 (``sftdata.loader.check_tokenizer``).
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, block_size: int | None = None,
@@ -95,6 +96,7 @@ class SFTDataset(TokenLimits):
         refuse_row_kind(ds, "SFTDataset")
         self.dataset = ds
         self.split = ds.split(self.split_name)
+        self.has_media = bool(getattr(ds, "has_media", False))  # the store reader's (a media table per shard)
         self.kind = ds.kind
         self._segments: Segments | None = None
         if self.kind == "packed":
@@ -173,7 +175,14 @@ class SFTDataset(TokenLimits):
         toks, mask = self.split.episode(i, limit)
         ids = np.asarray(toks, dtype=np.int64)
         labels = np.where(np.asarray(mask) == 1, ids, IGNORE_INDEX) if self.use_loss_mask else ids.copy()
-        return {"input_ids": ids, "labels": labels}
+        return self._with_media({"input_ids": ids, "labels": labels}, i)
+
+    def _with_media(self, item: dict, i: int) -> dict:
+        """``item`` with its ``media`` spans (offsets from its first token) when the dataset
+        holds media: what ``vision_collate`` turns into pixels and mRoPE positions."""
+        if self.has_media:
+            item["media"] = self.dataset.media_spans(self.split_name, i)
+        return item
 
     def __getitems__(self, ids) -> list[dict[str, np.ndarray]]:
         """``[self[i] for i in ids]``; packed rows in one vectorised pass (a ``DataLoader``
@@ -208,8 +217,8 @@ class SFTDataset(TokenLimits):
             trained[:, 1:] = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] != PAD_SEQ_ID)
         labels = np.where(trained, toks, IGNORE_INDEX)
         lengths = np.split(s.length, np.cumsum(counts)[:-1])
-        return [{"input_ids": toks[k], "labels": labels[k], "position_ids": pos[k], "seq_lengths": lengths[k]}
-                for k in range(b)]
+        return [self._with_media({"input_ids": toks[k], "labels": labels[k], "position_ids": pos[k],
+                                  "seq_lengths": lengths[k]}, ids[k]) for k in range(b)]
 
     def __iter__(self):
         for i in range(len(self)):

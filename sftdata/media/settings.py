@@ -7,6 +7,12 @@ suffix dropped) with ``config.json``'s ``model_type`` where one image processor 
 families. A family sftdata cannot count is refused up front, by name. Missing fields take the
 defaults of the processor class that would read the file, so the pinned settings are the ones
 the processor uses.
+
+The token strings a processor writes (``<|image_pad|>``, ``<start_of_image>``, ``<image>``...)
+are its class's defaults unless the tokenizer names others as attributes (``tokenizer_config.json``:
+a top-level ``<name>_token`` key, or ``extra_special_tokens`` as a dict), or, for LLaVA,
+``processor_config.json``'s ``image_token``: those that differ from the defaults are pinned
+under ``"tokens"``, so a folder with the usual tokens pins the same settings as before.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from ..errors import ConfigError
 IMAGE_FILES = ("preprocessor_config.json",)
 PROCESSOR_FILE = "processor_config.json"
 VIDEO_FILE = "video_preprocessor_config.json"
+TOKENIZER_FILE = "tokenizer_config.json"
 FAMILY_NAMES = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "gemma3": "Gemma 3",
                 "llava": "LLaVA-1.5", "llava_next": "LLaVA-NeXT", "idefics3": "Idefics3", "smolvlm": "SmolVLM"}
 SUPPORTED = ", ".join(FAMILY_NAMES.values())
@@ -41,6 +48,18 @@ TILED = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 3
          "do_image_splitting": True}
 LLAVA_NEXT_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 SQUARE_224 = {"height": 224, "width": 224}
+# the token strings each family's processor writes, as its class defaults them (Gemma 3's processor
+# has none of its own: it reads the tokenizer's, and these are the ones Gemma 3's tokenizer names)
+_QWEN_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}
+_TILE_TOKENS = {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
+                "global_image_token": "<global-img>"}
+FAMILY_TOKENS = {"qwen2_vl": _QWEN_TOKENS, "qwen2_5_vl": _QWEN_TOKENS,
+                 "qwen3_vl": {**_QWEN_TOKENS, "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"},
+                 "gemma3": {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
+                            "eoi_token": "<end_of_image>"},
+                 "llava": {"image_token": "<image>"}, "llava_next": {"image_token": "<image>"},
+                 "idefics3": _TILE_TOKENS, "smolvlm": _TILE_TOKENS}
+FIXED_TOKENS = ("idefics3",)  # its processor writes the defaults whatever the tokenizer names
 
 
 def _base_name(type_name: str | None) -> str | None:
@@ -109,13 +128,58 @@ def _llava(family: str, image: dict, processor: dict) -> dict:
     return out
 
 
+def _token_text(value) -> str | None:
+    """A token as a tokenizer config writes it: a string, or a dict marked ``"__type":
+    "AddedToken"`` (transformers reads no other dict as a token)."""
+    if isinstance(value, dict) and value.get("__type") == "AddedToken":
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def tokenizer_tokens(tokenizer: dict) -> dict[str, str]:
+    """The named tokens a tokenizer gets as attributes from its ``tokenizer_config.json``, as
+    transformers 5 reads them: each top-level ``<name>_token`` key, then ``extra_special_tokens``
+    when it is a dict (which wins)."""
+    named = {k: _token_text(v) for k, v in tokenizer.items() if k.endswith("_token")}
+    extra = tokenizer.get("extra_special_tokens")
+    if isinstance(extra, dict):
+        named.update({k: _token_text(v) for k, v in extra.items()})
+    return {k: v for k, v in named.items() if v is not None}
+
+
+def _pinned_tokens(family: str, processor: dict, tokenizer: dict) -> dict[str, str]:
+    """The token strings the family's processor would write that differ from its defaults:
+    the tokenizer's attributes win over the processor's own setting (LLaVA's ``image_token``)."""
+    defaults = FAMILY_TOKENS[family]
+    if family in FIXED_TOKENS:
+        return {}
+    found = {"image_token": processor["image_token"]} if family in ("llava", "llava_next") and \
+        isinstance(processor.get("image_token"), str) else {}
+    named = tokenizer_tokens(tokenizer)
+    found.update({k: named[k] for k in defaults if k in named})
+    return {k: v for k, v in found.items() if v != defaults[k]}
+
+
+def family_tokens(settings: dict) -> dict[str, str]:
+    """The token strings a family's processor writes under pinned settings: its defaults, with
+    the pinned ``"tokens"`` over them."""
+    return {**FAMILY_TOKENS[settings["family"]], **settings.get("tokens", {})}
+
+
 def settings_from_dicts(image: dict, processor: dict | None = None, config: dict | None = None,
-                        video: dict | None = None) -> dict:
+                        video: dict | None = None, tokenizer: dict | None = None) -> dict:
     """The pinned settings from the parsed files: the image processor's (``preprocessor_config.json``),
-    the processor's (``processor_config.json``), the model's (``config.json``) and the video
-    processor's (``video_preprocessor_config.json``, None when the folder has none)."""
+    the processor's (``processor_config.json``), the model's (``config.json``), the video
+    processor's (``video_preprocessor_config.json``, None when the folder has none) and the
+    tokenizer's (``tokenizer_config.json``: the token strings it names)."""
     processor, config = processor or {}, config or {}
     family = identify_family(image, processor, config)
+    out = _family_settings(family, image, processor, video)
+    tokens = _pinned_tokens(family, processor, tokenizer or {})
+    return {**out, "tokens": tokens} if tokens else out
+
+
+def _family_settings(family: str, image: dict, processor: dict, video: dict | None) -> dict:
     if family in QWEN:
         return _qwen(family, image, video)
     if family == "gemma3":
@@ -148,8 +212,8 @@ def _read_json(path: Path) -> dict | None:
 def read_processor_settings(folder: str | Path) -> dict:
     """The pinned settings of a model folder's processor (see ``settings_from_dicts``), read in
     transformers' order: a settings dict nested in ``processor_config.json``, then the
-    processor's own file. A folder without an image processor's settings is a ``ConfigError``
-    naming the files it looked for."""
+    processor's own file; the token strings from ``tokenizer_config.json``. A folder without
+    an image processor's settings is a ``ConfigError`` naming the files it looked for."""
     folder = Path(folder)
     processor = _read_json(folder / PROCESSOR_FILE) or {}
     image_file = _read_json(folder / IMAGE_FILES[0])
@@ -158,7 +222,8 @@ def read_processor_settings(folder: str | Path) -> dict:
         raise ConfigError(f"{folder} has no {IMAGE_FILES[0]} (nor an image_processor in {PROCESSOR_FILE}): a vision "
                           f"model's folder holds the settings of its image processor there")
     video = _nested(processor, "video_processor", _read_json(folder / VIDEO_FILE))
-    return settings_from_dicts(image, processor, _read_json(folder / "config.json") or {}, video)
+    return settings_from_dicts(image, processor, _read_json(folder / "config.json") or {}, video,
+                               _read_json(folder / TOKENIZER_FILE) or {})
 
 
 def _nested(processor: dict, key: str, own_file: dict | None) -> dict | None:

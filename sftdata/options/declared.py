@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from ..curate import DEDUP_MODES, DEFAULT_NGRAM, DEFAULT_THRESHOLD
 from ..errors import UsageError
@@ -68,6 +69,13 @@ def _fraction(v, o):
 def _memo(v, o):
     if not v >= 0 or math.isinf(v):
         raise UsageError(f"--memo-mb must be 0 (no memo) or a positive number of megabytes, got {v}")
+
+
+def _media_root(v, o):
+    if v is not None and not Path(v).is_dir():
+        said = "not a folder" if Path(v).exists() else "no such folder"
+        raise UsageError(f"--media-root {v}: {said}; give the folder that relative image and video paths in the "
+                         f"records are read from")
 
 
 def _threshold(v, o):
@@ -152,6 +160,10 @@ OPTIONS: tuple[Option, ...] = (
            help="Stop with exit code 1 at the first bad record instead of skipping it and writing it to "
                 "rejects.jsonl. Duplicates and contaminated records, which --dedup and --decontaminate ask to "
                 "drop, are dropped and counted either way."),
+    Option("media_root", ("--media-root",), str, None, metavar="DIR", panel=IO, takes=EPISODES, nullable=True,
+           record=when_set("media_root"), check=_media_root, why="prepare-pref / prepare-rl read no images or videos",
+           help="Folder that relative image and video paths in records are read from (default: each record file's "
+                "own folder). Recorded in the build key: it decides which files are read (docs/FORMAT.md)."),
     *(o for o in SHARED if o.panel == IO),
     # tokenizer and template
     Option("tokenizer", ("--tokenizer",), str, None, metavar="NAME|PATH", panel=TEMPLATE, nullable=True,

@@ -66,16 +66,19 @@ def process_chunk(items: Sequence[RawRecord], tok: ChatTokenizer | HFTokenizer, 
         memo=memo.take_stats() if memo is not None else None)
 
 
-def _parsed(items: Sequence[RawRecord], mode: str, policy: TurnPolicy) -> tuple[list, list, list]:
+def _parsed(items: Sequence[RawRecord], mode: str, policy: TurnPolicy,
+            media: bool = False) -> tuple[list, list, list]:
     """The conversations of ``items`` and their records, and the rejects of those that
-    cannot be read or parsed (record, where, reason, message)."""
+    cannot be read or parsed (record, where, reason, message); ``media``: their images and
+    videos read (a model's template renders them, or says it cannot: ``media_needs_processor``);
+    without, a record holding any is ``non_text_content``, as before."""
     convs, kept, rejects = [], [], []
     for rec in items:
         if rec.reject is not None:  # decided while reading (too large to read)
             rejects.append((rec.record, rec.where, *rec.reject))
             continue
         try:
-            convs.append(parse_record(rec.raw, rec.where, mode, policy))
+            convs.append(parse_record(rec.raw, rec.where, mode, policy, media=media))
             kept.append(rec)
         except RecordError as e:
             rejects.append((rec.record, rec.where, e.reason, e.detail))
@@ -117,7 +120,7 @@ def template_chunk(items: Sequence[RawRecord], tok: HFTokenizer, profile: Templa
     repairs: Counter = Counter()
     turns: Counter = Counter()
     truncated = dropped = per_reply = per_reply_eps = automatic = 0
-    convs, kept, rejects = _parsed(items, mode, policy)
+    convs, kept, rejects = _parsed(items, mode, policy, media=True)
     convs, kept, media = _with_media(convs, kept, rejects, profile, media_root)
     accepted = {}
     results = records_episodes([(c, r.where) for c, r in zip(convs, kept)], profile, tok, max_tokens, media)

@@ -68,8 +68,7 @@ class EpisodesKind:
         self.state = self.tok.state() if self.profile is None else tokenizer_state(self.tok, self.profile)
         check_state_stops(self.state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
 
-        self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy,
-                                getattr(opts, "media_root", None))
+        self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy, opts.media_root)
 
     def worker(self, curate: CurateSettings) -> tuple:
         return self.work, curate, self.opts

@@ -1,1 +1,1 @@
-"""Input records read as conversations: turns, content parts, tool formats, exact JSON."""
+"""Input records read as conversations: turns, content parts, media, tool formats, exact JSON."""

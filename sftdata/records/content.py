@@ -10,9 +10,14 @@ Content is a string or a list of typed parts, joined in order:
 "thinking"|"reasoning"|"text"|...}``   with a blank line), rendered before the reply
 ``{"type": "tool_call", "value"}``     assistant only: a call, ``{"name", "arguments"}`` or
                                        its JSON text (``prepare-tool``)
-anything else (image, audio, file)     the record is rejected (``non_text_content``),
+``{"type": "image_url"|"image"|        user and system only: a media item, one
+"video"|"video_url", ...}``            ``MEDIA_MARK`` in the text where it stands
+                                       (``media``; elsewhere ``media_in_reply``)
+anything else (audio, file)            the record is rejected (``non_text_content``),
                                        naming the part's type and its message
 =====================================  ==================================================
+
+Text holding ``MEDIA_MARK`` (U+FFFC) itself is rejected (``reserved_character``).
 
 An assistant message also reads:
 
@@ -37,30 +42,15 @@ from typing import Any
 import orjson
 
 from ..errors import RecordError
+from .media import MEDIA_PARTS, MEDIA_ROLES, check_text, part_ref
+from .turns import MEDIA_MARK, MediaRef, Turn
+from .values import json_kind
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 REASONING_PARTS = ("reasoning", "thinking")
 REASONING_PART_KEYS = ("thinking", "reasoning", "text", "value", "content")
 ASSISTANT_PARTS = ("refusal", "tool_call") + REASONING_PARTS
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def json_kind(value: Any) -> str:
-    """What a decoded JSON value is, in JSON's words with an article: ``an object``,
-    ``a list``, ``a string``, ``a number``, ``a boolean``, ``null``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {type(value).__name__}"
 
 
 def shown(value: Any) -> str:
@@ -74,10 +64,12 @@ def shown(value: Any) -> str:
 
 @dataclass
 class Content:
-    """What a message's content holds: its text, and (assistant messages) the
-    reasoning and call parts, in order."""
+    """What a message's content holds: its text, its media items (user and system
+    messages; each stands at one ``MEDIA_MARK`` of the text), and (assistant messages)
+    the reasoning and call parts, in order."""
 
     text: str = ""
+    media: list[MediaRef] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)  # values of tool_call parts
     refusal: bool = False
@@ -87,12 +79,14 @@ def _first_str(part: dict, keys: tuple[str, ...]) -> str | None:
     return next((part[k] for k in keys if isinstance(part.get(k), str)), None)
 
 
-def read_content(content: Any, where: str, index: int, role: str) -> Content:
+def read_content(content: Any, where: str, index: int, role: str, media: bool = False) -> Content:
     """A message's content: a string, or a list of parts joined in order (table above).
-    Parts other than text are read for assistant messages only."""
+    Media parts are read only with ``media`` (else refused as any other part is)."""
     if content is None:
         return Content()
     if isinstance(content, str):
+        if MEDIA_MARK in content:  # the common case tested inline: no call, no message built
+            check_text(content, f"message {index} content", where)
         return Content(content)
     if not isinstance(content, list):
         raise RecordError("non_text_content", f"message {index} content is {json_kind(content)}; "
@@ -102,6 +96,7 @@ def read_content(content: Any, where: str, index: int, role: str) -> Content:
     for k, part in enumerate(content):
         if isinstance(part, str):
             texts.append(part)
+            check_text(part, f"message {index} content part {k}", where)
             continue
         if not isinstance(part, dict):
             raise RecordError("non_text_content", f"message {index} content part {k} is {json_kind(part)}; only "
@@ -113,11 +108,17 @@ def read_content(content: Any, where: str, index: int, role: str) -> Content:
                 keys = ", ".join(sorted(map(str, part))) or "none"
                 raise RecordError("non_text_content", f"message {index} content part {k} is a text part without "
                                   f"a 'text' string (keys: {keys}); give its text as \"text\"", where)
+            check_text(text, f"message {index} content part {k}", where)
             texts.append(text)
+            continue
+        if media and kind in MEDIA_PARTS:
+            out.media.append(part_ref(part, kind, role, where, index, k))
+            texts.append(MEDIA_MARK)
             continue
         if kind not in ASSISTANT_PARTS:
             allowed = ("an assistant message holds text, reasoning/thinking, refusal and tool_call parts only"
-                       if role == "assistant" else "only text parts are supported")
+                       if role == "assistant" else "only text, image and video parts are supported"
+                       if media and role in MEDIA_ROLES else "only text parts are supported")
             raise RecordError("non_text_content", f"message {index} content part {k} is of type {kind!r}; "
                               f"{allowed} (drop or convert such parts)", where)
         if role != "assistant":
@@ -138,6 +139,7 @@ def read_content(content: Any, where: str, index: int, role: str) -> Content:
             have = ", ".join(sorted(map(str, part))) or "none"
             raise RecordError("non_text_content", f"message {index} content part {k} is a {kind!r} part without "
                               f"its text (keys: {have}); give it as \"{keys[0]}\"", where)
+        check_text(text, f"message {index} content part {k}", where)
         if kind == "refusal":
             texts.append(text)
             out.refusal = True
@@ -145,6 +147,21 @@ def read_content(content: Any, where: str, index: int, role: str) -> Content:
             out.reasoning.append(text)
     out.text = "".join(texts)
     return out
+
+
+def context_turn(role: str, content: Any, where: str, index: int, tool_call_id: str | None = None,
+                 media: bool = False) -> Turn:
+    """The turn of a message that is not the assistant's: its text and (with ``media``) media."""
+    c = read_content(content, where, index, role, media)
+    return Turn(role, c.text, tool_call_id=tool_call_id, media=tuple(c.media))
+
+
+def top_system_text(value: Any, where: str) -> str:
+    """A record's top-level ``system``: a string."""
+    if not isinstance(value, str):
+        raise RecordError("non_text_content", f"top-level 'system' is {json_kind(value)}, not a string", where)
+    check_text(value, "top-level 'system'", where)
+    return value
 
 
 @dataclass
@@ -189,9 +206,10 @@ def _think_block(text: str, where: str, index: int) -> tuple[str, str] | None:
     return body[len(THINK_OPEN):close], body[close + len(THINK_CLOSE):].lstrip()
 
 
-def read_assistant(m: dict, content: Any, where: str, index: int) -> AssistantMessage:
-    """Text, reasoning, call parts and the training flag of one assistant message."""
-    c = read_content(content, where, index, "assistant")
+def read_assistant(m: dict, content: Any, where: str, index: int, media: bool = False) -> AssistantMessage:
+    """Text, reasoning, call parts and the training flag of one assistant message (a
+    media part refused as ``media_in_reply`` with ``media``)."""
+    c = read_content(content, where, index, "assistant", media)
     text, repairs, notes = c.text, [], []
     given: list[tuple[str, str]] = []  # (where the reasoning came from, its text)
     for key in REASONING_FIELDS:
@@ -201,6 +219,7 @@ def read_assistant(m: dict, content: Any, where: str, index: int) -> AssistantMe
         if not isinstance(v, str):
             raise RecordError("invalid_reasoning", f"message {index} has {key!r} that is {json_kind(v)}, not a "
                               f"string", where)
+        check_text(v, f"message {index} {key!r}", where)
         given.append((repr(key), v))
     if c.reasoning:
         given.append(("reasoning parts", "\n\n".join(p.strip() for p in c.reasoning if p.strip())))
@@ -223,6 +242,7 @@ def read_assistant(m: dict, content: Any, where: str, index: int) -> AssistantMe
         if not isinstance(refusal, str):
             raise RecordError("non_text_content", f"message {index} has 'refusal' that is {json_kind(refusal)}, "
                               f"not a string", where)
+        check_text(refusal, f"message {index} 'refusal'", where)
         if refusal.strip() and refusal != text:
             text = refusal if not text.strip() else text + "\n\n" + refusal
             c.refusal = True

@@ -14,6 +14,10 @@ Chat record formats, detected per record:
 * ShareGPT: ``{"conversations": [{"from": ..., "value": ...}, ...]}`` with ``from`` in
   human/user, gpt/assistant/chatgpt/bing/bard/model, system.
 * Either may carry a top-level ``"system"`` string.
+* With ``media`` (``parse_record(..., media=True)``): images and videos as content parts,
+  or as top-level ``images`` / ``videos`` lists with ``<image>`` / ``<video>`` placeholders
+  (LLaMA-Factory) or bare ``{"type": "image"}`` parts (TRL) (``media``). Without it a record
+  holding any is refused as ``non_text_content``, as before media were read.
 
 An assistant turn carries its reasoning (rendered between ``<|THINK|>`` and
 ``<|END_THINK|>``) and whether it is trained (``weight: 0`` / ``train: false`` make it
@@ -28,7 +32,9 @@ rejected                   invalid_json, invalid_utf8, not_an_object, no_message
                            empty_conversation, no_assistant_turn,
                            empty_assistant_turn, no_trainable_turn,
                            tool_conversation (chat mode), invalid_reasoning,
-                           unclosed_think, invalid_weight
+                           unclosed_think, invalid_weight, reserved_character
+                           (U+FFFC in text), invalid_media, media_in_reply,
+                           media_placeholder_mismatch
 repaired                   dropped_empty_turn (blank message removed),
                            merged_same_role (consecutive user or assistant turns
                            joined with a blank line), dropped_trailing_turns (turns
@@ -47,8 +53,9 @@ from typing import Any
 import orjson
 
 from ..errors import RecordError
-from .content import json_kind, read_assistant
+from .content import context_turn, read_assistant, top_system_text
 from .exact_json import InexactJSON, loads
+from .media import media_lists, place_listed
 from .plain import plain_conversation
 from .plain_tools import plain_tool_conversation
 from .tools import parse_tool
@@ -65,13 +72,12 @@ from .turns import (
     normalise_turns,
     raw_messages,
     read_template_kwargs,
-    text_of,
     unknown_role,
 )
 
 # the names other modules and tests import from here
-__all__ = ["Conversation", "ToolCall", "Turn", "TurnPolicy", "decode_json", "is_tool_record", "json_kind",
-           "parse_chat", "parse_record"]
+__all__ = ["Conversation", "ToolCall", "Turn", "TurnPolicy", "decode_json", "is_tool_record", "parse_chat",
+           "parse_record"]
 MAX_JSON_DEPTH = 1024  # orjson's nesting limit
 _ARRAY_ITEM = re.compile(r":item (\d+)$")  # the ``where`` of a JSON array's item (sources.records): "file:item N"
 _AT = re.compile(r": line (\d+) column (\d+) \(char \d+\)$")  # orjson's position, in the text it was given
@@ -135,19 +141,19 @@ def is_tool_record(obj: Any) -> bool:
     return False
 
 
-def parse_chat(obj: Any, where: str) -> Conversation:
-    """Normalise one chat record (no tools) into a ``Conversation``."""
+def parse_chat(obj: Any, where: str, media: bool = False) -> Conversation:
+    """Normalise one chat record (no tools) into a ``Conversation`` (``media``: as ``parse_record``)."""
     msgs, fmt = raw_messages(obj, where)
     repairs: list[str] = []
     counts: list[str] = []
     turns: list[Turn] = []
+    at: list[int] = []  # each turn's message index (-1: the top-level system)
     top_system = obj.get("system")
     if top_system is not None:
-        if not isinstance(top_system, str):
-            raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
-                              f"not a string", where)
-        turns.append(Turn("system", top_system))
+        turns.append(Turn("system", top_system_text(top_system, where)))
+        at.append(-1)
     kwargs = read_template_kwargs(obj, where)
+    lists = media_lists(obj, where, media)
     text_key = "content" if fmt == "openai" else "value"
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
@@ -160,21 +166,27 @@ def parse_chat(obj: Any, where: str) -> Conversation:
                                                     "system/developer")
         content = m.get(text_key, m.get("content"))
         if role == "assistant":
-            a = read_assistant(m, content, where, i)
+            a = read_assistant(m, content, where, i, media)
             repairs += a.repairs
             counts += a.notes
             turns.append(Turn("assistant", a.text, reasoning=a.reasoning, untrained="" if a.trained else "weight_0"))
         else:
-            turns.append(Turn(role, text_of(content, where, i, role)))
+            turns.append(context_turn(role, content, where, i, media=media))
+        at.append(i)
+    if lists or any(t.media for t in turns):
+        turns = place_listed(list(zip(at, turns)), lists, where)
     normal = normalise_turns(turns, where, repairs)
     return Conversation(normal, (), tuple(repairs), tuple(counts),
                         given=normalise_given(turns, normal, where, {t.role for t in turns}, repairs),
                         template_kwargs=kwargs)
 
 
-def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy()) -> Conversation:
+def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = TurnPolicy(),
+                 media: bool = False) -> Conversation:
     """Decode (if bytes) and normalise one record. ``mode`` is ``chat`` or ``tool``;
-    ``policy`` applies ``--reasoning`` and ``--train-on``."""
+    ``policy`` applies ``--reasoning`` and ``--train-on``; ``media``: read images and
+    videos (``records.media``: ``Turn.media``) where the caller renders them; without it
+    a record holding any is refused as ``non_text_content``, as before media were read."""
     obj = decode_json(raw, where) if isinstance(raw, (bytes, str)) else raw
     if mode in ("chat", "tool"):
         conv = plain_conversation(obj)  # the common shapes, in one pass (the same conversation)
@@ -186,9 +198,9 @@ def parse_record(raw: Any, where: str, mode: str = "chat", policy: TurnPolicy = 
         if is_tool_record(obj):
             raise RecordError("tool_conversation", "the record has tool schemas, calls or results; "
                               "prepare it with `sftdata prepare-tool`", where)
-        conv = parse_chat(obj, where)
+        conv = parse_chat(obj, where, media)
     elif mode == "tool":
-        conv = parse_tool(obj, where)
+        conv = parse_tool(obj, where, media)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     return apply_policy(conv, policy, where)

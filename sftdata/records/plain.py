@@ -2,7 +2,8 @@
 
 A *plain* record is an object with a ``messages`` list of ``{"role", "content"}``
 messages (or a ShareGPT ``conversations`` list of ``{"from", "value"}``), every message
-exactly those two keys with string content, no ``tools`` / ``functions`` key, an
+exactly those two keys with string content, no ``tools`` / ``functions`` key and no
+media list (``images``, ``videos``, ``audios``), no text holding ``MEDIA_MARK``, an
 optional top-level ``system`` string and valid ``chat_template_kwargs`` (kept as the
 general parser keeps them), then: system messages first, user and assistant
 strictly alternating from a user message, none blank, the last one the assistant's, no
@@ -23,14 +24,14 @@ from typing import Any
 
 from ..errors import RecordError
 from .content import THINK_OPEN
-from .turns import CHAT_ROLES, TEMPLATE_KWARGS, Conversation, Turn, read_template_kwargs
+from .turns import CHAT_ROLES, MEDIA_MARK, TEMPLATE_KWARGS, Conversation, Turn, read_template_kwargs
 
 _OTHER = {"user": "assistant", "assistant": "user"}
 
 
 def plain_conversation(obj: Any) -> Conversation | None:
     """The conversation of a plain record (module docstring), or None."""
-    if type(obj) is not dict or "tools" in obj or "functions" in obj:
+    if type(obj) is not dict or "tools" in obj or "functions" in obj or has_media_lists(obj):
         return None
     kwargs = template_kwargs(obj)
     if kwargs is False:
@@ -44,7 +45,7 @@ def plain_conversation(obj: Any) -> Conversation | None:
     if type(msgs) is not list:
         return None
     top = obj.get("system")
-    if top is not None and type(top) is not str:
+    if top is not None and (type(top) is not str or MEDIA_MARK in top):
         return None
     systems = [] if top is None else [top]
     turns: list[Turn] = []
@@ -53,7 +54,7 @@ def plain_conversation(obj: Any) -> Conversation | None:
         if type(m) is not dict or len(m) != 2:
             return None
         text, role = m.get(text_key), m.get(role_key)
-        if type(text) is not str or type(role) is not str:
+        if type(text) is not str or type(role) is not str or MEDIA_MARK in text:
             return None
         role = CHAT_ROLES.get(role) or CHAT_ROLES.get(role.lower())
         if role is None:
@@ -83,6 +84,12 @@ def template_kwargs(obj: dict) -> dict | None | bool:
         return read_template_kwargs(obj, "")
     except RecordError:
         return False
+
+
+def has_media_lists(obj: dict) -> bool:
+    """True when a record holds a top-level media list (``images``, ``videos``, ``audios``),
+    which only the general parser reads."""
+    return "images" in obj or "videos" in obj or "audios" in obj  # LIST_KEYS, spelled out: no generator per record
 
 
 def opens_thinking(text: str) -> bool:

@@ -10,7 +10,8 @@ A *plain tool* record is what tool-calling datasets mostly hold, in either forma
   message exactly ``from`` and a string ``value``, a ``function_call`` turn holding a
   call;
 
-no ``functions`` key, an optional top-level ``system`` string, valid
+no ``functions`` key, no media list (``images``, ``videos``, ``audios``), no text holding
+``MEDIA_MARK``, an optional top-level ``system`` string, valid
 ``chat_template_kwargs`` (kept), and then: system messages
 first, a user message next, no two user or two assistant turns in a row (but consecutive
 ``function_call`` turns, which are one turn's calls), every call's results right after it
@@ -31,16 +32,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RecordError
-from .plain import opens_thinking, template_kwargs, with_system
+from .plain import has_media_lists, opens_thinking, template_kwargs, with_system
 from .tools import CALL_FROMS, RESULT_ROLES, openai_calls, parse_tool_specs, sharegpt_calls, str_id
-from .turns import ASSISTANT_ALIASES, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
+from .turns import ASSISTANT_ALIASES, MEDIA_MARK, SYSTEM_ALIASES, USER_ALIASES, Conversation, ToolCall, Turn
 
 _OPENAI = {**USER_ALIASES, **ASSISTANT_ALIASES, **SYSTEM_ALIASES, **dict.fromkeys(RESULT_ROLES, "tool")}
 _SHAREGPT = {**_OPENAI, **dict.fromkeys(CALL_FROMS, "call")}
 
 
 def _messages(obj: Any) -> tuple[list, dict] | None:
-    if type(obj) is not dict or "functions" in obj:
+    if type(obj) is not dict or "functions" in obj or has_media_lists(obj):
         return None
     if "messages" in obj:
         msgs, kinds = obj["messages"], _OPENAI
@@ -62,7 +63,7 @@ def plain_tool_conversation(obj: Any) -> Conversation | None:
         return None
     sharegpt = kinds is _SHAREGPT
     top = obj.get("system")
-    if top is not None and type(top) is not str:
+    if top is not None and (type(top) is not str or MEDIA_MARK in top):
         return None
     try:
         tools, specs = parse_tool_specs(obj.get("tools"), "")
@@ -100,7 +101,7 @@ def _message(m: Any, kinds: dict, sharegpt: bool) -> tuple[str, Any, Any] | None
         if type(role) is not str:
             return None
     kind = kinds.get(role) or kinds.get(role.lower())
-    if kind is None:
+    if kind is None or (type(text) is str and MEDIA_MARK in text):
         return None
     if not sharegpt:  # exactly the keys this kind reads; a string content (null beside calls)
         extra = "tool_calls" if kind == "assistant" else "tool_call_id" if kind == "tool" else None

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
-from .content import json_kind
+from .values import json_kind
 
 FORMS = ("auto", "trl", "kto", "ultrafeedback", "llamafactory")
 PREFERENCE_KEYS = frozenset(("prompt", "chosen", "rejected", "completion", "label", "completions", "conversations",

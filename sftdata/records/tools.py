@@ -40,8 +40,9 @@ from typing import Any
 import orjson
 
 from ..errors import RecordError
-from .content import json_kind, read_assistant, read_weight
+from .content import context_turn, read_assistant, read_weight, top_system_text
 from .exact_json import InexactJSON, check_exact, loads
+from .media import media_lists, place_listed
 from .turns import (
     ASSISTANT_ALIASES,
     SYSTEM_ALIASES,
@@ -54,9 +55,9 @@ from .turns import (
     normalise_turns,
     raw_messages,
     read_template_kwargs,
-    text_of,
     unknown_role,
 )
+from .values import json_kind
 
 CALL_FROMS = {"function_call", "tool_call"}  # ShareGPT turns holding a call
 RESULT_ROLES = {"tool", "observation", "function", "function_response", "ipython"}
@@ -241,19 +242,17 @@ def _same_weight(prev: Turn, t: Turn, j: int, i: int, where: str) -> None:
                           f"one has weight 0 (or train false); give them the same weight", where)
 
 
-def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
-                counts: list[str], repairs: list[str]) -> list[tuple[int, Turn, tuple[int, ...]]]:
+def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str, counts: list[str], repairs: list[str],
+                media: bool = False) -> list[tuple[int, Turn, tuple[int, ...]]]:
     """Format-specific reading: (message index, turn, the message index of each of its
     calls) triples, before any validation. Appends per-turn counts (empty reasoning) and
     repairs made while reading."""
     turns: list[tuple[int, Turn, tuple[int, ...]]] = []
     prev_function_call = False
+    lists = media_lists(obj, where, media)
     top_system = obj.get("system")
     if top_system is not None:
-        if not isinstance(top_system, str):
-            raise RecordError("non_text_content", f"top-level 'system' is {json_kind(top_system)}, "
-                              f"not a string", where)
-        turns.append((-1, Turn("system", top_system), ()))
+        turns.append((-1, Turn("system", top_system_text(top_system, where)), ()))
     for i, m in enumerate(msgs):
         role_name = message_role(m, fmt)
         content = m.get("content") if fmt == "openai" else m.get("value", m.get("content"))
@@ -272,9 +271,9 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
         prev_function_call = False
         if role_name in USER_ALIASES or role_name in SYSTEM_ALIASES:
             role = USER_ALIASES.get(role_name) or SYSTEM_ALIASES[role_name]
-            turns.append((i, Turn(role, text_of(content, where, i, role)), ()))
+            turns.append((i, context_turn(role, content, where, i, media=media), ()))
         elif role_name in ASSISTANT_ALIASES:
-            a = read_assistant(m, content, where, i)
+            a = read_assistant(m, content, where, i, media)
             calls = openai_calls(m, where, i) + tuple(c for v in a.calls for c in sharegpt_calls(v, where, i))
             counts += a.notes
             repairs += a.repairs
@@ -282,10 +281,12 @@ def _read_turns(obj: dict, msgs: list[dict], fmt: str, where: str,
                                   reasoning=a.reasoning, untrained="" if a.trained else "weight_0"),
                           (i,) * len(calls)))
         elif role_name in RESULT_ROLES:
-            turns.append((i, Turn("tool", text_of(content, where, i, "tool"),
-                                  tool_call_id=str_id(m.get("tool_call_id"))), ()))
+            turns.append((i, context_turn("tool", content, where, i, str_id(m.get("tool_call_id")), media), ()))
         else:
             raise _unknown_role(role_name, where, i)
+    if lists or any(t.media for _, t, _ in turns):
+        placed = place_listed([(i, t) for i, t, _ in turns], lists, where)
+        turns = [(i, t, at) for (i, _, at), t in zip(turns, placed)]
     return turns
 
 
@@ -406,8 +407,9 @@ def _order_results(out: list[Turn], keys: list[int], repairs: list[str]) -> list
     return out
 
 
-def parse_tool(obj: Any, where: str) -> Conversation:
-    """Normalise one tool-calling (or plain chat) record into a ``Conversation``."""
+def parse_tool(obj: Any, where: str, media: bool = False) -> Conversation:
+    """Normalise one tool-calling (or plain chat) record into a ``Conversation`` (``media``:
+    as ``conversation.parse_record``)."""
     msgs, fmt = raw_messages(obj, where)
     key, raw_tools = "tools", obj.get("tools")
     if raw_tools is None or raw_tools == [] or (isinstance(raw_tools, str) and not raw_tools.strip()):
@@ -416,7 +418,7 @@ def parse_tool(obj: Any, where: str) -> Conversation:
     kwargs = read_template_kwargs(obj, where)
     repairs: list[str] = []
     counts: list[str] = []
-    read = _read_turns(obj, msgs, fmt, where, counts, repairs)
+    read = _read_turns(obj, msgs, fmt, where, counts, repairs, media)
     turns, given = link_calls(read, tools, where, repairs)
     roles = {t.role for _, t, _ in read}
     normal = normalise_turns(turns, where, repairs, given=roles)

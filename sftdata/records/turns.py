@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..errors import RecordError
-from .content import json_kind, read_content
+from .values import json_kind
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -44,8 +44,9 @@ MEDIA_MARK = "\ufffc"  # where a media item stands in a turn's text (U+FFFC, the
 
 @dataclass(frozen=True)
 class MediaRef:
-    """One media part of a message, as the record names it: ``kind`` (``image`` or ``video``)
-    and ``ref`` (a path, ``file://``, ``data:`` or fsspec URL, exactly as given)."""
+    """One media item of a message, as the record names it: ``kind`` (``image`` or ``video``)
+    and ``ref`` (a path, ``file://``, ``data:`` or fsspec URL, exactly as given; a part's
+    ``base64`` as ``data:;base64,...``). Read from records by ``records.media``."""
 
     kind: str
     ref: str
@@ -117,11 +118,6 @@ class TurnPolicy:
 
     reasoning: str = "keep"
     train_on: str = "all"
-
-
-def text_of(content: Any, where: str, index: int, role: str = "user") -> str:
-    """The text of a message that is not the assistant's (``content.read_content``)."""
-    return read_content(content, where, index, role).text
 
 
 def raw_messages(obj: Any, where: str) -> tuple[list[dict], str]:
@@ -207,9 +203,9 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
         raise RecordError("misplaced_system", "a system message comes after the conversation started; "
                           "move it to the start or drop it", where)
     out: list[Turn] = []
-    sys_text = "\n\n".join(t.text for t in system if t.text.strip())
-    if sys_text:
-        out.append(Turn("system", sys_text))
+    system = [t for t in system if t.text.strip()]
+    if system:
+        out.append(Turn("system", "\n\n".join(t.text for t in system), media=tuple(m for t in system for m in t.media)))
     kept: list[Turn] = []
     for t in body:
         if not t.text.strip() and not t.tool_calls and not t.reasoning and t.role != "tool":
@@ -219,7 +215,7 @@ def normalise_turns(turns: list[Turn], where: str, repairs: list[str],
         if merge and _merges(prev, t):
             repairs.append("merged_same_role")
             text = prev.text + "\n\n" + t.text if prev.text and t.text else prev.text or t.text
-            kept[-1] = replace(prev, text=text, tool_calls=t.tool_calls, tool_call_id=None)
+            kept[-1] = replace(prev, text=text, tool_calls=t.tool_calls, tool_call_id=None, media=prev.media + t.media)
             continue
         kept.append(t)
     if not kept:

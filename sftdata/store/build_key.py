@@ -247,14 +247,24 @@ def _tokenizer(old: dict, new: dict, old_state: dict | None, new_state: dict | N
     return out
 
 
+# recorded options that are no flag of their own: what a user changes to change them
+RECORDED_GROUPS = {"template_limits": "the template limits (--template-max-steps, --template-max-output)"}
+
+
 def _options(old: dict, new: dict) -> list[str]:
     out = []
     for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-            what = "a template variable" if _variable(k) else f"the option --{k.replace('_', '-')}"
-            a = "not given" if k not in old else _show(old[k])
-            b = "not given" if k not in new else _show(new[k])
-            out.append(f"{what} changed ({a} -> {b})")
+        if old.get(k) == new.get(k):
+            continue
+        a, b = old.get(k), new.get(k)
+        if k in RECORDED_GROUPS and isinstance(a, dict) and isinstance(b, dict):
+            fields = [f for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+            out.append(f"{RECORDED_GROUPS[k]} changed (" + ", ".join(f"{f} {_show(a.get(f))} -> {_show(b.get(f))}"
+                                                              for f in fields) + ")")
+            continue
+        what = "a template variable" if _variable(k) else RECORDED_GROUPS.get(k, f"the option --{k.replace('_', '-')}")
+        out.append(f"{what} changed ({'not given' if k not in old else _show(a)} -> "
+                   f"{'not given' if k not in new else _show(b)})")
     return out
 
 

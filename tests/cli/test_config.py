@@ -133,9 +133,9 @@ TAIL = ["--dedup", "--dedup-threshold", "--decontaminate", "--decontaminate-ngra
 
 
 def test_every_prepare_command_takes_the_declared_options_in_their_panels():
-    chat_options = [*SHARED, "--per-reply", "--template-max-steps", "--template-max-output", "--tokenizer-engine",
-                    "--allow-pad-as-stop", "--reasoning", "--train-on", "--max-tokens", "--val-split", "--seed",
-                    "--shard-tokens", *TAIL]
+    chat_options = [*SHARED[:5], "--media-root", *SHARED[5:], "--per-reply", "--template-max-steps",
+                    "--template-max-output", "--tokenizer-engine", "--allow-pad-as-stop", "--reasoning", "--train-on",
+                    "--max-tokens", "--val-split", "--seed", "--shard-tokens", *TAIL]
     assert _options("prepare-chat") == _options("prepare-tool") == chat_options
     assert _options("prepare-pref") == [
         *SHARED, "--template-max-steps", "--template-max-output", "--tokenizer-engine", "--allow-pad-as-stop",
@@ -158,3 +158,45 @@ def test_prepare_pref_help_shows_the_options_it_gained_and_what_they_mean_for_pa
     assert [p for p in ("Input and output", "Tokenizer and template", "Split and shards", "Curation", "Run")
             if f"╭─ {p} " in r.output] == ["Input and output", "Tokenizer and template", "Split and shards",
                                            "Curation", "Run"]
+
+
+def test_a_value_out_of_range_names_the_file_and_key_it_came_from_and_the_flag_alone_otherwise(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(f"q{i}", f"a{i}") for i in range(4)])
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("max_length = 1\n", encoding="utf-8")
+    r = _run("prepare-pref", src, "-o", tmp_path / "ds", "--config", cfg)
+    assert (r.exit_code, r.stderr) == (2, f"error: --config {cfg}: max_length: --max-length must be at least 2, got 1\n")
+    r = _run("prepare-pref", src, "-o", tmp_path / "ds", "--config", cfg, "--max-length", "0")
+    assert (r.exit_code, r.stderr) == (2, "error: --max-length must be at least 2, got 0\n")
+
+
+@pytest.mark.parametrize("command", ["prepare-chat", "prepare-tool"])
+def test_media_root_reaches_the_options_and_the_build_key_from_a_flag_or_the_config(tmp_path, monkeypatch, command):
+    from sftdata.cli import prepare_cmd
+
+    seen = []
+    real = prepare_cmd.prepare
+    monkeypatch.setattr(prepare_cmd, "prepare", lambda i, o, opts, progress=None, **kw: seen.append(opts.media_root)
+                        or real(i, o, opts, progress=progress, **kw))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs").mkdir()
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    (tmp_path / "run.toml").write_text('media-root = "imgs"\n')
+    runs = {"flag": ["--media-root", "imgs"], "config": ["--config", "run.toml"], "none": []}
+    for name, args in runs.items():
+        assert _run(command, src, "-o", name, "-j", "1", "-q", *args).exit_code == 0
+    assert seen == ["imgs", "imgs", None]
+    options = {name: json.loads((tmp_path / name / "dataset_metadata.json").read_text())["options"] for name in runs}
+    assert options["flag"] == options["config"] == {**options["none"], "media_root": "imgs"}
+    assert "media_root" not in options["none"]  # a run without it keeps its earlier bytes and key
+    keys = {name: json.loads((tmp_path / name / "dataset_metadata.json").read_text())["build"]["key"] for name in runs}
+    assert keys["flag"] == keys["config"] != keys["none"]
+
+
+def test_a_media_root_that_is_no_folder_is_one_line_with_exit_code_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("q", "a")])
+    r = _run("prepare-chat", src, "-o", "ds", "--media-root", "nope")
+    assert (r.exit_code, r.stderr) == (2, "error: --media-root nope: no such folder; give the folder that relative "
+                                          "image and video paths in the records are read from\n")
+    assert not (tmp_path / "ds").exists()

@@ -25,12 +25,10 @@ ImageOps = pytest.importorskip("PIL.ImageOps")
 transformers = pytest.importorskip("transformers")
 pil_qwen = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
 
+from tests.helpers.vision_families import FAMILIES, NOT_KWARGS  # noqa: E402
+
 # the count-deciding fields of each model's preprocessor_config.json as published on the Hub
-QWEN2_VL = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-            "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
-QWEN2_5_VL = {**QWEN2_VL, "processor_class": "Qwen2_5_VLProcessor"}
-QWEN3_VL = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
-            "merge_size": 2, "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor"}
+QWEN2_VL, QWEN2_5_VL, QWEN3_VL = (FAMILIES[name].image for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"))
 # a training recipe's bounds (LLaMA-Factory's image_max_pixels 768 * 768, image_min_pixels 32 * 32)
 QWEN2_5_VL_BOUNDED = {**QWEN2_5_VL, "min_pixels": 32 * 32, "max_pixels": 768 * 768}
 MODELS = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL, "qwen3_vl": QWEN3_VL, "qwen2_5_vl_bounded": QWEN2_5_VL_BOUNDED}
@@ -39,8 +37,6 @@ rng = random.Random(43)
 SIZES = [(1, 1), (28, 28), (27, 29), (480, 1280), (1280, 480), (4000, 200), (200, 4000), (640, 480), (1, 200),
          (56, 56), (3000, 3000)] + [(rng.randint(1, 1200), rng.randint(1, 1200)) for _ in range(36)]
 
-
-NOT_KWARGS = ("image_processor_type", "processor_class", "video_processor_type")
 
 
 def _processor(published: dict):
@@ -201,9 +197,7 @@ def test_video_errors():
 
 
 # the published video_preprocessor_config.json of Qwen3-VL
-QWEN3_VL_VIDEO = {"size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
-                  "merge_size": 2, "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
-                  "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor"}
+QWEN3_VL_VIDEO = FAMILIES["qwen3_vl"].video
 
 
 @pytest.mark.parametrize("rule", [{}, {"fps": 1}, {"fps": None, "num_frames": 9}, {"fps": None},

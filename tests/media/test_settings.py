@@ -23,8 +23,9 @@ from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3I
 from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
 
-QWEN2_VL = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-            "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
+from tests.helpers.vision_families import FAMILIES  # noqa: E402
+
+QWEN2_VL = FAMILIES["qwen2_vl"].image
 SUPPORTED = "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, SmolVLM"
 
 

@@ -29,10 +29,11 @@ from transformers.models.llava_next.processing_llava_next import LlavaNextProces
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil  # noqa: E402
 from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor  # noqa: E402
 
+from tests.helpers.vision_families import FAMILIES, NOT_KWARGS  # noqa: E402
+
 rng = random.Random(3)
 SIZES = [(1, 1), (28, 28), (336, 336), (480, 1280), (1280, 480), (4000, 200), (200, 4000), (640, 480), (1, 300),
          (364, 365), (1456, 1456), (2000, 3000)] + [(rng.randint(1, 2000), rng.randint(1, 2000)) for _ in range(16)]
-NOT_KWARGS = ("image_processor_type", "processor_class")
 
 
 def _images(encode_image):
@@ -55,9 +56,7 @@ def _count(text: str, token: str) -> int:
 
 
 # ------------------------------------------------------------------------------------ Gemma 3
-GEMMA3 = {"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor", "do_pan_and_scan": None,
-          "size": {"height": 896, "width": 896}}
-GEMMA3_PROCESSOR = {"image_seq_length": 256, "processor_class": "Gemma3Processor"}
+GEMMA3, GEMMA3_PROCESSOR = FAMILIES["gemma3"].image, FAMILIES["gemma3"].processor
 
 
 def test_gemma3_counts_equal_the_processors(encode_image):
@@ -73,10 +72,7 @@ def test_gemma3_counts_equal_the_processors(encode_image):
 
 
 # ------------------------------------------------------------------------------------ LLaVA-1.5
-LLAVA = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "size": {"shortest_edge": 336},
-         "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor"}
-LLAVA_PROCESSOR = {"image_token": "<image>", "num_additional_image_tokens": 1, "patch_size": 14,
-                   "processor_class": "LlavaProcessor", "vision_feature_select_strategy": "default"}
+LLAVA, LLAVA_PROCESSOR = FAMILIES["llava"].image, FAMILIES["llava"].processor
 
 
 @pytest.mark.parametrize("strategy,extra,want", [("default", 1, 576), ("full", 1, 577), ("default", 0, 575)])
@@ -94,11 +90,7 @@ def test_llava_counts_equal_the_processors(encode_image, strategy, extra, want):
 
 
 # ------------------------------------------------------------------------------------ LLaVA-NeXT
-LLAVA_NEXT = {"crop_size": {"height": 336, "width": 336}, "size": {"shortest_edge": 336}, "do_pad": True,
-              "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
-              "image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor"}
-LLAVA_NEXT_PROCESSOR = {"num_additional_image_tokens": 1, "patch_size": 14, "processor_class": "LlavaNextProcessor",
-                        "vision_feature_select_strategy": "default"}
+LLAVA_NEXT, LLAVA_NEXT_PROCESSOR = FAMILIES["llava_next"].image, FAMILIES["llava_next"].processor
 GRID_3X3 = [[336 * a, 336 * b] for a in (1, 2, 3) for b in (1, 2, 3)]
 
 
@@ -121,11 +113,9 @@ def test_llava_next_counts_equal_the_processors(encode_image, pinpoints):
 
 
 # ------------------------------------------------------------------------------------ Idefics3 / SmolVLM
-IDEFICS3 = {"do_image_splitting": True, "max_image_size": {"longest_edge": 364}, "size": {"longest_edge": 1456},
-            "image_processor_type": "Idefics3ImageProcessor", "processor_class": "Idefics3Processor"}
+IDEFICS3 = FAMILIES["idefics3"].image
 SMOLVLM_INSTRUCT = {**IDEFICS3, "max_image_size": {"longest_edge": 384}, "size": {"longest_edge": 1536}}
-SMOLVLM2 = {"do_image_splitting": True, "max_image_size": {"longest_edge": 512}, "size": {"longest_edge": 2048},
-            "image_processor_type": "SmolVLMImageProcessor", "processor_class": "SmolVLMProcessor"}
+SMOLVLM2 = FAMILIES["smolvlm"].image
 TILED = {"idefics3": (IDEFICS3, 169, Idefics3ImageProcessorPil, Idefics3Processor),
          "smolvlm_instruct": (SMOLVLM_INSTRUCT, 81, Idefics3ImageProcessorPil, Idefics3Processor),
          "smolvlm2": (SMOLVLM2, 64, SmolVLMImageProcessorPil, SmolVLMProcessor),

@@ -33,7 +33,7 @@ def test_a_whole_number_is_a_float_option_and_template_vars_may_be_name_value_st
 
 @pytest.mark.parametrize("text, command, message", [
     ("val_splt = 0.1\n", CHAT, "prepare-chat takes no option 'val_splt'; it takes max_record_bytes, source_sha256, "
-                               "strict, overwrite, force, wait, tokenizer, chat_template, template_vars, per_reply, "
+                               "strict, media_root, overwrite, force, wait, tokenizer, chat_template, template_vars, per_reply, "
                                "template_max_steps, template_max_output, tokenizer_engine, allow_pad_as_stop, "
                                "reasoning, train_on, max_tokens, val_split, seed, shard_tokens, dedup, "
                                "dedup_threshold, decontaminate, decontaminate_ngram, workers, memo_mb, engine, "

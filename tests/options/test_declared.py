@@ -23,7 +23,7 @@ CHANGED = {"mode": "tool", "max_record_bytes": 1 << 20, "source_sha256": True, "
            "max_tokens": 99, "max_length": 100, "max_prompt_length": 50, "truncation": "drop", "form": "kto",
            "val_split": 0.25, "seed": 7, "shard_tokens": 1000, "dedup": "exact", "dedup_threshold": 0.5,
            "decontaminate": ("e.jsonl",), "decontaminate_ngram": 5, "workers": 3, "memo_mb": 1.0,
-           "memo_policy": "lru", "engine": "ray", "ray_address": "auto"}
+           "memo_policy": "lru", "engine": "ray", "ray_address": "auto", "media_root": "images"}
 NEEDS = {"dedup_threshold": {"dedup": "near"}, "decontaminate_ngram": {"decontaminate": ("e.jsonl",)},
          "template_max_steps": {"tokenizer": "org/model"}, "template_max_output": {"tokenizer": "org/model"}}
 CLASSES = {"prepare": PrepareOptions, "pref": PrefOptions}
@@ -69,7 +69,8 @@ def test_an_option_that_records_nothing_says_why(command):
 def test_every_byte_changing_option_of_prepare_chat_is_taken_by_pairs_or_said_meaningless(command):
     changing = [o for o in taken_by(CHAT) if o.records("prepare") is not None]
     left = [o.name for o in changing if command not in o.takes]
-    assert left == {PREF: ["mode", "per_reply", "max_tokens"], RL: ["mode", "per_reply", "train_on", "max_tokens"]}[command]
+    assert left == {PREF: ["mode", "media_root", "per_reply", "max_tokens"],
+                    RL: ["mode", "media_root", "per_reply", "train_on", "max_tokens"]}[command]
     for name in left:
         assert next(o for o in OPTIONS if o.name == name).why
 
@@ -101,7 +102,7 @@ def test_recorded_is_byte_for_byte_what_the_classes_recorded_before_the_declarat
         "template_vars": {"x": 1}, "per_reply": True, "template_limits": limits, "allow_pad_as_stop": True,
         "reasoning": "drop", "train_on": "last", "max_tokens": 99, "val_split": 0.25, "seed": 7,
         "shard_tokens": 1000, "dedup": "near", "dedup_threshold": 0.5, "decontaminate": ["e.jsonl"],
-        "decontaminate_ngram": 5}
+        "decontaminate_ngram": 5, "media_root": "images"}  # --media-root: recorded only when given (issue 43)
     assert PrefOptions().recorded() == {
         "tokenizer": None, "chat_template": None, "template_vars": None, "format": "auto",
         "truncation": {"max_length": None, "max_prompt_length": None, "policy": "keep-end"}, "val_split": 0.0,
@@ -143,6 +144,10 @@ def test_verify_reads_back_the_options_a_pair_dataset_records():
                                          r"its folder\); the default tokenizer is a tiktoken encoding$"),
     ("pref", {"max_length": 1}, r"^--max-length must be at least 2, got 1$"),
     ("prepare", {"mode": "pairs"}, r"^mode must be one of chat, tool, not 'pairs'$"),
+    ("prepare", {"media_root": "/no/such/folder"}, r"^--media-root /no/such/folder: no such folder; give the folder "
+                                                   r"that relative image and video paths in the records are read from$"),
+    ("prepare", {"media_root": __file__}, r"^--media-root .*test_declared.py: not a folder; give the folder that "
+                                          r"relative image and video paths in the records are read from$"),
 ])
 def test_the_checks_are_the_declared_ones_for_every_kind(family, values, message):
     with pytest.raises(UsageError, match=message):

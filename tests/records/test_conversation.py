@@ -87,6 +87,11 @@ REASONS = [
      f"message 0 has no 'from' key; known roles: {CHAT_ROLES_KNOWN}"),
     ("non_text_content", "chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "message 0 content part 0 is of type 'image_url'; only text parts are supported (drop or convert such parts)"),
+    ("non_text_content", "chat+media", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+     "message 0 content part 0 is of type 'input_audio'; only text, image and video parts are supported (drop or "
+     "convert such parts)"),
+    ("non_text_content", "tool", _oa([U, _call(), {"role": "tool", "content": [{"type": "file"}]}, A]),
+     "message 2 content part 0 is of type 'file'; only text parts are supported (drop or convert such parts)"),
     ("non_text_content", "chat", {"messages": [{"role": "user", "content": ["a", 7]}]},
      "message 0 content part 1 is a number; only text parts are supported (drop or convert such parts)"),
     ("non_text_content", "chat", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
@@ -170,14 +175,33 @@ REASONS = [
      "'chat_template_kwargs' is a list; give an object of template variables, e.g. {\"enable_thinking\": false}"),
     ("invalid_template_kwargs", "tool", {"messages": [U, A], "chat_template_kwargs": {"tools": []}},
      "'chat_template_kwargs' sets 'tools', which sftdata gives the template itself; remove it"),
+    # media ("+media": parse_record(..., media=True); tests/records/test_media.py has every spelling)
+    ("non_text_content", "tool", {"messages": [U, A], "videos": ["v.mp4"]},
+     "the record holds 'videos', which this command does not read: images and videos are read by prepare-chat and "
+     "prepare-tool, with a vision model's processor"),
+    ("invalid_media", "chat+media", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}, A]},
+     "message 0 content part 0 is an 'image_url' part whose 'image_url.url' is null, not a reference: give the "
+     "image as its file's path or URL, a string (a data: URL for inline bytes), e.g. 'photos/cat.jpg'"),
+    ("invalid_media", "tool+media", {"messages": [U, A], "images": {"0": "x.jpg"}},
+     "'images' is an object; give a list of image paths or URLs (strings), one per <image> in the messages"),
+    ("media_in_reply", "chat+media", {"messages": [U, {"role": "assistant", "content": [{"type": "image", "image": "a.png"}]}]},
+     "message 1 content part 0 is an 'image' part in an assistant message; images and videos are read in user and "
+     "system messages only (a reply or tool result holds text): move it into the user message before it, or drop it"),
+    ("media_placeholder_mismatch", "chat+media", {"messages": [U, A], "images": ["a.png"]},
+     "'images' lists 1 image but the messages hold 0 <image> placeholders: put one <image> where each image stands "
+     "(in a user or system message, in the order of the list), or list exactly one image per <image>"),
+    ("reserved_character", "chat", {"messages": [{"role": "user", "content": "a \ufffc b"}, A]},
+     "message 0 content holds the character U+FFFC, which sftdata uses to mark where an image or video stands; "
+     "remove it"),
 ]
 
 
 @pytest.mark.parametrize("reason, mode, raw, message", REASONS, ids=[f"{r[0]}-{i}" for i, r in enumerate(REASONS)])
 def test_each_rejection_reason_and_its_exact_message(reason, mode, raw, message):
     line = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
+    mode, _, media = mode.partition("+")
     with pytest.raises(RecordError) as e:
-        parse_record(line, W, mode)
+        parse_record(line, W, mode, media=media == "media")
     assert (e.value.reason, e.value.detail, str(e.value)) == (reason, message, f"{W}: {message}")
     assert e.value.where == W
 

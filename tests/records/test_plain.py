@@ -8,20 +8,23 @@ import pytest
 import sftdata.records.conversation as conversation
 from sftdata.errors import RecordError
 from sftdata.records.conversation import Conversation, Turn, TurnPolicy, parse_record
-from sftdata.records.plain import plain_conversation
+from sftdata.records.media import LIST_KEYS
+from sftdata.records.plain import has_media_lists, plain_conversation
 
 ROLES = ["user", "User", "HUMAN", "human", "assistant", "gpt", "model", "Assistant", "system", "developer",
          "tool", "function_call", "observation", "narrator", None, 3]
 TEXTS = ["hi", "Hello there.", "", "   ", "\n", None, 7, ["a", {"type": "text", "text": "b"}],
          "<think>why</think> because", "  <think>x</think>y", "<think>never closed", "a <think> inside",
-         "x" * 70, "multi\nline\n\nreply "]
+         "x" * 70, "multi\nline\n\nreply ", "a \ufffc b", "<image>look", "<video>",
+         [{"type": "image", "image": "a.png"}, "b"], [{"type": "image"}, "b"]]
 EXTRA = [{"weight": 0}, {"name": "bob"}, {"reasoning_content": "r"}, {"refusal": "no"},
          {"tool_calls": []}, {"train": True}]
 TOP = [{"system": "Be kind."}, {"system": "  "}, {"system": None}, {"system": 5}, {"tools": []},
        {"tools": "[]"}, {"functions": None}, {"label": True}, {"id": "x1"},
        {"chat_template_kwargs": {"enable_thinking": False}}, {"chat_template_kwargs": {}},
        {"chat_template_kwargs": None}, {"chat_template_kwargs": ["enable_thinking"]},
-       {"chat_template_kwargs": {"add_generation_prompt": True}}]
+       {"chat_template_kwargs": {"add_generation_prompt": True}}, {"images": ["a.png"]}, {"images": []},
+       {"images": None}, {"videos": ["v.mp4"]}, {"audios": []}, {"audios": ["a.wav"]}, {"system": "s \ufffc"}]
 
 
 def message(rng: random.Random, sharegpt: bool, role=None, text=None) -> dict:
@@ -63,14 +66,16 @@ def records(n: int, seed: int = 0) -> list:
 
 
 def outcome(obj, mode, policy):
+    mode, _, media = mode.partition("+")  # "chat+media": parse_record(..., media=True)
     try:
-        return parse_record(obj, "f.jsonl:line 1", mode, policy)
+        return parse_record(obj, "f.jsonl:line 1", mode, policy, media=media == "media")
     except RecordError as e:
         return (e.reason, e.detail)
 
 
 @pytest.mark.parametrize("seed,mode,policy", [(i, *c) for i, c in enumerate(itertools.product(
-    ["chat", "tool"], [TurnPolicy(), TurnPolicy("drop", "all"), TurnPolicy("keep", "last")]))])
+    ["chat", "tool"], [TurnPolicy(), TurnPolicy("drop", "all"), TurnPolicy("keep", "last")]))]
+    + [(6, "chat+media", TurnPolicy()), (7, "tool+media", TurnPolicy("keep", "last"))])
 def test_the_one_pass_reading_equals_the_general_parser(seed, mode, policy, monkeypatch):
     recs = records(1500, seed)
     fast = [outcome(r, mode, policy) for r in recs]
@@ -109,6 +114,21 @@ def test_a_plain_record_keeps_its_template_variables():
     {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
      "chat_template_kwargs": {"messages": []}},  # refused by the general parser, which names the record
+    # media: a list (even empty or null) or U+FFFC in any text, which the general parser reads or refuses
+    {"messages": [{"role": "user", "content": "<image>q"}, {"role": "assistant", "content": "a"}], "images": ["x"]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "images": []},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "videos": None},
+    {"conversations": [{"from": "human", "value": "<audio>q"}, {"from": "gpt", "value": "a"}], "audios": ["x"]},
+    {"messages": [{"role": "user", "content": "q\ufffc"}, {"role": "assistant", "content": "a"}]},
+    {"messages": [{"role": "system", "content": "\ufffc"}, {"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "a"}]},
+    {"system": "\ufffc", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
 ])
 def test_records_that_need_the_general_parser_are_left_to_it(rec):
     assert plain_conversation(rec) is None
+
+
+def test_the_media_lists_the_plain_readers_leave_to_the_general_parser_are_every_one_it_reads():
+    assert LIST_KEYS == ("images", "videos", "audios")
+    assert [has_media_lists({key: None}) for key in LIST_KEYS] == [True, True, True]
+    assert has_media_lists({"messages": [], "image": "a.png", "video_list": []}) is False

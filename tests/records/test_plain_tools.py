@@ -21,7 +21,8 @@ ARGS = [{}, {"x": 1}, '{"x": 2}', "{}", "[1]", "not json", 3, None, '{"n": 12345
         {"s": "a  b\n"}]
 IDS = ["c1", "c2", "c3", None, 7, ""]
 TEXTS = ["hi", "Hello there.", "", "   ", "\n", None, 7, ["a", {"type": "text", "text": "b"}],
-         "<think>why</think> because", "  <think>x</think>y", "multi\nline\n\nreply "]
+         "<think>why</think> because", "  <think>x</think>y", "multi\nline\n\nreply ", "a \ufffc b", "<image>look",
+         [{"type": "image_url", "image_url": {"url": "a.png"}}, "b"]]
 EXTRA = [{"weight": 0}, {"name": "bob"}, {"reasoning_content": "r"}, {"refusal": "no"}, {"train": True},
          {"function_call": {"name": "f", "arguments": {}}}, {"tool_call_id": "c1"}, {"tool_calls": None},
          {"tool_calls": []}]
@@ -120,7 +121,8 @@ def records(n: int, seed: int = 0) -> list:
             rec["tools"] = rng.choice(TOOLS if rng.random() < 0.3 else [SCHEMAS, json.dumps(SCHEMAS)])
         if rng.random() < 0.1:
             rec.update(rng.choice([{"system": "Top."}, {"system": 5}, {"functions": SCHEMAS}, {"id": 3},
-                                   {"messages": [], "conversations": []}]))
+                                   {"messages": [], "conversations": []}, {"system": "\ufffc"}, {"images": []},
+                                   {"images": ["a.png"]}, {"videos": None}, {"audios": ["a.wav"]}]))
         if rng.random() < 0.2:
             rec["chat_template_kwargs"] = rng.choice([{"enable_thinking": False}, {"date_string": "1 Jan"}, {},
                                                       None, "no", {"tools": []}])
@@ -209,6 +211,9 @@ CALL = {"role": "assistant", "content": None, "tool_calls": [
                         '"arguments": {}}'}, {"from": "function_call", "value": '{"name": "f", "arguments": {}}'},
                        {"from": "observation", "value": "1"},
                        {"from": "function_call", "value": '{"name": "f", "arguments": {}}'}]},  # one unanswered
+    {"messages": [U, A], "images": []},  # a media list, even empty: the general parser reads it
+    {"messages": [U, CALL, {"role": "tool", "tool_call_id": "a", "content": "1 \ufffc"},
+                  {"role": "tool", "tool_call_id": "b", "content": "2"}, A]},  # U+FFFC: the general parser refuses it
 ])
 def test_records_that_need_the_general_parser_are_left_to_it(rec):
     assert plain_tool_conversation(rec) is None

@@ -94,6 +94,16 @@ def test_options_are_named_as_their_flags():
                                              "the option --max-tokens changed (none -> 512)"]
 
 
+def test_the_template_limits_are_named_by_their_flags_and_the_fields_that_changed():
+    old = comps(options={"template_limits": {"max_steps": 100000, "max_output": 64, "max_depth": 50}})
+    new = comps(options={"template_limits": {"max_steps": 500, "max_output": 64, "max_depth": 50}})
+    assert bk.describe_changes(old, new) == ["the template limits (--template-max-steps, --template-max-output) "
+                                             "changed (max_steps 100000 -> 500)"]
+    assert bk.describe_changes(comps(options={}), new) == [
+        'the template limits (--template-max-steps, --template-max-output) changed '
+        '(not given -> {"max_depth":50,"max_output":64,"max_steps":500})']
+
+
 def test_the_format_and_the_code_version_are_named():
     assert bk.describe_changes(comps(), comps(format_version=2)) == ["the format version changed (1 -> 2)"]
     assert bk.describe_changes(comps(), comps(code="d" * 64)) == [

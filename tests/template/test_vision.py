@@ -12,6 +12,7 @@ import pytest
 
 from sftdata.chat.template_rule import MaskRule, rule_mask
 from sftdata.errors import ConfigError, RecordError
+from sftdata.media import settings_from_dicts
 from sftdata.prepare.media import MediaStep
 from sftdata.records.turns import MEDIA_MARK, Conversation, MediaRef, Turn
 from sftdata.template import choose_tokenizer, records_episodes, render_within, tokenizer_state
@@ -135,8 +136,10 @@ def test_a_later_pair_with_an_image_is_dropped_whole(qwen25):
 
 def test_a_folder_whose_placeholder_is_no_token_is_refused(qwen25):
     _, _, tok, profile = qwen25
-    with pytest.raises(ConfigError, match="does not yet expand the media placeholders of Gemma 3"):
-        with_processor(profile, {"family": "gemma3"}, tok)
+    gemma = settings_from_dicts({"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor"})
+    with pytest.raises(ConfigError, match=r"^the tokenizer model has no special token '<image_soft_token>', the image "
+                                          r"token of its processor \(gemma3\); give the model's own tokenizer folder$"):
+        with_processor(profile, gemma, tok)
 
 
 def test_render_within_keeps_a_text_record_as_it_was(qwen25):
