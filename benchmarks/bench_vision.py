@@ -35,10 +35,12 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from corpus import WORK as BENCH_WORK  # noqa: E402
+
 from sftdata.prepare import PrepareOptions, prepare  # noqa: E402
 from tests.helpers.vision import encode_image, model_folder, reference_processor  # noqa: E402
 
-WORK = HERE.parent / "_work" / "vision"
+WORK = BENCH_WORK / "vision"
 
 
 def corpus(n: int, seed: int = 0) -> Path:
@@ -65,7 +67,7 @@ def corpus(n: int, seed: int = 0) -> Path:
 def run_sftdata(records: Path, folder: Path) -> tuple[float, Path]:
     out = WORK / "dataset"
     t0 = time.perf_counter()
-    summary = prepare([records], out, PrepareOptions(tokenizer=str(folder), workers=1, overwrite=True, force=True))
+    summary = prepare([records], out, PrepareOptions(tokenizer=str(folder), workers=1, val_split=0.0, overwrite=True, force=True))
     seconds = time.perf_counter() - t0
     if summary.rejected:
         raise SystemExit(f"sftdata rejected records: {summary.rejected}")
