@@ -101,14 +101,14 @@ def model(tmp_path_factory):
     return root, folder, src, records
 
 
-def test_every_episode_is_the_processors_and_no_media_token_is_trained(model, tmp_path):
-    root, folder, src, records = model
-    summary = prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(folder), shard_tokens=2000))
+def _proven(root, folder, family: str, src, records: list[dict], out) -> None:
+    """prepare-chat of ``records`` for ``family``'s folder: each episode the processor's."""
+    summary = prepare([src], out, PrepareOptions(tokenizer=str(folder), shard_tokens=2000))
     assert summary.rejected == {}
-    processor = reference_processor(folder, "qwen2_5_vl")
-    meta, episodes = _episodes(tmp_path / "ds")
-    state = json.loads((tmp_path / "ds" / "tokenizer_state.json").read_text())
-    assert state["processor"]["family"] == "qwen2_5_vl" and state["processor"]["max_pixels"] == 12845056
+    processor = reference_processor(folder, family)
+    meta, episodes = _episodes(out)
+    state = json.loads((out / "tokenizer_state.json").read_text())
+    assert state["processor"]["family"] == family
     rule = rule_from_state(state)
     pad = state["mask_rule"]["media_ids"][0]
     assert len(episodes) == len(records) and meta["format_version"] == MEDIA_FORMAT_VERSION
@@ -127,6 +127,19 @@ def test_every_episode_is_the_processors_and_no_media_token_is_trained(model, tm
     tokens = sum(r["tokens"] for *_, t in episodes for r in t)
     assert meta["media"] == {"items": 11, "images": 11, "videos": 0, "tokens": tokens}
     assert meta["splits"]["train"]["media"] == meta["media"]
+
+
+def test_every_episode_is_the_processors_and_no_media_token_is_trained(model, tmp_path):
+    root, folder, src, records = model
+    _proven(root, folder, "qwen2_5_vl", src, records, tmp_path / "ds")
+    state = json.loads((tmp_path / "ds" / "tokenizer_state.json").read_text())
+    assert state["processor"]["max_pixels"] == 12845056
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_the_other_qwen_families_too(model, family, tmp_path):
+    root, _, src, records = model
+    _proven(root, model_folder(tmp_path / family, family), family, src, records, tmp_path / "ds")
 
 
 def test_one_and_two_workers_write_the_same_bytes(model, tmp_path, monkeypatch):
