@@ -179,13 +179,13 @@ def decide_duplicates(runner: TaskRunner, parts: list[StagedPart], dedup: Dedupl
 
 def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[StagedPart], is_val: np.ndarray,
                   token_dtype: np.dtype, opts, output: str, kind: str = KIND_EPISODES, val: bool | None = None,
-                  direct: Callable[[list[str]], DirectUpload | None] | None = None) -> dict:
+                  direct: Callable[[list[str]], DirectUpload | None] | None = None, media: bool = False) -> dict:
     """The final shards of rows of ``kind``, planned here (``plan_shards``) and written by
     the workers (``write_shard``) into ``root``'s split folders (``val``: a val split
     too; None: where --val-split is given), or, where ``direct``
     (given every planned object) gives a ``DirectUpload``, put by them straight into the
     object-store target; returns each split's metadata (the shards' records in order) and
-    removes what was staged."""
+    removes what was staged. ``media``: a vision model's dataset (each shard's media table)."""
     splits = ("train", "val") if (opts.val_split > 0 if val is None else val) else ("train",)
     for split in splits:
         (root / split).mkdir()
@@ -198,7 +198,7 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
     args = []
     for job in jobs:
         args.append(((job, token_dtype.name, str(root), str(stage_dir), output, upload, stage_id, kind,
-                      before[job.split]), f"{job.split}/{shard_name(job.index)} was being written", job))
+                      before[job.split], media), f"{job.split}/{shard_name(job.index)} was being written", job))
         before[job.split] += sum(p.stop - p.first if p.take is None else int(p.take.sum()) for p in job.pieces)
     for rec, job in in_order(runner, write_shard, args):
         shards[job.split].append(rec)

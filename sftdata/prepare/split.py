@@ -40,11 +40,13 @@ def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def open_split(root: Path, kind: str, split: str, dtype: np.dtype, shard_tokens: int) -> SplitWriter | RowSplitWriter:
-    """The store's writer of ``split`` for rows of ``kind`` (episodes, or a row kind)."""
+def open_split(root: Path, kind: str, split: str, dtype: np.dtype, shard_tokens: int,
+               media: bool = False) -> SplitWriter | RowSplitWriter:
+    """The store's writer of ``split`` for rows of ``kind`` (episodes, or a row kind);
+    ``media``: episodes of a vision model's dataset, every shard with its media table."""
     if kind in ENTRIES_PER_ROW:
         return RowSplitWriter(root, split, kind, dtype, shard_tokens)
-    return SplitWriter(root, split, dtype, shard_tokens)
+    return SplitWriter(root, split, dtype, shard_tokens, media)
 
 
 def add_rows(writer: SplitWriter | RowSplitWriter, rows: Rows) -> None:
@@ -89,14 +91,14 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
 
 
 def split_staged(root: Path, kind: str, staged: dict | None, parts: list[StagedPart], is_val: np.ndarray,
-                 dtype: np.dtype, val: bool, shard_tokens: int) -> dict:
+                 dtype: np.dtype, val: bool, shard_tokens: int, media: bool = False) -> dict:
     """The staging shard (``staged``: its split's metadata, None: nothing staged), then the
     engine's parts, into train and (``val``) val in input order; returns each split's
     metadata and removes what was staged."""
     pieces = [(root / STAGING_SPLIT / staged["shards"][0]["name"], 0)] if staged else []
     pieces += [(Path(p.path), p.record_offset) for p in parts]
-    writers = [open_split(root, kind, "train", dtype, shard_tokens),
-               open_split(root, kind, "val", dtype, shard_tokens) if val else None]
+    writers = [open_split(root, kind, "train", dtype, shard_tokens, media),
+               open_split(root, kind, "val", dtype, shard_tokens, media) if val else None]
     first = 0
     for path, offset in pieces:  # in input order
         src = Shard(path, dtype, entries=ENTRIES_PER_ROW.get(kind, 1))

@@ -120,9 +120,12 @@ def media_count(shards: list[dict]) -> dict:
     return {MEDIA_KEY: {k: sum(int(h.get(k, 0)) for h in held) for k in ("items", "images", "videos", "tokens")}}
 
 
-def has_media(meta: dict) -> bool:
-    """Whether a dataset's metadata records a media item in a split (``format_version`` 4)."""
-    return any(isinstance(s, dict) and s.get(MEDIA_KEY) for s in (meta.get("splits") or {}).values())
+def has_media(meta: dict | None) -> bool:
+    """Whether a dataset's metadata records media items (``MEDIA_KEY``: ``{"items", "images",
+    "videos", "tokens"}``): its shards then each hold a ``MEDIA_FILE`` and it is
+    ``MEDIA_FORMAT_VERSION``."""
+    media = (meta or {}).get(MEDIA_KEY)
+    return isinstance(media, dict) and bool(media.get("items"))
 
 
 def has_last_reply_flags(meta: dict) -> bool:

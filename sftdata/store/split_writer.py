@@ -140,8 +140,9 @@ class _ShardedSplit:
 
     FILES: tuple[str, ...] = ()
 
-    def __init__(self, root: Path, split: str, token_dtype: np.dtype, capacity: int):
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, capacity: int, media: bool = False):
         self.dir = root / split
+        self.media = media  # every shard holds a media table and its counts (a dataset of a vision model's)
         self.split = split
         self.token_dtype = np.dtype(token_dtype)
         self.capacity = int(capacity)
@@ -178,7 +179,7 @@ class _ShardedSplit:
                 f = _HashedFile(self.dir / shard_name(len(self.shards) - 1) / LAST_REPLY_FILE)
                 f.write(np.ascontiguousarray(np.concatenate(self._flags), dtype=LAST_REPLY_DTYPE))
                 files[LAST_REPLY_FILE] = f.close()
-            if self._media:  # only a shard holding a media item has the table
+            if self._media or self.media:  # a shard of a vision model's dataset, or one holding a media item
                 f = _HashedFile(self.dir / shard_name(len(self.shards) - 1) / MEDIA_FILE)
                 f.write(b"".join(self._media))
                 files[MEDIA_FILE] = f.close()
@@ -233,12 +234,15 @@ class _ShardedSplit:
 
 
 class SplitWriter(_ShardedSplit):
-    """Appends episodes to a split's shards of up to ``shard_tokens`` tokens each."""
+    """Appends episodes to a split's shards of up to ``shard_tokens`` tokens each; with
+    ``media`` (a dataset prepared for a vision model's processor) every shard holds a media
+    table (``format.MEDIA_FILE``, empty where it holds no item) and its counts; without, only
+    a shard given a media span has one (a staging shard)."""
 
     FILES = (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE)
 
-    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int):
-        super().__init__(root, split, token_dtype, shard_tokens)
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int, media: bool = False):
+        super().__init__(root, split, token_dtype, shard_tokens, media)
         self.shard_tokens = self.capacity
 
     def _new_record(self, name: str) -> ShardInfo:

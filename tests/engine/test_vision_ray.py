@@ -27,4 +27,5 @@ def test_image_records_on_ray_are_the_bytes_of_one_process(ray_cluster, tmp_path
 
     one = files(tmp_path / "one")
     assert one == files(tmp_path / "ray")
-    assert sum(1 for k in one if k.endswith(MEDIA_FILE)) >= 3
+    shards = [k for k in one if k.endswith("/tokens.bin")]
+    assert len(shards) >= 3 and sum(1 for k in one if k.endswith(MEDIA_FILE)) == len(shards)

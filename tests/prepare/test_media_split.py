@@ -60,7 +60,6 @@ def test_each_shard_holds_its_episodes_spans_numbered_within_it(tmp_path):
     assert len(meta["shards"]) > 3 and len(seen) == 9
     total = {"items": 9, "images": 9, "videos": 0, "tokens": sum(sp.item.count.tokens for _, sp in seen)}
     assert meta["media"] == total and media_count([meta]) == {"media": total}
-    assert has_media({"splits": {"train": meta}}) and not has_media({"splits": {"train": {"episodes": 3}}})
 
 
 def test_rows_kept_keep_their_spans():
@@ -94,3 +93,24 @@ def test_the_exact_split_carries_each_episodes_spans_into_its_split(tmp_path, mo
     monkeypatch.setattr(split, "COPY_TOKENS", 7)  # one episode a window
     _split(tmp_path / "b", rows, is_val)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def test_a_vision_models_split_gives_every_shard_its_table(tmp_path):
+    rows = _episodes(9)
+    w = SplitWriter(tmp_path, "train", np.dtype(np.uint32), 12, media=True)  # one episode a shard
+    split.add_rows(w, rows)
+    meta = w.close()
+    first, empty = 0, 0
+    for sh in meta["shards"]:
+        folder = tmp_path / "train" / sh["name"]
+        mine = [sp for e in range(first, first + sh["episodes"]) for sp in rows.media[e]]
+        assert MEDIA_FILE in sh["files"] and sh["media"]["items"] == len(mine)
+        assert len((folder / MEDIA_FILE).read_bytes().splitlines()) == len(mine)
+        empty += not mine
+        first += sh["episodes"]
+    assert empty >= 1 and meta["media"]["items"] == 9
+    w = SplitWriter(tmp_path, "val", np.dtype(np.uint32), 40, media=True)  # an empty split: one empty shard
+    meta = w.close()
+    assert meta["media"] == {"items": 0, "images": 0, "videos": 0, "tokens": 0}
+    assert (tmp_path / "val" / "shard_00000" / MEDIA_FILE).read_bytes() == b""
+    assert not has_media({"media": meta["media"]}) and has_media({"media": {"items": 1}})

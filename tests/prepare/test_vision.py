@@ -144,7 +144,7 @@ def test_the_other_qwen_families_too(model, family, tmp_path):
 
 def test_one_and_two_workers_write_the_same_bytes(model, tmp_path, monkeypatch):
     root, folder, src, _ = model
-    opts = PrepareOptions(tokenizer=str(folder), val_split=0.3, seed=4, shard_tokens=1200)
+    opts = PrepareOptions(tokenizer=str(folder), val_split=0.3, seed=4, shard_tokens=300)
     prepare([src], tmp_path / "one", opts)
     monkeypatch.setattr(pool, "MAX_PART_BYTES", 400)  # several partitions, each staging its own episodes
     monkeypatch.setattr(pool, "MIN_PART_BYTES", 400)
@@ -153,9 +153,12 @@ def test_one_and_two_workers_write_the_same_bytes(model, tmp_path, monkeypatch):
              if p.is_file() and p.name != "dataset_metadata.json"}
     assert files == {str(p.relative_to(tmp_path / "two")): p.read_bytes()
                      for p in sorted((tmp_path / "two").rglob("*")) if p.is_file() and p.name != "dataset_metadata.json"}
-    assert sum(1 for k in files if k.endswith(MEDIA_FILE)) >= 2
     one, two = (json.loads((tmp_path / d / "dataset_metadata.json").read_text()) for d in ("one", "two"))
     assert one["splits"] == two["splits"] and one["media"] == two["media"]
+    shards = [sh for m in one["splits"].values() for sh in m["shards"]]
+    assert len(shards) >= 4 and sum(1 for k in files if k.endswith(MEDIA_FILE)) == len(shards)  # every shard's
+    assert all(MEDIA_FILE in sh["files"] and "media" in sh for sh in shards)
+    assert one["media"]["items"] == 11 and one["format_version"] == MEDIA_FORMAT_VERSION
 
 
 def test_a_bad_media_file_is_one_named_reject(model, tmp_path):
