@@ -24,7 +24,10 @@ verify and pack can re-derive every mask without the template, the tokenizer or 
   ``<|start_header_id|>user<|end_header_id|>``, ``<|im_start|>user``; a tool result's). A
   reply with none of them before it in its episode answers no one (a conversation that
   opens with the assistant) and is not trained, as with sftdata's markers. Empty (a rule
-  recorded before it existed, or a template whose turns it cannot tell): every reply is.
+  recorded before it existed, or a template whose turns it cannot tell): every reply is;
+* ``media_ids``: the ids that stand for an image's or video's pixels (Qwen's ``<|image_pad|>``,
+  ``<|video_pad|>``): never trained, wherever they are; recorded only where the dataset was
+  prepared for a vision model's processor (a rule without them reads as before).
 
 Rule: mask = 1 from the token after a header through the next end-of-turn token (inclusive
 when ``end_inclusive``); a header with no end-of-turn token after it trains nothing; all
@@ -54,6 +57,7 @@ class MaskRule:
     asked: tuple[tuple[int, ...], ...] = ()
     joined_spans: bool = False  # a reply may be several spans only a header separates (gpt-oss's reasoning)
     end_seqs: tuple[tuple[int, ...], ...] = ()  # end-of-turn markers of several tokens (a text marker)
+    media_ids: tuple[int, ...] = ()  # media placeholder ids: mask 0 wherever they are
 
     def state(self) -> dict:
         out = {"kind": RULE_KIND, "headers": [list(h) for h in self.headers], "end_ids": list(self.end_ids),
@@ -62,6 +66,8 @@ class MaskRule:
             out["asked"] = [list(h) for h in self.asked]
         if self.end_seqs:
             out["end_seqs"] = [list(e) for e in self.end_seqs]
+        if self.media_ids:
+            out["media_ids"] = list(self.media_ids)
         return {**out, "joined_spans": True} if self.joined_spans else out  # absent: false (older datasets)
 
     @classmethod
@@ -74,21 +80,22 @@ class MaskRule:
         if not isinstance(state, dict) or state.get("kind") != RULE_KIND:
             raise DatasetError(f"{where}: mask_rule is not a {RULE_KIND!r} rule; re-prepare the dataset")
         headers, end_ids = state.get("headers"), state.get("end_ids")
-        asked, seqs = state.get("asked", []), state.get("end_seqs", [])
+        asked, seqs, media = state.get("asked", []), state.get("end_seqs", []), state.get("media_ids", [])
         if not (isinstance(headers, list) and headers and all(ints(h) for h in headers)
                 and isinstance(seqs, list) and all(ints(e) for e in seqs)
                 and (ints(end_ids) or (end_ids == [] and seqs))
                 and isinstance(state.get("end_inclusive"), bool)
                 and isinstance(state.get("last_reply_only", False), bool)
                 and isinstance(asked, list) and all(ints(h) for h in asked)
-                and isinstance(state.get("joined_spans", False), bool)):
+                and isinstance(state.get("joined_spans", False), bool)
+                and (media == [] or ints(media))):
             raise DatasetError(f"{where}: mask_rule needs non-empty 'headers' (lists of token ids), 'end_ids' "
                                f"(empty only beside 'end_seqs', lists of token ids), booleans 'end_inclusive' and "
                                f"'last_reply_only', 'asked' (lists of token ids) where given and the boolean "
-                               f"'joined_spans' where given; re-prepare the dataset")
+                               f"'joined_spans' and 'media_ids' (token ids) where given; re-prepare the dataset")
         return cls(tuple(tuple(h) for h in headers), tuple(end_ids), state["end_inclusive"],
                    state.get("last_reply_only", False), tuple(tuple(h) for h in asked),
-                   state.get("joined_spans", False), tuple(tuple(e) for e in seqs))
+                   state.get("joined_spans", False), tuple(tuple(e) for e in seqs), tuple(media))
 
 
 def _header_ends(ids: np.ndarray, header: tuple[int, ...]) -> np.ndarray:
@@ -242,7 +249,14 @@ def rule_mask(ids: np.ndarray, rule: MaskRule, last_only: bool = False) -> np.nd
     episode trains its last reply only, see ``rule_spans``). Pure, vectorised."""
     ids = np.asarray(ids)
     starts, ends = rule_spans(ids, rule, last_only=np.array([last_only]) if last_only else None)
-    return spans_mask(ids.shape[0], starts, ends)
+    return without_media(ids, spans_mask(ids.shape[0], starts, ends), rule)
+
+
+def without_media(ids: np.ndarray, mask: np.ndarray, rule: MaskRule) -> np.ndarray:
+    """``mask`` (changed in place, returned) with 0 on every token of the rule's ``media_ids``."""
+    if rule.media_ids:
+        mask[_positions_of(np.asarray(ids), rule.media_ids)] = 0
+    return mask
 
 
 def segment_rule_mask(tokens: np.ndarray, lengths: np.ndarray, rule: MaskRule,
@@ -274,7 +288,7 @@ def segment_rule_mask(tokens: np.ndarray, lengths: np.ndarray, rule: MaskRule,
     buf[where] = tokens
     stops = np.cumsum(lengths) + np.arange(n, dtype=np.int64)
     starts, ends = rule_spans(buf, rule, stops, cut, last_only)
-    return spans_mask(total + n, starts, ends)[where]
+    return without_media(tokens, spans_mask(total + n, starts, ends)[where], rule)
 
 
 def mask_disagreement(ids: np.ndarray, mask: np.ndarray, rule: MaskRule, last_only: bool = False) -> int | None:

@@ -26,9 +26,12 @@ from ..store.build_key import (
     recorded_hashes,
     tokenizer_component,
 )
+from ..store.format import has_media
 
 STDIN_NOTE = ("standard input (-) is read anew on every run, so a dataset made from it is never up to date (its "
               "content is known only once it has been read)")
+MEDIA_NOTE = ("the dataset holds images or videos, whose files its build key does not cover (each is hashed only as "
+              "it is read), so it is never up to date")
 
 
 def eval_inputs(paths: Sequence[str]) -> list[Input]:
@@ -70,6 +73,8 @@ class PlannedBuild:
         not), each input hashed unless its identity is the one recorded beside its sha256."""
         if any(i.kind == "stdin" for i in self.inputs):
             return None, STDIN_NOTE
+        if has_media(self.check.target.metadata or {}):
+            return None, MEDIA_NOTE
         recorded, written = recorded_hashes(self.check.target.metadata), self.check.target.written_ns
         inputs, evals = [], []
         for inp, looked in zip(self.inputs, self.looked):
@@ -107,4 +112,4 @@ def plan_build(output_dir, inputs: list[Input], eval_paths: Sequence[str], state
     return plan
 
 
-__all__ = ["STDIN_NOTE", "PlannedBuild", "components", "eval_inputs", "plan_build"]
+__all__ = ["MEDIA_NOTE", "STDIN_NOTE", "PlannedBuild", "components", "eval_inputs", "plan_build"]

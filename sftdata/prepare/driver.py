@@ -223,12 +223,14 @@ class _Build:
         self.staging = None  # this process's staging split (or train itself: ``direct``)
         self.staged: dict | None = None
         self.direct = False
+        # a vision model's dataset: every shard holds its media table (store.format.MEDIA_FILE)
+        self.media = getattr(kind.profile, "processor", None) is not None
 
     def _stage(self, w: DatasetWriter, rows: Rows) -> None:
         if self.staging is None:
             kind, opts = self.kind.store_kind, self.opts
-            self.staging = open_split(w.path, kind, "train", self.dtype, opts.shard_tokens) if self.direct else \
-                open_split(w.path, kind, STAGING_SPLIT, self.dtype, 1 << 62)
+            self.staging = open_split(w.path, kind, "train", self.dtype, opts.shard_tokens, self.media) \
+                if self.direct else open_split(w.path, kind, STAGING_SPLIT, self.dtype, 1 << 62)
         with writing(w.path / ("train" if self.direct else STAGING_SPLIT), self.output):
             add_rows(self.staging, rows)
 
@@ -357,10 +359,10 @@ class _Build:
                 splits = {"train": self.staged}
             elif runner is not None:
                 splits = write_planned(runner, w.path, w.path / PARTS_DIR, self.parts, is_val, self.dtype, opts,
-                                       output, kind.store_kind, val, direct=w.direct_upload)
+                                       output, kind.store_kind, val, direct=w.direct_upload, media=self.media)
             else:
                 splits = split_staged(w.path, kind.store_kind, self.staged, self.parts, is_val, self.dtype, val,
-                                      opts.shard_tokens)
+                                      opts.shard_tokens, self.media)
             w.write_json(TOKENIZER_FILE, kind.state)
             write_serving(w.path, kind.state, self.dtype)
         if kind.trains and splits["train"]["trained_tokens"] == 0:

@@ -42,7 +42,16 @@ from ..sources import SourceInfo, record_where
 from ..sources.partitions import Partition, file_digest, first_where, records_sha256, scan_range
 from ..storage.fsops import folder_identity, make_folder
 from ..storage.object_upload import DirectUpload
-from ..store.format import ENTRIES_PER_ROW, KIND_EPISODES, LAST_REPLY_FILE, flagged_count, shard_files, shard_name
+from ..store.format import (
+    ENTRIES_PER_ROW,
+    KIND_EPISODES,
+    LAST_REPLY_FILE,
+    MEDIA_FILE,
+    flagged_count,
+    media_count,
+    shard_files,
+    shard_name,
+)
 from ..tasks import TaskRunner, in_order
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
@@ -170,13 +179,13 @@ def decide_duplicates(runner: TaskRunner, parts: list[StagedPart], dedup: Dedupl
 
 def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[StagedPart], is_val: np.ndarray,
                   token_dtype: np.dtype, opts, output: str, kind: str = KIND_EPISODES, val: bool | None = None,
-                  direct: Callable[[list[str]], DirectUpload | None] | None = None) -> dict:
+                  direct: Callable[[list[str]], DirectUpload | None] | None = None, media: bool = False) -> dict:
     """The final shards of rows of ``kind``, planned here (``plan_shards``) and written by
     the workers (``write_shard``) into ``root``'s split folders (``val``: a val split
     too; None: where --val-split is given), or, where ``direct``
     (given every planned object) gives a ``DirectUpload``, put by them straight into the
     object-store target; returns each split's metadata (the shards' records in order) and
-    removes what was staged."""
+    removes what was staged. ``media``: a vision model's dataset (each shard's media table)."""
     splits = ("train", "val") if (opts.val_split > 0 if val is None else val) else ("train",)
     for split in splits:
         (root / split).mkdir()
@@ -189,18 +198,19 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
     args = []
     for job in jobs:
         args.append(((job, token_dtype.name, str(root), str(stage_dir), output, upload, stage_id, kind,
-                      before[job.split]), f"{job.split}/{shard_name(job.index)} was being written", job))
+                      before[job.split], media), f"{job.split}/{shard_name(job.index)} was being written", job))
         before[job.split] += sum(p.stop - p.first if p.take is None else int(p.take.sum()) for p in job.pieces)
     for rec, job in in_order(runner, write_shard, args):
         shards[job.split].append(rec)
-    flagged = [f"{split}/{rec['name']}/{LAST_REPLY_FILE}" for split, recs in shards.items() for rec in recs
-               if LAST_REPLY_FILE in rec["files"]]
-    if upload is not None and flagged:  # a shard's flags (only where it holds a flagged episode): the commit's too
+    flagged = [f"{split}/{rec['name']}/{f}" for split, recs in shards.items() for rec in recs
+               for f in (LAST_REPLY_FILE, MEDIA_FILE) if f in rec["files"]]
+    # a shard's flags and media table (only where it holds a flagged episode, a media item): the commit's too
+    if upload is not None and flagged:
         direct(flagged)
     shutil.rmtree(stage_dir, ignore_errors=True)
     rows = ("rows",) if kind in ENTRIES_PER_ROW else ()
     return {split: {**{k: sum(r[k] for r in recs) for k in (*rows, "episodes", "tokens", "trained_tokens")},
-                    **flagged_count(recs), "shards": recs}
+                    **flagged_count(recs), **media_count(recs), "shards": recs}
             for split, recs in shards.items()}
 
 

@@ -34,6 +34,7 @@ from ..sources.remote import url_protocol
 from ..store.format import KIND_PROMPTS, ROW_KINDS
 from ..tasks import overlapped
 from ..template import ChatTemplate, TemplateProfile, learn_profile
+from ..template.vision import with_processor
 from ..tokenize import is_hf_state
 from .chunk import process_chunk
 
@@ -59,6 +60,8 @@ def _profile(tok: HFTokenizer, state: dict, train_on: str) -> TemplateProfile:
     profile = learn_profile(template, tok, ct.get("variables") if isinstance(ct.get("variables"), dict) else None)
     if train_on == "last" and not profile.rule.last_reply_only:
         profile = replace(profile, rule=replace(profile.rule, last_reply_only=True))
+    if isinstance(state.get("processor"), dict):  # a vision model's: the pinned settings count the media again
+        profile = with_processor(profile, state["processor"], tok)
     return profile
 
 
@@ -93,7 +96,8 @@ def _raw_records(meta: dict, wanted: set[int], max_bytes: int) -> tuple[list, di
 def _episodes(raws: list, tok, profile: TemplateProfile | None, opts: dict) -> tuple[list, list]:
     """The rejects of ``raws`` and (record, an episode's ids) of each episode they render to."""
     res = process_chunk(raws, tok, opts.get("mode", "chat"), opts.get("max_tokens"),
-                        TurnPolicy(opts.get("reasoning", "keep"), opts.get("train_on", "all")), profile)
+                        TurnPolicy(opts.get("reasoning", "keep"), opts.get("train_on", "all")), profile,
+                        media_root=opts.get("media_root"))
     bounds = np.concatenate([[0], np.cumsum(res.lengths)])
     return res.rejects, [(record, np.asarray(res.ids[bounds[k]:bounds[k + 1]], dtype=np.int64))
                          for k, record in enumerate(res.sources.tolist())]

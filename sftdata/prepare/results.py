@@ -112,6 +112,7 @@ class ChunkResult:
     memo: MemoStats | None = None  # what the worker's memo saved on this chunk (None: no memo)
     per_reply_automatic: int = 0  # records served per reply without --per-reply
     last_only: np.ndarray | None = None  # uint8 per episode, 1 = trains its last reply only (None: all 0)
+    media: list | None = None  # per episode, its media spans (a tuple of MediaSpan); None: no episode has any
 
     def shifted(self, first: int) -> ChunkResult:
         """This result with its record numbers counted from ``first`` (in place)."""

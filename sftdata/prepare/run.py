@@ -26,10 +26,9 @@ from ..pref.run import PrefSummary, RowsKind
 from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo
 from ..store.build_key import BuildCheck
-from ..store.format import KIND_EPISODES
-from ..store.rows import Rows
+from ..store.format import KIND_EPISODES, media_count
 from ..template import choose_tokenizer, tokenizer_state
-from .chunk import EpisodeWork
+from .chunk import EpisodeWork, episode_rows
 from .driver import build
 from .options import PrepareOptions
 from .results import SUMMED, ChunkResult, Executor, PrepareSummary, Progress
@@ -60,7 +59,7 @@ class EpisodesKind:
         self.state = self.tok.state() if self.profile is None else tokenizer_state(self.tok, self.profile)
         check_state_stops(self.state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
 
-        self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy)
+        self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy, opts.media_root)
 
     @contextmanager
     def local(self, curate: CurateSettings):
@@ -83,8 +82,7 @@ class EpisodesKind:
             summary.memo.add(res.memo)
         keep = MAX_NAMED_MISMATCHES - len(summary.rule_mismatch)
         summary.rule_mismatch += [{"record": r, "where": wh} for r, wh in res.mismatches[:max(keep, 0)]]
-        rows = Rows(res.ids, res.mask, res.lengths, res.sources, flags=res.last_only) if res.staged is None \
-            else res.staged.get(KIND_EPISODES)
+        rows = episode_rows(res) if res.staged is None else res.staged.get(KIND_EPISODES)
         return [], rows.without(drop) if drop and rows is not None else rows
 
     def finish(self, summary: PrepareSummary, splits: dict, infos: list[SourceInfo]) -> tuple[dict, dict, dict]:
@@ -101,7 +99,8 @@ class EpisodesKind:
             return {}, counts, {}
         counts.update(per_reply_records=summary.per_reply_records, per_reply_episodes=summary.per_reply_episodes,
                       per_reply_automatic=summary.per_reply_automatic)
-        return {}, counts, {"rule_mismatch": summary.rule_mismatch}
+        # the dataset's media items, where it holds any (each split's are in its record)
+        return {}, counts, {"rule_mismatch": summary.rule_mismatch, **media_count(list(splits.values()))}
 
 
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,

@@ -41,7 +41,7 @@ def copy_piece(piece: Piece, token_dtype: np.dtype, writer, kind: str = KIND_EPI
 
 def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, output: str,
                 upload: DirectUpload | None = None, stage_id: dict | None = None, kind: str = KIND_EPISODES,
-                first_row: int = 0) -> dict | None:
+                first_row: int = 0, media: bool = False) -> dict | None:
     """One task: the shard ``job`` names, written under ``stage_dir`` and renamed to
     ``root/SPLIT/shard_NNNNN``, or, with ``upload`` (an object-store output), put straight
     into the bucket as ``SPLIT/shard_NNNNN/FILE`` (each object checked against its sha256)
@@ -49,14 +49,15 @@ def write_shard(job: ShardJob, token_dtype: str, root: str, stage_dir: str, outp
     file's bytes and sha256, value ranges). None when the run has stopped. ``output``: the
     run's output, named by a failed write; ``stage_id``: the identity of ``stage_dir`` the
     coordinator recorded (a task writes only inside that folder: ``fsops.make_owned_folder``);
-    ``kind``: of the rows, ``first_row``: the split's rows in the shards before this one."""
+    ``kind``: of the rows, ``first_row``: the split's rows in the shards before this one;
+    ``media``: a vision model's dataset (the shard holds its media table)."""
     stop = Path(stage_dir) / STOP_FILE
     if stop.exists():
         return None
     dtype = np.dtype(token_dtype)
     name = shard_name(job.index)
     tmp = make_owned_folder(Path(stage_dir), f"{job.split}_{job.index:06d}", stage_id)  # never its parents
-    writer = open_split(tmp, kind, "s", dtype, 1 << 62)
+    writer = open_split(tmp, kind, "s", dtype, 1 << 62, media)
     if kind in ENTRIES_PER_ROW:
         writer.rows = first_row  # the number of its first row (columns.jsonl)
     with writing(tmp, output):

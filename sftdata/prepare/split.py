@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store.format import ENTRIES_PER_ROW, KIND_PROMPTS, PARTS_DIR, STAGING_SPLIT
-from ..store.rows import Rows, shard_columns
+from ..store.rows import Rows, shard_columns, shard_media
 from ..store.shard import Shard
 from ..store.split_writer import RowSplitWriter, SplitWriter
 from .results import StagedPart
@@ -40,11 +40,13 @@ def split_assignment(n: int, val_split: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def open_split(root: Path, kind: str, split: str, dtype: np.dtype, shard_tokens: int) -> SplitWriter | RowSplitWriter:
-    """The store's writer of ``split`` for rows of ``kind`` (episodes, or a row kind)."""
+def open_split(root: Path, kind: str, split: str, dtype: np.dtype, shard_tokens: int,
+               media: bool = False) -> SplitWriter | RowSplitWriter:
+    """The store's writer of ``split`` for rows of ``kind`` (episodes, or a row kind);
+    ``media``: episodes of a vision model's dataset, every shard with its media table."""
     if kind in ENTRIES_PER_ROW:
         return RowSplitWriter(root, split, kind, dtype, shard_tokens)
-    return SplitWriter(root, split, dtype, shard_tokens)
+    return SplitWriter(root, split, dtype, shard_tokens, media)
 
 
 def add_rows(writer: SplitWriter | RowSplitWriter, rows: Rows) -> None:
@@ -52,7 +54,7 @@ def add_rows(writer: SplitWriter | RowSplitWriter, rows: Rows) -> None:
     if isinstance(writer, RowSplitWriter):
         writer.add_rows(rows.ids, rows.mask, rows.lengths, rows.sources, labels=rows.labels, columns=rows.columns)
     else:
-        writer.add_many(rows.ids, rows.mask, rows.lengths, rows.sources, rows.flags)
+        writer.add_many(rows.ids, rows.mask, rows.lengths, rows.sources, rows.flags, rows.media)
 
 
 def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | None, writers: list,
@@ -65,6 +67,7 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
     lengths = src.index[first * per:stop * per, 1].astype(np.int64)
     row_ends = np.cumsum(lengths.reshape(-1, per).sum(axis=1))
     origin = int(src.index[first * per, 0]) if stop > first else 0
+    media = shard_media(src.path, first, stop) if per == 1 and kind not in ENTRIES_PER_ROW else None
     with shard_columns(src.path) if kind == KIND_PROMPTS else nullcontext() as columns:
         for _ in range(first if columns is not None else 0):
             next(columns)
@@ -77,7 +80,8 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
             rows = Rows(toks, mask, lengths[i * per:j * per], src.sources[a:b].astype(np.int64) + record_offset,
                         per, flags=src.last_only(a, b) if per == 1 and kind not in ENTRIES_PER_ROW else None,
                         labels=None if src.labels is None else np.asarray(src.labels[a:b]),
-                        columns=None if columns is None else [next(columns) for _ in range(j - i)])
+                        columns=None if columns is None else [next(columns) for _ in range(j - i)],
+                        media=None if media is None else media[i:j])
             to = np.zeros(j - i, np.int64) if route is None else route[i:j]
             for k, w in enumerate(writers):
                 sel = to == k
@@ -87,14 +91,14 @@ def copy_rows(src: Shard, kind: str, first: int, stop: int, route: np.ndarray | 
 
 
 def split_staged(root: Path, kind: str, staged: dict | None, parts: list[StagedPart], is_val: np.ndarray,
-                 dtype: np.dtype, val: bool, shard_tokens: int) -> dict:
+                 dtype: np.dtype, val: bool, shard_tokens: int, media: bool = False) -> dict:
     """The staging shard (``staged``: its split's metadata, None: nothing staged), then the
     engine's parts, into train and (``val``) val in input order; returns each split's
     metadata and removes what was staged."""
     pieces = [(root / STAGING_SPLIT / staged["shards"][0]["name"], 0)] if staged else []
     pieces += [(Path(p.path), p.record_offset) for p in parts]
-    writers = [open_split(root, kind, "train", dtype, shard_tokens),
-               open_split(root, kind, "val", dtype, shard_tokens) if val else None]
+    writers = [open_split(root, kind, "train", dtype, shard_tokens, media),
+               open_split(root, kind, "val", dtype, shard_tokens, media) if val else None]
     first = 0
     for path, offset in pieces:  # in input order
         src = Shard(path, dtype, entries=ENTRIES_PER_ROW.get(kind, 1))

@@ -43,8 +43,9 @@ from .format import TOKENIZER_FILE, format_version_for
 BUILD = "build"  # the metadata's key
 BUILD_VERSION = 1  # of the layout of BUILD
 # the modules that decide a dataset's bytes, relative to the sftdata package (folders: every .py below)
-CODE_PATHS = ("__init__.py", "sources", "records", "tokenize", "chat", "template", "curate", "packing", "options",
-              "pref", "prepare", "pack", "store/format.py", "store/writer.py", "store/split_writer.py", "store/serving_file.py")
+CODE_PATHS = ("__init__.py", "sources", "records", "tokenize", "media", "chat", "template", "curate", "packing",
+              "options", "pref", "prepare", "pack", "store/format.py", "store/writer.py", "store/split_writer.py",
+              "store/rows.py", "store/serving_file.py")
 CODE_NAMES = {"export": "the export code"}  # what a kind's "code" component is called when it changes
 LIBRARIES = ("tiktoken", "tokenizers", "jinja2")  # recorded beside sftdata's version (verify --retokenize)
 SPLIT_PARTS = ("chat_template",)  # a tokenizer state's objects whose keys are named one by one when they change

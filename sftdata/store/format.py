@@ -111,6 +111,23 @@ def flagged_count(shards: list[dict]) -> dict:
     return {LAST_REPLY_KEY: n} if n else {}
 
 
+def media_count(shards: list[dict]) -> dict:
+    """``{MEDIA_KEY: {"items", "images", "videos", "tokens"}}`` summed over shard (or split)
+    records that hold media items, or ``{}`` when none does (the record then has no such key)."""
+    held = [s[MEDIA_KEY] for s in shards if isinstance(s, dict) and isinstance(s.get(MEDIA_KEY), dict)]
+    if not held:
+        return {}
+    return {MEDIA_KEY: {k: sum(int(h.get(k, 0)) for h in held) for k in ("items", "images", "videos", "tokens")}}
+
+
+def has_media(meta: dict | None) -> bool:
+    """Whether a dataset's metadata records media items (``MEDIA_KEY``: ``{"items", "images",
+    "videos", "tokens"}``): its shards then each hold a ``MEDIA_FILE`` and it is
+    ``MEDIA_FORMAT_VERSION``."""
+    media = (meta or {}).get(MEDIA_KEY)
+    return isinstance(media, dict) and bool(media.get("items"))
+
+
 def has_last_reply_flags(meta: dict) -> bool:
     """Whether a dataset's metadata records an item flagged "last reply only" in a split."""
     return any(isinstance(s, dict) and s.get(LAST_REPLY_KEY) for s in (meta.get("splits") or {}).values())

@@ -27,7 +27,8 @@ import numpy as np
 import orjson
 
 from ..errors import DatasetError
-from .format import COLUMNS_FILE, ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
+from ..media.item import MediaSpan, span_from_row
+from .format import COLUMNS_FILE, ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS, MEDIA_FILE
 from .reader import Dataset, require_row_kind
 from .shard import Split
 
@@ -39,8 +40,8 @@ ROW_ID_COLUMN = {KIND_PAIRS: "pair", KIND_KTO: "row", KIND_PROMPTS: "prompt"}  #
 class Rows:
     """Rows of any kind, in input order: one concatenated ids/mask array, the length of each
     of its sequences (``per`` a row: an episode 1, a pair 3), each row's record, and its
-    kind's extras (an episode's "last reply only" flag, a KTO row's label, an RL prompt's
-    ``columns`` object; None where the kind has none)."""
+    kind's extras (an episode's "last reply only" flag and media spans, a KTO row's label, an
+    RL prompt's ``columns`` object; None where the kind has none)."""
 
     ids: np.ndarray
     mask: np.ndarray
@@ -50,6 +51,7 @@ class Rows:
     flags: np.ndarray | None = None
     labels: np.ndarray | None = None
     columns: list[bytes] | None = None
+    media: list | None = None  # episodes: each one's media spans (a tuple of MediaSpan); None: none has any
 
     @property
     def size(self) -> int:
@@ -62,7 +64,8 @@ class Rows:
         return Rows(self.ids[tokens], self.mask[tokens], self.lengths[np.repeat(keep, self.per)], self.sources[keep],
                     self.per, None if self.flags is None else self.flags[keep],
                     None if self.labels is None else self.labels[keep],
-                    None if self.columns is None else [c for c, k in zip(self.columns, keep.tolist()) if k])
+                    None if self.columns is None else [c for c, k in zip(self.columns, keep.tolist()) if k],
+                    None if self.media is None else [m for m, k in zip(self.media, keep.tolist()) if k])
 
     def without(self, records) -> Rows:
         """The rows of every record but ``records``."""
@@ -196,3 +199,19 @@ def shard_columns(shard: Path) -> Iterator[Iterator[bytes]]:
     key = b'"columns": '
     with open(Path(shard) / COLUMNS_FILE, "rb") as f:
         yield (line[line.index(key) + len(key):line.rindex(b"}")] for line in f)
+
+
+def shard_media(shard: Path, first: int, stop: int) -> list[tuple[MediaSpan, ...]] | None:
+    """The media spans of episodes ``[first, stop)`` of the shard folder ``shard`` (one
+    tuple each, from its ``media.jsonl``, episode numbers shard-local), or None when the
+    shard has no media table."""
+    try:
+        lines = (Path(shard) / MEDIA_FILE).read_bytes().splitlines()
+    except FileNotFoundError:
+        return None
+    out: list[list[MediaSpan]] = [[] for _ in range(stop - first)]
+    for line in lines:
+        episode, span = span_from_row(orjson.loads(line))
+        if first <= episode < stop:
+            out[episode - first].append(span)
+    return [tuple(m) for m in out]

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
+from ..media.item import IMAGE
 from ..storage.fsops import make_folder
 from ..util.oserrors import naming
 from .format import (
@@ -28,10 +30,13 @@ from .format import (
     LAST_REPLY_KEY,
     MASK_DTYPE,
     MASK_FILE,
+    MEDIA_FILE,
+    MEDIA_KEY,
     SEGMENTS_FILE,
     SOURCES_FILE,
     TOKENS_FILE,
     flagged_count,
+    media_count,
     row_shard_files,
     shard_name,
 )
@@ -69,11 +74,14 @@ class ShardInfo:
     files: dict = field(default_factory=dict)
     stats: ValueStats = field(default_factory=lambda: ValueStats())
     flagged: int = 0  # episodes flagged "last reply only" (format.LAST_REPLY_FILE)
+    media: dict | None = None  # its media items' counts (format.MEDIA_FILE): items, images, videos, tokens
 
     def as_dict(self) -> dict:
         flagged = {LAST_REPLY_KEY: self.flagged} if self.flagged else {}  # absent: none (as in older datasets)
+        media = {MEDIA_KEY: self.media} if self.media else {}  # absent: none (a dataset without media)
         return {"name": self.name, "episodes": self.episodes, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "files": self.files, **flagged, **self.stats.as_dict()}
+                "trained_tokens": self.trained_tokens, "files": self.files, **flagged, **media,
+                **self.stats.as_dict()}
 
 
 @dataclass
@@ -132,8 +140,9 @@ class _ShardedSplit:
 
     FILES: tuple[str, ...] = ()
 
-    def __init__(self, root: Path, split: str, token_dtype: np.dtype, capacity: int):
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, capacity: int, media: bool = False):
         self.dir = root / split
+        self.media = media  # every shard holds a media table and its counts (a dataset of a vision model's)
         self.split = split
         self.token_dtype = np.dtype(token_dtype)
         self.capacity = int(capacity)
@@ -141,6 +150,8 @@ class _ShardedSplit:
         self._files: dict[str, _HashedFile] | None = None
         self._filled = 0  # tokens of capacity the open shard holds
         self._flags: list[np.ndarray] = []  # the open shard's "last reply only" flags, one per item
+        self._media: list[bytes] = []  # the open shard's media table lines (format.MEDIA_FILE)
+        self._media_counts = empty_media()
 
     def _new_record(self, name: str):
         raise NotImplementedError
@@ -159,6 +170,7 @@ class _ShardedSplit:
         self.shards.append(self._new_record(name))
         self._filled = 0
         self._flags = []
+        self._media, self._media_counts = [], empty_media()
 
     def _close_shard(self) -> None:
         if self._files is not None:
@@ -167,8 +179,30 @@ class _ShardedSplit:
                 f = _HashedFile(self.dir / shard_name(len(self.shards) - 1) / LAST_REPLY_FILE)
                 f.write(np.ascontiguousarray(np.concatenate(self._flags), dtype=LAST_REPLY_DTYPE))
                 files[LAST_REPLY_FILE] = f.close()
+            if self._media or self.media:  # a shard of a vision model's dataset, or one holding a media item
+                f = _HashedFile(self.dir / shard_name(len(self.shards) - 1) / MEDIA_FILE)
+                f.write(b"".join(self._media))
+                files[MEDIA_FILE] = f.close()
+                self._media_done(self._media_counts)
             self._finish_record(files)
-            self._files, self._flags = None, []
+            self._files, self._flags, self._media = None, [], []
+
+    def _media_done(self, counts: dict) -> None:
+        """Record the closed shard's media counts (a writer of media items says where)."""
+        raise ValueError("this split writer takes no media")
+
+    def _add_media(self, media, first: int) -> None:
+        """The media table lines of items whose spans are ``media`` (a sequence of tuples of
+        ``MediaSpan``, one per item, None: none), the first being the open shard's item ``first``."""
+        if media is None:
+            return
+        c = self._media_counts
+        for k, spans in enumerate(media):
+            for sp in sorted(spans, key=lambda s: s.offset):
+                self._media.append(orjson.dumps(sp.row(first + k)) + b"\n")
+                c["items"] += 1
+                c["images" if sp.item.kind == IMAGE else "videos"] += 1
+                c["tokens"] += sp.item.count.tokens
 
     def _add_flags(self, flags: np.ndarray | None, n: int) -> int:
         """Keep the "last reply only" flags of ``n`` items of the open shard (None: all 0);
@@ -200,12 +234,15 @@ class _ShardedSplit:
 
 
 class SplitWriter(_ShardedSplit):
-    """Appends episodes to a split's shards of up to ``shard_tokens`` tokens each."""
+    """Appends episodes to a split's shards of up to ``shard_tokens`` tokens each; with
+    ``media`` (a dataset prepared for a vision model's processor) every shard holds a media
+    table (``format.MEDIA_FILE``, empty where it holds no item) and its counts; without, only
+    a shard given a media span has one (a staging shard)."""
 
     FILES = (TOKENS_FILE, MASK_FILE, EPISODES_FILE, SOURCES_FILE)
 
-    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int):
-        super().__init__(root, split, token_dtype, shard_tokens)
+    def __init__(self, root: Path, split: str, token_dtype: np.dtype, shard_tokens: int, media: bool = False):
+        super().__init__(root, split, token_dtype, shard_tokens, media)
         self.shard_tokens = self.capacity
 
     def _new_record(self, name: str) -> ShardInfo:
@@ -214,20 +251,26 @@ class SplitWriter(_ShardedSplit):
     def _finish_record(self, files: dict) -> None:
         self.shards[-1].files = files
 
+    def _media_done(self, counts: dict) -> None:
+        self.shards[-1].media = dict(counts)
+
     def add_many(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sources: np.ndarray,
-                 last_only: np.ndarray | None = None) -> None:
+                 last_only: np.ndarray | None = None, media: list | None = None) -> None:
         """Append episodes given as one concatenated ids/mask array and their lengths
-        (``last_only``: each episode's flag, ``format.LAST_REPLY_FILE``; None: all 0)."""
+        (``last_only``: each episode's flag, ``format.LAST_REPLY_FILE``; None: all 0;
+        ``media``: each episode's media spans, a tuple of ``MediaSpan``, ``format.MEDIA_FILE``;
+        None: none)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         sources = np.asarray(sources, dtype=np.int64)
         flags = np.zeros(lengths.shape, LAST_REPLY_DTYPE) if last_only is None else \
             np.asarray(last_only, dtype=LAST_REPLY_DTYPE)
         if ids.shape != mask.shape or int(lengths.sum()) != ids.shape[0] or sources.shape != lengths.shape \
-                or flags.shape != lengths.shape:
-            raise ValueError("ids, mask, lengths, sources and last-reply flags disagree in size")
+                or flags.shape != lengths.shape or (media is not None and len(media) != lengths.shape[0]):
+            raise ValueError("ids, mask, lengths, sources, last-reply flags and media spans disagree in size")
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         for i, j in self._runs(lengths):
             a, b = int(bounds[i]), int(bounds[j])
+            self._add_media(None if media is None else media[i:j], self.shards[-1].episodes)
             self._write(ids[a:b], mask[a:b], lengths[i:j], sources[i:j], flags[i:j])
 
     def _write(self, ids, mask, lengths, sources, flags) -> None:
@@ -254,8 +297,14 @@ class SplitWriter(_ShardedSplit):
             "tokens": sum(s.tokens for s in self.shards),
             "trained_tokens": sum(s.trained_tokens for s in self.shards),
             **flagged_count(shards),
+            **media_count(shards),
             "shards": shards,
         }
+
+
+def empty_media() -> dict:
+    """The media counts of a shard, a split or a dataset holding none."""
+    return {"items": 0, "images": 0, "videos": 0, "tokens": 0}
 
 
 class PackedSplitWriter(_ShardedSplit):

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..chat.template_rule import segment_rule_mask, spans_mask
+from ..chat.template_rule import segment_rule_mask, spans_mask, without_media
 from ..errors import RecordError
 from ..tokenize.hf import Encoded, HFTokenizer
 from .episodes import Episode, Planned, TemplateRender, episodes_of
 from .profile import TemplateProfile
+from .vision import media_spans
 
 
 def _first_per_group(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -56,14 +57,14 @@ def chunk_episodes(plans: Sequence[Planned], encoded: Sequence[Encoded], profile
     span_first = np.cumsum(n_span) - n_span
     owner = np.repeat(np.arange(n_ep), n_span)
     total = int(n_tok.sum())
-    mask = spans_mask(total, lo + tok_start[owner], hi + tok_start[owner])
+    ids = np.concatenate([e.ids for e in encoded])
+    mask = without_media(ids, spans_mask(total, lo + tok_start[owner], hi + tok_start[owner]), profile.rule)
     # the checks of ``episodes_of``, per episode: a reply on no token, every token trained
     empty = np.flatnonzero(hi <= lo)
     first_empty = _first_per_group(owner[empty], empty - span_first[owner[empty]], n_ep)
     trained = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
     all_trained = (np.maximum.reduceat(hi, span_first) - np.minimum.reduceat(lo, span_first) >= n_tok) & \
         (trained[tok_start + n_tok] - trained[tok_start] == n_tok)
-    ids = np.concatenate([e.ids for e in encoded])
     flags = np.fromiter((p.automatic for p in plans for _ in p.texts), dtype=bool, count=n_ep)
     diff = np.flatnonzero(segment_rule_mask(ids, n_tok, profile.rule, last_only=flags if flags.any() else None)
                           != mask)
@@ -75,7 +76,12 @@ def chunk_episodes(plans: Sequence[Planned], encoded: Sequence[Encoded], profile
     e = 0
     for p, where in zip(plans, wheres):
         episodes = []
-        for text, sp in zip(p.texts, p.spans):
+        for i, (text, sp) in enumerate(zip(p.texts, p.spans)):
+            try:
+                media = media_spans(encoded[e].ids, p.items(i), profile, where) if profile.processor else ()
+            except RecordError as err:
+                out.append(err)
+                break
             if first_empty[e] >= 0:
                 out.append(RecordError("reply_not_located", f"chat template {name}: assistant message "
                                        f"{sp[first_empty[e]][0]} renders to no token", where))
@@ -86,7 +92,7 @@ def chunk_episodes(plans: Sequence[Planned], encoded: Sequence[Encoded], profile
                 break
             a, b = starts[e], ends[e]
             episodes.append(Episode(encoded[e].ids, mask[a:b], text, tuple(sp),
-                                    None if mismatch[e] < 0 else mismatch[e] - a, p.automatic))
+                                    None if mismatch[e] < 0 else mismatch[e] - a, p.automatic, media))
             e += 1
         else:
             out.append(TemplateRender(tuple(episodes), per_reply=p.per_reply, automatic=p.automatic))

@@ -28,15 +28,18 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..chat.template_rule import mask_disagreement, rule_spans
+from ..chat.template_rule import mask_disagreement, rule_spans, without_media
 from ..errors import RecordError, TemplateError
+from ..media.item import MediaItem, MediaSpan
 from ..records.conversation import Conversation
+from ..records.turns import MediaRef
 from ..tokenize.hf import Encoded, HFTokenizer
 from .environment import RESERVED_CHARS
 from .messages import tool_schemas
 from .parts import missing_part
 from .profile import TemplateProfile
 from .spans import NotLocated, closed_blocks, locate_last_reply, locate_replies, reply_windows
+from .vision import expanded, media_spans, needs_processor
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class Episode:
     """One rendered episode. ``spans``: each trained reply as ``(message index, start, end)``
     characters of ``text``; ``rule_mismatch``: the first token where the stored rule's mask
     differs from this one (None when they agree); ``last_only``: the episode is one reply's
-    prefix and trains that reply only, whatever the rule says of the others."""
+    prefix and trains that reply only, whatever the rule says of the others; ``media``:
+    where each media item's tokens are (``vision.media_spans``)."""
 
     ids: np.ndarray
     mask: np.ndarray
@@ -52,6 +56,7 @@ class Episode:
     spans: tuple[tuple[int, int, int], ...]
     rule_mismatch: int | None
     last_only: bool = False
+    media: tuple[MediaSpan, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ def check_texts(messages: list[dict], tools, tok: HFTokenizer, where: str = "") 
 
 
 def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str, where: str,
-             last_only: bool = False) -> Episode:
+             last_only: bool = False, items: tuple[MediaItem, ...] = ()) -> Episode:
     """The episode of a rendered ``text`` (tokens ``enc``): trained = the tokens of ``spans``."""
     lo, hi = enc.token_ranges([(a, b) for _, a, b in spans])
     empty = np.flatnonzero(hi <= lo)
@@ -160,6 +165,8 @@ def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str
     mask = np.zeros(n, dtype=np.uint8)
     for a, b in zip(lo.tolist(), hi.tolist()):  # one slice per reply
         mask[a:b] = 1
+    media = media_spans(enc.ids, items, profile, where) if profile.processor is not None else ()
+    without_media(enc.ids, mask, profile.rule)
     if int(hi.max() - lo.min()) >= n and mask.all():
         raise RecordError("reply_not_located", f"chat template {name}: every token would be trained; the "
                           f"template's replies cannot be told from the rest", where)
@@ -167,18 +174,23 @@ def _episode(enc: Encoded, profile: TemplateProfile, text: str, spans, name: str
     starts, ends = rule_spans(enc.ids, profile.rule, last_only=flag)  # the stored rule finds the same spans
     agrees = np.array_equal(starts, lo) and np.array_equal(ends, hi)
     return Episode(enc.ids, mask, text, tuple(spans),
-                   None if agrees else mask_disagreement(enc.ids, mask, profile.rule, last_only), last_only)
+                   None if agrees else mask_disagreement(enc.ids, mask, profile.rule, last_only), last_only, media)
 
 
 @dataclass(frozen=True)
 class Planned:
     """A conversation rendered and its replies located, not yet tokenized: one text per
-    episode, and each episode's trained replies as ``(message index, start, end)``."""
+    episode, and each episode's trained replies as ``(message index, start, end)``; with a
+    processor, each text's placeholders expanded and ``media`` the items each text holds."""
 
     texts: tuple[str, ...]
     spans: tuple[tuple[tuple[int, int, int], ...], ...]
     per_reply: str | None = None
     automatic: bool = False  # per reply without --per-reply: each episode trains its last reply only (flagged)
+    media: tuple[tuple[MediaItem, ...], ...] = ()
+
+    def items(self, i: int) -> tuple[MediaItem, ...]:
+        return self.media[i] if self.media else ()
 
 
 class MissingPart(Exception):
@@ -212,14 +224,27 @@ def dropped(name: str, e: MissingPart, where: str) -> RecordError:
 
 
 def plan_messages(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
-                  where: str = "", trained: list[int] | None = None, kwargs: dict | None = None) -> Planned:
+                  where: str = "", trained: list[int] | None = None, kwargs: dict | None = None,
+                  media: tuple[MediaItem, ...] = ()) -> Planned:
     """Render already-built message dicts and locate the replies to train (``trained``:
     indices of the assistant messages; default all; ``kwargs``: the record's template
     variables). Each render must hold every part of the messages (``parts``): where the
     whole render lacks one, each reply is rendered as the last of the conversation up to
-    it. Raises ``RecordError`` (``template_error``, ``reply_not_located``,
-    ``template_drops_*``, ``special_token_in_text``,
-    ``reserved_character``)."""
+    it. Under a processor (``TemplateProfile.processor``), each text's media placeholders
+    are expanded here, the one place, for ``media`` (the messages' items in order:
+    ``vision.expanded``). Raises ``RecordError`` (``template_error``, ``reply_not_located``,
+    ``template_drops_*``, ``special_token_in_text``, ``reserved_character``,
+    ``media_placeholder_mismatch``)."""
+    planned = _plan(messages, tools, profile, tok, where, trained, kwargs)
+    if profile.processor is None:
+        return planned
+    texts, spans, held = expanded(profile, planned.texts, planned.spans, media, where)
+    return Planned(texts, spans, planned.per_reply, planned.automatic, held)
+
+
+def _plan(messages: list[dict], tools: list[dict] | None, profile: TemplateProfile, tok: HFTokenizer,
+          where: str, trained: list[int] | None, kwargs: dict | None) -> Planned:
+    """``plan_messages`` before any media placeholder is expanded."""
     name = profile.template.name
     check_texts(messages, tools, tok, where)
     replies = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
@@ -327,8 +352,8 @@ def episodes_of(planned: Planned, encoded: list[Encoded], profile: TemplateProfi
     """The episodes of a ``Planned`` conversation, given its texts' tokens (``encode_rendered``
     of each, in order). Raises ``RecordError`` (``reply_not_located``)."""
     name = profile.template.name
-    return TemplateRender(tuple(_episode(enc, profile, text, spans, name, where, planned.automatic)
-                                for enc, text, spans in zip(encoded, planned.texts, planned.spans)),
+    return TemplateRender(tuple(_episode(enc, profile, text, spans, name, where, planned.automatic, planned.items(i))
+                                for i, (enc, text, spans) in enumerate(zip(encoded, planned.texts, planned.spans))),
                           per_reply=planned.per_reply, automatic=planned.automatic)
 
 
@@ -347,21 +372,38 @@ def trained_replies(turns) -> list[int]:
     return [i for i, t in enumerate(turns) if t.role == "assistant" and not t.untrained]
 
 
+def turn_media(turns, media: dict[MediaRef, MediaItem] | None, profile: TemplateProfile,
+               where: str) -> tuple[MediaItem, ...]:
+    """The media items of ``turns`` in order (``media``: each reference read and counted,
+    the record's). Raises ``RecordError``: ``media_needs_processor`` under a profile without
+    a processor, ``media_unsupported`` where no item was read (a command that takes no media)."""
+    refs = [r for t in turns for r in t.media]
+    if not refs:
+        return ()
+    if profile.processor is None:
+        raise needs_processor(where)
+    if media is None:
+        raise RecordError("media_unsupported", "this command does not prepare records with images or videos yet; "
+                          "prepare them with sftdata prepare-chat", where)
+    return tuple(media[r] for r in refs)
+
+
 def plan_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer, where: str = "",
-                      turns: tuple | None = None) -> Planned:
+                      turns: tuple | None = None, media: dict[MediaRef, MediaItem] | None = None) -> Planned:
     """``plan_messages`` of a validated ``Conversation`` (``turns``: these instead of its
     turns as given), as the template reads it (``TemplateProfile.messages``), training the
-    assistant turns that are not context."""
+    assistant turns that are not context; ``media``: its references read and counted."""
     turns = conv.given_turns if turns is None else turns
     return plan_messages(profile.messages(conv, turns), tool_schemas(conv), profile, tok, where,
-                         trained_replies(turns), conv.template_kwargs)
+                         trained_replies(turns), conv.template_kwargs, turn_media(turns, media, profile, where))
 
 
 def render_conversation(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
-                        where: str = "", turns: tuple | None = None) -> TemplateRender:
+                        where: str = "", turns: tuple | None = None,
+                        media: dict[MediaRef, MediaItem] | None = None) -> TemplateRender:
     """Render a validated ``Conversation`` (``turns``: these instead of its turns as given)
     with the profile's template, tokenize and mask."""
-    planned = plan_conversation(conv, profile, tok, where, turns)
+    planned = plan_conversation(conv, profile, tok, where, turns, media)
     return episodes_of(planned, [tok.encode_rendered(t) for t in planned.texts], profile, where)
 
 

@@ -19,6 +19,8 @@ tool-call arguments and message content.
 * Content is a string, or ``[{"type": "text", "text": ...}]`` for a template that reads
   only content parts (``content_style``).
 * Tools are the record's schemas with every key (``Conversation.tool_specs``).
+* A turn with media is content parts in order, as transformers passes the OpenAI form:
+  ``[{"type": "image"}, {"type": "text", "text": "What is this?"}]`` (no empty text part).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Literal
 
 from ..errors import TemplateError, TemplateLimitError
 from ..records.conversation import Conversation
-from ..records.turns import Turn
+from ..records.turns import MEDIA_MARK, Turn
 from .environment import render
 from .limits import DEFAULT_LIMITS, TemplateLimits
 
@@ -51,6 +53,17 @@ def tool_schemas(conv: Conversation) -> list[dict] | None:
 
 def _content(text: str, style: ContentStyle):
     return [{"type": "text", "text": text}] if style == "parts" else text
+
+
+def media_parts(turn: Turn) -> list[dict]:
+    """A turn with media as content parts: its text between the items, and each item's part."""
+    pieces = turn.text.split(MEDIA_MARK)
+    out: list[dict] = [{"type": "text", "text": pieces[0]}] if pieces[0] else []
+    for ref, piece in zip(turn.media, pieces[1:]):
+        out.append({"type": ref.kind})
+        if piece:
+            out.append({"type": "text", "text": piece})
+    return out
 
 
 def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict", content: ContentStyle = "string",
@@ -87,7 +100,7 @@ def conversation_messages(conv: Conversation, arguments: ArgumentsStyle = "dict"
                 msg["tool_call_id"] = turn.tool_call_id
             out.append(msg)
         else:
-            out.append({"role": turn.role, "content": _content(turn.text, content)})
+            out.append({"role": turn.role, "content": media_parts(turn) if turn.media else _content(turn.text, content)})
     return out
 
 

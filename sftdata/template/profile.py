@@ -49,6 +49,10 @@ class TemplateProfile:
     # start (Apertus writes the reply after a tool result right after it): records needing
     # them are rejected as reply_not_located
     unlocated: frozenset = frozenset()
+    # a vision model's processor settings (``media.read_processor_settings``), pinned in
+    # tokenizer_state.json, and the token id of each kind's placeholder (``vision.with_processor``)
+    processor: dict | None = field(default=None, hash=False)
+    media_ids: dict = field(default_factory=dict, hash=False)
     # sentinel renders by conversation structure (``sentinel_fn``); per process, never compared
     renders: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -119,4 +123,5 @@ class TemplateProfile:
                                   "per_reply": self.replies_alone,
                                   "reasoning_position": self.reasoning},
                 "mask_rule": self.rule.state(),
-                "tool_arguments": {"style": self.arguments, "reason": self.arguments_reason}}
+                "tool_arguments": {"style": self.arguments, "reason": self.arguments_reason},
+                **({"processor": self.processor} if self.processor is not None else {})}

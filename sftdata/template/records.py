@@ -25,6 +25,7 @@ from .fit import render_within
 from .learn import learn_profile
 from .limits import DEFAULT_LIMITS, TemplateLimits
 from .profile import TemplateProfile
+from .vision import folder_processor, with_processor
 
 
 @dataclass(frozen=True)
@@ -177,11 +178,13 @@ def _stages(conv: Conversation, profile: TemplateProfile | None) -> list[tuple[t
 
 
 def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
-                where: str, leading_is_context: bool = False) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
+                where: str, leading_is_context: bool = False,
+                media: dict | None = None) -> tuple[Planned, tuple[Turn, ...], tuple[str, ...]]:
     """The plan of the first of ``_stages`` the template renders (``UNRENDERED``), its turns
     and repairs. Raises ``RecordError``: the first stage's, saying what else was tried.
     ``leading_is_context``: a leading assistant reply is context no rule trains (a
-    preference prompt's), so it is given as it is."""
+    preference prompt's), so it is given as it is; ``media``: the record's references
+    read and counted (``episodes.turn_media``)."""
     stages = _stages(conv, None if leading_is_context else profile)
     if not stages:
         raise RecordError("untrained_turn", f"the conversation opens with an assistant reply, which answers no one "
@@ -191,7 +194,7 @@ def plan_record(conv: Conversation, profile: TemplateProfile, tok: HFTokenizer,
     first: RecordError | None = None
     for turns, repairs in stages:
         try:
-            return plan_conversation(conv, profile, tok, where, turns), turns, repairs
+            return plan_conversation(conv, profile, tok, where, turns, media), turns, repairs
         except RecordError as e:
             if e.reason not in UNRENDERED:
                 raise
@@ -238,19 +241,22 @@ def _proven(out: TemplateRender, dropped: int, profile: TemplateProfile, tok: HF
 
 
 def records_episodes(items: Sequence[tuple[Conversation, str]], profile: TemplateProfile, tok: HFTokenizer,
-                     max_tokens: int | None) -> list[RecordEpisodes | RecordError]:
+                     max_tokens: int | None, media: Sequence[dict | None] | None = None
+                     ) -> list[RecordEpisodes | RecordError]:
     """``record_episodes`` of many ``(conversation, where)``: a ``RecordEpisodes`` or the
-    ``RecordError`` per record. Every record is rendered first, then every text is
+    ``RecordError`` per record (``media``: per record, its references read and counted, a
+    ``{MediaRef: MediaItem}``; None where it has none). Every record is rendered first, then every text is
     tokenized in one call (the tokenizer's tables stay in the CPU's caches: about 1.5x
     faster than tokenizing between renders; the fast engine's per-call cost paid once), then the masks are made and proven for
     the whole chunk at once (``chunk_episodes``)."""
     plans: list[Planned | RecordError] = []
     chosen: list[tuple[Conversation, tuple[Turn, ...], tuple[str, ...]] | None] = []
-    for conv, where in items:
+    media = [None] * len(items) if media is None else media
+    for (conv, where), held in zip(items, media):
         try:
             conv = fit_to_template(conv, profile, where)
             _check_trained(conv, profile, where)
-            plan, turns, repairs = plan_record(conv, profile, tok, where)
+            plan, turns, repairs = plan_record(conv, profile, tok, where, media=held)
             plans.append(plan)
             chosen.append((conv, turns, repairs))
         except RecordError as e:
@@ -261,7 +267,7 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
     renders = iter(chunk_episodes([p for p, _ in planned], encoded, profile, tok, [w for _, w in planned]))
     del encoded
     out: list[RecordEpisodes | RecordError] = []
-    for (_, where), p, c in zip(items, plans, chosen):
+    for (_, where), p, c, held in zip(items, plans, chosen, media):
         if isinstance(p, RecordError):
             out.append(p)
             continue
@@ -273,7 +279,7 @@ def records_episodes(items: Sequence[tuple[Conversation, str]], profile: Templat
         try:
             dropped = 0
             if max_tokens is not None and max(len(e.ids) for e in render.episodes) > max_tokens:
-                render, dropped = render_within(conv, profile, tok, max_tokens, where, turns)
+                render, dropped = render_within(conv, profile, tok, max_tokens, where, turns, held)
             out.append(replace(_proven(render, dropped, profile, tok, where), repairs=repairs,
                                counts=conv.turn_counts))
         except RecordError as e:
@@ -332,12 +338,17 @@ def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str 
     makes its rule train each episode's last reply only, ``--per-reply`` serves each reply
     as an episode. ``engine``: ``--tokenizer-engine``; ``limits``: what each render of the
     template runs under. In ``tool`` mode a template that renders no tool call is refused
-    here (``require_tool_calls``)."""
+    here (``require_tool_calls``). A folder with an image processor (``preprocessor_config.json``)
+    has its settings read once here and the profile renders for them (``vision.with_processor``;
+    a family sftdata cannot count refuses the run)."""
     tok = open_tokenizer(spec, engine)
     if isinstance(tok, ChatTokenizer):
         return tok, None
     profile = model_profile(tok, chat_template, variables, last_reply_only=train_on == "last", per_reply=per_reply,
                             limits=limits or TemplateLimits())
+    settings = folder_processor(tok)
+    if settings is not None:
+        profile = with_processor(profile, settings, tok)
     if mode == "tool":
         require_tool_calls(profile)
     return tok, profile

@@ -22,7 +22,7 @@ first:
     {'repo_id': 'Qwen/Qwen3-8B', 'revision': 'main', 'commit': 'b968826d...'}
 
 Only the tokenizer's files are fetched (``HUB_FILES``: tokenizer.json, its configs, the chat
-templates), never weights. The cache is ``HF_HUB_CACHE`` (huggingface_hub's default
+templates, and a vision model's processor configs), never weights. The cache is ``HF_HUB_CACHE`` (huggingface_hub's default
 otherwise). With ``HF_HUB_OFFLINE`` set, a model not in the cache is an error that names
 the command downloading it. The commit the revision resolved to goes into
 ``tokenizer_state.json`` (``hub``), so a dataset names exactly the files it was made with.
@@ -45,7 +45,9 @@ from .special_ids import declared_ids, known_ids
 DEFAULT_TOKENIZER = "cl100k_base"
 TIKTOKEN_STATE_VERSION = 1  # a model's own tokenizer is version 2 (``hf.HF_STATE_VERSION``)
 HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-             "chat_template.json", "additional_chat_templates/*.jinja", "chat_templates/*.jinja"]
+             "chat_template.json", "additional_chat_templates/*.jinja", "chat_templates/*.jinja",
+             # a vision model's processor settings (media.read_processor_settings), a few hundred bytes each
+             "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json", "config.json"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 _FILE_SUFFIXES = (".json", ".jinja", ".tiktoken", ".model", ".txt")
 
