@@ -133,14 +133,6 @@ def has_last_reply_flags(meta: dict) -> bool:
     return any(isinstance(s, dict) and s.get(LAST_REPLY_KEY) for s in (meta.get("splits") or {}).values())
 
 
-def has_media(meta: dict | None) -> bool:
-    """Whether a dataset's metadata records media items (``MEDIA_KEY``: ``{"items", "images",
-    "videos", "tokens"}``): its shards then each hold a ``MEDIA_FILE`` and it is
-    ``MEDIA_FORMAT_VERSION``."""
-    media = (meta or {}).get(MEDIA_KEY)
-    return isinstance(media, dict) and bool(media.get("items"))
-
-
 def row_shard_files(kind: str) -> tuple[str, ...]:
     """The files every shard folder of a row kind holds: the episode files, plus
     ``labels.bin`` (kto) or ``columns.jsonl`` (prompts)."""
