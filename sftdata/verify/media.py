@@ -7,14 +7,15 @@ and the tokens can say:
 - every span's count re-derived: an image's tokens, processed size and grid with
   ``image_count`` from its recorded size (a video's tokens from its recorded grid: the
   container's frame count and rate that decide the grid are not recorded);
-- the ids at ``[offset, offset + tokens)`` are all the family's placeholder of the span's kind
-  (``media.expand.placeholders``, ids from ``tokenizer_state.json``), and no placeholder id
-  stands anywhere else;
-- no media token is trained (mask 0), and an episode holds as many runs of media tokens as
-  its table has spans.
+- the media tokens of an episode (each kind's token the model puts vision features at:
+  ``media.expand.item_token``, ids from ``tokenizer_state.json``) are exactly its spans', in
+  order: the k-th span takes the next ``tokens`` of them, its first at ``offset``, each of
+  its kind (a tiled image's tokens have row and column marks between them, a Qwen3-VL
+  video's timestamps: a span's tokens are counted, not taken as a range); no media token
+  stands beyond what the spans account for;
+- no media token is trained (mask 0).
 
-One pass over each shard's tokens, vectorised: a span's tokens are marked by a difference
-array, never a per-token loop.
+One pass over each shard's tokens, vectorised: never a per-token loop.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..media import MEDIA_MISSING, MediaError, image_count, read_media
-from ..media.expand import placeholders
+from ..media.expand import item_token, placeholders
 from ..media.item import IMAGE, MediaSpan
 from ..store.format import MEDIA_FILE, RECREATE, TOKENIZER_FILE, TOKENS_FILE, Problem, more_like_it
 from ..store.media_table import MEDIA_CHECK, MediaTable, read_media_table
@@ -33,10 +34,10 @@ from ..store.reader import Dataset
 from ..store.shard import Shard
 
 MEDIA_CHECKS = {MEDIA_CHECK: "each media span's count re-derived from its size and the pinned processor settings; "
-                             "its tokens the family's placeholder, never trained; spans inside their episode, "
-                             "apart, one per run of media tokens"}
+                             "its tokens the family's media token, counted in order, never trained; spans "
+                             "inside their episode, apart"}
 NO_MEDIA = "no media (a text dataset)"
-UNPLACED = ("item_out_of_range", "past_item_end")  # spans whose tokens cannot be looked at
+UNPLACED = ("item_out_of_range", "past_item_end", "unsorted")  # spans whose tokens cannot be walked in order
 STATE_KEYS = ("special_tokens", "added_tokens", "base_special_tokens")
 
 
@@ -56,8 +57,13 @@ def placeholder_ids(state: dict | None, settings: dict) -> tuple[dict[str, int],
         d = (state or {}).get(key)
         if isinstance(d, dict):
             known.update({k: v for k, v in d.items() if isinstance(v, int) and k not in known})
-    marks = placeholders(settings)
+    marks = _marks(settings)
     return {kind: known[m] for kind, m in marks.items() if m in known}, [m for m in marks.values() if m not in known]
+
+
+def _marks(settings: dict) -> dict[str, str]:
+    """Each kind's media token (the one its expansion repeats, ``count.tokens`` times)."""
+    return {kind: item_token(settings, kind) for kind in placeholders(settings)}
 
 
 def check_media(ds: Dataset) -> MediaFindings:
@@ -90,7 +96,7 @@ def check_media(ds: Dataset) -> MediaFindings:
         out.problems += _count_problems(shard, table, settings, counts)
         misplaced = any(p.check != MEDIA_CHECK or p.code in UNPLACED for p in table.problems)
         if ids is not None and shard.tokens is not None and not misplaced:
-            out.problems += _token_problems(shard, table, ids, placeholders(settings))
+            out.problems += _token_problems(shard, table, ids, _marks(settings))
     return out
 
 
@@ -144,74 +150,77 @@ def _count_problems(shard: Shard, table: MediaTable, settings: dict, cache: dict
 
 
 # ------------------------------------------------------------------------- tokens
-def _covered(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
-    """A bool array of ``n`` tokens: True inside any of the ranges ``[starts, ends)``."""
-    diff = np.zeros(n + 1, np.int64)
-    np.add.at(diff, starts, 1)
-    np.add.at(diff, ends, -1)
-    return np.cumsum(diff[:-1]) > 0
-
-
 def _token_problems(shard: Shard, table: MediaTable, ids: dict[str, int], marks: dict[str, str]) -> list[Problem]:
-    """Every span's tokens its kind's placeholder, no placeholder outside a span, none trained,
-    one run of placeholders per span in each item."""
+    """The media tokens of each item (episode or packed row), in order, are exactly its spans'
+    in order: the k-th span takes the next ``tokens`` of them, its first at ``offset``, each its
+    kind's token (a tiled image's or a timestamped video's tokens have text between them, so a
+    span's tokens are counted, not a range); none stands beyond what the spans account for, and
+    none is trained."""
     toks, mask = shard.read_range(0, shard.num_tokens)
     index = np.asarray(shard.index).astype(np.int64)
     item_starts = index[:, 0]
-    n = toks.shape[0]
-    start = item_starts[table.items] + table.offsets if table.items.size else np.empty(0, np.int64)
-    end = start + table.tokens
-    kinds = np.array(table.kinds)
+    nitems = index.shape[0]
     what = "row" if shard.packed else "episode"
     out: list[Problem] = []
 
-    def at(pos: int) -> tuple[int, int]:  # (local item, offset in it) of a shard position
+    def add(pos: int, message: str, count: int, code: str, noun: str, token: bool = True) -> None:
         i = int(np.searchsorted(item_starts, pos, side="right")) - 1
-        return i, pos - int(item_starts[i])
-
-    def add(pos: int, message: str, count: int, code: str, noun: str) -> None:
-        i, off = at(pos)
         gid = shard.first_gid + i
-        out.append(Problem(MEDIA_CHECK, shard.file(TOKENS_FILE), f"{what} {gid} of {shard.split}, token {off:,} of it",
-                           message.format(item=f"{what} {gid}", off=f"{off:,}") + more_like_it(count, noun),
-                           "restore the shard, or " + shard.recreate, shard.split, episode=gid,
-                           byte=pos * shard.token_dtype.itemsize, code=code))
+        token_of = f", token {pos - int(item_starts[i]):,} of it" if token else ""
+        out.append(Problem(MEDIA_CHECK, shard.file(TOKENS_FILE), f"{what} {gid} of {shard.split}{token_of}",
+                           message.format(item=f"{what} {gid}", off=f"{pos - int(item_starts[i]):,}")
+                           + more_like_it(count, noun), "restore the shard, or " + shard.recreate, shard.split,
+                           episode=gid, byte=pos * shard.token_dtype.itemsize, code=code))
 
     name = {v: marks[k] for k, v in ids.items()}
-    is_media = np.isin(toks, np.array(list(ids.values()), dtype=toks.dtype))
-    covered = np.zeros(n, bool)
-    for kind, tid in ids.items():
-        sel = kinds == kind
-        cov = _covered(start[sel], end[sel], n)
-        covered |= cov
-        bad = np.flatnonzero(cov & (toks != tid))
-        if bad.size:
-            p = int(bad[0])
-            got = name.get(int(toks[p]), f"id {int(toks[p])}")
-            add(p, f"token {{off}} of {{item}} lies in the {kind} span there but is {got}, not {marks[kind]} "
-                   f"(id {tid}): the tokens do not hold the {kind}'s placeholders", bad.size, "not_placeholder",
-                "tokens")
-    stray = np.flatnonzero(is_media & ~covered)
-    if stray.size:
-        p = int(stray[0])
-        add(p, f"{{item}} holds {name[int(toks[p])]} at token {{off}}, which no span of its {MEDIA_FILE} records: "
-               "a media token without its media", stray.size, "stray_placeholder", "tokens")
+    pos = np.flatnonzero(np.isin(toks, np.array(sorted(set(ids.values())), dtype=toks.dtype)))
     if mask is not None:
-        trained = np.flatnonzero(is_media & (mask[:n] != 0))
+        trained = pos[mask[pos] != 0]
         if trained.size:
             p = int(trained[0])
             add(p, f"{{item}} trains the media token {name[int(toks[p])]} at token {{off}}: a media token is never "
                    "trained (mask 0)", trained.size, "trained", "tokens")
-    first = np.flatnonzero(is_media & ~np.concatenate([[False], is_media[:-1]]))
-    nitems = index.shape[0]
-    runs = np.bincount(np.searchsorted(item_starts, first, side="right") - 1, minlength=nitems)[:nitems]
-    spans = np.bincount(table.items, minlength=nitems)[:nitems]
-    off = np.flatnonzero(runs != spans)
-    if off.size:
-        i = int(off[0])
-        add(int(item_starts[i]), f"{{item}} holds {int(runs[i])} run(s) of media tokens but its {MEDIA_FILE} "
-                                 f"records {int(spans[i])} span(s): each item's tokens are one run",
-            off.size, "runs", what + "s")
+    of_item = np.searchsorted(item_starts, pos, side="right") - 1
+    held = np.bincount(of_item, minlength=nitems)[:nitems]
+    tokens = table.tokens.astype(np.int64)
+    claimed = np.bincount(table.items, weights=tokens, minlength=nitems)[:nitems].astype(np.int64)
+    differ = np.flatnonzero(held != claimed)
+    if differ.size:
+        i = int(differ[0])
+        extra = held[i] > claimed[i]
+        add(int(item_starts[i]), f"{{item}} holds {int(held[i]):,} media token(s) but the spans of its {MEDIA_FILE} "
+                                 f"account for {int(claimed[i]):,}: "
+                                 + ("a media token without its media" if extra else "a span without its tokens"),
+            differ.size, "stray_placeholder" if extra else "missing_placeholder", what + "s", token=False)
+    good = held == claimed
+    sel = good[table.items] if table.items.size else np.zeros(0, bool)
+    if not sel.any():
+        return out
+    # each good span's first token: its item's first media token, plus the tokens of its item's spans before it
+    first = np.searchsorted(of_item, np.arange(nitems))  # index in pos of each item's first media token
+    before = np.cumsum(tokens) - tokens
+    item_base = before[np.searchsorted(table.items, table.items)]  # spans before the item's first span
+    at = first[table.items] + before - item_base
+    want = item_starts[table.items] + table.offsets
+    kinds = np.array(table.kinds)
+    placed = sel & (pos[np.minimum(at, max(pos.size - 1, 0))] == want) if pos.size else np.zeros_like(sel)
+    bad = np.flatnonzero(sel & ~placed)
+    if bad.size:
+        j = int(bad[0])
+        add(int(want[j]), f"the {kinds[j]} span at token {{off}} of {{item}} does not begin with its item's next "
+                          f"media token: the media tokens before it are not those of the spans before it, or it "
+                          f"is not a media token", bad.size, "not_placeholder", "spans")
+    kept = np.flatnonzero(placed)
+    if kept.size:
+        expected = np.repeat(np.array([ids.get(k, -1) for k in kinds[kept]], np.int64), tokens[kept])
+        starts = np.repeat(at[kept] - np.cumsum(tokens[kept]) + tokens[kept], tokens[kept])
+        got = pos[starts + np.arange(expected.size)]
+        wrong = np.flatnonzero(toks[got].astype(np.int64) != expected)
+        if wrong.size:
+            p = int(got[wrong[0]])
+            kind = next(k for k, v in ids.items() if v == expected[wrong[0]])
+            add(p, f"token {{off}} of {{item}} is {name[int(toks[p])]} in the {kind} span there, not {marks[kind]} "
+                   f"(id {ids[kind]}): the tokens do not hold the {kind}'s", wrong.size, "not_placeholder", "tokens")
     return out
 
 

@@ -97,11 +97,25 @@ def test_a_spans_token_that_is_not_the_placeholder_is_named(copy):
     _set(copy, TOKENS_FILE, "<u4", {_episode_start(copy, 0) + 30: WORD_ID})
     report = verify(copy)
     assert _problems(report) == [
-        ("not_placeholder", "episode 0 of train, token 30 of it", "token 30 of episode 0 lies in the image span there "
-         "but is id 5562, not <|image_pad|> (id 151655): the tokens do not hold the image's placeholders"),
-        ("runs", "episode 0 of train, token 0 of it", "episode 0 holds 3 run(s) of media tokens but its media.jsonl "
-         "records 2 span(s): each item's tokens are one run")]
+        ("missing_placeholder", "episode 0 of train", "episode 0 holds 31 media token(s) but the spans of its "
+         "media.jsonl account for 32: a span without its tokens")]
     assert [c.name for c in report.checks if c.status == "failed"] == ["media"]
+
+
+def test_a_span_whose_tokens_are_elsewhere_or_of_another_kind_is_named(copy):
+    start = _episode_start(copy, 0)
+    toks = np.fromfile(copy / SHARD / TOKENS_FILE, dtype="<u4")
+    first = int(np.flatnonzero(toks[start:] == 151655)[0])  # the first image's first token (offset 28)
+    _set(copy, TOKENS_FILE, "<u4", {start + first: WORD_ID, start + first - 1: 151655})  # moved one token left
+    assert _problems(verify(copy)) == [
+        ("not_placeholder", "episode 0 of train, token 28 of it", "the image span at token 28 of episode 0 does not "
+         "begin with its item's next media token: the media tokens before it are not those of the spans before it, "
+         "or it is not a media token")]
+    _set(copy, TOKENS_FILE, "<u4", {start + first: 151655, start + first - 1: toks[start + first - 1],
+                                    start + first + 2: 151656})  # a video's token inside the image's
+    assert _problems(verify(copy)) == [
+        ("not_placeholder", "episode 0 of train, token 30 of it", "token 30 of episode 0 is <|video_pad|> in the "
+         "image span there, not <|image_pad|> (id 151655): the tokens do not hold the image's")]
 
 
 def test_a_placeholder_no_span_records_is_named(copy):
@@ -109,10 +123,8 @@ def test_a_placeholder_no_span_records_is_named(copy):
     _set(copy, TOKENS_FILE, "<u4", {start + 3: 151655})
     report = verify(copy)
     assert _problems(report) == [
-        ("stray_placeholder", "episode 1 of train, token 3 of it", "episode 1 holds <|image_pad|> at token 3, which "
-         "no span of its media.jsonl records: a media token without its media"),
-        ("runs", "episode 1 of train, token 0 of it", "episode 1 holds 2 run(s) of media tokens but its media.jsonl "
-         "records 1 span(s): each item's tokens are one run")]
+        ("stray_placeholder", "episode 1 of train", "episode 1 holds 45 media token(s) but the spans of its "
+         "media.jsonl account for 44: a media token without its media")]
 
 
 def test_a_trained_media_token_is_named(copy):
