@@ -62,6 +62,10 @@ def summary_table(s: PrepareSummary) -> Table:
         t.add_row("tokenizer engine", e["engine"] if e["engine"] == "tiktoken" and e["requested"] == "auto"
                   and "tiktoken encoding" in e["reason"] else f"{e['engine']} ({e['reason']})")
     t.add_row("shards", ", ".join(f"{k}: {v}" for k, v in s.shards.items()))
+    if s.media:
+        m = s.media
+        t.add_row("media", ", ".join(f"{m[k]:,} {k}" for k in ("images", "videos") if m.get(k))
+                  + f": {m['tokens']:,} tokens, never trained")
     reject_rows(t, s.rejected, s.repaired)
     for name, n in s.turns.items():
         if n:

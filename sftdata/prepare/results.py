@@ -47,6 +47,7 @@ class PrepareSummary(BuildSummary):
     tokenizer_engine: dict = field(default_factory=dict)  # which engine encoded, and why
     memo: MemoStats = field(default_factory=MemoStats)  # what the memo of encoded texts saved
     memo_mb: float = 0.0  # --memo-mb (0: no memo)
+    media: dict = field(default_factory=dict)  # a vision model's: {"items", "images", "videos", "tokens"}
 
     @property
     def total_tokens(self) -> int:
@@ -68,7 +69,8 @@ class PrepareSummary(BuildSummary):
                 "per_reply_records": self.per_reply_records, "per_reply_episodes": self.per_reply_episodes,
                 "per_reply_automatic": self.per_reply_automatic,
                 "rule_mismatch": self.rule_mismatch, "tokenizer_engine": self.tokenizer_engine, "dedup": self.dedup,
-                "decontamination": self.decontamination, "memo": self.memo_dict(), **self.key_dict()}
+                "decontamination": self.decontamination, "memo": self.memo_dict(), "media": self.media,
+                **self.key_dict()}
 
     @classmethod
     def of_dataset(cls, output_dir: str, meta: dict) -> PrepareSummary:
@@ -77,7 +79,8 @@ class PrepareSummary(BuildSummary):
         out = cls.found(output_dir, meta, turns=counts.get("turns") or dict.fromkeys(TURN_COUNTS, 0),
                         input_bytes=sum(s.get("bytes") or 0 for s in meta.get("sources") or []),
                         max_record_bytes=options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
-                        rule_mismatch=meta.get("rule_mismatch") or [], **{k: counts.get(k, 0) for k in SUMMED})
+                        rule_mismatch=meta.get("rule_mismatch") or [], media=meta.get("media") or {},
+                        **{k: counts.get(k, 0) for k in SUMMED})
         for split, m in (meta.get("splits") or {}).items():
             out.episodes[split], out.shards[split] = m.get("episodes", 0), len(m.get("shards") or [])
         return out

@@ -100,7 +100,9 @@ class EpisodesKind:
         counts.update(per_reply_records=summary.per_reply_records, per_reply_episodes=summary.per_reply_episodes,
                       per_reply_automatic=summary.per_reply_automatic)
         # the dataset's media items, where it holds any (each split's are in its record)
-        return {}, counts, {"rule_mismatch": summary.rule_mismatch, **media_count(list(splits.values()))}
+        media = media_count(list(splits.values()))
+        summary.media = media.get("media", {})
+        return {}, counts, {"rule_mismatch": summary.rule_mismatch, **media}
 
 
 def prepare(inputs: Sequence[str | Path], output_dir: str | Path, opts: PrepareOptions,

@@ -125,7 +125,7 @@ def _proven(root, folder, family: str, src, records: list[dict], out) -> None:
         items += len(table)
     assert items == 11
     tokens = sum(r["tokens"] for *_, t in episodes for r in t)
-    assert meta["media"] == {"items": 11, "images": 11, "videos": 0, "tokens": tokens}
+    assert meta["media"] == {"items": 11, "images": 11, "videos": 0, "tokens": tokens} == summary.media
     assert meta["splits"]["train"]["media"] == meta["media"]
 
 
@@ -174,7 +174,10 @@ def test_a_bad_media_file_is_one_named_reject(model, tmp_path):
     result = CliRunner().invoke(app, ["prepare-chat", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(folder),
                                       "--json", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["rejected"] == {"media_missing": 1, "media_unreadable": 1}
+    out = json.loads(result.stdout)
+    assert out["rejected"] == {"media_missing": 1, "media_unreadable": 1}
+    assert out["media"] == json.loads((tmp_path / "ds" / "dataset_metadata.json").read_text())["media"]
+    assert out["media"]["images"] == 4  # one, two and one in the three good records
     lines = [orjson.loads(line) for line in (tmp_path / "ds" / "rejects.jsonl").read_bytes().splitlines()]
     assert [(r["record"], r["reason"]) for r in lines] == [(3, "media_unreadable"), (4, "media_missing")]
     assert lines[1]["message"].startswith(f"image gone.png: no such file: {data / 'gone.png'}")
