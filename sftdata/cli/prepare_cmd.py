@@ -12,7 +12,8 @@ from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..options.option import CHAT, TOOL
 from ..prepare import PrepareOptions, PrepareSummary, prepare, usable_workers
-from .app import LazyProgress, app, err_console, handle_errors, make_progress, warn
+from ..util.progress import LazyProgress
+from .app import app, err_console, handle_errors, make_progress, warn
 from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
 
