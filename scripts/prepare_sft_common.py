@@ -23,7 +23,7 @@ from sftdata.errors import SftDataError  # noqa: E402
 from sftdata.options.declared import taken_by  # noqa: E402
 from sftdata.options.values import SIZE, size_bytes  # noqa: E402
 from sftdata.prepare import PrepareOptions, prepare, usable_workers  # noqa: E402
-from sftdata.prepare import Progress as PrepareProgress  # noqa: E402
+from sftdata.util.progress import LazyProgress  # noqa: E402
 
 
 def _size(text: str) -> int:
@@ -53,30 +53,6 @@ def _arguments(p: argparse.ArgumentParser, command: str) -> list:
     return options
 
 
-class _Bar:
-    """A progress bar on stderr, drawn from the first report on (so an error raised before
-    any work is printed alone)."""
-
-    def __init__(self, label: str, quiet: bool):
-        self.label = label
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-                                 TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
-        self.task = None
-
-    def update(self, p: PrepareProgress) -> None:
-        if self.task is None:
-            self.progress.start()
-            self.task = self.progress.add_task(self.label, total=None)
-        self.progress.update(self.task, completed=p.bytes_done, total=p.bytes_total)
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.task is not None:
-            self.progress.stop()
-
-
 def main(argv: list[str] | None, mode: str) -> int:
     kind = "tool-calling" if mode == "tool" else "chat"
     p = argparse.ArgumentParser(description=f"Prepare a {kind} SFT dataset (same pipeline as "
@@ -92,8 +68,11 @@ def main(argv: list[str] | None, mode: str) -> int:
     try:
         values = {o.name: o.from_given(getattr(a, o.name)) for o in options}
         opts = PrepareOptions(mode=mode, **{**values, "workers": workers})
-        with _Bar(f"prepare-{mode}", quiet=a.quiet or a.json) as bar:
-            s = prepare(a.input, a.output_dir, opts, progress=bar.update)
+        bar = LazyProgress(Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                    TimeElapsedColumn(), console=Console(stderr=True), disable=a.quiet or a.json))
+        with bar:  # drawn from the first report on: an error raised before any work is printed alone
+            s = prepare(a.input, a.output_dir, opts, progress=lambda p: bar.update(
+                f"prepare-{mode}", completed=p.bytes_done, total=p.bytes_total))
     except SftDataError as e:
         print(f"error: {_underscored(str(e))}", file=sys.stderr)
         return e.exit_code

@@ -36,6 +36,7 @@ from typer.main import get_command_from_info
 
 from .. import __version__
 from ..errors import SftDataError
+from ..util.progress import LazyProgress
 from .terminal import escape_rendered, one_line
 
 
@@ -429,29 +430,6 @@ def make_progress(quiet: bool) -> Progress:
         TimeElapsedColumn(), TimeRemainingColumn(),
         console=err_console, disable=quiet, transient=False,
     )
-
-
-class LazyProgress:
-    """A rich ``Progress`` that starts drawing at the first report, so that an error
-    raised before any work (a bad option, a missing file) is printed alone: no empty bar
-    and no blank line above it. ``update`` creates the one task, then moves it."""
-
-    def __init__(self, progress: Progress):
-        self.progress = progress
-        self.task = None
-
-    def update(self, description: str, **kw) -> None:
-        if self.task is None:
-            self.progress.start()
-            self.task = self.progress.add_task(description, total=None)
-        self.progress.update(self.task, description=description, **kw)
-
-    def __enter__(self) -> LazyProgress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.task is not None:
-            self.progress.stop()
 
 
 def rows_bar(verb: str, quiet: bool) -> tuple[LazyProgress, Callable]:

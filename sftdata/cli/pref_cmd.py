@@ -7,8 +7,8 @@ from rich.table import Table
 
 from ..options.option import PREF, RL
 from ..pref import PrefOptions, PrefSummary, Truncation
-from ..prepare import prepare_pref, usable_workers
-from .app import app, handle_errors, warn
+from ..prepare import prepare_pref
+from .app import app, handle_errors
 from .declared import declared_command
 from .prepare_cmd import curation_rows, new_summary_table, reject_rows, run_build
 
@@ -29,19 +29,18 @@ def _table(s: PrefSummary) -> Table:
     return t
 
 
-def _options(values: dict, quiet: bool) -> PrefOptions:
+def _options(values: dict) -> PrefOptions:
     """The run's options from the command's: --max-length, --max-prompt-length and
-    --truncation as one policy (prepare-rl: a long prompt dropped), ``--workers`` capped."""
+    --truncation as one policy (prepare-rl: a long prompt dropped); run_build caps --workers."""
     truncation = Truncation(values.pop("max_length", None), values.pop("max_prompt_length", None),
                             values.pop("truncation", "drop"))
-    workers = usable_workers(values.pop("workers"), None if quiet else warn)
-    return PrefOptions(**values, workers=workers, truncation=truncation)
+    return PrefOptions(**values, truncation=truncation)
 
 
 def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
     engine, ray_address = values.pop("engine"), values.pop("ray_address")
     # prepare_pref counts records as it goes, not tokens
-    run_build(command, prepare_pref, _table, _options(values, quiet), inputs, output_dir, engine, ray_address,
+    run_build(command, prepare_pref, _table, _options(values), inputs, output_dir, engine, ray_address,
               as_json, quiet, tokens=False, rl=command == RL)
 
 

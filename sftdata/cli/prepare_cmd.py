@@ -12,7 +12,8 @@ from ..engine.prepare_ray import ray_prepare_executor
 from ..errors import UsageError
 from ..options.option import CHAT, TOOL
 from ..prepare import PrepareOptions, PrepareSummary, prepare, usable_workers
-from .app import LazyProgress, app, err_console, handle_errors, make_progress, warn
+from ..util.progress import LazyProgress
+from .app import app, err_console, handle_errors, make_progress, warn
 from .build_output import show_prepared, show_rebuild
 from .declared import declared_command
 
@@ -102,7 +103,8 @@ def run_build(name: str, build, table, opts, inputs, output_dir, engine: str, ra
     """Run ``build`` (``prepare``, ``prepare_pref``) with ``opts`` on ``--engine``, its
     progress bar named ``name`` (records per second, and tokens where ``tokens``), then
     its result (``show_prepared``: ``table``); returns the summary and whether the command
-    may add notes of its own."""
+    may add notes of its own. More ``opts.workers`` than the machine's cores are capped."""
+    opts = replace(opts, workers=usable_workers(opts.workers, None if quiet else warn))
     executor = ray_prepare_executor(ray_address) if check_engine(engine) == "ray" else None
     if ray_address is not None and executor is None:
         raise UsageError("--ray-address needs --engine ray")
@@ -120,8 +122,7 @@ def run_build(name: str, build, table, opts, inputs, output_dir, engine: str, ra
 def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "local", ray_address: str | None = None,
                 as_json: bool = False, quiet: bool = False) -> None:
     """Run prepare with ``opts`` (the command's options, built once) and draw its progress
-    and summary, with its notes. More ``opts.workers`` than the machine's cores are capped."""
-    opts = replace(opts, workers=usable_workers(opts.workers, None if quiet else warn))
+    and summary, with its notes."""
     summary, notes = run_build(f"prepare-{opts.mode}", prepare, summary_table, opts, inputs, output_dir, engine,
                                ray_address, as_json, quiet)
     val_split = opts.val_split
@@ -160,7 +161,7 @@ def run_prepare(opts: PrepareOptions, inputs, output_dir, *, engine: str = "loca
 
 def _run_declared(command: str, values: dict, inputs, output_dir, as_json: bool, quiet: bool) -> None:
     engine, ray_address = values.pop("engine"), values.pop("ray_address")
-    opts = PrepareOptions(mode=command.removeprefix("prepare-"), **values)  # run_prepare caps --workers
+    opts = PrepareOptions(mode=command.removeprefix("prepare-"), **values)  # run_build caps --workers
     run_prepare(opts, inputs, output_dir, engine=engine, ray_address=ray_address, as_json=as_json, quiet=quiet)
 
 

@@ -13,10 +13,11 @@ from rich.text import Text
 from ..engine import check_engine, ray_engine
 from ..errors import UsageError
 from ..store.format import ROW_KINDS, is_mixture_file
+from ..util.progress import LazyProgress
 from ..verify import VerifyReport, verify
 from ..verify.drift import versions
 from ..verify.mixture import MixtureVerifyReport, verify_mixture
-from .app import LazyProgress, app, err_console, fail, handle_errors, out_console, print_json
+from .app import app, err_console, fail, handle_errors, out_console, print_json
 from .options import DatasetOrMixtureArg, JsonOpt, QuietOpt, RayAddressOpt, TokenDtypeOpt, dataset_dir, flat_token_dtype
 from .terminal import one_line
 

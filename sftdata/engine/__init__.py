@@ -7,6 +7,6 @@ as Ray tasks); prepare's partitioned run has its own module (``prepare_ray``), i
 by the build commands alone: a command imports no other pipeline.
 """
 
-from .cluster import ENGINES, RayCluster, check_engine, connect, ray_engine
+from .cluster import check_engine, connect, ray_engine
 
-__all__ = ["ENGINES", "RayCluster", "check_engine", "connect", "ray_engine"]
+__all__ = ["check_engine", "connect", "ray_engine"]

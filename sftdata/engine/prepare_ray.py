@@ -28,6 +28,7 @@ staging area goes when the run commits or fails.
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..curate import CurateSettings
@@ -42,43 +43,39 @@ MIN_PART_BYTES = 1 << 20
 PARTS_PER_CPU = 16  # partitions per CPU of the cluster: the last ones to finish leave CPUs idle briefly
 
 
-def part_bytes_for(infos: list[SourceInfo], cpus: int, part_bytes: int | None = None) -> int:
-    if part_bytes is not None:
-        return part_bytes
-    total = sum(i.bytes for i in infos)
-    return int(min(PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_CPU * cpus))))
-
-
 class RayRunner(RayTasks):
     """A run's tasks on a Ray cluster (``tasks.TaskRunner``): every task submitted at once,
     1 CPU each, retried when its worker dies; stopping early writes ``STOP`` and waits
     (the one stop rule: ``tasks.RayTasks.close``)."""
 
-    depth = None
-
     def __init__(self, cluster: RayCluster, work, stage_dir: Path, curate: CurateSettings,
                  part_bytes: int | None = None, task_env: dict[str, str] | None = None):
-        super().__init__(cluster.ray, {"runtime_env": {"env_vars": dict(task_env)}} if task_env else None)
-        self.cpus, self.stage_dir, self.part_bytes = cluster.cpus, stage_dir, part_bytes
+        super().__init__(cluster.ray, {"runtime_env": {"env_vars": dict(task_env)}} if task_env else None,
+                         cpus=cluster.cpus, stage_dir=stage_dir)
+        self.part_bytes = part_bytes
         # what a partition task makes rows with (the tokenizer in it), put once: every task gets the object
-        self.tokenizer = self.ray.put(pickle.dumps(work))
-        self.curate = self.ray.put(curate)  # one object for every task (an evaluation set's index is MBs)
+        self.tokenizer = self.shared(pickle.dumps(work))
+        self.curate = self.shared(curate)  # one object for every task (an evaluation set's index is MBs)
 
     def partitions(self, infos: list[SourceInfo]) -> list[Partition]:
         for info in infos:
             if info.kind == "stdin":
                 raise UsageError("--engine ray reads files and URLs, which its tasks open themselves; stdin (-) can "
                                  "only be read here: use --engine local, or save the input to a file")
-        return plan_partitions(infos, part_bytes_for(infos, self.cpus, self.part_bytes))
+        part_bytes = self.part_bytes  # by default PARTS_PER_CPU a CPU, between MIN_PART_BYTES and PART_BYTES each
+        if part_bytes is None:
+            total = sum(i.bytes for i in infos)
+            part_bytes = int(min(PART_BYTES, max(MIN_PART_BYTES, total // (PARTS_PER_CPU * self.cpus))))
+        return plan_partitions(infos, part_bytes)
 
 
+@dataclass(frozen=True)
 class RayExecutor:
     """``prepare``'s and ``prepare_pref``'s executor on the Ray cluster at ``address`` (``Executor``)."""
 
-    def __init__(self, address: str | None = None, part_bytes: int | None = None,
-                 task_env: dict[str, str] | None = None):
-        import_ray()  # without Ray: a UsageError now, before anything is read or written
-        self.address, self.part_bytes, self.task_env = address, part_bytes, task_env
+    address: str | None = None
+    part_bytes: int | None = None
+    task_env: dict[str, str] | None = None
 
     def start(self, opts, work, stage_dir: Path, curate: CurateSettings) -> RayRunner:
         return RayRunner(connect(self.address), work, stage_dir, curate, self.part_bytes, self.task_env)
@@ -91,4 +88,5 @@ def ray_prepare_executor(address: str | None = None, part_bytes: int | None = No
     variables the tasks run with (Ray's ``runtime_env``), e.g. an object store's endpoint
     for tasks that upload their shards (the nodes' own settings otherwise). Without Ray
     installed, a ``UsageError`` now, before anything is read or written."""
+    import_ray()
     return RayExecutor(address, part_bytes, task_env)

@@ -112,19 +112,13 @@ def _template_vars(v, o):
                          f"choose another name")
 
 
-def template_limits(o) -> TemplateLimits:
-    """What every render of a model's chat template runs under (docs/TOKENIZERS.md)."""
-    return TemplateLimits(o.template_max_steps, o.max_record_bytes if o.template_max_output is None
-                          else o.template_max_output)
-
-
 def _limits_prepare(o) -> dict:  # the limits decide which records a template keeps
-    return {"template_limits": template_limits(o).recorded()} if is_model_tokenizer_spec(o.tokenizer) else {}
+    return {"template_limits": o.template_limits().recorded()} if is_model_tokenizer_spec(o.tokenizer) else {}
 
 
 def _limits_pref(o) -> dict:  # recorded when given: a pair dataset made before them keeps its bytes
     given = o.template_max_steps != DEFAULT_MAX_STEPS or o.template_max_output is not None
-    return {"template_limits": template_limits(o).recorded()} if given else {}
+    return {"template_limits": o.template_limits().recorded()} if given else {}
 
 
 def _decontaminate(o) -> dict:
@@ -330,7 +324,8 @@ class DeclaredOptions:
 
     def template_limits(self) -> TemplateLimits:
         """What every render of a model's chat template runs under (docs/TOKENIZERS.md)."""
-        return template_limits(self)
+        return TemplateLimits(self.template_max_steps, self.max_record_bytes if self.template_max_output is None
+                              else self.template_max_output)
 
     def recorded(self) -> dict:
         """The options that determine the output, recorded in the metadata and part of the

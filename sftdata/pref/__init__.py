@@ -8,9 +8,7 @@
 """
 
 from .options import PrefOptions
-from .render import PairRender, render_prompt, render_record
-from .run import PrefSummary, RowsKind
-from .truncate import Cut, Truncation, plan_cut
+from .run import PrefSummary
+from .truncate import Truncation
 
-__all__ = ["Cut", "PairRender", "PrefOptions", "PrefSummary", "RowsKind", "Truncation", "plan_cut", "render_prompt",
-           "render_record"]
+__all__ = ["PrefOptions", "PrefSummary", "Truncation"]

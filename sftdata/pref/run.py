@@ -23,7 +23,6 @@ import orjson
 
 from ..chat.loss_rule import rule_from_state
 from ..chat.pair_rule import completion_mask
-from ..chat.serving import check_state_stops
 from ..curate import CurateSettings, RecordKeys, canonical_text, concat_keys, exact_key
 from ..curate.minhash import shingle_hashes, signatures
 from ..errors import RecordError
@@ -34,7 +33,7 @@ from ..sources import RawRecord, SourceInfo
 from ..store.build_key import BuildSummary
 from ..store.format import ENTRIES_PER_ROW, KIND_KTO, KIND_PAIRS, KIND_PROMPTS
 from ..store.rows import Rows
-from ..template import choose_tokenizer, tokenizer_state
+from ..template import open_for_build, tokenizer_state
 from .options import PrefOptions
 from .render import PairRender, RenderingChunk, finish_records, one_process_run, render_prompt, start_records
 from .truncate import Cut, plan_cut
@@ -105,10 +104,7 @@ class Row:
 
 def open_context(opts: PrefOptions, rl: bool) -> tuple[Context, dict]:
     """The tokenizer, template profile and mask rule of ``opts``, and the tokenizer state."""
-    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine,
-                                    opts.template_vars, limits=opts.template_limits())
-    state = tok.state() if profile is None else tokenizer_state(tok, profile)
-    check_state_stops(state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
+    tok, profile, state = open_for_build(opts)
     return _context(tok, profile, opts, rl, state), state
 
 
@@ -155,7 +151,7 @@ class StartedChunk:
 
 
 def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None = None) -> StartedChunk:
-    """The first half of ``pref_chunk``: each record of the chunk read and rendered, the
+    """The first half of ``PairWork.outcome``: each record of the chunk read and rendered, the
     texts of its preference records, as one chunk, being tokenized (on ``pool``'s thread
     when given, while the caller starts the next chunk: ``render.start_records``)."""
     out: list = [None] * len(items)
@@ -177,7 +173,7 @@ def start_chunk(items: Sequence[RawRecord], ctx: Context, pool: Executor | None 
 
 
 def finish_chunk(started: StartedChunk, ctx: Context, curate: CurateSettings) -> PrefChunk:
-    """The second half of ``pref_chunk``: the chunk's rows, its rejects and the rows' keys."""
+    """The second half of ``PairWork.outcome``: the chunk's rows, its rejects and the rows' keys."""
     out = started.out
     for (i, pr, where), r in zip(started.pending, finish_records(started.rendering, ctx.tok, ctx.rule)):
         try:
@@ -296,13 +292,14 @@ class PrefChunk:
 @dataclass
 class PairWork:
     """What a worker or partition task (``sftdata.prepare.partition_task``) makes of a chunk
-    of records: rows (``pref_chunk``); a partition task's staged per kind, and their
+    of records: rows (``outcome``); a partition task's staged per kind, and their
     ``RowFacts``."""
 
     ctx: Context
 
     def outcome(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> PrefChunk:
-        return pref_chunk(items, self.ctx, curate)
+        """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
+        return finish_chunk(start_chunk(items, self.ctx), self.ctx, curate)
 
     @staticmethod
     def merged(acc: PrefChunk | None, res: PrefChunk | None) -> PrefChunk:
@@ -352,11 +349,6 @@ def row_keys(rows: list[tuple[int, str, Row]], curate: CurateSettings) -> Record
         sigs = signatures(shingles, offsets, curate.num_perm, curate.seed)
     return RecordKeys(np.array([r for r, _, _ in rows], dtype=np.int64), [w for _, w, _ in rows], exact, sigs,
                       contaminated)
-
-
-def pref_chunk(items: Sequence[RawRecord], ctx: Context, curate: CurateSettings) -> PrefChunk:
-    """One chunk of records rendered into rows (pure but for the tokenizer), with their keys."""
-    return finish_chunk(start_chunk(items, ctx), ctx, curate)
 
 
 class RowsKind:

@@ -13,17 +13,13 @@ the commit), ``run`` (the entry points: ``prepare`` builds episodes, ``prepare_p
 pairs, KTO rows and RL prompts).
 """
 
-from .chunk import process_chunk
 from .driver import usable_workers
 from .options import PrepareOptions
-from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
+from .partition_task import PartSummary
 from .pool import local_parts
-from .results import ChunkResult, Executor, PrepareSummary, Progress, StagedPart
+from .results import Executor, PrepareSummary
 from .run import prepare, prepare_pref
 from .split import split_assignment
 
-__all__ = [
-    "ChunkResult", "Executor", "PartNumbering", "PartSummary", "PrepareOptions",
-    "PrepareSummary", "Progress", "StagedPart", "local_parts", "partition_settings", "prepare", "prepare_partition",
-    "prepare_pref", "process_chunk", "split_assignment", "usable_workers",
-]
+__all__ = ["Executor", "PartSummary", "PrepareOptions", "PrepareSummary", "local_parts", "prepare", "prepare_pref",
+           "split_assignment", "usable_workers"]

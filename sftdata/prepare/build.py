@@ -111,5 +111,3 @@ def plan_build(output_dir, inputs: list[Input], eval_paths: Sequence[str], state
     plan.check = check_target(target, lambda: plan.planned(state, options), state, force)
     return plan
 
-
-__all__ = ["MEDIA_NOTE", "STDIN_NOTE", "PlannedBuild", "components", "eval_inputs", "plan_build"]

@@ -175,8 +175,21 @@ class EpisodeWork:
     media_root: str | None = None
 
     @staticmethod
-    def merged(acc, res):
-        return merged(acc, res if res is not None else empty_result())
+    def merged(acc: ChunkResult | None, res: ChunkResult | None) -> ChunkResult:
+        """``res``'s counts (``COUNTS``, repairs, turns, the memo's), rejects and keys added
+        to ``acc`` (tokens are not kept); None: an empty result."""
+        acc, res = acc or empty_result(), res or empty_result()
+        acc.keys = concat_keys(acc.keys, res.keys)
+        acc.rejects += res.rejects
+        acc.mismatches += res.mismatches
+        acc.repairs.update(res.repairs)
+        acc.turns.update(res.turns)
+        for name in COUNTS:
+            setattr(acc, name, getattr(acc, name) + getattr(res, name))
+        if res.memo is not None:
+            acc.memo = acc.memo or MemoStats()
+            acc.memo.add(res.memo)
+        return acc
 
     def outcome(self, items: Sequence[RawRecord], memo, curate: CurateSettings) -> ChunkResult:
         return process_chunk(items, self.tok, self.mode, self.max_tokens, self.policy, self.profile, memo, curate,
@@ -199,20 +212,3 @@ def empty_result() -> ChunkResult:
     return ChunkResult(np.empty(0, np.uint32), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64),
                        [], Counter(), Counter(), 0, 0, 0)
 
-
-def merged(acc: ChunkResult | None, res: ChunkResult) -> ChunkResult:
-    """``res``'s counts (``COUNTS``, repairs, turns, the memo's), rejects and keys added to
-    ``acc`` (tokens are not kept)."""
-    if acc is None:
-        acc = empty_result()
-    acc.keys = concat_keys(acc.keys, res.keys)
-    acc.rejects += res.rejects
-    acc.mismatches += res.mismatches
-    acc.repairs.update(res.repairs)
-    acc.turns.update(res.turns)
-    for name in COUNTS:
-        setattr(acc, name, getattr(acc, name) + getattr(res, name))
-    if res.memo is not None:
-        acc.memo = acc.memo or MemoStats()
-        acc.memo.add(res.memo)
-    return acc

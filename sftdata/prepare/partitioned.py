@@ -55,7 +55,7 @@ from ..store.format import (
 from ..tasks import TaskRunner, in_order
 from ..util.hashing import combine_blocks
 from .curate_tasks import fetch_keys, group_bucket
-from .partition_task import PartNumbering, PartSummary, partition_settings, prepare_partition
+from .partition_task import PartNumbering, partition_settings, prepare_partition
 from .plan import plan_shards
 from .results import StagedPart
 from .shard_task import write_shard
@@ -213,5 +213,3 @@ def write_planned(runner: TaskRunner, root: Path, stage_dir: Path, parts: list[S
                     **flagged_count(recs), **media_count(recs), "shards": recs}
             for split, recs in shards.items()}
 
-
-__all__ = ["PartSummary", "decide_duplicates", "partitioned_results", "write_planned"]

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..chat.serving import check_state_stops
 from ..chat.tokenizer import engine_record
 from ..curate import CurateSettings
 from ..pref.options import PrefOptions
@@ -27,7 +26,7 @@ from ..records.turns import TURN_COUNTS
 from ..sources import SourceInfo
 from ..store.build_key import BuildCheck
 from ..store.format import KIND_EPISODES, media_count
-from ..template import choose_tokenizer, tokenizer_state
+from ..template import open_for_build
 from .chunk import EpisodeWork, episode_rows
 from .driver import build
 from .options import PrepareOptions
@@ -53,12 +52,7 @@ class EpisodesKind:
 
     def open(self) -> None:
         opts = self.opts
-        self.tok, self.profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on,
-                                                  opts.tokenizer_engine, opts.template_vars, opts.per_reply,
-                                                  opts.mode, opts.template_limits())
-        self.state = self.tok.state() if self.profile is None else tokenizer_state(self.tok, self.profile)
-        check_state_stops(self.state, opts.allow_pad_as_stop)  # a model that could not learn to stop: refused now
-
+        self.tok, self.profile, self.state = open_for_build(opts, opts.per_reply, opts.mode)
         self.work = EpisodeWork(self.tok, self.profile, opts.mode, opts.max_tokens, opts.policy, opts.media_root)
 
     @contextmanager

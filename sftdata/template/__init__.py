@@ -32,6 +32,7 @@ from .records import (
     choose_tokenizer,
     fit_to_template,
     model_profile,
+    open_for_build,
     plan_record,
     record_episodes,
     records_episodes,
@@ -49,5 +50,5 @@ __all__ = [
     "locate_last_reply", "locate_replies", "mask_disagreement", "model_profile", "record_episodes", "records_episodes", "render",
     "render_conversation", "render_messages", "render_within", "rule_mask", "rule_spans", "segment_rule_mask",
     "template_summary", "token_mask", "token_ranges", "tokenizer_state", "tool_schemas", "fit_to_template",
-    "plan_record", "require_tool_calls",
+    "open_for_build", "plan_record", "require_tool_calls",
 ]

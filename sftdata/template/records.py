@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..chat.serving import check_state_stops
 from ..chat.tokenizer import ChatTokenizer, open_tokenizer
 from ..errors import RecordError, TemplateError, TemplateLimitError, TokenizerFailure
 from ..records.conversation import Conversation
@@ -20,7 +21,7 @@ from ..records.turns import STRUCTURAL_REPAIRS, Turn
 from ..tokenize.hf import HFTokenizer
 from .chat_template import load_chat_template
 from .chunk import chunk_episodes
-from .episodes import Episode, Planned, TemplateRender, plan_conversation, trained_replies
+from .episodes import Episode, Planned, TemplateRender, plan_conversation, tokenizer_state, trained_replies
 from .fit import render_within
 from .learn import learn_profile
 from .limits import DEFAULT_LIMITS, TemplateLimits
@@ -352,3 +353,15 @@ def choose_tokenizer(spec: str | None, chat_template: str | None, train_on: str 
     if mode == "tool":
         require_tool_calls(profile)
     return tok, profile
+
+
+def open_for_build(opts, per_reply: bool = False, mode: str = "chat") -> tuple:
+    """A build command's tokenizer and template profile (``choose_tokenizer`` with ``opts``'
+    --tokenizer, --chat-template, --train-on, --tokenizer-engine, --template-var and
+    template limits) and the tokenizer state its dataset records; a model that could not
+    learn to stop is refused now (``check_state_stops``, --allow-pad-as-stop)."""
+    tok, profile = choose_tokenizer(opts.tokenizer, opts.chat_template, opts.train_on, opts.tokenizer_engine,
+                                    opts.template_vars, per_reply, mode, opts.template_limits())
+    state = tok.state() if profile is None else tokenizer_state(tok, profile)
+    check_state_stops(state, opts.allow_pad_as_stop)
+    return tok, profile, state
