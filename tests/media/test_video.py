@@ -13,24 +13,14 @@ import pytest
 
 from sftdata.errors import InputError
 from sftdata.media import MEDIA_UNREADABLE, MediaError, VideoInfo, video_info
+from tests.helpers.vision import encode_video as made_video
 
 av = pytest.importorskip("av")
 np = pytest.importorskip("numpy")
 
 
-def encode_video(tmp_path, frames: int, fps, width: int, height: int, fmt: str = "mp4", codec: str = "libx264",
-                 options: dict | None = None) -> bytes:
-    """A video of ``frames`` frames of noise at ``fps``, muxed into ``fmt`` (a file: some muxers seek)."""
-    path = tmp_path / f"made.{fmt}"
-    rng = np.random.default_rng(frames * 1000 + width)
-    with av.open(str(path), "w", format=fmt, options=options or {}) as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for _ in range(frames):
-            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), format="rgb24")
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode())
-    return path.read_bytes()
+def encode_video(tmp_path, frames, fps, width, height, fmt="mp4", codec="libx264", options=None) -> bytes:
+    return made_video(tmp_path / f"made.{fmt}", frames, fps, width, height, fmt, codec, options)
 
 
 def _transformers_metadata(tmp_path, data: bytes, suffix: str):
