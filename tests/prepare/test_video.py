@@ -19,6 +19,9 @@ from sftdata.chat.loss_rule import rule_from_state
 from sftdata.media import VideoInfo, read_processor_settings, video_count
 from sftdata.media.item import span_from_row
 from sftdata.prepare import PrepareOptions, prepare
+from sftdata.report import episode_view
+from sftdata.report.views import dataset_tokenizer
+from sftdata.store import open_dataset
 from sftdata.store.format import MEDIA_FILE
 from sftdata.verify import verify
 from tests.helpers.data import write_jsonl
@@ -157,3 +160,21 @@ def test_a_video_under_a_family_without_video_is_one_named_reject(data, tmp_path
     assert (line["record"], line["reason"], line["where"]) == (0, "media_unsupported", f"{src}:line 1")
     assert line["message"].startswith("video walk.mp4: Gemma 3 takes no video in sftdata: video is counted for the "
                                       "Qwen family only; leave the video out of the record, or give its frames as images")
+
+
+@pytest.mark.parametrize("family, before, label", [
+    ("qwen2_5_vl", "<|vision_start|>", "<video 1: 96x64, 24 frames -> 1680 tokens>"),
+    ("qwen3_vl", "<0.3 seconds><|vision_start|>", "<video 1: 96x64, 6 frames -> 18 tokens>")])
+def test_inspect_shows_a_video_as_one_label(data, family, before, label, tmp_path):
+    """A Qwen3-VL video's tokens have timestamps between them: the label covers them all, from
+    its first video token to its last."""
+    root, _, records = data
+    src = write_jsonl(root / f"walk_{family}.jsonl", records[:1])
+    folder = family_folder(tmp_path / family, family)
+    prepare([src], tmp_path / "ds", PrepareOptions(tokenizer=str(folder)))
+    ds = open_dataset(tmp_path / "ds")
+    tok, rule, _ = dataset_tokenizer(ds)
+    texts = [p.text for p in episode_view(ds, "train", 0, tok, rule).pieces]
+    at = texts.index(label)
+    assert "".join(texts[at - 2:at + 3]).endswith(f"user\n{before}{label}<|vision_end|>What happens?")
+    assert not any("<|video_pad|>" in t or "seconds" in t for t in texts[at + 1:])
