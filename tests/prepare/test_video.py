@@ -1,4 +1,4 @@
-"""prepare-chat on video records for Qwen2.5-VL and Qwen3-VL model folders built offline: each
+"""prepare-chat on video records for Qwen2-VL, Qwen2.5-VL and Qwen3-VL model folders built offline: each
 video's frame count, rate and size read from its container, counted under the pinned video
 settings; every kept episode's ids are transformers' ``processor.apply_chat_template(messages,
 tokenize=True)`` (its video processor a stand-in returning the grids and metadata transformers'
@@ -9,6 +9,7 @@ and a cut video is one named reject."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fractions import Fraction
 
@@ -18,7 +19,7 @@ import pytest
 from sftdata.chat.loss_rule import rule_from_state
 from sftdata.media import VideoInfo, read_processor_settings, video_count
 from sftdata.media.item import span_from_row
-from sftdata.prepare import PrepareOptions, prepare
+from sftdata.prepare import PrepareOptions, pool, prepare
 from sftdata.report import episode_view
 from sftdata.report.views import dataset_tokenizer
 from sftdata.store import open_dataset
@@ -104,7 +105,7 @@ def _reference(processor, family: str, settings: dict, record: dict, base) -> li
     return list(out[0] if out and isinstance(out[0], list) else out)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_every_video_episode_is_the_processors_and_verify_passes(data, family, tmp_path):
     root, src, records = data
     folder = family_folder(tmp_path / family, family)
@@ -178,3 +179,21 @@ def test_inspect_shows_a_video_as_one_label(data, family, before, label, tmp_pat
     at = texts.index(label)
     assert "".join(texts[at - 2:at + 3]).endswith(f"user\n{before}{label}<|vision_end|>What happens?")
     assert not any("<|video_pad|>" in t or "seconds" in t for t in texts[at + 1:])
+
+
+def test_one_and_two_workers_write_the_same_bytes(data, tmp_path, monkeypatch):
+    _, src, _ = data
+    folder = family_folder(tmp_path / "qwen3_vl", "qwen3_vl")
+    opts = PrepareOptions(tokenizer=str(folder), val_split=0.3, seed=4, shard_tokens=200)
+    prepare([src], tmp_path / "one", opts)
+    monkeypatch.setattr(pool, "MAX_PART_BYTES", 300)  # several partitions, each staging its own episodes
+    monkeypatch.setattr(pool, "MIN_PART_BYTES", 300)
+    prepare([src], tmp_path / "two", dataclasses.replace(opts, workers=2))
+    files = {str(p.relative_to(tmp_path / "one")): p.read_bytes() for p in sorted((tmp_path / "one").rglob("*"))
+             if p.is_file() and p.name != "dataset_metadata.json"}
+    assert files == {str(p.relative_to(tmp_path / "two")): p.read_bytes()
+                     for p in sorted((tmp_path / "two").rglob("*")) if p.is_file() and p.name != "dataset_metadata.json"}
+    one, two = (json.loads((tmp_path / d / "dataset_metadata.json").read_text()) for d in ("one", "two"))
+    assert one["splits"] == two["splits"] and one["media"] == two["media"]
+    assert (one["media"]["videos"], one["media"]["images"]) == (5, 1)
+    assert sum(len(m["shards"]) for m in one["splits"].values()) >= 3
