@@ -1,7 +1,9 @@
 """The media step of a chunk of records, in the worker, after parsing and before rendering:
 each reference read (``media.read_media``: the record file's folder, or ``--media-root``),
-its size read from the header (EXIF orientation applied, its bytes checked whole), its
-tokens counted under the run's processor settings, as a ``MediaItem``. Identical
+an image's size read from its header (EXIF orientation applied, its bytes checked whole), a
+video's frame count, frame rate and size from its container (``media.video_info``: no pixel
+decoded, its bytes checked whole), its tokens counted under the run's processor settings
+(a video: the Qwen family's only; another family rejects it by name), as a ``MediaItem``. Identical
 references (with the same base folder) are read once per chunk; a bad item rejects its
 record by its reason (``media_missing``, ``media_unreadable``, ``media_unsupported``),
 never the run.
@@ -15,15 +17,12 @@ from __future__ import annotations
 import posixpath
 
 from ..errors import RecordError
-from ..media import MEDIA_UNSUPPORTED, MediaError, image_count, image_header, read_media
+from ..media import MEDIA_UNSUPPORTED, MediaError, image_count, image_header, read_media, video_count, video_info
 from ..media.item import IMAGE, MediaItem
+from ..media.settings import FAMILY_NAMES, QWEN
 from ..records.conversation import Conversation
 from ..records.turns import MediaRef
 from ..util.urls import url_protocol
-
-VIDEO_UNSUPPORTED = ("videos are not prepared yet: counting a video's tokens needs its frame count, frame rate and "
-                     "size, which need a video decoder sftdata does not have; leave the video out of the record, or "
-                     "give its frames as images")
 
 
 def record_refs(conv: Conversation) -> list[MediaRef]:
@@ -63,20 +62,27 @@ class MediaStep:
         return got
 
     def _read(self, ref: MediaRef, base: str | None) -> MediaItem:
-        if ref.kind != IMAGE:
-            raise MediaError(MEDIA_UNSUPPORTED, VIDEO_UNSUPPORTED, where=ref.ref)
         name = ref.ref
         if self.media_root is None and base is not None and url_protocol(base) not in (None, "file") \
                 and url_protocol(name) is None and not name.startswith(("data:", "/")):
             name, base = f"{base}/{name}", None  # a relative reference beside a URL input
         got = read_media(name, base=base, media_root=self.media_root)
-        head = image_header(got.data, ref.ref)
         try:
-            count = image_count(self.settings, head.width, head.height)
+            if ref.kind == IMAGE:
+                head = image_header(got.data, ref.ref)
+                size, stored = (head.width, head.height), (head.stored_width, head.stored_height)
+                count = image_count(self.settings, head.width, head.height)
+            else:
+                if self.settings.get("family") not in QWEN:
+                    raise MediaError(MEDIA_UNSUPPORTED, f"{FAMILY_NAMES.get(self.settings.get('family'), 'this model')}"
+                                     " takes no video in sftdata: video is counted for the Qwen family only; leave "
+                                     "the video out of the record, or give its frames as images")
+                info = video_info(got.data, ref.ref)
+                size = stored = (info.width, info.height)
+                count = video_count(self.settings, info)
         except MediaError as e:
             raise MediaError(e.reason, e.detail, where=e.where or ref.ref) from None
-        return MediaItem(ref.kind, got.uri, got.sha256, len(got.data), (head.width, head.height),
-                         (head.stored_width, head.stored_height), count)
+        return MediaItem(ref.kind, got.uri, got.sha256, len(got.data), size, stored, count)
 
     def record_media(self, conv: Conversation, where: str) -> dict[MediaRef, MediaItem] | None:
         """Each reference of ``conv`` (read from ``where``'s folder) as its item; None when it

@@ -18,7 +18,7 @@ from ..store.reader import Dataset
 from .pairs import SamplePair, sample_pair
 from .thumbnails import Thumb, thumbs
 from .tokens import Run, token_runs
-from .views import Tokenizer, episode_flag, media_label, media_numbers, read_episode, read_row, row_flags, sample_ids
+from .views import Tokenizer, episode_flag, media_label, media_numbers, read_episode, read_row, row_flags, sample_ids, span_end
 
 TOKEN_BUDGET = 48_000  # tokens drawn on one page, all samples together (about 2 MB of HTML)
 MIN_SHOWN = 512  # an episode always shows at least this many tokens (when it has them)
@@ -93,16 +93,17 @@ def sample_episode(ds: Dataset, split: str, episode: int, tok: Tokenizer, *, cho
     differs = 0 if mask is None else int((derived != trained).sum())
     shown = min(ids.shape[0], limit)
     spans = ds.media_spans(split, episode)
-    labels = _media_runs(spans)
+    labels = _media_runs(spans, ids)
     return SampleEpisode(split=split, episode=int(episode), chosen=chosen, record=record,
                          length=int(ids.shape[0]), trained_tokens=None if mask is None else int(trained.sum()),
                          shown=shown, runs=token_runs(ids[:shown], trained[:shown], tok, media=labels),
                          rule_differs=differs, media=thumbs(list(spans)))
 
 
-def _media_runs(spans, base: int = 0) -> list[tuple[int, int, str]]:
-    """(start, end, label) of each media span, numbered from 1 per kind, shifted by ``base``."""
-    return [(base + s.offset, base + s.offset + s.item.count.tokens, media_label(s, k))
+def _media_runs(spans, ids: np.ndarray, base: int = 0) -> list[tuple[int, int, str]]:
+    """(start, end, label) of each media span (offsets into ``ids[base:]``), numbered from 1 per
+    kind, shifted by ``base``."""
+    return [(base + s.offset, base + span_end(ids[base:], s), media_label(s, k))
             for s, k in zip(spans, media_numbers(spans))]
 
 
@@ -124,7 +125,7 @@ def sample_row(ds: Dataset, split: str, row: int, tok: Tokenizer, *, chosen: boo
         segment[a:b] = i
         injected[a:a + int(seg.prefix[i])] = True
         mine = [replace(s, offset=s.offset - a) for s in row_media if a <= s.offset < b]  # numbered per segment
-        labels += _media_runs(mine, a)
+        labels += _media_runs(mine, ids, a)
         segments.append(SampleSegment(i, a, b - a, int(seg.prefix[i]), int(seg.episode[i]),
                                       int(seg.episode_start[i]), None if seg.source[i] < 0 else int(seg.source[i]),
                                       int(trained[a:b].sum()), thumbs(mine)))

@@ -94,6 +94,15 @@ def media_label(span: MediaSpan, number: int) -> str:
     return f"<{item.kind} {number}: {item.size[0]}x{item.size[1]}{frames} -> {item.count.tokens} tokens>"
 
 
+def span_end(ids: np.ndarray, span: MediaSpan) -> int:
+    """One past a span's last media token in ``ids``: its tokens are the next ``tokens`` of its
+    first token's id from ``offset`` (a timestamped video's or a tiled image's have text between
+    them, shown inside its label); ``offset + tokens`` where ``ids`` holds fewer."""
+    a, n = span.offset, span.item.count.tokens
+    hits = np.flatnonzero(ids[a:] == ids[a]) if 0 <= a < ids.shape[0] and n > 0 else np.zeros(0, np.int64)
+    return a + int(hits[n - 1]) + 1 if hits.size >= n > 0 else a + n
+
+
 def span_rows(spans) -> list[dict]:
     """Media spans as ``--json`` gives them: each one's media table line without its ``episode``."""
     return [{k: v for k, v in s.row(0).items() if k != "episode"} for s in spans]
@@ -106,7 +115,7 @@ def media_pieces(ids: np.ndarray, trained: np.ndarray, marker: np.ndarray, tok: 
     out: list[Piece] = []
     pos = 0
     for span, number in zip(spans, numbers):
-        a, b = span.offset, span.offset + span.item.count.tokens
+        a, b = span.offset, span_end(ids, span)
         out += pieces_of(ids[pos:a], trained[pos:a], marker[pos:a], tok, injected)
         out.append(Piece(media_label(span, number), bool(trained[a:b].any()), True, injected, media=True))
         pos = b

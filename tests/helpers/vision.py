@@ -101,6 +101,23 @@ def encode_image(width: int, height: int, fmt: str = "JPEG", mode: str = "RGB", 
     return out.getvalue()
 
 
+
+def encode_video(path: Path, frames: int, fps, width: int, height: int, fmt: str = "mp4", codec: str = "libx264",
+                 options: dict | None = None) -> bytes:
+    """A video of ``frames`` frames of seeded noise at ``fps``, muxed with PyAV into ``fmt`` at
+    ``path`` (a file: some muxers seek); its bytes."""
+    av = pytest.importorskip("av")
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(frames * 1000 + width)
+    with av.open(str(path), "w", format=fmt, options=options or {}) as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for _ in range(frames):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), format="rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    return path.read_bytes()
+
 # (name, width, height, format, mode, EXIF orientation): the issue's kinds of photo
 IMAGES = [("tiny.png", 1, 1, "PNG", "RGB", None), ("small.jpg", 28, 28, "JPEG", "RGB", None),
           ("portrait.jpg", 300, 640, "JPEG", "RGB", None), ("panorama.jpg", 1600, 120, "JPEG", "RGB", None),
