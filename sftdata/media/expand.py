@@ -45,15 +45,12 @@ from collections.abc import Callable, Sequence
 from ..errors import ConfigError
 from .counts import MediaCount
 from .item import IMAGE, VIDEO
-from .settings import FAMILY_NAMES, FAMILY_TOKENS, QWEN, family_tokens
+from .settings import FAMILY_NAMES, FAMILY_TOKENS, QWEN, family_tokens, known_family
 
 
 def _family(settings: dict) -> str:
-    family = settings.get("family")
-    if family not in FAMILY_TOKENS:
-        raise ConfigError(f"sftdata does not expand the media placeholders of {FAMILY_NAMES.get(family, family)}: "
-                          f"it expands those of {', '.join(FAMILY_NAMES.values())}")
-    return family
+    return known_family(settings, FAMILY_TOKENS, "sftdata does not expand the media placeholders of {name}: it "
+                                                 "expands those of {supported}")
 
 
 def placeholders(settings: dict) -> dict[str, str]:

@@ -257,3 +257,12 @@ def check_settings_agree(trained: dict, served: dict) -> None:
     if diffs:
         raise ConfigError("the serving processor counts image tokens differently from the one the dataset was "
                           "prepared with: " + "; ".join(diffs) + ". Serve with the training settings, or prepare again")
+
+
+def known_family(settings: dict, known, refusal: str) -> str:
+    """The family pinned in ``settings`` where it is one of ``known``; else a ``ConfigError``:
+    ``refusal`` (formatted with the ``family`` and the ``supported`` ones)."""
+    family = settings.get("family")
+    if family not in known:
+        raise ConfigError(refusal.format(family=family, name=FAMILY_NAMES.get(family, family), supported=SUPPORTED))
+    return family

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .counts import MediaCount
 from .qwen import VideoInfo, qwen_image, qwen_video
-from .settings import FAMILY_NAMES, QWEN
+from .settings import FAMILY_NAMES, QWEN, known_family
 from .tiles import gemma3_image, idefics3_image, llava_image, llava_next_image
 
 IMAGE_RULES = {**dict.fromkeys(QWEN, qwen_image), "gemma3": gemma3_image, "llava": llava_image,
@@ -15,11 +15,8 @@ IMAGE_RULES = {**dict.fromkeys(QWEN, qwen_image), "gemma3": gemma3_image, "llava
 
 
 def _family(settings: dict) -> str:
-    family = settings.get("family")
-    if family not in IMAGE_RULES:
-        raise ConfigError(f"pinned processor settings of family {family!r}: sftdata counts image tokens for "
-                          f"{', '.join(FAMILY_NAMES.values())} only")
-    return family
+    return known_family(settings, IMAGE_RULES, "pinned processor settings of family {family!r}: sftdata counts "
+                                               "image tokens for {supported} only")
 
 
 def image_count(settings: dict, width: int, height: int) -> MediaCount:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import io
 import struct
 
-from ..errors import InputError
 from .errors import MEDIA_UNREADABLE, MediaError
-from .pillow import INSTALL_HINT
+from .pillow import needed
 from .qwen import VideoInfo
 
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"
@@ -29,12 +28,8 @@ MATROSKA_SEGMENT = b"\x18\x53\x80\x67"
 
 
 def pyav():
-    """The ``av`` module (PyAV); a missing PyAV is one ``InputError`` line naming the extra."""
-    try:
-        import av
-    except ImportError:
-        raise InputError(f"reading videos needs PyAV: {INSTALL_HINT} (or pip install av)") from None
-    return av
+    """The ``av`` module (PyAV)."""
+    return needed("av", "reading videos", "PyAV", "av")
 
 
 def _bad(where: str, reason: str) -> MediaError:
